@@ -1,0 +1,78 @@
+/* api.h — OpenAI chat-completions JSON <-> thaw's request/response structs.
+ *
+ * Parsing validates every field it reads and names the offending field in
+ * the error text, so a client learns what to fix from one 400. Builders
+ * return malloc'd NUL-terminated JSON text the caller frees.
+ */
+#ifndef THAW_API_H
+#define THAW_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define THAW_API_MAX_STOP 4
+
+struct thaw_message {
+    char *role;    /* "system" | "user" | "assistant" | "developer" | "tool" */
+    char *content; /* flattened: text parts joined, never NULL */
+};
+
+struct thaw_chat_request {
+    struct thaw_message *messages; /* n_messages, owned */
+    size_t n_messages;
+    char *model;                   /* as sent, may be NULL; not used for routing */
+    bool stream;
+    bool include_usage;            /* stream_options.include_usage */
+    int max_tokens;                /* -1 = server default (-n) */
+    float temperature;             /* <= 0 means greedy */
+    float top_p, min_p;
+    int top_k;
+    uint32_t seed;
+    bool has_seed;
+    char *stop[THAW_API_MAX_STOP]; /* n_stop, owned */
+    int n_stop;
+    bool cache_prompt;
+};
+
+/* What the engine measured for one request; mirrors llama-server's `timings`
+ * plus thaw's own cache_source / restore_ms. */
+struct thaw_timings {
+    int cache_n;            /* prompt tokens reused (slot prefix or restored) */
+    int prompt_n;           /* prompt tokens prefilled */
+    double prompt_ms;       /* prefill time, restore excluded */
+    int predicted_n;        /* tokens generated */
+    double predicted_ms;
+    const char *cache_source; /* "slot" | "ram" | "disk" | "none" (static string) */
+    double restore_ms;      /* time to install restored state, 0 when none */
+    int draft_n;            /* speculative tokens proposed (0 without -md) */
+    int draft_n_accepted;
+};
+
+/* Parses a request body. Returns 0 and fills `out` (free with
+ * thaw_chat_request_free), or THAW_EINVAL with a message naming the field in
+ * err[errlen]; `out` is then empty and need not be freed. `default_cache_prompt`
+ * is the server's --cache-prompt setting. */
+int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt, struct thaw_chat_request *out,
+                        char *err, size_t errlen);
+
+void thaw_chat_request_free(struct thaw_chat_request *req);
+
+/* {"error":{"message","type","code"}} for an HTTP status. */
+char *thaw_api_error_json(int status, const char *message);
+
+/* A non-streaming chat.completion object. */
+char *thaw_api_completion_json(const char *id, const char *model, long created, const char *content,
+                               const char *finish_reason, int prompt_tokens, const struct thaw_timings *t);
+
+/* One streaming chunk object (no "data: " framing). `content` NULL = no delta
+ * content; `role` NULL = no role; `finish_reason` NULL = null. With
+ * `usage_t` non-NULL the chunk carries usage + timings and empty choices. */
+char *thaw_api_chunk_json(const char *id, const char *model, long created, const char *role,
+                          const char *content, const char *finish_reason, const struct thaw_timings *timings,
+                          int prompt_tokens, bool usage_only);
+
+/* GET /v1/models body. */
+char *thaw_api_models_json(const char *model, long created, uint64_t n_params, int n_ctx_train);
+
+#endif

@@ -1,0 +1,320 @@
+/* config.c — the `thaw serve` flag table, parser and --help.
+ *
+ * One table describes every flag: its names, its type, where it is stored,
+ * its bounds and its help line. Parsing and --help both walk that table, so
+ * a flag cannot exist without being documented.
+ */
+#include "config.h"
+
+#include "error.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- the flag table -------------------------------------------------------- */
+
+enum opt_kind { OPT_INT, OPT_U64, OPT_FLOAT, OPT_STR, OPT_TRUE, OPT_FALSE, OPT_KEYS, OPT_VERBOSE, OPT_QUIET };
+
+struct opt {
+    const char *names; /* "-c,--ctx-size" */
+    const char *arg;   /* metavar, NULL for switches */
+    enum opt_kind kind;
+    size_t off;
+    double min, max;
+    const char *help;
+};
+
+#define OFF(f) offsetof(struct thaw_config, f)
+
+static const struct opt opts[] = {
+    {"-m,--model", "FILE", OPT_STR, OFF(model_path), 0, 0, "model GGUF to serve (required)"},
+    {"-a,--alias", "NAME", OPT_STR, OFF(alias), 0, 0, "model name reported by /v1/models (default: file name)"},
+    {"--chat-template", "NAME|TEXT", OPT_STR, OFF(chat_template), 0, 0,
+     "chat template: a llama.cpp built-in name (chatml, llama3, gemma, ...) or template text (default: the model's)"},
+    {"-c,--ctx-size", "N", OPT_INT, OFF(n_ctx), 0, 1 << 24, "total context in tokens, split evenly across slots (0 = model's training context)"},
+    {"-np,--parallel", "N", OPT_INT, OFF(n_parallel), 1, 256, "number of slots decoded together"},
+    {"-t,--threads", "N", OPT_INT, OFF(n_threads), 1, 1024, "threads for generation"},
+    {"-tb,--threads-batch", "N", OPT_INT, OFF(n_threads_batch), 1, 1024, "threads for prompt processing (default: same as -t)"},
+    {"-b,--batch-size", "N", OPT_INT, OFF(n_batch), 1, 1 << 20, "logical batch: most tokens given to one llama_decode"},
+    {"-ub,--ubatch-size", "N", OPT_INT, OFF(n_ubatch), 1, 1 << 20, "physical batch size"},
+    {"-n,--n-predict", "N", OPT_INT, OFF(n_predict), -1, INT_MAX, "default max tokens per reply (-1 = until the slot's context is full)"},
+    {"--swa-full", NULL, OPT_TRUE, OFF(swa_full), 0, 0, "keep a full-size SWA cache (more memory, no checkpoints needed)"},
+    {"--host", "ADDR", OPT_STR, OFF(host), 0, 0, "address to listen on"},
+    {"--port", "N", OPT_INT, OFF(port), 0, 65535, "port to listen on (0 = pick a free one and log it)"},
+    {"--api-key", "KEY[,KEY]", OPT_KEYS, 0, 0, 0,
+     "require 'Authorization: Bearer KEY'; repeat for several keys, each its own cache namespace"},
+    {"--slot-prompt-similarity", "F", OPT_FLOAT, OFF(slot_prompt_similarity), 0, 1,
+     "reuse the slot whose prompt shares more than this fraction with the request (0 = least recently used only)"},
+    {"--cache-prompt", NULL, OPT_TRUE, OFF(cache_prompt), 0, 0, "reuse the common prefix a slot already holds (default)"},
+    {"--no-cache-prompt", NULL, OPT_FALSE, OFF(cache_prompt), 0, 0, "always prefill the whole prompt"},
+    {"--max-queue", "N", OPT_INT, OFF(max_queue), 0, 1 << 20, "requests that may wait for a slot; beyond that: 503"},
+    {"--max-body", "BYTES", OPT_U64, OFF(max_body), 1024, (double)(1ull << 32), "largest request body accepted; beyond that: 413"},
+    {"--http-threads", "N", OPT_INT, OFF(http_threads), 1, 4096, "most concurrent HTTP connections"},
+    {"--metrics", NULL, OPT_TRUE, 0, 0, 0, "accepted for llama-server compatibility: /metrics is always on"},
+    {"--kv-cache-dir", "PATH", OPT_STR, OFF(kv_cache_dir), 0, 0, "enable the on-disk KV cache in PATH (created 0700)"},
+    {"--kv-cache-max", "MiB", OPT_U64, OFF(kv_cache_max_mib), 0, (double)(1ull << 40), "disk cache budget, least recently used evicted first (0 = no limit)"},
+    {"--kv-cache-ttl", "SECONDS", OPT_U64, OFF(kv_cache_ttl_s), 0, (double)(1ull << 40), "disk entries unused this long are evicted"},
+    {"--kv-cache-min-tokens", "N", OPT_INT, OFF(kv_cache_min_tokens), 0, INT_MAX, "do not store conversations shorter than this"},
+    {"--cache-ram", "MiB", OPT_U64, OFF(cache_ram_mib), 0, (double)(1ull << 40), "in-memory cache tier (0 = off; never disables the disk tier)"},
+    {"--ctx-checkpoints", "N", OPT_INT, OFF(ctx_checkpoints), 0, 1024, "context checkpoints kept per slot (SWA / recurrent models)"},
+    {"-v,--verbose", NULL, OPT_VERBOSE, 0, 0, 0, "more log output (repeatable)"},
+    {"--log-quiet", NULL, OPT_QUIET, 0, 0, 0, "only warnings and errors"},
+};
+
+#define N_OPTS (sizeof opts / sizeof opts[0])
+
+void thaw_config_init(struct thaw_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->n_ctx = 4096;
+    cfg->n_parallel = 1;
+    cfg->n_threads = 0; /* resolved after parsing: number of CPUs */
+    cfg->n_threads_batch = 0;
+    cfg->n_batch = 2048;
+    cfg->n_ubatch = 512;
+    cfg->n_predict = -1;
+    cfg->host = "127.0.0.1";
+    cfg->port = 8080;
+    cfg->slot_prompt_similarity = 0.1f;
+    cfg->cache_prompt = true;
+    cfg->max_queue = 64;
+    cfg->max_body = 16u << 20;
+    cfg->http_threads = 128;
+    cfg->kv_cache_ttl_s = 259200;
+    cfg->kv_cache_min_tokens = 256;
+    cfg->cache_ram_mib = 8192;
+    cfg->ctx_checkpoints = 8;
+    cfg->verbosity = 1;
+}
+
+/* ---- parsing ------------------------------------------------------------------- */
+
+static bool name_matches(const char *names, const char *arg)
+{
+    size_t n = strlen(arg);
+    const char *p = names;
+
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && memcmp(p, arg, n) == 0)
+            return true;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    return false;
+}
+
+static int add_keys(struct thaw_config *cfg, const char *value)
+{
+    const char *p = value;
+
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        if (len > 0) {
+            if (cfg->n_api_keys == THAW_MAX_API_KEYS) {
+                fprintf(stderr, "thaw: at most %d API keys\n", THAW_MAX_API_KEYS);
+                return THAW_EINVAL;
+            }
+            char *k = strndup(p, len);
+            if (!k)
+                return THAW_ENOMEM;
+            cfg->api_keys[cfg->n_api_keys++] = k; /* owned: freed by thaw_config_free */
+        }
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
+static int parse_number(const struct opt *o, const char *flag, const char *value, double *out)
+{
+    char *end = NULL;
+    double v;
+
+    errno = 0;
+    v = strtod(value, &end);
+    if (errno || end == value || *end != '\0') {
+        fprintf(stderr, "thaw: %s expects a number, got '%s'\n", flag, value);
+        return THAW_EINVAL;
+    }
+    if ((o->kind == OPT_INT || o->kind == OPT_U64) && v != (double)(long long)v) {
+        fprintf(stderr, "thaw: %s expects a whole number, got '%s'\n", flag, value);
+        return THAW_EINVAL;
+    }
+    if (v < o->min || v > o->max) {
+        fprintf(stderr, "thaw: %s must be between %g and %g, got '%s'\n", flag, o->min, o->max, value);
+        return THAW_EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *flag = argv[i];
+        const char *value = NULL;
+        char *eq = NULL;
+        const struct opt *o = NULL;
+        char name[64];
+
+        if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) {
+            thaw_config_usage(stdout);
+            return 1;
+        }
+        /* --flag=value form */
+        if (flag[0] == '-' && flag[1] == '-' && (eq = strchr(flag, '=')) != NULL &&
+            (size_t)(eq - flag) < sizeof name) {
+            memcpy(name, flag, (size_t)(eq - flag));
+            name[eq - flag] = '\0';
+            value = eq + 1;
+            flag = name;
+        }
+        for (size_t j = 0; j < N_OPTS; j++) {
+            if (name_matches(opts[j].names, flag)) {
+                o = &opts[j];
+                break;
+            }
+        }
+        if (!o) {
+            fprintf(stderr, "thaw: unknown flag '%s' (see thaw serve --help)\n", argv[i]);
+            return THAW_EINVAL;
+        }
+        if (o->arg && !value) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "thaw: %s needs a value (%s)\n", flag, o->arg);
+                return THAW_EINVAL;
+            }
+            value = argv[++i];
+        } else if (!o->arg && value) {
+            fprintf(stderr, "thaw: %s takes no value\n", flag);
+            return THAW_EINVAL;
+        }
+
+        char *field = (char *)cfg + o->off;
+        double v = 0;
+        int rc;
+        switch (o->kind) {
+        case OPT_INT:
+            if ((rc = parse_number(o, flag, value, &v)) != 0)
+                return rc;
+            *(int *)field = (int)v;
+            break;
+        case OPT_U64:
+            if ((rc = parse_number(o, flag, value, &v)) != 0)
+                return rc;
+            if (o->off == OFF(max_body))
+                *(size_t *)field = (size_t)v;
+            else
+                *(uint64_t *)field = (uint64_t)v;
+            break;
+        case OPT_FLOAT:
+            if ((rc = parse_number(o, flag, value, &v)) != 0)
+                return rc;
+            *(float *)field = (float)v;
+            break;
+        case OPT_STR:
+            if (!*value) {
+                fprintf(stderr, "thaw: %s must not be empty\n", flag);
+                return THAW_EINVAL;
+            }
+            *(const char **)field = value;
+            break;
+        case OPT_TRUE:
+            if (o->off)
+                *(bool *)field = true;
+            break;
+        case OPT_FALSE:
+            *(bool *)field = false;
+            break;
+        case OPT_KEYS:
+            if ((rc = add_keys(cfg, value)) != 0)
+                return rc;
+            break;
+        case OPT_VERBOSE:
+            cfg->verbosity++;
+            break;
+        case OPT_QUIET:
+            cfg->verbosity = 0;
+            break;
+        }
+    }
+
+    if (!cfg->model_path) {
+        fprintf(stderr, "thaw: no model given: use -m FILE.gguf (see thaw serve --help)\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->n_ctx != 0 && cfg->n_ctx < 16 * cfg->n_parallel) {
+        fprintf(stderr, "thaw: -c %d leaves fewer than 16 tokens per slot for -np %d\n", cfg->n_ctx, cfg->n_parallel);
+        return THAW_EINVAL;
+    }
+    if (cfg->n_ubatch > cfg->n_batch)
+        cfg->n_ubatch = cfg->n_batch;
+    if (cfg->n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        cfg->n_threads = n > 0 ? (int)n : 1;
+    }
+    if (cfg->n_threads_batch == 0)
+        cfg->n_threads_batch = cfg->n_threads;
+    return 0;
+}
+
+void thaw_config_free(struct thaw_config *cfg)
+{
+    for (int i = 0; i < cfg->n_api_keys; i++)
+        free((char *)cfg->api_keys[i]);
+    cfg->n_api_keys = 0;
+}
+
+/* ---- --help -------------------------------------------------------------------- */
+
+static void print_default(FILE *f, const struct opt *o)
+{
+    struct thaw_config d;
+
+    thaw_config_init(&d);
+    const char *field = (const char *)&d + o->off;
+    switch (o->kind) {
+    case OPT_INT:
+        fprintf(f, " [default: %d]", *(const int *)field);
+        break;
+    case OPT_U64:
+        if (o->off == OFF(max_body))
+            fprintf(f, " [default: %zu]", *(const size_t *)field);
+        else
+            fprintf(f, " [default: %llu]", (unsigned long long)*(const uint64_t *)field);
+        break;
+    case OPT_FLOAT:
+        fprintf(f, " [default: %g]", *(const float *)field);
+        break;
+    case OPT_STR:
+        if (*(const char *const *)field)
+            fprintf(f, " [default: %s]", *(const char *const *)field);
+        break;
+    default:
+        break;
+    }
+}
+
+void thaw_config_usage(FILE *f)
+{
+    fprintf(f, "usage: thaw serve -m MODEL.gguf [flags]\n\n"
+               "An OpenAI-compatible chat server (POST /v1/chat/completions, GET /v1/models,\n"
+               "/health, /metrics) that keeps conversations' KV state so a returning chat is\n"
+               "restored instead of prefilled again.\n\nflags:\n");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s", opts[i].names, opts[i].arg ? " " : "", opts[i].arg ? opts[i].arg : "");
+        fprintf(f, "  %-34s %s", left, opts[i].help);
+        print_default(f, &opts[i]);
+        fputc('\n', f);
+    }
+    fprintf(f, "  %-34s %s\n", "-h,--help", "this text");
+    fprintf(f, "\n-t defaults to the number of CPUs. Every flag also accepts --flag=value.\n");
+}

@@ -1,0 +1,68 @@
+/* config.h — every `thaw serve` flag: defaults, parsing, validation, --help.
+ *
+ * Flag names follow llama-server wherever one exists, so a llama.cpp user can
+ * switch by changing one word. The struct is filled once at start-up and is
+ * read-only afterwards (every thread may read it without locking).
+ */
+#ifndef THAW_CONFIG_H
+#define THAW_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define THAW_MAX_API_KEYS 16
+
+struct thaw_config {
+    /* model + context */
+    const char *model_path;      /* -m */
+    const char *alias;           /* --alias; NULL = file name of -m */
+    const char *chat_template;   /* --chat-template: name or template text; NULL = model's */
+    int n_ctx;                   /* -c: total tokens, split evenly across slots */
+    int n_parallel;              /* -np: slots */
+    int n_threads;               /* -t */
+    int n_threads_batch;         /* -tb */
+    int n_batch;                 /* -b: logical batch, tokens per llama_decode */
+    int n_ubatch;                /* -ub: physical batch */
+    int n_predict;               /* -n: default max tokens per reply, -1 = until context is full */
+    bool swa_full;               /* --swa-full: full-size SWA cache (no checkpoints needed) */
+
+    /* serving */
+    const char *host;            /* --host */
+    int port;                    /* --port */
+    const char *api_keys[THAW_MAX_API_KEYS]; /* --api-key, repeatable or comma-separated; owned */
+    int n_api_keys;
+    float slot_prompt_similarity; /* --slot-prompt-similarity */
+    bool cache_prompt;           /* --cache-prompt / --no-cache-prompt */
+    int max_queue;               /* --max-queue: requests waiting beyond the slots */
+    size_t max_body;             /* --max-body: bytes of a request body */
+    int http_threads;            /* --http-threads: connection limit */
+
+    /* caches */
+    const char *kv_cache_dir;    /* --kv-cache-dir; NULL = disk tier off */
+    uint64_t kv_cache_max_mib;   /* --kv-cache-max, 0 = no limit */
+    uint64_t kv_cache_ttl_s;     /* --kv-cache-ttl */
+    int kv_cache_min_tokens;     /* --kv-cache-min-tokens */
+    uint64_t cache_ram_mib;      /* --cache-ram, 0 = RAM tier off */
+    int ctx_checkpoints;         /* --ctx-checkpoints: per slot */
+
+    /* logging */
+    int verbosity;               /* -v raises, --log-quiet lowers */
+};
+
+/* Defaults for every field. */
+void thaw_config_init(struct thaw_config *cfg);
+
+/* Parses `argv[1..argc-1]` (argv[0] is the subcommand name) into cfg.
+ * Returns 0 on success, 1 when --help was printed (caller exits 0), and a
+ * negative THAW_EINVAL after printing a one-line reason to stderr. */
+int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv);
+
+/* Prints the serve usage text to `f`. */
+void thaw_config_usage(FILE *f);
+
+/* Frees what thaw_config_parse allocated; cfg stays valid to re-init. */
+void thaw_config_free(struct thaw_config *cfg);
+
+#endif

@@ -1,0 +1,715 @@
+/* engine.c — model + context, the decode loop, batching across slots.
+ *
+ * Map:
+ *   ---- slots ----        per-slot state and its helpers
+ *   ---- admission ----    queued task -> idle slot, prompt-prefix reuse
+ *   ---- generation ----   sampling, stop strings, streaming text out
+ *   ---- the loop ----     one llama_batch for every active slot per step
+ *   ---- lifecycle ----    load model, context, thread; shutdown
+ *
+ * Only engine_main() and what it calls touch e->ctx.
+ */
+#include "engine.h"
+
+#include "error.h"
+#include "fingerprint.h"
+#include "log.h"
+#include "scheduler.h"
+#include "utf8.h"
+
+#include <ggml-backend.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- slots --------------------------------------------------------------------- */
+
+struct slot {
+    int id;                    /* == llama seq_id */
+    struct thaw_task *task;    /* NULL = idle */
+
+    llama_token *tokens;       /* tokens whose KV the sequence holds, n_tokens of cap_tokens */
+    int n_tokens, cap_tokens;
+
+    /* the request in progress */
+    int n_prompt_done;         /* prompt tokens already in the KV */
+    bool generating;           /* next_token waits to be decoded */
+    llama_token next_token;
+    int i_batch;               /* row of this slot's logits in the current batch, -1 = none */
+    int n_in_batch;            /* tokens this slot put in the current batch */
+    struct llama_sampler *smpl;
+    char *gen;                 /* reply bytes so far, n_gen of cap_gen */
+    size_t n_gen, cap_gen;
+    size_t n_sent;             /* bytes of gen handed to the task */
+    size_t stop_hold;          /* longest stop string - 1: bytes held back while streaming */
+    int n_decoded;             /* tokens sampled */
+    int64_t t_start_us, t_prompt_done_us;
+    struct thaw_timings timings;
+
+    int64_t last_used_us;
+    bool holds_key;            /* held_key names the conversation in the KV */
+    uint8_t held_key[THAW_KEY_BYTES];
+};
+
+struct thaw_engine {
+    const struct thaw_config *cfg;
+    struct thaw_metrics *metrics;
+
+    struct llama_model *model;
+    const struct llama_vocab *vocab;
+    struct llama_context *ctx;
+    struct thaw_chat *chat;
+    struct thaw_sched *sched;
+    char *model_name;
+    uint8_t fingerprint[THAW_FINGERPRINT_BYTES];
+    char settings[256];        /* the context settings that shape the state's bytes */
+
+    struct slot *slots;
+    int n_slots;
+    int n_ctx_slot;            /* tokens per sequence */
+    int n_swa;                 /* sliding window, 0 = none or --swa-full */
+    struct llama_batch batch;  /* n_batch tokens */
+    int n_batch;
+
+    pthread_t thread;
+    atomic_bool stop;
+};
+
+static int slot_reserve(struct slot *s, int n)
+{
+    if (n <= s->cap_tokens)
+        return 0;
+    int cap = s->cap_tokens ? s->cap_tokens : 256;
+    while (cap < n)
+        cap *= 2;
+    llama_token *nt = realloc(s->tokens, (size_t)cap * sizeof *nt);
+    if (!nt)
+        return THAW_ENOMEM;
+    s->tokens = nt;
+    s->cap_tokens = cap;
+    return 0;
+}
+
+static void slot_clear_kv(struct thaw_engine *e, struct slot *s)
+{
+    llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, -1, -1);
+    s->n_tokens = 0;
+    s->holds_key = false;
+}
+
+/* Ends the slot's request: the task is released, the KV stays for reuse. */
+static void slot_release(struct thaw_engine *e, struct slot *s)
+{
+    if (s->smpl) {
+        llama_sampler_free(s->smpl);
+        s->smpl = NULL;
+    }
+    thaw_task_release(s->task);
+    s->task = NULL;
+    s->generating = false;
+    s->i_batch = -1;
+    s->last_used_us = thaw_now_us();
+    atomic_fetch_sub(&e->metrics->slots_busy, 1);
+}
+
+static void slot_fail(struct thaw_engine *e, struct slot *s, int status, const char *msg)
+{
+    thaw_task_fail(s->task, status, msg);
+    slot_clear_kv(e, s); /* its KV may be half-written */
+    slot_release(e, s);
+}
+
+/* ---- admission ---------------------------------------------------------------- */
+
+static struct llama_sampler *make_sampler(const struct thaw_chat_request *req)
+{
+    struct llama_sampler *c = llama_sampler_chain_init(llama_sampler_chain_default_params());
+
+    if (!c)
+        return NULL;
+    if (req->temperature <= 0.0f) {
+        llama_sampler_chain_add(c, llama_sampler_init_greedy());
+        return c;
+    }
+    if (req->top_k > 0)
+        llama_sampler_chain_add(c, llama_sampler_init_top_k(req->top_k));
+    if (req->top_p < 1.0f)
+        llama_sampler_chain_add(c, llama_sampler_init_top_p(req->top_p, 1));
+    if (req->min_p > 0.0f)
+        llama_sampler_chain_add(c, llama_sampler_init_min_p(req->min_p, 1));
+    llama_sampler_chain_add(c, llama_sampler_init_temp(req->temperature));
+    llama_sampler_chain_add(c, llama_sampler_init_dist(req->has_seed ? req->seed : LLAMA_DEFAULT_SEED));
+    return c;
+}
+
+/* How many of the prompt's tokens the slot can keep: the common prefix with
+ * what its KV holds, cut back where a sliding window or recurrent state
+ * cannot roll back that far. Truncates the sequence to the result. */
+static int slot_reuse_prefix(struct thaw_engine *e, struct slot *s, const struct thaw_task *t)
+{
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    int n_past = 0;
+
+    if (t->req.cache_prompt)
+        n_past = thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt);
+    /* at least one prompt token must be decoded to get logits to sample from */
+    if (n_past >= t->n_prompt)
+        n_past = t->n_prompt - 1;
+    if (n_past > 0 && e->n_swa > 0) {
+        /* the next token at position n_past attends back n_swa positions:
+         * they must still be in the (sliding) cache */
+        llama_pos pos_min = llama_memory_seq_pos_min(mem, s->id);
+        if (pos_min > 0 && pos_min >= n_past - e->n_swa) {
+            LOG_DBG("slot %d: window starts at %d, cannot resume at %d: full prefill", s->id, (int)pos_min, n_past);
+            n_past = 0;
+        }
+    }
+    if (n_past == 0 || !llama_memory_seq_rm(mem, s->id, n_past, -1)) {
+        slot_clear_kv(e, s);
+        return 0;
+    }
+    if (n_past < s->n_tokens)
+        s->holds_key = false; /* it now holds a prefix of that conversation only */
+    s->n_tokens = n_past;
+    return n_past;
+}
+
+static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t)
+{
+    const struct thaw_chat_request *req = &t->req;
+    int rc;
+
+    s->task = t;
+    atomic_fetch_add(&e->metrics->slots_busy, 1);
+    s->smpl = make_sampler(req);
+    if (!s->smpl || (rc = slot_reserve(s, t->n_prompt + 1)) != 0) {
+        slot_fail(e, s, 500, "out of memory");
+        return THAW_ENOMEM;
+    }
+    memset(&s->timings, 0, sizeof s->timings);
+    s->n_gen = s->n_sent = 0;
+    s->n_decoded = 0;
+    s->generating = false;
+    s->i_batch = -1;
+    s->stop_hold = 0;
+    for (int i = 0; i < req->n_stop; i++) {
+        size_t l = strlen(req->stop[i]);
+        if (l > 0 && l - 1 > s->stop_hold)
+            s->stop_hold = l - 1;
+    }
+    s->t_start_us = thaw_now_us();
+
+    int n_past = slot_reuse_prefix(e, s, t);
+    s->n_prompt_done = n_past;
+    s->timings.cache_n = n_past;
+    s->timings.cache_source = n_past > 0 ? "slot" : "none";
+    atomic_fetch_add(&e->metrics->prompt_cached_tokens, (uint64_t)n_past);
+    LOG_DBG("slot %d: start, prompt %d tokens, %d reused", s->id, t->n_prompt, n_past);
+    return 0;
+}
+
+/* Moves queued tasks into idle slots. `block` waits for a task when no slot
+ * is busy (nothing else to do). Returns the number of active slots. */
+static int admit(struct thaw_engine *e, bool block)
+{
+    struct thaw_slot_view *views = NULL;
+    int active = 0;
+
+    for (int i = 0; i < e->n_slots; i++)
+        active += e->slots[i].task != NULL;
+    while (active < e->n_slots) {
+        struct thaw_task *t = thaw_sched_pop(e->sched, block && active == 0 && !atomic_load(&e->stop));
+        if (!t)
+            break;
+        atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));
+        if (atomic_load(&t->cancelled)) {
+            thaw_task_release(t);
+            continue;
+        }
+        if (!views && !(views = calloc((size_t)e->n_slots, sizeof *views))) {
+            thaw_task_fail(t, 500, "out of memory");
+            thaw_task_release(t);
+            break;
+        }
+        for (int i = 0; i < e->n_slots; i++) {
+            struct slot *s = &e->slots[i];
+            views[i] = (struct thaw_slot_view){
+                .idle = s->task == NULL,
+                .tokens = s->tokens,
+                .n_tokens = s->n_tokens,
+                .last_used_us = s->last_used_us,
+                .holds_key = t->has_lookup_key && s->holds_key &&
+                             memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0,
+            };
+        }
+        int pick = thaw_sched_pick_slot(views, e->n_slots, t->prompt, t->n_prompt,
+                                        t->req.cache_prompt ? e->cfg->slot_prompt_similarity : 0);
+        if (slot_start(e, &e->slots[pick], t) == 0)
+            active++;
+    }
+    free(views);
+    return active;
+}
+
+/* ---- generation --------------------------------------------------------------- */
+
+static int gen_append(struct slot *s, const char *p, size_t n)
+{
+    if (s->n_gen + n + 1 > s->cap_gen) {
+        size_t cap = s->cap_gen ? s->cap_gen : 512;
+        while (cap < s->n_gen + n + 1)
+            cap *= 2;
+        char *nb = realloc(s->gen, cap);
+        if (!nb)
+            return THAW_ENOMEM;
+        s->gen = nb;
+        s->cap_gen = cap;
+    }
+    memcpy(s->gen + s->n_gen, p, n);
+    s->n_gen += n;
+    s->gen[s->n_gen] = '\0';
+    return 0;
+}
+
+/* Hands the task every byte that can no longer change: complete UTF-8, and
+ * not a possible beginning of a stop string (unless `final`). */
+static void slot_flush_text(struct slot *s, bool final)
+{
+    size_t end = s->n_gen;
+
+    if (!final) {
+        end = end > s->stop_hold ? end - s->stop_hold : 0;
+        end = thaw_utf8_complete_len(s->gen, end);
+    }
+    if (end > s->n_sent) {
+        thaw_task_emit(s->task, s->gen + s->n_sent, end - s->n_sent);
+        s->n_sent = end;
+    }
+}
+
+static void slot_finish(struct thaw_engine *e, struct slot *s, const char *reason)
+{
+    int64_t now = thaw_now_us();
+
+    slot_flush_text(s, true);
+    if (!s->t_prompt_done_us)
+        s->t_prompt_done_us = now;
+    s->timings.prompt_n = s->task->n_prompt - s->timings.cache_n;
+    s->timings.prompt_ms = (double)(s->t_prompt_done_us - s->t_start_us) / 1000.0 - s->timings.restore_ms;
+    s->timings.predicted_n = s->n_decoded;
+    s->timings.predicted_ms = (double)(now - s->t_prompt_done_us) / 1000.0;
+    atomic_fetch_add(&e->metrics->predicted_tokens, (uint64_t)s->n_decoded);
+    atomic_fetch_add(&e->metrics->predicted_us, (uint64_t)(now - s->t_prompt_done_us));
+    thaw_task_finish(s->task, reason, &s->timings);
+    LOG_INF("slot %d: done (%s): prompt %d (%d cached, %s), %.1f ms; %d generated, %.1f tok/s", s->id, reason,
+            s->task->n_prompt, s->timings.cache_n, s->timings.cache_source, s->timings.prompt_ms,
+            s->timings.predicted_n,
+            s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
+    slot_release(e, s);
+}
+
+/* Earliest occurrence of any stop string that ends at or after `from`. */
+static const char *find_stop(const struct slot *s, size_t from)
+{
+    const char *best = NULL;
+
+    for (int i = 0; i < s->task->req.n_stop; i++) {
+        const char *stop = s->task->req.stop[i];
+        size_t l = strlen(stop);
+        size_t start = from >= l ? from - l + 1 : 0;
+        const char *hit = memmem(s->gen + start, s->n_gen - start, stop, l);
+        if (hit && (!best || hit < best))
+            best = hit;
+    }
+    return best;
+}
+
+/* Takes one sampled token: text out, stop conditions, next decode. */
+static void slot_take_token(struct thaw_engine *e, struct slot *s, llama_token tok)
+{
+    const struct thaw_task *t = s->task;
+    char piece[256];
+    int n;
+
+    s->n_decoded++;
+    if (llama_vocab_is_eog(e->vocab, tok)) {
+        slot_finish(e, s, "stop");
+        return;
+    }
+    n = llama_token_to_piece(e->vocab, tok, piece, sizeof piece, 0, false);
+    if (n < 0)
+        n = 0; /* a piece longer than 256 bytes: no real vocab has one */
+    size_t before = s->n_gen;
+    if (gen_append(s, piece, (size_t)n) != 0) {
+        slot_fail(e, s, 500, "out of memory");
+        return;
+    }
+    if (t->req.n_stop > 0) {
+        const char *hit = find_stop(s, before);
+        if (hit) {
+            s->n_gen = (size_t)(hit - s->gen);
+            s->gen[s->n_gen] = '\0';
+            slot_finish(e, s, "stop");
+            return;
+        }
+    }
+    if (s->n_decoded >= t->max_tokens || s->n_tokens + 1 >= e->n_ctx_slot) {
+        slot_finish(e, s, "length");
+        return;
+    }
+    slot_flush_text(s, false);
+    s->next_token = tok;
+    s->generating = true;
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+static void batch_add(struct llama_batch *b, llama_token tok, llama_pos pos, llama_seq_id seq, bool logits)
+{
+    int i = b->n_tokens++;
+
+    b->token[i] = tok;
+    b->pos[i] = pos;
+    b->n_seq_id[i] = 1;
+    b->seq_id[i][0] = seq;
+    b->logits[i] = logits;
+}
+
+/* Fills e->batch: first the next token of every generating slot (so
+ * generation never waits behind a long prompt), then prompt tokens. */
+static void build_batch(struct thaw_engine *e)
+{
+    struct llama_batch *b = &e->batch;
+
+    b->n_tokens = 0;
+    for (int i = 0; i < e->n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        s->i_batch = -1;
+        s->n_in_batch = 0;
+        if (!s->task || !s->generating)
+            continue;
+        s->i_batch = b->n_tokens;
+        batch_add(b, s->next_token, s->n_tokens, s->id, true);
+        s->n_in_batch = 1;
+    }
+    for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch; i++) {
+        struct slot *s = &e->slots[i];
+        if (!s->task || s->generating)
+            continue;
+        const struct thaw_task *t = s->task;
+        while (s->n_prompt_done + s->n_in_batch < t->n_prompt && b->n_tokens < e->n_batch) {
+            int p = s->n_prompt_done + s->n_in_batch;
+            bool last = p == t->n_prompt - 1;
+            if (last)
+                s->i_batch = b->n_tokens;
+            batch_add(b, t->prompt[p], p, s->id, last);
+            s->n_in_batch++;
+        }
+    }
+}
+
+/* After a successful decode: record what each slot's KV now holds, sample. */
+static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
+{
+    int n_prompt_tokens = 0;
+
+    for (int i = 0; i < e->n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        if (!s->task || s->n_in_batch == 0)
+            continue;
+        if (s->generating) {
+            s->tokens[s->n_tokens++] = s->next_token;
+        } else {
+            memcpy(s->tokens + s->n_tokens, s->task->prompt + s->n_prompt_done,
+                   (size_t)s->n_in_batch * sizeof(llama_token));
+            s->n_tokens += s->n_in_batch;
+            s->n_prompt_done += s->n_in_batch;
+            n_prompt_tokens += s->n_in_batch;
+        }
+    }
+    atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n_prompt_tokens);
+    if (n_prompt_tokens > 0)
+        atomic_fetch_add(&e->metrics->prompt_us, (uint64_t)(t1 - t0));
+
+    for (int i = 0; i < e->n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        if (!s->task || s->i_batch < 0)
+            continue;
+        if (!s->generating) {
+            s->t_prompt_done_us = thaw_now_us();
+            if (slot_reserve(s, s->n_tokens + s->task->max_tokens + 1) != 0) {
+                slot_fail(e, s, 500, "out of memory");
+                continue;
+            }
+        }
+        llama_token tok = llama_sampler_sample(s->smpl, e->ctx, s->i_batch);
+        slot_take_token(e, s, tok);
+    }
+}
+
+static void fail_batch(struct thaw_engine *e, int rc)
+{
+    char msg[96];
+
+    snprintf(msg, sizeof msg, "llama_decode failed (%d)", rc);
+    LOG_ERR("%s: failing the requests in this batch", msg);
+    for (int i = 0; i < e->n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        if (s->task && s->n_in_batch > 0)
+            slot_fail(e, s, 500, msg);
+    }
+}
+
+static void *engine_main(void *arg)
+{
+    struct thaw_engine *e = arg;
+
+    while (!atomic_load(&e->stop)) {
+        /* cancelled requests (client gone) free their slot first */
+        for (int i = 0; i < e->n_slots; i++) {
+            struct slot *s = &e->slots[i];
+            if (s->task && atomic_load(&s->task->cancelled)) {
+                LOG_INF("slot %d: client went away, request cancelled", s->id);
+                thaw_task_fail(s->task, 499, "cancelled");
+                slot_release(e, s);
+            }
+        }
+        if (admit(e, true) == 0)
+            continue;
+        build_batch(e);
+        if (e->batch.n_tokens == 0)
+            continue;
+        int64_t t0 = thaw_now_us();
+        int rc = llama_decode(e->ctx, e->batch);
+        int64_t t1 = thaw_now_us();
+        atomic_fetch_add(&e->metrics->decode_calls, 1);
+        if (rc != 0) {
+            fail_batch(e, rc);
+            continue;
+        }
+        after_decode(e, t0, t1);
+    }
+    for (int i = 0; i < e->n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        if (s->task) {
+            thaw_task_fail(s->task, 503, "the server is shutting down");
+            slot_release(e, s);
+        }
+    }
+    return NULL;
+}
+
+int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
+{
+    int rc;
+
+    if (t->n_prompt < 1 || t->n_prompt >= e->n_ctx_slot)
+        return THAW_ECTXFULL;
+    if (t->max_tokens <= 0)
+        t->max_tokens = e->n_ctx_slot;
+    rc = thaw_sched_push(e->sched, t);
+    if (rc == 0)
+        atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));
+    return rc;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------ */
+
+static void llama_log_cb(enum ggml_log_level level, const char *text, void *ud)
+{
+    (void)ud;
+    if (level == GGML_LOG_LEVEL_CONT)
+        return;
+    int v = level >= GGML_LOG_LEVEL_ERROR ? THAW_LOG_ERROR : level == GGML_LOG_LEVEL_WARN ? THAW_LOG_WARN : 3;
+    if (v > thaw_log_verbosity())
+        return;
+    size_t n = strlen(text);
+    while (n > 0 && text[n - 1] == '\n')
+        n--;
+    thaw_log((enum thaw_log_level)(v > THAW_LOG_DEBUG ? THAW_LOG_DEBUG : v), "llama: %.*s", (int)n, text);
+}
+
+/* Logs 25/50/75% of a model load, only once it has taken over a second. */
+static bool load_progress(float p, void *ud)
+{
+    int64_t *t0 = ud; /* [0] start, [1] next quarter to log */
+    int quarter = (int)(p * 4);
+
+    if (quarter >= 1 && quarter <= 3 && quarter >= t0[1] && thaw_now_us() - t0[0] > 1000000) {
+        LOG_INF("loading model: %d%%", quarter * 25);
+        t0[1] = quarter + 1;
+    }
+    return true;
+}
+
+int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_engine **out)
+{
+    struct thaw_engine *e = calloc(1, sizeof *e);
+    int rc = 0;
+    int64_t t0 = thaw_now_us();
+    int64_t progress[2] = {t0, 1};
+
+    if (!e)
+        return THAW_ENOMEM;
+    e->cfg = cfg;
+    e->metrics = metrics;
+
+    llama_log_set(llama_log_cb, NULL);
+    llama_backend_init();
+    const char *bdir = getenv("THAW_BACKEND_DIR");
+    ggml_backend_load_all_from_path(bdir ? bdir : THAW_LLAMA_LIB_DIR);
+
+    if ((rc = thaw_fingerprint_file(cfg->model_path, e->fingerprint)) != 0) {
+        LOG_ERR("cannot read model %s: %s", cfg->model_path, thaw_strerror(rc));
+        goto error;
+    }
+    struct llama_model_params mp = llama_model_default_params();
+    mp.progress_callback = load_progress;
+    mp.progress_callback_user_data = progress;
+    e->model = llama_model_load_from_file(cfg->model_path, mp);
+    if (!e->model) {
+        LOG_ERR("llama.cpp could not load %s (not a model GGUF, or an unsupported architecture)", cfg->model_path);
+        rc = THAW_ELLAMA;
+        goto error;
+    }
+    e->vocab = llama_model_get_vocab(e->model);
+
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)cfg->n_ctx;
+    cp.n_batch = (uint32_t)cfg->n_batch;
+    cp.n_ubatch = (uint32_t)cfg->n_ubatch;
+    cp.n_seq_max = (uint32_t)cfg->n_parallel;
+    cp.n_threads = cfg->n_threads;
+    cp.n_threads_batch = cfg->n_threads_batch;
+    cp.kv_unified = false; /* each slot its own cells: a slot's state is its own to save and restore */
+    cp.swa_full = cfg->swa_full;
+    cp.no_perf = true;
+    e->ctx = llama_init_from_model(e->model, cp);
+    if (!e->ctx) {
+        LOG_ERR("llama.cpp could not create a context (-c %d, -np %d): too little memory?", cfg->n_ctx,
+                cfg->n_parallel);
+        rc = THAW_ELLAMA;
+        goto error;
+    }
+    e->n_ctx_slot = (int)llama_n_ctx_seq(e->ctx);
+    e->n_batch = (int)llama_n_batch(e->ctx);
+    e->n_swa = cfg->swa_full ? 0 : llama_model_n_swa(e->model);
+    if (llama_model_is_recurrent(e->model) || llama_model_is_hybrid(e->model))
+        LOG_WRN("recurrent/hybrid model: prompt reuse needs context checkpoints");
+    snprintf(e->settings, sizeof e->settings, "n_ctx_seq=%d;swa_full=%d;type_k=%d;type_v=%d;tmpl=", e->n_ctx_slot,
+             (int)cp.swa_full, (int)cp.type_k, (int)cp.type_v);
+
+    if ((rc = thaw_chat_new(e->model, cfg->chat_template, &e->chat)) != 0)
+        goto error;
+    /* the template shapes the tokens a key stands for: bind it too */
+    {
+        uint8_t th[16];
+        char hex[33];
+        crypto_generichash(th, sizeof th, (const unsigned char *)thaw_chat_template(e->chat),
+                           strlen(thaw_chat_template(e->chat)), NULL, 0);
+        for (int i = 0; i < 16; i++)
+            snprintf(hex + 2 * i, 3, "%02x", th[i]);
+        strncat(e->settings, hex, sizeof e->settings - strlen(e->settings) - 1);
+    }
+
+    if (cfg->alias) {
+        e->model_name = strdup(cfg->alias);
+    } else {
+        const char *slash = strrchr(cfg->model_path, '/');
+        e->model_name = strdup(slash ? slash + 1 : cfg->model_path);
+    }
+    e->n_slots = cfg->n_parallel;
+    e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
+    e->batch = llama_batch_init(e->n_batch, 0, 1);
+    if (!e->model_name || !e->slots || !e->batch.token) {
+        rc = THAW_ENOMEM;
+        goto error;
+    }
+    for (int i = 0; i < e->n_slots; i++) {
+        e->slots[i].id = i;
+        e->slots[i].i_batch = -1;
+    }
+    metrics->slots_total = e->n_slots;
+    if ((rc = thaw_sched_new(cfg->max_queue, &e->sched)) != 0)
+        goto error;
+
+    char desc[128];
+    llama_model_desc(e->model, desc, sizeof desc);
+    LOG_INF("model %s: %s, %.1fM params, %d slots x %d tokens%s, loaded in %.0f ms", e->model_name, desc,
+            (double)llama_model_n_params(e->model) / 1e6, e->n_slots, e->n_ctx_slot,
+            e->n_swa ? " (sliding window)" : "", (double)(thaw_now_us() - t0) / 1000.0);
+
+    atomic_init(&e->stop, false);
+    if ((rc = -pthread_create(&e->thread, NULL, engine_main, e)) != 0)
+        goto error;
+    *out = e;
+    return 0;
+
+error:
+    thaw_sched_free(e->sched);
+    if (e->batch.token)
+        llama_batch_free(e->batch);
+    free(e->slots);
+    free(e->model_name);
+    thaw_chat_free(e->chat);
+    if (e->ctx)
+        llama_free(e->ctx);
+    if (e->model)
+        llama_model_free(e->model);
+    free(e);
+    return rc;
+}
+
+void thaw_engine_stop(struct thaw_engine *e)
+{
+    struct thaw_task *t;
+
+    if (atomic_exchange(&e->stop, true))
+        return;
+    thaw_sched_close(e->sched);
+    pthread_join(e->thread, NULL);
+    while ((t = thaw_sched_pop(e->sched, false)) != NULL) {
+        thaw_task_fail(t, 503, "the server is shutting down");
+        thaw_task_release(t);
+    }
+}
+
+void thaw_engine_free(struct thaw_engine *e)
+{
+    if (!e)
+        return;
+    thaw_engine_stop(e);
+    thaw_sched_free(e->sched);
+    for (int i = 0; i < e->n_slots; i++) {
+        free(e->slots[i].tokens);
+        free(e->slots[i].gen);
+    }
+    free(e->slots);
+    llama_batch_free(e->batch);
+    thaw_chat_free(e->chat);
+    free(e->model_name);
+    llama_free(e->ctx);
+    llama_model_free(e->model);
+    llama_backend_free();
+    free(e);
+}
+
+const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e) { return e->chat; }
+const char *thaw_engine_model_name(const struct thaw_engine *e) { return e->model_name; }
+int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; }
+int thaw_engine_n_ctx_train(const struct thaw_engine *e) { return llama_model_n_ctx_train(e->model); }
+uint64_t thaw_engine_n_params(const struct thaw_engine *e) { return llama_model_n_params(e->model); }
+
+void thaw_engine_binding(const struct thaw_engine *e, int namespace_id, uint8_t out[THAW_KEY_BYTES])
+{
+    thaw_chat_binding(e->fingerprint, e->settings, namespace_id, out);
+}
+
+void thaw_engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
+{
+    (void)ud;
+    (void)buf;
+    (void)cap;
+    (void)len;
+}

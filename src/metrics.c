@@ -1,0 +1,54 @@
+/* metrics.c — Prometheus text exposition of struct thaw_metrics. */
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void thaw_metrics_append(char *buf, size_t cap, size_t *len, const char *name, const char *type,
+                         const char *help, double value)
+{
+    if (*len >= cap)
+        return;
+    int n = snprintf(buf + *len, cap - *len, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
+                     type, name, value);
+    if (n > 0)
+        *len += (size_t)n < cap - *len ? (size_t)n : cap - *len;
+}
+
+char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn extra, void *ud)
+{
+    const size_t cap = 16384;
+    char *buf = malloc(cap);
+    size_t len = 0;
+
+    if (!buf)
+        return NULL;
+    buf[0] = '\0';
+#define C(name, help, v) thaw_metrics_append(buf, cap, &len, "thaw_" name, "counter", help, (double)(v))
+#define G(name, help, v) thaw_metrics_append(buf, cap, &len, "thaw_" name, "gauge", help, (double)(v))
+    C("requests_total", "HTTP requests received", atomic_load(&m->requests_total));
+    C("requests_errors_total", "HTTP requests answered with an error status", atomic_load(&m->requests_errors));
+    C("chat_requests_total", "chat completion requests accepted", atomic_load(&m->chat_requests));
+    C("prompt_tokens_total", "prompt tokens prefilled", atomic_load(&m->prompt_tokens));
+    C("prompt_cached_tokens_total", "prompt tokens served from a cache tier instead of prefill",
+      atomic_load(&m->prompt_cached_tokens));
+    C("predicted_tokens_total", "tokens generated", atomic_load(&m->predicted_tokens));
+    C("prompt_seconds_total", "time spent prefilling", atomic_load(&m->prompt_us) / 1e6);
+    C("predicted_seconds_total", "time spent generating", atomic_load(&m->predicted_us) / 1e6);
+    C("decode_calls_total", "llama_decode calls (one serves every active slot)", atomic_load(&m->decode_calls));
+    G("slots_busy", "slots serving a request", atomic_load(&m->slots_busy));
+    G("slots_total", "slots configured (-np)", m->slots_total);
+    G("queue_depth", "requests waiting for a slot", atomic_load(&m->queue_depth));
+    C("kv_cache_lookups_total", "conversation cache lookups", atomic_load(&m->cache_lookups));
+    C("kv_cache_hits_slot_total", "lookups served by the state a slot already held", atomic_load(&m->cache_hits_slot));
+    C("kv_cache_hits_ram_total", "lookups served by the RAM tier", atomic_load(&m->cache_hits_ram));
+    C("kv_cache_hits_disk_total", "lookups served by the disk tier", atomic_load(&m->cache_hits_disk));
+    C("kv_cache_misses_total", "lookups that found nothing", atomic_load(&m->cache_misses));
+    C("kv_cache_restore_seconds_total", "time spent restoring state", atomic_load(&m->restore_us) / 1e6);
+#undef C
+#undef G
+    if (extra)
+        extra(ud, buf, cap, &len);
+    return buf;
+}

@@ -1,0 +1,50 @@
+/* metrics.h — the server's counters and gauges, rendered as Prometheus text.
+ *
+ * Every field is an atomic so any thread may update it without a lock; the
+ * /metrics route snapshots them in thaw_metrics_render(). Seconds are kept
+ * as microseconds internally (integers add atomically).
+ */
+#ifndef THAW_METRICS_H
+#define THAW_METRICS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct thaw_metrics {
+    /* HTTP */
+    atomic_uint_fast64_t requests_total;     /* every HTTP request */
+    atomic_uint_fast64_t requests_errors;    /* answered with status >= 400 */
+    atomic_uint_fast64_t chat_requests;      /* POST /v1/chat/completions accepted */
+    /* engine */
+    atomic_uint_fast64_t prompt_tokens;      /* tokens prefilled (decoded from the prompt) */
+    atomic_uint_fast64_t prompt_cached_tokens; /* prompt tokens served from a cache tier */
+    atomic_uint_fast64_t predicted_tokens;   /* tokens generated */
+    atomic_uint_fast64_t prompt_us;          /* time spent prefilling, microseconds */
+    atomic_uint_fast64_t predicted_us;       /* time spent generating, microseconds */
+    atomic_uint_fast64_t decode_calls;       /* llama_decode calls */
+    atomic_int slots_busy;                   /* gauge */
+    atomic_int queue_depth;                  /* gauge: tasks waiting for a slot */
+    int slots_total;
+    /* KV cache */
+    atomic_uint_fast64_t cache_lookups;
+    atomic_uint_fast64_t cache_hits_slot;
+    atomic_uint_fast64_t cache_hits_ram;
+    atomic_uint_fast64_t cache_hits_disk;
+    atomic_uint_fast64_t cache_misses;
+    atomic_uint_fast64_t restore_us;         /* time spent restoring, microseconds */
+};
+
+/* Snapshot callback for gauges owned by other modules (disk cache stats):
+ * appends Prometheus lines to `buf` of `cap` bytes at `*len`. */
+typedef void (*thaw_metrics_extra_fn)(void *ud, char *buf, size_t cap, size_t *len);
+
+/* Renders all metrics into a malloc'd NUL-terminated string the caller frees;
+ * NULL on allocation failure. `extra` may be NULL. */
+char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn extra, void *ud);
+
+/* Appends one metric with HELP/TYPE lines; used by render and by extras. */
+void thaw_metrics_append(char *buf, size_t cap, size_t *len, const char *name, const char *type,
+                         const char *help, double value);
+
+#endif

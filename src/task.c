@@ -1,0 +1,134 @@
+/* task.c — the request/engine hand-off: refcounting and the output channel. */
+#include "task.h"
+
+#include "error.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int64_t thaw_now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+struct thaw_task *thaw_task_new(struct thaw_chat_request *req, llama_token *prompt, int n_prompt)
+{
+    struct thaw_task *t = calloc(1, sizeof *t);
+    pthread_condattr_t ca;
+
+    if (!t)
+        return NULL;
+    t->req = *req;
+    memset(req, 0, sizeof *req);
+    t->prompt = prompt;
+    t->n_prompt = n_prompt;
+    t->http_status = 200;
+    t->t_submit_us = thaw_now_us();
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&t->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&t->refs, 1);
+    atomic_init(&t->cancelled, false);
+    return t;
+}
+
+void thaw_task_retain(struct thaw_task *t) { atomic_fetch_add(&t->refs, 1); }
+
+void thaw_task_release(struct thaw_task *t)
+{
+    if (!t || atomic_fetch_sub(&t->refs, 1) != 1)
+        return;
+    thaw_chat_request_free(&t->req);
+    free(t->prompt);
+    free(t->text);
+    free(t->error);
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+int thaw_task_emit(struct thaw_task *t, const char *s, size_t n)
+{
+    int rc = 0;
+
+    if (n == 0)
+        return 0;
+    pthread_mutex_lock(&t->mu);
+    if (t->n_text + n + 1 > t->cap_text) {
+        size_t cap = t->cap_text ? t->cap_text * 2 : 256;
+        while (cap < t->n_text + n + 1)
+            cap *= 2;
+        char *nb = realloc(t->text, cap);
+        if (!nb) {
+            rc = THAW_ENOMEM;
+            goto out;
+        }
+        t->text = nb;
+        t->cap_text = cap;
+    }
+    memcpy(t->text + t->n_text, s, n);
+    t->n_text += n;
+    t->text[t->n_text] = '\0';
+    pthread_cond_broadcast(&t->cv);
+out:
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const struct thaw_timings *timings)
+{
+    pthread_mutex_lock(&t->mu);
+    if (!t->done) {
+        t->finish_reason = finish_reason;
+        t->timings = *timings;
+        t->done = true;
+    }
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void thaw_task_fail(struct thaw_task *t, int http_status, const char *message)
+{
+    pthread_mutex_lock(&t->mu);
+    if (!t->done) {
+        t->http_status = http_status;
+        free(t->error);
+        t->error = strdup(message);
+        t->done = true;
+    }
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+bool thaw_task_wait(struct thaw_task *t, size_t have, int timeout_ms)
+{
+    struct timespec deadline;
+    bool news;
+
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    if (timeout_ms >= 0) {
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&t->mu);
+    while (!t->done && t->n_text <= have) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&t->cv, &t->mu);
+        else if (pthread_cond_timedwait(&t->cv, &t->mu, &deadline) == ETIMEDOUT)
+            break;
+    }
+    news = t->done || t->n_text > have;
+    pthread_mutex_unlock(&t->mu);
+    return news;
+}
