@@ -1,18 +1,28 @@
 /* engine.c — model + context, the decode loop, batching across slots.
  *
  * Map:
- *   ---- slots ----        per-slot state and its helpers
+ *   ---- slots ----        per-slot state, rollback (checkpoints for SWA)
+ *   ---- cache tiers ----  restore a conversation (slot | ram | disk), store it
  *   ---- admission ----    queued task -> idle slot, prompt-prefix reuse
  *   ---- generation ----   sampling, stop strings, streaming text out
  *   ---- the loop ----     one llama_batch for every active slot per step
  *   ---- lifecycle ----    load model, context, thread; shutdown
  *
+ * A slot's life: IDLE -> PREFILL -> GEN -> (FIXUP) -> IDLE. FIXUP happens
+ * after the reply has been sent: the slot re-decodes the reply's tail as the
+ * next turn will present it (the canonical rendering, DESIGN §2 "Beyond the
+ * seed") so the stored state matches the next request token for token, then
+ * stores it.
+ *
  * Only engine_main() and what it calls touch e->ctx.
  */
 #include "engine.h"
 
+#include "cache_disk.h"
+#include "cache_ram.h"
 #include "error.h"
 #include "fingerprint.h"
+#include "kvstate.h"
 #include "log.h"
 #include "scheduler.h"
 #include "utf8.h"
@@ -25,17 +35,21 @@
 
 /* ---- slots --------------------------------------------------------------------- */
 
+enum phase { PH_IDLE, PH_PREFILL, PH_GEN, PH_FIXUP };
+
 struct slot {
     int id;                    /* == llama seq_id */
-    struct thaw_task *task;    /* NULL = idle */
+    enum phase phase;
+    struct thaw_task *task;    /* set in PREFILL and GEN */
 
     llama_token *tokens;       /* tokens whose KV the sequence holds, n_tokens of cap_tokens */
     int n_tokens, cap_tokens;
 
+    struct thaw_ckpt_list ckpts; /* partial-memory snapshots for rollback (SWA / recurrent) */
+
     /* the request in progress */
     int n_prompt_done;         /* prompt tokens already in the KV */
-    bool generating;           /* next_token waits to be decoded */
-    llama_token next_token;
+    llama_token next_token;    /* GEN: sampled, waits to be decoded */
     int i_batch;               /* row of this slot's logits in the current batch, -1 = none */
     int n_in_batch;            /* tokens this slot put in the current batch */
     struct llama_sampler *smpl;
@@ -50,6 +64,11 @@ struct slot {
     int64_t last_used_us;
     bool holds_key;            /* held_key names the conversation in the KV */
     uint8_t held_key[THAW_KEY_BYTES];
+
+    /* FIXUP: decode fix[n_tokens..n_fix) then store under store_key */
+    llama_token *fix;
+    int n_fix;
+    uint8_t store_key[THAW_KEY_BYTES];
 };
 
 struct thaw_engine {
@@ -69,6 +88,12 @@ struct thaw_engine {
     int n_slots;
     int n_ctx_slot;            /* tokens per sequence */
     int n_swa;                 /* sliding window, 0 = none or --swa-full */
+    bool recurrent;            /* recurrent / hybrid memory: cannot roll back without a checkpoint */
+    bool partial;              /* n_swa > 0 || recurrent: checkpoints needed */
+
+    struct thaw_disk_cache *disk; /* NULL = disk tier off */
+    struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
+    uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
     struct llama_batch batch;  /* n_batch tokens */
     int n_batch;
 
@@ -96,10 +121,68 @@ static void slot_clear_kv(struct thaw_engine *e, struct slot *s)
     llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, -1, -1);
     s->n_tokens = 0;
     s->holds_key = false;
+    thaw_ckpt_clear(&s->ckpts);
+}
+
+/* Can a sequence whose memory starts at pos_min continue at position n?
+ * The token at n attends to the n_swa positions before it (standard SWA:
+ * positions > n - n_swa); a recurrent state exists only at its end. */
+static bool can_resume_at(const struct thaw_engine *e, const struct slot *s, llama_pos pos_min, int n)
+{
+    if (e->recurrent)
+        return n == s->n_tokens;
+    if (e->n_swa == 0 || pos_min <= 0)
+        return true;
+    return pos_min <= n - e->n_swa + 1;
+}
+
+/* The longest prefix of at most n tokens the slot can resume at, and the
+ * checkpoint that takes it there (*ckpt NULL: a plain truncation does). */
+static int rollback_target(const struct thaw_engine *e, const struct slot *s, int n, const struct thaw_ckpt **ckpt)
+{
+    *ckpt = NULL;
+    if (n > s->n_tokens)
+        n = s->n_tokens;
+    if (n <= 0 || !e->partial || can_resume_at(e, s, llama_memory_seq_pos_min(llama_get_memory(e->ctx), s->id), n))
+        return n > 0 ? n : 0;
+    for (int i = s->ckpts.n - 1; i >= 0; i--) {
+        if (s->ckpts.v[i].n_tokens <= n && s->ckpts.v[i].n_tokens > 0) {
+            *ckpt = &s->ckpts.v[i];
+            return s->ckpts.v[i].n_tokens;
+        }
+    }
+    return 0;
+}
+
+/* Truncates the slot's sequence to at most n tokens, as close to n as its
+ * memory allows (a checkpoint when the window or recurrent state cannot roll
+ * back that far; nothing when no checkpoint fits). Returns the new length. */
+static int slot_rollback(struct thaw_engine *e, struct slot *s, int n)
+{
+    const struct thaw_ckpt *c;
+
+    n = rollback_target(e, s, n, &c);
+    if (c) {
+        if (thaw_ckpt_restore(c, e->ctx, s->id) == 0) {
+            LOG_DBG("slot %d: rolled back to the checkpoint at %d tokens", s->id, n);
+        } else {
+            LOG_WRN("slot %d: checkpoint at %d tokens could not be installed: full prefill", s->id, n);
+            n = 0;
+        }
+    }
+    if (n == 0 || !llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, n, -1)) {
+        slot_clear_kv(e, s);
+        return 0;
+    }
+    if (n < s->n_tokens)
+        s->holds_key = false; /* it now holds a prefix of that conversation only */
+    s->n_tokens = n;
+    thaw_ckpt_truncate(&s->ckpts, n);
+    return n;
 }
 
 /* Ends the slot's request: the task is released, the KV stays for reuse. */
-static void slot_release(struct thaw_engine *e, struct slot *s)
+static void slot_release_task(struct thaw_engine *e, struct slot *s)
 {
     if (s->smpl) {
         llama_sampler_free(s->smpl);
@@ -107,17 +190,228 @@ static void slot_release(struct thaw_engine *e, struct slot *s)
     }
     thaw_task_release(s->task);
     s->task = NULL;
-    s->generating = false;
     s->i_batch = -1;
     s->last_used_us = thaw_now_us();
-    atomic_fetch_sub(&e->metrics->slots_busy, 1);
+    if (s->phase != PH_FIXUP) {
+        s->phase = PH_IDLE;
+        atomic_fetch_sub(&e->metrics->slots_busy, 1);
+    }
 }
 
 static void slot_fail(struct thaw_engine *e, struct slot *s, int status, const char *msg)
 {
-    thaw_task_fail(s->task, status, msg);
+    if (s->task)
+        thaw_task_fail(s->task, status, msg);
     slot_clear_kv(e, s); /* its KV may be half-written */
-    slot_release(e, s);
+    if (s->phase == PH_FIXUP) {
+        s->phase = PH_IDLE;
+        atomic_fetch_sub(&e->metrics->slots_busy, 1);
+        return;
+    }
+    slot_release_task(e, s);
+}
+
+/* ---- cache tiers ----------------------------------------------------------------- */
+
+static int64_t wall_s(void) { return (int64_t)time(NULL); }
+
+static void key_short(const uint8_t key[THAW_KEY_BYTES], char out[17])
+{
+    thaw_hex(key, 8, out);
+}
+
+/* Installs a cached conversation (`kv` + `ckpt` blobs) into the slot when it
+ * holds more of the prompt than the slot already does. Returns the tokens of
+ * the prompt the slot now holds (>= n_past), or a negative error when the
+ * blobs are corrupt (the slot is then empty). */
+static int slot_install(struct thaw_engine *e, struct slot *s, const struct thaw_task *t, const void *kv,
+                        size_t n_kv, const void *ckpt, size_t n_ckpt, int n_past)
+{
+    struct thaw_kvstate_view v;
+    int rc;
+
+    if ((rc = thaw_kvstate_parse(kv, n_kv, &v)) != 0)
+        return rc;
+    int lcp = thaw_lcp(v.tokens, v.n_tokens, t->prompt, t->n_prompt);
+    if (lcp <= n_past)
+        return n_past; /* the slot already holds as much: keep it */
+    if (slot_reserve(s, v.n_tokens + 1) != 0)
+        return THAW_ENOMEM;
+    slot_clear_kv(e, s);
+    if ((rc = thaw_kvstate_restore(e->ctx, s->id, &v)) != 0)
+        return rc;
+    memcpy(s->tokens, v.tokens, (size_t)v.n_tokens * sizeof(llama_token));
+    s->n_tokens = v.n_tokens;
+    if ((rc = thaw_ckpt_parse(ckpt, n_ckpt, &s->ckpts)) != 0) {
+        slot_clear_kv(e, s);
+        return rc;
+    }
+    memcpy(s->held_key, t->lookup_key, THAW_KEY_BYTES);
+    s->holds_key = true;
+    return lcp;
+}
+
+/* The lookup at the start of a request: slot, then RAM, then disk.
+ * Returns the number of prompt tokens the slot holds afterwards. */
+static int slot_restore(struct thaw_engine *e, struct slot *s, const struct thaw_task *t, int n_past)
+{
+    char hex[17];
+    int64_t t0 = thaw_now_us();
+    int got = n_past;
+
+    atomic_fetch_add(&e->metrics->cache_lookups, 1);
+    if (s->holds_key && memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0) {
+        /* the slot still holds this conversation: the prefix path serves it */
+        atomic_fetch_add(&e->metrics->cache_hits_slot, 1);
+        return n_past;
+    }
+    key_short(t->lookup_key, hex);
+    if (e->ram) {
+        thaw_ram_cache_evict(e->ram, wall_s());
+        const struct thaw_ram_entry *re = thaw_ram_cache_get(e->ram, t->lookup_key, wall_s());
+        if (re) {
+            got = slot_install(e, s, t, re->kv, re->n_kv, re->ckpt, re->n_ckpt, n_past);
+            if (got < 0) {
+                LOG_WRN("slot %d: RAM entry %s unusable (%s): dropped", s->id, hex, thaw_strerror(got));
+                thaw_ram_cache_remove(e->ram, t->lookup_key);
+                got = 0;
+            } else if (got > n_past) {
+                atomic_fetch_add(&e->metrics->cache_hits_ram, 1);
+                s->timings.cache_source = "ram";
+            }
+            goto out;
+        }
+    }
+    if (e->disk) {
+        struct thaw_disk_entry *de = NULL;
+        thaw_disk_cache_evict(e->disk);
+        int rc = thaw_disk_cache_lookup(e->disk, t->lookup_key, &de);
+        if (rc == 0) {
+            size_t n_kv = 0, n_ckpt = 0;
+            const void *kv = thaw_disk_entry_part(de, THAW_PART_KV, &n_kv);
+            const void *ck = thaw_disk_entry_part(de, THAW_PART_CKPT, &n_ckpt);
+            got = slot_install(e, s, t, kv, n_kv, ck, n_ckpt, n_past);
+            thaw_disk_entry_release(de);
+            if (got < 0) {
+                LOG_WRN("slot %d: disk entry %s unusable (%s): removed, serving by prefill", s->id, hex,
+                        thaw_strerror(got));
+                thaw_disk_cache_remove(e->disk, t->lookup_key);
+                got = 0;
+            } else if (got > n_past) {
+                atomic_fetch_add(&e->metrics->cache_hits_disk, 1);
+                s->timings.cache_source = "disk";
+            }
+            goto out;
+        }
+        if (rc == THAW_ECORRUPT)
+            LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by prefill", s->id, hex);
+    }
+    atomic_fetch_add(&e->metrics->cache_misses, 1);
+    return n_past;
+out:
+    if (got > n_past) {
+        s->timings.restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
+        atomic_fetch_add(&e->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
+    } else {
+        atomic_fetch_add(&e->metrics->cache_misses, 1);
+    }
+    return got;
+}
+
+/* Serialises the slot's state and hands it to the RAM tier and the disk
+ * writer under s->store_key. Never waits for I/O. */
+static void slot_store(struct thaw_engine *e, struct slot *s)
+{
+    void *kv = NULL, *ck = NULL;
+    size_t n_kv = 0, n_ck = 0;
+    char hex[17];
+    int rc;
+
+    if (s->n_tokens < e->cfg->kv_cache_min_tokens || s->n_tokens == 0)
+        return;
+    key_short(s->store_key, hex);
+    if ((rc = thaw_kvstate_capture(e->ctx, s->id, s->tokens, s->n_tokens, &kv, &n_kv)) != 0 ||
+        (e->partial && (rc = thaw_ckpt_serialize(&s->ckpts, &ck, &n_ck)) != 0)) {
+        LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
+        free(kv);
+        return;
+    }
+    memcpy(s->held_key, s->store_key, THAW_KEY_BYTES);
+    s->holds_key = true;
+
+    const char *where = e->disk && e->ram ? "ram+disk" : e->disk ? "disk" : "ram";
+    if (e->disk) {
+        /* with both tiers the writer gets copies and the RAM tier the originals */
+        bool copies = e->ram != NULL;
+        struct thaw_disk_blob parts[THAW_PART_COUNT] = {{kv, n_kv}, {ck, n_ck}, {NULL, 0}};
+        if (copies) {
+            parts[0].data = malloc(n_kv);
+            parts[1].data = n_ck ? malloc(n_ck) : NULL;
+            if (parts[0].data)
+                memcpy(parts[0].data, kv, n_kv);
+            if (parts[1].data)
+                memcpy(parts[1].data, ck, n_ck);
+        }
+        rc = parts[0].data && (!n_ck || parts[1].data)
+                 ? thaw_disk_cache_submit(e->disk, s->store_key, (uint32_t)s->n_tokens, parts, NULL, 0)
+                 : THAW_ENOMEM;
+        if (rc != 0) {
+            LOG_WRN("slot %d: store of %s to disk dropped: %s", s->id, hex, thaw_strerror(rc));
+            free(parts[0].data); /* on failure ownership stayed here */
+            free(parts[1].data);
+        }
+        if (!copies)
+            kv = ck = NULL; /* moved to the writer, or freed just above */
+    }
+    if (e->ram && thaw_ram_cache_put(e->ram, s->store_key, kv, n_kv, ck, n_ck, wall_s()) != 0)
+        LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", s->id, hex);
+    LOG_INF("slot %d: stored %s: %d tokens, %.1f MiB (+%.1f MiB checkpoints) -> %s", s->id, hex, s->n_tokens,
+            (double)n_kv / 1048576.0, (double)n_ck / 1048576.0, where);
+}
+
+/* After a reply: derive the store key, and the tokens the next turn will
+ * present for this conversation. If the slot's tokens differ from them, roll
+ * back to the common prefix and enter FIXUP to decode the difference before
+ * storing; otherwise store now. */
+static void slot_prepare_store(struct thaw_engine *e, struct slot *s, const char *reply)
+{
+    const struct thaw_task *t = s->task;
+    char *text = NULL;
+    llama_token *canon = NULL;
+    int n_canon = 0;
+
+    thaw_chat_key(t->binding, t->req.messages, t->req.n_messages, reply, s->store_key);
+    if (thaw_chat_render(e->chat, t->req.messages, t->req.n_messages, reply, false, &text) != 0 ||
+        thaw_chat_tokenize(e->chat, text, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
+        slot_reserve(s, n_canon + 1) != 0) {
+        /* no canonical form: store what the slot holds (still a prefix win) */
+        free(text);
+        free(canon);
+        slot_store(e, s);
+        return;
+    }
+    free(text);
+    int lcp = thaw_lcp(s->tokens, s->n_tokens, canon, n_canon);
+    const struct thaw_ckpt *c;
+    int target = rollback_target(e, s, lcp, &c);
+    /* Re-decode at most the reply and a little more: when the window has
+     * moved past the divergence and no checkpoint reaches back, store the
+     * state as generated (its checkpoints still serve the next turn). */
+    if ((lcp == s->n_tokens && lcp == n_canon) || n_canon - target > n_canon - t->n_prompt + 64) {
+        if (lcp != n_canon)
+            LOG_DBG("slot %d: canonical form differs at %d, cannot roll back there: storing as generated", s->id,
+                    lcp);
+        free(canon);
+        slot_store(e, s);
+        return;
+    }
+    int kept = slot_rollback(e, s, lcp);
+    LOG_DBG("slot %d: canonical form differs after %d of %d tokens; kept %d, re-decoding %d", s->id, lcp,
+            n_canon, kept, n_canon - kept);
+    free(s->fix);
+    s->fix = canon;
+    s->n_fix = n_canon;
+    s->phase = PH_FIXUP; /* stays busy until stored; see build_batch */
 }
 
 /* ---- admission ---------------------------------------------------------------- */
@@ -143,54 +437,24 @@ static struct llama_sampler *make_sampler(const struct thaw_chat_request *req)
     return c;
 }
 
-/* How many of the prompt's tokens the slot can keep: the common prefix with
- * what its KV holds, cut back where a sliding window or recurrent state
- * cannot roll back that far. Truncates the sequence to the result. */
-static int slot_reuse_prefix(struct thaw_engine *e, struct slot *s, const struct thaw_task *t)
-{
-    llama_memory_t mem = llama_get_memory(e->ctx);
-    int n_past = 0;
-
-    if (t->req.cache_prompt)
-        n_past = thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt);
-    /* at least one prompt token must be decoded to get logits to sample from */
-    if (n_past >= t->n_prompt)
-        n_past = t->n_prompt - 1;
-    if (n_past > 0 && e->n_swa > 0) {
-        /* the next token at position n_past attends back n_swa positions:
-         * they must still be in the (sliding) cache */
-        llama_pos pos_min = llama_memory_seq_pos_min(mem, s->id);
-        if (pos_min > 0 && pos_min >= n_past - e->n_swa) {
-            LOG_DBG("slot %d: window starts at %d, cannot resume at %d: full prefill", s->id, (int)pos_min, n_past);
-            n_past = 0;
-        }
-    }
-    if (n_past == 0 || !llama_memory_seq_rm(mem, s->id, n_past, -1)) {
-        slot_clear_kv(e, s);
-        return 0;
-    }
-    if (n_past < s->n_tokens)
-        s->holds_key = false; /* it now holds a prefix of that conversation only */
-    s->n_tokens = n_past;
-    return n_past;
-}
+static bool cache_enabled(const struct thaw_engine *e) { return e->disk || e->ram; }
 
 static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t)
 {
     const struct thaw_chat_request *req = &t->req;
-    int rc;
 
     s->task = t;
+    s->phase = PH_PREFILL;
     atomic_fetch_add(&e->metrics->slots_busy, 1);
+    memset(&s->timings, 0, sizeof s->timings);
+    s->timings.cache_source = "none";
     s->smpl = make_sampler(req);
-    if (!s->smpl || (rc = slot_reserve(s, t->n_prompt + 1)) != 0) {
+    if (!s->smpl || slot_reserve(s, t->n_prompt + 1) != 0) {
         slot_fail(e, s, 500, "out of memory");
         return THAW_ENOMEM;
     }
-    memset(&s->timings, 0, sizeof s->timings);
     s->n_gen = s->n_sent = 0;
     s->n_decoded = 0;
-    s->generating = false;
     s->i_batch = -1;
     s->stop_hold = 0;
     for (int i = 0; i < req->n_stop; i++) {
@@ -200,26 +464,42 @@ static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t
     }
     s->t_start_us = thaw_now_us();
 
-    int n_past = slot_reuse_prefix(e, s, t);
+    int n_past = req->cache_prompt ? thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) : 0;
+    if (n_past > 0)
+        s->timings.cache_source = "slot";
+    if (cache_enabled(e) && t->has_lookup_key)
+        n_past = slot_restore(e, s, t, n_past);
+    /* at least one prompt token must be decoded to get logits to sample from */
+    if (n_past >= t->n_prompt)
+        n_past = t->n_prompt - 1;
+    n_past = slot_rollback(e, s, n_past);
+    if (s->timings.restore_ms > 0) {
+        char hex[17];
+        key_short(t->lookup_key, hex);
+        LOG_INF("slot %d: restored %s from %s in %.1f ms: %d of %d prompt tokens reused%s", s->id, hex,
+                s->timings.cache_source, s->timings.restore_ms, n_past, t->n_prompt,
+                n_past == 0 ? " (no checkpoint reaches back to where it diverges)" : "");
+    }
+    if (n_past == 0)
+        s->timings.cache_source = "none";
     s->n_prompt_done = n_past;
     s->timings.cache_n = n_past;
-    s->timings.cache_source = n_past > 0 ? "slot" : "none";
     atomic_fetch_add(&e->metrics->prompt_cached_tokens, (uint64_t)n_past);
-    LOG_DBG("slot %d: start, prompt %d tokens, %d reused", s->id, t->n_prompt, n_past);
+    LOG_DBG("slot %d: start, prompt %d tokens, %d reused (%s)", s->id, t->n_prompt, n_past, s->timings.cache_source);
     return 0;
 }
 
 /* Moves queued tasks into idle slots. `block` waits for a task when no slot
- * is busy (nothing else to do). Returns the number of active slots. */
+ * is busy (nothing else to do). Returns the number of busy slots. */
 static int admit(struct thaw_engine *e, bool block)
 {
     struct thaw_slot_view *views = NULL;
-    int active = 0;
+    int busy = 0;
 
     for (int i = 0; i < e->n_slots; i++)
-        active += e->slots[i].task != NULL;
-    while (active < e->n_slots) {
-        struct thaw_task *t = thaw_sched_pop(e->sched, block && active == 0 && !atomic_load(&e->stop));
+        busy += e->slots[i].phase != PH_IDLE;
+    while (busy < e->n_slots) {
+        struct thaw_task *t = thaw_sched_pop(e->sched, block && busy == 0 && !atomic_load(&e->stop));
         if (!t)
             break;
         atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));
@@ -235,7 +515,7 @@ static int admit(struct thaw_engine *e, bool block)
         for (int i = 0; i < e->n_slots; i++) {
             struct slot *s = &e->slots[i];
             views[i] = (struct thaw_slot_view){
-                .idle = s->task == NULL,
+                .idle = s->phase == PH_IDLE,
                 .tokens = s->tokens,
                 .n_tokens = s->n_tokens,
                 .last_used_us = s->last_used_us,
@@ -246,10 +526,10 @@ static int admit(struct thaw_engine *e, bool block)
         int pick = thaw_sched_pick_slot(views, e->n_slots, t->prompt, t->n_prompt,
                                         t->req.cache_prompt ? e->cfg->slot_prompt_similarity : 0);
         if (slot_start(e, &e->slots[pick], t) == 0)
-            active++;
+            busy++;
     }
     free(views);
-    return active;
+    return busy;
 }
 
 /* ---- generation --------------------------------------------------------------- */
@@ -306,7 +586,14 @@ static void slot_finish(struct thaw_engine *e, struct slot *s, const char *reaso
             s->task->n_prompt, s->timings.cache_n, s->timings.cache_source, s->timings.prompt_ms,
             s->timings.predicted_n,
             s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
-    slot_release(e, s);
+    if (cache_enabled(e)) {
+        /* the reply exactly as the client received it (and will echo it) */
+        char *reply = thaw_utf8_sanitize(s->gen ? s->gen : "", s->n_gen);
+        if (reply)
+            slot_prepare_store(e, s, reply);
+        free(reply);
+    }
+    slot_release_task(e, s);
 }
 
 /* Earliest occurrence of any stop string that ends at or after `from`. */
@@ -360,7 +647,7 @@ static void slot_take_token(struct thaw_engine *e, struct slot *s, llama_token t
     }
     slot_flush_text(s, false);
     s->next_token = tok;
-    s->generating = true;
+    s->phase = PH_GEN;
 }
 
 /* ---- the loop ------------------------------------------------------------------ */
@@ -377,7 +664,8 @@ static void batch_add(struct llama_batch *b, llama_token tok, llama_pos pos, lla
 }
 
 /* Fills e->batch: first the next token of every generating slot (so
- * generation never waits behind a long prompt), then prompt tokens. */
+ * generation never waits behind a long prompt), then prompt tokens, then
+ * FIXUP tokens (nobody waits for those). */
 static void build_batch(struct thaw_engine *e)
 {
     struct llama_batch *b = &e->batch;
@@ -387,7 +675,7 @@ static void build_batch(struct thaw_engine *e)
         struct slot *s = &e->slots[i];
         s->i_batch = -1;
         s->n_in_batch = 0;
-        if (!s->task || !s->generating)
+        if (s->phase != PH_GEN)
             continue;
         s->i_batch = b->n_tokens;
         batch_add(b, s->next_token, s->n_tokens, s->id, true);
@@ -395,7 +683,7 @@ static void build_batch(struct thaw_engine *e)
     }
     for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch; i++) {
         struct slot *s = &e->slots[i];
-        if (!s->task || s->generating)
+        if (s->phase != PH_PREFILL)
             continue;
         const struct thaw_task *t = s->task;
         while (s->n_prompt_done + s->n_in_batch < t->n_prompt && b->n_tokens < e->n_batch) {
@@ -407,6 +695,32 @@ static void build_batch(struct thaw_engine *e)
             s->n_in_batch++;
         }
     }
+    for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch; i++) {
+        struct slot *s = &e->slots[i];
+        if (s->phase != PH_FIXUP)
+            continue;
+        while (s->n_tokens + s->n_in_batch < s->n_fix && b->n_tokens < e->n_batch) {
+            int p = s->n_tokens + s->n_in_batch;
+            batch_add(b, s->fix[p], p, s->id, false);
+            s->n_in_batch++;
+        }
+    }
+}
+
+/* FIXUP slots whose canonical tokens are all in: store, and free the slot. */
+static void finish_fixups(struct thaw_engine *e)
+{
+    for (int i = 0; i < e->n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        if (s->phase != PH_FIXUP || s->n_tokens < s->n_fix)
+            continue;
+        slot_store(e, s);
+        free(s->fix);
+        s->fix = NULL;
+        s->n_fix = 0;
+        s->phase = PH_IDLE;
+        atomic_fetch_sub(&e->metrics->slots_busy, 1);
+    }
 }
 
 /* After a successful decode: record what each slot's KV now holds, sample. */
@@ -416,10 +730,13 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
 
     for (int i = 0; i < e->n_slots; i++) {
         struct slot *s = &e->slots[i];
-        if (!s->task || s->n_in_batch == 0)
+        if (s->n_in_batch == 0)
             continue;
-        if (s->generating) {
+        if (s->phase == PH_GEN) {
             s->tokens[s->n_tokens++] = s->next_token;
+        } else if (s->phase == PH_FIXUP) {
+            memcpy(s->tokens + s->n_tokens, s->fix + s->n_tokens, (size_t)s->n_in_batch * sizeof(llama_token));
+            s->n_tokens += s->n_in_batch;
         } else {
             memcpy(s->tokens + s->n_tokens, s->task->prompt + s->n_prompt_done,
                    (size_t)s->n_in_batch * sizeof(llama_token));
@@ -431,17 +748,23 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
     atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n_prompt_tokens);
     if (n_prompt_tokens > 0)
         atomic_fetch_add(&e->metrics->prompt_us, (uint64_t)(t1 - t0));
+    finish_fixups(e);
 
     for (int i = 0; i < e->n_slots; i++) {
         struct slot *s = &e->slots[i];
         if (!s->task || s->i_batch < 0)
             continue;
-        if (!s->generating) {
+        if (s->phase == PH_PREFILL) {
             s->t_prompt_done_us = thaw_now_us();
             if (slot_reserve(s, s->n_tokens + s->task->max_tokens + 1) != 0) {
                 slot_fail(e, s, 500, "out of memory");
                 continue;
             }
+            /* the prompt's end is where the next turn will most likely need
+             * to roll back to on SWA / recurrent memory: keep a checkpoint */
+            if (e->partial && e->cfg->ctx_checkpoints > 0 &&
+                thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
+                LOG_WRN("slot %d: could not take a context checkpoint", s->id);
         }
         llama_token tok = llama_sampler_sample(s->smpl, e->ctx, s->i_batch);
         slot_take_token(e, s, tok);
@@ -456,9 +779,28 @@ static void fail_batch(struct thaw_engine *e, int rc)
     LOG_ERR("%s: failing the requests in this batch", msg);
     for (int i = 0; i < e->n_slots; i++) {
         struct slot *s = &e->slots[i];
-        if (s->task && s->n_in_batch > 0)
+        if (s->n_in_batch > 0)
             slot_fail(e, s, 500, msg);
     }
+}
+
+/* At shutdown: finish the FIXUP slots (their replies are out; their state
+ * is what the next turn wants from disk), for at most 10 s. */
+static void drain_fixups(struct thaw_engine *e)
+{
+    int64_t deadline = thaw_now_us() + 10 * 1000000;
+
+    while (thaw_now_us() < deadline) {
+        build_batch(e);
+        if (e->batch.n_tokens == 0)
+            break;
+        if (llama_decode(e->ctx, e->batch) != 0) {
+            fail_batch(e, -1);
+            break;
+        }
+        after_decode(e, 0, 0);
+    }
+    finish_fixups(e);
 }
 
 static void *engine_main(void *arg)
@@ -472,14 +814,16 @@ static void *engine_main(void *arg)
             if (s->task && atomic_load(&s->task->cancelled)) {
                 LOG_INF("slot %d: client went away, request cancelled", s->id);
                 thaw_task_fail(s->task, 499, "cancelled");
-                slot_release(e, s);
+                slot_release_task(e, s);
             }
         }
         if (admit(e, true) == 0)
             continue;
         build_batch(e);
-        if (e->batch.n_tokens == 0)
+        if (e->batch.n_tokens == 0) {
+            finish_fixups(e);
             continue;
+        }
         int64_t t0 = thaw_now_us();
         int rc = llama_decode(e->ctx, e->batch);
         int64_t t1 = thaw_now_us();
@@ -494,9 +838,10 @@ static void *engine_main(void *arg)
         struct slot *s = &e->slots[i];
         if (s->task) {
             thaw_task_fail(s->task, 503, "the server is shutting down");
-            slot_release(e, s);
+            slot_release_task(e, s);
         }
     }
+    drain_fixups(e);
     return NULL;
 }
 
@@ -541,6 +886,36 @@ static bool load_progress(float p, void *ud)
         t0[1] = quarter + 1;
     }
     return true;
+}
+
+static void disk_log(void *ud, int level, const char *msg)
+{
+    (void)ud;
+    thaw_log((enum thaw_log_level)level, "kv-cache: %s", msg);
+}
+
+static int open_disk_cache(struct thaw_engine *e)
+{
+    struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
+    struct thaw_disk_cache_stats st;
+    int rc;
+
+    p.dir = e->cfg->kv_cache_dir;
+    p.max_bytes = e->cfg->kv_cache_max_mib << 20;
+    p.ttl_s = (int64_t)e->cfg->kv_cache_ttl_s;
+    memcpy(p.fingerprint, e->identity, sizeof p.fingerprint);
+    p.log = disk_log;
+    if ((rc = thaw_disk_cache_open(&p, &e->disk)) != 0) {
+        LOG_ERR("cannot open --kv-cache-dir %s: %s", p.dir, thaw_strerror(rc));
+        return rc;
+    }
+    thaw_disk_cache_evict(e->disk);
+    thaw_disk_cache_get_stats(e->disk, &st);
+    LOG_INF("kv-cache: %s: %llu entries, %.1f MiB (budget %s, ttl %llus, min %d tokens)", p.dir,
+            (unsigned long long)st.entries, (double)st.bytes / 1048576.0,
+            e->cfg->kv_cache_max_mib ? "set" : "none", (unsigned long long)e->cfg->kv_cache_ttl_s,
+            e->cfg->kv_cache_min_tokens);
+    return 0;
 }
 
 int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_engine **out)
@@ -595,8 +970,11 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     e->n_ctx_slot = (int)llama_n_ctx_seq(e->ctx);
     e->n_batch = (int)llama_n_batch(e->ctx);
     e->n_swa = cfg->swa_full ? 0 : llama_model_n_swa(e->model);
-    if (llama_model_is_recurrent(e->model) || llama_model_is_hybrid(e->model))
-        LOG_WRN("recurrent/hybrid model: prompt reuse needs context checkpoints");
+    e->recurrent = llama_model_is_recurrent(e->model) || llama_model_is_hybrid(e->model);
+    e->partial = e->n_swa > 0 || e->recurrent;
+    if (e->partial && cfg->ctx_checkpoints == 0)
+        LOG_WRN("%s model with --ctx-checkpoints 0: a returning conversation can only reuse its prefix when it "
+                "matches exactly", e->recurrent ? "recurrent" : "sliding-window");
     snprintf(e->settings, sizeof e->settings, "n_ctx_seq=%d;swa_full=%d;type_k=%d;type_v=%d;tmpl=", e->n_ctx_slot,
              (int)cp.swa_full, (int)cp.type_k, (int)cp.type_v);
 
@@ -633,6 +1011,12 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     metrics->slots_total = e->n_slots;
     if ((rc = thaw_sched_new(cfg->max_queue, &e->sched)) != 0)
         goto error;
+    thaw_chat_binding(e->fingerprint, e->settings, -1, e->identity);
+    if (cfg->cache_ram_mib > 0 &&
+        (rc = thaw_ram_cache_new(cfg->cache_ram_mib << 20, (int64_t)cfg->kv_cache_ttl_s, &e->ram)) != 0)
+        goto error;
+    if (cfg->kv_cache_dir && (rc = open_disk_cache(e)) != 0)
+        goto error;
 
     char desc[128];
     llama_model_desc(e->model, desc, sizeof desc);
@@ -647,6 +1031,8 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     return 0;
 
 error:
+    thaw_disk_cache_close(e->disk);
+    thaw_ram_cache_free(e->ram);
     thaw_sched_free(e->sched);
     if (e->batch.token)
         llama_batch_free(e->batch);
@@ -681,9 +1067,13 @@ void thaw_engine_free(struct thaw_engine *e)
         return;
     thaw_engine_stop(e);
     thaw_sched_free(e->sched);
+    thaw_disk_cache_close(e->disk); /* writes what is still queued */
+    thaw_ram_cache_free(e->ram);
     for (int i = 0; i < e->n_slots; i++) {
         free(e->slots[i].tokens);
         free(e->slots[i].gen);
+        free(e->slots[i].fix);
+        thaw_ckpt_clear(&e->slots[i].ckpts);
     }
     free(e->slots);
     llama_batch_free(e->batch);
@@ -708,8 +1098,23 @@ void thaw_engine_binding(const struct thaw_engine *e, int namespace_id, uint8_t 
 
 void thaw_engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
 {
-    (void)ud;
-    (void)buf;
-    (void)cap;
-    (void)len;
+    struct thaw_engine *e = ud;
+    struct thaw_disk_cache_stats st;
+
+    if (e->disk) {
+        thaw_disk_cache_get_stats(e->disk, &st);
+#define C(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "counter", h, (double)(v))
+#define G(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "gauge", h, (double)(v))
+        G("entries", "entries in --kv-cache-dir", st.entries);
+        G("bytes", "bytes on disk in --kv-cache-dir", st.bytes);
+        C("stores_total", "entries written", st.stores_ok);
+        C("store_failures_total", "stores that failed (I/O error, disk full)", st.store_failures);
+        C("stores_dropped_total", "stores dropped because the writer queue was full", st.stores_dropped);
+        C("evictions_ttl_total", "entries evicted by --kv-cache-ttl", st.evictions_ttl);
+        C("evictions_lru_total", "entries evicted by --kv-cache-max", st.evictions_lru);
+        C("corrupt_removed_total", "entries removed because they failed verification", st.corrupt_removed);
+#undef C
+#undef G
+    }
+    /* the RAM tier belongs to the engine thread: its gauges are not read here */
 }

@@ -71,7 +71,7 @@ struct thaw_task *thaw_sched_pop(struct thaw_sched *s, bool wait)
     struct thaw_task *t = NULL;
 
     pthread_mutex_lock(&s->mu);
-    while (wait && s->count == 0 && !s->kicked)
+    while (wait && s->count == 0 && !s->kicked && !s->closed)
         pthread_cond_wait(&s->cv, &s->mu);
     s->kicked = false;
     if (s->count > 0) {

@@ -1,24 +1,7 @@
-"""Shared fixtures for the end-to-end tests: generated models and a real
-`build/thaw serve` process spoken to over HTTP."""
-import json
-import os
-import re
-import signal
-import subprocess
-import threading
-import time
-
+"""pytest fixtures for the end-to-end tests (the harness is in harness.py)."""
 import pytest
-import requests
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-THAW = os.environ.get("THAW_BIN", os.path.join(REPO, "build", "thaw"))
-
-
-def mkmodel(path, *args):
-    subprocess.run([THAW, "mkmodel", "-o", str(path), *args], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    return str(path)
+from harness import REPO, THAW, Server, mkmodel  # noqa: F401  (re-exported for the tests)
 
 
 @pytest.fixture(scope="session")
@@ -29,98 +12,6 @@ def models(tmp_path_factory):
         "gemma3": mkmodel(d / "gemma3.gguf", "--arch", "gemma3", "--seed", "2",
                           "--swa-window", "32"),
     }
-
-
-class Server:
-    """A running `thaw serve`; its log is kept for assertions and failures."""
-
-    def __init__(self, model, *args, env=None):
-        self.args = [THAW, "serve", "-m", model, "--port", "0", "-t", "2", *args]
-        self.lines = []
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, **(env or {})})
-        self.port = None
-        ready = threading.Event()
-
-        def pump():
-            for line in self.proc.stderr:
-                self.lines.append(line.rstrip("\n"))
-                m = re.search(r"listening on http://[^:]+:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    ready.set()
-            ready.set()
-
-        self.reader = threading.Thread(target=pump, daemon=True)
-        self.reader.start()
-        if not ready.wait(120) or self.port is None:
-            self.kill()
-            raise RuntimeError("thaw serve did not start:\n" + self.log())
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def log(self):
-        return "\n".join(self.lines)
-
-    def post(self, path, body, headers=None, stream=False, timeout=300):
-        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-        return requests.post(self.url + path, data=data, headers=headers, stream=stream, timeout=timeout)
-
-    def get(self, path, headers=None):
-        return requests.get(self.url + path, headers=headers, timeout=60)
-
-    def chat(self, messages, **kw):
-        body = {"messages": messages, "temperature": 0, "max_tokens": 16, **kw}
-        r = self.post("/v1/chat/completions", body)
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    def chat_stream(self, messages, **kw):
-        """Returns (text, final_chunk, usage_chunk or None, all chunks)."""
-        body = {"messages": messages, "temperature": 0, "max_tokens": 16, "stream": True, **kw}
-        r = self.post("/v1/chat/completions", body, stream=True)
-        assert r.status_code == 200, r.text
-        assert r.headers["Content-Type"].startswith("text/event-stream")
-        chunks, done = [], False
-        for line in r.iter_lines(decode_unicode=True):
-            if not line:
-                continue
-            assert line.startswith("data: "), line
-            payload = line[6:]
-            if payload == "[DONE]":
-                done = True
-                break
-            chunks.append(json.loads(payload))
-        assert done, "stream ended without [DONE]"
-        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c.get("choices"))
-        final = [c for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"]]
-        usage = [c for c in chunks if "usage" in c]
-        return text, final[-1], (usage[-1] if usage else None), chunks
-
-    def metrics(self):
-        out = {}
-        for line in self.get("/metrics").text.splitlines():
-            if line and not line.startswith("#"):
-                k, v = line.split(" ")
-                out[k] = float(v)
-        return out
-
-    def stop(self, sig=signal.SIGTERM, timeout=60):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        rc = self.proc.wait(timeout)
-        self.reader.join(5)
-        return rc
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.kill()
 
 
 @pytest.fixture

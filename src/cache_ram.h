@@ -1,0 +1,51 @@
+/* cache_ram.h — the in-memory tier: recent conversations' blobs by key.
+ *
+ * Same keys and blobs as the disk tier (kvstate.h), held in RAM under a byte
+ * budget (--cache-ram), least recently used evicted first, TTL like the
+ * disk. It spares a disk read when a conversation returns to a slot that
+ * was reused meanwhile. Engine thread only: no locking.
+ */
+#ifndef THAW_CACHE_RAM_H
+#define THAW_CACHE_RAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define THAW_RAM_KEY_SIZE 32
+
+struct thaw_ram_cache;
+
+struct thaw_ram_entry {
+    uint8_t key[THAW_RAM_KEY_SIZE];
+    void *kv;          /* .kv blob, owned */
+    size_t n_kv;
+    void *ckpt;        /* .ckpt blob or NULL, owned */
+    size_t n_ckpt;
+    int64_t last_used; /* Unix seconds */
+};
+
+/* budget 0 = the tier is off (every put is refused, lookups miss).
+ * Returns 0 or THAW_ENOMEM. */
+int thaw_ram_cache_new(uint64_t budget_bytes, int64_t ttl_s, struct thaw_ram_cache **out);
+void thaw_ram_cache_free(struct thaw_ram_cache *c);
+
+/* Takes ownership of kv and ckpt (freed on eviction, or at once when the
+ * entry alone exceeds the budget: then THAW_ETOOBIG). Replaces an entry of
+ * the same key. Evicts LRU entries to fit. Returns 0 or THAW_ETOOBIG /
+ * THAW_ENOMEM (ownership taken in every case). */
+int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE], void *kv, size_t n_kv,
+                       void *ckpt, size_t n_ckpt, int64_t now);
+
+/* The entry or NULL; marks it used. Valid until the next put/remove/evict. */
+const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE],
+                                                int64_t now);
+
+void thaw_ram_cache_remove(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE]);
+
+/* Drops entries unused for more than the TTL. Returns how many. */
+int thaw_ram_cache_evict(struct thaw_ram_cache *c, int64_t now);
+
+uint64_t thaw_ram_cache_bytes(const struct thaw_ram_cache *c);
+int thaw_ram_cache_count(const struct thaw_ram_cache *c);
+
+#endif

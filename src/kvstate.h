@@ -1,0 +1,85 @@
+/* kvstate.h — a sequence's state as bytes: the .kv and .ckpt blobs.
+ *
+ * Both cache tiers (RAM and disk) hold the same two blobs, so capture and
+ * restore are written once, here.
+ *
+ *   .kv blob   (little-endian)
+ *     u32 magic "TKV1" | u32 version (1) | u32 n_tokens | u32 reserved (0)
+ *     u64 state_size
+ *     i32 tokens[n_tokens]       the tokens whose KV the state holds
+ *     u8  state[state_size]      llama_state_seq_get_data() output
+ *
+ *   .ckpt blob
+ *     u32 magic "TCK1" | u32 version (1) | u32 count | u32 reserved (0)
+ *     count x { i32 n_tokens | i32 pos_min | i32 pos_max | u32 reserved
+ *               u64 size | u8 data[size] }  llama_state_seq_get_data_ext(PARTIAL_ONLY)
+ *
+ * Parsing validates every length against the blob before reading, so a
+ * damaged blob is THAW_ECORRUPT, never an overread. (The disk tier's
+ * checksums catch damage first; this is the second line.)
+ */
+#ifndef THAW_KVSTATE_H
+#define THAW_KVSTATE_H
+
+#include <llama.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- .kv ---- */
+
+/* Serialises seq's state with its token list into a malloc'd blob.
+ * Returns 0, THAW_ENOMEM or THAW_ELLAMA (the state could not be read). */
+int thaw_kvstate_capture(struct llama_context *ctx, llama_seq_id seq, const llama_token *tokens, int n_tokens,
+                         void **out, size_t *n_out);
+
+struct thaw_kvstate_view {
+    const llama_token *tokens; /* points into the blob */
+    int n_tokens;
+    const void *state;         /* points into the blob */
+    size_t n_state;
+};
+
+/* Validates a .kv blob and points `v` into it (no copy). Returns 0 or
+ * THAW_ECORRUPT / THAW_EVERSION. The blob must be 4-byte aligned. */
+int thaw_kvstate_parse(const void *blob, size_t n, struct thaw_kvstate_view *v);
+
+/* Installs the state into seq (cleared first). Returns 0 or THAW_ELLAMA
+ * (the seq is then empty). */
+int thaw_kvstate_restore(struct llama_context *ctx, llama_seq_id seq, const struct thaw_kvstate_view *v);
+
+/* ---- .ckpt ---- */
+
+struct thaw_ckpt {
+    int n_tokens;       /* tokens in the sequence when taken */
+    llama_pos pos_min, pos_max; /* positions its (partial) state covers */
+    void *data;         /* malloc'd, owned by the list */
+    size_t size;
+};
+
+struct thaw_ckpt_list {
+    struct thaw_ckpt *v;
+    int n, cap;
+};
+
+/* Takes a checkpoint of seq (its SWA / recurrent part) holding n_tokens and
+ * appends it, dropping the oldest beyond `max_keep` (and any at >= n_tokens).
+ * Returns 0, THAW_ENOMEM or THAW_ELLAMA. */
+int thaw_ckpt_take(struct thaw_ckpt_list *l, struct llama_context *ctx, llama_seq_id seq, int n_tokens, int max_keep);
+
+/* Installs checkpoint c into seq's partial (SWA / recurrent) memory.
+ * Returns 0 or THAW_ELLAMA. */
+int thaw_ckpt_restore(const struct thaw_ckpt *c, struct llama_context *ctx, llama_seq_id seq);
+
+/* Drops checkpoints taken at more than n_tokens. */
+void thaw_ckpt_truncate(struct thaw_ckpt_list *l, int n_tokens);
+void thaw_ckpt_clear(struct thaw_ckpt_list *l);
+
+/* Serialises the list into a malloc'd blob (*out NULL and *n_out 0 for an
+ * empty list). Returns 0 or THAW_ENOMEM. */
+int thaw_ckpt_serialize(const struct thaw_ckpt_list *l, void **out, size_t *n_out);
+
+/* Replaces `l` with the checkpoints in blob (copied). Returns 0,
+ * THAW_ECORRUPT / THAW_EVERSION (l left empty) or THAW_ENOMEM. */
+int thaw_ckpt_parse(const void *blob, size_t n, struct thaw_ckpt_list *l);
+
+#endif

@@ -1,0 +1,129 @@
+/* test_api.c — request parsing: every field validated, errors name it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+#include <stdlib.h>
+
+#include "api.h"
+#include "error.h"
+
+static int parse(const char *body, struct thaw_chat_request *r, char *err)
+{
+    return thaw_api_parse_chat(body, strlen(body), true, r, err, 256);
+}
+
+static void test_minimal_defaults(void **state)
+{
+    struct thaw_chat_request r;
+    char err[256];
+
+    (void)state;
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r, err), 0);
+    assert_int_equal(r.n_messages, 1);
+    assert_string_equal(r.messages[0].role, "user");
+    assert_string_equal(r.messages[0].content, "hi");
+    assert_false(r.stream);
+    assert_int_equal(r.max_tokens, -1);
+    assert_true(r.cache_prompt);
+    assert_int_equal(r.n_stop, 0);
+    thaw_chat_request_free(&r);
+}
+
+static void test_all_fields(void **state)
+{
+    struct thaw_chat_request r;
+    char err[256];
+    const char *body = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
+                       "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]},"
+                       "{\"role\":\"assistant\",\"content\":null}],"
+                       "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"max_tokens\":5,"
+                       "\"max_completion_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,\"top_k\":3,\"min_p\":0.1,"
+                       "\"seed\":42,\"stop\":[\"x\",\"\",\"yz\"],\"cache_prompt\":false}";
+
+    (void)state;
+    assert_int_equal(parse(body, &r, err), 0);
+    assert_int_equal(r.n_messages, 3);
+    assert_string_equal(r.messages[1].content, "ab");
+    assert_string_equal(r.messages[2].content, "");
+    assert_true(r.stream && r.include_usage);
+    assert_int_equal(r.max_tokens, 7); /* max_completion_tokens wins */
+    assert_true(r.temperature > 0.49f && r.temperature < 0.51f);
+    assert_int_equal(r.top_k, 3);
+    assert_true(r.has_seed);
+    assert_int_equal(r.seed, 42);
+    assert_int_equal(r.n_stop, 2); /* the empty stop string is dropped */
+    assert_string_equal(r.stop[1], "yz");
+    assert_false(r.cache_prompt);
+    assert_string_equal(r.model, "m");
+    thaw_chat_request_free(&r);
+}
+
+static void test_errors_name_the_field(void **state)
+{
+    static const struct {
+        const char *body, *needle;
+    } cases[] = {
+        {"", "not valid JSON"},
+        {"{", "not valid JSON"},
+        {"[1]", "JSON object"},
+        {"{}", "'messages' is required"},
+        {"{\"messages\":{}}", "'messages' must be an array"},
+        {"{\"messages\":[]}", "must not be empty"},
+        {"{\"messages\":[1]}", "messages[0] must be an object"},
+        {"{\"messages\":[{\"role\":1,\"content\":\"x\"}]}", "messages[0].role"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\",\"content\":{}}]}", "messages[1].content"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", "content[0].text"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}", "'max_tokens'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":2}", "'top_p'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"seed\":\"1\"}", "'seed'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "at most"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":1}", "'stream_options'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_prompt\":1}", "'cache_prompt'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"model\":5}", "'model'"},
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct thaw_chat_request r;
+        char err[256] = "";
+        assert_int_equal(parse(cases[i].body, &r, err), THAW_EINVAL);
+        if (!strstr(err, cases[i].needle))
+            fail_msg("case %zu: '%s' lacks '%s'", i, err, cases[i].needle);
+        assert_null(r.messages); /* nothing left to free */
+    }
+}
+
+static void test_builders_produce_json(void **state)
+{
+    struct thaw_timings t = {.cache_n = 3, .prompt_n = 4, .prompt_ms = 2, .predicted_n = 5, .predicted_ms = 10,
+                             .cache_source = "disk", .restore_ms = 1.5};
+    char *s;
+
+    (void)state;
+    s = thaw_api_error_json(413, "too big");
+    assert_string_equal(s, "{\"error\":{\"message\":\"too big\",\"type\":\"invalid_request_error\",\"code\":413}}");
+    free(s);
+    s = thaw_api_completion_json("id1", "m", 1, "hello", "stop", 7, &t);
+    assert_non_null(strstr(s, "\"cached_tokens\":3"));
+    assert_non_null(strstr(s, "\"cache_source\":\"disk\""));
+    assert_non_null(strstr(s, "\"prompt_per_second\":2000"));
+    free(s);
+    s = thaw_api_chunk_json("id1", "m", 1, NULL, NULL, NULL, &t, 7, true);
+    assert_non_null(strstr(s, "\"choices\":[]"));
+    assert_non_null(strstr(s, "\"total_tokens\":12"));
+    free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_minimal_defaults),
+        cmocka_unit_test(test_all_fields),
+        cmocka_unit_test(test_errors_name_the_field),
+        cmocka_unit_test(test_builders_produce_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
