@@ -36,7 +36,7 @@ static const struct opt opts[] = {
      "chat template: a llama.cpp built-in name (chatml, llama3, gemma, ...) or template text (default: the model's)"},
     {"-c,--ctx-size", "N", OPT_INT, OFF(n_ctx), 0, 1 << 24, "total context in tokens, split evenly across slots (0 = model's training context)"},
     {"-np,--parallel", "N", OPT_INT, OFF(n_parallel), 1, 256, "number of slots decoded together"},
-    {"-t,--threads", "N", OPT_INT, OFF(n_threads), 1, 1024, "threads for generation"},
+    {"-t,--threads", "N", OPT_INT, OFF(n_threads), 1, 1024, "threads for generation (default: number of CPUs)"},
     {"-tb,--threads-batch", "N", OPT_INT, OFF(n_threads_batch), 1, 1024, "threads for prompt processing (default: same as -t)"},
     {"-b,--batch-size", "N", OPT_INT, OFF(n_batch), 1, 1 << 20, "logical batch: most tokens given to one llama_decode"},
     {"-ub,--ubatch-size", "N", OPT_INT, OFF(n_ubatch), 1, 1 << 20, "physical batch size"},
@@ -282,7 +282,8 @@ static void print_default(FILE *f, const struct opt *o)
     const char *field = (const char *)&d + o->off;
     switch (o->kind) {
     case OPT_INT:
-        fprintf(f, " [default: %d]", *(const int *)field);
+        if (o->off != OFF(n_threads) && o->off != OFF(n_threads_batch)) /* 0 = resolved at start-up */
+            fprintf(f, " [default: %d]", *(const int *)field);
         break;
     case OPT_U64:
         if (o->off == OFF(max_body))
@@ -316,5 +317,5 @@ void thaw_config_usage(FILE *f)
         fputc('\n', f);
     }
     fprintf(f, "  %-34s %s\n", "-h,--help", "this text");
-    fprintf(f, "\n-t defaults to the number of CPUs. Every flag also accepts --flag=value.\n");
+    fprintf(f, "\nEvery flag also accepts --flag=value.\n");
 }

@@ -112,13 +112,13 @@ def test_file_modes(serve, tmp_path):
 
 # ---- outputs: a restore changes nothing -------------------------------------------
 
-def reference(serve, model, convs, n2=16):
+def reference(serve, model, convs, n1=16, n2=16):
     """The exact reference (DESIGN §6): each conversation served back to back
     from a resident slot, no cache tier."""
     s = serve(model, "-np", "1", "-c", "8192", "--cache-ram", "0")
     out = []
     for i, c in enumerate(convs):
-        r1 = chat(s, c)
+        r1 = chat(s, c, n1)
         out.append((r1, chat(s, turn2(c, r1, i), n2)))
     s.stop()
     return out
@@ -219,9 +219,10 @@ def test_kill_9_while_storing(serve, tmp_path, models):
     assert not glob.glob(str(tmp_path / "*.tmp*")), "startup sweep left temporary files"
     p = subprocess.run([THAW, "cache", "verify", str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
-    ref = reference(serve, "llama", [convs[i] for i in sorted(r1)], n2=8)
-    for (i, r), (_, ref2) in zip(sorted(r1.items()), ref):
-        assert reply(chat(s, turn2(convs[i], r, i), 8)) == reply(ref2)
+    ref = reference(serve, "llama", convs, n1=8, n2=8)
+    for i, r in sorted(r1.items()):
+        assert reply(r) == reply(ref[i][0])
+        assert reply(chat(s, turn2(convs[i], r, i), 8)) == reply(ref[i][1]), f"conversation {i}"
 
 
 @pytest.mark.parametrize("ext,damage", [(e, d) for e in ("kv", "ckpt", "idx") for d in ("flip", "truncate")])

@@ -1,0 +1,531 @@
+/* cache_cli.c — `thaw cache ...`: the disk cache seen from a shell.
+ *
+ * Map:
+ *   ---- helpers ----    formatting (sizes, ages), options, opening
+ *   ---- commands ----   ls, stats, verify, gc, rm
+ *   ---- main ----       dispatch and usage
+ */
+#include "cache_cli.h"
+
+#include "cache_disk.h"
+#include "error.h"
+#include "log.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define KEY_SHOWN 16 /* hex digits of a key shown in listings */
+
+static const char usage_text[] =
+    "usage: thaw cache <command> DIR [options]\n"
+    "\n"
+    "  ls DIR                    list entries, most recently used first\n"
+    "  stats DIR                 entries, total size, oldest entry\n"
+    "  verify DIR [--dry-run]    checksum every entry and remove the corrupt\n"
+    "                            ones (--dry-run: only report them)\n"
+    "  gc DIR [--ttl T] [--max MiB]\n"
+    "                            evict entries unused for more than T (seconds,\n"
+    "                            or with a unit: 90m, 12h, 3d), then the least\n"
+    "                            recently used until the total is <= MiB\n"
+    "  rm DIR KEY... | --all     remove entries (KEY: hex key or unique prefix)\n"
+    "\n"
+    "Safe while a server uses DIR: only whole entries are removed, .idx first.\n"
+    "Exit status: 0 ok, 1 something found wrong or not found, 2 error.\n";
+
+/* ---- helpers ------------------------------------------------------------ */
+
+struct cli {
+    const char *dir;
+    int verbose; /* print the store's info lines too (gc: evictions) */
+    int mute;    /* print nothing: the command reports on stdout itself */
+};
+
+static void cli_log(void *ud, int level, const char *msg)
+{
+    const struct cli *cli = ud;
+
+    if (!cli->mute && (level <= THAW_LOG_WARN || cli->verbose))
+        fprintf(stderr, "%s\n", msg);
+}
+
+/* "45s ago", "12m ago", "3h ago", "2d ago"; "-" for 0 (unknown). */
+static void fmt_ago(int64_t then, int64_t now, char out[24])
+{
+    int64_t d = now - then;
+
+    if (then == 0) {
+        snprintf(out, 24, "-");
+        return;
+    }
+    if (d < 0)
+        snprintf(out, 24, "in the future");
+    else if (d < 120)
+        snprintf(out, 24, "%" PRId64 "s ago", d);
+    else if (d < 2 * 3600)
+        snprintf(out, 24, "%" PRId64 "m ago", d / 60);
+    else if (d < 2 * 86400)
+        snprintf(out, 24, "%" PRId64 "h ago", d / 3600);
+    else
+        snprintf(out, 24, "%" PRId64 "d ago", d / 86400);
+}
+
+static void fmt_parts(const uint64_t size[THAW_PART_COUNT], char out[24])
+{
+    snprintf(out, 24, "kv%s%s", size[THAW_PART_CKPT] ? "+ckpt" : "",
+             size[THAW_PART_DFT] ? "+dft" : "");
+}
+
+/* Parses "90", "90s", "15m", "12h", "3d" into seconds. 0 or THAW_EINVAL. */
+static int parse_duration(const char *s, int64_t *out)
+{
+    char *end;
+    long long v;
+    int64_t mul = 1;
+
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || end == s || v < 0)
+        return THAW_EINVAL;
+    if (*end) {
+        if (end[1])
+            return THAW_EINVAL;
+        switch (*end) {
+        case 's': mul = 1; break;
+        case 'm': mul = 60; break;
+        case 'h': mul = 3600; break;
+        case 'd': mul = 86400; break;
+        default: return THAW_EINVAL;
+        }
+    }
+    if (v > INT64_MAX / mul)
+        return THAW_EINVAL;
+    *out = v * mul;
+    return 0;
+}
+
+static int parse_mib(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v;
+
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v > (UINT64_MAX >> 20))
+        return THAW_EINVAL;
+    *out = (uint64_t)v << 20;
+    return 0;
+}
+
+/* Opens cli->dir. Read-only, or else as the directory's owner when no
+ * server holds it (so leftovers are swept) and shared when one does.
+ * 0 or the error, already reported. */
+static int cli_open(struct cli *cli, int readonly, uint64_t max_bytes, int64_t ttl_s,
+                    struct thaw_disk_cache **out)
+{
+    struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
+    struct stat st;
+    int r;
+
+    /* Never create the directory: a typo should not make a new cache. */
+    if (stat(cli->dir, &st) != 0) {
+        fprintf(stderr, "thaw cache: %s: %s\n", cli->dir, strerror(errno));
+        return -errno;
+    }
+    p.dir = cli->dir;
+    p.max_bytes = max_bytes;
+    p.ttl_s = ttl_s;
+    p.log = cli_log;
+    p.log_ud = cli;
+    p.flags = readonly ? THAW_DISK_CACHE_READONLY : THAW_DISK_CACHE_NO_WRITER;
+    r = thaw_disk_cache_open(&p, out);
+    if (r == THAW_EBUSY && !readonly) {
+        p.flags = THAW_DISK_CACHE_SHARED;
+        r = thaw_disk_cache_open(&p, out);
+        if (r == 0 && cli->verbose)
+            fprintf(stderr, "thaw cache: a server is using %s: leaving its temporary files alone\n",
+                    cli->dir);
+    }
+    if (r)
+        fprintf(stderr, "thaw cache: cannot open %s: %s\n", cli->dir, thaw_strerror(r));
+    return r;
+}
+
+/* A snapshot of every entry, most recently used first. */
+struct list {
+    struct thaw_disk_entry_info *v;
+    size_t n, cap;
+};
+
+static int list_cb(void *ud, const struct thaw_disk_entry_info *info)
+{
+    struct list *l = ud;
+
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        struct thaw_disk_entry_info *nv = realloc(l->v, cap * sizeof *nv);
+
+        if (!nv)
+            return THAW_ENOMEM;
+        l->v = nv;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *info;
+    return 0;
+}
+
+static int list_all(struct thaw_disk_cache *c, struct list *l)
+{
+    int r = thaw_disk_cache_foreach(c, list_cb, l);
+
+    if (r)
+        fprintf(stderr, "thaw cache: listing: %s\n", thaw_strerror(r));
+    return r;
+}
+
+/* ---- commands ----------------------------------------------------------- */
+
+static int cmd_ls(struct cli *cli)
+{
+    struct thaw_disk_cache *c;
+    struct list l = {0};
+    struct thaw_disk_cache_stats st;
+    int64_t now = (int64_t)time(NULL);
+    char hex[2 * THAW_DISK_KEY_SIZE + 1], fp[2 * THAW_DISK_FINGERPRINT_SIZE + 1];
+    char size[24], parts[24], created[24], used[24];
+    int ret = 2;
+
+    if (cli_open(cli, 1, 0, 0, &c))
+        return 2;
+    if (list_all(c, &l))
+        goto out;
+    if (l.n)
+        printf("%-*s %8s %10s  %-12s %-10s %-10s %s\n", KEY_SHOWN, "KEY", "TOKENS", "SIZE",
+               "PARTS", "CREATED", "LAST USED", "MODEL");
+    for (size_t i = 0; i < l.n; i++) {
+        const struct thaw_disk_entry_info *e = &l.v[i];
+
+        thaw_hex(e->key, THAW_DISK_KEY_SIZE, hex);
+        thaw_hex(e->fingerprint, THAW_DISK_FINGERPRINT_SIZE, fp);
+        thaw_fmt_bytes(e->bytes, size);
+        fmt_parts(e->part_size, parts);
+        fmt_ago(e->created, now, created);
+        fmt_ago(e->last_used, now, used);
+        printf("%.*s %8" PRIu32 " %10s  %-12s %-10s %-10s %.8s\n", KEY_SHOWN, hex, e->n_tokens,
+               size, parts, created, used, fp);
+    }
+    thaw_disk_cache_get_stats(c, &st);
+    thaw_fmt_bytes(st.bytes, size);
+    printf("%" PRIu64 " %s, %s\n", st.entries, st.entries == 1 ? "entry" : "entries", size);
+    if (st.skipped_entries)
+        printf("%" PRIu64 " unreadable (run `thaw cache verify %s`)\n", st.skipped_entries,
+               cli->dir);
+    ret = 0;
+out:
+    free(l.v);
+    thaw_disk_cache_close(c);
+    return ret;
+}
+
+static int fp_cmp(const void *a, const void *b)
+{
+    return memcmp(a, b, THAW_DISK_FINGERPRINT_SIZE);
+}
+
+static int cmd_stats(struct cli *cli)
+{
+    struct thaw_disk_cache *c;
+    struct thaw_disk_cache_stats st;
+    struct list l = {0};
+    int64_t now = (int64_t)time(NULL), newest = 0;
+    uint64_t tokens = 0, with_ckpt = 0, with_dft = 0;
+    size_t models = 0;
+    uint8_t (*fps)[THAW_DISK_FINGERPRINT_SIZE] = NULL;
+    char size[24], ago[24];
+    int ret = 2;
+
+    if (cli_open(cli, 1, 0, 0, &c))
+        return 2;
+    if (list_all(c, &l))
+        goto out;
+    thaw_disk_cache_get_stats(c, &st);
+    if (l.n) {
+        fps = calloc(l.n, sizeof *fps);
+        if (!fps)
+            goto out;
+    }
+    for (size_t i = 0; i < l.n; i++) {
+        tokens += l.v[i].n_tokens;
+        with_ckpt += l.v[i].part_size[THAW_PART_CKPT] != 0;
+        with_dft += l.v[i].part_size[THAW_PART_DFT] != 0;
+        if (l.v[i].last_used > newest)
+            newest = l.v[i].last_used;
+        memcpy(fps[i], l.v[i].fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    }
+    if (l.n) {
+        qsort(fps, l.n, sizeof *fps, fp_cmp);
+        models = 1;
+        for (size_t i = 1; i < l.n; i++)
+            models += memcmp(fps[i], fps[i - 1], THAW_DISK_FINGERPRINT_SIZE) != 0;
+    }
+    thaw_fmt_bytes(st.bytes, size);
+    printf("directory         %s\n", cli->dir);
+    printf("entries           %" PRIu64 " (%zu model%s)\n", st.entries, models,
+           models == 1 ? "" : "s");
+    printf("total size        %s (%" PRIu64 " bytes)\n", size, st.bytes);
+    printf("tokens stored     %" PRIu64 "\n", tokens);
+    printf("with checkpoints  %" PRIu64 "\n", with_ckpt);
+    printf("with draft state  %" PRIu64 "\n", with_dft);
+    fmt_ago(st.oldest_created, now, ago);
+    printf("oldest entry      created %s\n", ago);
+    fmt_ago(st.oldest_used, now, ago);
+    printf("least recent use  %s\n", ago);
+    fmt_ago(newest, now, ago);
+    printf("most recent use   %s\n", ago);
+    if (st.skipped_entries)
+        printf("unreadable        %" PRIu64 " (run `thaw cache verify %s`)\n",
+               st.skipped_entries, cli->dir);
+    ret = 0;
+out:
+    free(fps);
+    free(l.v);
+    thaw_disk_cache_close(c);
+    return ret;
+}
+
+static void fmt_bad(unsigned bad, char *out, size_t n)
+{
+    static const char *const names[] = {".kv", ".ckpt", ".dft", ".idx"};
+    size_t len = 0;
+
+    out[0] = '\0';
+    for (int i = 0; i <= THAW_PART_COUNT; i++)
+        if (bad & (1u << i))
+            len += (size_t)snprintf(out + len, len < n ? n - len : 0, "%s%s", len ? " " : "",
+                                    names[i]);
+}
+
+static int cmd_verify(struct cli *cli, int dry_run)
+{
+    struct thaw_disk_cache *c;
+    struct thaw_disk_cache_stats st;
+    struct list l = {0};
+    char hex[2 * THAW_DISK_KEY_SIZE + 1], what[48];
+    uint64_t ok = 0, bad_entries = 0, bad_dft = 0, gone = 0;
+    int ret = 2;
+
+    if (cli_open(cli, dry_run, 0, 0, &c))
+        return 2;
+    cli->mute = 1; /* each finding is printed below */
+    thaw_disk_cache_get_stats(c, &st);
+    bad_entries = st.corrupt_removed + st.skipped_entries; /* found at open */
+    if (list_all(c, &l))
+        goto out;
+    for (size_t i = 0; i < l.n; i++) {
+        unsigned bad = 0;
+        int r = thaw_disk_cache_verify(c, l.v[i].key, !dry_run, &bad);
+
+        thaw_hex(l.v[i].key, THAW_DISK_KEY_SIZE, hex);
+        fmt_bad(bad, what, sizeof what);
+        if (r == 0 && !bad) {
+            ok++;
+        } else if (r == 0) {
+            bad_dft++;
+            printf("%.*s  bad %s: %s\n", KEY_SHOWN, hex, what,
+                   dry_run ? "would drop it, keep the entry" : "dropped it, kept the entry");
+        } else if (r == THAW_ECORRUPT) {
+            bad_entries++;
+            printf("%.*s  corrupt (%s): %s\n", KEY_SHOWN, hex, what,
+                   dry_run ? "would remove" : "removed");
+        } else if (r == THAW_ENOTFOUND) {
+            gone++; /* removed meanwhile (a server's eviction) */
+        } else {
+            printf("%.*s  cannot read: %s\n", KEY_SHOWN, hex, thaw_strerror(r));
+            bad_entries++;
+        }
+    }
+    printf("%zu checked: %" PRIu64 " ok, %" PRIu64 " corrupt, %" PRIu64 " with a bad .dft",
+           l.n, ok, bad_entries, bad_dft);
+    if (gone)
+        printf(", %" PRIu64 " gone meanwhile", gone);
+    printf("\n");
+    ret = bad_entries || bad_dft ? 1 : 0;
+out:
+    free(l.v);
+    thaw_disk_cache_close(c);
+    return ret;
+}
+
+static int cmd_gc(struct cli *cli, int64_t ttl_s, uint64_t max_bytes)
+{
+    struct thaw_disk_cache *c;
+    struct thaw_disk_cache_stats before, after;
+    char freed[24], left[24];
+    int n;
+
+    if (cli_open(cli, 0, max_bytes, ttl_s, &c))
+        return 2;
+    cli->verbose = 1; /* one line per eviction, with its reason */
+    thaw_disk_cache_get_stats(c, &before);
+    n = thaw_disk_cache_evict(c);
+    thaw_disk_cache_get_stats(c, &after);
+    thaw_fmt_bytes(before.bytes - after.bytes, freed);
+    thaw_fmt_bytes(after.bytes, left);
+    printf("evicted %d %s (%s)", n, n == 1 ? "entry" : "entries", freed);
+    if (after.swept_files)
+        printf(", swept %" PRIu64 " leftover file%s", after.swept_files,
+               after.swept_files == 1 ? "" : "s");
+    if (after.corrupt_removed)
+        printf(", removed %" PRIu64 " corrupt", after.corrupt_removed);
+    printf("; %" PRIu64 " %s left, %s\n", after.entries, after.entries == 1 ? "entry" : "entries",
+           left);
+    thaw_disk_cache_close(c);
+    return 0;
+}
+
+static int cmd_rm(struct cli *cli, char **keys, int n_keys, int all)
+{
+    struct thaw_disk_cache *c;
+    struct list l = {0};
+    char hex[2 * THAW_DISK_KEY_SIZE + 1];
+    int ret = 2, missing = 0, r;
+    uint64_t removed = 0;
+
+    if (cli_open(cli, 0, 0, 0, &c))
+        return 2;
+    if (list_all(c, &l))
+        goto out;
+    if (all) {
+        for (size_t i = 0; i < l.n; i++)
+            if (thaw_disk_cache_remove(c, l.v[i].key) == 0)
+                removed++;
+    }
+
+    for (int k = 0; k < n_keys; k++) {
+        size_t len = strlen(keys[k]), match = 0, at = 0;
+
+        for (size_t i = 0; i < l.n; i++) {
+            thaw_hex(l.v[i].key, THAW_DISK_KEY_SIZE, hex);
+            if (len <= 2 * THAW_DISK_KEY_SIZE && !strncasecmp(hex, keys[k], len)) {
+                match++;
+                at = i;
+            }
+        }
+        if (len < 4 || match > 1) {
+            fprintf(stderr, "thaw cache: %s: %s\n", keys[k],
+                    len < 4 ? "give at least 4 hex digits" : "ambiguous prefix");
+            missing++;
+        } else if (match == 0) {
+            fprintf(stderr, "thaw cache: %s: no such entry\n", keys[k]);
+            missing++;
+        } else if ((r = thaw_disk_cache_remove(c, l.v[at].key)) == 0) {
+            thaw_hex(l.v[at].key, THAW_DISK_KEY_SIZE, hex);
+            printf("removed %.*s\n", KEY_SHOWN, hex);
+            removed++;
+        } else {
+            fprintf(stderr, "thaw cache: %s: %s\n", keys[k], thaw_strerror(r));
+            missing++;
+        }
+    }
+    if (all || removed != 1)
+        printf("removed %" PRIu64 " %s\n", removed, removed == 1 ? "entry" : "entries");
+    ret = missing ? 1 : 0;
+out:
+    free(l.v);
+    thaw_disk_cache_close(c);
+    return ret;
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static int usage(FILE *to, int status)
+{
+    fputs(usage_text, to);
+    return status;
+}
+
+int thaw_cache_main(int argc, char **argv)
+{
+    struct cli cli = {0};
+    const char *cmd;
+    char **pos;
+    int n_pos = 0, dry_run = 0, all = 0, ret;
+    int64_t ttl_s = 0;
+    uint64_t max_bytes = 0;
+
+    if (argc < 2)
+        return usage(stderr, 2);
+    cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help"))
+        return usage(stdout, 0);
+    pos = calloc((size_t)argc, sizeof *pos);
+    if (!pos)
+        return 2;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            free(pos);
+            return usage(stdout, 0);
+        } else if (!strcmp(a, "--dry-run") && !strcmp(cmd, "verify")) {
+            dry_run = 1;
+        } else if (!strcmp(a, "--all") && !strcmp(cmd, "rm")) {
+            all = 1;
+        } else if (!strcmp(a, "--ttl") && !strcmp(cmd, "gc") && i + 1 < argc) {
+            if (parse_duration(argv[++i], &ttl_s)) {
+                fprintf(stderr, "thaw cache: --ttl %s: want seconds, or 90m, 12h, 3d\n", argv[i]);
+                free(pos);
+                return 2;
+            }
+        } else if (!strcmp(a, "--max") && !strcmp(cmd, "gc") && i + 1 < argc) {
+            if (parse_mib(argv[++i], &max_bytes)) {
+                fprintf(stderr, "thaw cache: --max %s: want MiB\n", argv[i]);
+                free(pos);
+                return 2;
+            }
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "thaw cache %s: unknown option %s\n", cmd, a);
+            free(pos);
+            return usage(stderr, 2);
+        } else {
+            pos[n_pos++] = argv[i];
+        }
+    }
+    if (n_pos < 1) {
+        fprintf(stderr, "thaw cache %s: missing DIR\n", cmd);
+        free(pos);
+        return usage(stderr, 2);
+    }
+    cli.dir = pos[0];
+    if (strcmp(cmd, "rm") != 0 && n_pos > 1) {
+        fprintf(stderr, "thaw cache %s: unexpected argument %s\n", cmd, pos[1]);
+        free(pos);
+        return usage(stderr, 2);
+    }
+    if (!strcmp(cmd, "ls")) {
+        ret = cmd_ls(&cli);
+    } else if (!strcmp(cmd, "stats")) {
+        ret = cmd_stats(&cli);
+    } else if (!strcmp(cmd, "verify")) {
+        ret = cmd_verify(&cli, dry_run);
+    } else if (!strcmp(cmd, "gc")) {
+        ret = cmd_gc(&cli, ttl_s, max_bytes);
+    } else if (!strcmp(cmd, "rm")) {
+        if (!all && n_pos < 2) {
+            fprintf(stderr, "thaw cache rm: give KEY... or --all\n");
+            ret = 2;
+        } else {
+            ret = cmd_rm(&cli, pos + 1, n_pos - 1, all);
+        }
+    } else {
+        fprintf(stderr, "thaw cache: unknown command %s\n", cmd);
+        ret = usage(stderr, 2);
+    }
+    free(pos);
+    return ret;
+}

@@ -1,0 +1,30 @@
+/* cache_cli.h — `thaw cache ls|stats|verify|gc|rm DIR ...`: inspect and
+ * tidy a disk cache directory, also while a server is using it.
+ *
+ *   thaw cache ls DIR                  entries, most recently used first
+ *   thaw cache stats DIR               totals
+ *   thaw cache verify DIR [--dry-run]  checksum every entry; remove the bad
+ *                                      ones (what the server's next lookup
+ *                                      would do anyway) unless --dry-run
+ *   thaw cache gc DIR [--ttl T] [--max MiB]
+ *                                      evict as the server does: unused for
+ *                                      more than T (seconds, or 90m, 12h, 3d),
+ *                                      then least recently used down to MiB
+ *   thaw cache rm DIR KEY... | --all   remove entries; KEY is the hex key or
+ *                                      a unique prefix of 4 or more digits
+ *
+ * ls, stats and verify --dry-run change nothing (READONLY). verify, gc and
+ * rm only ever remove entries, .idx first, so they are safe next to a
+ * running server; when no server holds the directory they also sweep what
+ * an interrupted run left (*.tmp, orphans), as a server's start-up does.
+ */
+#ifndef THAW_CACHE_CLI_H
+#define THAW_CACHE_CLI_H
+
+/* argv[0] is "cache". Prints to stdout (results) and stderr (errors).
+ * Returns the process exit status: 0 success; 1 the command ran but found
+ * something wrong (a corrupt entry, a key not found); 2 usage error, or the
+ * directory could not be opened. Never exits. */
+int thaw_cache_main(int argc, char **argv);
+
+#endif

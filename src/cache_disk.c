@@ -1,0 +1,1982 @@
+/* cache_disk.c — the on-disk store: entries, invariants, sweep, eviction.
+ *
+ * ---- NOTES ON THE DESIGN OF THE STORE ------------------------------------
+ *
+ * An entry is the files <key>.kv, <key>.ckpt, <key>.dft (the parts; only .kv
+ * is mandatory) and <key>.idx (the index record: sizes and XXH3-64 checksums
+ * of the parts, fingerprint, token count, meta, its own checksum). These
+ * invariants hold after a crash at any point (tests/unit/test_cache_disk.c
+ * crashes a store at every one of its system calls and checks them):
+ *
+ *   1. A part is written as <name>.tmp, fsynced, closed and renamed into
+ *      place; after all parts, the directory is fsynced; then the .idx is
+ *      written the same way; then the directory is fsynced again. The rename
+ *      of the .idx is the commit. (The first directory fsync is not needed
+ *      for correctness — invariant 2 catches a part whose rename was lost —
+ *      but without it a power cut could cost a committed entry.)
+ *   2. An entry exists if and only if its .idx exists, parses, names its own
+ *      key, and the checksums of its parts match. Nothing else is trusted:
+ *      a file of any content is at worst a miss.
+ *   3. Removal (replacement, eviction, corruption, `thaw cache rm`) unlinks
+ *      the .idx first, then the parts. Hence a store over an existing key
+ *      unlinks the old .idx before it writes a byte: a crash midway leaves no
+ *      entry, never old .idx + new parts.
+ *   4. Open sweeps *.tmp, parts without an .idx, parts the .idx does not
+ *      list, and entries whose .idx is corrupt or whose mandatory parts are
+ *      missing or of the wrong size — unless opened SHARED (a server may be
+ *      mid-store: its *.tmp and not-yet-committed parts look exactly like
+ *      leftovers).
+ *   5. A lookup verifies every checksum over the mapping it hands out. A
+ *      mismatch, a missing or truncated file or a bad .idx is a miss and the
+ *      entry is removed. A bad .dft alone costs only the .dft: it is
+ *      unlinked, then the .idx is rewritten without it (atomically, as in 1);
+ *      a crash between the two leaves an .idx naming a missing .dft, which
+ *      is treated the same way again.
+ *   6. Files are created 0600 (O_EXCL|O_NOFOLLOW) in a 0700 directory; a
+ *      looser directory is chmod()ed to 0700 at open, or open fails.
+ *
+ * Concurrency. One mutex (mu) guards the in-memory index, the LRU list, the
+ * stats and the writer queue; it is never held across disk I/O. A key whose
+ * files are being changed (store, removal, eviction, .dft drop) is "busy"
+ * in the index: lookups of it miss without touching the disk, evictions skip
+ * it, and a second store/removal of it waits on key_cond. A lookup reads
+ * without the lock, so it may see the files of a store that began after it
+ * looked; each index entry carries a generation, bumped whenever a claim on
+ * it ends, and a lookup only removes what it found corrupt if the entry is
+ * still the one it started with and not busy — otherwise the mismatch was a
+ * race, and it is just a miss. Other processes (`thaw cache`) only ever
+ * remove, .idx first; the server treats an .idx that vanished as a miss.
+ *
+ * Last use. Stored as the .idx file's mtime: set when the .idx is written
+ * and on every hit with one utimensat() (not fsynced — a lost update only
+ * makes the entry look older), read back at open. TTL counts from last use.
+ *
+ * Fingerprints. An .idx names the fingerprint (model + context settings) it
+ * was written under. Keys are already bound to the fingerprint by the
+ * caller, so another fingerprint under a key means another model: a miss,
+ * but the entry is kept (counted, evicted by TTL/LRU), because the same
+ * directory may serve that model again after a restart.
+ *
+ * ---- the .idx record, format version 1 (little-endian) -----------------
+ *
+ *   off  size
+ *     0     8  magic "THAWIDX\0"
+ *     8     4  format version (1)
+ *    12     4  flags: bit p = part p present (THAW_PART_*); other bits 0
+ *    16    32  key (must equal the file name's)
+ *    48    32  model fingerprint
+ *    80     4  n_tokens
+ *    84     4  n_meta (<= THAW_DISK_META_MAX)
+ *    88     8  created, Unix seconds (int64)
+ *    96  3x16  per part p: size (u64; 0 iff absent), XXH3-64 (u64; 0 if absent)
+ *   144  n_meta  caller's meta bytes
+ *   144+n_meta  8  XXH3-64 of bytes [0, 144+n_meta)
+ *
+ * Map of this file:
+ *   ---- helpers ----        hex, little-endian, paths, logging, clock
+ *   ---- idx record ----     encode / parse
+ *   ---- in-memory index ---- hash table, LRU list, claims
+ *   ---- file I/O ----       durable writes, removal, reading and mapping
+ *   ---- open / close ----   directory, lock, sweep, writer start/stop
+ *   ---- store ----          synchronous store, writer thread, submit, flush
+ *   ---- lookup ----         lookup, entry accessors, .dft drop, verify
+ *   ---- evict / remove ---- TTL then LRU, removal, listing, stats
+ */
+#include "cache_disk.h"
+
+#include "error.h"
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define HEX_LEN (2 * THAW_DISK_KEY_SIZE)
+
+#define IDX_MAGIC "THAWIDX" /* 8 bytes with its NUL */
+#define IDX_VERSION 1u
+#define IDX_OFF_VERSION 8
+#define IDX_OFF_FLAGS 12
+#define IDX_OFF_KEY 16
+#define IDX_OFF_FP 48
+#define IDX_OFF_NTOK 80
+#define IDX_OFF_NMETA 84
+#define IDX_OFF_CREATED 88
+#define IDX_OFF_PARTS 96 /* THAW_PART_COUNT x { u64 size; u64 xxh3; } */
+#define IDX_OFF_META 144
+#define IDX_TRAILER 8
+#define IDX_SIZE(n_meta) ((size_t)IDX_OFF_META + (n_meta) + IDX_TRAILER)
+#define IDX_PART_MASK ((1u << THAW_PART_COUNT) - 1)
+
+_Static_assert(IDX_OFF_PARTS + 16 * THAW_PART_COUNT == IDX_OFF_META, "idx layout");
+_Static_assert(sizeof IDX_MAGIC == 8, "idx magic");
+
+static const char *const part_ext[THAW_PART_COUNT] = {".kv", ".ckpt", ".dft"};
+
+/* One key in the in-memory index. */
+struct ent {
+    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
+    uint64_t bytes;                      /* all files, .idx included */
+    uint64_t part_size[THAW_PART_COUNT]; /* 0 = absent */
+    uint32_t n_tokens;
+    uint32_t n_meta;
+    int64_t created;   /* Unix seconds */
+    int64_t last_used; /* Unix seconds */
+    uint64_t gen;      /* bumped when a claim ends: see the notes */
+    int busy;          /* a claim owns the key's files */
+    int live;          /* committed; then on the LRU list */
+    int evict_ttl;     /* eviction victim: by TTL (else by LRU) */
+    struct ent *hnext; /* hash chain */
+    struct ent *prev;  /* LRU list: head = least recently used */
+    struct ent *next;  /* LRU list; reused for eviction's victim chain */
+};
+
+/* A store waiting for the writer thread; owns its buffers. */
+struct job {
+    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint32_t n_tokens;
+    struct thaw_disk_blob parts[THAW_PART_COUNT];
+    void *meta;
+    size_t n_meta;
+};
+
+struct thaw_disk_cache {
+    char *dir;
+    const struct thaw_vfs *vfs;
+    uint64_t max_bytes;
+    int64_t ttl_s;
+    uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
+    unsigned flags;
+    void (*log)(void *ud, int level, const char *msg);
+    void *log_ud;
+    int64_t (*now)(void *ud);
+    void *now_ud;
+    int lock_fd; /* -1 when SHARED */
+
+    pthread_mutex_t mu;
+    pthread_cond_t key_cond; /* a busy key was released */
+    struct ent **buckets;
+    size_t n_buckets; /* power of two */
+    size_t n_ents;    /* in the hash, busy ones included */
+    struct ent *lru_head, *lru_tail;
+    uint64_t n_live;
+    uint64_t bytes; /* of live entries */
+    struct thaw_disk_cache_stats st;
+
+    /* writer */
+    pthread_t writer;
+    int has_writer;
+    int stopping;
+    struct job *q; /* ring of q_cap */
+    unsigned q_cap, q_head, q_len;
+    int q_active;           /* the writer is storing a job */
+    pthread_cond_t q_cond;  /* a job arrived, or stopping */
+    pthread_cond_t q_idle;  /* a job finished */
+};
+
+struct thaw_disk_entry {
+    const struct thaw_vfs *vfs;
+    uint32_t n_tokens;
+    void *map[THAW_PART_COUNT]; /* read-only mappings; NULL = absent */
+    size_t size[THAW_PART_COUNT];
+    uint8_t *idx_buf; /* the .idx record as read; meta points into it */
+    size_t idx_len;
+    struct thaw_disk_idx idx;
+};
+
+/* ---- helpers ------------------------------------------------------------ */
+
+void thaw_hex(const uint8_t *b, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+static int hex_digit(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+int thaw_unhex(const char *s, size_t n, uint8_t *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        int hi = hex_digit(s[2 * i]), lo;
+
+        if (hi < 0)
+            return THAW_EINVAL;
+        lo = hex_digit(s[2 * i + 1]);
+        if (lo < 0)
+            return THAW_EINVAL;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* <dir>/<hex><ext><tmp> into out[PATH_MAX]; open() checked the length. */
+static void entry_path(const struct thaw_disk_cache *c, char *out, const char *hex,
+                       const char *ext, int tmp)
+{
+    snprintf(out, PATH_MAX, "%s/%s%s%s", c->dir, hex, ext, tmp ? ".tmp" : "");
+}
+
+static const char *idx_or_part_ext(int p)
+{
+    return p == THAW_PART_COUNT ? ".idx" : part_ext[p];
+}
+
+__attribute__((format(printf, 3, 4))) static void logf_(const struct thaw_disk_cache *c,
+                                                        int level, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+
+    if (!c->log)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->log(c->log_ud, level, msg);
+}
+
+void thaw_fmt_bytes(uint64_t n, char out[24])
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(out, 24, "%llu B", (unsigned long long)n);
+    else
+        snprintf(out, 24, "%.1f %s", v, unit[u]);
+}
+
+static int64_t default_now(void *ud)
+{
+    (void)ud;
+    return (int64_t)time(NULL);
+}
+
+static int64_t now_s(const struct thaw_disk_cache *c)
+{
+    return c->now(c->now_ud);
+}
+
+static double mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- idx record --------------------------------------------------------- */
+
+/* Encodes idx (with meta of idx->n_meta bytes) into a malloc'd buffer of
+ * IDX_SIZE(n_meta) bytes. 0 or THAW_ENOMEM. */
+static int idx_encode(const struct thaw_disk_idx *idx, uint8_t **out, size_t *n)
+{
+    size_t len = IDX_SIZE(idx->n_meta);
+    uint8_t *b = calloc(1, len);
+    uint32_t flags = 0;
+
+    if (!b)
+        return THAW_ENOMEM;
+    memcpy(b, IDX_MAGIC, 8);
+    put_u32(b + IDX_OFF_VERSION, IDX_VERSION);
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        if (idx->size[p])
+            flags |= 1u << p;
+        put_u64(b + IDX_OFF_PARTS + 16 * p, idx->size[p]);
+        put_u64(b + IDX_OFF_PARTS + 16 * p + 8, idx->size[p] ? idx->xxh3[p] : 0);
+    }
+    put_u32(b + IDX_OFF_FLAGS, flags);
+    memcpy(b + IDX_OFF_KEY, idx->key, THAW_DISK_KEY_SIZE);
+    memcpy(b + IDX_OFF_FP, idx->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    put_u32(b + IDX_OFF_NTOK, idx->n_tokens);
+    put_u32(b + IDX_OFF_NMETA, idx->n_meta);
+    put_u64(b + IDX_OFF_CREATED, (uint64_t)idx->created);
+    if (idx->n_meta)
+        memcpy(b + IDX_OFF_META, idx->meta, idx->n_meta);
+    put_u64(b + len - IDX_TRAILER, XXH3_64bits(b, len - IDX_TRAILER));
+    *out = b;
+    *n = len;
+    return 0;
+}
+
+int thaw_disk_idx_parse(const void *buf, size_t n, struct thaw_disk_idx *out)
+{
+    const uint8_t *b = buf;
+    uint32_t flags, n_meta;
+
+    if (!b || n < IDX_OFF_VERSION + 4 || memcmp(b, IDX_MAGIC, 8) != 0)
+        return THAW_ECORRUPT;
+    if (get_u32(b + IDX_OFF_VERSION) != IDX_VERSION)
+        return THAW_EVERSION;
+    if (n < IDX_SIZE(0) || n > IDX_SIZE(THAW_DISK_META_MAX))
+        return THAW_ECORRUPT;
+    n_meta = get_u32(b + IDX_OFF_NMETA);
+    if (n_meta > THAW_DISK_META_MAX || IDX_SIZE(n_meta) != n)
+        return THAW_ECORRUPT;
+    if (get_u64(b + n - IDX_TRAILER) != XXH3_64bits(b, n - IDX_TRAILER))
+        return THAW_ECORRUPT;
+    flags = get_u32(b + IDX_OFF_FLAGS);
+    if ((flags & ~IDX_PART_MASK) || !(flags & (1u << THAW_PART_KV)))
+        return THAW_ECORRUPT;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        uint64_t size = get_u64(b + IDX_OFF_PARTS + 16 * p);
+        uint64_t h = get_u64(b + IDX_OFF_PARTS + 16 * p + 8);
+        int present = (flags >> p) & 1;
+
+        /* A part must be mappable: fit size_t and off_t. */
+        if (present != (size != 0) || (!present && h != 0) || size > (uint64_t)INT64_MAX ||
+            size > (uint64_t)SIZE_MAX)
+            return THAW_ECORRUPT;
+        out->size[p] = size;
+        out->xxh3[p] = h;
+    }
+    memcpy(out->key, b + IDX_OFF_KEY, THAW_DISK_KEY_SIZE);
+    memcpy(out->fingerprint, b + IDX_OFF_FP, THAW_DISK_FINGERPRINT_SIZE);
+    out->n_tokens = get_u32(b + IDX_OFF_NTOK);
+    out->created = (int64_t)get_u64(b + IDX_OFF_CREATED);
+    out->n_meta = n_meta;
+    out->meta = n_meta ? b + IDX_OFF_META : NULL;
+    return 0;
+}
+
+/* ---- in-memory index ---------------------------------------------------- */
+/* Everything in this section runs with c->mu held. */
+
+static size_t key_bucket(const struct thaw_disk_cache *c, const uint8_t *key)
+{
+    return (size_t)XXH3_64bits(key, THAW_DISK_KEY_SIZE) & (c->n_buckets - 1);
+}
+
+static struct ent *index_find(const struct thaw_disk_cache *c, const uint8_t *key)
+{
+    struct ent *e = c->buckets[key_bucket(c, key)];
+
+    while (e && memcmp(e->key, key, THAW_DISK_KEY_SIZE) != 0)
+        e = e->hnext;
+    return e;
+}
+
+static void index_grow(struct thaw_disk_cache *c)
+{
+    size_t n = c->n_buckets * 2;
+    struct ent **b = calloc(n, sizeof *b);
+
+    if (!b)
+        return; /* longer chains, still correct */
+    for (size_t i = 0; i < c->n_buckets; i++) {
+        struct ent *e = c->buckets[i], *next;
+
+        for (; e; e = next) {
+            size_t h = (size_t)XXH3_64bits(e->key, THAW_DISK_KEY_SIZE) & (n - 1);
+
+            next = e->hnext;
+            e->hnext = b[h];
+            b[h] = e;
+        }
+    }
+    free(c->buckets);
+    c->buckets = b;
+    c->n_buckets = n;
+}
+
+static void index_insert(struct thaw_disk_cache *c, struct ent *e)
+{
+    size_t h;
+
+    if (c->n_ents >= c->n_buckets)
+        index_grow(c);
+    h = key_bucket(c, e->key);
+    e->hnext = c->buckets[h];
+    c->buckets[h] = e;
+    c->n_ents++;
+}
+
+static void index_unlink(struct thaw_disk_cache *c, struct ent *e)
+{
+    struct ent **pp = &c->buckets[key_bucket(c, e->key)];
+
+    while (*pp && *pp != e)
+        pp = &(*pp)->hnext;
+    if (*pp) {
+        *pp = e->hnext;
+        c->n_ents--;
+    }
+}
+
+static void lru_append(struct thaw_disk_cache *c, struct ent *e)
+{
+    e->next = NULL;
+    e->prev = c->lru_tail;
+    if (c->lru_tail)
+        c->lru_tail->next = e;
+    else
+        c->lru_head = e;
+    c->lru_tail = e;
+}
+
+static void lru_unlink(struct thaw_disk_cache *c, struct ent *e)
+{
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        c->lru_head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        c->lru_tail = e->prev;
+    e->prev = e->next = NULL;
+}
+
+/* Makes e live again: on the LRU list and in the totals. */
+static void ent_commit(struct thaw_disk_cache *c, struct ent *e)
+{
+    e->live = 1;
+    lru_append(c, e);
+    c->n_live++;
+    c->bytes += e->bytes;
+}
+
+/* Takes e out of the LRU list and the totals (it stays in the hash). */
+static void ent_uncommit(struct thaw_disk_cache *c, struct ent *e)
+{
+    if (!e->live)
+        return;
+    lru_unlink(c, e);
+    e->live = 0;
+    c->n_live--;
+    c->bytes -= e->bytes;
+}
+
+/* Claims key for changing its files, waiting while another claim holds it.
+ * With create, a missing key gets a new (not live) entry. Returns the
+ * claimed entry, or NULL (no such key / out of memory with create). */
+static struct ent *claim_wait(struct thaw_disk_cache *c, const uint8_t *key, int create)
+{
+    struct ent *e;
+
+    while ((e = index_find(c, key)) && e->busy)
+        pthread_cond_wait(&c->key_cond, &c->mu);
+    if (!e && create) {
+        e = calloc(1, sizeof *e);
+        if (!e)
+            return NULL;
+        memcpy(e->key, key, THAW_DISK_KEY_SIZE);
+        index_insert(c, e);
+    }
+    if (e) {
+        e->busy = 1;
+        ent_uncommit(c, e);
+    }
+    return e;
+}
+
+/* Claims key only if it is still generation gen and nobody holds it. */
+static struct ent *claim_try(struct thaw_disk_cache *c, const uint8_t *key, uint64_t gen)
+{
+    struct ent *e = index_find(c, key);
+
+    if (!e || e->busy || e->gen != gen)
+        return NULL;
+    e->busy = 1;
+    ent_uncommit(c, e);
+    return e;
+}
+
+/* Ends a claim: committed puts e back live (its fields describe the files),
+ * otherwise it leaves the index and is freed. */
+static void claim_end(struct thaw_disk_cache *c, struct ent *e, int committed)
+{
+    e->busy = 0;
+    e->gen++;
+    if (committed) {
+        ent_commit(c, e);
+    } else {
+        index_unlink(c, e);
+        free(e);
+    }
+    pthread_cond_broadcast(&c->key_cond);
+}
+
+/* ---- file I/O ----------------------------------------------------------- */
+
+static int fsync_dir(struct thaw_disk_cache *c)
+{
+    const struct thaw_vfs *v = c->vfs;
+    int fd, ret, r;
+
+    fd = v->open(v, c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return fd;
+    ret = v->fsync(v, fd);
+    r = v->close(v, fd);
+    return ret ? ret : r;
+}
+
+/* Writes data to a new file `path` (0600), sets its mtime to mtime_s
+ * (>= 0), fsyncs and closes it. A stale file at path is replaced.
+ * 0 or -errno; on error the file may remain (the caller unlinks it). */
+static int write_file(struct thaw_disk_cache *c, const char *path, const void *data, size_t n,
+                      int64_t mtime_s)
+{
+    const struct thaw_vfs *v = c->vfs;
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    const uint8_t *p = data;
+    int fd, ret = 0, r;
+
+    fd = v->open(v, path, flags, 0600);
+    if (fd == -EEXIST) { /* a leftover of a failed store: never write through it */
+        r = v->unlink(v, path);
+        if (r < 0 && r != -ENOENT)
+            return r;
+        fd = v->open(v, path, flags, 0600);
+    }
+    if (fd < 0)
+        return fd;
+    while (n > 0) {
+        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
+        ssize_t w = v->write(v, fd, p, chunk);
+
+        if (w < 0) {
+            ret = (int)w;
+            goto out_close;
+        }
+        if (w == 0) {
+            ret = -EIO;
+            goto out_close;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    if (mtime_s >= 0) {
+        struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = (time_t)mtime_s}};
+
+        ret = v->futimens(v, fd, ts);
+        if (ret)
+            goto out_close;
+    }
+    ret = v->fsync(v, fd);
+out_close:
+    r = v->close(v, fd);
+    return ret ? ret : r;
+}
+
+/* Removes key's entry from disk, .idx first (invariant 3). The parts go
+ * only if the .idx did. 0, or the -errno of unlinking the .idx. */
+static int remove_files(struct thaw_disk_cache *c, const char *hex)
+{
+    const struct thaw_vfs *v = c->vfs;
+    char path[PATH_MAX];
+    int r;
+
+    entry_path(c, path, hex, ".idx", 0);
+    r = v->unlink(v, path);
+    if (r < 0 && r != -ENOENT)
+        return r;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        entry_path(c, path, hex, part_ext[p], 0);
+        (void)v->unlink(v, path);
+    }
+    return 0;
+}
+
+/* Reads <hex>.idx into a malloc'd buffer. 0 (*buf, *n, and *st if not NULL
+ * filled), THAW_ENOTFOUND (no .idx), THAW_ECORRUPT (not a regular file, or
+ * of a size no record has), THAW_ENOMEM or -errno. */
+static int read_idx(struct thaw_disk_cache *c, const char *hex, uint8_t **buf, size_t *n,
+                    struct stat *st_out)
+{
+    const struct thaw_vfs *v = c->vfs;
+    char path[PATH_MAX];
+    struct stat st;
+    uint8_t *b = NULL;
+    size_t len, got = 0;
+    int fd, ret;
+
+    entry_path(c, path, hex, ".idx", 0);
+    fd = v->open(v, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd == -ENOENT)
+        return THAW_ENOTFOUND;
+    if (fd == -ELOOP)
+        return THAW_ECORRUPT;
+    if (fd < 0)
+        return fd;
+    ret = v->fstat(v, fd, &st);
+    if (ret)
+        goto out_close;
+    if (!S_ISREG(st.st_mode) || st.st_size < (off_t)IDX_SIZE(0) ||
+        st.st_size > (off_t)IDX_SIZE(THAW_DISK_META_MAX)) {
+        ret = THAW_ECORRUPT;
+        goto out_close;
+    }
+    len = (size_t)st.st_size;
+    b = malloc(len);
+    if (!b) {
+        ret = THAW_ENOMEM;
+        goto out_close;
+    }
+    while (got < len) {
+        ssize_t r = v->pread(v, fd, b + got, len - got, (off_t)got);
+
+        if (r < 0) {
+            ret = (int)r;
+            goto out_free;
+        }
+        if (r == 0) { /* shrank under us */
+            ret = THAW_ECORRUPT;
+            goto out_free;
+        }
+        got += (size_t)r;
+    }
+    *buf = b;
+    *n = len;
+    if (st_out)
+        *st_out = st;
+    b = NULL;
+out_free:
+    free(b);
+out_close:
+    (void)v->close(v, fd);
+    return ret;
+}
+
+/* Maps part p of <hex> and checks it against size and checksum.
+ * 0 (*map set), THAW_ECORRUPT (missing, not regular, wrong size, checksum
+ * mismatch; *why says which, static text), or -errno (unreadable). */
+static int map_part(struct thaw_disk_cache *c, const char *hex, int p, uint64_t size,
+                    uint64_t xxh3, void **map, const char **why)
+{
+    const struct thaw_vfs *v = c->vfs;
+    char path[PATH_MAX];
+    struct stat st;
+    void *m = NULL;
+    int fd, ret;
+
+    entry_path(c, path, hex, part_ext[p], 0);
+    fd = v->open(v, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd == -ENOENT || fd == -ELOOP) {
+        *why = "missing";
+        return THAW_ECORRUPT;
+    }
+    if (fd < 0)
+        return fd;
+    ret = v->fstat(v, fd, &st);
+    if (ret)
+        goto out_close;
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != size) {
+        *why = "truncated or wrong size";
+        ret = THAW_ECORRUPT;
+        goto out_close;
+    }
+    ret = v->mmap(v, fd, (size_t)size, &m);
+    if (ret)
+        goto out_close;
+    if (XXH3_64bits(m, (size_t)size) != xxh3) {
+        *why = "checksum mismatch";
+        (void)v->munmap(v, m, (size_t)size);
+        ret = THAW_ECORRUPT;
+        goto out_close;
+    }
+    *map = m;
+out_close:
+    (void)v->close(v, fd);
+    return ret;
+}
+
+/* ---- open / close ------------------------------------------------------- */
+
+struct thaw_disk_cache_params thaw_disk_cache_default_params(void)
+{
+    struct thaw_disk_cache_params p;
+
+    memset(&p, 0, sizeof p);
+    p.ttl_s = 259200;
+    p.queue_depth = 4;
+    return p;
+}
+
+/* mkdir -p with 0700 for every component created. 0 or -errno. */
+static int make_dirs(struct thaw_disk_cache *c)
+{
+    const struct thaw_vfs *v = c->vfs;
+    char path[PATH_MAX];
+    size_t len = strlen(c->dir);
+    int r;
+
+    memcpy(path, c->dir, len + 1);
+    for (size_t i = 1; i <= len; i++) {
+        if (path[i] != '/' && path[i] != '\0')
+            continue;
+        if (path[i - 1] == '/')
+            continue;
+        path[i] = '\0';
+        r = v->mkdir(v, path, 0700);
+        if (r < 0 && r != -EEXIST)
+            return r;
+        if (i < len)
+            path[i] = '/';
+    }
+    return 0;
+}
+
+/* Makes sure c->dir is a 0700 directory (invariant 6). 0 or -errno. */
+static int prepare_dir(struct thaw_disk_cache *c)
+{
+    const struct thaw_vfs *v = c->vfs;
+    int shared = c->flags & (THAW_DISK_CACHE_SHARED | THAW_DISK_CACHE_READONLY);
+    struct stat st;
+    int r;
+
+    r = v->stat(v, c->dir, &st);
+    if (r == -ENOENT && !shared) {
+        r = make_dirs(c);
+        if (r)
+            return r;
+        logf_(c, THAW_LOG_INFO, "disk cache: created %s (0700)", c->dir);
+        r = v->stat(v, c->dir, &st);
+    }
+    if (r)
+        return r;
+    if (!S_ISDIR(st.st_mode))
+        return -ENOTDIR;
+    if (st.st_mode & 077) {
+        /* The files hold conversations. A second process only warns; the
+         * owner fixes the mode or refuses to run. */
+        if (shared) {
+            logf_(c, THAW_LOG_WARN, "disk cache: %s has mode %04o; it should be 0700", c->dir,
+                  (unsigned)(st.st_mode & 07777));
+            return 0;
+        }
+        r = v->chmod(v, c->dir, 0700);
+        if (r) {
+            logf_(c, THAW_LOG_ERROR, "disk cache: %s has mode %04o and chmod 0700 failed: %s", c->dir,
+                  (unsigned)(st.st_mode & 07777), thaw_strerror(r));
+            return r;
+        }
+        logf_(c, THAW_LOG_WARN, "disk cache: %s had mode %04o; changed to 0700", c->dir,
+              (unsigned)(st.st_mode & 07777));
+    }
+    return 0;
+}
+
+/* Takes <dir>/lock exclusively. 0, THAW_EBUSY or -errno. */
+static int take_lock(struct thaw_disk_cache *c)
+{
+    const struct thaw_vfs *v = c->vfs;
+    char path[PATH_MAX];
+    int fd, r;
+
+    snprintf(path, sizeof path, "%s/lock", c->dir);
+    fd = v->open(v, path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return fd;
+    r = v->flock(v, fd, LOCK_EX | LOCK_NB);
+    if (r) {
+        (void)v->close(v, fd);
+        return r == -EWOULDBLOCK ? THAW_EBUSY : r;
+    }
+    c->lock_fd = fd;
+    return 0;
+}
+
+/* Kinds of files of a key seen by the sweep. */
+enum {
+    SEEN_IDX = 1u << THAW_PART_COUNT,      /* parts use bits 0..2 */
+    SEEN_TMP = 1u << (THAW_PART_COUNT + 1), /* <key>.<kind>.tmp */
+};
+
+struct seen {
+    uint8_t key[THAW_DISK_KEY_SIZE];
+    unsigned kinds;
+};
+
+struct scan {
+    struct seen *v;
+    size_t n, cap;
+    int oom;
+};
+
+/* Which kind a name "<64 hex><ext>[.tmp]" is, and its key: the SEEN_* or
+ * part bit, or 0 for names that are not thaw's (left alone). */
+static unsigned classify(const char *name, uint8_t *key)
+{
+    const char *ext = name + HEX_LEN;
+    unsigned kind = 0;
+
+    if (strlen(name) <= HEX_LEN)
+        return 0;
+    for (int i = 0; i < HEX_LEN; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
+            return 0;
+    for (int p = 0; p <= THAW_PART_COUNT; p++) {
+        const char *e = idx_or_part_ext(p);
+        size_t el = strlen(e);
+
+        if (strncmp(ext, e, el) != 0)
+            continue;
+        if (ext[el] == '\0')
+            kind = p == THAW_PART_COUNT ? SEEN_IDX : 1u << p;
+        else if (!strcmp(ext + el, ".tmp"))
+            kind = SEEN_TMP;
+        if (kind)
+            break;
+    }
+    if (kind)
+        (void)thaw_unhex(name, THAW_DISK_KEY_SIZE, key);
+    return kind;
+}
+
+static int scan_cb(void *ud, const char *name)
+{
+    struct scan *s = ud;
+    uint8_t key[THAW_DISK_KEY_SIZE];
+    unsigned kind = classify(name, key);
+
+    if (!kind)
+        return 0;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        struct seen *nv = realloc(s->v, cap * sizeof *nv);
+
+        if (!nv) {
+            s->oom = 1;
+            return 1;
+        }
+        s->v = nv;
+        s->cap = cap;
+    }
+    memcpy(s->v[s->n].key, key, THAW_DISK_KEY_SIZE);
+    s->v[s->n].kinds = kind;
+    s->n++;
+    return 0;
+}
+
+static int seen_cmp(const void *a, const void *b)
+{
+    return memcmp(((const struct seen *)a)->key, ((const struct seen *)b)->key,
+                  THAW_DISK_KEY_SIZE);
+}
+
+static int ent_age_cmp(const void *a, const void *b)
+{
+    const struct ent *x = *(struct ent *const *)a, *y = *(struct ent *const *)b;
+
+    if (x->last_used != y->last_used)
+        return x->last_used < y->last_used ? -1 : 1;
+    if (x->created != y->created)
+        return x->created < y->created ? -1 : 1;
+    return memcmp(x->key, y->key, THAW_DISK_KEY_SIZE);
+}
+
+/* Loads (and with `sweep`, cleans up) one key found on disk. Returns 1 if a
+ * file was removed, 0 if not, THAW_ENOMEM. Never fails on file content. */
+static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep,
+                    struct ent ***loaded, size_t *n_loaded, size_t *cap_loaded)
+{
+    const struct thaw_vfs *v = c->vfs;
+    int modify = !(c->flags & THAW_DISK_CACHE_READONLY);
+    char hex[HEX_LEN + 1], path[PATH_MAX];
+    struct thaw_disk_idx idx;
+    struct stat st;
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    struct ent *e = NULL;
+    unsigned keep = 0; /* part bits the committed entry uses */
+    const char *why = NULL;
+    int removed = 0, r, ret = 0;
+
+    thaw_hex(s->key, THAW_DISK_KEY_SIZE, hex);
+    if (!(s->kinds & SEEN_IDX))
+        goto sweep_parts; /* orphans: never committed, or half removed */
+    r = read_idx(c, hex, &buf, &n, &st);
+    if (r == THAW_ENOMEM) {
+        ret = r;
+        goto out;
+    }
+    if (r == 0)
+        r = thaw_disk_idx_parse(buf, n, &idx);
+    if (r == 0 && memcmp(idx.key, s->key, THAW_DISK_KEY_SIZE) != 0)
+        r = THAW_ECORRUPT;
+    if (r == THAW_EVERSION) {
+        /* Another format version (or a flipped version byte: the two look
+         * alike). A cache, not an archive: it goes like a corrupt one. */
+        why = "another .idx format version";
+        goto corrupt;
+    }
+    if (r == THAW_ECORRUPT) {
+        why = "unreadable .idx";
+        goto corrupt;
+    }
+    if (r == THAW_ENOTFOUND) /* vanished since the listing (SHARED) */
+        goto out;
+    if (r < 0) {
+        logf_(c, THAW_LOG_WARN, "disk cache: cannot read %.16s.idx: %s; ignored", hex,
+              thaw_strerror(r));
+        c->st.skipped_entries++;
+        goto out;
+    }
+    e = calloc(1, sizeof *e);
+    if (!e) {
+        ret = THAW_ENOMEM;
+        goto out;
+    }
+    memcpy(e->key, s->key, THAW_DISK_KEY_SIZE);
+    memcpy(e->fingerprint, idx.fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    e->n_tokens = idx.n_tokens;
+    e->n_meta = idx.n_meta;
+    e->created = idx.created;
+    e->last_used = (int64_t)st.st_mtim.tv_sec;
+    e->bytes = (uint64_t)st.st_size;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        struct stat ps;
+
+        if (!idx.size[p])
+            continue;
+        entry_path(c, path, hex, part_ext[p], 0);
+        r = (s->kinds & (1u << p)) ? v->stat(v, path, &ps) : -ENOENT;
+        if (r == 0 && (!S_ISREG(ps.st_mode) || (uint64_t)ps.st_size != idx.size[p]))
+            r = THAW_ECORRUPT;
+        if (r == 0) {
+            e->part_size[p] = idx.size[p];
+            e->bytes += idx.size[p];
+            keep |= 1u << p;
+        } else if (p != THAW_PART_DFT) {
+            why = r == THAW_ECORRUPT ? "part of the wrong size" : "part missing";
+            goto corrupt;
+        }
+        /* A bad .dft is dropped by the first lookup (invariant 5). */
+    }
+    if (*n_loaded == *cap_loaded) {
+        size_t cap = *cap_loaded ? 2 * *cap_loaded : 64;
+        struct ent **nv = realloc(*loaded, cap * sizeof *nv);
+
+        if (!nv) {
+            ret = THAW_ENOMEM;
+            goto out;
+        }
+        *loaded = nv;
+        *cap_loaded = cap;
+    }
+    (*loaded)[(*n_loaded)++] = e;
+    index_insert(c, e);
+    e = NULL;
+    goto sweep_parts;
+
+corrupt:
+    if (!modify) {
+        logf_(c, THAW_LOG_WARN, "disk cache: entry %.16s is corrupt (%s); left in place (read-only)",
+              hex, why);
+        c->st.skipped_entries++;
+        goto out;
+    }
+    r = remove_files(c, hex);
+    if (r) {
+        logf_(c, THAW_LOG_ERROR, "disk cache: entry %.16s is corrupt (%s); cannot remove it: %s", hex, why,
+              thaw_strerror(r));
+        goto out;
+    }
+    logf_(c, THAW_LOG_WARN, "disk cache: entry %.16s is corrupt (%s); removed", hex, why);
+    c->st.corrupt_removed++;
+    removed = 1;
+    keep = 0;
+    /* fall through: temporaries of the key go too */
+
+sweep_parts:
+    /* Parts no committed .idx lists, and temporaries (invariant 4). */
+    if (!sweep)
+        goto out;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        if (!(s->kinds & (1u << p)) || (keep & (1u << p)))
+            continue;
+        entry_path(c, path, hex, part_ext[p], 0);
+        if (v->unlink(v, path) == 0) {
+            c->st.swept_files++;
+            removed = 1;
+        }
+    }
+    if (s->kinds & SEEN_TMP) {
+        for (int p = 0; p <= THAW_PART_COUNT; p++) {
+            entry_path(c, path, hex, idx_or_part_ext(p), 1);
+            if (v->unlink(v, path) == 0) {
+                c->st.swept_files++;
+                removed = 1;
+            }
+        }
+    }
+out:
+    free(e);
+    free(buf);
+    return ret ? ret : removed;
+}
+
+/* Lists the directory, sweeps (unless SHARED) and loads the index. 0,
+ * THAW_ENOMEM or -errno (directory unreadable). */
+static int load_dir(struct thaw_disk_cache *c)
+{
+    int sweep = !(c->flags & (THAW_DISK_CACHE_SHARED | THAW_DISK_CACHE_READONLY));
+    struct scan s = {0};
+    struct ent **loaded = NULL;
+    size_t n_loaded = 0, cap_loaded = 0;
+    int removed = 0, ret;
+    size_t i, j;
+
+    ret = c->vfs->listdir(c->vfs, c->dir, scan_cb, &s);
+    if (s.oom)
+        ret = THAW_ENOMEM;
+    if (ret)
+        goto out;
+    /* One record per key with all the kinds seen. */
+    if (s.n)
+        qsort(s.v, s.n, sizeof *s.v, seen_cmp);
+    for (i = 0, j = 0; i < s.n; i++) {
+        if (j > 0 && !memcmp(s.v[j - 1].key, s.v[i].key, THAW_DISK_KEY_SIZE))
+            s.v[j - 1].kinds |= s.v[i].kinds;
+        else
+            s.v[j++] = s.v[i];
+    }
+    s.n = j;
+    for (i = 0; i < s.n; i++) {
+        int r = load_key(c, &s.v[i], sweep, &loaded, &n_loaded, &cap_loaded);
+
+        if (r < 0) {
+            ret = r;
+            goto out;
+        }
+        removed |= r;
+    }
+    /* The LRU list in order of last use, as the mtimes say. */
+    if (n_loaded)
+        qsort(loaded, n_loaded, sizeof *loaded, ent_age_cmp);
+    for (i = 0; i < n_loaded; i++)
+        ent_commit(c, loaded[i]);
+    if (removed) {
+        int r = fsync_dir(c);
+
+        if (r)
+            logf_(c, THAW_LOG_WARN, "disk cache: fsync %s: %s", c->dir, thaw_strerror(r));
+    }
+out:
+    free(loaded);
+    free(s.v);
+    return ret;
+}
+
+static void *writer_main(void *arg);
+
+static void free_index(struct thaw_disk_cache *c)
+{
+    for (size_t i = 0; c->buckets && i < c->n_buckets; i++) {
+        struct ent *e = c->buckets[i], *next;
+
+        for (; e; e = next) {
+            next = e->hnext;
+            free(e);
+        }
+    }
+    free(c->buckets);
+}
+
+int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_disk_cache **out)
+{
+    struct thaw_disk_cache *c;
+    char bytes[24];
+    size_t len;
+    int ret;
+
+    if (!p || !out || !p->dir || !p->dir[0] || p->queue_depth == 0 || p->ttl_s < 0)
+        return THAW_EINVAL;
+    len = strlen(p->dir);
+    while (len > 1 && p->dir[len - 1] == '/')
+        len--;
+    /* Room for "/<64 hex>.ckpt.tmp" in a PATH_MAX buffer. */
+    if (len + 1 + HEX_LEN + 16 >= PATH_MAX)
+        return THAW_EINVAL;
+    c = calloc(1, sizeof *c);
+    if (!c)
+        return THAW_ENOMEM;
+    c->lock_fd = -1;
+    c->dir = strndup(p->dir, len);
+    c->n_buckets = 64;
+    c->buckets = calloc(c->n_buckets, sizeof *c->buckets);
+    c->q_cap = p->queue_depth;
+    c->q = calloc(c->q_cap, sizeof *c->q);
+    if (!c->dir || !c->buckets || !c->q) {
+        ret = THAW_ENOMEM;
+        goto err_free;
+    }
+    c->vfs = p->vfs ? p->vfs : thaw_vfs_default();
+    c->max_bytes = p->max_bytes;
+    c->ttl_s = p->ttl_s;
+    memcpy(c->fingerprint, p->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    c->flags = p->flags;
+    if (c->flags & THAW_DISK_CACHE_READONLY)
+        c->flags |= THAW_DISK_CACHE_SHARED;
+    if (c->flags & THAW_DISK_CACHE_SHARED)
+        c->flags |= THAW_DISK_CACHE_NO_WRITER;
+    c->log = p->log;
+    c->log_ud = p->log_ud;
+    c->now = p->now ? p->now : default_now;
+    c->now_ud = p->now_ud;
+    if (pthread_mutex_init(&c->mu, NULL)) {
+        ret = THAW_ENOMEM;
+        goto err_free;
+    }
+    if (pthread_cond_init(&c->key_cond, NULL)) {
+        ret = THAW_ENOMEM;
+        goto err_mutex;
+    }
+    if (pthread_cond_init(&c->q_cond, NULL)) {
+        ret = THAW_ENOMEM;
+        goto err_key_cond;
+    }
+    if (pthread_cond_init(&c->q_idle, NULL)) {
+        ret = THAW_ENOMEM;
+        goto err_q_cond;
+    }
+
+    ret = prepare_dir(c);
+    if (ret)
+        goto err_q_idle;
+    if (!(c->flags & THAW_DISK_CACHE_SHARED)) {
+        ret = take_lock(c);
+        if (ret)
+            goto err_q_idle;
+    }
+    /* No other thread exists yet; the lock keeps the helpers' contract. */
+    pthread_mutex_lock(&c->mu);
+    ret = load_dir(c);
+    pthread_mutex_unlock(&c->mu);
+    if (ret)
+        goto err_index;
+    if (!(c->flags & THAW_DISK_CACHE_NO_WRITER)) {
+        ret = -pthread_create(&c->writer, NULL, writer_main, c);
+        if (ret)
+            goto err_index;
+        c->has_writer = 1;
+    }
+    thaw_fmt_bytes(c->bytes, bytes);
+    logf_(c, THAW_LOG_INFO, "disk cache: %s: %llu entr%s, %s%s", c->dir,
+          (unsigned long long)c->n_live, c->n_live == 1 ? "y" : "ies", bytes,
+          c->st.swept_files ? " (swept leftovers of an interrupted run)" : "");
+    *out = c;
+    return 0;
+
+err_index:
+    free_index(c);
+    c->buckets = NULL;
+    if (c->lock_fd >= 0)
+        (void)c->vfs->close(c->vfs, c->lock_fd);
+err_q_idle:
+    pthread_cond_destroy(&c->q_idle);
+err_q_cond:
+    pthread_cond_destroy(&c->q_cond);
+err_key_cond:
+    pthread_cond_destroy(&c->key_cond);
+err_mutex:
+    pthread_mutex_destroy(&c->mu);
+err_free:
+    free(c->q);
+    free(c->buckets);
+    free(c->dir);
+    free(c);
+    return ret;
+}
+
+static void job_free(struct job *j)
+{
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        free(j->parts[p].data);
+    free(j->meta);
+}
+
+void thaw_disk_cache_close(struct thaw_disk_cache *c)
+{
+    if (!c)
+        return;
+    if (c->has_writer) {
+        pthread_mutex_lock(&c->mu);
+        c->stopping = 1; /* the writer drains the queue before it exits */
+        pthread_cond_signal(&c->q_cond);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->writer, NULL);
+    }
+    for (unsigned i = 0; i < c->q_len; i++) /* only without a writer: none */
+        job_free(&c->q[(c->q_head + i) % c->q_cap]);
+    free_index(c);
+    if (c->lock_fd >= 0)
+        (void)c->vfs->close(c->vfs, c->lock_fd);
+    pthread_cond_destroy(&c->q_idle);
+    pthread_cond_destroy(&c->q_cond);
+    pthread_cond_destroy(&c->key_cond);
+    pthread_mutex_destroy(&c->mu);
+    free(c->q);
+    free(c->dir);
+    free(c);
+}
+
+/* ---- store -------------------------------------------------------------- */
+
+/* The checks store and submit share. 0, THAW_EINVAL or THAW_ETOOBIG. */
+static int store_check(const struct thaw_disk_cache *c, const uint8_t *key,
+                       const struct thaw_disk_blob *parts, const void *meta, size_t n_meta,
+                       uint64_t *total)
+{
+    uint64_t sum;
+
+    if (!c || !key || !parts || (n_meta && !meta) || (c->flags & THAW_DISK_CACHE_READONLY))
+        return THAW_EINVAL;
+    if (parts[THAW_PART_KV].size == 0 || !parts[THAW_PART_KV].data)
+        return THAW_EINVAL;
+    if (n_meta > THAW_DISK_META_MAX)
+        return THAW_ETOOBIG;
+    sum = IDX_SIZE(n_meta);
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        if (parts[p].size && !parts[p].data)
+            return THAW_EINVAL;
+        if (parts[p].size > (uint64_t)INT64_MAX - sum)
+            return THAW_ETOOBIG;
+        sum += parts[p].size;
+    }
+    if (c->max_bytes && sum > c->max_bytes)
+        return THAW_ETOOBIG;
+    *total = sum;
+    return 0;
+}
+
+int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+                          uint32_t n_tokens, const struct thaw_disk_blob parts[THAW_PART_COUNT],
+                          const void *meta, size_t n_meta)
+{
+    const struct thaw_vfs *v;
+    char hex[HEX_LEN + 1], tmp[PATH_MAX], path[PATH_MAX], bytes[24];
+    struct thaw_disk_idx idx;
+    uint8_t *rec = NULL;
+    size_t rec_len = 0;
+    uint64_t total = 0;
+    struct ent *e;
+    double t0 = mono_ms();
+    int64_t now;
+    int ret;
+
+    ret = store_check(c, key, parts, meta, n_meta, &total);
+    if (ret) {
+        if (c) {
+            pthread_mutex_lock(&c->mu);
+            c->st.store_failures++;
+            pthread_mutex_unlock(&c->mu);
+        }
+        return ret;
+    }
+    v = c->vfs;
+    now = now_s(c);
+    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+
+    pthread_mutex_lock(&c->mu);
+    e = claim_wait(c, key, 1);
+    if (!e)
+        c->st.store_failures++;
+    pthread_mutex_unlock(&c->mu);
+    if (!e)
+        return THAW_ENOMEM;
+
+    /* Invariant 3: an older entry's commit marker goes before any byte. */
+    entry_path(c, path, hex, ".idx", 0);
+    ret = v->unlink(v, path);
+    if (ret && ret != -ENOENT)
+        goto err_cleanup;
+
+    memset(&idx, 0, sizeof idx);
+    memcpy(idx.key, key, THAW_DISK_KEY_SIZE);
+    memcpy(idx.fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    idx.n_tokens = n_tokens;
+    idx.created = now;
+    idx.n_meta = (uint32_t)n_meta;
+    idx.meta = meta;
+
+    /* Invariant 1: parts as tmp, fsync, rename. */
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        entry_path(c, path, hex, part_ext[p], 0);
+        if (parts[p].size == 0) {
+            /* A part the old entry had must not outlive it. */
+            ret = v->unlink(v, path);
+            if (ret && ret != -ENOENT)
+                goto err_cleanup;
+            continue;
+        }
+        idx.size[p] = parts[p].size;
+        idx.xxh3[p] = XXH3_64bits(parts[p].data, parts[p].size);
+        entry_path(c, tmp, hex, part_ext[p], 1);
+        ret = write_file(c, tmp, parts[p].data, parts[p].size, -1);
+        if (ret)
+            goto err_cleanup;
+        ret = v->rename(v, tmp, path);
+        if (ret)
+            goto err_cleanup;
+    }
+    ret = fsync_dir(c);
+    if (ret)
+        goto err_cleanup;
+
+    /* The commit: .idx the same way, its mtime = last use; then the dir. */
+    ret = idx_encode(&idx, &rec, &rec_len);
+    if (ret)
+        goto err_cleanup;
+    entry_path(c, tmp, hex, ".idx", 1);
+    entry_path(c, path, hex, ".idx", 0);
+    ret = write_file(c, tmp, rec, rec_len, now);
+    if (ret)
+        goto err_cleanup;
+    ret = v->rename(v, tmp, path);
+    if (ret)
+        goto err_cleanup;
+    ret = fsync_dir(c);
+    if (ret)
+        goto err_cleanup;
+
+    pthread_mutex_lock(&c->mu);
+    memcpy(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    e->bytes = total;
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        e->part_size[p] = parts[p].size;
+    e->n_tokens = n_tokens;
+    e->n_meta = (uint32_t)n_meta;
+    e->created = now;
+    e->last_used = now;
+    claim_end(c, e, 1);
+    c->st.stores_ok++;
+    pthread_mutex_unlock(&c->mu);
+    thaw_fmt_bytes(total, bytes);
+    logf_(c, THAW_LOG_INFO, "disk cache: stored %.16s: %u tokens, %s in %.0f ms", hex, n_tokens,
+          bytes, mono_ms() - t0);
+    free(rec);
+    return 0;
+
+err_cleanup:
+    /* Whatever got written goes, .idx first (it can only be there if the
+     * failure came after its rename). */
+    (void)remove_files(c, hex);
+    for (int p = 0; p <= THAW_PART_COUNT; p++) {
+        entry_path(c, tmp, hex, idx_or_part_ext(p), 1);
+        (void)v->unlink(v, tmp);
+    }
+    pthread_mutex_lock(&c->mu);
+    claim_end(c, e, 0);
+    c->st.store_failures++;
+    pthread_mutex_unlock(&c->mu);
+    logf_(c, THAW_LOG_ERROR, "disk cache: store of %.16s failed: %s", hex, thaw_strerror(ret));
+    free(rec);
+    return ret;
+}
+
+static void *writer_main(void *arg)
+{
+    struct thaw_disk_cache *c = arg;
+    struct job j;
+
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (c->q_len == 0 && !c->stopping)
+            pthread_cond_wait(&c->q_cond, &c->mu);
+        if (c->q_len == 0)
+            break; /* stopping, and drained */
+        j = c->q[c->q_head];
+        c->q_head = (c->q_head + 1) % c->q_cap;
+        c->q_len--;
+        c->q_active = 1;
+        pthread_mutex_unlock(&c->mu);
+
+        if (thaw_disk_cache_store(c, j.key, j.n_tokens, j.parts, j.meta, j.n_meta) == 0 && c->max_bytes)
+            (void)thaw_disk_cache_evict(c); /* keep the directory within budget between lookups too */
+        job_free(&j);
+
+        pthread_mutex_lock(&c->mu);
+        c->q_active = 0;
+        pthread_cond_broadcast(&c->q_idle);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+                           uint32_t n_tokens, struct thaw_disk_blob parts[THAW_PART_COUNT],
+                           const void *meta, size_t n_meta)
+{
+    struct job *j;
+    uint64_t total;
+    void *meta_copy = NULL;
+    char hex[HEX_LEN + 1];
+    int ret;
+
+    ret = store_check(c, key, parts, meta, n_meta, &total);
+    if (ret)
+        return ret;
+    if (n_meta) {
+        meta_copy = malloc(n_meta);
+        if (!meta_copy)
+            return THAW_ENOMEM;
+        memcpy(meta_copy, meta, n_meta);
+    }
+    pthread_mutex_lock(&c->mu);
+    if (!c->has_writer || c->stopping) {
+        ret = THAW_EINVAL;
+        goto out_unlock;
+    }
+    if (c->q_len == c->q_cap) {
+        c->st.stores_dropped++;
+        ret = THAW_EBUSY;
+        goto out_unlock;
+    }
+    j = &c->q[(c->q_head + c->q_len) % c->q_cap];
+    memcpy(j->key, key, THAW_DISK_KEY_SIZE);
+    j->n_tokens = n_tokens;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        j->parts[p] = parts[p];
+        if (!parts[p].size) { /* absent: the cache owns no buffer for it */
+            free(parts[p].data);
+            j->parts[p].data = NULL;
+        }
+        parts[p].data = NULL;
+    }
+    j->meta = meta_copy;
+    j->n_meta = n_meta;
+    meta_copy = NULL;
+    c->q_len++;
+    pthread_cond_signal(&c->q_cond);
+out_unlock:
+    pthread_mutex_unlock(&c->mu);
+    free(meta_copy);
+    if (ret == THAW_EBUSY) {
+        thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+        logf_(c, THAW_LOG_WARN, "disk cache: dropped store of %.16s: writer queue full", hex);
+    }
+    return ret;
+}
+
+void thaw_disk_cache_flush(struct thaw_disk_cache *c)
+{
+    if (!c || !c->has_writer)
+        return;
+    pthread_mutex_lock(&c->mu);
+    while (c->q_len || c->q_active)
+        pthread_cond_wait(&c->q_idle, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- lookup ------------------------------------------------------------- */
+
+void thaw_disk_entry_release(struct thaw_disk_entry *e)
+{
+    if (!e)
+        return;
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        if (e->map[p])
+            (void)e->vfs->munmap(e->vfs, e->map[p], e->size[p]);
+    free(e->idx_buf);
+    free(e);
+}
+
+#define WHY_LEN 64
+
+/* Reads and verifies key's entry (invariant 2). Returns 0 with *out (a bad
+ * .dft is then left out and flagged in *bad), THAW_ENOTFOUND (no .idx),
+ * THAW_ECORRUPT (*bad and why[WHY_LEN] say what; an .idx of another
+ * format version included), THAW_EMISMATCH (check_fp and another
+ * fingerprint), THAW_ENOMEM or -errno. */
+static int entry_load(struct thaw_disk_cache *c, const uint8_t *key, const char *hex,
+                      int check_fp, struct thaw_disk_entry **out, unsigned *bad, char *why)
+{
+    struct thaw_disk_entry *en;
+    int ret;
+
+    *bad = 0;
+    why[0] = '\0';
+    en = calloc(1, sizeof *en);
+    if (!en)
+        return THAW_ENOMEM;
+    en->vfs = c->vfs;
+    ret = read_idx(c, hex, &en->idx_buf, &en->idx_len, NULL);
+    if (ret == 0) {
+        ret = thaw_disk_idx_parse(en->idx_buf, en->idx_len, &en->idx);
+        if (ret == 0 && memcmp(en->idx.key, key, THAW_DISK_KEY_SIZE) != 0)
+            ret = THAW_ECORRUPT;
+    }
+    if (ret == THAW_EVERSION || ret == THAW_ECORRUPT) { /* see load_key */
+        *bad |= THAW_DISK_BAD_IDX;
+        snprintf(why, WHY_LEN, "%s", ret == THAW_ECORRUPT ? "bad .idx" : ".idx of another version");
+        ret = THAW_ECORRUPT;
+    }
+    if (ret)
+        goto err;
+    if (check_fp && memcmp(en->idx.fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE)) {
+        ret = THAW_EMISMATCH;
+        goto err;
+    }
+    en->n_tokens = en->idx.n_tokens;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        const char *w = "";
+
+        if (!en->idx.size[p])
+            continue;
+        ret = map_part(c, hex, p, en->idx.size[p], en->idx.xxh3[p], &en->map[p], &w);
+        if (ret == THAW_ECORRUPT) {
+            *bad |= THAW_DISK_BAD_PART(p);
+            if (p == THAW_PART_DFT) { /* costs only itself */
+                ret = 0;
+                continue;
+            }
+            snprintf(why, WHY_LEN, "%s %s", part_ext[p], w);
+        }
+        if (ret)
+            goto err;
+        en->size[p] = (size_t)en->idx.size[p];
+    }
+    *out = en;
+    return 0;
+
+err:
+    thaw_disk_entry_release(en);
+    return ret;
+}
+
+/* Drops the bad .dft of the entry en was read from (invariant 5): unlink it,
+ * then rewrite the .idx without it, mtime = now. Only if the entry is still
+ * generation gen and unclaimed; otherwise a racing store owns the files. */
+static void drop_dft(struct thaw_disk_cache *c, const uint8_t *key, const char *hex,
+                     const struct thaw_disk_entry *en, uint64_t gen, int64_t now)
+{
+    const struct thaw_vfs *v = c->vfs;
+    char path[PATH_MAX], tmp[PATH_MAX];
+    struct thaw_disk_idx idx = en->idx;
+    uint8_t *rec = NULL;
+    size_t rec_len;
+    struct ent *e;
+    int r;
+
+    pthread_mutex_lock(&c->mu);
+    e = claim_try(c, key, gen);
+    pthread_mutex_unlock(&c->mu);
+    if (!e)
+        return;
+    entry_path(c, path, hex, part_ext[THAW_PART_DFT], 0);
+    r = v->unlink(v, path);
+    if (r && r != -ENOENT)
+        goto out;
+    idx.size[THAW_PART_DFT] = 0;
+    idx.xxh3[THAW_PART_DFT] = 0;
+    r = idx_encode(&idx, &rec, &rec_len);
+    if (r)
+        goto out;
+    entry_path(c, tmp, hex, ".idx", 1);
+    entry_path(c, path, hex, ".idx", 0);
+    r = write_file(c, tmp, rec, rec_len, now);
+    if (r == 0)
+        r = v->rename(v, tmp, path);
+    if (r)
+        (void)v->unlink(v, tmp); /* the old .idx stays: the next lookup retries */
+out:
+    pthread_mutex_lock(&c->mu);
+    e->bytes -= e->part_size[THAW_PART_DFT];
+    e->part_size[THAW_PART_DFT] = 0;
+    claim_end(c, e, 1);
+    c->st.dft_dropped++;
+    pthread_mutex_unlock(&c->mu);
+    logf_(c, THAW_LOG_WARN, "disk cache: entry %.16s: .dft corrupt; dropped it, kept the entry%s%s",
+          hex, r ? ": " : "", r ? thaw_strerror(r) : "");
+    free(rec);
+}
+
+/* Removes what a lookup or verify found corrupt, if it is still what it
+ * read (gen) and unclaimed. 1 removed, 0 not (a race: just a miss). */
+static int remove_corrupt(struct thaw_disk_cache *c, const uint8_t *key, const char *hex,
+                          uint64_t gen, const char *why)
+{
+    struct ent *e;
+    int r;
+
+    pthread_mutex_lock(&c->mu);
+    e = claim_try(c, key, gen);
+    pthread_mutex_unlock(&c->mu);
+    if (!e)
+        return 0;
+    r = remove_files(c, hex);
+    pthread_mutex_lock(&c->mu);
+    claim_end(c, e, 0);
+    if (!r)
+        c->st.corrupt_removed++;
+    pthread_mutex_unlock(&c->mu);
+    if (r)
+        logf_(c, THAW_LOG_ERROR, "disk cache: entry %.16s is corrupt (%s); cannot remove it: %s", hex,
+              why, thaw_strerror(r));
+    else
+        logf_(c, THAW_LOG_WARN, "disk cache: entry %.16s is corrupt (%s); removed", hex, why);
+    return 1;
+}
+
+/* Forgets key if it is still generation gen: its .idx was removed by
+ * another process. */
+static void forget(struct thaw_disk_cache *c, const uint8_t *key, uint64_t gen)
+{
+    struct ent *e;
+
+    pthread_mutex_lock(&c->mu);
+    e = claim_try(c, key, gen);
+    if (e)
+        claim_end(c, e, 0);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+                           struct thaw_disk_entry **out)
+{
+    int modify;
+    char hex[HEX_LEN + 1], path[PATH_MAX];
+    struct thaw_disk_entry *en = NULL;
+    char why[WHY_LEN];
+    unsigned bad;
+    uint64_t gen;
+    int64_t now;
+    struct ent *e;
+    int ret;
+
+    if (!c || !key || !out)
+        return THAW_EINVAL;
+    modify = !(c->flags & THAW_DISK_CACHE_READONLY);
+    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    pthread_mutex_lock(&c->mu);
+    c->st.lookups++;
+    e = index_find(c, key);
+    if (!e || !e->live || e->busy ||
+        memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE) != 0) {
+        c->st.misses++;
+        pthread_mutex_unlock(&c->mu);
+        return THAW_ENOTFOUND;
+    }
+    gen = e->gen;
+    pthread_mutex_unlock(&c->mu);
+
+    ret = entry_load(c, key, hex, 1, &en, &bad, why);
+    now = now_s(c);
+    if (ret == 0 && (bad & THAW_DISK_BAD_PART(THAW_PART_DFT)) && modify)
+        drop_dft(c, key, hex, en, gen, now); /* also sets the mtime */
+    else if (ret == 0 && modify) {
+        struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = (time_t)now}};
+        int touched = 0;
+
+        pthread_mutex_lock(&c->mu);
+        e = index_find(c, key);
+        if (e && e->live && !e->busy && e->gen == gen) {
+            e->last_used = now;
+            lru_unlink(c, e);
+            lru_append(c, e);
+            touched = 1;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (touched) {
+            entry_path(c, path, hex, ".idx", 0);
+            (void)c->vfs->utimens(c->vfs, path, ts); /* best effort */
+        }
+    } else if (ret == THAW_ENOTFOUND) {
+        forget(c, key, gen);
+    } else if (ret == THAW_ECORRUPT) {
+        if (!modify || !remove_corrupt(c, key, hex, gen, why))
+            ret = THAW_ENOTFOUND; /* raced a store or removal */
+    } else if (ret == THAW_EMISMATCH) {
+        ret = THAW_ENOTFOUND; /* the .idx changed under us (another process) */
+    }
+
+    pthread_mutex_lock(&c->mu);
+    if (ret == 0)
+        c->st.hits++;
+    else
+        c->st.misses++;
+    pthread_mutex_unlock(&c->mu);
+    if (ret == 0)
+        *out = en;
+    return ret;
+}
+
+int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE])
+{
+    struct ent *e;
+    int found;
+
+    if (!c || !key)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    e = index_find(c, key);
+    found = e && e->live && !e->busy &&
+            !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    pthread_mutex_unlock(&c->mu);
+    return found;
+}
+
+const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_disk_part p,
+                                 size_t *size)
+{
+    const void *d = NULL;
+    size_t n = 0;
+
+    if (e && (int)p >= 0 && p < THAW_PART_COUNT && e->map[p]) {
+        d = e->map[p];
+        n = e->size[p];
+    }
+    if (size)
+        *size = n;
+    return d;
+}
+
+uint32_t thaw_disk_entry_n_tokens(const struct thaw_disk_entry *e)
+{
+    return e ? e->n_tokens : 0;
+}
+
+const void *thaw_disk_entry_meta(const struct thaw_disk_entry *e, size_t *n)
+{
+    if (n)
+        *n = e ? e->idx.n_meta : 0;
+    return e ? e->idx.meta : NULL;
+}
+
+int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+                           int fix, unsigned *bad_parts)
+{
+    char hex[HEX_LEN + 1];
+    struct thaw_disk_entry *en = NULL;
+    char why[WHY_LEN];
+    unsigned bad = 0;
+    uint64_t gen = 0;
+    struct ent *e;
+    int ret;
+
+    if (bad_parts)
+        *bad_parts = 0;
+    if (!c || !key)
+        return THAW_EINVAL;
+    if (c->flags & THAW_DISK_CACHE_READONLY)
+        fix = 0;
+    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    pthread_mutex_lock(&c->mu);
+    e = index_find(c, key);
+    if (e) {
+        gen = e->gen;
+        if (e->busy)
+            e = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+
+    ret = entry_load(c, key, hex, 0, &en, &bad, why);
+    if (ret == 0 && (bad & THAW_DISK_BAD_PART(THAW_PART_DFT)) && fix && e) {
+        struct stat st;
+        char path[PATH_MAX];
+        int64_t keep = now_s(c);
+
+        /* Keep the last use as it was: verifying is not using. */
+        entry_path(c, path, hex, ".idx", 0);
+        if (c->vfs->stat(c->vfs, path, &st) == 0)
+            keep = (int64_t)st.st_mtim.tv_sec;
+        drop_dft(c, key, hex, en, gen, keep);
+    } else if (ret == THAW_ECORRUPT && fix) {
+        if (e)
+            (void)remove_corrupt(c, key, hex, gen, why);
+        else if (remove_files(c, hex) == 0)
+            logf_(c, THAW_LOG_WARN, "disk cache: entry %.16s is corrupt (%s); removed", hex, why);
+    }
+    thaw_disk_entry_release(en);
+    if (bad_parts)
+        *bad_parts = bad;
+    return ret;
+}
+
+/* ---- evict / remove ----------------------------------------------------- */
+
+int thaw_disk_cache_evict(struct thaw_disk_cache *c)
+{
+    struct ent *victims = NULL, **tail = &victims, *e, *next;
+    char hex[HEX_LEN + 1], bytes[24];
+    int64_t now;
+    int n = 0;
+
+    if (!c || (c->flags & THAW_DISK_CACHE_READONLY))
+        return 0;
+    now = now_s(c);
+    pthread_mutex_lock(&c->mu);
+    /* TTL: the list is in order of last use, so stop at the first fresh one.
+     * Claimed entries are off the list already. */
+    while (c->ttl_s > 0 && (e = c->lru_head) && now - e->last_used > c->ttl_s) {
+        e->busy = 1;
+        ent_uncommit(c, e);
+        e->evict_ttl = 1;
+        *tail = e;
+        tail = &e->next;
+    }
+    while (c->max_bytes > 0 && c->bytes > c->max_bytes && (e = c->lru_head)) {
+        e->busy = 1;
+        ent_uncommit(c, e);
+        e->evict_ttl = 0;
+        *tail = e;
+        tail = &e->next;
+    }
+    *tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+
+    for (e = victims; e; e = next) {
+        int by_ttl = e->evict_ttl;
+        int r;
+
+        next = e->next;
+        thaw_hex(e->key, THAW_DISK_KEY_SIZE, hex);
+        thaw_fmt_bytes(e->bytes, bytes);
+        r = remove_files(c, hex);
+        if (r)
+            logf_(c, THAW_LOG_ERROR, "disk cache: evicting %.16s: %s", hex, thaw_strerror(r));
+        else if (by_ttl)
+            logf_(c, THAW_LOG_INFO, "disk cache: evicted %.16s (%s): unused for %lld s > ttl %lld s",
+                  hex, bytes, (long long)(now - e->last_used), (long long)c->ttl_s);
+        else
+            logf_(c, THAW_LOG_INFO, "disk cache: evicted %.16s (%s): least recently used, over %llu MiB",
+                  hex, bytes, (unsigned long long)(c->max_bytes >> 20));
+        pthread_mutex_lock(&c->mu);
+        if (by_ttl)
+            c->st.evictions_ttl++;
+        else
+            c->st.evictions_lru++;
+        claim_end(c, e, 0);
+        pthread_mutex_unlock(&c->mu);
+        n++;
+    }
+    return n;
+}
+
+int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE])
+{
+    char hex[HEX_LEN + 1];
+    struct ent *e;
+    int r;
+
+    if (!c || !key || (c->flags & THAW_DISK_CACHE_READONLY))
+        return THAW_EINVAL;
+    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    pthread_mutex_lock(&c->mu);
+    e = claim_wait(c, key, 0);
+    pthread_mutex_unlock(&c->mu);
+    r = remove_files(c, hex);
+    if (e) {
+        pthread_mutex_lock(&c->mu);
+        claim_end(c, e, r != 0); /* the .idx stayed: so does the entry */
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (r)
+        return r;
+    logf_(c, THAW_LOG_INFO, "disk cache: removed %.16s", hex);
+    return e ? 0 : THAW_ENOTFOUND;
+}
+
+int thaw_disk_cache_foreach(struct thaw_disk_cache *c,
+                            int (*cb)(void *ud, const struct thaw_disk_entry_info *info),
+                            void *ud)
+{
+    struct thaw_disk_entry_info *v;
+    size_t n = 0;
+    int ret = 0;
+
+    if (!c || !cb)
+        return THAW_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    v = calloc(c->n_live ? c->n_live : 1, sizeof *v);
+    if (!v) {
+        pthread_mutex_unlock(&c->mu);
+        return THAW_ENOMEM;
+    }
+    for (struct ent *e = c->lru_tail; e; e = e->prev) {
+        struct thaw_disk_entry_info *i = &v[n++];
+
+        memcpy(i->key, e->key, THAW_DISK_KEY_SIZE);
+        memcpy(i->fingerprint, e->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+        i->same_model = !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+        i->n_tokens = e->n_tokens;
+        i->bytes = e->bytes;
+        memcpy(i->part_size, e->part_size, sizeof i->part_size);
+        i->n_meta = e->n_meta;
+        i->created = e->created;
+        i->last_used = e->last_used;
+    }
+    pthread_mutex_unlock(&c->mu);
+    for (size_t k = 0; k < n && !ret; k++)
+        ret = cb(ud, &v[k]);
+    free(v);
+    return ret;
+}
+
+void thaw_disk_cache_get_stats(struct thaw_disk_cache *c, struct thaw_disk_cache_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    *out = c->st;
+    out->entries = c->n_live;
+    out->bytes = c->bytes;
+    out->oldest_used = c->lru_head ? c->lru_head->last_used : 0;
+    for (struct ent *e = c->lru_head; e; e = e->next)
+        if (!out->oldest_created || e->created < out->oldest_created)
+            out->oldest_created = e->created;
+    pthread_mutex_unlock(&c->mu);
+}

@@ -1,0 +1,309 @@
+/* cache_disk.h — the on-disk KV store: opaque blobs under 32-byte keys.
+ *
+ * The engine serialises a conversation's context state and hands it here
+ * under a key it computed (DESIGN §2); the next turn asks for the same key
+ * and gets the bytes back, verified, from a read-only mapping. This module
+ * knows nothing of llama.cpp: an entry is up to three byte blobs (parts), a
+ * token count and a small opaque "meta" blob.
+ *
+ * Files, in the cache directory (0700), each 0600, named by the key in
+ * lowercase hex (64 characters):
+ *   <key>.kv    part THAW_PART_KV: target context state (mandatory)
+ *   <key>.ckpt  part THAW_PART_CKPT: context checkpoints (optional)
+ *   <key>.dft   part THAW_PART_DFT: draft context state (optional)
+ *   <key>.idx   the index record, the commit marker (format: cache_disk.c)
+ *   lock        flock()ed by the process that owns the directory
+ * The crash invariants and their order of operations are at the top of
+ * cache_disk.c.
+ *
+ * Policies (the why is in cache_disk.c):
+ *   - TTL counts from an entry's LAST USE (store or lookup hit), not its
+ *     creation: a conversation in use is never expired.
+ *   - Last use is the .idx file's mtime: one utimensat() per hit, no rewrite,
+ *     survives restarts (not fsynced: a lost update only makes an entry look
+ *     older).
+ *   - An entry written under another model fingerprint is a miss, but it is
+ *     kept (counted in bytes, subject to TTL/LRU): the same directory may be
+ *     used by that model again after a restart.
+ *   - One process owns a directory (flock on `lock`); a second thaw server
+ *     on the same directory fails to open with THAW_EBUSY. `thaw cache`
+ *     opens it THAW_DISK_CACHE_SHARED alongside a running server.
+ *   - A directory with group/other permission bits is chmod()ed to 0700 (and
+ *     a warning logged); if that fails, open fails.
+ *
+ * Threads: every function may be called from any thread, except that
+ * thaw_disk_cache_close() must not race any other call on the same cache.
+ * No lock is held across disk I/O: lookups (engine thread, prefetching HTTP
+ * threads), evictions and the writer thread's stores proceed in parallel; a
+ * lookup racing a store or removal of the same key is a miss, never a
+ * half-written entry.
+ */
+#ifndef THAW_CACHE_DISK_H
+#define THAW_CACHE_DISK_H
+
+#include "vfs.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define THAW_DISK_KEY_SIZE 32
+#define THAW_DISK_FINGERPRINT_SIZE 32
+#define THAW_DISK_META_MAX 4096 /* bytes of caller meta per entry */
+
+enum thaw_disk_part {
+    THAW_PART_KV,   /* .kv; mandatory */
+    THAW_PART_CKPT, /* .ckpt */
+    THAW_PART_DFT,  /* .dft; corruption of it alone costs only this part */
+    THAW_PART_COUNT
+};
+
+/* A part's bytes. A part with size 0 is absent (data is then ignored). */
+struct thaw_disk_blob {
+    void *data;
+    size_t size;
+};
+
+/* Open flags. */
+#define THAW_DISK_CACHE_NO_WRITER 0x1u /* no writer thread: submit() fails */
+#define THAW_DISK_CACHE_SHARED 0x2u    /* a second process on a directory
+                                        * that a server may be using: no lock,
+                                        * no sweep of *.tmp and orphans (they
+                                        * may be the server's store in
+                                        * progress), no writer thread */
+#define THAW_DISK_CACHE_READONLY 0x4u  /* implies SHARED; additionally never
+                                        * creates, chmods, touches or removes
+                                        * anything; store/remove fail with
+                                        * THAW_EINVAL, corrupt entries are
+                                        * reported but left in place */
+
+struct thaw_disk_cache_params {
+    const char *dir;        /* the cache directory; copied. Missing parents
+                             * are created 0700 (except READONLY/SHARED) */
+    uint64_t max_bytes;     /* LRU budget over all files of all entries
+                             * (including other models'); 0 = no limit */
+    int64_t ttl_s;          /* evict entries unused for more than this many
+                             * seconds; 0 = no limit */
+    uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE]; /* model + context
+                             * identity, written into every .idx; entries
+                             * with another one are misses */
+    unsigned queue_depth;   /* submitted stores that may wait; >= 1 */
+    unsigned flags;         /* THAW_DISK_CACHE_* above */
+    const struct thaw_vfs *vfs; /* NULL = thaw_vfs_default(); must outlive
+                             * the cache */
+    /* One readable line per store / eviction / corruption / warning. level
+     * is an enum thaw_log_level (log.h): THAW_LOG_ERROR/WARN/INFO.
+     * msg has no trailing newline and is valid only during the call. Called
+     * from the writer thread too; must not call back into the cache. NULL =
+     * silent. */
+    void (*log)(void *ud, int level, const char *msg);
+    void *log_ud;
+    /* Wall clock in Unix seconds (tests fake it for TTL). NULL = time(). */
+    int64_t (*now)(void *ud);
+    void *now_ud;
+};
+
+/* max_bytes 0, ttl_s 259200 (3 days), fingerprint all zero, queue_depth 4,
+ * flags 0, everything else NULL. dir must be set by the caller. */
+struct thaw_disk_cache_params thaw_disk_cache_default_params(void);
+
+struct thaw_disk_cache;
+struct thaw_disk_entry;
+
+/* Opens (creating if needed) the directory p->dir: takes the directory lock,
+ * sweeps *.tmp files, data files without an .idx and entries whose .idx is
+ * unreadable or whose files are missing or of the wrong size (invariant 4),
+ * loads every entry's index record into memory (checksums of the data are
+ * verified at lookup, not here), and starts the writer thread.
+ * Returns 0 and sets *out, to be freed with thaw_disk_cache_close(); or
+ *   THAW_EINVAL   p or p->dir missing/empty/too long, queue_depth 0
+ *   THAW_EBUSY    another process (or another open cache in this one) owns
+ *                 the directory
+ *   THAW_ENOMEM
+ *   -errno        the directory could not be created, chmod()ed to 0700,
+ *                 read, or locked; -ENOTDIR if p->dir is not a directory;
+ *                 -ENOENT for a missing directory with SHARED/READONLY.
+ * On error *out is untouched and nothing is left open. */
+int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_disk_cache **out);
+
+/* Writes every store still queued (waits for the writer), stops the writer
+ * thread, releases the lock and frees c. Every entry obtained from c must
+ * have been released before. NULL is a no-op. */
+void thaw_disk_cache_close(struct thaw_disk_cache *c);
+
+/* Writes an entry synchronously, replacing any entry under the same key (its
+ * .idx goes first, so a crash midway leaves no entry rather than a mix).
+ * parts[THAW_PART_KV] must be present; the others may have size 0. The
+ * buffers are only read: the caller keeps ownership. meta may be NULL when
+ * n_meta is 0. A concurrent store/removal of the same key is waited for.
+ * Returns 0 (entry committed and durable: data, .idx and directory fsynced);
+ *   THAW_EINVAL   NULL key/parts, no KV part, meta NULL with n_meta > 0,
+ *                 READONLY cache
+ *   THAW_ETOOBIG  n_meta > THAW_DISK_META_MAX, or the entry alone exceeds
+ *                 max_bytes (it would be evicted at once)
+ *   THAW_ENOMEM
+ *   -errno        an I/O call failed (-ENOSPC, -EIO, ...).
+ * On any error nothing is committed, no file of the key is left behind, and
+ * an entry previously stored under the key is gone too. Counts in
+ * stores_ok / store_failures. */
+int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+                          uint32_t n_tokens, const struct thaw_disk_blob parts[THAW_PART_COUNT],
+                          const void *meta, size_t n_meta);
+
+/* Queues a store for the writer thread and returns at once (never blocks on
+ * I/O or on the writer). Same arguments and checks as thaw_disk_cache_store.
+ * Returns 0: ownership of every parts[i].data moves to the cache (it is
+ * free()d after the write, whatever its outcome) and parts[i].data is set
+ * to NULL; meta is copied, the caller keeps it. The write's own outcome
+ * shows only in the stats and the log.
+ * Otherwise the caller keeps ownership of everything:
+ *   THAW_EBUSY    the queue holds queue_depth stores already; stores_dropped
+ *                 is incremented
+ *   THAW_EINVAL   bad arguments (as store), or the cache has no writer
+ *                 thread (NO_WRITER, SHARED, READONLY), or it is closing
+ *   THAW_ETOOBIG  as store
+ *   THAW_ENOMEM */
+int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+                           uint32_t n_tokens, struct thaw_disk_blob parts[THAW_PART_COUNT],
+                           const void *meta, size_t n_meta);
+
+/* Blocks until every store submitted before the call has been written (or
+ * has failed). Returns at once without a writer thread. */
+void thaw_disk_cache_flush(struct thaw_disk_cache *c);
+
+/* Looks key up, maps its parts read-only and verifies every checksum.
+ * Returns 0 and sets *out: a hit, to be released with
+ *   thaw_disk_entry_release(); the entry's last use becomes now.
+ *   If only the .dft part was corrupt, it is dropped (file removed, .idx
+ *   rewritten without it) and the entry is returned without it.
+ * THAW_ENOTFOUND  no such entry, an entry of another fingerprint (kept), or
+ *                 a store/removal of this key is in progress
+ * THAW_ECORRUPT   the entry failed verification (bad .idx or one of another
+ *                 format version, a missing or truncated file, a checksum
+ *                 mismatch): it has been removed
+ *                 and counted in corrupt_removed. Serve by prefill.
+ * THAW_EINVAL     NULL argument
+ * THAW_ENOMEM, -errno   the entry could not be read (e.g. -EMFILE); it is
+ *                 left in place.
+ * Every outcome but THAW_EINVAL counts as one lookup and a hit or a miss.
+ * Never crashes on any file content, save a file truncated by another
+ * process while mapped (SIGBUS; thaw itself never truncates). */
+int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+                           struct thaw_disk_entry **out);
+
+/* 1 if an entry for key with this cache's fingerprint is indexed and not
+ * being written or removed, else 0. Memory only: no I/O, no checksum, no
+ * change of last use. */
+int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE]);
+
+/* A part's bytes, valid until thaw_disk_entry_release(); *size gets its
+ * length (0 when absent; size may be NULL). NULL when the part is absent. */
+const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_disk_part p,
+                                 size_t *size);
+uint32_t thaw_disk_entry_n_tokens(const struct thaw_disk_entry *e);
+/* The meta blob (NULL with *n = 0 if none), valid until release. */
+const void *thaw_disk_entry_meta(const struct thaw_disk_entry *e, size_t *n);
+/* Unmaps and frees e. NULL is a no-op. */
+void thaw_disk_entry_release(struct thaw_disk_entry *e);
+
+/* Evicts, in this order: entries unused for more than ttl_s seconds, then
+ * the least recently used until the total is <= max_bytes. Cheap when there
+ * is nothing to do (reads the in-memory LRU list head; no I/O). Entries
+ * being written are skipped. Returns the number of entries evicted (>= 0);
+ * removal errors are logged, the entry is dropped from the index anyway. */
+int thaw_disk_cache_evict(struct thaw_disk_cache *c);
+
+/* Removes key's entry (.idx first) and any file of the key left on disk.
+ * Waits for a store of the same key in progress. Returns 0, THAW_ENOTFOUND
+ * if no entry was indexed (leftover files are still removed), THAW_EINVAL
+ * for a READONLY cache or NULL key, or the -errno of unlinking the .idx. */
+int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE]);
+
+/* Bits of *bad_parts from thaw_disk_cache_verify(). */
+#define THAW_DISK_BAD_PART(p) (1u << (p))
+#define THAW_DISK_BAD_IDX (1u << THAW_PART_COUNT)
+
+/* Checksums every part of key's entry, whatever its fingerprint, without
+ * changing its last use. *bad_parts (may be NULL) gets which files failed.
+ * With fix, does what a lookup does to what it finds: removes a bad entry,
+ * drops a bad .dft alone (not with READONLY: nothing is changed).
+ * Returns 0 (usable; maybe a bad .dft, see *bad_parts), THAW_ECORRUPT,
+ * THAW_ENOTFOUND, THAW_EINVAL, THAW_ENOMEM or -errno as lookup. Counts no
+ * lookup. */
+int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+                           int fix, unsigned *bad_parts);
+
+/* One indexed entry, as listed by thaw_disk_cache_foreach(). */
+struct thaw_disk_entry_info {
+    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
+    int same_model;    /* fingerprint equals this cache's */
+    uint32_t n_tokens;
+    uint64_t bytes;    /* all files of the entry, .idx included */
+    uint64_t part_size[THAW_PART_COUNT]; /* 0 = absent */
+    uint32_t n_meta;
+    int64_t created;   /* Unix seconds */
+    int64_t last_used; /* Unix seconds */
+};
+
+/* Calls cb for every committed entry, most recently used first, on a
+ * snapshot taken under the lock: cb may call any cache function (remove,
+ * verify, ...). Stops when cb returns non-zero and returns that value;
+ * otherwise 0, or THAW_ENOMEM (nothing called). */
+int thaw_disk_cache_foreach(struct thaw_disk_cache *c,
+                            int (*cb)(void *ud, const struct thaw_disk_entry_info *info),
+                            void *ud);
+
+struct thaw_disk_cache_stats {
+    uint64_t entries;          /* committed, all fingerprints */
+    uint64_t bytes;            /* their files, .idx included */
+    int64_t oldest_created;    /* Unix seconds; 0 when empty */
+    int64_t oldest_used;       /* least recent last use; 0 when empty */
+    uint64_t stores_ok;
+    uint64_t store_failures;   /* store() errors, including the writer's */
+    uint64_t stores_dropped;   /* submit() -> THAW_EBUSY */
+    uint64_t evictions_ttl;
+    uint64_t evictions_lru;
+    uint64_t corrupt_removed;  /* entries removed as corrupt (open or lookup) */
+    uint64_t dft_dropped;      /* bad .dft parts dropped, entry kept */
+    uint64_t lookups;
+    uint64_t hits;
+    uint64_t misses;           /* lookups - hits */
+    uint64_t swept_files;      /* *.tmp / orphan parts removed at open */
+    uint64_t skipped_entries;  /* found unusable at open and left in place:
+                                * corrupt under READONLY, or an .idx that
+                                * could not be read (EACCES, EIO) */
+};
+
+/* Counters since open (entries/bytes/oldest: now). Never fails. */
+void thaw_disk_cache_get_stats(struct thaw_disk_cache *c, struct thaw_disk_cache_stats *out);
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* Writes n bytes as 2n lowercase hex digits and a NUL into out (2n+1). */
+void thaw_hex(const uint8_t *b, size_t n, char *out);
+/* "123 B", "4.5 MiB": a human-readable size into out[24]. */
+void thaw_fmt_bytes(uint64_t n, char out[24]);
+/* Parses exactly 2n hex digits (either case) of s into out. 0, or
+ * THAW_EINVAL (out partly written). */
+int thaw_unhex(const char *s, size_t n, uint8_t *out);
+
+/* ---- the .idx record (exposed for tests and the fuzzer) ----------------- */
+
+struct thaw_disk_idx {
+    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
+    uint32_t n_tokens;
+    int64_t created;                   /* Unix seconds */
+    uint64_t size[THAW_PART_COUNT];    /* 0 = absent */
+    uint64_t xxh3[THAW_PART_COUNT];    /* XXH3-64 of the part's bytes */
+    uint32_t n_meta;
+    const uint8_t *meta;               /* points into the parsed buffer */
+};
+
+/* Parses an .idx record of n bytes. Returns 0 and fills *out (out->meta
+ * points into buf); THAW_ECORRUPT for anything malformed (size, magic,
+ * self-checksum, flags, sizes); THAW_EVERSION for thaw's magic with another
+ * format version (the store treats both alike). Any input is safe. */
+int thaw_disk_idx_parse(const void *buf, size_t n, struct thaw_disk_idx *out);
+
+#endif
