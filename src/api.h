@@ -47,6 +47,7 @@ struct thaw_timings {
     double restore_ms;      /* time to install restored state, 0 when none */
     int draft_n;            /* speculative tokens proposed (0 without -md) */
     int draft_n_accepted;
+    int draft_restored;     /* tokens of the draft's state restored with the entry (.dft) */
 };
 
 /* Parses a request body. Returns 0 and fills `out` (free with

@@ -29,9 +29,10 @@ int thaw_ram_cache_new(uint64_t budget_bytes, int64_t ttl_s, struct thaw_ram_cac
 
 static void drop(struct thaw_ram_cache *c, int i)
 {
-    c->bytes -= c->v[i].n_kv + c->v[i].n_ckpt;
+    c->bytes -= c->v[i].n_kv + c->v[i].n_ckpt + c->v[i].n_dft;
     free(c->v[i].kv);
     free(c->v[i].ckpt);
+    free(c->v[i].dft);
     c->v[i] = c->v[--c->n];
 }
 
@@ -54,9 +55,9 @@ static int find(const struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_S
 }
 
 int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE], void *kv, size_t n_kv,
-                       void *ckpt, size_t n_ckpt, int64_t now)
+                       void *ckpt, size_t n_ckpt, void *dft, size_t n_dft, int64_t now)
 {
-    uint64_t size = (uint64_t)n_kv + n_ckpt;
+    uint64_t size = (uint64_t)n_kv + n_ckpt + n_dft;
     int i;
 
     if ((i = find(c, key)) >= 0)
@@ -64,6 +65,7 @@ int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_
     if (size > c->budget) {
         free(kv);
         free(ckpt);
+        free(dft);
         return THAW_ETOOBIG;
     }
     while (c->bytes + size > c->budget && c->n > 0) {
@@ -79,6 +81,7 @@ int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_
         if (!nv) {
             free(kv);
             free(ckpt);
+            free(dft);
             return THAW_ENOMEM;
         }
         c->v = nv;
@@ -90,6 +93,8 @@ int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_
     e->n_kv = n_kv;
     e->ckpt = ckpt;
     e->n_ckpt = n_ckpt;
+    e->dft = dft;
+    e->n_dft = n_dft;
     e->last_used = now;
     c->bytes += size;
     return 0;

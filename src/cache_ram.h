@@ -21,6 +21,8 @@ struct thaw_ram_entry {
     size_t n_kv;
     void *ckpt;        /* .ckpt blob or NULL, owned */
     size_t n_ckpt;
+    void *dft;         /* .dft blob or NULL, owned */
+    size_t n_dft;
     int64_t last_used; /* Unix seconds */
 };
 
@@ -29,12 +31,12 @@ struct thaw_ram_entry {
 int thaw_ram_cache_new(uint64_t budget_bytes, int64_t ttl_s, struct thaw_ram_cache **out);
 void thaw_ram_cache_free(struct thaw_ram_cache *c);
 
-/* Takes ownership of kv and ckpt (freed on eviction, or at once when the
+/* Takes ownership of kv, ckpt and dft (freed on eviction, or at once when the
  * entry alone exceeds the budget: then THAW_ETOOBIG). Replaces an entry of
  * the same key. Evicts LRU entries to fit. Returns 0 or THAW_ETOOBIG /
  * THAW_ENOMEM (ownership taken in every case). */
 int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE], void *kv, size_t n_kv,
-                       void *ckpt, size_t n_ckpt, int64_t now);
+                       void *ckpt, size_t n_ckpt, void *dft, size_t n_dft, int64_t now);
 
 /* The entry or NULL; marks it used. Valid until the next put/remove/evict. */
 const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE],

@@ -42,6 +42,13 @@ static const struct opt opts[] = {
     {"-ub,--ubatch-size", "N", OPT_INT, OFF(n_ubatch), 1, 1 << 20, "physical batch size"},
     {"-n,--n-predict", "N", OPT_INT, OFF(n_predict), -1, INT_MAX, "default max tokens per reply (-1 = until the slot's context is full)"},
     {"--swa-full", NULL, OPT_TRUE, OFF(swa_full), 0, 0, "keep a full-size SWA cache (more memory, no checkpoints needed)"},
+    {"-md,--model-draft", "FILE", OPT_STR, OFF(draft_path), 0, 0,
+     "draft model for speculative decoding (same vocabulary as -m)"},
+    {"-cd,--ctx-size-draft", "N", OPT_INT, OFF(n_ctx_draft), 0, 1 << 24, "draft context, total (0 = same as -c)"},
+    {"--draft-max", "N", OPT_INT, OFF(draft_max), 0, 256, "most tokens drafted per step (0 = speculation off)"},
+    {"--draft-min", "N", OPT_INT, OFF(draft_min), 0, 256, "drafts shorter than this are not verified"},
+    {"--draft-p-min", "P", OPT_FLOAT, OFF(draft_p_min), 0, 1,
+     "stop drafting when the draft's top token is less likely than this"},
     {"--host", "ADDR", OPT_STR, OFF(host), 0, 0, "address to listen on"},
     {"--port", "N", OPT_INT, OFF(port), 0, 65535, "port to listen on (0 = pick a free one and log it)"},
     {"--api-key", "KEY[,KEY]", OPT_KEYS, 0, 0, 0,
@@ -88,6 +95,9 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->cache_ram_mib = 8192;
     cfg->ctx_checkpoints = 8;
     cfg->verbosity = 1;
+    cfg->draft_max = 16;
+    cfg->draft_min = 0;
+    cfg->draft_p_min = 0.75f;
 }
 
 /* ---- parsing ------------------------------------------------------------------- */
@@ -252,6 +262,10 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
     }
     if (cfg->n_ctx != 0 && cfg->n_ctx < 16 * cfg->n_parallel) {
         fprintf(stderr, "thaw: -c %d leaves fewer than 16 tokens per slot for -np %d\n", cfg->n_ctx, cfg->n_parallel);
+        return THAW_EINVAL;
+    }
+    if (cfg->draft_min > cfg->draft_max) {
+        fprintf(stderr, "thaw: --draft-min %d exceeds --draft-max %d\n", cfg->draft_min, cfg->draft_max);
         return THAW_EINVAL;
     }
     if (cfg->n_ubatch > cfg->n_batch)

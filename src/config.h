@@ -28,6 +28,13 @@ struct thaw_config {
     int n_predict;               /* -n: default max tokens per reply, -1 = until context is full */
     bool swa_full;               /* --swa-full: full-size SWA cache (no checkpoints needed) */
 
+    /* speculative decoding */
+    const char *draft_path;      /* -md: draft model; NULL = off */
+    int n_ctx_draft;             /* -cd: draft context, total (0 = same as -c) */
+    int draft_max;               /* --draft-max: tokens drafted per step */
+    int draft_min;               /* --draft-min: drafts shorter than this are not verified */
+    float draft_p_min;           /* --draft-p-min: stop drafting below this probability */
+
     /* serving */
     const char *host;            /* --host */
     int port;                    /* --port */

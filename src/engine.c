@@ -20,6 +20,7 @@
 
 #include "cache_disk.h"
 #include "cache_ram.h"
+#include "draft.h"
 #include "error.h"
 #include "fingerprint.h"
 #include "kvstate.h"
@@ -50,6 +51,8 @@ struct slot {
     /* the request in progress */
     int n_prompt_done;         /* prompt tokens already in the KV */
     llama_token next_token;    /* GEN: sampled, waits to be decoded */
+    llama_token *drafts;       /* GEN with -md: the draft's proposal after next_token, n_drafts */
+    int n_drafts;
     int i_batch;               /* row of this slot's logits in the current batch, -1 = none */
     int n_in_batch;            /* tokens this slot put in the current batch */
     struct llama_sampler *smpl;
@@ -91,6 +94,7 @@ struct thaw_engine {
     bool recurrent;            /* recurrent / hybrid memory: cannot roll back without a checkpoint */
     bool partial;              /* n_swa > 0 || recurrent: checkpoints needed */
 
+    struct thaw_draft *draft;  /* NULL = no speculative decoding */
     struct thaw_disk_cache *disk; /* NULL = disk tier off */
     struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
     uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
@@ -220,17 +224,18 @@ static void key_short(const uint8_t key[THAW_KEY_BYTES], char out[17])
     thaw_hex(key, 8, out);
 }
 
-/* Installs a cached conversation (`kv` + `ckpt` blobs) into the slot when it
- * holds more of the prompt than the slot already does. Returns the tokens of
- * the prompt the slot now holds (>= n_past), or a negative error when the
- * blobs are corrupt (the slot is then empty). */
-static int slot_install(struct thaw_engine *e, struct slot *s, const struct thaw_task *t, const void *kv,
-                        size_t n_kv, const void *ckpt, size_t n_ckpt, int n_past)
+/* Installs a cached conversation (its .kv, .ckpt and .dft blobs; the last
+ * two may be empty) into the slot when it holds more of the prompt than the
+ * slot already does. Returns the tokens of the prompt the slot now holds
+ * (>= n_past), or a negative error when the blobs are corrupt (the slot is
+ * then empty). A bad .dft only costs the draft a prefill. */
+static int slot_install(struct thaw_engine *e, struct slot *s, const struct thaw_task *t,
+                        const struct thaw_disk_blob parts[THAW_PART_COUNT], int n_past)
 {
     struct thaw_kvstate_view v;
     int rc;
 
-    if ((rc = thaw_kvstate_parse(kv, n_kv, &v)) != 0)
+    if ((rc = thaw_kvstate_parse(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &v)) != 0)
         return rc;
     int lcp = thaw_lcp(v.tokens, v.n_tokens, t->prompt, t->n_prompt);
     if (lcp <= n_past)
@@ -242,9 +247,16 @@ static int slot_install(struct thaw_engine *e, struct slot *s, const struct thaw
         return rc;
     memcpy(s->tokens, v.tokens, (size_t)v.n_tokens * sizeof(llama_token));
     s->n_tokens = v.n_tokens;
-    if ((rc = thaw_ckpt_parse(ckpt, n_ckpt, &s->ckpts)) != 0) {
+    if ((rc = thaw_ckpt_parse(parts[THAW_PART_CKPT].data, parts[THAW_PART_CKPT].size, &s->ckpts)) != 0) {
         slot_clear_kv(e, s);
         return rc;
+    }
+    if (e->draft && parts[THAW_PART_DFT].size > 0) {
+        rc = thaw_draft_restore(e->draft, s->id, parts[THAW_PART_DFT].data, parts[THAW_PART_DFT].size);
+        if (rc < 0)
+            LOG_WRN("slot %d: draft state unusable (%s): the draft prefills instead", s->id, thaw_strerror(rc));
+        else
+            s->timings.draft_restored = rc;
     }
     memcpy(s->held_key, t->lookup_key, THAW_KEY_BYTES);
     s->holds_key = true;
@@ -270,7 +282,9 @@ static int slot_restore(struct thaw_engine *e, struct slot *s, const struct thaw
         thaw_ram_cache_evict(e->ram, wall_s());
         const struct thaw_ram_entry *re = thaw_ram_cache_get(e->ram, t->lookup_key, wall_s());
         if (re) {
-            got = slot_install(e, s, t, re->kv, re->n_kv, re->ckpt, re->n_ckpt, n_past);
+            const struct thaw_disk_blob parts[THAW_PART_COUNT] = {
+                {re->kv, re->n_kv}, {re->ckpt, re->n_ckpt}, {re->dft, re->n_dft}};
+            got = slot_install(e, s, t, parts, n_past);
             if (got < 0) {
                 LOG_WRN("slot %d: RAM entry %s unusable (%s): dropped", s->id, hex, thaw_strerror(got));
                 thaw_ram_cache_remove(e->ram, t->lookup_key);
@@ -287,10 +301,10 @@ static int slot_restore(struct thaw_engine *e, struct slot *s, const struct thaw
         thaw_disk_cache_evict(e->disk);
         int rc = thaw_disk_cache_lookup(e->disk, t->lookup_key, &de);
         if (rc == 0) {
-            size_t n_kv = 0, n_ckpt = 0;
-            const void *kv = thaw_disk_entry_part(de, THAW_PART_KV, &n_kv);
-            const void *ck = thaw_disk_entry_part(de, THAW_PART_CKPT, &n_ckpt);
-            got = slot_install(e, s, t, kv, n_kv, ck, n_ckpt, n_past);
+            struct thaw_disk_blob parts[THAW_PART_COUNT];
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_disk_part)p, &parts[p].size);
+            got = slot_install(e, s, t, parts, n_past);
             thaw_disk_entry_release(de);
             if (got < 0) {
                 LOG_WRN("slot %d: disk entry %s unusable (%s): removed, serving by prefill", s->id, hex,
@@ -318,55 +332,64 @@ out:
     return got;
 }
 
-/* Serialises the slot's state and hands it to the RAM tier and the disk
- * writer under s->store_key. Never waits for I/O. */
+/* Serialises the slot's state (and its draft's) and hands it to the RAM
+ * tier and the disk writer under s->store_key. Never waits for I/O. */
 static void slot_store(struct thaw_engine *e, struct slot *s)
 {
-    void *kv = NULL, *ck = NULL;
-    size_t n_kv = 0, n_ck = 0;
+    struct thaw_disk_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
     char hex[17];
     int rc;
 
     if (s->n_tokens < e->cfg->kv_cache_min_tokens || s->n_tokens == 0)
         return;
     key_short(s->store_key, hex);
-    if ((rc = thaw_kvstate_capture(e->ctx, s->id, s->tokens, s->n_tokens, &kv, &n_kv)) != 0 ||
-        (e->partial && (rc = thaw_ckpt_serialize(&s->ckpts, &ck, &n_ck)) != 0)) {
+    if ((rc = thaw_kvstate_capture(e->ctx, s->id, s->tokens, s->n_tokens, &parts[THAW_PART_KV].data,
+                                   &parts[THAW_PART_KV].size)) != 0 ||
+        (e->partial &&
+         (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)) {
         LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
-        free(kv);
+        free(parts[THAW_PART_KV].data);
         return;
     }
+    /* the draft catches up with the stored tokens first, so the next turn
+     * restores it as far as the target */
+    if (e->draft && (thaw_draft_sync(e->draft, s->id, s->tokens, s->n_tokens) < 0 ||
+                     thaw_draft_capture(e->draft, s->id, &parts[THAW_PART_DFT].data, &parts[THAW_PART_DFT].size) != 0))
+        LOG_WRN("slot %d: draft state not stored with %s: the next turn prefills the draft", s->id, hex);
     memcpy(s->held_key, s->store_key, THAW_KEY_BYTES);
     s->holds_key = true;
 
     const char *where = e->disk && e->ram ? "ram+disk" : e->disk ? "disk" : "ram";
+    size_t sizes[THAW_PART_COUNT];
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        sizes[p] = parts[p].size;
     if (e->disk) {
         /* with both tiers the writer gets copies and the RAM tier the originals */
-        bool copies = e->ram != NULL;
-        struct thaw_disk_blob parts[THAW_PART_COUNT] = {{kv, n_kv}, {ck, n_ck}, {NULL, 0}};
-        if (copies) {
-            parts[0].data = malloc(n_kv);
-            parts[1].data = n_ck ? malloc(n_ck) : NULL;
-            if (parts[0].data)
-                memcpy(parts[0].data, kv, n_kv);
-            if (parts[1].data)
-                memcpy(parts[1].data, ck, n_ck);
+        struct thaw_disk_blob w[THAW_PART_COUNT];
+        bool ok = true;
+        for (int p = 0; p < THAW_PART_COUNT; p++) {
+            w[p] = parts[p];
+            if (e->ram && parts[p].size) {
+                w[p].data = malloc(parts[p].size);
+                if (w[p].data)
+                    memcpy(w[p].data, parts[p].data, parts[p].size);
+                ok &= w[p].data != NULL;
+            }
         }
-        rc = parts[0].data && (!n_ck || parts[1].data)
-                 ? thaw_disk_cache_submit(e->disk, s->store_key, (uint32_t)s->n_tokens, parts, NULL, 0)
-                 : THAW_ENOMEM;
+        rc = ok ? thaw_disk_cache_submit(e->disk, s->store_key, (uint32_t)s->n_tokens, w, NULL, 0) : THAW_ENOMEM;
         if (rc != 0) {
             LOG_WRN("slot %d: store of %s to disk dropped: %s", s->id, hex, thaw_strerror(rc));
-            free(parts[0].data); /* on failure ownership stayed here */
-            free(parts[1].data);
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                free(w[p].data); /* on failure ownership stayed here */
         }
-        if (!copies)
-            kv = ck = NULL; /* moved to the writer, or freed just above */
+        if (!e->ram)
+            memset(parts, 0, sizeof parts); /* moved to the writer, or freed just above */
     }
-    if (e->ram && thaw_ram_cache_put(e->ram, s->store_key, kv, n_kv, ck, n_ck, wall_s()) != 0)
+    if (e->ram && thaw_ram_cache_put(e->ram, s->store_key, parts[0].data, parts[0].size, parts[1].data,
+                                     parts[1].size, parts[2].data, parts[2].size, wall_s()) != 0)
         LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", s->id, hex);
-    LOG_INF("slot %d: stored %s: %d tokens, %.1f MiB (+%.1f MiB checkpoints) -> %s", s->id, hex, s->n_tokens,
-            (double)n_kv / 1048576.0, (double)n_ck / 1048576.0, where);
+    LOG_INF("slot %d: stored %s: %d tokens, %.1f MiB state%s%s -> %s", s->id, hex, s->n_tokens,
+            (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where);
 }
 
 /* After a reply: derive the store key, and the tokens the next turn will
@@ -586,6 +609,8 @@ static void slot_finish(struct thaw_engine *e, struct slot *s, const char *reaso
             s->task->n_prompt, s->timings.cache_n, s->timings.cache_source, s->timings.prompt_ms,
             s->timings.predicted_n,
             s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
+    /* a verified draft may have left positions past the finish in the KV */
+    llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, s->n_tokens, -1);
     if (cache_enabled(e)) {
         /* the reply exactly as the client received it (and will echo it) */
         char *reply = thaw_utf8_sanitize(s->gen ? s->gen : "", s->n_gen);
@@ -663,6 +688,57 @@ static void batch_add(struct llama_batch *b, llama_token tok, llama_pos pos, lla
     b->logits[i] = logits;
 }
 
+/* Asks the draft for up to `room` tokens after the slot's next token. */
+static int slot_draft(struct thaw_engine *e, struct slot *s, int room)
+{
+    const struct thaw_config *cfg = e->cfg;
+    int max = cfg->draft_max;
+
+    if (max > room)
+        max = room;
+    if (max > s->task->max_tokens - s->n_decoded - 1)
+        max = s->task->max_tokens - s->n_decoded - 1;
+    if (max > e->n_ctx_slot - s->n_tokens - 2)
+        max = e->n_ctx_slot - s->n_tokens - 2;
+    if (max < 1 || max < cfg->draft_min)
+        return 0;
+    if (thaw_draft_sync(e->draft, s->id, s->tokens, s->n_tokens) < 0)
+        return 0;
+    int n = thaw_draft_propose(e->draft, s->id, s->next_token, max, cfg->draft_p_min, s->drafts);
+    return n >= cfg->draft_min ? n : 0;
+}
+
+/* The target's verdict on a draft: sample at every drafted position with
+ * the request's own sampler (so each emitted token is the target's), keep
+ * the drafts that match, emit the samples, roll the rest back. */
+static void slot_verify(struct thaw_engine *e, struct slot *s)
+{
+    llama_token emitted[THAW_DRAFT_MAX + 1];
+    int base = s->n_tokens, n_emit = 0;
+
+    for (int i = 0; i <= s->n_drafts; i++) {
+        emitted[n_emit++] = llama_sampler_sample(s->smpl, e->ctx, s->i_batch + i);
+        if (i == s->n_drafts || emitted[i] != s->drafts[i])
+            break;
+    }
+    int accepted = n_emit - 1;
+    s->timings.draft_n += s->n_drafts;
+    s->timings.draft_n_accepted += accepted;
+    atomic_fetch_add(&e->metrics->draft_tokens, (uint64_t)s->n_drafts);
+    atomic_fetch_add(&e->metrics->draft_accepted, (uint64_t)accepted);
+    /* the KV holds next_token and every draft: keep next_token + accepted */
+    llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, base + 1 + accepted, -1);
+    s->tokens[base] = s->next_token;
+    memcpy(s->tokens + base + 1, s->drafts, (size_t)accepted * sizeof(llama_token));
+    s->n_drafts = 0;
+    for (int i = 0; i < n_emit; i++) {
+        s->n_tokens = base + 1 + i;
+        slot_take_token(e, s, emitted[i]);
+        if (s->phase != PH_GEN)
+            break;
+    }
+}
+
 /* Fills e->batch: first the next token of every generating slot (so
  * generation never waits behind a long prompt), then prompt tokens, then
  * FIXUP tokens (nobody waits for those). */
@@ -677,9 +753,12 @@ static void build_batch(struct thaw_engine *e)
         s->n_in_batch = 0;
         if (s->phase != PH_GEN)
             continue;
+        s->n_drafts = e->draft ? slot_draft(e, s, e->n_batch - b->n_tokens - 1) : 0;
         s->i_batch = b->n_tokens;
         batch_add(b, s->next_token, s->n_tokens, s->id, true);
-        s->n_in_batch = 1;
+        for (int k = 0; k < s->n_drafts; k++)
+            batch_add(b, s->drafts[k], s->n_tokens + 1 + k, s->id, true);
+        s->n_in_batch = 1 + s->n_drafts;
     }
     for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch; i++) {
         struct slot *s = &e->slots[i];
@@ -733,7 +812,9 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
         if (s->n_in_batch == 0)
             continue;
         if (s->phase == PH_GEN) {
-            s->tokens[s->n_tokens++] = s->next_token;
+            if (s->n_drafts == 0)
+                s->tokens[s->n_tokens++] = s->next_token;
+            /* else: slot_verify decides how many of the batch's tokens stay */
         } else if (s->phase == PH_FIXUP) {
             memcpy(s->tokens + s->n_tokens, s->fix + s->n_tokens, (size_t)s->n_in_batch * sizeof(llama_token));
             s->n_tokens += s->n_in_batch;
@@ -765,6 +846,10 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             if (e->partial && e->cfg->ctx_checkpoints > 0 &&
                 thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
                 LOG_WRN("slot %d: could not take a context checkpoint", s->id);
+        }
+        if (s->phase == PH_GEN && s->n_drafts > 0) {
+            slot_verify(e, s);
+            continue;
         }
         llama_token tok = llama_sampler_sample(s->smpl, e->ctx, s->i_batch);
         slot_take_token(e, s, tok);
@@ -1017,6 +1102,21 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         goto error;
     if (cfg->kv_cache_dir && (rc = open_disk_cache(e)) != 0)
         goto error;
+    if (cfg->draft_path && cfg->draft_max > 0) {
+        if (e->recurrent) {
+            LOG_ERR("speculative decoding needs a target that can roll back rejected drafts; %s is recurrent",
+                    cfg->model_path);
+            rc = THAW_EINVAL;
+            goto error;
+        }
+        if ((rc = thaw_draft_new(cfg, e->model, e->n_slots, &e->draft)) != 0)
+            goto error;
+        for (int i = 0; i < e->n_slots; i++)
+            if (!(e->slots[i].drafts = malloc((size_t)(cfg->draft_max + 1) * sizeof(llama_token)))) {
+                rc = THAW_ENOMEM;
+                goto error;
+            }
+    }
 
     char desc[128];
     llama_model_desc(e->model, desc, sizeof desc);
@@ -1031,6 +1131,10 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     return 0;
 
 error:
+    if (e->slots)
+        for (int i = 0; i < e->n_slots; i++)
+            free(e->slots[i].drafts);
+    thaw_draft_free(e->draft);
     thaw_disk_cache_close(e->disk);
     thaw_ram_cache_free(e->ram);
     thaw_sched_free(e->sched);
@@ -1073,8 +1177,10 @@ void thaw_engine_free(struct thaw_engine *e)
         free(e->slots[i].tokens);
         free(e->slots[i].gen);
         free(e->slots[i].fix);
+        free(e->slots[i].drafts);
         thaw_ckpt_clear(&e->slots[i].ckpts);
     }
+    thaw_draft_free(e->draft);
     free(e->slots);
     llama_batch_free(e->batch);
     thaw_chat_free(e->chat);

@@ -46,6 +46,10 @@ char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn ex
     C("kv_cache_hits_disk_total", "lookups served by the disk tier", atomic_load(&m->cache_hits_disk));
     C("kv_cache_misses_total", "lookups that found nothing", atomic_load(&m->cache_misses));
     C("kv_cache_restore_seconds_total", "time spent restoring state", atomic_load(&m->restore_us) / 1e6);
+    uint64_t drafted = atomic_load(&m->draft_tokens), accepted = atomic_load(&m->draft_accepted);
+    C("draft_tokens_total", "tokens proposed by the draft model", drafted);
+    C("draft_accepted_total", "drafted tokens the target accepted", accepted);
+    G("draft_acceptance_rate", "accepted / proposed draft tokens since start", drafted ? (double)accepted / drafted : 0);
 #undef C
 #undef G
     if (extra)

@@ -33,6 +33,9 @@ struct thaw_metrics {
     atomic_uint_fast64_t cache_hits_disk;
     atomic_uint_fast64_t cache_misses;
     atomic_uint_fast64_t restore_us;         /* time spent restoring, microseconds */
+    /* speculative decoding */
+    atomic_uint_fast64_t draft_tokens;       /* tokens proposed by the draft */
+    atomic_uint_fast64_t draft_accepted;     /* of those, accepted by the target */
 };
 
 /* Snapshot callback for gauges owned by other modules (disk cache stats):

@@ -75,6 +75,8 @@ static void mk_usage(FILE *f, const char *prog)
         "                     vocab dir: $THAW_VOCAB_DIR if set, else the first\n"
         "                     " MK_VOCAB_SUBDIR "/ found walking up from the thaw\n"
         "                     executable, then from the current directory\n"
+        "  --draft-of FILE    make a draft model for FILE: take its tokenizer and\n"
+        "                     chat template (same as --vocab FILE --template vocab)\n"
         "  --template NAME    chat template: auto | vocab | llama3 | chatml | gemma\n"
         "                     auto: the vocab's own if llama_chat_apply_template()\n"
         "                     renders it; else gemma for gemma3; for llama, llama3\n"
@@ -300,6 +302,14 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
                 return THAW_EINVAL;
             }
             o->vocab = val;
+        } else if (strcmp(flag, "--draft-of") == 0) {
+            /* a draft for TARGET: its tokenizer and chat template, byte for byte */
+            if (*val == '\0') {
+                fprintf(stderr, "mkmodel: --draft-of: empty value\n");
+                return THAW_EINVAL;
+            }
+            o->vocab = val;
+            o->tmpl = MK_TMPL_VOCAB;
         } else if (strcmp(flag, "--template") == 0) {
             static const struct { const char *name; enum mk_template t; } names[] = {
                 { "auto", MK_TMPL_AUTO },     { "vocab", MK_TMPL_VOCAB },

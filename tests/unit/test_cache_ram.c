@@ -27,23 +27,23 @@ static void test_lru_and_budget(void **state)
     assert_int_equal(thaw_ram_cache_new(300, 0, &c), 0);
     for (int i = 0; i < 3; i++) {
         key(k, i);
-        assert_int_equal(thaw_ram_cache_put(c, k, blob(100), 100, NULL, 0, 10 + i), 0);
+        assert_int_equal(thaw_ram_cache_put(c, k, blob(100), 100, NULL, 0, NULL, 0, 10 + i), 0);
     }
     key(k, 0);
     assert_non_null(thaw_ram_cache_get(c, k, 20)); /* 0 is now the most recent */
     key(k, 3);
-    assert_int_equal(thaw_ram_cache_put(c, k, blob(100), 100, NULL, 0, 21), 0);
+    assert_int_equal(thaw_ram_cache_put(c, k, blob(100), 100, NULL, 0, NULL, 0, 21), 0);
     key(k, 1);
     assert_null(thaw_ram_cache_get(c, k, 22)); /* 1 was least recently used */
     key(k, 0);
     assert_non_null(thaw_ram_cache_get(c, k, 22));
     assert_int_equal(thaw_ram_cache_bytes(c), 300);
     key(k, 9);
-    assert_int_equal(thaw_ram_cache_put(c, k, blob(400), 400, NULL, 0, 23), THAW_ETOOBIG);
+    assert_int_equal(thaw_ram_cache_put(c, k, blob(400), 400, NULL, 0, NULL, 0, 23), THAW_ETOOBIG);
     assert_int_equal(thaw_ram_cache_count(c), 3);
     /* same key replaces */
     key(k, 0);
-    assert_int_equal(thaw_ram_cache_put(c, k, blob(50), 50, blob(10), 10, 24), 0);
+    assert_int_equal(thaw_ram_cache_put(c, k, blob(50), 50, blob(10), 10, NULL, 0, 24), 0);
     assert_int_equal(thaw_ram_cache_get(c, k, 25)->n_ckpt, 10);
     assert_int_equal(thaw_ram_cache_bytes(c), 260);
     thaw_ram_cache_free(c);
@@ -57,9 +57,9 @@ static void test_ttl(void **state)
     (void)state;
     assert_int_equal(thaw_ram_cache_new(1000, 5, &c), 0);
     key(k, 1);
-    thaw_ram_cache_put(c, k, blob(10), 10, NULL, 0, 100);
+    thaw_ram_cache_put(c, k, blob(10), 10, NULL, 0, NULL, 0, 100);
     key(k, 2);
-    thaw_ram_cache_put(c, k, blob(10), 10, NULL, 0, 104);
+    thaw_ram_cache_put(c, k, blob(10), 10, NULL, 0, NULL, 0, 104);
     assert_int_equal(thaw_ram_cache_evict(c, 106), 1);
     assert_null(thaw_ram_cache_get(c, (key(k, 1), k), 106));
     assert_non_null(thaw_ram_cache_get(c, (key(k, 2), k), 106));
@@ -74,7 +74,7 @@ static void test_off(void **state)
     (void)state;
     assert_int_equal(thaw_ram_cache_new(0, 0, &c), 0);
     key(k, 1);
-    assert_int_equal(thaw_ram_cache_put(c, k, blob(1), 1, NULL, 0, 1), THAW_ETOOBIG);
+    assert_int_equal(thaw_ram_cache_put(c, k, blob(1), 1, NULL, 0, NULL, 0, 1), THAW_ETOOBIG);
     assert_null(thaw_ram_cache_get(c, k, 1));
     thaw_ram_cache_free(c);
 }
