@@ -20,7 +20,7 @@ TOPICS = ["the harbor at dawn", "a winter garden", "the old silver market"]
 
 
 def conversation(i):
-    return [{"role": "system", "content": f"You are guide number {i}. Background notes: " + words(700, i)},
+    return [{"role": "system", "content": f"You are guide number {i}. Background notes: " + words(1800, i)},
             {"role": "user", "content": f"Tell me about {TOPICS[i]}."}]
 
 

@@ -91,6 +91,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1429,7 +1430,13 @@ err_cleanup:
 static void *writer_main(void *arg)
 {
     struct thaw_disk_cache *c = arg;
+    struct sched_param idle = {0};
     struct job j;
+
+    /* Stores must never slow a decode: on a machine whose cores all decode,
+     * the writer's hashing and copying run only when a core is idle.
+     * Best effort (an unprivileged process may not change policy). */
+    (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
 
     pthread_mutex_lock(&c->mu);
     for (;;) {

@@ -299,7 +299,10 @@ static int slot_restore(struct thaw_engine *e, struct slot *s, const struct thaw
     if (e->disk) {
         struct thaw_disk_entry *de = NULL;
         thaw_disk_cache_evict(e->disk);
+        int64_t t_lookup = thaw_now_us();
         int rc = thaw_disk_cache_lookup(e->disk, t->lookup_key, &de);
+        LOG_DBG("slot %d: disk lookup %.2f ms (eviction %.2f ms)", s->id, (double)(thaw_now_us() - t_lookup) / 1000.0,
+                (double)(t_lookup - t0) / 1000.0);
         if (rc == 0) {
             struct thaw_disk_blob parts[THAW_PART_COUNT];
             for (int p = 0; p < THAW_PART_COUNT; p++)

@@ -76,7 +76,10 @@ int thaw_task_emit(struct thaw_task *t, const char *s, size_t n)
     memcpy(t->text + t->n_text, s, n);
     t->n_text += n;
     t->text[t->n_text] = '\0';
-    pthread_cond_broadcast(&t->cv);
+    /* only a stream reads text before the end: waking a non-streaming waiter
+     * per token would steal a core from the decode threads for nothing */
+    if (t->req.stream)
+        pthread_cond_broadcast(&t->cv);
 out:
     pthread_mutex_unlock(&t->mu);
     return rc;
