@@ -1405,7 +1405,8 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK
     c->st.stores_ok++;
     pthread_mutex_unlock(&c->mu);
     thaw_fmt_bytes(total, bytes);
-    logf_(c, THAW_LOG_INFO, "disk cache: stored %.16s: %u tokens, %s in %.0f ms", hex, n_tokens,
+    /* debug: the engine logs the one INFO line per store (what, how big, where) */
+    logf_(c, THAW_LOG_DEBUG, "disk cache: stored %.16s: %u tokens, %s in %.0f ms", hex, n_tokens,
           bytes, mono_ms() - t0);
     free(rec);
     return 0;

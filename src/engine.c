@@ -999,9 +999,11 @@ static int open_disk_cache(struct thaw_engine *e)
     }
     thaw_disk_cache_evict(e->disk);
     thaw_disk_cache_get_stats(e->disk, &st);
+    char budget[32] = "none";
+    if (e->cfg->kv_cache_max_mib)
+        snprintf(budget, sizeof budget, "%llu MiB", (unsigned long long)e->cfg->kv_cache_max_mib);
     LOG_INF("kv-cache: %s: %llu entries, %.1f MiB (budget %s, ttl %llus, min %d tokens)", p.dir,
-            (unsigned long long)st.entries, (double)st.bytes / 1048576.0,
-            e->cfg->kv_cache_max_mib ? "set" : "none", (unsigned long long)e->cfg->kv_cache_ttl_s,
+            (unsigned long long)st.entries, (double)st.bytes / 1048576.0, budget, (unsigned long long)e->cfg->kv_cache_ttl_s,
             e->cfg->kv_cache_min_tokens);
     return 0;
 }
