@@ -1302,6 +1302,16 @@ static int store_check(const struct thaw_disk_cache *c, const uint8_t *key,
     return 0;
 }
 
+/* One file of an entry, made durable under its final name: written and
+ * fsynced as `tmp` (write_file), then renamed over `path` (invariant 1). */
+static int install_file(struct thaw_disk_cache *c, const char *tmp, const char *path, const void *data, size_t n,
+                        int64_t mtime_s)
+{
+    int ret = write_file(c, tmp, data, n, mtime_s);
+
+    return ret ? ret : c->vfs->rename(c->vfs, tmp, path);
+}
+
 int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
                           uint32_t n_tokens, const struct thaw_disk_blob parts[THAW_PART_COUNT],
                           const void *meta, size_t n_meta)
@@ -1365,10 +1375,7 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK
         idx.size[p] = parts[p].size;
         idx.xxh3[p] = XXH3_64bits(parts[p].data, parts[p].size);
         entry_path(c, tmp, hex, part_ext[p], 1);
-        ret = write_file(c, tmp, parts[p].data, parts[p].size, -1);
-        if (ret)
-            goto err_cleanup;
-        ret = v->rename(v, tmp, path);
+        ret = install_file(c, tmp, path, parts[p].data, parts[p].size, -1);
         if (ret)
             goto err_cleanup;
     }
@@ -1382,10 +1389,7 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK
         goto err_cleanup;
     entry_path(c, tmp, hex, ".idx", 1);
     entry_path(c, path, hex, ".idx", 0);
-    ret = write_file(c, tmp, rec, rec_len, now);
-    if (ret)
-        goto err_cleanup;
-    ret = v->rename(v, tmp, path);
+    ret = install_file(c, tmp, path, rec, rec_len, now);
     if (ret)
         goto err_cleanup;
     ret = fsync_dir(c);
