@@ -328,3 +328,17 @@ def test_disk_full_keeps_serving(serve, tmp_path):
         s.stop()
     finally:
         subprocess.run(["umount", "-l", str(d)])
+
+
+def test_ram_tier_serves_a_conversation_whose_slot_was_reused(serve):
+    # no disk tier at all: the RAM tier alone (--cache-ram) brings it back
+    convs = [conversation(i, 300) for i in range(2)]
+    s = serve("llama", "-np", "1", "--cache-ram", "64", "--kv-cache-min-tokens", "16")
+    r1 = [chat(s, c) for c in convs]  # the second conversation takes the only slot
+    r2 = chat(s, turn2(convs[0], r1[0], 0))
+    assert r2["timings"]["cache_source"] == "ram"
+    assert r2["timings"]["cache_n"] >= 0.95 * r2["usage"]["prompt_tokens"]
+    assert s.metrics()["thaw_kv_cache_hits_ram_total"] == 1
+    s.stop()
+    ref = reference(serve, "llama", convs[:1])
+    assert reply(r2) == reply(ref[0][1])
