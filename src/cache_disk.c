@@ -31,7 +31,12 @@
  *      entry is removed. A bad .dft alone costs only the .dft: it is
  *      unlinked, then the .idx is rewritten without it (atomically, as in 1);
  *      a crash between the two leaves an .idx naming a missing .dft, which
- *      is treated the same way again.
+ *      is treated the same way again. A lookup with DEFER_KV hands out the
+ *      .kv mapping before its checksum is checked, so the caller can copy it
+ *      while thaw_disk_entry_verify() hashes it on another core; the caller
+ *      must discard what it copied if that check fails (the engine clears
+ *      the slot before any token is decoded from it). Nothing unverified is
+ *      ever used.
  *   6. Files are created 0600 (O_EXCL|O_NOFOLLOW) in a 0700 directory; a
  *      looser directory is chmod()ed to 0700 at open, or open fails.
  *
@@ -187,6 +192,9 @@ struct thaw_disk_cache {
 
 struct thaw_disk_entry {
     const struct thaw_vfs *vfs;
+    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint64_t gen;     /* the index generation it was read at (for removal) */
+    unsigned unverified; /* THAW_DISK_BAD_PART bits: mapped, checksum not yet checked */
     uint32_t n_tokens;
     void *map[THAW_PART_COUNT]; /* read-only mappings; NULL = absent */
     size_t size[THAW_PART_COUNT];
@@ -699,11 +707,12 @@ out_close:
     return ret;
 }
 
-/* Maps part p of <hex> and checks it against size and checksum.
+/* Maps part p of <hex> and checks it against size and (with verify)
+ * checksum.
  * 0 (*map set), THAW_ECORRUPT (missing, not regular, wrong size, checksum
  * mismatch; *why says which, static text), or -errno (unreadable). */
 static int map_part(struct thaw_disk_cache *c, const char *hex, int p, uint64_t size,
-                    uint64_t xxh3, void **map, const char **why)
+                    uint64_t xxh3, int verify, void **map, const char **why)
 {
     const struct thaw_vfs *v = c->vfs;
     char path[PATH_MAX];
@@ -730,7 +739,7 @@ static int map_part(struct thaw_disk_cache *c, const char *hex, int p, uint64_t 
     ret = v->mmap(v, fd, (size_t)size, &m);
     if (ret)
         goto out_close;
-    if (XXH3_64bits(m, (size_t)size) != xxh3) {
+    if (verify && XXH3_64bits(m, (size_t)size) != xxh3) {
         *why = "checksum mismatch";
         (void)v->munmap(v, m, (size_t)size);
         ret = THAW_ECORRUPT;
@@ -1553,7 +1562,7 @@ void thaw_disk_entry_release(struct thaw_disk_entry *e)
  * format version included), THAW_EMISMATCH (check_fp and another
  * fingerprint), THAW_ENOMEM or -errno. */
 static int entry_load(struct thaw_disk_cache *c, const uint8_t *key, const char *hex,
-                      int check_fp, struct thaw_disk_entry **out, unsigned *bad, char *why)
+                      int check_fp, unsigned defer, struct thaw_disk_entry **out, unsigned *bad, char *why)
 {
     struct thaw_disk_entry *en;
     int ret;
@@ -1587,7 +1596,10 @@ static int entry_load(struct thaw_disk_cache *c, const uint8_t *key, const char 
 
         if (!en->idx.size[p])
             continue;
-        ret = map_part(c, hex, p, en->idx.size[p], en->idx.xxh3[p], &en->map[p], &w);
+        int verify = !(defer & THAW_DISK_BAD_PART(p));
+        ret = map_part(c, hex, p, en->idx.size[p], en->idx.xxh3[p], verify, &en->map[p], &w);
+        if (ret == 0 && !verify)
+            en->unverified |= THAW_DISK_BAD_PART(p);
         if (ret == THAW_ECORRUPT) {
             *bad |= THAW_DISK_BAD_PART(p);
             if (p == THAW_PART_DFT) { /* costs only itself */
@@ -1698,6 +1710,37 @@ static void forget(struct thaw_disk_cache *c, const uint8_t *key, uint64_t gen)
 int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
                            struct thaw_disk_entry **out)
 {
+    return thaw_disk_cache_lookup_ex(c, key, 0, out);
+}
+
+int thaw_disk_entry_verify(struct thaw_disk_cache *c, struct thaw_disk_entry *en)
+{
+    char hex[HEX_LEN + 1], why[WHY_LEN];
+
+    if (!c || !en)
+        return THAW_EINVAL;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        if (!(en->unverified & THAW_DISK_BAD_PART(p)))
+            continue;
+        if (XXH3_64bits(en->map[p], en->size[p]) != en->idx.xxh3[p]) {
+            thaw_hex(en->key, THAW_DISK_KEY_SIZE, hex);
+            snprintf(why, sizeof why, "%s checksum mismatch", part_ext[p]);
+            if (!(c->flags & THAW_DISK_CACHE_READONLY))
+                (void)remove_corrupt(c, en->key, hex, en->gen, why);
+            pthread_mutex_lock(&c->mu);
+            c->st.hits--; /* it was counted as one at lookup */
+            c->st.misses++;
+            pthread_mutex_unlock(&c->mu);
+            return THAW_ECORRUPT;
+        }
+        en->unverified &= ~THAW_DISK_BAD_PART(p);
+    }
+    return 0;
+}
+
+int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE], unsigned flags,
+                              struct thaw_disk_entry **out)
+{
     int modify;
     char hex[HEX_LEN + 1], path[PATH_MAX];
     struct thaw_disk_entry *en = NULL;
@@ -1724,7 +1767,8 @@ int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
     gen = e->gen;
     pthread_mutex_unlock(&c->mu);
 
-    ret = entry_load(c, key, hex, 1, &en, &bad, why);
+    ret = entry_load(c, key, hex, 1, (flags & THAW_DISK_LOOKUP_DEFER_KV) ? THAW_DISK_BAD_PART(THAW_PART_KV) : 0,
+                     &en, &bad, why);
     now = now_s(c);
     if (ret == 0 && (bad & THAW_DISK_BAD_PART(THAW_PART_DFT)) && modify)
         drop_dft(c, key, hex, en, gen, now); /* also sets the mtime */
@@ -1760,8 +1804,11 @@ int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
     else
         c->st.misses++;
     pthread_mutex_unlock(&c->mu);
-    if (ret == 0)
+    if (ret == 0) {
+        memcpy(en->key, key, THAW_DISK_KEY_SIZE);
+        en->gen = gen;
         *out = en;
+    }
     return ret;
 }
 
@@ -1834,7 +1881,7 @@ int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
     }
     pthread_mutex_unlock(&c->mu);
 
-    ret = entry_load(c, key, hex, 0, &en, &bad, why);
+    ret = entry_load(c, key, hex, 0, 0, &en, &bad, why);
     if (ret == 0 && (bad & THAW_DISK_BAD_PART(THAW_PART_DFT)) && fix && e) {
         struct stat st;
         char path[PATH_MAX];

@@ -190,6 +190,28 @@ void thaw_disk_cache_flush(struct thaw_disk_cache *c);
 int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
                            struct thaw_disk_entry **out);
 
+/* Lookup flags. */
+#define THAW_DISK_LOOKUP_DEFER_KV 0x1u /* map the .kv but leave its checksum to
+                                        * thaw_disk_entry_verify(), so the
+                                        * caller can check it on another
+                                        * thread while it already reads the
+                                        * bytes (the other parts are verified
+                                        * as usual) */
+
+/* thaw_disk_cache_lookup() with flags. With THAW_DISK_LOOKUP_DEFER_KV the
+ * returned entry is NOT yet known good: the caller must not let anything
+ * derived from its .kv bytes take effect before thaw_disk_entry_verify()
+ * returned 0. Same returns as thaw_disk_cache_lookup(). */
+int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE], unsigned flags,
+                              struct thaw_disk_entry **out);
+
+/* Checks the checksums a deferred lookup left unchecked. Safe to call from
+ * another thread while the entry's bytes are being read; not concurrently
+ * with thaw_disk_entry_release(). Returns 0 (the entry is good), or
+ * THAW_ECORRUPT: the entry has been removed (invariant 5) and the lookup
+ * now counts as a miss; the caller serves by prefill. THAW_EINVAL for NULL. */
+int thaw_disk_entry_verify(struct thaw_disk_cache *c, struct thaw_disk_entry *e);
+
 /* 1 if an entry for key with this cache's fingerprint is indexed and not
  * being written or removed, else 0. Memory only: no I/O, no checksum, no
  * change of last use. */

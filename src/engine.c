@@ -263,6 +263,20 @@ static int slot_install(struct thaw_engine *e, struct slot *s, const struct thaw
     return lcp;
 }
 
+struct verify_job {
+    struct thaw_disk_cache *disk;
+    struct thaw_disk_entry *entry;
+    int rc;
+};
+
+static void *verify_main(void *arg)
+{
+    struct verify_job *j = arg;
+
+    j->rc = thaw_disk_entry_verify(j->disk, j->entry);
+    return NULL;
+}
+
 /* The lookup at the start of a request: slot, then RAM, then disk.
  * Returns the number of prompt tokens the slot holds afterwards. */
 static int slot_restore(struct thaw_engine *e, struct slot *s, const struct thaw_task *t, int n_past)
@@ -300,16 +314,33 @@ static int slot_restore(struct thaw_engine *e, struct slot *s, const struct thaw
         struct thaw_disk_entry *de = NULL;
         thaw_disk_cache_evict(e->disk);
         int64_t t_lookup = thaw_now_us();
-        int rc = thaw_disk_cache_lookup(e->disk, t->lookup_key, &de);
+        int rc = thaw_disk_cache_lookup_ex(e->disk, t->lookup_key, THAW_DISK_LOOKUP_DEFER_KV, &de);
         LOG_DBG("slot %d: disk lookup %.2f ms (eviction %.2f ms)", s->id, (double)(thaw_now_us() - t_lookup) / 1000.0,
                 (double)(t_lookup - t0) / 1000.0);
         if (rc == 0) {
             struct thaw_disk_blob parts[THAW_PART_COUNT];
             for (int p = 0; p < THAW_PART_COUNT; p++)
                 parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_disk_part)p, &parts[p].size);
-            got = slot_install(e, s, t, parts, n_past);
+            /* the .kv checksum runs on the other core while libllama copies
+             * the state in; a mismatch undoes the install before any decode */
+            struct verify_job job = {e->disk, de, 0};
+            pthread_t th;
+            if (pthread_create(&th, NULL, verify_main, &job) == 0) {
+                got = slot_install(e, s, t, parts, n_past);
+                pthread_join(th, NULL);
+            } else {
+                verify_main(&job); /* no thread: check first, then install */
+                got = job.rc == 0 ? slot_install(e, s, t, parts, n_past) : job.rc;
+            }
+            if (got >= 0 && job.rc != 0) {
+                slot_clear_kv(e, s);
+                got = job.rc;
+            }
             thaw_disk_entry_release(de);
-            if (got < 0) {
+            if (job.rc != 0) {
+                LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by prefill", s->id, hex);
+                got = 0;
+            } else if (got < 0) {
                 LOG_WRN("slot %d: disk entry %s unusable (%s): removed, serving by prefill", s->id, hex,
                         thaw_strerror(got));
                 thaw_disk_cache_remove(e->disk, t->lookup_key);

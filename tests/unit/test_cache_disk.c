@@ -612,6 +612,42 @@ static void test_corrupt_each_file(void **state)
     data_free(&d);
 }
 
+/* DEFER_KV: the lookup hands out an unverified .kv; verify() catches the
+ * flipped byte, removes the entry and turns the hit into a miss. */
+static void test_deferred_verify(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_entry *e = NULL;
+    struct thaw_disk_cache_stats st;
+    char path[PATH_MAX];
+    uint8_t k[32];
+    struct data d;
+
+    key_make(k, 21);
+    data_make(&d, 21, 70000, 9000, 0);
+    fx_open(f);
+    assert_int_equal(store_data(f->c, k, &d), 0);
+    /* intact: verify passes and the bytes are the stored ones */
+    assert_int_equal(thaw_disk_cache_lookup_ex(f->c, k, THAW_DISK_LOOKUP_DEFER_KV, &e), 0);
+    assert_int_equal(thaw_disk_entry_verify(f->c, e), 0);
+    assert_true(entry_matches(e, &d, 0));
+    thaw_disk_entry_release(e);
+    /* damaged: the lookup still hits (unverified), verify says corrupt */
+    file_path(f, k, ".kv", path);
+    flip_byte(path, 12345);
+    e = NULL;
+    assert_int_equal(thaw_disk_cache_lookup_ex(f->c, k, THAW_DISK_LOOKUP_DEFER_KV, &e), 0);
+    assert_int_equal(thaw_disk_entry_verify(f->c, e), THAW_ECORRUPT);
+    thaw_disk_entry_release(e);
+    assert_int_equal(key_files(f, k), 0);
+    st = stats(f->c);
+    assert_int_equal(st.hits, 1);
+    assert_int_equal(st.misses, 1);
+    assert_int_equal(st.corrupt_removed, 1);
+    assert_int_equal(thaw_disk_cache_lookup(f->c, k, &e), THAW_ENOTFOUND);
+    data_free(&d);
+}
+
 static void test_corrupt_while_closed(void **state)
 {
     struct fx *f = *state;
@@ -1652,6 +1688,7 @@ int main(void)
         T(test_bad_arguments),
         T(test_remove_list_verify),
         T(test_corrupt_each_file),
+        T(test_deferred_verify),
         T(test_corrupt_while_closed),
         T(test_garbage_files),
         T(test_idx_parse_fuzz),
