@@ -4,7 +4,7 @@
 #include "error.h"
 #include "kvstate.h"
 #include "log.h"
-#include "scheduler.h"
+#include "tokens.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -148,17 +148,7 @@ void thaw_draft_clear(struct thaw_draft *d, int seq)
 
 static int reserve(struct dseq *q, int n)
 {
-    if (n <= q->cap)
-        return 0;
-    int cap = q->cap ? q->cap : 256;
-    while (cap < n)
-        cap *= 2;
-    llama_token *nt = realloc(q->tokens, (size_t)cap * sizeof *nt);
-    if (!nt)
-        return THAW_ENOMEM;
-    q->tokens = nt;
-    q->cap = cap;
-    return 0;
+    return thaw_tokens_reserve(&q->tokens, &q->cap, n);
 }
 
 /* ---- sync and propose ---------------------------------------------------------------- */

@@ -107,17 +107,7 @@ struct thaw_engine {
 
 static int slot_reserve(struct slot *s, int n)
 {
-    if (n <= s->cap_tokens)
-        return 0;
-    int cap = s->cap_tokens ? s->cap_tokens : 256;
-    while (cap < n)
-        cap *= 2;
-    llama_token *nt = realloc(s->tokens, (size_t)cap * sizeof *nt);
-    if (!nt)
-        return THAW_ENOMEM;
-    s->tokens = nt;
-    s->cap_tokens = cap;
-    return 0;
+    return thaw_tokens_reserve(&s->tokens, &s->cap_tokens, n);
 }
 
 static void slot_clear_kv(struct thaw_engine *e, struct slot *s)

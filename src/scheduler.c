@@ -112,15 +112,6 @@ void thaw_sched_close(struct thaw_sched *s)
 
 /* ---- slot choice ---------------------------------------------------------------- */
 
-int thaw_lcp(const llama_token *a, int na, const llama_token *b, int nb)
-{
-    int n = na < nb ? na : nb, i = 0;
-
-    while (i < n && a[i] == b[i])
-        i++;
-    return i;
-}
-
 int thaw_sched_pick_slot(const struct thaw_slot_view *slots, int n_slots, const llama_token *prompt, int n_prompt,
                          float similarity)
 {

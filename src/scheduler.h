@@ -9,6 +9,7 @@
 #define THAW_SCHEDULER_H
 
 #include "task.h"
+#include "tokens.h"
 
 #include <stdbool.h>
 
@@ -46,8 +47,6 @@ struct thaw_slot_view {
     bool holds_key;            /* the slot holds `key` of the task's lookup */
 };
 
-/* Longest common prefix of a[0..na) and b[0..nb). */
-int thaw_lcp(const llama_token *a, int na, const llama_token *b, int nb);
 
 /* Picks an idle slot for a prompt: the slot holding the conversation's key,
  * else the one whose held tokens share the largest fraction of the prompt

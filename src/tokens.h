@@ -1,0 +1,14 @@
+/* tokens.h — token arrays: their common prefix, and growing them. */
+#ifndef THAW_TOKENS_H
+#define THAW_TOKENS_H
+
+#include <llama.h>
+
+/* Longest common prefix of a[0..na) and b[0..nb). */
+int thaw_lcp(const llama_token *a, int na, const llama_token *b, int nb);
+
+/* Grows *v (capacity *cap) to hold at least n tokens, doubling from 256.
+ * Returns 0 or THAW_ENOMEM (*v and *cap unchanged). */
+int thaw_tokens_reserve(llama_token **v, int *cap, int n);
+
+#endif
