@@ -89,6 +89,7 @@
  */
 #include "cache_disk.h"
 
+#include "blob.h"
 #include "error.h"
 #include "log.h"
 
@@ -1253,7 +1254,7 @@ err_free:
 static void job_free(struct job *j)
 {
     for (int p = 0; p < THAW_PART_COUNT; p++)
-        free(j->parts[p].data);
+        thaw_blob_unref(j->parts[p].data);
     free(j->meta);
 }
 
@@ -1511,7 +1512,7 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         j->parts[p] = parts[p];
         if (!parts[p].size) { /* absent: the cache owns no buffer for it */
-            free(parts[p].data);
+            thaw_blob_unref(parts[p].data);
             j->parts[p].data = NULL;
         }
         parts[p].data = NULL;

@@ -3,6 +3,8 @@
  * count under any sane budget is small and a linear scan is the cheap part. */
 #include "cache_ram.h"
 
+#include "blob.h"
+
 #include "error.h"
 
 #include <stdlib.h>
@@ -30,9 +32,9 @@ int thaw_ram_cache_new(uint64_t budget_bytes, int64_t ttl_s, struct thaw_ram_cac
 static void drop(struct thaw_ram_cache *c, int i)
 {
     c->bytes -= c->v[i].n_kv + c->v[i].n_ckpt + c->v[i].n_dft;
-    free(c->v[i].kv);
-    free(c->v[i].ckpt);
-    free(c->v[i].dft);
+    thaw_blob_unref(c->v[i].kv);
+    thaw_blob_unref(c->v[i].ckpt);
+    thaw_blob_unref(c->v[i].dft);
     c->v[i] = c->v[--c->n];
 }
 
@@ -63,9 +65,9 @@ int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_
     if ((i = find(c, key)) >= 0)
         drop(c, i);
     if (size > c->budget) {
-        free(kv);
-        free(ckpt);
-        free(dft);
+        thaw_blob_unref(kv);
+        thaw_blob_unref(ckpt);
+        thaw_blob_unref(dft);
         return THAW_ETOOBIG;
     }
     while (c->bytes + size > c->budget && c->n > 0) {
@@ -79,9 +81,9 @@ int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_
         int cap = c->cap ? c->cap * 2 : 8;
         struct thaw_ram_entry *nv = realloc(c->v, (size_t)cap * sizeof *nv);
         if (!nv) {
-            free(kv);
-            free(ckpt);
-            free(dft);
+            thaw_blob_unref(kv);
+            thaw_blob_unref(ckpt);
+            thaw_blob_unref(dft);
             return THAW_ENOMEM;
         }
         c->v = nv;

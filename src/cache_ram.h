@@ -17,11 +17,11 @@ struct thaw_ram_cache;
 
 struct thaw_ram_entry {
     uint8_t key[THAW_RAM_KEY_SIZE];
-    void *kv;          /* .kv blob, owned */
+    void *kv;          /* .kv blob (blob.h), one reference owned */
     size_t n_kv;
-    void *ckpt;        /* .ckpt blob or NULL, owned */
+    void *ckpt;        /* .ckpt blob or NULL, likewise */
     size_t n_ckpt;
-    void *dft;         /* .dft blob or NULL, owned */
+    void *dft;         /* .dft blob or NULL, likewise */
     size_t n_dft;
     int64_t last_used; /* Unix seconds */
 };
@@ -31,8 +31,9 @@ struct thaw_ram_entry {
 int thaw_ram_cache_new(uint64_t budget_bytes, int64_t ttl_s, struct thaw_ram_cache **out);
 void thaw_ram_cache_free(struct thaw_ram_cache *c);
 
-/* Takes ownership of kv, ckpt and dft (freed on eviction, or at once when the
- * entry alone exceeds the budget: then THAW_ETOOBIG). Replaces an entry of
+/* Takes the caller's reference to the blobs kv, ckpt and dft (dropped on
+ * eviction, or at once when the entry alone exceeds the budget: then
+ * THAW_ETOOBIG). Replaces an entry of
  * the same key. Evicts LRU entries to fit. Returns 0 or THAW_ETOOBIG /
  * THAW_ENOMEM (ownership taken in every case). */
 int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE], void *kv, size_t n_kv,

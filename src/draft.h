@@ -44,7 +44,7 @@ int thaw_draft_propose(struct thaw_draft *d, int seq, llama_token last, int max,
 /* Forgets sequence seq. */
 void thaw_draft_clear(struct thaw_draft *d, int seq);
 
-/* The .dft blob (kvstate format) of seq, malloc'd. Returns 0, THAW_ENOMEM or
+/* The .dft blob (kvstate format) of seq, a blob (blob.h). Returns 0, THAW_ENOMEM or
  * THAW_ELLAMA. */
 int thaw_draft_capture(struct thaw_draft *d, int seq, void **out, size_t *n_out);
 

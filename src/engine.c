@@ -18,6 +18,7 @@
  */
 #include "engine.h"
 
+#include "blob.h"
 #include "cache_disk.h"
 #include "cache_ram.h"
 #include "draft.h"
@@ -367,12 +368,13 @@ static void slot_store(struct thaw_engine *e, struct slot *s)
     if (s->n_tokens < e->cfg->kv_cache_min_tokens || s->n_tokens == 0)
         return;
     key_short(s->store_key, hex);
+    int64_t t0 = thaw_now_us();
     if ((rc = thaw_kvstate_capture(e->ctx, s->id, s->tokens, s->n_tokens, &parts[THAW_PART_KV].data,
                                    &parts[THAW_PART_KV].size)) != 0 ||
         (e->partial &&
          (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)) {
         LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
-        free(parts[THAW_PART_KV].data);
+        thaw_blob_unref(parts[THAW_PART_KV].data);
         return;
     }
     /* the draft catches up with the stored tokens first, so the next turn
@@ -388,32 +390,28 @@ static void slot_store(struct thaw_engine *e, struct slot *s)
     for (int p = 0; p < THAW_PART_COUNT; p++)
         sizes[p] = parts[p].size;
     if (e->disk) {
-        /* with both tiers the writer gets copies and the RAM tier the originals */
+        /* with both tiers, both hold a reference to the same bytes */
         struct thaw_disk_blob w[THAW_PART_COUNT];
-        bool ok = true;
         for (int p = 0; p < THAW_PART_COUNT; p++) {
             w[p] = parts[p];
-            if (e->ram && parts[p].size) {
-                w[p].data = malloc(parts[p].size);
-                if (w[p].data)
-                    memcpy(w[p].data, parts[p].data, parts[p].size);
-                ok &= w[p].data != NULL;
-            }
+            if (e->ram && parts[p].data)
+                thaw_blob_ref(parts[p].data);
         }
-        rc = ok ? thaw_disk_cache_submit(e->disk, s->store_key, (uint32_t)s->n_tokens, w, NULL, 0) : THAW_ENOMEM;
+        rc = thaw_disk_cache_submit(e->disk, s->store_key, (uint32_t)s->n_tokens, w, NULL, 0);
         if (rc != 0) {
             LOG_WRN("slot %d: store of %s to disk dropped: %s", s->id, hex, thaw_strerror(rc));
             for (int p = 0; p < THAW_PART_COUNT; p++)
-                free(w[p].data); /* on failure ownership stayed here */
+                thaw_blob_unref(w[p].data); /* on failure the reference stayed here */
         }
         if (!e->ram)
-            memset(parts, 0, sizeof parts); /* moved to the writer, or freed just above */
+            memset(parts, 0, sizeof parts); /* moved to the writer, or dropped just above */
     }
     if (e->ram && thaw_ram_cache_put(e->ram, s->store_key, parts[0].data, parts[0].size, parts[1].data,
                                      parts[1].size, parts[2].data, parts[2].size, wall_s()) != 0)
         LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", s->id, hex);
-    LOG_INF("slot %d: stored %s: %d tokens, %.1f MiB state%s%s -> %s", s->id, hex, s->n_tokens,
-            (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where);
+    LOG_INF("slot %d: stored %s: %d tokens, %.1f MiB state%s%s -> %s in %.1f ms", s->id, hex, s->n_tokens,
+            (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
+            (double)(thaw_now_us() - t0) / 1000.0);
 }
 
 /* After a reply: derive the store key, and the tokens the next turn will

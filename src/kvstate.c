@@ -1,6 +1,7 @@
 /* kvstate.c — capture/restore of sequence state and context checkpoints. */
 #include "kvstate.h"
 
+#include "blob.h"
 #include "error.h"
 
 #include <stdlib.h>
@@ -36,14 +37,14 @@ int thaw_kvstate_capture(struct llama_context *ctx, llama_seq_id seq, const llam
 
     if (n_state == 0)
         return THAW_ELLAMA;
-    blob = malloc(head + n_state);
+    blob = thaw_blob_alloc(head + n_state);
     if (!blob)
         return THAW_ENOMEM;
     struct kv_header h = {KV_MAGIC, FORMAT_VERSION, (uint32_t)n_tokens, 0, n_state};
     memcpy(blob, &h, sizeof h);
     memcpy(blob + sizeof h, tokens, (size_t)n_tokens * sizeof(int32_t));
     if (llama_state_seq_get_data(ctx, blob + head, n_state, seq) != n_state) {
-        free(blob);
+        thaw_blob_unref(blob);
         return THAW_ELLAMA;
     }
     *out = blob;
@@ -173,7 +174,7 @@ int thaw_ckpt_serialize(const struct thaw_ckpt_list *l, void **out, size_t *n_ou
         return 0;
     for (int i = 0; i < l->n; i++)
         n += sizeof(struct ckpt_record) + l->v[i].size;
-    if (!(blob = malloc(n)))
+    if (!(blob = thaw_blob_alloc(n)))
         return THAW_ENOMEM;
     struct ckpt_header h = {CKPT_MAGIC, FORMAT_VERSION, (uint32_t)l->n, 0};
     memcpy(blob, &h, sizeof h);

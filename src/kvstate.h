@@ -27,7 +27,8 @@
 
 /* ---- .kv ---- */
 
-/* Serialises seq's state with its token list into a malloc'd blob.
+/* Serialises seq's state with its token list into a blob (blob.h: the
+ * caller drops it with thaw_blob_unref).
  * Returns 0, THAW_ENOMEM or THAW_ELLAMA (the state could not be read). */
 int thaw_kvstate_capture(struct llama_context *ctx, llama_seq_id seq, const llama_token *tokens, int n_tokens,
                          void **out, size_t *n_out);
@@ -74,7 +75,7 @@ int thaw_ckpt_restore(const struct thaw_ckpt *c, struct llama_context *ctx, llam
 void thaw_ckpt_truncate(struct thaw_ckpt_list *l, int n_tokens);
 void thaw_ckpt_clear(struct thaw_ckpt_list *l);
 
-/* Serialises the list into a malloc'd blob (*out NULL and *n_out 0 for an
+/* Serialises the list into a blob (blob.h) (*out NULL and *n_out 0 for an
  * empty list). Returns 0 or THAW_ENOMEM. */
 int thaw_ckpt_serialize(const struct thaw_ckpt_list *l, void **out, size_t *n_out);
 

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "blob.h"
 #include "cache_disk.h"
 #include "error.h"
 #include "vfs.h"
@@ -182,7 +183,7 @@ static void data_make(struct data *d, unsigned seed, size_t kv, size_t ckpt, siz
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         if (!d->size[p])
             continue;
-        d->buf[p] = malloc(d->size[p]);
+        d->buf[p] = thaw_blob_alloc(d->size[p]);
         assert_non_null(d->buf[p]);
         for (size_t i = 0; i < d->size[p]; i++) {
             x ^= x << 13;
@@ -206,7 +207,7 @@ static void data_blobs(const struct data *d, struct thaw_disk_blob b[THAW_PART_C
 static void data_free(struct data *d)
 {
     for (int p = 0; p < THAW_PART_COUNT; p++)
-        free(d->buf[p]);
+        thaw_blob_unref(d->buf[p]);
 }
 
 static int store_data(struct thaw_disk_cache *c, const uint8_t *key, const struct data *d)

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blob.h"
 #include "cache_ram.h"
 #include "error.h"
 
@@ -16,7 +17,14 @@ static void key(uint8_t k[THAW_RAM_KEY_SIZE], int i)
     k[0] = (uint8_t)i;
 }
 
-static void *blob(size_t n) { return calloc(1, n); }
+static void *blob(size_t n)
+{
+    void *b = thaw_blob_alloc(n);
+
+    assert_non_null(b);
+    memset(b, 0, n);
+    return b;
+}
 
 static void test_lru_and_budget(void **state)
 {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blob.h"
 #include "error.h"
 #include "kvstate.h"
 
@@ -81,7 +82,7 @@ static void test_ckpt_round_trip_and_damage(void **state)
     assert_int_equal(thaw_ckpt_parse(NULL, 0, &back), 0); /* empty = no checkpoints */
     thaw_ckpt_clear(&l);
     thaw_ckpt_clear(&back);
-    free(blob);
+    thaw_blob_unref(blob);
 }
 
 int main(void)

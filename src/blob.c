@@ -1,0 +1,85 @@
+/* blob.c — reference-counted byte buffers; see blob.h. */
+#include "blob.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#define HUGE_PAGE ((size_t)2 << 20)
+#define MAP_MIN HUGE_PAGE /* below this: malloc */
+
+/* Sits just before the bytes handed out; 64 bytes keeps them aligned. */
+struct blob_head {
+    atomic_size_t refs;
+    void *base;     /* mapping start, or the malloc block */
+    size_t map_len; /* 0 = malloc'd */
+    char pad[64 - sizeof(atomic_size_t) - sizeof(void *) - sizeof(size_t)];
+};
+
+_Static_assert(sizeof(struct blob_head) == 64, "blob header must keep data 64-byte aligned");
+
+/* A mapping of at least len bytes starting on a huge-page boundary, so
+ * each whole 2 MiB of it can be one huge page (the tail, under 2 MiB, is
+ * plain pages: at most a page is wasted). */
+static void *map_aligned(size_t len, size_t *map_len)
+{
+    size_t want = (len + 4095) & ~(size_t)4095;
+    size_t span = want + HUGE_PAGE;
+    uint8_t *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    if (m == MAP_FAILED)
+        return NULL;
+    uint8_t *a = (uint8_t *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (a > m)
+        munmap(m, (size_t)(a - m));
+    if (a + want < m + span)
+        munmap(a + want, (size_t)(m + span - (a + want)));
+#ifdef MADV_HUGEPAGE
+    madvise(a, want, MADV_HUGEPAGE); /* advice only: without THP it is plain pages */
+#endif
+    *map_len = want;
+    return a;
+}
+
+void *thaw_blob_alloc(size_t n)
+{
+    struct blob_head *h;
+    void *base;
+    size_t map_len = 0;
+
+    if (n == 0 || n > SIZE_MAX - 2 * HUGE_PAGE)
+        return NULL;
+    if (n + sizeof *h >= MAP_MIN)
+        base = map_aligned(n + sizeof *h, &map_len);
+    else if (posix_memalign(&base, 64, n + sizeof *h) != 0)
+        base = NULL;
+    if (!base)
+        return NULL;
+    h = base;
+    atomic_init(&h->refs, 1);
+    h->base = base;
+    h->map_len = map_len;
+    return h + 1;
+}
+
+void *thaw_blob_ref(void *p)
+{
+    struct blob_head *h = (struct blob_head *)p - 1;
+
+    atomic_fetch_add_explicit(&h->refs, 1, memory_order_relaxed);
+    return p;
+}
+
+void thaw_blob_unref(void *p)
+{
+    if (!p)
+        return;
+    struct blob_head *h = (struct blob_head *)p - 1;
+    if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    if (h->map_len)
+        munmap(h->base, h->map_len);
+    else
+        free(h->base);
+}
