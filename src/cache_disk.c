@@ -84,7 +84,7 @@
  *   ---- file I/O ----       durable writes, removal, reading and mapping
  *   ---- open / close ----   directory, lock, sweep, writer start/stop
  *   ---- store ----          synchronous store, writer thread, submit, flush
- *   ---- lookup ----         lookup, entry accessors, .dft drop, verify
+ *   ---- lookup ----         lookup, prefetch, entry accessors, .dft drop, verify
  *   ---- evict / remove ---- TTL then LRU, removal, listing, stats
  */
 #include "cache_disk.h"
@@ -1826,6 +1826,37 @@ int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_D
             !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
     pthread_mutex_unlock(&c->mu);
     return found;
+}
+
+int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE])
+{
+    char hex[HEX_LEN + 1], path[PATH_MAX];
+    uint64_t size[THAW_PART_COUNT];
+    struct ent *e;
+    int found, n = 0;
+
+    if (!c || !key)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    e = index_find(c, key);
+    found = e && e->live && !e->busy && !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    if (found)
+        memcpy(size, e->part_size, sizeof size);
+    pthread_mutex_unlock(&c->mu);
+    if (!found)
+        return 0;
+    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        if (!size[p])
+            continue;
+        entry_path(c, path, hex, part_ext[p], 0);
+        int fd = c->vfs->open(c->vfs, path, O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0)
+            continue; /* removed meanwhile: the lookup will miss too */
+        n += posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED) == 0;
+        c->vfs->close(c->vfs, fd);
+    }
+    return n;
 }
 
 const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_disk_part p,

@@ -217,6 +217,14 @@ int thaw_disk_entry_verify(struct thaw_disk_cache *c, struct thaw_disk_entry *e)
  * change of last use. */
 int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE]);
 
+/* Asks the kernel to start reading key's entry into the page cache
+ * (POSIX_FADV_WILLNEED), so that a lookup made later, when the request has
+ * a slot, finds it in memory. Any thread; returns at once, without waiting
+ * for the reads and without checking anything but the index. Returns how
+ * many part files the advice was given for (0: no such entry, or nothing
+ * could be opened). */
+int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE]);
+
 /* A part's bytes, valid until thaw_disk_entry_release(); *size gets its
  * length (0 when absent; size may be NULL). NULL when the part is absent. */
 const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_disk_part p,

@@ -215,6 +215,15 @@ static void key_short(const uint8_t key[THAW_KEY_BYTES], char out[17])
     thaw_hex(key, 8, out);
 }
 
+/* The RAM tier is engine-thread only; /metrics reads these copies. */
+static void ram_gauges(struct thaw_engine *e)
+{
+    if (!e->ram)
+        return;
+    atomic_store(&e->metrics->ram_bytes, thaw_ram_cache_bytes(e->ram));
+    atomic_store(&e->metrics->ram_entries, thaw_ram_cache_count(e->ram));
+}
+
 /* Installs a cached conversation (its .kv, .ckpt and .dft blobs; the last
  * two may be empty) into the slot when it holds more of the prompt than the
  * slot already does. Returns the tokens of the prompt the slot now holds
@@ -284,7 +293,8 @@ static int slot_restore(struct thaw_engine *e, struct slot *s, const struct thaw
     }
     key_short(t->lookup_key, hex);
     if (e->ram) {
-        thaw_ram_cache_evict(e->ram, wall_s());
+        if (thaw_ram_cache_evict(e->ram, wall_s()) > 0)
+            ram_gauges(e);
         const struct thaw_ram_entry *re = thaw_ram_cache_get(e->ram, t->lookup_key, wall_s());
         if (re) {
             const struct thaw_disk_blob parts[THAW_PART_COUNT] = {
@@ -293,6 +303,7 @@ static int slot_restore(struct thaw_engine *e, struct slot *s, const struct thaw
             if (got < 0) {
                 LOG_WRN("slot %d: RAM entry %s unusable (%s): dropped", s->id, hex, thaw_strerror(got));
                 thaw_ram_cache_remove(e->ram, t->lookup_key);
+                ram_gauges(e);
                 got = 0;
             } else if (got > n_past) {
                 atomic_fetch_add(&e->metrics->cache_hits_ram, 1);
@@ -409,9 +420,13 @@ static void slot_store(struct thaw_engine *e, struct slot *s)
     if (e->ram && thaw_ram_cache_put(e->ram, s->store_key, parts[0].data, parts[0].size, parts[1].data,
                                      parts[1].size, parts[2].data, parts[2].size, wall_s()) != 0)
         LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", s->id, hex);
+    ram_gauges(e);
+    int64_t took = thaw_now_us() - t0;
+    atomic_fetch_add(&e->metrics->stores, 1);
+    atomic_fetch_add(&e->metrics->store_us, (uint64_t)took);
     LOG_INF("slot %d: stored %s: %d tokens, %.1f MiB state%s%s -> %s in %.1f ms", s->id, hex, s->n_tokens,
             (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
-            (double)(thaw_now_us() - t0) / 1000.0);
+            (double)took / 1000.0);
 }
 
 /* After a reply: derive the store key, and the tokens the next turn will
@@ -954,15 +969,24 @@ static void *engine_main(void *arg)
 
 int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
 {
+    uint8_t key[THAW_KEY_BYTES];
+    bool has_key = t->has_lookup_key;
     int rc;
 
     if (t->n_prompt < 1 || t->n_prompt >= e->n_ctx_slot)
         return THAW_ECTXFULL;
     if (t->max_tokens <= 0)
         t->max_tokens = e->n_ctx_slot;
+    if (has_key)
+        memcpy(key, t->lookup_key, THAW_KEY_BYTES);
     rc = thaw_sched_push(e->sched, t);
     if (rc == 0)
         atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));
+    /* Start the disk reads now: while the task waits for a slot (or the
+     * engine finishes a step), the kernel brings the entry into memory.
+     * Harmless when a slot or the RAM tier serves it instead. */
+    if (rc == 0 && e->disk && has_key && thaw_disk_cache_prefetch(e->disk, key) > 0)
+        atomic_fetch_add(&e->metrics->cache_prefetches, 1);
     return rc;
 }
 

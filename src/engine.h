@@ -31,7 +31,9 @@ void thaw_engine_stop(struct thaw_engine *e);
 /* Stops (if not yet) and frees all. */
 void thaw_engine_free(struct thaw_engine *e);
 
-/* Hands a task to the engine (it takes its own reference). Returns 0,
+/* Hands a task to the engine (it takes its own reference); when the task's
+ * conversation is on disk, starts reading it (thaw_disk_cache_prefetch)
+ * before it waits for a slot. Returns 0,
  * THAW_ECTXFULL (prompt cannot fit a slot's context), THAW_EBUSY (queue
  * full) or THAW_ESHUTDOWN. */
 int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t);

@@ -46,6 +46,12 @@ char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn ex
     C("kv_cache_hits_disk_total", "lookups served by the disk tier", atomic_load(&m->cache_hits_disk));
     C("kv_cache_misses_total", "lookups that found nothing", atomic_load(&m->cache_misses));
     C("kv_cache_restore_seconds_total", "time spent restoring state", atomic_load(&m->restore_us) / 1e6);
+    C("kv_cache_prefetches_total", "disk entries read ahead while their request waited",
+      atomic_load(&m->cache_prefetches));
+    C("kv_cache_stores_total", "states captured after a reply (for the RAM and disk tiers)", atomic_load(&m->stores));
+    C("kv_cache_store_seconds_total", "engine time spent capturing states", atomic_load(&m->store_us) / 1e6);
+    G("kv_cache_ram_bytes", "bytes held by the RAM tier", atomic_load(&m->ram_bytes));
+    G("kv_cache_ram_entries", "conversations held by the RAM tier", atomic_load(&m->ram_entries));
     uint64_t drafted = atomic_load(&m->draft_tokens), accepted = atomic_load(&m->draft_accepted);
     C("draft_tokens_total", "tokens proposed by the draft model", drafted);
     C("draft_accepted_total", "drafted tokens the target accepted", accepted);

@@ -33,6 +33,11 @@ struct thaw_metrics {
     atomic_uint_fast64_t cache_hits_disk;
     atomic_uint_fast64_t cache_misses;
     atomic_uint_fast64_t restore_us;         /* time spent restoring, microseconds */
+    atomic_uint_fast64_t cache_prefetches;   /* disk entries whose reads started while queued */
+    atomic_uint_fast64_t stores;             /* states captured after a reply */
+    atomic_uint_fast64_t store_us;           /* engine time spent capturing them, microseconds */
+    atomic_uint_fast64_t ram_bytes;          /* gauge: bytes held by the RAM tier */
+    atomic_int ram_entries;                  /* gauge: conversations held by the RAM tier */
     /* speculative decoding */
     atomic_uint_fast64_t draft_tokens;       /* tokens proposed by the draft */
     atomic_uint_fast64_t draft_accepted;     /* of those, accepted by the target */

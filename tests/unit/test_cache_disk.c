@@ -425,6 +425,35 @@ static void test_missing(void **state)
     assert_int_equal(stats(f->c).lookups, 1);
 }
 
+/* Prefetch advises the kernel about each present part file, from the index
+ * alone: no lookup is counted, nothing is verified. */
+static void test_prefetch(void **state)
+{
+    struct fx *f = *state;
+    uint8_t k[32], k2[32];
+    char path[PATH_MAX];
+    struct data d;
+
+    key_make(k, 31);
+    key_make(k2, 32);
+    data_make(&d, 31, 50000, 700, 0);
+    fx_open(f);
+    assert_int_equal(thaw_disk_cache_prefetch(f->c, k), 0);
+    assert_int_equal(store_data(f->c, k, &d), 0);
+    assert_int_equal(thaw_disk_cache_prefetch(f->c, k), 2); /* .kv and .ckpt; no .dft stored */
+    assert_int_equal(thaw_disk_cache_prefetch(f->c, k2), 0);
+    assert_int_equal(thaw_disk_cache_prefetch(NULL, k), 0);
+    assert_int_equal(thaw_disk_cache_prefetch(f->c, NULL), 0);
+    assert_int_equal(stats(f->c).lookups, 0);
+    /* a part gone behind the cache's back: the others are still advised */
+    file_path(f, k, ".kv", path);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(thaw_disk_cache_prefetch(f->c, k), 1);
+    assert_int_equal(thaw_disk_cache_remove(f->c, k), 0);
+    assert_int_equal(thaw_disk_cache_prefetch(f->c, k), 0);
+    data_free(&d);
+}
+
 static void test_bad_arguments(void **state)
 {
     struct fx *f = *state;
@@ -1686,6 +1715,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_round_trip),
         T(test_missing),
+        T(test_prefetch),
         T(test_bad_arguments),
         T(test_remove_list_verify),
         T(test_corrupt_each_file),
