@@ -1,6 +1,8 @@
 /* blob.c — reference-counted byte buffers; see blob.h. */
 #include "blob.h"
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -8,6 +10,58 @@
 
 #define HUGE_PAGE ((size_t)2 << 20)
 #define MAP_MIN HUGE_PAGE /* below this: malloc */
+
+/* Freed mappings kept for the next large alloc (see blob.h). */
+#define POOL_SLOTS 4
+#define POOL_MAX_BYTES ((size_t)512 << 20)
+
+static struct {
+    pthread_mutex_t mu;
+    struct {
+        void *base;
+        size_t len;
+    } v[POOL_SLOTS];
+    int n;
+    size_t bytes;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The smallest pooled mapping of at least len bytes, or NULL. */
+static void *pool_take(size_t len, size_t *map_len)
+{
+    void *base = NULL;
+    int best = -1;
+
+    pthread_mutex_lock(&pool.mu);
+    for (int i = 0; i < pool.n; i++)
+        if (pool.v[i].len >= len && (best < 0 || pool.v[i].len < pool.v[best].len))
+            best = i;
+    if (best >= 0) {
+        base = pool.v[best].base;
+        *map_len = pool.v[best].len;
+        pool.bytes -= pool.v[best].len;
+        pool.v[best] = pool.v[--pool.n];
+    }
+    pthread_mutex_unlock(&pool.mu);
+    return base;
+}
+
+/* Keeps a freed mapping for reuse, or unmaps it when the pool is full. */
+static void pool_give(void *base, size_t len)
+{
+    bool kept = false;
+
+    pthread_mutex_lock(&pool.mu);
+    if (pool.n < POOL_SLOTS && pool.bytes + len <= POOL_MAX_BYTES) {
+        pool.v[pool.n].base = base;
+        pool.v[pool.n].len = len;
+        pool.n++;
+        pool.bytes += len;
+        kept = true;
+    }
+    pthread_mutex_unlock(&pool.mu);
+    if (!kept)
+        munmap(base, len);
+}
 
 /* Sits just before the bytes handed out; 64 bytes keeps them aligned. */
 struct blob_head {
@@ -19,12 +73,13 @@ struct blob_head {
 
 _Static_assert(sizeof(struct blob_head) == 64, "blob header must keep data 64-byte aligned");
 
-/* A mapping of at least len bytes starting on a huge-page boundary, so
- * each whole 2 MiB of it can be one huge page (the tail, under 2 MiB, is
- * plain pages: at most a page is wasted). */
+/* A mapping of at least len bytes plus a quarter of headroom (address
+ * space only until touched: it lets a pooled mapping take a conversation's
+ * next, longer state), starting on a huge-page boundary so each whole
+ * 2 MiB can be one huge page. */
 static void *map_aligned(size_t len, size_t *map_len)
 {
-    size_t want = (len + 4095) & ~(size_t)4095;
+    size_t want = (len + len / 4 + 4095) & ~(size_t)4095;
     size_t span = want + HUGE_PAGE;
     uint8_t *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
@@ -42,6 +97,16 @@ static void *map_aligned(size_t len, size_t *map_len)
     return a;
 }
 
+void thaw_blob_pool_drain(void)
+{
+    pthread_mutex_lock(&pool.mu);
+    for (int i = 0; i < pool.n; i++)
+        munmap(pool.v[i].base, pool.v[i].len);
+    pool.n = 0;
+    pool.bytes = 0;
+    pthread_mutex_unlock(&pool.mu);
+}
+
 void *thaw_blob_alloc(size_t n)
 {
     struct blob_head *h;
@@ -50,8 +115,11 @@ void *thaw_blob_alloc(size_t n)
 
     if (n == 0 || n > SIZE_MAX - 2 * HUGE_PAGE)
         return NULL;
-    if (n + sizeof *h >= MAP_MIN)
-        base = map_aligned(n + sizeof *h, &map_len);
+    if (n + sizeof *h >= MAP_MIN) {
+        base = pool_take(n + sizeof *h, &map_len);
+        if (!base)
+            base = map_aligned(n + sizeof *h, &map_len);
+    }
     else if (posix_memalign(&base, 64, n + sizeof *h) != 0)
         base = NULL;
     if (!base)
@@ -79,7 +147,7 @@ void thaw_blob_unref(void *p)
     if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) != 1)
         return;
     if (h->map_len)
-        munmap(h->base, h->map_len);
+        pool_give(h->base, h->map_len);
     else
         free(h->base);
 }

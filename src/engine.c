@@ -69,6 +69,11 @@ struct slot {
     bool holds_key;            /* held_key names the conversation in the KV */
     uint8_t held_key[THAW_KEY_BYTES];
 
+    /* the key this turn's conversation was looked up under: its previous
+     * turn, which this turn's store supersedes in the RAM tier */
+    bool has_prev_key;
+    uint8_t prev_key[THAW_KEY_BYTES];
+
     /* FIXUP: decode fix[n_tokens..n_fix) then store under store_key */
     llama_token *fix;
     int n_fix;
@@ -420,6 +425,14 @@ static void slot_store(struct thaw_engine *e, struct slot *s)
     if (e->ram && thaw_ram_cache_put(e->ram, s->store_key, parts[0].data, parts[0].size, parts[1].data,
                                      parts[1].size, parts[2].data, parts[2].size, wall_s()) != 0)
         LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", s->id, hex);
+    /* The previous turn's entry is a prefix of this one: keep it in RAM
+     * only while the disk cannot serve it (a regenerated reply looks it
+     * up again). Frees memory for more conversations, and a mapping the
+     * next capture reuses (blob.h). */
+    if (e->ram && e->disk && s->has_prev_key && memcmp(s->prev_key, s->store_key, THAW_KEY_BYTES) != 0 &&
+        thaw_disk_cache_contains(e->disk, s->prev_key))
+        thaw_ram_cache_remove(e->ram, s->prev_key);
+    s->has_prev_key = false;
     ram_gauges(e);
     int64_t took = thaw_now_us() - t0;
     atomic_fetch_add(&e->metrics->stores, 1);
@@ -527,6 +540,9 @@ static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t
     int n_past = req->cache_prompt ? thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) : 0;
     if (n_past > 0)
         s->timings.cache_source = "slot";
+    s->has_prev_key = t->has_lookup_key;
+    if (t->has_lookup_key)
+        memcpy(s->prev_key, t->lookup_key, THAW_KEY_BYTES);
     if (cache_enabled(e) && t->has_lookup_key)
         n_past = slot_restore(e, s, t, n_past);
     /* at least one prompt token must be decoded to get logits to sample from */

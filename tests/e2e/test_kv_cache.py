@@ -332,6 +332,34 @@ def test_disk_full_keeps_serving(serve, tmp_path):
         subprocess.run(["umount", "-l", str(d)])
 
 
+def test_ram_tier_keeps_one_turn_per_conversation_when_the_disk_has_the_rest(serve, tmp_path):
+    # With both tiers, a turn's store drops the conversation's previous turn
+    # from RAM once the disk holds it: regenerating a reply still finds it.
+    a, b = conversation(0, 300), conversation(1, 300)
+    s = serve("llama", "-np", "1", "--kv-cache-dir", str(tmp_path), "--cache-ram", "64",
+              "--kv-cache-min-tokens", "16")
+
+    def written(n):  # the writer runs behind the replies
+        deadline = time.time() + 30
+        while s.metrics()["thaw_kv_disk_stores_total"] < n:
+            assert time.time() < deadline, "disk stores did not land"
+            time.sleep(0.05)
+
+    ra1, rb1 = chat(s, a), chat(s, b)  # b takes the only slot
+    written(2)
+    ra2 = chat(s, turn2(a, ra1, 0))  # a's turn 1 from RAM; its store supersedes it
+    assert ra2["timings"]["cache_source"] == "ram"
+    written(3)
+    rb2 = chat(s, turn2(b, rb1, 1))
+    assert rb2["timings"]["cache_source"] == "ram"
+    again = chat(s, turn2(a, ra1, 0))  # regenerate a's turn 2: turn 1 now only on disk
+    assert again["timings"]["cache_source"] == "disk"
+    assert again["timings"]["cache_n"] >= 0.95 * again["usage"]["prompt_tokens"]
+    assert reply(again) == reply(ra2)
+    assert s.metrics()["thaw_kv_cache_ram_entries"] == 2  # a's and b's turn 2
+    s.stop()
+
+
 def test_ram_tier_serves_a_conversation_whose_slot_was_reused(serve):
     # no disk tier at all: the RAM tier alone (--cache-ram) brings it back
     convs = [conversation(i, 300) for i in range(2)]

@@ -54,11 +54,38 @@ static void test_refs(void **state)
     }
 }
 
+/* A freed mapping comes back for the next alloc it fits, headroom
+ * included; one too small is not used. */
+static void test_pool(void **state)
+{
+    const size_t mib = 1u << 20;
+
+    (void)state;
+    thaw_blob_pool_drain();
+    uint8_t *a = thaw_blob_alloc(8 * mib);
+    assert_non_null(a);
+    memset(a, 1, 8 * mib);
+    thaw_blob_unref(a);
+    uint8_t *b = thaw_blob_alloc(9 * mib); /* a turn later: a little longer */
+    assert_ptr_equal(b, a);
+    memset(b, 2, 9 * mib);
+    uint8_t *c = thaw_blob_alloc(8 * mib); /* the pool is empty again */
+    assert_ptr_not_equal(c, a);
+    thaw_blob_unref(b);
+    uint8_t *d = thaw_blob_alloc(64 * mib); /* does not fit the pooled one */
+    assert_ptr_not_equal(d, a);
+    memset(d, 3, 64 * mib);
+    thaw_blob_unref(c);
+    thaw_blob_unref(d);
+    thaw_blob_pool_drain();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_refs),
+        cmocka_unit_test(test_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
