@@ -25,7 +25,9 @@ static struct {
     size_t bytes;
 } pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-/* The smallest pooled mapping of at least len bytes, or NULL. */
+/* The smallest pooled mapping of len to 2 * len bytes, or NULL. The bound
+ * keeps a small state from pinning a large, touched mapping that the RAM
+ * tier's budget would count at the state's size. */
 static void *pool_take(size_t len, size_t *map_len)
 {
     void *base = NULL;
@@ -33,7 +35,7 @@ static void *pool_take(size_t len, size_t *map_len)
 
     pthread_mutex_lock(&pool.mu);
     for (int i = 0; i < pool.n; i++)
-        if (pool.v[i].len >= len && (best < 0 || pool.v[i].len < pool.v[best].len))
+        if (pool.v[i].len >= len && pool.v[i].len / 2 <= len && (best < 0 || pool.v[i].len < pool.v[best].len))
             best = i;
     if (best >= 0) {
         base = pool.v[best].base;
@@ -119,8 +121,7 @@ void *thaw_blob_alloc(size_t n)
         base = pool_take(n + sizeof *h, &map_len);
         if (!base)
             base = map_aligned(n + sizeof *h, &map_len);
-    }
-    else if (posix_memalign(&base, 64, n + sizeof *h) != 0)
+    } else if (posix_memalign(&base, 64, n + sizeof *h) != 0)
         base = NULL;
     if (!base)
         return NULL;

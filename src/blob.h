@@ -9,10 +9,11 @@
  * huge pages: faulting in 18 MiB page by page cost ~50 ms on the engine
  * thread (measured on a 2-core VM, where a page's first touch traps to the
  * host), 2 MiB pages make it a few on bare metal. A freed mapping is kept
- * (up to 4, 512 MiB) and handed to the next large alloc it fits: its pages
- * are already in, so a capture into it costs only the copy. Mappings carry
- * a quarter of untouched headroom, so one freed by a conversation's turn
- * fits its next, longer turn. Small buffers come from malloc.
+ * (up to 4, 512 MiB) and handed to the next large alloc it fits without
+ * being over twice its size: its pages are already in, so a capture into
+ * it costs only the copy. Mappings carry a quarter of untouched headroom,
+ * so one freed by a conversation's turn fits its next, longer turn. Small
+ * buffers come from malloc.
  *
  * References may be dropped from any thread (the count is atomic).
  */

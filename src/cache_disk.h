@@ -153,8 +153,9 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK
  * I/O or on the writer). Same arguments and checks as thaw_disk_cache_store.
  * parts[i].data must be blobs (blob.h). Returns 0: the caller's reference
  * to every parts[i].data moves to the cache (dropped after the write,
- * whatever its outcome) and parts[i].data is set to NULL; meta is copied, the caller keeps it. The write's own outcome
- * shows only in the stats and the log.
+ * whatever its outcome) and parts[i].data is set to NULL; meta is copied,
+ * the caller keeps it. The write's own outcome shows only in the stats and
+ * the log.
  * Otherwise the caller keeps its references:
  *   THAW_EBUSY    the queue holds queue_depth stores already; stores_dropped
  *                 is incremented

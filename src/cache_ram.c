@@ -4,7 +4,6 @@
 #include "cache_ram.h"
 
 #include "blob.h"
-
 #include "error.h"
 
 #include <stdlib.h>

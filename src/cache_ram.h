@@ -33,9 +33,9 @@ void thaw_ram_cache_free(struct thaw_ram_cache *c);
 
 /* Takes the caller's reference to the blobs kv, ckpt and dft (dropped on
  * eviction, or at once when the entry alone exceeds the budget: then
- * THAW_ETOOBIG). Replaces an entry of
- * the same key. Evicts LRU entries to fit. Returns 0 or THAW_ETOOBIG /
- * THAW_ENOMEM (ownership taken in every case). */
+ * THAW_ETOOBIG). Replaces an entry of the same key. Evicts LRU entries to
+ * fit. Returns 0 or THAW_ETOOBIG / THAW_ENOMEM (the references are taken
+ * in every case). */
 int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE], void *kv, size_t n_kv,
                        void *ckpt, size_t n_ckpt, void *dft, size_t n_dft, int64_t now);
 
