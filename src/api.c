@@ -308,6 +308,27 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
     memset(req, 0, sizeof *req);
 }
 
+int thaw_api_admit(const struct thaw_chat_request *req, int n_ctx_slot, int max_token_bytes, char *err,
+                   size_t errlen)
+{
+    size_t bytes = 0;
+
+    if (n_ctx_slot < 1 || max_token_bytes < 1)
+        return fail(err, errlen, "the server has no context to admit requests into");
+    if (req->n_messages >= (size_t)n_ctx_slot)
+        return fail(err, errlen, "'messages' holds %zu messages; a slot's context holds %d tokens (-c / -np)",
+                    req->n_messages, n_ctx_slot);
+    for (size_t i = 0; i < req->n_messages; i++)
+        bytes += strlen(req->messages[i].content);
+    /* every token covers at most max_token_bytes of text */
+    if (bytes / (size_t)max_token_bytes >= (size_t)n_ctx_slot)
+        return fail(err, errlen,
+                    "'messages' hold %zu bytes of text: at least %zu tokens, more than a slot's context of %d "
+                    "tokens (-c / -np)",
+                    bytes, bytes / (size_t)max_token_bytes, n_ctx_slot);
+    return 0;
+}
+
 /* ---- responses ---------------------------------------------------------------- */
 
 static char *dump(json_t *root)

@@ -59,6 +59,14 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
 
 void thaw_chat_request_free(struct thaw_chat_request *req);
 
+/* Admission: bounds that need no template or tokenizer, so a request that
+ * cannot fit is refused before any costly work. A prompt must leave a slot
+ * of `n_ctx_slot` tokens one free for the reply, so it cannot have as many
+ * messages as the slot has tokens (each renders to at least one), nor as
+ * much text as n_ctx_slot tokens of at most `max_token_bytes` bytes each. Returns 0, or THAW_EINVAL with the reason in err[errlen]. */
+int thaw_api_admit(const struct thaw_chat_request *req, int n_ctx_slot, int max_token_bytes, char *err,
+                   size_t errlen);
+
 /* {"error":{"message","type","code"}} for an HTTP status. */
 char *thaw_api_error_json(int status, const char *message);
 

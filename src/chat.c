@@ -202,17 +202,30 @@ void thaw_chat_key(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_mess
     crypto_generichash_final(&st, out, THAW_KEY_BYTES);
 }
 
-void thaw_chat_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings, int namespace_id,
-                       uint8_t out[THAW_KEY_BYTES])
+void thaw_chat_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings,
+                       const uint8_t namespace_id[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES])
 {
     crypto_generichash_state st;
-    char ns[32];
 
-    snprintf(ns, sizeof ns, "ns:%d", namespace_id);
     crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
-    hash_field(&st, "thaw.binding.v1");
+    hash_field(&st, "thaw.binding.v2");
     crypto_generichash_update(&st, fingerprint, THAW_KEY_BYTES);
     hash_field(&st, settings);
-    hash_field(&st, ns);
+    if (namespace_id) {
+        hash_field(&st, "ns");
+        crypto_generichash_update(&st, namespace_id, THAW_KEY_BYTES);
+    } else {
+        hash_field(&st, "identity");
+    }
     crypto_generichash_final(&st, out, THAW_KEY_BYTES);
+}
+
+void thaw_chat_namespace(const char *api_key, size_t len, uint8_t out[THAW_KEY_BYTES])
+{
+    /* a 32-byte BLAKE2b key: the domain tag, zero-padded */
+    static const unsigned char tag[crypto_generichash_KEYBYTES] = "thaw.namespace.v1";
+
+    if (!api_key)
+        len = 0;
+    crypto_generichash(out, THAW_KEY_BYTES, (const unsigned char *)(api_key ? api_key : ""), len, tag, sizeof tag);
 }

@@ -55,9 +55,17 @@ long thaw_chat_last_assistant(const struct thaw_message *msgs, size_t n);
 void thaw_chat_key(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
                    const char *extra_assistant, uint8_t out[THAW_KEY_BYTES]);
 
-/* binding = BLAKE2b-256(fingerprint || settings string || namespace). The
- * namespace is the API key's index (set by the server, never by a client). */
-void thaw_chat_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings, int namespace_id,
-                       uint8_t out[THAW_KEY_BYTES]);
+/* binding = BLAKE2b-256(fingerprint || settings string || namespace), where
+ * the namespace is thaw_chat_namespace() of the request's API key (set by the
+ * server, never by a client). NULL namespace: the model's identity, which is
+ * no tenant's (written into every .idx). */
+void thaw_chat_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings,
+                       const uint8_t namespace_id[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES]);
+
+/* A tenant's namespace: BLAKE2b-256 keyed with a fixed domain tag over the
+ * API key itself (NULL or "" = the anonymous namespace of a server without
+ * keys). Stable across restarts and key reordering, gone with the key, and
+ * one-way: the namespace reveals nothing of the key. */
+void thaw_chat_namespace(const char *api_key, size_t len, uint8_t out[THAW_KEY_BYTES]);
 
 #endif

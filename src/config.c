@@ -52,14 +52,22 @@ static const struct opt opts[] = {
     {"--host", "ADDR", OPT_STR, OFF(host), 0, 0, "address to listen on"},
     {"--port", "N", OPT_INT, OFF(port), 0, 65535, "port to listen on (0 = pick a free one and log it)"},
     {"--api-key", "KEY[,KEY]", OPT_KEYS, 0, 0, 0,
-     "require 'Authorization: Bearer KEY'; repeat for several keys, each its own cache namespace"},
+     "require 'Authorization: Bearer KEY'; repeat for several keys, each its own cache namespace "
+     "(derived from the key itself: stable across reordering, gone with the key)"},
     {"--slot-prompt-similarity", "F", OPT_FLOAT, OFF(slot_prompt_similarity), 0, 1,
      "reuse the slot whose prompt shares more than this fraction with the request (0 = least recently used only)"},
     {"--cache-prompt", NULL, OPT_TRUE, OFF(cache_prompt), 0, 0, "reuse the common prefix a slot already holds (default)"},
     {"--no-cache-prompt", NULL, OPT_FALSE, OFF(cache_prompt), 0, 0, "always prefill the whole prompt"},
     {"--max-queue", "N", OPT_INT, OFF(max_queue), 0, 1 << 20, "requests that may wait for a slot; beyond that: 503"},
     {"--max-body", "BYTES", OPT_U64, OFF(max_body), 1024, (double)(1ull << 32), "largest request body accepted; beyond that: 413"},
-    {"--http-threads", "N", OPT_INT, OFF(http_threads), 1, 4096, "most concurrent HTTP connections"},
+    {"--threads-http", "N", OPT_INT, OFF(threads_http), 1, 256,
+     "HTTP event-loop threads (connections are multiplexed: this is not a connection limit)"},
+    {"--max-connections", "N", OPT_INT, OFF(max_connections), 1, 1 << 20,
+     "open HTTP connections in all; more are refused (raised to fit the open-file limit)"},
+    {"--max-connections-per-client", "N", OPT_INT, OFF(max_per_client), 0, 1 << 20,
+     "open connections per client address (0 = no limit; use 0 behind a proxy, where every client has its address)"},
+    {"-to,--timeout", "SECONDS", OPT_INT, OFF(timeout_s), 1, 86400,
+     "drop a connection idle this long, or a client that takes longer to send its request body"},
     {"--metrics", NULL, OPT_TRUE, 0, 0, 0, "accepted for llama-server compatibility: /metrics is always on"},
     {"--kv-cache-dir", "PATH", OPT_STR, OFF(kv_cache_dir), 0, 0, "enable the on-disk KV cache in PATH (created 0700)"},
     {"--kv-cache-max", "MiB", OPT_U64, OFF(kv_cache_max_mib), 0, (double)(1ull << 40), "disk cache budget, least recently used evicted first (0 = no limit)"},
@@ -89,7 +97,10 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->cache_prompt = true;
     cfg->max_queue = 64;
     cfg->max_body = 16u << 20;
-    cfg->http_threads = 128;
+    cfg->threads_http = 4;
+    cfg->max_connections = 1024;
+    cfg->max_per_client = 64;
+    cfg->timeout_s = 30;
     cfg->kv_cache_ttl_s = 259200;
     cfg->kv_cache_min_tokens = 256;
     cfg->cache_ram_mib = 8192;
@@ -123,8 +134,18 @@ static int add_keys(struct thaw_config *cfg, const char *value)
 {
     const char *p = value;
 
+    /* an empty key (an unset variable, a stray comma) must never turn
+     * authentication off, nor authenticate an empty Bearer token */
+    if (!*value) {
+        fprintf(stderr, "thaw: --api-key is empty (an unset variable?): refusing to start without authentication\n");
+        return THAW_EINVAL;
+    }
     while (*p) {
         size_t len = strcspn(p, ",");
+        if (len == 0 || (p[len] == ',' && p[len + 1] == '\0')) {
+            fprintf(stderr, "thaw: --api-key '%s' holds an empty key: refusing to start\n", value);
+            return THAW_EINVAL;
+        }
         if (len > 0) {
             if (cfg->n_api_keys == THAW_MAX_API_KEYS) {
                 fprintf(stderr, "thaw: at most %d API keys\n", THAW_MAX_API_KEYS);

@@ -44,7 +44,10 @@ struct thaw_config {
     bool cache_prompt;           /* --cache-prompt / --no-cache-prompt */
     int max_queue;               /* --max-queue: requests waiting beyond the slots */
     size_t max_body;             /* --max-body: bytes of a request body */
-    int http_threads;            /* --http-threads: connection limit */
+    int threads_http;            /* --threads-http: event-loop threads */
+    int max_connections;         /* --max-connections: open connections in all */
+    int max_per_client;          /* --max-connections-per-client, 0 = no limit */
+    int timeout_s;               /* --timeout: idle limit and request-body deadline, seconds */
 
     /* caches */
     const char *kv_cache_dir;    /* --kv-cache-dir; NULL = disk tier off */

@@ -66,6 +66,7 @@ struct slot {
     struct thaw_timings timings;
 
     int64_t last_used_us;
+    uint8_t ns[THAW_KEY_BYTES]; /* the tenant whose tokens the KV holds (n_tokens > 0) */
     bool holds_key;            /* held_key names the conversation in the KV */
     uint8_t held_key[THAW_KEY_BYTES];
 
@@ -96,6 +97,7 @@ struct thaw_engine {
     struct slot *slots;
     int n_slots;
     int n_ctx_slot;            /* tokens per sequence */
+    int max_token_bytes;       /* longest piece of text one token stands for */
     int n_swa;                 /* sliding window, 0 = none or --swa-full */
     bool recurrent;            /* recurrent / hybrid memory: cannot roll back without a checkpoint */
     bool partial;              /* n_swa > 0 || recurrent: checkpoints needed */
@@ -537,6 +539,10 @@ static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t
     }
     s->t_start_us = thaw_now_us();
 
+    if (memcmp(s->ns, t->ns, THAW_KEY_BYTES) != 0) {
+        slot_clear_kv(e, s); /* another tenant's tokens: never a prefix for this one */
+        memcpy(s->ns, t->ns, THAW_KEY_BYTES);
+    }
     int n_past = req->cache_prompt ? thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) : 0;
     if (n_past > 0)
         s->timings.cache_source = "slot";
@@ -579,7 +585,8 @@ static int admit(struct thaw_engine *e, bool block)
         if (!t)
             break;
         atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));
-        if (atomic_load(&t->cancelled)) {
+        if (!thaw_task_client_alive(t)) {
+            thaw_task_fail(t, 499, "cancelled");
             thaw_task_release(t);
             continue;
         }
@@ -590,10 +597,13 @@ static int admit(struct thaw_engine *e, bool block)
         }
         for (int i = 0; i < e->n_slots; i++) {
             struct slot *s = &e->slots[i];
+            /* another tenant's prefix is no prefix: it must not be reused,
+             * nor steer the choice (its timing would leak it) */
+            bool same_ns = memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0;
             views[i] = (struct thaw_slot_view){
                 .idle = s->phase == PH_IDLE,
                 .tokens = s->tokens,
-                .n_tokens = s->n_tokens,
+                .n_tokens = same_ns ? s->n_tokens : 0,
                 .last_used_us = s->last_used_us,
                 .holds_key = t->has_lookup_key && s->holds_key &&
                              memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0,
@@ -949,7 +959,7 @@ static void *engine_main(void *arg)
         /* cancelled requests (client gone) free their slot first */
         for (int i = 0; i < e->n_slots; i++) {
             struct slot *s = &e->slots[i];
-            if (s->task && atomic_load(&s->task->cancelled)) {
+            if (s->task && !thaw_task_client_alive(s->task)) {
                 LOG_INF("slot %d: client went away, request cancelled", s->id);
                 thaw_task_fail(s->task, 499, "cancelled");
                 slot_release_task(e, s);
@@ -991,8 +1001,10 @@ int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
 
     if (t->n_prompt < 1 || t->n_prompt >= e->n_ctx_slot)
         return THAW_ECTXFULL;
-    if (t->max_tokens <= 0)
-        t->max_tokens = e->n_ctx_slot;
+    /* never more than the slot can hold after the prompt: every size the
+     * engine derives from max_tokens stays within the slot's context */
+    if (t->max_tokens <= 0 || t->max_tokens > e->n_ctx_slot - t->n_prompt)
+        t->max_tokens = e->n_ctx_slot - t->n_prompt;
     if (has_key)
         memcpy(key, t->lookup_key, THAW_KEY_BYTES);
     rc = thaw_sched_push(e->sched, t);
@@ -1067,6 +1079,23 @@ static int open_disk_cache(struct thaw_engine *e)
     return 0;
 }
 
+/* Admission's bound (thaw_api_admit): the longest text of any token,
+ * special ones included (a prompt may spell them out). */
+static int max_token_bytes(const struct llama_vocab *vocab)
+{
+    char piece[8];
+    int best = 1;
+
+    for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); t++) {
+        int n = llama_token_to_piece(vocab, t, piece, sizeof piece, 0, true);
+        if (n < 0)
+            n = -n; /* the size it needs */
+        if (n > best)
+            best = n;
+    }
+    return best;
+}
+
 int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_engine **out)
 {
     struct thaw_engine *e = calloc(1, sizeof *e);
@@ -1098,6 +1127,7 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         goto error;
     }
     e->vocab = llama_model_get_vocab(e->model);
+    e->max_token_bytes = max_token_bytes(e->vocab);
 
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)cfg->n_ctx;
@@ -1160,7 +1190,7 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     metrics->slots_total = e->n_slots;
     if ((rc = thaw_sched_new(cfg->max_queue, &e->sched)) != 0)
         goto error;
-    thaw_chat_binding(e->fingerprint, e->settings, -1, e->identity);
+    thaw_chat_binding(e->fingerprint, e->settings, NULL, e->identity);
     if (cfg->cache_ram_mib > 0 &&
         (rc = thaw_ram_cache_new(cfg->cache_ram_mib << 20, (int64_t)cfg->kv_cache_ttl_s, &e->ram)) != 0)
         goto error;
@@ -1258,10 +1288,12 @@ void thaw_engine_free(struct thaw_engine *e)
 const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e) { return e->chat; }
 const char *thaw_engine_model_name(const struct thaw_engine *e) { return e->model_name; }
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; }
+int thaw_engine_max_token_bytes(const struct thaw_engine *e) { return e->max_token_bytes; }
 int thaw_engine_n_ctx_train(const struct thaw_engine *e) { return llama_model_n_ctx_train(e->model); }
 uint64_t thaw_engine_n_params(const struct thaw_engine *e) { return llama_model_n_params(e->model); }
 
-void thaw_engine_binding(const struct thaw_engine *e, int namespace_id, uint8_t out[THAW_KEY_BYTES])
+void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id[THAW_KEY_BYTES],
+                         uint8_t out[THAW_KEY_BYTES])
 {
     thaw_chat_binding(e->fingerprint, e->settings, namespace_id, out);
 }

@@ -41,12 +41,15 @@ int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t);
 const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e);
 const char *thaw_engine_model_name(const struct thaw_engine *e);
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e);
+/* The longest text any one token stands for, in bytes (>= 1). */
+int thaw_engine_max_token_bytes(const struct thaw_engine *e);
 int thaw_engine_n_ctx_train(const struct thaw_engine *e);
 uint64_t thaw_engine_n_params(const struct thaw_engine *e);
 
 /* The key binding for a tenant namespace (model fingerprint + context
  * settings + namespace), see thaw_chat_binding. */
-void thaw_engine_binding(const struct thaw_engine *e, int namespace_id, uint8_t out[THAW_KEY_BYTES]);
+void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id[THAW_KEY_BYTES],
+                         uint8_t out[THAW_KEY_BYTES]);
 
 /* Appends the engine's own Prometheus lines (disk cache etc.). Matches
  * thaw_metrics_extra_fn; `ud` is the engine. */

@@ -20,7 +20,8 @@
     X(CTXFULL, "prompt does not fit in the context")                         \
     X(LLAMA, "llama.cpp call failed")                                        \
     X(SHUTDOWN, "server is shutting down")                                   \
-    X(CANCELLED, "cancelled")
+    X(CANCELLED, "cancelled")                                                \
+    X(LOCKED, "in use by another process")
 
 enum thaw_error {
     THAW_ERR_BASE_ = -100000,

@@ -1,52 +1,205 @@
-/* http.c — libmicrohttpd: bind, collect bodies under a size limit, answer. */
+/* http.c — libmicrohttpd: bind, collect bodies under limits, answer, defer.
+ *
+ * Map:
+ *   ---- connections ----  the per-request struct, refcount, wake, alive
+ *   ---- responses ----    MHD responses from thaw's, the stream adapter
+ *   ---- requests ----     body collection, limits, dispatch, deferral
+ *   ---- daemon ----       start, quiesce, drain, stop
+ *
+ * Suspension protocol (the one subtle part). A request or stream that has to
+ * wait is suspended by the HTTP thread serving it; the engine wakes it from
+ * its own thread. A wake may arrive before the suspension does, so each
+ * connection counts wakes: the HTTP thread reads the count *before* asking
+ * the handler or stream for news, and suspends only if no wake came in the
+ * meantime (checked under the connection's lock, the same lock thaw_http_wake
+ * takes to decide whether to resume). Lock order: conn->mu, then MHD's own
+ * mutexes (MHD_suspend/resume take them); MHD never calls back into thaw
+ * while holding one, so the order cannot invert.
+ */
 #include "http.h"
 
 #include "error.h"
 #include "log.h"
+#include "task.h"
 
 #include <errno.h>
-#include <stdatomic.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <stdarg.h>
-#include <stdio.h>
 
 struct thaw_http {
     struct MHD_Daemon *d;
     struct thaw_http_params p;
     int port;
-    atomic_int in_flight; /* requests between their first byte and their last response byte */
+    atomic_int in_flight;      /* requests between their first byte and their last response byte */
+    pthread_mutex_t mu;        /* guards the list below */
+    struct thaw_http_conn *conns; /* every request in flight, for shutdown */
+    atomic_bool closing;       /* thaw_http_stop: no more suspensions, waiting requests end */
 };
 
-/* Per-request state, lives from the first header callback to completion. */
-struct conn {
+/* ---- connections ----------------------------------------------------------------- */
+
+struct thaw_http_conn {
+    atomic_int refs;           /* MHD's (until completion) + each holder's */
+    struct thaw_http *h;
+    pthread_mutex_t mu;
+    struct MHD_Connection *c;  /* NULL once MHD is done with the request */
+    int fd;                    /* the client socket, valid while c != NULL */
+    bool suspended;
+    unsigned wakes;
+    struct thaw_http_conn *prev, *next; /* h->conns, under h->mu */
+
+    /* request body, collected by the HTTP thread alone */
     char *body;
     size_t n_body, cap_body;
     bool too_big;
+    int64_t t_start_us;        /* headers complete: the body deadline runs from here */
+
+    /* a deferred request: resume() fills the response after a wake */
+    bool deferred;
+    thaw_http_resume_fn resume;
+    void *defer_ud;
+    void (*defer_free)(void *);
+
+    /* a stream in progress */
+    thaw_http_stream_fn stream;
+    void *stream_ud;
+    void (*stream_free)(void *);
 };
 
-static enum MHD_Result queue(struct MHD_Connection *c, struct thaw_http_response *r)
+void thaw_http_conn_ref(struct thaw_http_conn *c) { atomic_fetch_add(&c->refs, 1); }
+
+void thaw_http_conn_unref(struct thaw_http_conn *c)
+{
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    free(c->body);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+void thaw_http_wake(struct thaw_http_conn *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->wakes++;
+    if (c->suspended && c->c) {
+        c->suspended = false;
+        MHD_resume_connection(c->c);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+bool thaw_http_conn_alive(struct thaw_http_conn *c)
+{
+    bool alive;
+
+    pthread_mutex_lock(&c->mu);
+    alive = c->c != NULL;
+    if (alive && c->fd >= 0) {
+        /* the socket stays open while the request is in MHD's hands, so the
+         * fd cannot have been reused; a hang-up shows without reading */
+        struct pollfd pfd = {.fd = c->fd, .events = POLLRDHUP};
+        if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+            alive = false;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return alive;
+}
+
+/* Suspends the request unless a wake arrived since `seen` was read (then
+ * returns false: ask again). Called on the connection's HTTP thread. */
+static bool suspend_unless_woken(struct thaw_http_conn *c, unsigned seen)
+{
+    bool suspended = false;
+
+    pthread_mutex_lock(&c->mu);
+    /* `closing` is read under c->mu, and thaw_http_stop sets it before it
+     * wakes each connection under c->mu: either this sees it, or the wake
+     * that follows finds the connection suspended and resumes it */
+    if (c->wakes == seen && c->c && !atomic_load(&c->h->closing)) {
+        c->suspended = true;
+        MHD_suspend_connection(c->c);
+        suspended = true;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return suspended;
+}
+
+static unsigned wakes_now(struct thaw_http_conn *c)
+{
+    pthread_mutex_lock(&c->mu);
+    unsigned w = c->wakes;
+    pthread_mutex_unlock(&c->mu);
+    return w;
+}
+
+static bool closing(struct thaw_http *h) { return atomic_load(&h->closing); }
+
+/* ---- responses ------------------------------------------------------------------- */
+
+static ssize_t adapter_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct thaw_http_conn *c = cls;
+
+    (void)pos;
+    for (;;) {
+        if (closing(c->h))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        unsigned seen = wakes_now(c);
+        ssize_t n = c->stream(c->stream_ud, buf, max);
+        if (n > 0)
+            return n;
+        if (n == 0)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        if (n != THAW_HTTP_STREAM_WAIT)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (suspend_unless_woken(c, seen))
+            return 0; /* MHD asks again once resumed */
+    }
+}
+
+static void adapter_free(void *cls)
+{
+    struct thaw_http_conn *c = cls;
+
+    if (c->stream_free)
+        c->stream_free(c->stream_ud);
+    c->stream_free = NULL;
+    thaw_http_conn_unref(c);
+}
+
+static enum MHD_Result queue(struct thaw_http_conn *hc, struct MHD_Connection *c, struct thaw_http_response *r)
 {
     struct MHD_Response *resp;
     enum MHD_Result ret;
 
     if (r->stream) {
-        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, (MHD_ContentReaderCallback)(void *)r->stream,
-                                                 r->stream_ud, (MHD_ContentReaderFreeCallback)r->stream_free);
+        hc->stream = r->stream;
+        hc->stream_ud = r->stream_ud;
+        hc->stream_free = r->stream_free;
+        thaw_http_conn_ref(hc); /* the response's: dropped by adapter_free */
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, adapter_read, hc, adapter_free);
+        if (!resp) {
+            adapter_free(hc);
+            return MHD_NO;
+        }
     } else {
         resp = MHD_create_response_from_buffer(r->n_body, r->body ? r->body : (char *)"",
                                                r->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+        if (!resp) {
+            free(r->body);
+            r->body = NULL;
+            return MHD_NO;
+        }
         r->body = NULL;
-    }
-    if (!resp) {
-        if (r->stream && r->stream_free)
-            r->stream_free(r->stream_ud);
-        free(r->body);
-        return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type ? r->content_type : "application/json");
     if (r->stream) {
@@ -60,128 +213,181 @@ static enum MHD_Result queue(struct MHD_Connection *c, struct thaw_http_response
     return ret;
 }
 
-/* The stream reader's signature differs from MHD's only in types; this
- * adapter keeps the public header free of microhttpd.h. */
-struct stream_adapter {
-    thaw_http_stream_fn fn;
-    void *ud;
-    void (*free_fn)(void *);
-};
-
-static ssize_t adapter_read(void *cls, uint64_t pos, char *buf, size_t max)
-{
-    struct stream_adapter *a = cls;
-    ssize_t n;
-
-    (void)pos;
-    n = a->fn(a->ud, buf, max);
-    if (n > 0)
-        return n;
-    return n == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
-}
-
-static void adapter_free(void *cls)
-{
-    struct stream_adapter *a = cls;
-
-    if (a->free_fn)
-        a->free_fn(a->ud);
-    free(a);
-}
-
-static enum MHD_Result answer_error(struct thaw_http *h, struct MHD_Connection *c, int status, const char *msg)
+static enum MHD_Result answer_error(struct thaw_http_conn *hc, struct MHD_Connection *c, int status, const char *msg)
 {
     struct thaw_http_response r = {.status = status};
+    struct thaw_http *h = hc->h;
 
     r.body = h->p.error_body ? h->p.error_body(status, msg) : strdup(msg);
     r.n_body = r.body ? strlen(r.body) : 0;
-    return queue(c, &r);
+    return queue(hc, c, &r);
+}
+
+/* ---- requests -------------------------------------------------------------------- */
+
+static struct thaw_http_conn *conn_new(struct thaw_http *h, struct MHD_Connection *c)
+{
+    struct thaw_http_conn *hc = calloc(1, sizeof *hc);
+
+    if (!hc)
+        return NULL;
+    atomic_init(&hc->refs, 1);
+    hc->h = h;
+    hc->c = c;
+    hc->fd = -1;
+    pthread_mutex_init(&hc->mu, NULL);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci)
+        hc->fd = ci->connect_fd;
+    hc->t_start_us = thaw_now_us();
+    pthread_mutex_lock(&h->mu);
+    hc->next = h->conns;
+    if (h->conns)
+        h->conns->prev = hc;
+    h->conns = hc;
+    pthread_mutex_unlock(&h->mu);
+    atomic_fetch_add(&h->in_flight, 1);
+    return hc;
+}
+
+/* Collects one upload chunk. False: the connection is to be dropped. */
+static bool take_upload(struct thaw_http_conn *hc, const char *upload, size_t n)
+{
+    struct thaw_http *h = hc->h;
+
+    if (thaw_now_us() - hc->t_start_us > (int64_t)h->p.timeout_s * 1000000) {
+        LOG_INF("http: dropping a client that took over %d s to send its request body (--timeout)",
+                h->p.timeout_s);
+        return false;
+    }
+    if (!hc->too_big && n > h->p.max_body - hc->n_body)
+        hc->too_big = true;
+    if (hc->too_big)
+        return true; /* discarded; answered with 413 at the end */
+    if (hc->n_body + n + 1 > hc->cap_body) {
+        size_t cap = hc->cap_body ? hc->cap_body : 4096;
+        while (cap < hc->n_body + n + 1)
+            cap *= 2; /* bounded: n_body + n <= max_body */
+        char *nb = realloc(hc->body, cap);
+        if (!nb)
+            return false;
+        hc->body = nb;
+        hc->cap_body = cap;
+    }
+    memcpy(hc->body + hc->n_body, upload, n);
+    hc->n_body += n;
+    return true;
+}
+
+/* Sends the handler's (or resume's) answer, or suspends a deferral. `seen`
+ * is the wake count read before the response was produced. */
+static enum MHD_Result respond(struct thaw_http_conn *hc, struct MHD_Connection *c, struct thaw_http_response *r,
+                               unsigned seen)
+{
+    while (r->defer) {
+        if (!hc->deferred) {
+            hc->deferred = true;
+            hc->resume = r->resume;
+            hc->defer_ud = r->defer_ud;
+            hc->defer_free = r->defer_free;
+        }
+        if (!hc->resume)
+            return answer_error(hc, c, 500, "internal error: deferred without a resume callback");
+        if (closing(hc->h))
+            return MHD_NO;
+        if (suspend_unless_woken(hc, seen))
+            return MHD_YES; /* MHD calls on_request again once resumed */
+        seen = wakes_now(hc);
+        *r = (struct thaw_http_response){.status = 500};
+        hc->resume(hc->defer_ud, r);
+    }
+    if (r->body && !r->n_body)
+        r->n_body = strlen(r->body);
+    return queue(hc, c, r);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
     struct thaw_http *h = cls;
-    struct conn *st = *con_cls;
+    struct thaw_http_conn *hc = *con_cls;
 
     (void)version;
-    if (!st) {
-        st = calloc(1, sizeof *st);
-        if (!st)
+    if (!hc) {
+        if (!(hc = conn_new(h, c)))
             return MHD_NO;
-        *con_cls = st;
-        atomic_fetch_add(&h->in_flight, 1);
+        *con_cls = hc;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > h->p.max_body)
-            st->too_big = true;
+        if (cl && strtoull(cl, NULL, 10) > h->p.max_body) {
+            /* answered before a byte of the body is read; MHD then closes */
+            char msg[96];
+            snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes (--max-body)", h->p.max_body);
+            return answer_error(hc, c, 413, msg);
+        }
         return MHD_YES;
     }
     if (*upload_size > 0) {
-        if (!st->too_big && st->n_body + *upload_size > h->p.max_body)
-            st->too_big = true;
-        if (!st->too_big) {
-            if (st->n_body + *upload_size + 1 > st->cap_body) {
-                size_t cap = st->cap_body ? st->cap_body : 4096;
-                while (cap < st->n_body + *upload_size + 1)
-                    cap *= 2;
-                char *nb = realloc(st->body, cap);
-                if (!nb)
-                    return MHD_NO;
-                st->body = nb;
-                st->cap_body = cap;
-            }
-            memcpy(st->body + st->n_body, upload, *upload_size);
-            st->n_body += *upload_size;
-        }
+        bool ok = take_upload(hc, upload, *upload_size);
         *upload_size = 0; /* consumed (or discarded, when too big) */
-        return MHD_YES;
+        return ok ? MHD_YES : MHD_NO;
     }
-    if (st->too_big) {
+    if (closing(h))
+        return MHD_NO;
+
+    unsigned seen = wakes_now(hc);
+    struct thaw_http_response resp = {.status = 500};
+    if (hc->deferred) {
+        hc->resume(hc->defer_ud, &resp);
+        return respond(hc, c, &resp, seen);
+    }
+    if (hc->too_big) {
         char msg[96];
         snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes (--max-body)", h->p.max_body);
-        return answer_error(h, c, 413, msg);
+        return answer_error(hc, c, 413, msg);
     }
-
+    if (hc->body)
+        hc->body[hc->n_body] = '\0';
     struct thaw_http_request req = {
         .method = method,
         .url = url,
-        .body = st->body ? st->body : "",
-        .n_body = st->n_body,
+        .body = hc->body ? hc->body : "",
+        .n_body = hc->n_body,
         .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+        .conn = hc,
     };
-    if (st->body)
-        st->body[st->n_body] = '\0';
-    struct thaw_http_response resp = {.status = 500};
     h->p.handler(h->p.ud, &req, &resp);
-    if (resp.stream) {
-        struct stream_adapter *a = malloc(sizeof *a);
-        if (!a) {
-            resp.stream_free(resp.stream_ud);
-            return MHD_NO;
-        }
-        *a = (struct stream_adapter){resp.stream, resp.stream_ud, resp.stream_free};
-        resp.stream = (thaw_http_stream_fn)(void *)adapter_read;
-        resp.stream_ud = a;
-        resp.stream_free = adapter_free;
-    }
-    if (resp.body && !resp.n_body)
-        resp.n_body = strlen(resp.body);
-    return queue(c, &resp);
+    return respond(hc, c, &resp, seen);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     struct thaw_http *h = cls;
-    struct conn *st = *con_cls;
+    struct thaw_http_conn *hc = *con_cls;
 
     (void)c;
     (void)toe;
-    if (st) {
-        free(st->body);
-        free(st);
-        *con_cls = NULL;
-        atomic_fetch_sub(&h->in_flight, 1);
-    }
+    if (!hc)
+        return;
+    *con_cls = NULL;
+    pthread_mutex_lock(&hc->mu);
+    hc->c = NULL; /* wakes and liveness checks from now on see a closed request */
+    hc->fd = -1;
+    pthread_mutex_unlock(&hc->mu);
+    pthread_mutex_lock(&h->mu);
+    if (hc->prev)
+        hc->prev->next = hc->next;
+    else
+        h->conns = hc->next;
+    if (hc->next)
+        hc->next->prev = hc->prev;
+    pthread_mutex_unlock(&h->mu);
+    if (hc->defer_free)
+        hc->defer_free(hc->defer_ud);
+    hc->defer_free = NULL;
+    free(hc->body);
+    hc->body = NULL;
+    atomic_fetch_sub(&h->in_flight, 1);
+    thaw_http_conn_unref(hc);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
@@ -197,6 +403,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
         line[--n] = '\0';
     LOG_DBG("http: %s", line);
 }
+
+/* ---- daemon ------------------------------------------------------------------------ */
 
 int thaw_http_start(const struct thaw_http_params *p, struct thaw_http **out)
 {
@@ -217,17 +425,26 @@ int thaw_http_start(const struct thaw_http_params *p, struct thaw_http **out)
         return THAW_ENOMEM;
     }
     h->p = *p;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    if (h->p.threads < 1)
+        h->p.threads = 1;
+    if (h->p.timeout_s < 1)
+        h->p.timeout_s = 1;
+    pthread_mutex_init(&h->mu, NULL);
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     h->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)p->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_THREAD_POOL_SIZE,
+                            (unsigned)h->p.threads, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(p->max_per_client > 0 ? p->max_per_client : 0),
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)h->p.timeout_s,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_LISTEN_BACKLOG_SIZE,
+                            (unsigned)1024, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->d) {
         rc = errno ? -errno : -EADDRINUSE;
         LOG_ERR("cannot listen on %s:%d: %s", p->host, p->port, thaw_strerror(rc));
+        pthread_mutex_destroy(&h->mu);
         free(h);
         return rc;
     }
@@ -260,6 +477,15 @@ void thaw_http_stop(struct thaw_http *h)
 {
     if (!h)
         return;
+    /* MHD refuses to stop with suspended connections (it panics): wake them
+     * all; with `closing` set none suspends again, and MHD_stop_daemon
+     * resumes the woken ones before it closes everything */
+    atomic_store(&h->closing, true);
+    pthread_mutex_lock(&h->mu);
+    for (struct thaw_http_conn *hc = h->conns; hc; hc = hc->next)
+        thaw_http_wake(hc);
+    pthread_mutex_unlock(&h->mu);
     MHD_stop_daemon(h->d);
+    pthread_mutex_destroy(&h->mu);
     free(h);
 }

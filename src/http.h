@@ -1,10 +1,16 @@
 /* http.h — libmicrohttpd glue: listening, request bodies, limits, SSE.
  *
- * Every connection gets its own thread (MHD thread-per-connection), so a
- * handler may block while the engine works and a streaming body may block
- * until the next chunk exists. The handler sees a whole request (body
- * collected, size-checked) and fills a response: a complete body, or a
- * stream reader.
+ * Connections are served by a small pool of event-loop threads (epoll), not
+ * a thread each: thousands of idle or slow clients cost a socket apiece and
+ * starve nobody. Nothing a handler does may block for long. A request that
+ * waits for the engine is *deferred*: its connection is suspended (no thread
+ * held, no timeout running) until thaw_http_wake(), then the handler's
+ * resume callback fills the real response. A stream that has nothing to
+ * send returns THAW_HTTP_STREAM_WAIT and is suspended the same way.
+ *
+ * Limits enforced here, before any handler runs: connections in all and per
+ * client address, an idle timeout, a deadline for receiving a request's
+ * body, and the body size (413 as soon as Content-Length says so).
  */
 #ifndef THAW_HTTP_H
 #define THAW_HTTP_H
@@ -14,6 +20,10 @@
 #include <sys/types.h>
 
 struct thaw_http;
+/* One request's connection. Refcounted: the handler may keep it past its
+ * return (thaw_http_conn_ref) to wake it or ask whether the client is still
+ * there; it stays valid (answering "gone") after the client left. */
+struct thaw_http_conn;
 
 struct thaw_http_request {
     const char *method;
@@ -21,12 +31,20 @@ struct thaw_http_request {
     const char *body;          /* NUL-terminated, n_body bytes (may be "") */
     size_t n_body;
     const char *authorization; /* header value or NULL */
+    struct thaw_http_conn *conn; /* borrowed for the handler's duration */
 };
 
-/* Streaming body: called from the connection's thread; may block. Returns
+/* A stream's producer: called from an HTTP thread, must not block. Returns
  * bytes written into buf (> 0), 0 at the end of the stream, -1 to abort the
- * connection. */
+ * connection, or THAW_HTTP_STREAM_WAIT when nothing is ready yet: the
+ * connection then sleeps until thaw_http_wake() and the producer is called
+ * again. A wake that races with WAIT is never lost. */
 typedef ssize_t (*thaw_http_stream_fn)(void *ud, char *buf, size_t max);
+#define THAW_HTTP_STREAM_WAIT ((ssize_t)-2)
+
+struct thaw_http_response;
+/* Fills the response of a deferred request after a wake (it may defer again). */
+typedef void (*thaw_http_resume_fn)(void *ud, struct thaw_http_response *r);
 
 struct thaw_http_response {
     int status;
@@ -37,6 +55,12 @@ struct thaw_http_response {
     void *stream_ud;
     void (*stream_free)(void *ud); /* called once when the connection is done with the stream */
     const char *allow;         /* Allow header for 405 */
+    /* deferred: no response yet; `resume` fills it after thaw_http_wake().
+     * `defer_free(defer_ud)` runs once when the connection is done. */
+    bool defer;
+    thaw_http_resume_fn resume;
+    void *defer_ud;
+    void (*defer_free)(void *ud);
 };
 
 typedef void (*thaw_http_handler)(void *ud, const struct thaw_http_request *req, struct thaw_http_response *resp);
@@ -45,10 +69,13 @@ struct thaw_http_params {
     const char *host;
     int port;                  /* 0 = any free port */
     size_t max_body;           /* larger bodies get 413 without reaching the handler */
-    int max_connections;
+    int max_connections;       /* open connections in all; more are refused at accept */
+    int max_per_client;        /* open connections per client address, 0 = no limit */
+    int threads;               /* event-loop threads */
+    int timeout_s;             /* idle limit, and the deadline for a request's body */
     thaw_http_handler handler;
     void *ud;
-    /* builds the error body for statuses http.c answers itself (413) */
+    /* builds the error body for statuses http.c answers itself (408, 413, 500) */
     char *(*error_body)(int status, const char *message);
 };
 
@@ -61,7 +88,17 @@ void thaw_http_quiesce(struct thaw_http *h);
 /* Waits until no request is in flight (its response fully sent or the
  * client gone), at most timeout_ms. Returns true when drained. */
 bool thaw_http_drain(struct thaw_http *h, int timeout_ms);
-/* Closes every connection and frees. */
+/* Closes every connection (suspended ones too) and frees. */
 void thaw_http_stop(struct thaw_http *h);
+
+/* ---- connections (any thread) ---- */
+void thaw_http_conn_ref(struct thaw_http_conn *c);
+void thaw_http_conn_unref(struct thaw_http_conn *c);
+/* Resumes a deferred request or a waiting stream; a no-op once the
+ * connection is gone. Never blocks on the network. */
+void thaw_http_wake(struct thaw_http_conn *c);
+/* False once the client has hung up (checked on the socket without reading
+ * it, so it also works while the connection is suspended). */
+bool thaw_http_conn_alive(struct thaw_http_conn *c);
 
 #endif

@@ -18,6 +18,7 @@
 #include "utf8.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,8 @@ struct server {
     struct thaw_engine *engine;
     struct thaw_http *http;
     long started;
+    uint8_t key_ns[THAW_MAX_API_KEYS][THAW_KEY_BYTES]; /* thaw_chat_namespace of each --api-key */
+    uint8_t anon_ns[THAW_KEY_BYTES];                   /* the namespace without keys */
 };
 
 static void set_json(struct thaw_http_response *r, int status, char *body)
@@ -48,22 +51,28 @@ static void set_error(struct server *srv, struct thaw_http_response *r, int stat
 
 /* ---- auth ----------------------------------------------------------------------- */
 
-/* Returns the namespace (index of the matching key, 0 without keys) or -1. */
-static int authenticate(const struct server *srv, const char *header)
+/* Finds the tenant of a request: 0 and its namespace in `ns`, or -1 (no or
+ * a wrong key). The presented key is hashed and the hash compared with every
+ * key's, all of them, in constant time: neither a key's bytes nor its length
+ * show in the timing. */
+static int authenticate(const struct server *srv, const char *header, uint8_t ns[THAW_KEY_BYTES])
 {
-    if (srv->cfg.n_api_keys == 0)
-        return 0;
-    if (!header || strncmp(header, "Bearer ", 7) != 0)
-        return -1;
-    const char *key = header + 7;
-    size_t n = strlen(key);
+    uint8_t h[THAW_KEY_BYTES];
     int found = -1;
-    for (int i = 0; i < srv->cfg.n_api_keys; i++) {
-        /* constant time in the key's bytes: a timing probe learns nothing */
-        if (strlen(srv->cfg.api_keys[i]) == n && sodium_memcmp(key, srv->cfg.api_keys[i], n) == 0)
-            found = i;
+
+    if (srv->cfg.n_api_keys == 0) {
+        memcpy(ns, srv->anon_ns, THAW_KEY_BYTES);
+        return 0;
     }
-    return found;
+    if (!header || strncmp(header, "Bearer ", 7) != 0 || !header[7])
+        return -1;
+    thaw_chat_namespace(header + 7, strlen(header + 7), h);
+    for (int i = 0; i < srv->cfg.n_api_keys; i++)
+        if (sodium_memcmp(h, srv->key_ns[i], THAW_KEY_BYTES) == 0)
+            found = i;
+    if (found >= 0)
+        memcpy(ns, srv->key_ns[found], THAW_KEY_BYTES);
+    return found >= 0 ? 0 : -1;
 }
 
 /* ---- chat route ------------------------------------------------------------------ */
@@ -106,7 +115,11 @@ static int pending_add(struct stream *st, char *json)
 }
 
 /* Produces the next SSE events: role, content deltas, then the closing
- * chunk (finish_reason + timings), usage, [DONE] — or an error event. */
+ * chunk (finish_reason + timings), usage, [DONE] — or an error event.
+ * Returns 0, STREAM_NOTHING_YET (the engine has no news: wait for its wake)
+ * or THAW_ENOMEM. Never blocks. */
+#define STREAM_NOTHING_YET 1
+
 static int stream_refill(struct stream *st)
 {
     struct thaw_task *t = st->task;
@@ -116,10 +129,13 @@ static int stream_refill(struct stream *st)
         st->sent_role = true;
         return pending_add(st, thaw_api_chunk_json(st->id, model, st->created, "assistant", "", NULL, NULL, 0, false));
     }
-    thaw_task_wait(t, st->n_seen, -1);
     pthread_mutex_lock(&t->mu);
     size_t n_text = t->n_text;
     bool done = t->done;
+    if (!done && n_text <= st->n_seen) {
+        pthread_mutex_unlock(&t->mu);
+        return STREAM_NOTHING_YET;
+    }
     char *delta = n_text > st->n_seen ? thaw_utf8_sanitize(t->text + st->n_seen, n_text - st->n_seen) : NULL;
     pthread_mutex_unlock(&t->mu);
     st->n_seen = n_text;
@@ -160,7 +176,10 @@ static ssize_t stream_read(void *ud, char *buf, size_t max)
         st->n_pending = st->off_pending = 0;
         if (st->finished)
             return 0;
-        if (stream_refill(st) != 0)
+        int rc = stream_refill(st);
+        if (rc == STREAM_NOTHING_YET)
+            return THAW_HTTP_STREAM_WAIT;
+        if (rc != 0)
             return -1;
     }
     size_t n = st->n_pending - st->off_pending;
@@ -182,7 +201,55 @@ static void stream_free(void *ud)
     free(st);
 }
 
-static void route_chat(struct server *srv, const struct thaw_http_request *hr, int ns, struct thaw_http_response *r)
+/* The engine reaches the HTTP connection through these (task.h). */
+static void client_wake(void *ud) { thaw_http_wake(ud); }
+static bool client_alive(void *ud) { return thaw_http_conn_alive(ud); }
+static void client_release(void *ud) { thaw_http_conn_unref(ud); }
+static const struct thaw_task_client http_client = {client_wake, client_alive, client_release};
+
+/* The connection is done with a deferred request (answered, or the client
+ * gone): nobody is left to read what the engine would still produce. */
+static void task_release_cb(void *ud)
+{
+    struct thaw_task *t = ud;
+
+    atomic_store(&t->cancelled, true);
+    thaw_task_release(t);
+}
+
+/* A non-streaming reply, once the engine is done (the request was deferred
+ * until then; a wake before the end only defers it again). */
+static void chat_resume(void *ud, struct thaw_http_response *r)
+{
+    struct thaw_task *t = ud;
+
+    pthread_mutex_lock(&t->mu);
+    bool done = t->done;
+    pthread_mutex_unlock(&t->mu);
+    if (!done) {
+        r->defer = true;
+        r->resume = chat_resume;
+        r->defer_ud = t;
+        return;
+    }
+    if (t->http_status != 200) {
+        set_json(r, t->http_status, thaw_api_error_json(t->http_status, t->error ? t->error : "error"));
+        return;
+    }
+    char id[40];
+    char *content = thaw_utf8_sanitize(t->text ? t->text : "", t->n_text);
+    make_id(id);
+    set_json(r, 200,
+             content ? thaw_api_completion_json(id, t->model_name, time(NULL), content, t->finish_reason,
+                                                t->n_prompt, &t->timings)
+                     : NULL);
+    free(content);
+    if (!r->body)
+        set_json(r, 500, thaw_api_error_json(500, "out of memory"));
+}
+
+static void route_chat(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                       struct thaw_http_response *r)
 {
     struct thaw_chat_request req;
     const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
@@ -194,6 +261,13 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, i
     rc = thaw_api_parse_chat(hr->body, hr->n_body, srv->cfg.cache_prompt, &req, err, sizeof err);
     if (rc != 0) {
         set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        return;
+    }
+    /* cheap bounds first: no template or tokenizer work for what cannot fit */
+    if ((rc = thaw_api_admit(&req, thaw_engine_n_ctx_slot(srv->engine), thaw_engine_max_token_bytes(srv->engine),
+                             err, sizeof err)) != 0) {
+        set_error(srv, r, 400, err);
+        thaw_chat_request_free(&req);
         return;
     }
     if ((rc = thaw_chat_prompt_tokens(chat, &req, &prompt, &n_prompt)) != 0) {
@@ -208,17 +282,20 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, i
         set_error(srv, r, 500, "out of memory");
         return;
     }
-    t->max_tokens = t->req.max_tokens >= 0 ? t->req.max_tokens : srv->cfg.n_predict;
+    t->model_name = thaw_engine_model_name(srv->engine);
+    /* max_tokens 0: nothing to generate, answered after one token as OpenAI does */
+    t->max_tokens = t->req.max_tokens > 0 ? t->req.max_tokens : t->req.max_tokens == 0 ? 1 : srv->cfg.n_predict;
+    memcpy(t->ns, ns, THAW_KEY_BYTES);
     thaw_engine_binding(srv->engine, ns, t->binding);
     long last_asst = thaw_chat_last_assistant(t->req.messages, t->req.n_messages);
     if (last_asst >= 0) {
         t->has_lookup_key = true;
         thaw_chat_key(t->binding, t->req.messages, (size_t)last_asst + 1, NULL, t->lookup_key);
     }
-    if (t->max_tokens == 0) {
-        /* nothing to generate: answer at once, as OpenAI does for max_tokens 0 */
-        t->max_tokens = 1;
-    }
+    /* before submit: the engine may finish (and wake) at once */
+    thaw_http_conn_ref(hr->conn);
+    t->client = &http_client;
+    t->client_ud = hr->conn;
 
     rc = thaw_engine_submit(srv->engine, t);
     if (rc != 0) {
@@ -262,23 +339,11 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, i
         r->stream_free = stream_free;
         return;
     }
-
-    thaw_task_wait(t, (size_t)-1, -1); /* until done */
-    if (t->http_status != 200) {
-        set_error(srv, r, t->http_status, t->error ? t->error : "error");
-    } else {
-        char id[40];
-        char *content = thaw_utf8_sanitize(t->text ? t->text : "", t->n_text);
-        make_id(id);
-        set_json(r, 200,
-                 content ? thaw_api_completion_json(id, thaw_engine_model_name(srv->engine), time(NULL), content,
-                                                    t->finish_reason, t->n_prompt, &t->timings)
-                         : NULL);
-        free(content);
-        if (!r->body)
-            set_error(srv, r, 500, "out of memory");
-    }
-    thaw_task_release(t);
+    /* the connection sleeps until the engine is done (no thread waits) */
+    r->defer = true;
+    r->resume = chat_resume;
+    r->defer_ud = t;
+    r->defer_free = task_release_cb;
 }
 
 /* ---- other routes ---------------------------------------------------------------- */
@@ -309,8 +374,8 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
         }
         goto out;
     }
-    int ns = authenticate(srv, hr->authorization);
-    if (ns < 0) {
+    uint8_t ns[THAW_KEY_BYTES];
+    if (authenticate(srv, hr->authorization, ns) != 0) {
         set_error(srv, r, 401, "missing or invalid API key: send 'Authorization: Bearer <key>'");
         goto out;
     }
@@ -350,6 +415,28 @@ out:
 
 /* ---- serve ------------------------------------------------------------------------ */
 
+/* Each connection is a file descriptor: raise the soft limit to the hard
+ * one, and keep --max-connections within it (with room for the cache's
+ * files), so a flood is refused at accept instead of failing open() calls. */
+static void fit_connection_limit(struct thaw_config *cfg)
+{
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+        (void)getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && (rlim_t)cfg->max_connections + 128 > rl.rlim_cur) {
+        int fit = rl.rlim_cur > 256 ? (int)(rl.rlim_cur - 128) : 128;
+        LOG_WRN("--max-connections %d does not fit the open-file limit (%llu): using %d", cfg->max_connections,
+                (unsigned long long)rl.rlim_cur, fit);
+        cfg->max_connections = fit;
+    }
+}
+
 int thaw_serve_main(int argc, char **argv)
 {
     struct server *srv = calloc(1, sizeof *srv);
@@ -369,6 +456,10 @@ int thaw_serve_main(int argc, char **argv)
         LOG_ERR("libsodium failed to initialise");
         goto out;
     }
+    thaw_chat_namespace(NULL, 0, srv->anon_ns);
+    for (int i = 0; i < srv->cfg.n_api_keys; i++)
+        thaw_chat_namespace(srv->cfg.api_keys[i], strlen(srv->cfg.api_keys[i]), srv->key_ns[i]);
+    fit_connection_limit(&srv->cfg);
     /* Signals are taken synchronously by this thread alone (sigwait below);
      * every thread started from here on inherits the blocked mask. */
     sigemptyset(&sigs);
@@ -384,7 +475,10 @@ int thaw_serve_main(int argc, char **argv)
         .host = srv->cfg.host,
         .port = srv->cfg.port,
         .max_body = srv->cfg.max_body,
-        .max_connections = srv->cfg.http_threads,
+        .max_connections = srv->cfg.max_connections,
+        .max_per_client = srv->cfg.max_per_client,
+        .threads = srv->cfg.threads_http,
+        .timeout_s = srv->cfg.timeout_s,
         .handler = handle,
         .ud = srv,
         .error_body = thaw_api_error_json,

@@ -19,7 +19,6 @@ int64_t thaw_now_us(void)
 struct thaw_task *thaw_task_new(struct thaw_chat_request *req, llama_token *prompt, int n_prompt)
 {
     struct thaw_task *t = calloc(1, sizeof *t);
-    pthread_condattr_t ca;
 
     if (!t)
         return NULL;
@@ -30,10 +29,6 @@ struct thaw_task *thaw_task_new(struct thaw_chat_request *req, llama_token *prom
     t->http_status = 200;
     t->t_submit_us = thaw_now_us();
     pthread_mutex_init(&t->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&t->cv, &ca);
-    pthread_condattr_destroy(&ca);
     atomic_init(&t->refs, 1);
     atomic_init(&t->cancelled, false);
     return t;
@@ -45,13 +40,32 @@ void thaw_task_release(struct thaw_task *t)
 {
     if (!t || atomic_fetch_sub(&t->refs, 1) != 1)
         return;
+    if (t->client && t->client->release)
+        t->client->release(t->client_ud);
     thaw_chat_request_free(&t->req);
     free(t->prompt);
     free(t->text);
     free(t->error);
-    pthread_cond_destroy(&t->cv);
     pthread_mutex_destroy(&t->mu);
     free(t);
+}
+
+/* Under t->mu. */
+static void wake(struct thaw_task *t)
+{
+    if (t->client && t->client->wake)
+        t->client->wake(t->client_ud);
+}
+
+bool thaw_task_client_alive(struct thaw_task *t)
+{
+    if (atomic_load(&t->cancelled))
+        return false;
+    if (t->client && t->client->alive && !t->client->alive(t->client_ud)) {
+        atomic_store(&t->cancelled, true);
+        return false;
+    }
+    return true;
 }
 
 int thaw_task_emit(struct thaw_task *t, const char *s, size_t n)
@@ -76,10 +90,10 @@ int thaw_task_emit(struct thaw_task *t, const char *s, size_t n)
     memcpy(t->text + t->n_text, s, n);
     t->n_text += n;
     t->text[t->n_text] = '\0';
-    /* only a stream reads text before the end: waking a non-streaming waiter
-     * per token would steal a core from the decode threads for nothing */
+    /* only a stream reads text before the end: waking a non-streaming
+     * request per token would steal a core from the decode threads */
     if (t->req.stream)
-        pthread_cond_broadcast(&t->cv);
+        wake(t);
 out:
     pthread_mutex_unlock(&t->mu);
     return rc;
@@ -93,7 +107,7 @@ void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const stru
         t->timings = *timings;
         t->done = true;
     }
-    pthread_cond_broadcast(&t->cv);
+    wake(t);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -106,32 +120,6 @@ void thaw_task_fail(struct thaw_task *t, int http_status, const char *message)
         t->error = strdup(message);
         t->done = true;
     }
-    pthread_cond_broadcast(&t->cv);
+    wake(t);
     pthread_mutex_unlock(&t->mu);
-}
-
-bool thaw_task_wait(struct thaw_task *t, size_t have, int timeout_ms)
-{
-    struct timespec deadline;
-    bool news;
-
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    if (timeout_ms >= 0) {
-        deadline.tv_sec += timeout_ms / 1000;
-        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
-    }
-    pthread_mutex_lock(&t->mu);
-    while (!t->done && t->n_text <= have) {
-        if (timeout_ms < 0)
-            pthread_cond_wait(&t->cv, &t->mu);
-        else if (pthread_cond_timedwait(&t->cv, &t->mu, &deadline) == ETIMEDOUT)
-            break;
-    }
-    news = t->done || t->n_text > have;
-    pthread_mutex_unlock(&t->mu);
-    return news;
 }

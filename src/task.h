@@ -1,8 +1,9 @@
 /* task.h — one chat request on its way between an HTTP thread and the engine.
  *
  * The route builds a task (it owns the parsed request and the prompt tokens
- * from then on), submits it to the engine and waits on it; the engine
- * appends reply text as it is generated and finally marks it done or failed.
+ * from then on) and submits it to the engine; the engine appends reply text
+ * as it is generated and finally marks it done or failed, waking the
+ * client's connection (thaw_task_client) at each step a client can see.
  * Both sides hold a reference; whoever releases last frees it, so a client
  * that disconnects mid-stream never leaves the engine with a dangling task.
  */
@@ -24,6 +25,7 @@ struct thaw_task {
     llama_token *prompt;           /* owned, n_prompt tokens */
     int n_prompt;
     int max_tokens;                /* resolved: request's, else -n, else context */
+    const char *model_name;        /* for the response; the engine's, outlives the task */
     bool has_lookup_key;           /* the conversation has an assistant message */
     uint8_t lookup_key[THAW_KEY_BYTES];
     uint8_t binding[THAW_KEY_BYTES]; /* to derive the store key from the reply */
@@ -31,7 +33,6 @@ struct thaw_task {
 
     /* ---- output: written by the engine under mu ---- */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     char *text;                    /* reply bytes safe to send so far (complete UTF-8, no partial stop) */
     size_t n_text, cap_text;
     bool done;
@@ -42,6 +43,22 @@ struct thaw_task {
 
     atomic_bool cancelled;         /* the client went away: stop generating */
     atomic_int refs;
+
+    /* ---- the client: set by the route before submit, NULL-safe ---- */
+    const struct thaw_task_client *client;
+    void *client_ud;               /* released by client->release with the task */
+    uint8_t ns[THAW_KEY_BYTES];    /* the tenant's namespace (thaw_chat_namespace) */
+};
+
+/* How the engine reaches the client without knowing HTTP. */
+struct thaw_task_client {
+    /* news for the client (text for a stream, or done): called with t->mu
+     * held, must not block */
+    void (*wake)(void *ud);
+    /* false once the client hung up; called by the engine thread each step */
+    bool (*alive)(void *ud);
+    /* drops the task's hold on the client (last task reference) */
+    void (*release)(void *ud);
 };
 
 /* A task owning `req` (moved: the caller's copy is zeroed) and `prompt`
@@ -57,10 +74,9 @@ int thaw_task_emit(struct thaw_task *t, const char *s, size_t n);
 void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const struct thaw_timings *timings);
 void thaw_task_fail(struct thaw_task *t, int http_status, const char *message);
 
-/* Route side: waits until more than `have` bytes of text exist or the task is
- * done, at most `timeout_ms` (-1 = forever). Call with t->mu NOT held; it
- * returns with nothing locked. Returns true when there is something new. */
-bool thaw_task_wait(struct thaw_task *t, size_t have, int timeout_ms);
+/* False when the task's client is known to have gone (the engine asks this
+ * before and while it works for a task). */
+bool thaw_task_client_alive(struct thaw_task *t);
 
 int64_t thaw_now_us(void);
 

@@ -4,6 +4,8 @@
 
 #include "error.h"
 
+#include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 int thaw_lcp(const llama_token *a, int na, const llama_token *b, int nb)
@@ -19,9 +21,12 @@ int thaw_tokens_reserve(llama_token **v, int *cap, int n)
 {
     if (n <= *cap)
         return 0;
-    int c = *cap ? *cap : 256;
+    if (n < 0 || (size_t)n > SIZE_MAX / sizeof(llama_token))
+        return THAW_ETOOBIG;
+    /* double while that cannot overflow; past INT_MAX / 2 take n itself */
+    int c = *cap > 0 ? *cap : 256;
     while (c < n)
-        c *= 2;
+        c = c <= INT_MAX / 2 ? c * 2 : n;
     llama_token *nv = realloc(*v, (size_t)c * sizeof *nv);
     if (!nv)
         return THAW_ENOMEM;

@@ -7,8 +7,9 @@
 /* Longest common prefix of a[0..na) and b[0..nb). */
 int thaw_lcp(const llama_token *a, int na, const llama_token *b, int nb);
 
-/* Grows *v (capacity *cap) to hold at least n tokens, doubling from 256.
- * Returns 0 or THAW_ENOMEM (*v and *cap unchanged). */
+/* Grows *v (capacity *cap) to hold at least n tokens, doubling from 256
+ * (never past what an int can count). Returns 0, THAW_ETOOBIG (n negative
+ * or beyond size_t) or THAW_ENOMEM; on failure *v and *cap are unchanged. */
 int thaw_tokens_reserve(llama_token **v, int *cap, int n);
 
 #endif

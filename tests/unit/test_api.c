@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
 
@@ -117,6 +118,30 @@ static void test_builders_produce_json(void **state)
     free(s);
 }
 
+static void test_admit_bounds_before_tokenizing(void **state)
+{
+    struct thaw_chat_request req;
+    char err[256];
+    char body[512];
+
+    (void)state;
+    const char *three = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+                        "{\"role\":\"assistant\",\"content\":\"b\"},{\"role\":\"user\",\"content\":\"c\"}]}";
+    assert_int_equal(thaw_api_parse_chat(three, strlen(three), true, &req, err, sizeof err), 0);
+    assert_int_equal(thaw_api_admit(&req, 3, 16, err, sizeof err), THAW_EINVAL); /* 3 messages, 3 tokens */
+    assert_non_null(strstr(err, "messages"));
+    assert_int_equal(thaw_api_admit(&req, 4, 16, err, sizeof err), 0);
+    thaw_chat_request_free(&req);
+
+    /* 200 bytes of text with tokens of at most 10 bytes: >= 20 tokens */
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"%0200d\"}]}", 0);
+    assert_int_equal(thaw_api_parse_chat(body, strlen(body), true, &req, err, sizeof err), 0);
+    assert_int_equal(thaw_api_admit(&req, 20, 10, err, sizeof err), THAW_EINVAL);
+    assert_non_null(strstr(err, "200 bytes"));
+    assert_int_equal(thaw_api_admit(&req, 21, 10, err, sizeof err), 0);
+    thaw_chat_request_free(&req);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -124,6 +149,7 @@ int main(void)
         cmocka_unit_test(test_all_fields),
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_builders_produce_json),
+        cmocka_unit_test(test_admit_bounds_before_tokenizing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

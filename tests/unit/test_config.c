@@ -66,6 +66,41 @@ static void test_rejects(void **state)
     thaw_config_free(&c);
 }
 
+static void test_empty_api_keys_refused(void **state)
+{
+    struct thaw_config c;
+    static const char *const bad[] = {"", ",", "a,", ",a", "a,,b"};
+
+    (void)state;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *argv[] = {"serve", "-m", "x.gguf", "--api-key", bad[i]};
+        if (parse(&c, 5, argv) != THAW_EINVAL)
+            fail_msg("--api-key '%s' was accepted", bad[i]);
+        thaw_config_free(&c);
+    }
+    const char *ok[] = {"serve", "-m", "x.gguf", "--api-key", "a,b"};
+    assert_int_equal(parse(&c, 5, ok), 0);
+    assert_int_equal(c.n_api_keys, 2);
+    thaw_config_free(&c);
+}
+
+static void test_http_limits(void **state)
+{
+    struct thaw_config c;
+    const char *argv[] = {"serve", "-m", "x.gguf", "--threads-http", "2", "--max-connections", "50",
+                          "--max-connections-per-client", "0", "-to", "5"};
+
+    (void)state;
+    assert_int_equal(parse(&c, sizeof argv / sizeof *argv, argv), 0);
+    assert_int_equal(c.threads_http, 2);
+    assert_int_equal(c.max_connections, 50);
+    assert_int_equal(c.max_per_client, 0);
+    assert_int_equal(c.timeout_s, 5);
+    const char *zero[] = {"serve", "-m", "x.gguf", "--timeout", "0"};
+    assert_int_equal(parse(&c, 5, zero), THAW_EINVAL);
+    thaw_config_free(&c);
+}
+
 static void test_help_lists_every_flag(void **state)
 {
     char buf[16384];
@@ -86,6 +121,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_values),
         cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_empty_api_keys_refused),
+        cmocka_unit_test(test_http_limits),
         cmocka_unit_test(test_help_lists_every_flag),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
