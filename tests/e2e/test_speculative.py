@@ -31,10 +31,15 @@ def test_greedy_output_identical_with_and_without_draft(serve, drafts, slots):
     want = [reply(chat(plain, c, 40)) for c in convs]
     plain.stop()
     spec = serve("llama", "-np", str(slots), "-md", drafts["small"], "--draft-p-min", "0")
-    with cf.ThreadPoolExecutor(2) as ex:
-        got = list(ex.map(lambda c: chat(spec, c, 40), convs))
+    # compared in the reference's order: with both slots in one batch, ggml's
+    # kernels change the logits' last bits (DESIGN §6), and a random-weight
+    # model's near-ties then flip greedy picks whatever the draft does
+    got = [chat(spec, c, 40) for c in convs]
     assert [reply(r) for r in got] == want
     assert sum(r["timings"]["draft_n"] for r in got) > 0
+    with cf.ThreadPoolExecutor(2) as ex:  # concurrent slots with drafts: served, and drafting
+        both = list(ex.map(lambda c: chat(spec, c, 40), convs))
+    assert all(r["timings"]["draft_n"] > 0 for r in both)
     text, final, _, _ = spec.chat_stream(convs[0], max_tokens=40)
     assert text == want[0]
     assert final["timings"]["draft_n"] > 0
@@ -53,7 +58,11 @@ def test_target_as_its_own_draft_accepts_everything(serve, models):
 
 
 def test_sampling_with_draft_is_seeded_and_valid(serve, drafts):
-    kw = dict(temperature=0.9, top_k=20, seed=42, max_tokens=24, messages=CONV)
+    # no prefix reuse: the second request must see the first's logits bit
+    # for bit (a reused prefix decodes the last prompt token alone, which
+    # moves the logits' last bits, and a random model's near-flat
+    # distribution turns that into other draws)
+    kw = dict(temperature=0.9, top_k=20, seed=42, max_tokens=24, messages=CONV, cache_prompt=False)
     s = serve("llama", "-md", drafts["small"], "--draft-p-min", "0")
     a = s.post("/v1/chat/completions", kw).json()
     b = s.post("/v1/chat/completions", kw).json()
