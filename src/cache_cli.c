@@ -27,16 +27,21 @@ static const char usage_text[] =
     "\n"
     "  ls DIR                    list entries, most recently used first\n"
     "  stats DIR                 entries, total size, oldest entry\n"
-    "  verify DIR [--dry-run]    checksum every entry and remove the corrupt\n"
-    "                            ones (--dry-run: only report them)\n"
+    "  verify DIR [--fix]        checksum every entry and report the corrupt\n"
+    "                            ones; changes nothing unless --fix (alias\n"
+    "                            --repair): then removes them, and the files an\n"
+    "                            interrupted run left if no server holds DIR\n"
+    "                            (--dry-run: the default, still accepted)\n"
     "  gc DIR [--ttl T] [--max MiB]\n"
     "                            evict entries unused for more than T (seconds,\n"
     "                            or with a unit: 90m, 12h, 3d), then the least\n"
     "                            recently used until the total is <= MiB\n"
     "  rm DIR KEY... | --all     remove entries (KEY: hex key or unique prefix)\n"
     "\n"
-    "Safe while a server uses DIR: only whole entries are removed, .idx first.\n"
-    "Exit status: 0 ok, 1 something found wrong or not found, 2 error.\n";
+    "ls, stats and verify (without --fix) never change DIR. The others are safe\n"
+    "while a server uses DIR: only whole entries are removed, .idx first.\n"
+    "Exit status: 0 ok, 1 something found wrong (an unreadable or corrupt\n"
+    "entry) or not found, 2 error.\n";
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -144,7 +149,7 @@ static int cli_open(struct cli *cli, int readonly, uint64_t max_bytes, int64_t t
     p.log_ud = cli;
     p.flags = readonly ? THAW_DISK_CACHE_READONLY : THAW_DISK_CACHE_NO_WRITER;
     r = thaw_disk_cache_open(&p, out);
-    if (r == THAW_EBUSY && !readonly) {
+    if (r == THAW_ELOCKED && !readonly) {
         p.flags = THAW_DISK_CACHE_SHARED;
         r = thaw_disk_cache_open(&p, out);
         if (r == 0 && cli->verbose)
@@ -223,9 +228,11 @@ static int cmd_ls(struct cli *cli)
     thaw_fmt_bytes(st.bytes, size);
     printf("%" PRIu64 " %s, %s\n", st.entries, st.entries == 1 ? "entry" : "entries", size);
     if (st.skipped_entries)
-        printf("%" PRIu64 " unreadable (run `thaw cache verify %s`)\n", st.skipped_entries,
-               cli->dir);
-    ret = 0;
+        printf("%" PRIu64 " unreadable or corrupt, not listed (see `thaw cache verify %s`)\n",
+               st.skipped_entries, cli->dir);
+    /* A listing that leaves entries out must not pass for a clean one in a
+     * script: what could be read is printed, the status says the rest. */
+    ret = st.skipped_entries ? 1 : 0;
 out:
     free(l.v);
     thaw_disk_cache_close(c);
@@ -288,9 +295,9 @@ static int cmd_stats(struct cli *cli)
     fmt_ago(newest, now, ago);
     printf("most recent use   %s\n", ago);
     if (st.skipped_entries)
-        printf("unreadable        %" PRIu64 " (run `thaw cache verify %s`)\n",
+        printf("unreadable        %" PRIu64 " (see `thaw cache verify %s`)\n",
                st.skipped_entries, cli->dir);
-    ret = 0;
+    ret = st.skipped_entries ? 1 : 0; /* as ls: the totals leave them out */
 out:
     free(fps);
     free(l.v);
@@ -310,7 +317,10 @@ static void fmt_bad(unsigned bad, char *out, size_t n)
                                     names[i]);
 }
 
-static int cmd_verify(struct cli *cli, int dry_run)
+/* Read-only unless fix: reporting must never cost the evidence (a corrupt
+ * file someone wants to look at) nor race a server's store, so removal is
+ * asked for explicitly. */
+static int cmd_verify(struct cli *cli, int fix)
 {
     struct thaw_disk_cache *c;
     struct thaw_disk_cache_stats st;
@@ -319,7 +329,7 @@ static int cmd_verify(struct cli *cli, int dry_run)
     uint64_t ok = 0, bad_entries = 0, bad_dft = 0, gone = 0;
     int ret = 2;
 
-    if (cli_open(cli, dry_run, 0, 0, &c))
+    if (cli_open(cli, !fix, 0, 0, &c))
         return 2;
     cli->mute = 1; /* each finding is printed below */
     thaw_disk_cache_get_stats(c, &st);
@@ -328,7 +338,7 @@ static int cmd_verify(struct cli *cli, int dry_run)
         goto out;
     for (size_t i = 0; i < l.n; i++) {
         unsigned bad = 0;
-        int r = thaw_disk_cache_verify(c, l.v[i].key, !dry_run, &bad);
+        int r = thaw_disk_cache_verify(c, l.v[i].key, fix, &bad);
 
         thaw_hex(l.v[i].key, THAW_DISK_KEY_SIZE, hex);
         fmt_bad(bad, what, sizeof what);
@@ -337,11 +347,11 @@ static int cmd_verify(struct cli *cli, int dry_run)
         } else if (r == 0) {
             bad_dft++;
             printf("%.*s  bad %s: %s\n", KEY_SHOWN, hex, what,
-                   dry_run ? "would drop it, keep the entry" : "dropped it, kept the entry");
+                   fix ? "dropped it, kept the entry" : "left in place (--fix drops it)");
         } else if (r == THAW_ECORRUPT) {
             bad_entries++;
             printf("%.*s  corrupt (%s): %s\n", KEY_SHOWN, hex, what,
-                   dry_run ? "would remove" : "removed");
+                   fix ? "removed" : "left in place (--fix removes it)");
         } else if (r == THAW_ENOTFOUND) {
             gone++; /* removed meanwhile (a server's eviction) */
         } else {
@@ -349,8 +359,9 @@ static int cmd_verify(struct cli *cli, int dry_run)
             bad_entries++;
         }
     }
-    printf("%zu checked: %" PRIu64 " ok, %" PRIu64 " corrupt, %" PRIu64 " with a bad .dft",
-           l.n, ok, bad_entries, bad_dft);
+    /* Those found at open were checked too (and named on stderr then). */
+    printf("%" PRIu64 " checked: %" PRIu64 " ok, %" PRIu64 " corrupt, %" PRIu64 " with a bad .dft",
+           (uint64_t)l.n + st.corrupt_removed + st.skipped_entries, ok, bad_entries, bad_dft);
     if (gone)
         printf(", %" PRIu64 " gone meanwhile", gone);
     printf("\n");
@@ -454,7 +465,7 @@ int thaw_cache_main(int argc, char **argv)
     struct cli cli = {0};
     const char *cmd;
     char **pos;
-    int n_pos = 0, dry_run = 0, all = 0, ret;
+    int n_pos = 0, dry_run = 0, fix = 0, all = 0, ret;
     int64_t ttl_s = 0;
     uint64_t max_bytes = 0;
 
@@ -473,7 +484,9 @@ int thaw_cache_main(int argc, char **argv)
             free(pos);
             return usage(stdout, 0);
         } else if (!strcmp(a, "--dry-run") && !strcmp(cmd, "verify")) {
-            dry_run = 1;
+            dry_run = 1; /* the default now; kept for scripts written before */
+        } else if ((!strcmp(a, "--fix") || !strcmp(a, "--repair")) && !strcmp(cmd, "verify")) {
+            fix = 1;
         } else if (!strcmp(a, "--all") && !strcmp(cmd, "rm")) {
             all = 1;
         } else if (!strcmp(a, "--ttl") && !strcmp(cmd, "gc") && i + 1 < argc) {
@@ -496,6 +509,11 @@ int thaw_cache_main(int argc, char **argv)
             pos[n_pos++] = argv[i];
         }
     }
+    if (dry_run && fix) {
+        fprintf(stderr, "thaw cache verify: --dry-run and --fix contradict each other\n");
+        free(pos);
+        return usage(stderr, 2);
+    }
     if (n_pos < 1) {
         fprintf(stderr, "thaw cache %s: missing DIR\n", cmd);
         free(pos);
@@ -512,7 +530,7 @@ int thaw_cache_main(int argc, char **argv)
     } else if (!strcmp(cmd, "stats")) {
         ret = cmd_stats(&cli);
     } else if (!strcmp(cmd, "verify")) {
-        ret = cmd_verify(&cli, dry_run);
+        ret = cmd_verify(&cli, fix);
     } else if (!strcmp(cmd, "gc")) {
         ret = cmd_gc(&cli, ttl_s, max_bytes);
     } else if (!strcmp(cmd, "rm")) {

@@ -3,9 +3,11 @@
  *
  *   thaw cache ls DIR                  entries, most recently used first
  *   thaw cache stats DIR               totals
- *   thaw cache verify DIR [--dry-run]  checksum every entry; remove the bad
- *                                      ones (what the server's next lookup
- *                                      would do anyway) unless --dry-run
+ *   thaw cache verify DIR [--fix]      checksum every entry and report the
+ *                                      bad ones; with --fix (alias --repair)
+ *                                      remove them (what the server's next
+ *                                      lookup would do anyway). --dry-run is
+ *                                      the default, accepted for old scripts
  *   thaw cache gc DIR [--ttl T] [--max MiB]
  *                                      evict as the server does: unused for
  *                                      more than T (seconds, or 90m, 12h, 3d),
@@ -13,8 +15,9 @@
  *   thaw cache rm DIR KEY... | --all   remove entries; KEY is the hex key or
  *                                      a unique prefix of 4 or more digits
  *
- * ls, stats and verify --dry-run change nothing (READONLY). verify, gc and
- * rm only ever remove entries, .idx first, so they are safe next to a
+ * ls, stats and verify change nothing (READONLY: not a file created,
+ * removed, renamed or touched, not even *.tmp or orphans). verify --fix, gc
+ * and rm only ever remove entries, .idx first, so they are safe next to a
  * running server; when no server holds the directory they also sweep what
  * an interrupted run left (*.tmp, orphans), as a server's start-up does.
  */
@@ -23,8 +26,10 @@
 
 /* argv[0] is "cache". Prints to stdout (results) and stderr (errors).
  * Returns the process exit status: 0 success; 1 the command ran but found
- * something wrong (a corrupt entry, a key not found); 2 usage error, or the
- * directory could not be opened. Never exits. */
+ * something wrong: verify a corrupt entry (fixed or not), ls/stats an entry
+ * they could not read (counted, left out of the listing), rm a key not
+ * found; 2 usage error (--fix with --dry-run included), or the directory
+ * could not be opened. Never exits. */
 int thaw_cache_main(int argc, char **argv);
 
 #endif

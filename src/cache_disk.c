@@ -20,12 +20,16 @@
  *   3. Removal (replacement, eviction, corruption, `thaw cache rm`) unlinks
  *      the .idx first, then the parts. Hence a store over an existing key
  *      unlinks the old .idx before it writes a byte: a crash midway leaves no
- *      entry, never old .idx + new parts.
+ *      entry, never old .idx + new parts. A store that fails removes what it
+ *      wrote the same way, temporaries included, before it returns or
+ *      retries.
  *   4. Open sweeps *.tmp, parts without an .idx, parts the .idx does not
  *      list, and entries whose .idx is corrupt or whose mandatory parts are
  *      missing or of the wrong size — unless opened SHARED (a server may be
  *      mid-store: its *.tmp and not-yet-committed parts look exactly like
- *      leftovers).
+ *      leftovers). READONLY (implies SHARED) changes nothing at all: no
+ *      sweep, no removal of what is corrupt (reported, counted in
+ *      skipped_entries), no last-use update, no mkdir, chmod or lock file.
  *   5. A lookup verifies every checksum over the mapping it hands out. A
  *      mismatch, a missing or truncated file or a bad .idx is a miss and the
  *      entry is removed. A bad .dft alone costs only the .dft: it is
@@ -51,6 +55,23 @@
  * still the one it started with and not busy — otherwise the mismatch was a
  * race, and it is just a miss. Other processes (`thaw cache`) only ever
  * remove, .idx first; the server treats an .idx that vanished as a miss.
+ *
+ * The writer queue. submit() hands a store to the one writer thread (FIFO).
+ * The queue is bounded by bytes, not by a count: what it costs is the memory
+ * of the states it holds, and a count either drops ordinary traffic (a few
+ * conversations finishing together) or lets a few huge states through.
+ * queue_bytes covers the waiting stores and the one being written; a submit
+ * that would take it past queue_max_bytes is dropped (logged with the
+ * numbers, counted), except when the writer holds nothing — one store larger
+ * than the whole budget must still be possible.
+ *
+ * Disk full. A store whose I/O fails with ENOSPC/EDQUOT removes what it
+ * wrote (invariant 3), evicts least recently used entries of other keys
+ * until at least its own size is freed, and starts over, at most
+ * THAW_DISK_ENOSPC_ROUNDS times: the state just computed is worth more than
+ * the oldest one on disk. Each attempt rewrites every file from scratch:
+ * after a failed fsync the kernel may have dropped the dirty pages, so a
+ * file is never "continued" (fsync errors are not retryable).
  *
  * Last use. Stored as the .idx file's mtime: set when the .idx is written
  * and on every hit with one utimensat() (not fsynced — a lost update only
@@ -85,7 +106,8 @@
  *   ---- open / close ----   directory, lock, sweep, writer start/stop
  *   ---- store ----          synchronous store, writer thread, submit, flush
  *   ---- lookup ----         lookup, prefetch, entry accessors, .dft drop, verify
- *   ---- evict / remove ---- TTL then LRU, removal, listing, stats
+ *   ---- evict / remove ---- TTL then LRU, room on a full disk, removal,
+ *                            listing, stats
  */
 #include "cache_disk.h"
 
@@ -142,10 +164,16 @@ struct ent {
     uint64_t gen;      /* bumped when a claim ends: see the notes */
     int busy;          /* a claim owns the key's files */
     int live;          /* committed; then on the LRU list */
-    int evict_ttl;     /* eviction victim: by TTL (else by LRU) */
+    int evict_why;     /* as an eviction victim: enum evict_why */
     struct ent *hnext; /* hash chain */
     struct ent *prev;  /* LRU list: head = least recently used */
     struct ent *next;  /* LRU list; reused for eviction's victim chain */
+};
+
+enum evict_why {
+    EVICT_TTL,    /* unused for more than ttl_s */
+    EVICT_LRU,    /* least recently used, total over max_bytes */
+    EVICT_ENOSPC, /* least recently used, to make room on a full disk */
 };
 
 /* A store waiting for the writer thread; owns its buffers. */
@@ -155,6 +183,8 @@ struct job {
     struct thaw_disk_blob parts[THAW_PART_COUNT];
     void *meta;
     size_t n_meta;
+    uint64_t bytes;   /* parts + .idx: what it counts in queue_bytes */
+    struct job *next; /* FIFO */
 };
 
 struct thaw_disk_cache {
@@ -184,8 +214,10 @@ struct thaw_disk_cache {
     pthread_t writer;
     int has_writer;
     int stopping;
-    struct job *q; /* ring of q_cap */
-    unsigned q_cap, q_head, q_len;
+    struct job *q_head, *q_tail; /* waiting, oldest first */
+    unsigned q_len;              /* jobs waiting */
+    uint64_t q_bytes;            /* of the jobs waiting and the one active */
+    uint64_t q_max_bytes;        /* 0 = no limit */
     int q_active;           /* the writer is storing a job */
     pthread_cond_t q_cond;  /* a job arrived, or stopping */
     pthread_cond_t q_idle;  /* a job finished */
@@ -760,7 +792,7 @@ struct thaw_disk_cache_params thaw_disk_cache_default_params(void)
 
     memset(&p, 0, sizeof p);
     p.ttl_s = 259200;
-    p.queue_depth = 4;
+    p.queue_max_bytes = THAW_DISK_QUEUE_MAX_BYTES_DEFAULT;
     return p;
 }
 
@@ -828,7 +860,7 @@ static int prepare_dir(struct thaw_disk_cache *c)
     return 0;
 }
 
-/* Takes <dir>/lock exclusively. 0, THAW_EBUSY or -errno. */
+/* Takes <dir>/lock exclusively. 0, THAW_ELOCKED or -errno. */
 static int take_lock(struct thaw_disk_cache *c)
 {
     const struct thaw_vfs *v = c->vfs;
@@ -842,7 +874,7 @@ static int take_lock(struct thaw_disk_cache *c)
     r = v->flock(v, fd, LOCK_EX | LOCK_NB);
     if (r) {
         (void)v->close(v, fd);
-        return r == -EWOULDBLOCK ? THAW_EBUSY : r;
+        return r == -EWOULDBLOCK ? THAW_ELOCKED : r;
     }
     c->lock_fd = fd;
     return 0;
@@ -1152,7 +1184,7 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     size_t len;
     int ret;
 
-    if (!p || !out || !p->dir || !p->dir[0] || p->queue_depth == 0 || p->ttl_s < 0)
+    if (!p || !out || !p->dir || !p->dir[0] || p->ttl_s < 0)
         return THAW_EINVAL;
     len = strlen(p->dir);
     while (len > 1 && p->dir[len - 1] == '/')
@@ -1167,9 +1199,8 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     c->dir = strndup(p->dir, len);
     c->n_buckets = 64;
     c->buckets = calloc(c->n_buckets, sizeof *c->buckets);
-    c->q_cap = p->queue_depth;
-    c->q = calloc(c->q_cap, sizeof *c->q);
-    if (!c->dir || !c->buckets || !c->q) {
+    c->q_max_bytes = p->queue_max_bytes;
+    if (!c->dir || !c->buckets) {
         ret = THAW_ENOMEM;
         goto err_free;
     }
@@ -1244,18 +1275,21 @@ err_key_cond:
 err_mutex:
     pthread_mutex_destroy(&c->mu);
 err_free:
-    free(c->q);
     free(c->buckets);
     free(c->dir);
     free(c);
     return ret;
 }
 
+/* Drops the job's references to its buffers and frees it. NULL: no-op. */
 static void job_free(struct job *j)
 {
+    if (!j)
+        return;
     for (int p = 0; p < THAW_PART_COUNT; p++)
         thaw_blob_unref(j->parts[p].data);
     free(j->meta);
+    free(j);
 }
 
 void thaw_disk_cache_close(struct thaw_disk_cache *c)
@@ -1269,8 +1303,12 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c)
         pthread_mutex_unlock(&c->mu);
         pthread_join(c->writer, NULL);
     }
-    for (unsigned i = 0; i < c->q_len; i++) /* only without a writer: none */
-        job_free(&c->q[(c->q_head + i) % c->q_cap]);
+    while (c->q_head) { /* only without a writer: none */
+        struct job *j = c->q_head;
+
+        c->q_head = j->next;
+        job_free(j);
+    }
     free_index(c);
     if (c->lock_fd >= 0)
         (void)c->vfs->close(c->vfs, c->lock_fd);
@@ -1278,7 +1316,6 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c)
     pthread_cond_destroy(&c->q_cond);
     pthread_cond_destroy(&c->key_cond);
     pthread_mutex_destroy(&c->mu);
-    free(c->q);
     free(c->dir);
     free(c);
 }
@@ -1322,12 +1359,69 @@ static int install_file(struct thaw_disk_cache *c, const char *tmp, const char *
     return ret ? ret : c->vfs->rename(c->vfs, tmp, path);
 }
 
+/* Writes key's files from scratch: the old .idx goes first (invariant 3),
+ * then the parts, the directory, the .idx (the commit) and the directory
+ * again (invariant 1). idx is complete (sizes, checksums) and its record
+ * rec/rec_len encoded; mtime_s is the entry's last use. 0, or -errno with
+ * every file of the key removed again (.idx first), temporaries included. */
+static int store_files(struct thaw_disk_cache *c, const char *hex,
+                       const struct thaw_disk_blob parts[THAW_PART_COUNT], const uint8_t *rec,
+                       size_t rec_len, int64_t mtime_s)
+{
+    const struct thaw_vfs *v = c->vfs;
+    char tmp[PATH_MAX], path[PATH_MAX];
+    int ret;
+
+    entry_path(c, path, hex, ".idx", 0);
+    ret = v->unlink(v, path);
+    if (ret && ret != -ENOENT)
+        goto err_remove;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        entry_path(c, path, hex, part_ext[p], 0);
+        if (parts[p].size == 0) {
+            /* A part the old entry had must not outlive it. */
+            ret = v->unlink(v, path);
+            if (ret && ret != -ENOENT)
+                goto err_remove;
+            continue;
+        }
+        entry_path(c, tmp, hex, part_ext[p], 1);
+        ret = install_file(c, tmp, path, parts[p].data, parts[p].size, -1);
+        if (ret)
+            goto err_remove;
+    }
+    ret = fsync_dir(c);
+    if (ret)
+        goto err_remove;
+    entry_path(c, tmp, hex, ".idx", 1);
+    entry_path(c, path, hex, ".idx", 0);
+    ret = install_file(c, tmp, path, rec, rec_len, mtime_s);
+    if (ret)
+        goto err_remove;
+    ret = fsync_dir(c);
+    if (ret)
+        goto err_remove;
+    return 0;
+
+err_remove:
+    /* Whatever got written goes, .idx first (it can only be there if the
+     * failure came after its rename). */
+    (void)remove_files(c, hex);
+    for (int p = 0; p <= THAW_PART_COUNT; p++) {
+        entry_path(c, tmp, hex, idx_or_part_ext(p), 1);
+        (void)v->unlink(v, tmp);
+    }
+    return ret;
+}
+
+static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, int err,
+                     int round);
+
 int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
                           uint32_t n_tokens, const struct thaw_disk_blob parts[THAW_PART_COUNT],
                           const void *meta, size_t n_meta)
 {
-    const struct thaw_vfs *v;
-    char hex[HEX_LEN + 1], tmp[PATH_MAX], path[PATH_MAX], bytes[24];
+    char hex[HEX_LEN + 1], bytes[24];
     struct thaw_disk_idx idx;
     uint8_t *rec = NULL;
     size_t rec_len = 0;
@@ -1346,23 +1440,8 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK
         }
         return ret;
     }
-    v = c->vfs;
     now = now_s(c);
     thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
-
-    pthread_mutex_lock(&c->mu);
-    e = claim_wait(c, key, 1);
-    if (!e)
-        c->st.store_failures++;
-    pthread_mutex_unlock(&c->mu);
-    if (!e)
-        return THAW_ENOMEM;
-
-    /* Invariant 3: an older entry's commit marker goes before any byte. */
-    entry_path(c, path, hex, ".idx", 0);
-    ret = v->unlink(v, path);
-    if (ret && ret != -ENOENT)
-        goto err_cleanup;
 
     memset(&idx, 0, sizeof idx);
     memcpy(idx.key, key, THAW_DISK_KEY_SIZE);
@@ -1371,40 +1450,44 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK
     idx.created = now;
     idx.n_meta = (uint32_t)n_meta;
     idx.meta = meta;
-
-    /* Invariant 1: parts as tmp, fsync, rename. */
     for (int p = 0; p < THAW_PART_COUNT; p++) {
-        entry_path(c, path, hex, part_ext[p], 0);
-        if (parts[p].size == 0) {
-            /* A part the old entry had must not outlive it. */
-            ret = v->unlink(v, path);
-            if (ret && ret != -ENOENT)
-                goto err_cleanup;
+        if (!parts[p].size)
             continue;
-        }
         idx.size[p] = parts[p].size;
         idx.xxh3[p] = XXH3_64bits(parts[p].data, parts[p].size);
-        entry_path(c, tmp, hex, part_ext[p], 1);
-        ret = install_file(c, tmp, path, parts[p].data, parts[p].size, -1);
-        if (ret)
-            goto err_cleanup;
     }
-    ret = fsync_dir(c);
-    if (ret)
-        goto err_cleanup;
-
-    /* The commit: .idx the same way, its mtime = last use; then the dir. */
     ret = idx_encode(&idx, &rec, &rec_len);
+    if (ret) {
+        pthread_mutex_lock(&c->mu);
+        c->st.store_failures++;
+        pthread_mutex_unlock(&c->mu);
+        return ret;
+    }
+
+    pthread_mutex_lock(&c->mu);
+    e = claim_wait(c, key, 1);
+    if (!e)
+        c->st.store_failures++;
+    pthread_mutex_unlock(&c->mu);
+    if (!e) {
+        free(rec);
+        return THAW_ENOMEM;
+    }
+
+    /* A full disk costs the least recently used entries, not this one: the
+     * newest state is the one the next turn asks for. Each round starts
+     * from nothing on disk (store_files removed it), so a file whose fsync
+     * failed is never trusted again. The key itself is claimed, hence off
+     * the LRU list: never its own victim. */
+    for (int round = 0;; round++) {
+        ret = store_files(c, hex, parts, rec, rec_len, now);
+        if ((ret != -ENOSPC && ret != -EDQUOT) || round == THAW_DISK_ENOSPC_ROUNDS)
+            break;
+        if (make_room(c, hex, total, ret, round + 1) == 0)
+            break; /* nothing left to evict: full of something else */
+    }
     if (ret)
-        goto err_cleanup;
-    entry_path(c, tmp, hex, ".idx", 1);
-    entry_path(c, path, hex, ".idx", 0);
-    ret = install_file(c, tmp, path, rec, rec_len, now);
-    if (ret)
-        goto err_cleanup;
-    ret = fsync_dir(c);
-    if (ret)
-        goto err_cleanup;
+        goto err_claim;
 
     pthread_mutex_lock(&c->mu);
     memcpy(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
@@ -1425,14 +1508,7 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK
     free(rec);
     return 0;
 
-err_cleanup:
-    /* Whatever got written goes, .idx first (it can only be there if the
-     * failure came after its rename). */
-    (void)remove_files(c, hex);
-    for (int p = 0; p <= THAW_PART_COUNT; p++) {
-        entry_path(c, tmp, hex, idx_or_part_ext(p), 1);
-        (void)v->unlink(v, tmp);
-    }
+err_claim:
     pthread_mutex_lock(&c->mu);
     claim_end(c, e, 0);
     c->st.store_failures++;
@@ -1446,7 +1522,8 @@ static void *writer_main(void *arg)
 {
     struct thaw_disk_cache *c = arg;
     struct sched_param idle = {0};
-    struct job j;
+    struct job *j;
+    uint64_t bytes;
 
     /* Stores must never slow a decode: on a machine whose cores all decode,
      * the writer's hashing and copying run only when a core is idle.
@@ -1455,21 +1532,26 @@ static void *writer_main(void *arg)
 
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (c->q_len == 0 && !c->stopping)
+        while (!c->q_head && !c->stopping)
             pthread_cond_wait(&c->q_cond, &c->mu);
-        if (c->q_len == 0)
+        if (!c->q_head)
             break; /* stopping, and drained */
-        j = c->q[c->q_head];
-        c->q_head = (c->q_head + 1) % c->q_cap;
+        j = c->q_head;
+        c->q_head = j->next;
+        if (!c->q_head)
+            c->q_tail = NULL;
         c->q_len--;
         c->q_active = 1;
         pthread_mutex_unlock(&c->mu);
 
-        if (thaw_disk_cache_store(c, j.key, j.n_tokens, j.parts, j.meta, j.n_meta) == 0 && c->max_bytes)
+        if (thaw_disk_cache_store(c, j->key, j->n_tokens, j->parts, j->meta, j->n_meta) == 0 &&
+            c->max_bytes)
             (void)thaw_disk_cache_evict(c); /* keep the directory within budget between lookups too */
-        job_free(&j);
+        bytes = j->bytes;
+        job_free(j); /* its buffers are released before its bytes leave the count */
 
         pthread_mutex_lock(&c->mu);
+        c->q_bytes -= bytes;
         c->q_active = 0;
         pthread_cond_broadcast(&c->q_idle);
     }
@@ -1481,53 +1563,89 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
                            uint32_t n_tokens, struct thaw_disk_blob parts[THAW_PART_COUNT],
                            const void *meta, size_t n_meta)
 {
-    struct job *j;
-    uint64_t total;
-    void *meta_copy = NULL;
-    char hex[HEX_LEN + 1];
+    struct job *j = NULL;
+    uint64_t total = 0, held = 0;
+    unsigned held_n = 0;
+    char hex[HEX_LEN + 1] = "(no key)", size[24], held_s[24], budget[24];
+    const char *why = NULL; /* of a drop, unless the queue was full */
     int ret;
 
+    if (!c)
+        return THAW_EINVAL;
     ret = store_check(c, key, parts, meta, n_meta, &total);
-    if (ret)
-        return ret;
-    if (n_meta) {
-        meta_copy = malloc(n_meta);
-        if (!meta_copy)
-            return THAW_ENOMEM;
-        memcpy(meta_copy, meta, n_meta);
+    if (ret) {
+        why = ret == THAW_ETOOBIG ? "too big (meta, or the entry alone exceeds max_bytes)"
+                                  : "invalid arguments";
+        goto out;
     }
-    pthread_mutex_lock(&c->mu);
-    if (!c->has_writer || c->stopping) {
-        ret = THAW_EINVAL;
-        goto out_unlock;
+    j = calloc(1, sizeof *j);
+    if (!j || (n_meta && !(j->meta = malloc(n_meta)))) {
+        ret = THAW_ENOMEM;
+        why = "out of memory";
+        goto out;
     }
-    if (c->q_len == c->q_cap) {
-        c->st.stores_dropped++;
-        ret = THAW_EBUSY;
-        goto out_unlock;
-    }
-    j = &c->q[(c->q_head + c->q_len) % c->q_cap];
+    if (n_meta)
+        memcpy(j->meta, meta, n_meta);
     memcpy(j->key, key, THAW_DISK_KEY_SIZE);
     j->n_tokens = n_tokens;
-    for (int p = 0; p < THAW_PART_COUNT; p++) {
-        j->parts[p] = parts[p];
-        if (!parts[p].size) { /* absent: the cache owns no buffer for it */
-            thaw_blob_unref(parts[p].data);
-            j->parts[p].data = NULL;
-        }
-        parts[p].data = NULL;
-    }
-    j->meta = meta_copy;
     j->n_meta = n_meta;
-    meta_copy = NULL;
-    c->q_len++;
-    pthread_cond_signal(&c->q_cond);
-out_unlock:
+    j->bytes = total;
+
+    pthread_mutex_lock(&c->mu);
+    held = c->q_bytes;
+    held_n = c->q_len + (unsigned)c->q_active;
+    if (!c->has_writer) {
+        ret = THAW_EINVAL;
+        why = "no writer thread (opened NO_WRITER, SHARED or READONLY)";
+    } else if (c->stopping) {
+        ret = THAW_ESHUTDOWN;
+        why = "the cache is closing";
+    } else if (c->q_max_bytes && held > 0 &&
+               (held >= c->q_max_bytes || total > c->q_max_bytes - held)) {
+        /* Bytes, not a count: many small stores may wait, and one larger
+         * than the whole budget still goes when the writer holds nothing,
+         * or a big model could never store. */
+        ret = THAW_EBUSY;
+    } else {
+        for (int p = 0; p < THAW_PART_COUNT; p++) {
+            j->parts[p] = parts[p];
+            if (!parts[p].size) { /* absent: the cache owns no buffer for it */
+                thaw_blob_unref(parts[p].data);
+                j->parts[p].data = NULL;
+            }
+            parts[p].data = NULL;
+        }
+        if (c->q_tail)
+            c->q_tail->next = j;
+        else
+            c->q_head = j;
+        c->q_tail = j;
+        c->q_len++;
+        c->q_bytes += total;
+        j = NULL;
+        pthread_cond_signal(&c->q_cond);
+    }
     pthread_mutex_unlock(&c->mu);
-    free(meta_copy);
-    if (ret == THAW_EBUSY) {
+
+out:
+    if (ret == 0)
+        return 0;
+    job_free(j); /* holds no part of the caller's yet */
+    pthread_mutex_lock(&c->mu);
+    c->st.stores_dropped++;
+    pthread_mutex_unlock(&c->mu);
+    if (key)
         thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
-        logf_(c, THAW_LOG_WARN, "disk cache: dropped store of %.16s: writer queue full", hex);
+    thaw_fmt_bytes(total, size);
+    if (ret == THAW_EBUSY) {
+        thaw_fmt_bytes(held, held_s);
+        thaw_fmt_bytes(c->q_max_bytes, budget);
+        logf_(c, THAW_LOG_WARN,
+              "disk cache: dropped store of %.16s (%s): writer queue full: it holds %s in %u "
+              "store%s, budget %s",
+              hex, size, held_s, held_n, held_n == 1 ? "" : "s", budget);
+    } else {
+        logf_(c, THAW_LOG_WARN, "disk cache: dropped store of %.16s (%s): %s", hex, size, why);
     }
     return ret;
 }
@@ -1537,7 +1655,7 @@ void thaw_disk_cache_flush(struct thaw_disk_cache *c)
     if (!c || !c->has_writer)
         return;
     pthread_mutex_lock(&c->mu);
-    while (c->q_len || c->q_active)
+    while (c->q_head || c->q_active)
         pthread_cond_wait(&c->q_idle, &c->mu);
     pthread_mutex_unlock(&c->mu);
 }
@@ -1938,38 +2056,35 @@ int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
 
 /* ---- evict / remove ----------------------------------------------------- */
 
-int thaw_disk_cache_evict(struct thaw_disk_cache *c)
+/* Takes the least recently used live entry for eviction by `why`: claims
+ * it (off the LRU list and the totals) and chains it at **tail. Returns it,
+ * or NULL when the list is empty. With c->mu held. */
+static struct ent *take_lru(struct thaw_disk_cache *c, int why, struct ent ***tail)
 {
-    struct ent *victims = NULL, **tail = &victims, *e, *next;
+    struct ent *e = c->lru_head;
+
+    if (!e)
+        return NULL;
+    e->busy = 1;
+    ent_uncommit(c, e);
+    e->evict_why = why;
+    **tail = e;
+    *tail = &e->next;
+    return e;
+}
+
+/* Removes the files of every claimed victim on the chain (.idx first,
+ * invariant 3), counts each by its evict_why, and ends the claims: they
+ * leave the index even if an unlink failed (logged). now is the clock the
+ * TTL was judged by. Returns how many. Without c->mu. */
+static int evict_victims(struct thaw_disk_cache *c, struct ent *victims, int64_t now)
+{
     char hex[HEX_LEN + 1], bytes[24];
-    int64_t now;
+    struct ent *e, *next;
     int n = 0;
 
-    if (!c || (c->flags & THAW_DISK_CACHE_READONLY))
-        return 0;
-    now = now_s(c);
-    pthread_mutex_lock(&c->mu);
-    /* TTL: the list is in order of last use, so stop at the first fresh one.
-     * Claimed entries are off the list already. */
-    while (c->ttl_s > 0 && (e = c->lru_head) && now - e->last_used > c->ttl_s) {
-        e->busy = 1;
-        ent_uncommit(c, e);
-        e->evict_ttl = 1;
-        *tail = e;
-        tail = &e->next;
-    }
-    while (c->max_bytes > 0 && c->bytes > c->max_bytes && (e = c->lru_head)) {
-        e->busy = 1;
-        ent_uncommit(c, e);
-        e->evict_ttl = 0;
-        *tail = e;
-        tail = &e->next;
-    }
-    *tail = NULL;
-    pthread_mutex_unlock(&c->mu);
-
     for (e = victims; e; e = next) {
-        int by_ttl = e->evict_ttl;
+        int why = e->evict_why;
         int r;
 
         next = e->next;
@@ -1978,21 +2093,75 @@ int thaw_disk_cache_evict(struct thaw_disk_cache *c)
         r = remove_files(c, hex);
         if (r)
             logf_(c, THAW_LOG_ERROR, "disk cache: evicting %.16s: %s", hex, thaw_strerror(r));
-        else if (by_ttl)
+        else if (why == EVICT_TTL)
             logf_(c, THAW_LOG_INFO, "disk cache: evicted %.16s (%s): unused for %lld s > ttl %lld s",
                   hex, bytes, (long long)(now - e->last_used), (long long)c->ttl_s);
-        else
+        else if (why == EVICT_LRU)
             logf_(c, THAW_LOG_INFO, "disk cache: evicted %.16s (%s): least recently used, over %llu MiB",
                   hex, bytes, (unsigned long long)(c->max_bytes >> 20));
+        /* EVICT_ENOSPC: make_room logs one line for the lot */
         pthread_mutex_lock(&c->mu);
-        if (by_ttl)
+        if (why == EVICT_TTL)
             c->st.evictions_ttl++;
-        else
+        else if (why == EVICT_LRU)
             c->st.evictions_lru++;
+        else
+            c->st.evictions_enospc++;
         claim_end(c, e, 0);
         pthread_mutex_unlock(&c->mu);
         n++;
     }
+    return n;
+}
+
+int thaw_disk_cache_evict(struct thaw_disk_cache *c)
+{
+    struct ent *victims = NULL, **tail = &victims, *e;
+    int64_t now;
+
+    if (!c || (c->flags & THAW_DISK_CACHE_READONLY))
+        return 0;
+    now = now_s(c);
+    pthread_mutex_lock(&c->mu);
+    /* TTL: the list is in order of last use, so stop at the first fresh one.
+     * Claimed entries are off the list already. */
+    while (c->ttl_s > 0 && (e = c->lru_head) && now - e->last_used > c->ttl_s)
+        (void)take_lru(c, EVICT_TTL, &tail);
+    while (c->max_bytes > 0 && c->bytes > c->max_bytes && take_lru(c, EVICT_LRU, &tail))
+        ;
+    *tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+    return evict_victims(c, victims, now);
+}
+
+/* The store of <hex> (need bytes) failed with err (-ENOSPC/-EDQUOT) in
+ * round `round`: evicts least recently used entries until at least need
+ * bytes are freed, and logs one line. The key being stored is claimed,
+ * so never among them. Returns how many were evicted (0: none left). */
+static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, int err, int round)
+{
+    struct ent *victims = NULL, **tail = &victims, *e;
+    uint64_t freed = 0;
+    char need_s[24], freed_s[24];
+    int n;
+
+    pthread_mutex_lock(&c->mu);
+    while (freed < need && (e = take_lru(c, EVICT_ENOSPC, &tail)))
+        freed += e->bytes;
+    *tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+    n = evict_victims(c, victims, now_s(c));
+    thaw_fmt_bytes(need, need_s);
+    thaw_fmt_bytes(freed, freed_s);
+    if (n)
+        logf_(c, THAW_LOG_WARN,
+              "disk cache: %s storing %.16s (%s): evicted %d least recently used entr%s (%s); "
+              "retrying (%d/%d)",
+              thaw_strerror(err), hex, need_s, n, n == 1 ? "y" : "ies", freed_s, round,
+              THAW_DISK_ENOSPC_ROUNDS);
+    else
+        logf_(c, THAW_LOG_WARN, "disk cache: %s storing %.16s (%s): no entry left to evict",
+              thaw_strerror(err), hex, need_s);
     return n;
 }
 
@@ -2063,6 +2232,8 @@ void thaw_disk_cache_get_stats(struct thaw_disk_cache *c, struct thaw_disk_cache
         return;
     pthread_mutex_lock(&c->mu);
     *out = c->st;
+    out->queue_bytes = c->q_bytes;
+    out->queue_len = c->q_len + (uint64_t)c->q_active;
     out->entries = c->n_live;
     out->bytes = c->bytes;
     out->oldest_used = c->lru_head ? c->lru_head->last_used : 0;

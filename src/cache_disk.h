@@ -26,7 +26,7 @@
  *     kept (counted in bytes, subject to TTL/LRU): the same directory may be
  *     used by that model again after a restart.
  *   - One process owns a directory (flock on `lock`); a second thaw server
- *     on the same directory fails to open with THAW_EBUSY. `thaw cache`
+ *     on the same directory fails to open with THAW_ELOCKED. `thaw cache`
  *     opens it THAW_DISK_CACHE_SHARED alongside a running server.
  *   - A directory with group/other permission bits is chmod()ed to 0700 (and
  *     a warning logged); if that fails, open fails.
@@ -86,7 +86,12 @@ struct thaw_disk_cache_params {
     uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE]; /* model + context
                              * identity, written into every .idx; entries
                              * with another one are misses */
-    unsigned queue_depth;   /* submitted stores that may wait; >= 1 */
+    uint64_t queue_max_bytes; /* bytes of submitted stores the writer may
+                             * hold (waiting, and the one being written:
+                             * the sum of their parts and .idx); a submit
+                             * that would go over is dropped. A store larger
+                             * than this alone is still taken when the
+                             * writer holds nothing. 0 = no limit */
     unsigned flags;         /* THAW_DISK_CACHE_* above */
     const struct thaw_vfs *vfs; /* NULL = thaw_vfs_default(); must outlive
                              * the cache */
@@ -102,8 +107,10 @@ struct thaw_disk_cache_params {
     void *now_ud;
 };
 
-/* max_bytes 0, ttl_s 259200 (3 days), fingerprint all zero, queue_depth 4,
- * flags 0, everything else NULL. dir must be set by the caller. */
+/* max_bytes 0, ttl_s 259200 (3 days), fingerprint all zero,
+ * queue_max_bytes 1 GiB (THAW_DISK_QUEUE_MAX_BYTES_DEFAULT), flags 0,
+ * everything else NULL. dir must be set by the caller. */
+#define THAW_DISK_QUEUE_MAX_BYTES_DEFAULT ((uint64_t)1 << 30)
 struct thaw_disk_cache_params thaw_disk_cache_default_params(void);
 
 struct thaw_disk_cache;
@@ -115,8 +122,8 @@ struct thaw_disk_entry;
  * loads every entry's index record into memory (checksums of the data are
  * verified at lookup, not here), and starts the writer thread.
  * Returns 0 and sets *out, to be freed with thaw_disk_cache_close(); or
- *   THAW_EINVAL   p or p->dir missing/empty/too long, queue_depth 0
- *   THAW_EBUSY    another process (or another open cache in this one) owns
+ *   THAW_EINVAL   p or p->dir missing/empty/too long, ttl_s < 0
+ *   THAW_ELOCKED  another process (or another open cache in this one) owns
  *                 the directory
  *   THAW_ENOMEM
  *   -errno        the directory could not be created, chmod()ed to 0700,
@@ -135,16 +142,24 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c);
  * parts[THAW_PART_KV] must be present; the others may have size 0. The
  * buffers are only read: the caller keeps ownership. meta may be NULL when
  * n_meta is 0. A concurrent store/removal of the same key is waited for.
+ * Disk full: when a step fails with -ENOSPC or -EDQUOT, what was written of
+ * the key is removed, the least recently used entries of OTHER keys are
+ * evicted (.idx first) until at least this entry's size is freed, one line
+ * is logged, and the store starts over: at most THAW_DISK_ENOSPC_ROUNDS
+ * rounds of evict-and-retry, so 1 + that many attempts. Each entry so
+ * evicted counts in evictions_enospc.
  * Returns 0 (entry committed and durable: data, .idx and directory fsynced);
  *   THAW_EINVAL   NULL key/parts, no KV part, meta NULL with n_meta > 0,
  *                 READONLY cache
  *   THAW_ETOOBIG  n_meta > THAW_DISK_META_MAX, or the entry alone exceeds
  *                 max_bytes (it would be evicted at once)
  *   THAW_ENOMEM
- *   -errno        an I/O call failed (-ENOSPC, -EIO, ...).
+ *   -errno        an I/O call failed (-EIO, ...; -ENOSPC/-EDQUOT once
+ *                 nothing is left to evict or the rounds are spent).
  * On any error nothing is committed, no file of the key is left behind, and
  * an entry previously stored under the key is gone too. Counts in
  * stores_ok / store_failures. */
+#define THAW_DISK_ENOSPC_ROUNDS 3
 int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
                           uint32_t n_tokens, const struct thaw_disk_blob parts[THAW_PART_COUNT],
                           const void *meta, size_t n_meta);
@@ -154,14 +169,17 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK
  * parts[i].data must be blobs (blob.h). Returns 0: the caller's reference
  * to every parts[i].data moves to the cache (dropped after the write,
  * whatever its outcome) and parts[i].data is set to NULL; meta is copied,
- * the caller keeps it. The write's own outcome shows only in the stats and
- * the log.
- * Otherwise the caller keeps its references:
- *   THAW_EBUSY    the queue holds queue_depth stores already; stores_dropped
- *                 is incremented
- *   THAW_EINVAL   bad arguments (as store), or the cache has no writer
- *                 thread (NO_WRITER, SHARED, READONLY), or it is closing
- *   THAW_ETOOBIG  as store
+ * the caller keeps it. The store's bytes (parts + .idx) count in
+ * queue_bytes until the writer is done with it. The write's own outcome
+ * shows only in the stats and the log.
+ * Otherwise the store is dropped: the caller keeps its references, it counts
+ * in stores_dropped (c NULL aside), and one WARN line says why:
+ *   THAW_EBUSY     the writer holds queue_bytes > 0 already and this store's
+ *                  bytes would take it past queue_max_bytes
+ *   THAW_ESHUTDOWN the cache is closing
+ *   THAW_EINVAL    bad arguments (as store), or the cache has no writer
+ *                  thread (NO_WRITER, SHARED, READONLY)
+ *   THAW_ETOOBIG   as store
  *   THAW_ENOMEM */
 int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
                            uint32_t n_tokens, struct thaw_disk_blob parts[THAW_PART_COUNT],
@@ -291,9 +309,15 @@ struct thaw_disk_cache_stats {
     int64_t oldest_used;       /* least recent last use; 0 when empty */
     uint64_t stores_ok;
     uint64_t store_failures;   /* store() errors, including the writer's */
-    uint64_t stores_dropped;   /* submit() -> THAW_EBUSY */
+    uint64_t stores_dropped;   /* submit() refused: queue bytes full,
+                                * closing, too big, ... (any non-zero return) */
     uint64_t evictions_ttl;
     uint64_t evictions_lru;
+    uint64_t evictions_enospc; /* evicted to make room after a store's I/O
+                                * failed with ENOSPC/EDQUOT */
+    uint64_t queue_bytes;      /* now: bytes of submitted stores the writer
+                                * holds (waiting + being written) */
+    uint64_t queue_len;        /* now: how many stores that is */
     uint64_t corrupt_removed;  /* entries removed as corrupt (open or lookup) */
     uint64_t dft_dropped;      /* bad .dft parts dropped, entry kept */
     uint64_t lookups;
@@ -305,7 +329,8 @@ struct thaw_disk_cache_stats {
                                 * could not be read (EACCES, EIO) */
 };
 
-/* Counters since open (entries/bytes/oldest: now). Never fails. */
+/* Counters since open (entries, bytes, oldest_*, queue_*: now). c NULL
+ * gives all zero. Never fails. */
 void thaw_disk_cache_get_stats(struct thaw_disk_cache *c, struct thaw_disk_cache_stats *out);
 
 /* ---- helpers ------------------------------------------------------------ */

@@ -417,7 +417,8 @@ static void slot_store(struct thaw_engine *e, struct slot *s)
         }
         rc = thaw_disk_cache_submit(e->disk, s->store_key, (uint32_t)s->n_tokens, w, NULL, 0);
         if (rc != 0) {
-            LOG_WRN("slot %d: store of %s to disk dropped: %s", s->id, hex, thaw_strerror(rc));
+            /* the cache logged why (queue bytes, shutdown, ...) */
+            LOG_DBG("slot %d: store of %s to disk dropped: %s", s->id, hex, thaw_strerror(rc));
             for (int p = 0; p < THAW_PART_COUNT; p++)
                 thaw_blob_unref(w[p].data); /* on failure the reference stayed here */
         }
@@ -1062,10 +1063,16 @@ static int open_disk_cache(struct thaw_engine *e)
     p.dir = e->cfg->kv_cache_dir;
     p.max_bytes = e->cfg->kv_cache_max_mib << 20;
     p.ttl_s = (int64_t)e->cfg->kv_cache_ttl_s;
+    p.queue_max_bytes = e->cfg->kv_cache_queue_mib << 20;
     memcpy(p.fingerprint, e->identity, sizeof p.fingerprint);
     p.log = disk_log;
     if ((rc = thaw_disk_cache_open(&p, &e->disk)) != 0) {
-        LOG_ERR("cannot open --kv-cache-dir %s: %s", p.dir, thaw_strerror(rc));
+        if (rc == THAW_ELOCKED)
+            LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw server (%s/lock is held); give "
+                    "each server its own directory",
+                    p.dir, p.dir);
+        else
+            LOG_ERR("cannot open --kv-cache-dir %s: %s", p.dir, thaw_strerror(rc));
         return rc;
     }
     thaw_disk_cache_evict(e->disk);
@@ -1311,7 +1318,10 @@ void thaw_engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
         G("bytes", "bytes on disk in --kv-cache-dir", st.bytes);
         C("stores_total", "entries written", st.stores_ok);
         C("store_failures_total", "stores that failed (I/O error, disk full)", st.store_failures);
-        C("stores_dropped_total", "stores dropped because the writer queue was full", st.stores_dropped);
+        C("stores_dropped_total", "stores not queued for disk (writer queue bytes full, too big, shutting down)",
+          st.stores_dropped);
+        G("queue_bytes", "bytes of stores waiting for or being written by the disk writer", st.queue_bytes);
+        C("evictions_enospc_total", "entries evicted to make room when the disk was full", st.evictions_enospc);
         C("evictions_ttl_total", "entries evicted by --kv-cache-ttl", st.evictions_ttl);
         C("evictions_lru_total", "entries evicted by --kv-cache-max", st.evictions_lru);
         C("corrupt_removed_total", "entries removed because they failed verification", st.corrupt_removed);

@@ -7,10 +7,13 @@
  *   ---- fixtures ----        temp dir, fake clock, data, file helpers
  *   ---- basics ----          round trip, miss, arguments, remove/list/verify
  *   ---- corruption ----      flipped bytes, truncation, garbage, parser fuzz
- *   ---- crashes / errors ---- fork + _exit at call N, injected -ENOSPC
+ *   ---- crashes / errors ---- fork + _exit at call N, injected -ENOSPC,
+ *                             eviction to make room on a full disk
  *   ---- eviction ----        TTL, LRU, across reopen
- *   ---- writer ----          submit/flush, queue full, close drains
- *   ---- directory ----       permissions, sweep, fingerprint, lock
+ *   ---- writer ----          submit/flush, queue bounded by bytes, drops
+ *                             logged, close drains
+ *   ---- directory ----       permissions, sweep, fingerprint, lock,
+ *                             READONLY changes nothing
  *   ---- concurrency ----     lookups racing stores of the same key
  */
 #include <setjmp.h>
@@ -22,6 +25,7 @@
 #include "blob.h"
 #include "cache_disk.h"
 #include "error.h"
+#include "log.h"
 #include "vfs.h"
 
 #include <dirent.h>
@@ -44,7 +48,11 @@ struct fx {
     int64_t now; /* the fake clock, Unix seconds */
     struct thaw_disk_cache *c;
     int n_log;
+    char warns[8192]; /* WARN/ERROR lines since the last warns_clear(), '\n'-separated */
 };
+
+/* The writer thread logs too. */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int64_t fake_now(void *ud)
 {
@@ -56,8 +64,49 @@ static void test_log(void *ud, int level, const char *msg)
     struct fx *f = ud;
 
     __atomic_fetch_add(&f->n_log, 1, __ATOMIC_RELAXED);
+    if (level <= THAW_LOG_WARN) {
+        size_t len;
+
+        pthread_mutex_lock(&log_mu);
+        len = strlen(f->warns);
+        snprintf(f->warns + len, sizeof f->warns - len, "%s\n", msg);
+        pthread_mutex_unlock(&log_mu);
+    }
     if (getenv("THAW_TEST_LOG"))
         fprintf(stderr, "  [log %d] %s\n", level, msg);
+}
+
+static void warns_clear(struct fx *f)
+{
+    pthread_mutex_lock(&log_mu);
+    f->warns[0] = '\0';
+    pthread_mutex_unlock(&log_mu);
+}
+
+/* Fails unless a WARN/ERROR line since warns_clear() contains every one of
+ * the NULL-terminated substrings. */
+static void assert_warned(struct fx *f, ...)
+{
+    char all[sizeof f->warns], copy[sizeof f->warns], *line, *save = NULL;
+    int found = 0;
+    va_list ap;
+
+    pthread_mutex_lock(&log_mu);
+    memcpy(all, f->warns, sizeof all);
+    pthread_mutex_unlock(&log_mu);
+    memcpy(copy, all, sizeof copy);
+    for (line = strtok_r(copy, "\n", &save); line && !found; line = strtok_r(NULL, "\n", &save)) {
+        const char *want;
+
+        found = 1;
+        va_start(ap, f);
+        while ((want = va_arg(ap, const char *)))
+            if (!strstr(line, want))
+                found = 0;
+        va_end(ap);
+    }
+    if (!found)
+        fail_msg("no such warning; got:\n%s", all);
 }
 
 static struct thaw_disk_cache_params fx_params(struct fx *f)
@@ -466,7 +515,7 @@ static void test_bad_arguments(void **state)
 
     key_make(k, 3);
     data_make(&d, 3, 1000, 0, 0);
-    p.queue_depth = 0;
+    p.ttl_s = -1;
     assert_int_equal(thaw_disk_cache_open(&p, &c), THAW_EINVAL);
     p = fx_params(f);
     p.dir = "";
@@ -1021,6 +1070,159 @@ static void test_disk_full_then_freed(void **state)
     data_free(&d);
 }
 
+/* A full disk costs the least recently used entry, not the state being
+ * stored: the store removes what it wrote, evicts, and starts over. */
+static void test_enospc_evicts_lru(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    struct thaw_vfs_fault *ft;
+    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_disk_entry *e;
+    struct thaw_disk_cache_stats st;
+    uint8_t k[5][32];
+    struct data old, d, copy, d2;
+
+    for (int i = 0; i < 5; i++)
+        key_make(k[i], 300 + (unsigned)i);
+    data_make(&old, 300, 5000, 0, 0);
+    data_make(&d, 303, 4000, 0, 0); /* smaller than one old entry: one eviction */
+    data_make(&d2, 304, 3000, 0, 0);
+    assert_int_equal(thaw_vfs_fault_new(NULL, &ft), 0);
+    p.vfs = thaw_vfs_fault_vfs(ft);
+    fx_open_p(f, &p);
+    for (int i = 0; i < 3; i++) { /* k0 the least recently used */
+        f->now++;
+        assert_int_equal(store_data(f->c, k[i], &old), 0);
+    }
+
+    /* Through the writer: the first write of the store fails. Only the
+     * writer does I/O until the flush returns. */
+    data_make(&copy, 303, 4000, 0, 0);
+    data_blobs(&copy, b);
+    warns_clear(f);
+    thaw_vfs_fault_arm(ft, THAW_VFS_WRITE, 1, THAW_VFS_FAIL_ONCE, -ENOSPC);
+    assert_int_equal(thaw_disk_cache_submit(f->c, k[3], copy.n_tokens, b, copy.meta, copy.n_meta), 0);
+    thaw_disk_cache_flush(f->c);
+    assert_int_equal(thaw_vfs_fault_fired(ft), 1);
+    thaw_vfs_fault_arm(ft, THAW_VFS_ANY, 0, THAW_VFS_NONE, 0);
+    st = stats(f->c);
+    assert_int_equal(st.stores_ok, 4);
+    assert_int_equal(st.store_failures, 0);
+    assert_int_equal(st.evictions_enospc, 1);
+    assert_int_equal(st.evictions_lru, 0);
+    assert_int_equal(st.entries, 3);
+    assert_int_equal(key_files(f, k[0]), 0);
+    assert_int_equal(thaw_disk_cache_contains(f->c, k[1]), 1); /* memory only: LRU order kept */
+    assert_int_equal(thaw_disk_cache_contains(f->c, k[2]), 1);
+    assert_int_equal(thaw_disk_cache_contains(f->c, k[3]), 1);
+    assert_dir_clean(f->dir);
+    assert_warned(f, "No space left on device", "evicted 1 least recently used entry",
+                  "retrying (1/3)", NULL);
+
+    /* Synchronous, EDQUOT, failing late: at the .idx's write (the 2nd; the
+     * entry is one part). k1 is now the least recently used. */
+    warns_clear(f);
+    thaw_vfs_fault_arm(ft, THAW_VFS_WRITE, 2, THAW_VFS_FAIL_ONCE, -EDQUOT);
+    assert_int_equal(store_data(f->c, k[4], &d2), 0);
+    assert_int_equal(thaw_vfs_fault_fired(ft), 1);
+    thaw_vfs_fault_arm(ft, THAW_VFS_ANY, 0, THAW_VFS_NONE, 0);
+    assert_int_equal(stats(f->c).evictions_enospc, 2);
+    assert_int_equal(key_files(f, k[1]), 0);
+    assert_warned(f, "evicted 1 least recently used entry", NULL);
+    assert_dir_clean(f->dir);
+
+    /* What is left is whole, and survives a restart. */
+    fx_close(f);
+    fx_open_p(f, &p);
+    assert_int_equal(stats(f->c).swept_files, 0);
+    assert_int_equal(stats(f->c).entries, 3);
+    assert_int_equal(thaw_disk_cache_lookup(f->c, k[2], &e), 0);
+    assert_true(entry_matches(e, &old, 0));
+    thaw_disk_entry_release(e);
+    assert_int_equal(thaw_disk_cache_lookup(f->c, k[3], &e), 0);
+    assert_true(entry_matches(e, &d, 0));
+    thaw_disk_entry_release(e);
+    assert_int_equal(thaw_disk_cache_lookup(f->c, k[4], &e), 0);
+    assert_true(entry_matches(e, &d2, 0));
+    thaw_disk_entry_release(e);
+    fx_close(f);
+    thaw_vfs_fault_free(ft);
+    data_free(&old);
+    data_free(&d);
+    data_free(&d2);
+}
+
+/* A disk that stays full: with nothing to evict the store fails at once;
+ * otherwise it gives up after THAW_DISK_ENOSPC_ROUNDS rounds. Either way
+ * nothing of the new key is left and what was not evicted is intact. */
+static void test_enospc_bounded(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    struct thaw_vfs_fault *ft;
+    struct thaw_disk_entry *e;
+    uint8_t k[6][32], kn[32];
+    struct data old, d;
+
+    for (int i = 0; i < 6; i++)
+        key_make(k[i], 310 + (unsigned)i);
+    key_make(kn, 320);
+    data_make(&old, 310, 5000, 600, 0);
+    data_make(&d, 320, 4000, 500, 0);
+    assert_int_equal(thaw_vfs_fault_new(NULL, &ft), 0);
+    p.vfs = thaw_vfs_fault_vfs(ft);
+    fx_open_p(f, &p);
+
+    /* Replacing the only entry: it is the key being written, never a
+     * victim, so there is nothing to evict. */
+    assert_int_equal(store_data(f->c, k[5], &old), 0);
+    warns_clear(f);
+    thaw_vfs_fault_arm(ft, THAW_VFS_WRITE, 1, THAW_VFS_FAIL_FROM, -ENOSPC);
+    assert_int_equal(store_data(f->c, k[5], &d), -ENOSPC);
+    assert_int_equal(thaw_vfs_fault_fired(ft), 1);
+    thaw_vfs_fault_arm(ft, THAW_VFS_ANY, 0, THAW_VFS_NONE, 0);
+    assert_int_equal(stats(f->c).evictions_enospc, 0);
+    assert_int_equal(key_files(f, k[5]), 0);
+    assert_int_equal(stats(f->c).entries, 0);
+    assert_dir_clean(f->dir);
+    assert_warned(f, "no entry left to evict", NULL);
+    assert_warned(f, "store of", "failed", "No space left on device", NULL);
+
+    /* Five entries, and every write fails: one eviction per round. */
+    for (int i = 0; i < 5; i++) {
+        f->now++;
+        assert_int_equal(store_data(f->c, k[i], &old), 0);
+    }
+    thaw_vfs_fault_arm(ft, THAW_VFS_WRITE, 1, THAW_VFS_FAIL_FROM, -ENOSPC);
+    assert_int_equal(store_data(f->c, kn, &d), -ENOSPC);
+    assert_int_equal(thaw_vfs_fault_fired(ft), 1 + THAW_DISK_ENOSPC_ROUNDS);
+    thaw_vfs_fault_arm(ft, THAW_VFS_ANY, 0, THAW_VFS_NONE, 0);
+    assert_int_equal(stats(f->c).evictions_enospc, THAW_DISK_ENOSPC_ROUNDS);
+    assert_int_equal(stats(f->c).store_failures, 2);
+    for (int i = 0; i < THAW_DISK_ENOSPC_ROUNDS; i++)
+        assert_int_equal(key_files(f, k[i]), 0);
+    assert_int_equal(key_files(f, kn), 0);
+    assert_int_equal(thaw_disk_cache_contains(f->c, kn), 0);
+    assert_dir_clean(f->dir);
+    assert_int_equal(stats(f->c).entries, 5 - THAW_DISK_ENOSPC_ROUNDS);
+    for (int i = THAW_DISK_ENOSPC_ROUNDS; i < 5; i++) {
+        assert_int_equal(thaw_disk_cache_lookup(f->c, k[i], &e), 0);
+        assert_true(entry_matches(e, &old, 1));
+        thaw_disk_entry_release(e);
+    }
+    /* Other errors are not a full disk: no eviction. */
+    thaw_vfs_fault_arm(ft, THAW_VFS_WRITE, 1, THAW_VFS_FAIL_ONCE, -EIO);
+    assert_int_equal(store_data(f->c, kn, &d), -EIO);
+    thaw_vfs_fault_arm(ft, THAW_VFS_ANY, 0, THAW_VFS_NONE, 0);
+    assert_int_equal(stats(f->c).evictions_enospc, THAW_DISK_ENOSPC_ROUNDS);
+    assert_int_equal(stats(f->c).entries, 5 - THAW_DISK_ENOSPC_ROUNDS);
+    fx_close(f);
+    thaw_vfs_fault_free(ft);
+    data_free(&old);
+    data_free(&d);
+}
+
 /* ---- eviction ----------------------------------------------------------- */
 
 static void test_ttl(void **state)
@@ -1149,7 +1351,7 @@ static void test_writer_submit_flush(void **state)
     uint8_t k[8][32];
     struct thaw_disk_entry *e;
 
-    p.queue_depth = 8;
+    assert_int_equal(p.queue_max_bytes, 1u << 30); /* the default */
     fx_open_p(f, &p);
     for (unsigned i = 0; i < 8; i++) {
         struct thaw_disk_blob b[THAW_PART_COUNT];
@@ -1230,6 +1432,7 @@ static void test_writer_queue_full(void **state)
     uint8_t k[4][32];
     struct thaw_disk_blob b[THAW_PART_COUNT];
     struct thaw_disk_entry *e;
+    struct thaw_disk_cache_stats held;
     int r, n_reads;
 
     g.vfs = *thaw_vfs_default();
@@ -1240,7 +1443,7 @@ static void test_writer_queue_full(void **state)
     g.closed = 1;
     g.waiting = 0;
     p.vfs = &g.vfs;
-    p.queue_depth = 2;
+    p.queue_max_bytes = 3 * (4000 + 152); /* the one being written + 2 waiting */
     fx_open_p(f, &p);
     for (unsigned i = 0; i < 4; i++) {
         key_make(k[i], 120 + i);
@@ -1261,7 +1464,9 @@ static void test_writer_queue_full(void **state)
         d[i].buf[0] = NULL;
     }
     data_blobs(&d[3], b);
+    warns_clear(f);
     r = thaw_disk_cache_submit(f->c, k[3], 1, b, "m", 1);
+    held = stats(f->c);
     /* A queued store is no lookup target yet; one mid-write is busy: both
      * miss without touching the disk. */
     n_reads = g.reads;
@@ -1276,10 +1481,16 @@ static void test_writer_queue_full(void **state)
     pthread_mutex_unlock(&g.mu);
     assert_int_equal(r, THAW_EBUSY);
     assert_ptr_equal(b[THAW_PART_KV].data, d[3].buf[0]); /* still the caller's */
-    assert_int_equal(stats(f->c).stores_dropped, 1);
+    assert_int_equal(held.stores_dropped, 1);
+    assert_int_equal(held.queue_bytes, 3 * (4000 + 152));
+    assert_int_equal(held.queue_len, 3);
+    assert_warned(f, "dropped store", "writer queue full", "12.2 KiB in 3 stores", "budget 12.2 KiB",
+                  NULL);
     assert_int_equal(n_reads, 0);
     thaw_disk_cache_flush(f->c);
     assert_int_equal(stats(f->c).stores_ok, 3);
+    assert_int_equal(stats(f->c).queue_bytes, 0);
+    assert_int_equal(stats(f->c).queue_len, 0);
     for (int i = 0; i < 3; i++)
         assert_int_equal(thaw_disk_cache_contains(f->c, k[i]), 1);
     assert_int_equal(thaw_disk_cache_contains(f->c, k[3]), 0);
@@ -1294,9 +1505,170 @@ static void test_writer_queue_full(void **state)
     fx_open_p(f, &p);
     data_make(&d[0], 130, 100, 0, 0);
     data_blobs(&d[0], b);
+    warns_clear(f);
     assert_int_equal(thaw_disk_cache_submit(f->c, k[0], 1, b, NULL, 0), THAW_EINVAL);
     assert_non_null(b[0].data);
+    assert_int_equal(stats(f->c).stores_dropped, 1);
+    assert_warned(f, "dropped store", "no writer thread", NULL);
     data_free(&d[0]);
+}
+
+static void gate_init(struct gate *g)
+{
+    g->vfs = *thaw_vfs_default();
+    g->vfs.open = gate_open;
+    g->reads = 0;
+    g->waiting = 0;
+    g->closed = 0;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+}
+
+static void gate_set(struct gate *g, int closed)
+{
+    pthread_mutex_lock(&g->mu);
+    g->closed = closed;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Until the writer is held at the (closed) gate. */
+static void gate_wait_writer(struct gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    while (g->waiting == 0)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Submits a new entry of one kv part of kv bytes, no meta (kv + 152 bytes
+ * in the queue), under key n. The submit's return; the data is freed or
+ * handed over either way. */
+static int submit_new(struct fx *f, unsigned n, size_t kv)
+{
+    struct thaw_disk_blob b[THAW_PART_COUNT];
+    uint8_t k[32];
+    struct data d;
+    int r;
+
+    key_make(k, n);
+    data_make(&d, n, kv, 0, 0);
+    data_blobs(&d, b);
+    r = thaw_disk_cache_submit(f->c, k, d.n_tokens, b, NULL, 0);
+    if (r == 0)
+        memset(d.buf, 0, sizeof d.buf); /* moved to the cache */
+    data_free(&d);
+    return r;
+}
+
+/* The queue is bounded by bytes: many stores wait under the default budget
+ * (a count of 4 dropped 37 of 48 with four conversations), a store that
+ * would go past the budget is dropped while smaller ones still fit, and one
+ * larger than the whole budget goes when the writer holds nothing. Every
+ * assertion comes after the gate is open, so a failure cannot hang close. */
+static void test_writer_queue_bytes(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    static struct gate g; /* outlives a failed test: teardown still closes */
+    struct thaw_disk_cache_stats st;
+    int r[48], n_bad = 0;
+    uint8_t k[32];
+
+    gate_init(&g);
+    p.vfs = &g.vfs;
+
+    /* 1. The default budget. */
+    fx_open_p(f, &p);
+    gate_set(&g, 1);
+    for (unsigned i = 0; i < 48; i++)
+        r[i] = submit_new(f, 400 + i, 8000);
+    st = stats(f->c);
+    gate_set(&g, 0);
+    thaw_disk_cache_flush(f->c);
+    for (int i = 0; i < 48; i++)
+        n_bad += r[i] != 0;
+    assert_int_equal(n_bad, 0);
+    assert_int_equal(st.stores_dropped, 0);
+    assert_int_equal(st.queue_len, 48);
+    assert_int_equal(st.queue_bytes, 48 * (8000 + 152));
+    assert_int_equal(stats(f->c).stores_ok, 48);
+    assert_int_equal(stats(f->c).queue_bytes, 0);
+    assert_int_equal(stats(f->c).queue_len, 0);
+    fx_close(f);
+
+    /* 2. A budget of 10000 bytes, the writer held on the first store. */
+    empty_dir(f->dir);
+    p.queue_max_bytes = 10000;
+    fx_open_p(f, &p);
+    warns_clear(f);
+    gate_set(&g, 1);
+    r[0] = submit_new(f, 500, 4000); /* 4152 held */
+    if (r[0] == 0)
+        gate_wait_writer(&g);
+    r[1] = submit_new(f, 501, 4000); /* 8304 */
+    r[2] = submit_new(f, 502, 2000); /* 10456 > 10000: dropped */
+    r[3] = submit_new(f, 503, 1500); /* 9956: fits */
+    r[4] = submit_new(f, 504, 100);  /* 10208: dropped */
+    st = stats(f->c);
+    gate_set(&g, 0);
+    thaw_disk_cache_flush(f->c);
+    assert_int_equal(r[0], 0);
+    assert_int_equal(r[1], 0);
+    assert_int_equal(r[2], THAW_EBUSY);
+    assert_int_equal(r[3], 0);
+    assert_int_equal(r[4], THAW_EBUSY);
+    assert_int_equal(st.queue_bytes, 4152 + 4152 + 1652);
+    assert_int_equal(st.queue_len, 3);
+    assert_int_equal(st.stores_dropped, 2);
+    assert_warned(f, "dropped store", "(2.1 KiB)", "writer queue full", "8.1 KiB in 2 stores",
+                  "budget 9.8 KiB", NULL);
+    assert_warned(f, "dropped store", "(252 B)", "9.7 KiB in 3 stores", NULL);
+    assert_int_equal(stats(f->c).stores_ok, 3);
+    key_make(k, 502);
+    assert_int_equal(thaw_disk_cache_contains(f->c, k), 0);
+    key_make(k, 503);
+    assert_int_equal(thaw_disk_cache_contains(f->c, k), 1);
+
+    /* 3. Larger than the whole budget: taken when nothing is held, and
+     * then it is the backlog. */
+    gate_set(&g, 1);
+    r[0] = submit_new(f, 510, 30000);
+    if (r[0] == 0)
+        gate_wait_writer(&g);
+    r[1] = submit_new(f, 511, 100);
+    st = stats(f->c);
+    gate_set(&g, 0);
+    thaw_disk_cache_flush(f->c);
+    assert_int_equal(r[0], 0);
+    assert_int_equal(r[1], THAW_EBUSY);
+    assert_int_equal(st.queue_bytes, 30152);
+    assert_int_equal(stats(f->c).stores_ok, 4);
+    assert_int_equal(stats(f->c).stores_dropped, 3);
+    key_make(k, 510);
+    assert_int_equal(thaw_disk_cache_contains(f->c, k), 1);
+    assert_int_equal(submit_new(f, 512, 30000), 0); /* idle again */
+    thaw_disk_cache_flush(f->c);
+    assert_int_equal(stats(f->c).stores_ok, 5);
+    fx_close(f);
+
+    /* 4. 0: no limit. */
+    empty_dir(f->dir);
+    p.queue_max_bytes = 0;
+    fx_open_p(f, &p);
+    gate_set(&g, 1);
+    r[0] = submit_new(f, 520, 30000);
+    if (r[0] == 0)
+        gate_wait_writer(&g);
+    r[1] = submit_new(f, 521, 30000);
+    gate_set(&g, 0);
+    thaw_disk_cache_flush(f->c);
+    assert_int_equal(r[0], 0);
+    assert_int_equal(r[1], 0);
+    assert_int_equal(stats(f->c).stores_ok, 2);
+    fx_close(f);
+    pthread_cond_destroy(&g.cv);
+    pthread_mutex_destroy(&g.mu);
 }
 
 /* ---- directory ---------------------------------------------------------- */
@@ -1464,7 +1836,7 @@ static void test_lock_and_shared(void **state)
     fx_open(f);
     assert_int_equal(store_data(f->c, k, &d), 0);
     /* A second owner is refused. */
-    assert_int_equal(thaw_disk_cache_open(&p, &c2), THAW_EBUSY);
+    assert_int_equal(thaw_disk_cache_open(&p, &c2), THAW_ELOCKED);
     assert_null(c2);
     /* A shared opener (thaw cache) sees the entry and may remove it. */
     file_path(f, k, ".kv.tmp", path);
@@ -1487,6 +1859,182 @@ static void test_lock_and_shared(void **state)
     p.flags = THAW_DISK_CACHE_READONLY;
     assert_int_equal(thaw_disk_cache_open(&p, &c2), -ENOENT);
     assert_int_equal(access(path, F_OK), -1);
+    data_free(&d);
+}
+
+/* Everything about a directory that a change would show: per file its
+ * name, inode, mode, size, mtime, ctime (a chmod, utimens or rename moves
+ * ctime) and a hash of its bytes; the directory's own mode, mtime and ctime
+ * (a create or unlink moves them). atime is left out: reading moves it. */
+struct snap_file {
+    char name[256]; /* d_name's size */
+    ino_t ino;
+    mode_t mode;
+    off_t size;
+    struct timespec mtim, ctim;
+    uint64_t hash;
+};
+
+struct snap {
+    struct stat dir;
+    int n;
+    struct snap_file f[64];
+};
+
+static int snap_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct snap_file *)a)->name, ((const struct snap_file *)b)->name);
+}
+
+static void snap_take(const char *dir, struct snap *s)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+
+    memset(s, 0, sizeof *s);
+    assert_non_null(d);
+    assert_int_equal(stat(dir, &s->dir), 0);
+    while ((de = readdir(d))) {
+        struct snap_file *x = &s->f[s->n];
+        char path[PATH_MAX], buf[4096];
+        struct stat st;
+        ssize_t got;
+        int fd;
+
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        assert_true(s->n < 64);
+        snprintf(x->name, sizeof x->name, "%s", de->d_name);
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        assert_int_equal(lstat(path, &st), 0);
+        x->ino = st.st_ino;
+        x->mode = st.st_mode;
+        x->size = st.st_size;
+        x->mtim = st.st_mtim;
+        x->ctim = st.st_ctim;
+        x->hash = 1469598103934665603ull; /* FNV-1a */
+        if (S_ISREG(st.st_mode)) {
+            fd = open(path, O_RDONLY);
+            assert_true(fd >= 0);
+            while ((got = read(fd, buf, sizeof buf)) > 0)
+                for (ssize_t i = 0; i < got; i++)
+                    x->hash = (x->hash ^ (uint8_t)buf[i]) * 1099511628211ull;
+            close(fd);
+        }
+        s->n++;
+    }
+    closedir(d);
+    qsort(s->f, (size_t)s->n, sizeof s->f[0], snap_cmp);
+}
+
+static int ts_eq(struct timespec a, struct timespec b)
+{
+    return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+static void snap_assert_same(const struct snap *a, const struct snap *b)
+{
+    if (a->dir.st_mode != b->dir.st_mode || !ts_eq(a->dir.st_mtim, b->dir.st_mtim) ||
+        !ts_eq(a->dir.st_ctim, b->dir.st_ctim))
+        fail_msg("the directory itself changed (mode, mtime or ctime)");
+    for (int i = 0; i < a->n || i < b->n; i++) {
+        const struct snap_file *x = i < a->n ? &a->f[i] : NULL, *y = i < b->n ? &b->f[i] : NULL;
+
+        if (!x || !y || strcmp(x->name, y->name) != 0)
+            fail_msg("file list changed at %s / %s", x ? x->name : "-", y ? y->name : "-");
+        if (x->ino != y->ino || x->mode != y->mode || x->size != y->size || x->hash != y->hash ||
+            !ts_eq(x->mtim, y->mtim) || !ts_eq(x->ctim, y->ctim))
+            fail_msg("%s changed", x->name);
+    }
+}
+
+/* READONLY is a promise that nothing changes, whatever the directory holds
+ * and whatever is called: corrupt entries (found at open and at lookup), a
+ * bad .dft, *.tmp, orphans, a stray part, a loose mode; lookups (no
+ * last-use update), verify with fix, evict past the TTL, remove, store. */
+static void test_readonly_changes_nothing(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    struct thaw_disk_entry *e;
+    struct thaw_disk_cache_stats st;
+    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct snap before, after;
+    char path[PATH_MAX];
+    uint8_t k[9][32];
+    unsigned bad;
+    struct data d;
+
+    for (int i = 0; i < 9; i++)
+        key_make(k[i], 330 + (unsigned)i);
+    data_make(&d, 330, 20000, 2000, 1000);
+    fx_open(f);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(store_data(f->c, k[i], &d), 0);
+    fx_close(f);
+    file_path(f, k[2], ".idx", path); /* corrupt, found at open */
+    flip_byte(path, 30);
+    file_path(f, k[5], ".kv", path); /* wrong size, found at open */
+    assert_int_equal(truncate(path, 100), 0);
+    file_path(f, k[3], ".kv", path); /* found by the checksum only */
+    flip_byte(path, 999);
+    file_path(f, k[4], ".dft", path); /* a lookup would drop the .dft */
+    flip_byte(path, 3);
+    file_path(f, k[6], ".kv.tmp", path);
+    write_bytes(path, "tmp", 3);
+    file_path(f, k[6], ".idx.tmp", path);
+    write_bytes(path, "tmp", 3);
+    file_path(f, k[7], ".kv", path); /* an orphan */
+    write_bytes(path, "orphan", 6);
+    assert_int_equal(chmod(f->dir, 0750), 0);
+    snap_take(f->dir, &before);
+
+    f->now += 100000;
+    p.flags = THAW_DISK_CACHE_READONLY;
+    p.ttl_s = 10;
+    p.max_bytes = 1;
+    fx_open_p(f, &p);
+    st = stats(f->c);
+    assert_int_equal(st.entries, 4);
+    assert_int_equal(st.skipped_entries, 2);
+    assert_int_equal(st.swept_files, 0);
+    assert_int_equal(st.corrupt_removed, 0);
+    assert_int_equal(thaw_disk_cache_lookup(f->c, k[0], &e), 0);
+    assert_true(entry_matches(e, &d, 1));
+    thaw_disk_entry_release(e);
+    assert_int_equal(thaw_disk_cache_lookup(f->c, k[3], &e), THAW_ENOTFOUND);
+    assert_int_equal(thaw_disk_cache_lookup(f->c, k[4], &e), 0);
+    assert_true(entry_matches(e, &d, 0));
+    thaw_disk_entry_release(e);
+    assert_int_equal(thaw_disk_cache_lookup_ex(f->c, k[1], THAW_DISK_LOOKUP_DEFER_KV, &e), 0);
+    assert_int_equal(thaw_disk_entry_verify(f->c, e), 0);
+    thaw_disk_entry_release(e);
+    for (int i = 0; i < 8; i++)
+        (void)thaw_disk_cache_verify(f->c, k[i], 1, &bad);
+    assert_int_equal(thaw_disk_cache_verify(f->c, k[3], 1, &bad), THAW_ECORRUPT);
+    assert_int_equal(thaw_disk_cache_verify(f->c, k[4], 1, &bad), 0);
+    assert_int_equal(bad, THAW_DISK_BAD_PART(THAW_PART_DFT));
+    assert_int_equal(thaw_disk_cache_evict(f->c), 0);
+    assert_int_equal(thaw_disk_cache_remove(f->c, k[0]), THAW_EINVAL);
+    assert_int_equal(store_data(f->c, k[8], &d), THAW_EINVAL);
+    data_blobs(&d, b);
+    assert_int_equal(thaw_disk_cache_submit(f->c, k[8], 1, b, NULL, 0), THAW_EINVAL);
+    assert_true(thaw_disk_cache_prefetch(f->c, k[0]) > 0);
+    fx_close(f);
+    snap_take(f->dir, &after);
+    snap_assert_same(&before, &after);
+
+    /* The same directory had plenty to change: an owner changes it. */
+    p.flags = 0;
+    p.ttl_s = 0;
+    p.max_bytes = 0;
+    fx_open_p(f, &p);
+    st = stats(f->c);
+    assert_int_equal(st.corrupt_removed, 2);
+    assert_int_equal(st.swept_files, 3);
+    assert_int_equal(thaw_disk_cache_lookup(f->c, k[3], &e), THAW_ECORRUPT);
+    snap_take(f->dir, &after);
+    assert_true(after.n < before.n);
     data_free(&d);
 }
 
@@ -1727,14 +2275,18 @@ int main(void)
         T(test_crash_replace),
         T(test_io_error_each_call),
         T(test_disk_full_then_freed),
+        T(test_enospc_evicts_lru),
+        T(test_enospc_bounded),
         T(test_ttl),
         T(test_lru),
         T(test_writer_submit_flush),
         T(test_writer_queue_full),
+        T(test_writer_queue_bytes),
         T(test_permissions),
         T(test_startup_sweep),
         T(test_fingerprint_mismatch),
         T(test_lock_and_shared),
+        T(test_readonly_changes_nothing),
         T(test_lookup_races_store),
         T(test_idx_of_other_key),
         T(test_fingerprint_swapped_on_disk),
