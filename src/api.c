@@ -7,6 +7,7 @@
 #include "api.h"
 
 #include "error.h"
+#include "utf8.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -364,6 +365,9 @@ static json_t *usage_json(int prompt_tokens, const struct thaw_timings *t)
 char *thaw_api_error_json(int status, const char *message)
 {
     const char *type = "invalid_request_error";
+    /* messages may quote the client's bytes (jansson's "near '...'") or be
+     * cut mid-character: JSON strings must be valid UTF-8 */
+    char *clean = thaw_utf8_sanitize(message, strlen(message));
 
     if (status == 401)
         type = "authentication_error";
@@ -373,7 +377,10 @@ char *thaw_api_error_json(int status, const char *message)
         type = "unavailable_error";
     else if (status >= 500)
         type = "server_error";
-    return dump(json_pack("{s:{s:s, s:s, s:i}}", "error", "message", message, "type", type, "code", status));
+    char *out = clean ? dump(json_pack("{s:{s:s, s:s, s:i}}", "error", "message", clean, "type", type, "code", status))
+                      : NULL;
+    free(clean);
+    return out;
 }
 
 char *thaw_api_completion_json(const char *id, const char *model, long created, const char *content,

@@ -51,8 +51,9 @@ struct thaw_timings {
 };
 
 /* Parses a request body. Returns 0 and fills `out` (free with
- * thaw_chat_request_free), or THAW_EINVAL with a message naming the field in
- * err[errlen]; `out` is then empty and need not be freed. `default_cache_prompt`
+ * thaw_chat_request_free), THAW_ENOMEM, or THAW_EINVAL with a message naming
+ * the field in err[errlen] (possibly quoting the body's bytes: pass it through
+ * thaw_api_error_json, which makes it valid UTF-8); `out` is then empty and need not be freed. `default_cache_prompt`
  * is the server's --cache-prompt setting. */
 int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt, struct thaw_chat_request *out,
                         char *err, size_t errlen);
@@ -67,7 +68,9 @@ void thaw_chat_request_free(struct thaw_chat_request *req);
 int thaw_api_admit(const struct thaw_chat_request *req, int n_ctx_slot, int max_token_bytes, char *err,
                    size_t errlen);
 
-/* {"error":{"message","type","code"}} for an HTTP status. */
+/* {"error":{"message","type","code"}} for an HTTP status. Invalid UTF-8 in
+ * `message` (a quoted client byte, a cut character) becomes U+FFFD. NULL
+ * only on ENOMEM. */
 char *thaw_api_error_json(int status, const char *message);
 
 /* A non-streaming chat.completion object. */

@@ -100,7 +100,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->max_queue = 64;
     cfg->max_body = 16u << 20;
     cfg->threads_http = 4;
-    cfg->max_connections = 1024;
+    cfg->max_connections = 4096;
     cfg->max_per_client = 64;
     cfg->timeout_s = 30;
     cfg->kv_cache_ttl_s = 259200;

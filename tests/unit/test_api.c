@@ -118,6 +118,27 @@ static void test_builders_produce_json(void **state)
     free(s);
 }
 
+/* Found by fuzz_chat_request: jansson quotes the raw bytes near a bad
+ * escape, and the 400's body came out empty (json_pack refuses invalid
+ * UTF-8). */
+static void test_error_body_with_client_bytes_is_json(void **state)
+{
+    struct thaw_chat_request req;
+    char err[256];
+    const char bad[] = "\"\\\xd0\x8f";
+
+    (void)state;
+    assert_int_equal(thaw_api_parse_chat(bad, sizeof bad - 1, true, &req, err, sizeof err), THAW_EINVAL);
+    char *s = thaw_api_error_json(400, err);
+    assert_non_null(s);
+    assert_non_null(strstr(s, "\"code\":400"));
+    free(s);
+    s = thaw_api_error_json(400, "cut \xc3");
+    assert_non_null(s);
+    assert_non_null(strstr(s, "cut \xef\xbf\xbd"));
+    free(s);
+}
+
 static void test_admit_bounds_before_tokenizing(void **state)
 {
     struct thaw_chat_request req;
@@ -150,6 +171,7 @@ int main(void)
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_builders_produce_json),
         cmocka_unit_test(test_admit_bounds_before_tokenizing),
+        cmocka_unit_test(test_error_body_with_client_bytes_is_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
