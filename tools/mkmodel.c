@@ -4,9 +4,10 @@
  *   ---- usage ----        the --help text (the flags table lives here)
  *   ---- prng ----         splitmix64 + xoshiro256**, and the weight sampler
  *   ---- options ----      flag parsing and validation
- *   ---- vocab ----        finding the vocab GGUF, copying its tokenizer.* keys,
- *                          choosing a chat template
+ *   ---- vocab ----        finding the vocab GGUF and template files, copying
+ *                          the tokenizer.* keys, choosing a chat template
  *   ---- model ----        hyper-parameter keys and the tensor list per arch
+ *                          (llama, gemma3, qwen3, gemma4, lfm2)
  *   ---- writer ----       streaming the file: meta, then each tensor's data,
  *                          temp file -> fsync -> rename -> fsync(dir)
  *   ---- main ----         thaw_mkmodel_main()
@@ -24,6 +25,13 @@
  * key holds a time or a path, so the same flags give the same bytes. (A
  * tensor's values also do not depend on the other flags except its shape, so
  * blk.0 of a 2-layer and a 12-layer model with the same width is identical.)
+ *
+ * Adding an architecture: a row in mk_archs[], its keys in mk_set_hparams()
+ * and its tensors in mk_add_tensors(), read off llama.cpp's
+ * src/models/<arch>.cpp (load_arch_hparams: every get_key without `false`
+ * is required; load_arch_tensors: every create_tensor without
+ * TENSOR_NOT_REQUIRED). libllama also refuses a file with a tensor it did
+ * not ask for, so optional tensors are written only where they are used.
  */
 #include "mkmodel.h"
 
@@ -47,8 +55,10 @@
 #include <gguf.h>
 #include <llama.h>
 
-#define MK_DEFAULT_VOCAB "llama-bpe"
 #define MK_VOCAB_SUBDIR ".deps/llama.cpp/models"
+#define MK_TMPL_SUBDIR "templates" /* of the vocab dir: the real models' Jinja templates */
+#define MK_TMPL_MAX (1u << 20)     /* bytes: --chat-template-file limit */
+#define MK_LFM2_L_CACHE 3          /* lfm2 short-convolution kernel, tokens (LFM2's value) */
 #define MK_MAX_LAYERS 512 /* LLAMA_MAX_LAYERS in llama.cpp v0.4.0 */
 #define MK_CHUNK 16384    /* elements generated per step (64 KiB of f32) */
 #define MK_WBUF (4u << 20) /* bytes buffered before each write(2) */
@@ -67,38 +77,65 @@ static void mk_usage(FILE *f, const char *prog)
         "\n"
         "  -o, --output FILE  where to write (required); written to a temp file\n"
         "                     next to it, fsynced, then renamed into place\n"
-        "  --arch NAME        llama | gemma3 (SWA layers, output tied to the\n"
-        "                     embedding)                        default llama\n"
+        "  --arch NAME        the architecture; each has its default vocab:\n"
+        "                       llama   plain attention                llama-bpe\n"
+        "                       gemma3  SWA layers, q/k norms, output\n"
+        "                               tied to the embedding          llama-bpe\n"
+        "                       qwen3   q/k norms, output tied         qwen2\n"
+        "                       gemma4  SWA layers, q/k/v norms, GELU,\n"
+        "                               unscaled attention, tied       gemma-4\n"
+        "                       lfm2    hybrid: gated short-convolution\n"
+        "                               (recurrent state) layers and\n"
+        "                               attention layers, tied         qwen2\n"
+        "                                                       default llama\n"
         "  --vocab FILE|NAME  vocab GGUF to take the tokenizer from; a NAME (no\n"
         "                     '/', no .gguf) means <vocab dir>/ggml-vocab-NAME.gguf\n"
-        "                                                       default " MK_DEFAULT_VOCAB "\n"
+        "                                                       default: the arch's\n"
         "                     vocab dir: $THAW_VOCAB_DIR if set, else the first\n"
         "                     " MK_VOCAB_SUBDIR "/ found walking up from the thaw\n"
         "                     executable, then from the current directory\n"
         "  --draft-of FILE    make a draft model for FILE: take its tokenizer and\n"
         "                     chat template (same as --vocab FILE --template vocab)\n"
         "  --template NAME    chat template: auto | vocab | llama3 | chatml | gemma\n"
-        "                     auto: the vocab's own if llama_chat_apply_template()\n"
-        "                     renders it; else gemma for gemma3; for llama, llama3\n"
-        "                     if the vocab has <|start_header_id|>, else chatml.\n"
+        "                     auto: qwen3, gemma4, lfm2 embed their family's real\n"
+        "                     template from <vocab dir>/" MK_TMPL_SUBDIR "/ (Qwen-Qwen3-0.6B,\n"
+        "                     google-gemma-4-31B-it, LFM2.5-Instruct .jinja), or\n"
+        "                     the vocab's own if that file is missing, else chatml.\n"
+        "                     llama, gemma3: the vocab's own if\n"
+        "                     llama_chat_apply_template() renders it; else gemma\n"
+        "                     for gemma3; for llama, llama3 if the vocab has\n"
+        "                     <|start_header_id|>, else chatml.\n"
         "                     vocab: the vocab's own, whatever it is\n"
         "                                                       default auto\n"
-        "  --layers N         transformer blocks, 1..%d        default 2\n"
+        "  --chat-template-file FILE\n"
+        "                     embed FILE's text (Jinja, up to 1 MiB) as\n"
+        "                     tokenizer.chat_template instead; excludes --template\n"
+        "                     and --draft-of\n"
+        "  --layers N         blocks, 1..%d (gemma4, lfm2: 2..)  default 2\n"
         "  --embd N           model width                       default 64\n"
         "  --heads N          attention heads; the head size embd/heads must be\n"
         "                     even                              default 4\n"
         "  --kv-heads N       KV heads (GQA), must divide heads default heads/2\n"
         "                                                       (heads if odd)\n"
         "  --ff N             feed-forward width                default 4*embd\n"
-        "  --swa-window N     gemma3: sliding window, tokens    default 32\n"
-        "  --swa-pattern N    gemma3: every Nth layer is global, the rest SWA;\n"
-        "                     0 = all SWA                       default 6, or\n"
+        "  --swa-window N     gemma3, gemma4: sliding window, tokens\n"
+        "                                                       default 32\n"
+        "  --swa-pattern N    gemma3, gemma4: every Nth layer is global, the rest\n"
+        "                     SWA; 0 = all SWA (gemma4: not 1)  default 6, or\n"
         "                                                       max(2, layers) if fewer\n"
+        "  --attn-pattern N   lfm2: every Nth layer is attention, the rest\n"
+        "                     short-convolution; 2..layers      default 3, or\n"
+        "                                                       layers if fewer\n"
         "  --ctx-train N      trained context length, tokens    default 8192\n"
         "  --seed N           PRNG seed, decimal or 0x-hex      default 1\n"
         "  --type T           f16 | f32 for the weight matrices; norms are always\n"
         "                     f32                               default f16\n"
         "  -h, --help         this text\n"
+        "\n"
+        "thaw serve renders the embedded template with Jinja. With --no-jinja it\n"
+        "uses llama_chat_apply_template(), which recognises template families by\n"
+        "marker strings: one it does not know (gemma4's) then needs serve's\n"
+        "--chat-template NAME; mkmodel notes when that is the case.\n"
         "\n"
         "Flags take their value as the next argument or after '='.\n"
         "Exit status: 0 written, 1 failed (nothing left behind), 2 bad usage.\n",
@@ -173,7 +210,28 @@ static void mk_sample(struct mk_rng *r, float *out, size_t n, float std)
 
 /* ---- options -------------------------------------------------------------- */
 
-enum mk_arch { MK_ARCH_LLAMA, MK_ARCH_GEMMA3 };
+enum mk_arch { MK_ARCH_LLAMA, MK_ARCH_GEMMA3, MK_ARCH_QWEN3, MK_ARCH_GEMMA4, MK_ARCH_LFM2 };
+
+/* What the flags, the vocab and the template choice need to know of an
+ * architecture; the hparams and tensors are in ---- model ----. */
+static const struct mk_arch_info {
+    const char *name;   /* general.architecture and the hparam key prefix */
+    const char *vocab;  /* default --vocab NAME */
+    const char *family; /* MK_TMPL_SUBDIR/ file --template auto embeds; NULL: built-ins */
+    uint32_t min_layers;
+    bool swa;           /* takes --swa-window / --swa-pattern */
+    bool hybrid;        /* takes --attn-pattern */
+} mk_archs[] = {
+    [MK_ARCH_LLAMA] = { "llama", "llama-bpe", NULL, 1, false, false },
+    [MK_ARCH_GEMMA3] = { "gemma3", "llama-bpe", NULL, 1, true, false },
+    [MK_ARCH_QWEN3] = { "qwen3", "qwen2", "Qwen-Qwen3-0.6B.jinja", 1, false, false },
+    /* libllama asserts two KV layers (its KV-sharing hook) */
+    [MK_ARCH_GEMMA4] = { "gemma4", "gemma-4", "google-gemma-4-31B-it.jinja", 2, true, false },
+    /* LFM2.5-Instruct is the dense lfm2 family's (LFM2-8B-A1B's is lfm2moe's);
+     * at least one short-conv and one attention layer */
+    [MK_ARCH_LFM2] = { "lfm2", "qwen2", "LFM2.5-Instruct.jinja", 2, false, true },
+};
+#define MK_N_ARCHS (sizeof mk_archs / sizeof mk_archs[0])
 
 enum mk_template { MK_TMPL_AUTO, MK_TMPL_VOCAB, MK_TMPL_LLAMA3, MK_TMPL_CHATML, MK_TMPL_GEMMA };
 
@@ -186,14 +244,19 @@ struct mk_opts {
     uint32_t n_head;
     uint32_t n_head_kv;   /* 0 until defaulted */
     uint32_t n_ff;        /* 0 until defaulted */
-    uint32_t n_swa;       /* gemma3: window in tokens */
-    uint32_t swa_pattern; /* gemma3: period; UINT32_MAX until defaulted */
+    uint32_t n_swa;       /* gemma3, gemma4: window in tokens */
+    uint32_t swa_pattern; /* gemma3, gemma4: period; UINT32_MAX until defaulted */
+    uint32_t attn_pattern; /* lfm2: period of attention layers; UINT32_MAX until defaulted */
     uint32_t n_ctx_train;
     uint64_t seed;
     enum ggml_type wtype; /* of the weight matrices */
     const char *out;
+    const char *tmpl_file; /* --chat-template-file, NULL: none */
+    const char *tmpl_text; /* its contents, read by thaw_mkmodel_main() */
     bool help;
-    bool set_swa;         /* --swa-window / --swa-pattern given: gemma3 only */
+    bool set_swa;         /* --swa-window / --swa-pattern given: SWA archs only */
+    bool set_attn;        /* --attn-pattern given: lfm2 only */
+    bool set_tmpl;        /* --template or --draft-of given */
 };
 
 /* Strict unsigned parse: whole string, no sign, no overflow, in [lo, hi]. */
@@ -237,6 +300,7 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
     o->n_head = 4;
     o->n_swa = 32;
     o->swa_pattern = UINT32_MAX;
+    o->attn_pattern = UINT32_MAX;
     o->n_ctx_train = 8192;
     o->seed = 1;
     o->wtype = GGML_TYPE_F16;
@@ -288,14 +352,16 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
             }
             o->out = val;
         } else if (strcmp(flag, "--arch") == 0) {
-            if (strcmp(val, "llama") == 0) {
-                o->arch = MK_ARCH_LLAMA;
-            } else if (strcmp(val, "gemma3") == 0) {
-                o->arch = MK_ARCH_GEMMA3;
-            } else {
-                fprintf(stderr, "mkmodel: --arch: expected llama or gemma3, got '%s'\n", val);
+            size_t k;
+            for (k = 0; k < MK_N_ARCHS; k++)
+                if (strcmp(val, mk_archs[k].name) == 0)
+                    break;
+            if (k == MK_N_ARCHS) {
+                fprintf(stderr, "mkmodel: --arch: expected llama, gemma3, qwen3, gemma4 or "
+                                "lfm2, got '%s'\n", val);
                 return THAW_EINVAL;
             }
+            o->arch = (enum mk_arch)k;
         } else if (strcmp(flag, "--vocab") == 0) {
             if (*val == '\0') {
                 fprintf(stderr, "mkmodel: --vocab: empty value\n");
@@ -310,6 +376,13 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
             }
             o->vocab = val;
             o->tmpl = MK_TMPL_VOCAB;
+            o->set_tmpl = true;
+        } else if (strcmp(flag, "--chat-template-file") == 0) {
+            if (*val == '\0') {
+                fprintf(stderr, "mkmodel: --chat-template-file: empty path\n");
+                return THAW_EINVAL;
+            }
+            o->tmpl_file = val;
         } else if (strcmp(flag, "--template") == 0) {
             static const struct { const char *name; enum mk_template t; } names[] = {
                 { "auto", MK_TMPL_AUTO },     { "vocab", MK_TMPL_VOCAB },
@@ -326,6 +399,7 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
                 return THAW_EINVAL;
             }
             o->tmpl = names[k].t;
+            o->set_tmpl = true;
         } else if (strcmp(flag, "--layers") == 0) {
             rc = mk_parse_u32(flag, val, 1, MK_MAX_LAYERS, &o->n_layer);
         } else if (strcmp(flag, "--embd") == 0) {
@@ -342,6 +416,9 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
         } else if (strcmp(flag, "--swa-pattern") == 0) {
             rc = mk_parse_u32(flag, val, 0, MK_MAX_LAYERS, &o->swa_pattern);
             o->set_swa = true;
+        } else if (strcmp(flag, "--attn-pattern") == 0) {
+            rc = mk_parse_u32(flag, val, 2, MK_MAX_LAYERS, &o->attn_pattern);
+            o->set_attn = true;
         } else if (strcmp(flag, "--ctx-train") == 0) {
             rc = mk_parse_u32(flag, val, 16, 1u << 24, &o->n_ctx_train);
         } else if (strcmp(flag, "--seed") == 0) {
@@ -372,8 +449,22 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
         fprintf(stderr, "mkmodel: -o OUT.gguf is required (see --help)\n");
         return THAW_EINVAL;
     }
-    if (o->arch != MK_ARCH_GEMMA3 && o->set_swa) {
-        fprintf(stderr, "mkmodel: --swa-window/--swa-pattern apply to --arch gemma3 only\n");
+    if (!mk_archs[o->arch].swa && o->set_swa) {
+        fprintf(stderr, "mkmodel: --swa-window/--swa-pattern apply to --arch gemma3 and "
+                        "gemma4 only\n");
+        return THAW_EINVAL;
+    }
+    if (!mk_archs[o->arch].hybrid && o->set_attn) {
+        fprintf(stderr, "mkmodel: --attn-pattern applies to --arch lfm2 only\n");
+        return THAW_EINVAL;
+    }
+    if (o->tmpl_file != NULL && o->set_tmpl) {
+        fprintf(stderr, "mkmodel: --chat-template-file excludes --template and --draft-of\n");
+        return THAW_EINVAL;
+    }
+    if (o->n_layer < mk_archs[o->arch].min_layers) {
+        fprintf(stderr, "mkmodel: --arch %s needs --layers %" PRIu32 " or more\n",
+                mk_archs[o->arch].name, mk_archs[o->arch].min_layers);
         return THAW_EINVAL;
     }
     if (o->n_head > o->n_embd || o->n_embd % o->n_head != 0) {
@@ -404,7 +495,20 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
         uint32_t p = o->n_layer < 2 ? 2 : o->n_layer;
         o->swa_pattern = p < 6 ? p : 6;
     }
-    if (o->arch == MK_ARCH_GEMMA3 && o->n_swa >= o->n_ctx_train) {
+    if (o->arch == MK_ARCH_GEMMA4 && o->swa_pattern == 1) {
+        /* libllama asserts a gemma4 model has an SWA layer */
+        fprintf(stderr, "mkmodel: --swa-pattern 1 makes every layer global; gemma4 needs "
+                        "an SWA layer\n");
+        return THAW_EINVAL;
+    }
+    if (o->attn_pattern == UINT32_MAX)
+        o->attn_pattern = o->n_layer < 3 ? o->n_layer : 3;
+    if (mk_archs[o->arch].hybrid && o->attn_pattern > o->n_layer) {
+        fprintf(stderr, "mkmodel: --attn-pattern %" PRIu32 " leaves no attention layer in "
+                        "%" PRIu32 " layers\n", o->attn_pattern, o->n_layer);
+        return THAW_EINVAL;
+    }
+    if (mk_archs[o->arch].swa && o->n_swa >= o->n_ctx_train) {
         fprintf(stderr, "mkmodel: --swa-window %" PRIu32 " must be below --ctx-train %" PRIu32
                         "\n", o->n_swa, o->n_ctx_train);
         return THAW_EINVAL;
@@ -486,39 +590,22 @@ static int mk_find_up(const char *start, const char *file, char *out, size_t cap
     return THAW_ENOTFOUND;
 }
 
-/* Resolves --vocab (a path, or a NAME meaning ggml-vocab-NAME.gguf) to a
- * readable file path in out[cap]. Returns 0 or THAW_ENOTFOUND after printing
- * where it looked. */
-static int mk_resolve_vocab(const char *arg, char *out, size_t cap)
+/* Finds `file` (a path relative to the vocab dir: ggml-vocab-NAME.gguf, or
+ * MK_TMPL_SUBDIR/NAME.jinja) in the vocab dir: $THAW_VOCAB_DIR alone when it
+ * is set, else MK_VOCAB_SUBDIR above the executable, above the current
+ * directory, then next to the build's llama install. Writes the path to
+ * out[cap]. Returns 0, or THAW_ENOTFOUND (nothing printed). */
+static int mk_find_data(const char *file, char *out, size_t cap)
 {
-    const char *name = arg ? arg : MK_DEFAULT_VOCAB;
-    size_t len = strlen(name);
-    char file[256];
     char exe[PATH_MAX];
     char cwd[PATH_MAX];
     const char *env = getenv("THAW_VOCAB_DIR");
     ssize_t n;
     int w;
 
-    if (strchr(name, '/') != NULL || (len > 5 && strcmp(name + len - 5, ".gguf") == 0)) {
-        if (!mk_is_file(name)) {
-            fprintf(stderr, "mkmodel: --vocab %s: no such file\n", name);
-            return THAW_ENOTFOUND;
-        }
-        w = snprintf(out, cap, "%s", name);
-        return w > 0 && (size_t)w < cap ? 0 : THAW_ENOTFOUND;
-    }
-    w = snprintf(file, sizeof file, "ggml-vocab-%s.gguf", name);
-    if (w <= 0 || (size_t)w >= sizeof file) {
-        fprintf(stderr, "mkmodel: --vocab: name too long\n");
-        return THAW_EINVAL;
-    }
     if (env != NULL && *env != '\0') {
         w = snprintf(out, cap, "%s/%s", env, file);
-        if (w > 0 && (size_t)w < cap && mk_is_file(out))
-            return 0;
-        fprintf(stderr, "mkmodel: vocab %s not found in THAW_VOCAB_DIR=%s\n", file, env);
-        return THAW_ENOTFOUND;
+        return w > 0 && (size_t)w < cap && mk_is_file(out) ? 0 : THAW_ENOTFOUND;
     }
     n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -540,10 +627,102 @@ static int mk_resolve_vocab(const char *arg, char *out, size_t cap)
     if (w > 0 && (size_t)w < cap && mk_is_file(out))
         return 0;
 #endif
-    fprintf(stderr, "mkmodel: vocab %s not found under " MK_VOCAB_SUBDIR "/ above the "
-                    "executable or the current directory; pass --vocab FILE or set "
-                    "THAW_VOCAB_DIR\n", file);
     return THAW_ENOTFOUND;
+}
+
+/* Resolves --vocab (a path, or a NAME meaning ggml-vocab-NAME.gguf; NULL:
+ * the arch's default NAME) to a readable file path in out[cap]. Returns 0 or
+ * THAW_ENOTFOUND after printing where it looked. */
+static int mk_resolve_vocab(const char *arg, enum mk_arch arch, char *out, size_t cap)
+{
+    const char *name = arg ? arg : mk_archs[arch].vocab;
+    size_t len = strlen(name);
+    char file[256];
+    const char *env = getenv("THAW_VOCAB_DIR");
+    int w;
+
+    if (strchr(name, '/') != NULL || (len > 5 && strcmp(name + len - 5, ".gguf") == 0)) {
+        if (!mk_is_file(name)) {
+            fprintf(stderr, "mkmodel: --vocab %s: no such file\n", name);
+            return THAW_ENOTFOUND;
+        }
+        w = snprintf(out, cap, "%s", name);
+        return w > 0 && (size_t)w < cap ? 0 : THAW_ENOTFOUND;
+    }
+    w = snprintf(file, sizeof file, "ggml-vocab-%s.gguf", name);
+    if (w <= 0 || (size_t)w >= sizeof file) {
+        fprintf(stderr, "mkmodel: --vocab: name too long\n");
+        return THAW_EINVAL;
+    }
+    if (mk_find_data(file, out, cap) == 0)
+        return 0;
+    if (env != NULL && *env != '\0')
+        fprintf(stderr, "mkmodel: vocab %s not found in THAW_VOCAB_DIR=%s\n", file, env);
+    else
+        fprintf(stderr, "mkmodel: vocab %s not found under " MK_VOCAB_SUBDIR "/ above the "
+                        "executable or the current directory; pass --vocab FILE or set "
+                        "THAW_VOCAB_DIR\n", file);
+    return THAW_ENOTFOUND;
+}
+
+/* Reads a whole chat template file into a NUL-terminated *out (caller
+ * frees). Returns 0, -errno, THAW_ENOMEM, or THAW_EINVAL when the file is
+ * empty, over MK_TMPL_MAX bytes or holds a NUL byte (a GGUF string could
+ * carry it, but every C string the template passes through would be cut
+ * short there). */
+static int mk_read_text(const char *path, char **out)
+{
+    struct stat st;
+    char *buf = NULL;
+    size_t got = 0;
+    int fd, rc = 0;
+
+    *out = NULL;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    if (fstat(fd, &st) != 0) {
+        rc = -errno;
+        goto out_close;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = S_ISDIR(st.st_mode) ? -EISDIR : THAW_EINVAL;
+        goto out_close;
+    }
+    if (st.st_size <= 0 || (uint64_t)st.st_size > MK_TMPL_MAX) {
+        rc = THAW_EINVAL;
+        goto out_close;
+    }
+    buf = malloc((size_t)st.st_size + 1);
+    if (buf == NULL) {
+        rc = THAW_ENOMEM;
+        goto out_close;
+    }
+    while (got < (size_t)st.st_size) {
+        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = -errno;
+            goto out_free;
+        }
+        if (n == 0)
+            break; /* shrank under us: take what is there */
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    if (got == 0 || memchr(buf, '\0', got) != NULL) {
+        rc = THAW_EINVAL;
+        goto out_free;
+    }
+    *out = buf;
+    goto out_close;
+
+out_free:
+    free(buf);
+out_close:
+    close(fd);
+    return rc;
 }
 
 /* Copies one KV pair (scalar, or array of scalars or strings) from src[id]
@@ -593,7 +772,8 @@ static int mk_copy_kv(struct gguf_context *dst, const struct gguf_context *src, 
 
 /* True if llama_chat_apply_template() can render `tmpl`: it recognises a
  * fixed list of template families by marker strings, not by running Jinja,
- * and thaw templates with it. (Needs no model and no backend.) */
+ * and thaw serve --no-jinja templates with it. (Needs no model and no
+ * backend.) */
 static bool mk_template_usable(const char *tmpl)
 {
     const struct llama_chat_message msg = { "user", "hi" };
@@ -614,8 +794,11 @@ static bool mk_vocab_has(const struct gguf_context *v, int64_t tokens_id, const 
 }
 
 /* Copies the tokenizer.* keys of the vocab at `path` into dst and sets
- * tokenizer.chat_template per o->tmpl. *n_vocab = number of tokens;
- * *tmpl_name = what was chosen (static string). Returns 0, THAW_ECORRUPT
+ * tokenizer.chat_template: o->tmpl_text if given, else per o->tmpl (auto:
+ * the arch's family template file, or the built-in choice). *n_vocab =
+ * number of tokens; *tmpl_name = what was chosen (a static string, or
+ * o->tmpl_file). Notes on stderr when thaw serve could not render the
+ * result with llama_chat_apply_template(). Returns 0, THAW_ECORRUPT
  * (unreadable or no token list), THAW_EINVAL (--template vocab but the vocab
  * has none) or THAW_ENOMEM. */
 static int mk_copy_vocab(struct gguf_context *dst, const char *path, const struct mk_opts *o,
@@ -623,6 +806,7 @@ static int mk_copy_vocab(struct gguf_context *dst, const char *path, const struc
 {
     struct gguf_init_params ip = { .no_alloc = true, .ctx = NULL };
     struct gguf_context *v = gguf_init_from_file(path, ip);
+    const struct mk_arch_info *info = &mk_archs[o->arch];
     int64_t tokens_id, tmpl_id;
     enum mk_template tmpl;
     size_t n;
@@ -663,7 +847,29 @@ static int mk_copy_vocab(struct gguf_context *dst, const char *path, const struc
     tmpl_id = gguf_find_key(v, "tokenizer.chat_template");
     if (tmpl_id >= 0 && gguf_get_kv_type(v, tmpl_id) != GGUF_TYPE_STRING)
         tmpl_id = -1; /* malformed: treat as absent (it was copied; replaced below) */
+    if (o->tmpl_text != NULL) {
+        gguf_set_val_str(dst, "tokenizer.chat_template", o->tmpl_text);
+        *tmpl_name = o->tmpl_file;
+        goto check;
+    }
     tmpl = o->tmpl;
+    if (tmpl == MK_TMPL_AUTO && info->family != NULL) {
+        /* the family's real template; without the source tree's templates/,
+         * the vocab's own rather than a guess */
+        char tpath[PATH_MAX], file[256];
+        char *text = NULL;
+
+        snprintf(file, sizeof file, MK_TMPL_SUBDIR "/%s", info->family);
+        if (mk_find_data(file, tpath, sizeof tpath) == 0 && mk_read_text(tpath, &text) == 0) {
+            gguf_set_val_str(dst, "tokenizer.chat_template", text);
+            free(text);
+            *tmpl_name = info->family;
+            goto check;
+        }
+        fprintf(stderr, "mkmodel: note: %s not found in the vocab dir; using %s\n", file,
+                tmpl_id >= 0 ? "the vocab's chat template" : "chatml");
+        tmpl = tmpl_id >= 0 ? MK_TMPL_VOCAB : MK_TMPL_CHATML;
+    }
     if (tmpl == MK_TMPL_AUTO) {
         if (tmpl_id >= 0 && mk_template_usable(gguf_get_val_str(v, tmpl_id)))
             tmpl = MK_TMPL_VOCAB;
@@ -703,6 +909,15 @@ static int mk_copy_vocab(struct gguf_context *dst, const char *path, const struc
         break;
     }
 
+check:
+    /* thaw serve --no-jinja templates with llama_chat_apply_template(): say
+     * so when that will refuse this model without --chat-template */
+    tmpl_id = gguf_find_key(dst, "tokenizer.chat_template");
+    if (tmpl_id >= 0 && !mk_template_usable(gguf_get_val_str(dst, tmpl_id)))
+        fprintf(stderr, "mkmodel: note: the chat template (%s) is Jinja only: "
+                        "llama_chat_apply_template() does not render it, so thaw serve "
+                        "--no-jinja needs --chat-template NAME for this model\n", *tmpl_name);
+
 out_free_vocab:
     gguf_free(v);
     return rc;
@@ -730,7 +945,22 @@ struct mk_model {
 
 static const char *mk_arch_name(enum mk_arch a)
 {
-    return a == MK_ARCH_GEMMA3 ? "gemma3" : "llama";
+    return mk_archs[a].name;
+}
+
+/* gemma3, gemma4: layer il uses the sliding window. Every swa_pattern-th
+ * layer is global, as llama.cpp's set_swa_pattern() reads the period
+ * (pattern 0: all SWA). */
+static bool mk_is_swa(const struct mk_opts *o, uint32_t il)
+{
+    return mk_archs[o->arch].swa &&
+           (o->swa_pattern == 0 || il % o->swa_pattern < o->swa_pattern - 1);
+}
+
+/* lfm2: layer il is attention (else a short convolution); other archs: all. */
+static bool mk_is_attn(const struct mk_opts *o, uint32_t il)
+{
+    return !mk_archs[o->arch].hybrid || il % o->attn_pattern == o->attn_pattern - 1;
 }
 
 /* Sets "<arch>.<suffix>" = v. */
@@ -751,8 +981,19 @@ static void mk_set_arch_f32(struct gguf_context *g, enum mk_arch a, const char *
     gguf_set_val_f32(g, key, v);
 }
 
+/* Sets "<arch>.<suffix>" to an array of n elements of `type`. */
+static void mk_set_arch_arr(struct gguf_context *g, enum mk_arch a, const char *suffix,
+                            enum gguf_type type, const void *data, size_t n)
+{
+    char key[128];
+
+    snprintf(key, sizeof key, "%s.%s", mk_arch_name(a), suffix);
+    gguf_set_arr_data(g, key, type, data, n);
+}
+
 /* The architecture's hyper-parameter keys, as llama.cpp v0.4.0 reads them
- * (llama_model_base::load_hparams + the arch's load_arch_hparams). */
+ * (llama_model_base::load_hparams + the arch's load_arch_hparams in
+ * src/models/<arch>.cpp). Real models' values where the shape allows. */
 static void mk_set_hparams(struct gguf_context *g, const struct mk_opts *o)
 {
     enum mk_arch a = o->arch;
@@ -772,18 +1013,27 @@ static void mk_set_hparams(struct gguf_context *g, const struct mk_opts *o)
     mk_set_arch_u32(g, a, "block_count", o->n_layer);
     mk_set_arch_u32(g, a, "feed_forward_length", o->n_ff);
     mk_set_arch_u32(g, a, "attention.head_count", o->n_head);
-    mk_set_arch_u32(g, a, "attention.head_count_kv", o->n_head_kv);
+    if (mk_archs[a].hybrid) {
+        /* lfm2 tells a short-conv layer by its 0 KV heads */
+        uint32_t kv[MK_MAX_LAYERS];
+        for (uint32_t il = 0; il < o->n_layer; il++)
+            kv[il] = mk_is_attn(o, il) ? o->n_head_kv : 0;
+        mk_set_arch_arr(g, a, "attention.head_count_kv", GGUF_TYPE_UINT32, kv, o->n_layer);
+    } else {
+        mk_set_arch_u32(g, a, "attention.head_count_kv", o->n_head_kv);
+    }
     mk_set_arch_u32(g, a, "attention.key_length", head_dim);
     mk_set_arch_u32(g, a, "attention.value_length", head_dim);
     mk_set_arch_u32(g, a, "rope.dimension_count", head_dim);
 
-    if (a == MK_ARCH_LLAMA) {
+    switch (a) {
+    case MK_ARCH_LLAMA:
         /* llama 3's values */
         mk_set_arch_f32(g, a, "rope.freq_base", 500000.0f);
         mk_set_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-5f);
-    } else {
+        break;
+    case MK_ARCH_GEMMA3:
         /* gemma 3's: global layers rope at 1e6, local (SWA) layers at 1e4.
-         * Layer il is SWA iff il % pattern < pattern - 1 (pattern 0: all);
          * llama.cpp defaults the pattern to 6 when the key is absent, which
          * would make a model under 6 layers all-SWA, so always write it. */
         mk_set_arch_f32(g, a, "rope.freq_base", 1000000.0f);
@@ -791,6 +1041,38 @@ static void mk_set_hparams(struct gguf_context *g, const struct mk_opts *o)
         mk_set_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-6f);
         mk_set_arch_u32(g, a, "attention.sliding_window", o->n_swa);
         mk_set_arch_u32(g, a, "attention.sliding_window_pattern", o->swa_pattern);
+        break;
+    case MK_ARCH_QWEN3:
+        mk_set_arch_f32(g, a, "rope.freq_base", 1000000.0f);
+        mk_set_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-6f);
+        break;
+    case MK_ARCH_GEMMA4: {
+        /* gemma 4's keys, as its converter writes them: the pattern is a
+         * per-layer bool array (true = SWA); SWA layers have their own head
+         * size and rope dims (the same as the global ones here); no per-layer
+         * embeddings, no KV sharing, no experts */
+        uint8_t swa[MK_MAX_LAYERS];
+        for (uint32_t il = 0; il < o->n_layer; il++)
+            swa[il] = mk_is_swa(o, il);
+        mk_set_arch_f32(g, a, "rope.freq_base", 1000000.0f);
+        mk_set_arch_f32(g, a, "rope.freq_base_swa", 10000.0f);
+        mk_set_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-6f);
+        mk_set_arch_u32(g, a, "attention.sliding_window", o->n_swa);
+        mk_set_arch_arr(g, a, "attention.sliding_window_pattern", GGUF_TYPE_BOOL, swa,
+                        o->n_layer);
+        mk_set_arch_u32(g, a, "attention.key_length_swa", head_dim);
+        mk_set_arch_u32(g, a, "attention.value_length_swa", head_dim);
+        mk_set_arch_u32(g, a, "rope.dimension_count_swa", head_dim);
+        mk_set_arch_u32(g, a, "attention.shared_kv_layers", 0);
+        mk_set_arch_u32(g, a, "embedding_length_per_layer_input", 0);
+        mk_set_arch_f32(g, a, "final_logit_softcapping", 30.0f);
+        break;
+    }
+    case MK_ARCH_LFM2:
+        mk_set_arch_f32(g, a, "rope.freq_base", 1000000.0f);
+        mk_set_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-5f);
+        mk_set_arch_u32(g, a, "shortconv.l_cache", MK_LFM2_L_CACHE);
+        break;
     }
 }
 
@@ -815,19 +1097,26 @@ static void mk_add(struct mk_model *m, const char *name, enum ggml_type type, in
  * 64..1024 wide):
  *  - weight matrices [fan_in, fan_out]: std 1/sqrt(fan_in), so every
  *    projection keeps unit scale and llama's logits come out with std ~1;
- *  - norms: 1.0, the identity for both archs (gemma3's (1 + w) is folded
+ *  - norms: 1.0, the identity for every arch (gemma's (1 + w) is folded
  *    into the stored weight by llama.cpp's converter);
  *  - attention scores with std ~4, not 1: near-uniform attention adds the
  *    same slowly-changing context average at every position, it swamps the
  *    current token and the argmax sticks for tens of tokens. llama: attn_q
- *    std 4/sqrt(embd). gemma3 RMS-normalises q and k, so its attn_q_norm
- *    and attn_k_norm weights are 2.0 instead;
- *  - llama's embedding: std 1/sqrt(embd) (it is RMS-normed before use);
- *  - gemma3 multiplies the embedding by sqrt(embd) and reuses it as the
- *    output matrix, so a token's logit includes its own embedding's squared
- *    norm: at std 1/sqrt(embd) that self-match beats the other logits and
- *    the model echoes its input token. A quarter of that std (logit std
- *    0.25) keeps the self-match below the noise. */
+ *    std 4/sqrt(embd). gemma3, qwen3 and lfm2 RMS-normalise q and k and
+ *    scale by 1/sqrt(head), so their attn_q_norm and attn_k_norm weights
+ *    are 2.0 instead; gemma4 does not scale (its score std is
+ *    w^2 sqrt(head)), so its weights are 2/head^(1/4);
+ *  - an embedding that is RMS-normed before use (llama, qwen3, lfm2): std
+ *    1/sqrt(embd). Tied to the output (qwen3, lfm2) that is still fine: the
+ *    blocks' outputs outweigh the input token's embedding in the last
+ *    hidden state, so its self-match adds ~1/sqrt(2) to a logit of std 1;
+ *  - gemma3 and gemma4 multiply the embedding by sqrt(embd) and reuse it as
+ *    the output matrix, so a token's logit includes its own embedding's
+ *    squared norm: at std 1/sqrt(embd) that self-match beats the other
+ *    logits and the model echoes its input token. A quarter of that std
+ *    (logit std 0.25) keeps the self-match below the noise;
+ *  - lfm2's short convolution y = c * conv(b * x), b, c, x from in_proj:
+ *    kernel std 1/sqrt(l_cache) keeps conv's output at unit scale. */
 static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
 {
     const int64_t E = o->n_embd, F = o->n_ff, V = m->n_vocab;
@@ -835,33 +1124,58 @@ static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
     const int64_t KV = (int64_t)o->n_head_kv * (o->n_embd / o->n_head); /* k, v width */
     const int64_t D = o->n_embd / o->n_head;
     const enum ggml_type W = o->wtype, N = GGML_TYPE_F32;
-    const bool g3 = o->arch == MK_ARCH_GEMMA3;
+    const enum mk_arch a = o->arch;
+    const bool gemma = a == MK_ARCH_GEMMA3 || a == MK_ARCH_GEMMA4; /* post-norms, scaled embd */
+    const bool tied = a != MK_ARCH_LLAMA;
+    const bool qk_norm = a != MK_ARCH_LLAMA;
     const float sE = 1.0f / sqrtf((float)E), sQ = 1.0f / sqrtf((float)Q);
     const float sF = 1.0f / sqrtf((float)F);
+    const float qk = a == MK_ARCH_GEMMA4 ? 2.0f / sqrtf(sqrtf((float)D)) : 2.0f;
+    bool any_global = false;
     char nm[GGML_MAX_NAME];
 
-    mk_add(m, "token_embd.weight", W, E, V, MK_INIT_RANDOM, g3 ? 0.25f * sE : sE);
-    mk_add(m, "output_norm.weight", N, E, 0, MK_INIT_CONST, 1.0f);
-    if (!g3) /* gemma3 ties the output to token_embd */
+    for (uint32_t il = 0; il < o->n_layer; il++)
+        any_global |= !mk_is_swa(o, il);
+
+    mk_add(m, "token_embd.weight", W, E, V, MK_INIT_RANDOM, gemma ? 0.25f * sE : sE);
+    /* lfm2's final norm has the name of an embedding norm (llama.cpp's
+     * LLM_TENSOR_OUTPUT_NORM_LFM2: "fix for wrong tensor name") */
+    mk_add(m, a == MK_ARCH_LFM2 ? "token_embd_norm.weight" : "output_norm.weight", N, E, 0,
+           MK_INIT_CONST, 1.0f);
+    if (!tied)
         mk_add(m, "output.weight", W, E, V, MK_INIT_RANDOM, sE);
+    if (a == MK_ARCH_GEMMA4 && any_global)
+        /* the global layers' proportional-rope frequency factors, one tensor
+         * shared by them all: 1.0 = plain rope over the whole head */
+        mk_add(m, "rope_freqs.weight", N, D / 2, 0, MK_INIT_CONST, 1.0f);
 
     for (uint32_t il = 0; il < o->n_layer; il++) {
 #define MK_BLK(suffix) (snprintf(nm, sizeof nm, "blk.%" PRIu32 "." suffix, il), nm)
         mk_add(m, MK_BLK("attn_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
-        mk_add(m, MK_BLK("attn_q.weight"), W, E, Q, MK_INIT_RANDOM, g3 ? sE : 4.0f * sE);
-        mk_add(m, MK_BLK("attn_k.weight"), W, E, KV, MK_INIT_RANDOM, sE);
-        mk_add(m, MK_BLK("attn_v.weight"), W, E, KV, MK_INIT_RANDOM, sE);
-        mk_add(m, MK_BLK("attn_output.weight"), W, Q, E, MK_INIT_RANDOM, sQ);
-        if (g3) {
-            mk_add(m, MK_BLK("attn_q_norm.weight"), N, D, 0, MK_INIT_CONST, 2.0f);
-            mk_add(m, MK_BLK("attn_k_norm.weight"), N, D, 0, MK_INIT_CONST, 2.0f);
-            mk_add(m, MK_BLK("post_attention_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+        if (mk_is_attn(o, il)) {
+            mk_add(m, MK_BLK("attn_q.weight"), W, E, Q, MK_INIT_RANDOM, qk_norm ? sE : 4.0f * sE);
+            mk_add(m, MK_BLK("attn_k.weight"), W, E, KV, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("attn_v.weight"), W, E, KV, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("attn_output.weight"), W, Q, E, MK_INIT_RANDOM, sQ);
+            if (qk_norm) {
+                mk_add(m, MK_BLK("attn_q_norm.weight"), N, D, 0, MK_INIT_CONST, qk);
+                mk_add(m, MK_BLK("attn_k_norm.weight"), N, D, 0, MK_INIT_CONST, qk);
+            }
+        } else {
+            /* lfm2 short convolution: in_proj -> (b, c, x), conv over the
+             * last l_cache tokens (the recurrent state), out_proj */
+            mk_add(m, MK_BLK("shortconv.conv.weight"), N, MK_LFM2_L_CACHE, E, MK_INIT_RANDOM,
+                   1.0f / sqrtf((float)MK_LFM2_L_CACHE));
+            mk_add(m, MK_BLK("shortconv.in_proj.weight"), W, E, 3 * E, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("shortconv.out_proj.weight"), W, E, E, MK_INIT_RANDOM, sE);
         }
+        if (gemma)
+            mk_add(m, MK_BLK("post_attention_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
         mk_add(m, MK_BLK("ffn_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
         mk_add(m, MK_BLK("ffn_gate.weight"), W, E, F, MK_INIT_RANDOM, sE);
         mk_add(m, MK_BLK("ffn_up.weight"), W, E, F, MK_INIT_RANDOM, sE);
         mk_add(m, MK_BLK("ffn_down.weight"), W, F, E, MK_INIT_RANDOM, sF);
-        if (g3)
+        if (gemma)
             mk_add(m, MK_BLK("post_ffw_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
 #undef MK_BLK
     }
@@ -881,7 +1195,8 @@ static void mk_model_free(struct mk_model *m)
  * printing why; *m is freed on failure. */
 static int mk_model_build(struct mk_model *m, const struct mk_opts *o, const char *vocab_path)
 {
-    /* per block: llama 9 tensors, gemma3 13; plus 3 globals */
+    /* per block: llama 9 tensors, gemma3 and gemma4 13, qwen3 11, lfm2 at
+     * most 11; plus at most 3 globals */
     size_t max_tensors = (size_t)o->n_layer * 13 + 3;
     struct ggml_init_params gp = {
         .mem_size = max_tensors * ggml_tensor_overhead(),
@@ -1120,6 +1435,7 @@ int thaw_mkmodel_main(int argc, char **argv)
     struct mk_opts o;
     struct mk_model m;
     char vocab_path[PATH_MAX];
+    char *tmpl_text = NULL;
     char swa[64];
     uint64_t n_bytes = 0;
     double t0 = mk_now();
@@ -1133,10 +1449,23 @@ int thaw_mkmodel_main(int argc, char **argv)
         mk_usage(stdout, prog);
         return 0;
     }
-    rc = mk_resolve_vocab(o.vocab, vocab_path, sizeof vocab_path);
+    rc = mk_resolve_vocab(o.vocab, o.arch, vocab_path, sizeof vocab_path);
     if (rc != 0)
         return 2;
+    if (o.tmpl_file != NULL) {
+        rc = mk_read_text(o.tmpl_file, &tmpl_text);
+        if (rc != 0) {
+            fprintf(stderr, "mkmodel: --chat-template-file %s: %s\n", o.tmpl_file,
+                    rc == THAW_EINVAL ? "not a regular file, empty, over 1 MiB or "
+                                        "holding a NUL byte"
+                                      : thaw_strerror(rc));
+            return 2;
+        }
+        o.tmpl_text = tmpl_text;
+    }
     rc = mk_model_build(&m, &o, vocab_path);
+    free(tmpl_text); /* copied into the gguf context */
+    o.tmpl_text = NULL;
     if (rc != 0)
         return rc == THAW_EINVAL ? 2 : 1;
 
@@ -1147,8 +1476,10 @@ int thaw_mkmodel_main(int argc, char **argv)
         return 1;
     }
     swa[0] = '\0';
-    if (o.arch == MK_ARCH_GEMMA3)
+    if (mk_archs[o.arch].swa)
         snprintf(swa, sizeof swa, ", swa %" PRIu32 " every %" PRIu32, o.n_swa, o.swa_pattern);
+    else if (mk_archs[o.arch].hybrid)
+        snprintf(swa, sizeof swa, ", attention every %" PRIu32, o.attn_pattern);
     fprintf(stderr,
             "mkmodel: %s: %s %" PRIu32 " layers x %" PRIu32 " (heads %" PRIu32 ", kv %" PRIu32
             ", ff %" PRIu32 "%s), vocab %" PRIu32 " (%s, template %s), %.2fM params, "

@@ -2,10 +2,15 @@
  * benchmarks.
  *
  * The file carries a real tokenizer (the `tokenizer.*` keys of a vocab-only
- * GGUF from the llama.cpp source tree) and random weights shaped like a real
- * `llama` or `gemma3` model, so llama.cpp loads it, templates, tokenizes and
- * decodes it at the cost of a real model of that shape; the text it generates
- * is gibberish. Same flags + same --seed => byte-identical file.
+ * GGUF from the llama.cpp source tree), a real chat template (the vocab's, a
+ * built-in, the model family's from the tree's models/templates/, or
+ * --chat-template-file) and random weights shaped like a real `llama`,
+ * `gemma3` (sliding window), `qwen3`, `gemma4` (sliding window) or `lfm2`
+ * (hybrid: recurrent short-convolution and attention layers) model, so
+ * llama.cpp v0.4.0 loads it, templates, tokenizes and decodes it at the cost
+ * of a real model of that shape; the text it generates is gibberish. Same
+ * flags + same --seed + same vocab and template files => byte-identical
+ * file.
  *
  * Run `thaw mkmodel --help` for the flags and their defaults.
  */
@@ -19,8 +24,9 @@
  * success), then prints a one-line summary to stderr.
  *
  * Returns a process exit code: 0 success (also for --help), 1 the model could
- * not be written (message on stderr, no file left behind), 2 usage error
- * (message on stderr). Never calls exit(). Does not load any ggml backend. */
+ * not be written (message on stderr, no file left behind), 2 usage error,
+ * including a vocab or --chat-template-file that cannot be used (message on
+ * stderr). Never calls exit(). Does not load any ggml backend. */
 int thaw_mkmodel_main(int argc, char **argv);
 
 #endif

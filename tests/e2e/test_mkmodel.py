@@ -1,8 +1,9 @@
 """End-to-end tests of `thaw mkmodel`, run against the real binary.
 
-THAW_BIN names the binary (default: <repo>/build/thaw). The vocab GGUFs come
-from <repo>/.deps/llama.cpp/models (scripts/setup.sh fetches them). Models
-here are tiny (llama-spm vocab, 64 wide) so the whole file runs in seconds.
+THAW_BIN names the binary (default: <repo>/build/thaw). The vocab GGUFs and
+chat templates come from <repo>/.deps/llama.cpp/models (scripts/setup.sh
+fetches them). Models here are tiny (64 wide, 2 layers) so the whole file
+runs in seconds; the ones served by `thaw serve` answer a short chat.
 """
 import os
 import struct
@@ -11,10 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from harness import Server
+
 REPO = Path(__file__).resolve().parents[2]
 THAW = Path(os.environ.get("THAW_BIN", REPO / "build" / "thaw"))
 VOCAB_DIR = REPO / ".deps" / "llama.cpp" / "models"
 SPM = VOCAB_DIR / "ggml-vocab-llama-spm.gguf"
+TEMPLATES = VOCAB_DIR / "templates"
+NEW_ARCHS = ["qwen3", "gemma4", "lfm2"]
+# the family template --template auto embeds for each new arch
+FAMILY = {"qwen3": "Qwen-Qwen3-0.6B.jinja", "gemma4": "google-gemma-4-31B-it.jinja",
+          "lfm2": "LFM2.5-Instruct.jinja"}
 
 
 def mkmodel(*args, env=None, timeout=120):
@@ -104,11 +112,16 @@ def test_help_exits_zero_and_lists_flags():
     r = mkmodel("--help")
     assert r.returncode == 0
     for flag in ("--arch", "--vocab", "--layers", "--embd", "--heads", "--kv-heads", "--ff",
-                 "--swa-window", "--ctx-train", "--seed", "--type", "-o"):
+                 "--swa-window", "--swa-pattern", "--attn-pattern", "--chat-template-file",
+                 "--template", "--ctx-train", "--seed", "--type", "-o"):
         assert flag in r.stdout
+    for arch in ("llama", "gemma3", *NEW_ARCHS):
+        assert f"  {arch} " in r.stdout, arch
+    for name in FAMILY.values():
+        assert name.split(".jinja")[0] in r.stdout
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", *NEW_ARCHS])
 def test_same_seed_same_bytes(tmp_path, arch):
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     build(a, "--arch", arch, "--vocab", SPM, "--seed", 42)
@@ -213,7 +226,7 @@ def test_vocab_dir_env_and_name(tmp_path):
 
 BAD_FLAGS = [
     ([], "-o OUT.gguf is required"),
-    (["--arch", "gpt2"], "--arch"),
+    (["--arch", "gpt2"], "expected llama, gemma3, qwen3, gemma4 or lfm2"),
     (["--layers", "0"], "--layers"),
     (["--layers", "513"], "--layers"),
     (["--layers", "2x"], "--layers"),
@@ -221,7 +234,19 @@ BAD_FLAGS = [
     (["--embd", "100", "--heads", "3"], "not a multiple of --heads"),
     (["--embd", "12", "--heads", "4"], "must be even"),
     (["--kv-heads", "3"], "must divide --heads"),
-    (["--swa-window", "16"], "gemma3 only"),
+    (["--swa-window", "16"], "apply to --arch gemma3 and gemma4 only"),
+    (["--arch", "qwen3", "--swa-pattern", "2"], "gemma4 only"),
+    (["--arch", "gemma4", "--swa-pattern", "1"], "gemma4 needs an SWA layer"),
+    (["--arch", "gemma4", "--layers", "1"], "needs --layers 2 or more"),
+    (["--arch", "lfm2", "--layers", "1"], "needs --layers 2 or more"),
+    (["--attn-pattern", "2"], "lfm2 only"),
+    (["--arch", "lfm2", "--attn-pattern", "1"], "--attn-pattern"),
+    (["--arch", "lfm2", "--layers", "4", "--attn-pattern", "5"], "leaves no attention layer"),
+    (["--chat-template-file", "/nonexistent/t.jinja"], "No such file"),
+    (["--chat-template-file", "/"], "Is a directory"),
+    (["--chat-template-file", "/dev/null"], "not a regular file"),
+    (["--chat-template-file", str(SPM), "--template", "chatml"], "excludes --template"),
+    (["--chat-template-file", str(SPM), "--draft-of", str(SPM)], "excludes --template"),
     (["--arch", "gemma3", "--swa-window", "9000"], "below --ctx-train"),
     (["--type", "q8_0"], "--type"),
     (["--seed", "abc"], "--seed"),
@@ -273,3 +298,172 @@ def test_existing_output_replaced(tmp_path):
     build(out, "--vocab", SPM)
     assert out.read_bytes()[:4] == b"GGUF"
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+
+
+# ---- qwen3, gemma4, lfm2 ------------------------------------------------------
+
+def tensor_map(path):
+    kv, tensors, _, _ = read_gguf(path)
+    return kv, {name: (ne, ty) for name, ne, ty in tensors}
+
+
+def test_qwen3_layout(tmp_path):
+    out = tmp_path / "m.gguf"
+    r = build(out, "--arch", "qwen3", "--layers", 3, "--embd", 64, "--heads", 4, "--kv-heads", 2,
+              "--ff", 96)
+    assert "ggml-vocab-qwen2.gguf" in r.stderr  # qwen3's default vocab
+    kv, t = tensor_map(out)
+    assert kv["general.architecture"] == "qwen3"
+    assert kv["qwen3.block_count"] == 3 and kv["qwen3.attention.head_count_kv"] == 2
+    assert kv["qwen3.attention.key_length"] == 16 and kv["qwen3.rope.dimension_count"] == 16
+    assert all(k.startswith(("general.", "qwen3.", "tokenizer.")) for k in kv)
+    assert len(kv["tokenizer.ggml.tokens"]) == 151936
+    assert "output.weight" not in t  # tied, as the small Qwen3 models are
+    assert len(t) == 2 + 11 * 3
+    assert t["blk.2.attn_q_norm.weight"] == ((16,), 0)  # per head, F32
+    assert t["blk.2.attn_k_norm.weight"] == ((16,), 0)
+    assert t["blk.2.attn_k.weight"][0] == (64, 32)
+    assert "blk.0.post_attention_norm.weight" not in t
+
+
+def test_gemma4_layout(tmp_path):
+    out = tmp_path / "m.gguf"
+    r = build(out, "--arch", "gemma4", "--layers", 5, "--swa-window", 24, "--swa-pattern", 3)
+    assert "ggml-vocab-gemma-4.gguf" in r.stderr
+    kv, t = tensor_map(out)
+    assert kv["general.architecture"] == "gemma4"
+    # every 3rd layer global: the per-layer bool array llama.cpp reads
+    assert kv["gemma4.attention.sliding_window_pattern"] == [True, True, False, True, True]
+    assert kv["gemma4.attention.sliding_window"] == 24
+    for key in ("attention.key_length", "attention.key_length_swa", "attention.value_length_swa",
+                "rope.dimension_count", "rope.dimension_count_swa"):
+        assert kv[f"gemma4.{key}"] == 16, key
+    assert kv["gemma4.embedding_length_per_layer_input"] == 0
+    assert kv["gemma4.attention.shared_kv_layers"] == 0
+    assert len(kv["tokenizer.ggml.tokens"]) == 262144
+    assert "output.weight" not in t
+    assert t["rope_freqs.weight"] == ((8,), 0)  # the global layers' one shared tensor
+    assert len(t) == 3 + 13 * 5
+    for suffix in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm", "attn_v"):
+        assert f"blk.4.{suffix}.weight" in t
+    # all-SWA: no global layer, no rope_freqs (libllama rejects unused tensors)
+    build(out, "--arch", "gemma4", "--swa-pattern", 0)
+    kv, t = tensor_map(out)
+    assert kv["gemma4.attention.sliding_window_pattern"] == [True, True]
+    assert "rope_freqs.weight" not in t
+
+
+def test_lfm2_layout(tmp_path):
+    out = tmp_path / "m.gguf"
+    r = build(out, "--arch", "lfm2", "--layers", 6, "--heads", 4, "--kv-heads", 2)
+    assert "attention every 3" in r.stderr
+    kv, t = tensor_map(out)
+    assert kv["general.architecture"] == "lfm2"
+    # a layer with 0 KV heads is a short-convolution layer
+    assert kv["lfm2.attention.head_count_kv"] == [0, 0, 2, 0, 0, 2]
+    assert kv["lfm2.shortconv.l_cache"] == 3
+    assert "token_embd_norm.weight" in t and "output_norm.weight" not in t
+    assert "output.weight" not in t
+    for il in (0, 1, 3, 4):
+        assert t[f"blk.{il}.shortconv.conv.weight"] == ((3, 64), 0)
+        assert t[f"blk.{il}.shortconv.in_proj.weight"][0] == (64, 192)
+        assert t[f"blk.{il}.shortconv.out_proj.weight"][0] == (64, 64)
+        assert f"blk.{il}.attn_q.weight" not in t
+    for il in (2, 5):
+        assert t[f"blk.{il}.attn_q_norm.weight"] == ((16,), 0)
+        assert t[f"blk.{il}.attn_k.weight"][0] == (64, 32)
+        assert f"blk.{il}.shortconv.conv.weight" not in t
+    assert len(t) == 2 + 8 * 4 + 11 * 2
+    build(out, "--arch", "lfm2", "--layers", 4, "--attn-pattern", 2)
+    kv, _ = tensor_map(out)
+    assert kv["lfm2.attention.head_count_kv"] == [0, 2, 0, 2]
+
+
+@pytest.mark.parametrize("arch", NEW_ARCHS)
+def test_family_template_embedded(tmp_path, arch):
+    out = tmp_path / "m.gguf"
+    r = build(out, "--arch", arch)
+    assert f"template {FAMILY[arch]}" in r.stderr
+    kv, _, _, _ = read_gguf(out)
+    assert kv["tokenizer.chat_template"] == (TEMPLATES / FAMILY[arch]).read_text()
+    # gemma4's template is Jinja only: mkmodel says what --no-jinja needs
+    assert ("--no-jinja needs --chat-template" in r.stderr) == (arch == "gemma4")
+
+
+def test_family_template_missing_falls_back_to_the_vocab_one(tmp_path):
+    vdir = tmp_path / "vocabs"  # a vocab dir without templates/
+    vdir.mkdir()
+    (vdir / "ggml-vocab-qwen2.gguf").symlink_to(VOCAB_DIR / "ggml-vocab-qwen2.gguf")
+    out = tmp_path / "m.gguf"
+    r = build(out, "--arch", "qwen3", env={"THAW_VOCAB_DIR": str(vdir)})
+    assert "templates/Qwen-Qwen3-0.6B.jinja not found" in r.stderr
+    kv, _, _, _ = read_gguf(out)
+    vkv, _, _, _ = read_gguf(VOCAB_DIR / "ggml-vocab-qwen2.gguf")
+    assert kv["tokenizer.chat_template"] == vkv["tokenizer.chat_template"]
+
+
+def test_template_vocab_keeps_the_vocab_one_for_new_archs(tmp_path):
+    out = tmp_path / "m.gguf"
+    build(out, "--arch", "gemma4", "--template", "vocab")
+    kv, _, _, _ = read_gguf(out)
+    vkv, _, _, _ = read_gguf(VOCAB_DIR / "ggml-vocab-gemma-4.gguf")
+    assert kv["tokenizer.chat_template"] == vkv["tokenizer.chat_template"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma4"])
+def test_chat_template_file_overrides(tmp_path, arch):
+    tmpl = tmp_path / "t.jinja"
+    text = "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}" \
+           "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}\n"
+    tmpl.write_text(text)
+    out = tmp_path / "m.gguf"
+    r = build(out, "--arch", arch, "--chat-template-file", tmpl)
+    assert f"template {tmpl}" in r.stderr
+    kv, _, _, _ = read_gguf(out)
+    assert kv["tokenizer.chat_template"] == text  # byte for byte, not the vocab's or the family's
+    assert "needs --chat-template" not in r.stderr  # a chatml template: the C API renders it too
+
+
+def test_chat_template_file_empty_or_nul_is_a_usage_error(tmp_path):
+    for name, data in (("empty.jinja", b""), ("nul.jinja", b"{{ a }}\0{{ b }}")):
+        f = tmp_path / name
+        f.write_bytes(data)
+        r = mkmodel("-o", tmp_path / "m.gguf", "--chat-template-file", f)
+        assert r.returncode == 2, r.stderr
+        assert "empty, over 1 MiB or holding a NUL byte" in r.stderr
+    assert not (tmp_path / "m.gguf").exists()
+
+
+# ---- served by thaw -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def new_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("new_models")
+    out = {}
+    for arch in NEW_ARCHS:
+        out[arch] = str(d / f"{arch}.gguf")
+        build(out[arch], "--arch", arch, "--seed", 5)
+    return out
+
+
+CHAT = [{"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Tell me about rivers, stones and the light on winter mornings."}]
+
+
+@pytest.mark.parametrize("arch", NEW_ARCHS)
+def test_served_and_greedy_deterministic(new_models, arch):
+    replies = []
+    for _ in range(2):  # two server processes: the same greedy reply
+        with Server(new_models[arch], "-np", "1", "--cache-ram", "0") as s:
+            r = s.chat(CHAT, max_tokens=16)
+            assert r["usage"]["completion_tokens"] >= 8  # random weights: rarely an end token
+            replies.append(r["choices"][0]["message"]["content"])
+            # the model line names the architecture llama.cpp loaded
+            line = next(l for l in s.lines if f"model {arch}.gguf: " in l)
+            assert f"model {arch}.gguf: {arch} " in line, line
+            assert ("(sliding window)" in line) == (arch == "gemma4"), line
+            again = s.chat(CHAT, max_tokens=16)  # and again from the same server
+            assert again["choices"][0]["message"]["content"] == replies[-1]
+            assert s.stop() == 0
+    assert replies[0] == replies[1]
+    assert len(set(replies[0].split())) >= 4, replies[0]  # wanders, not one repeated token
