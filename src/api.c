@@ -18,6 +18,8 @@
 
 /* ---- parsing ------------------------------------------------------------------ */
 
+static char *dump(json_t *root);
+
 static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
@@ -116,9 +118,148 @@ static int get_bool(json_t *root, const char *name, bool *out, char *err, size_t
     return 0;
 }
 
-static int parse_messages(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+/* An optional string field of an object: absent/null -> NULL is fine. */
+static int opt_string(json_t *obj, const char *key, const char *where, json_t **out, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(obj, key);
+
+    *out = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_string(v))
+        return fail(err, errlen, "%s.%s must be a string", where, key);
+    *out = v;
+    return 0;
+}
+
+/* messages[i].tool_calls: [{"id","type":"function","function":{"name","arguments"}}],
+ * normalised into `into` (arguments always a string: an object is encoded). */
+static int parse_tool_calls(json_t *calls, size_t i, json_t *into, char *err, size_t errlen)
+{
+    json_t *norm = json_array(), *c;
+    size_t k;
+
+    if (!norm)
+        return THAW_ENOMEM;
+    if (!json_is_array(calls)) {
+        json_decref(norm);
+        return fail(err, errlen, "messages[%zu].tool_calls must be an array", i);
+    }
+    json_array_foreach(calls, k, c) {
+        json_t *fn = json_object_get(c, "function"), *id, *name, *args, *type = json_object_get(c, "type");
+        char where[64];
+        snprintf(where, sizeof where, "messages[%zu].tool_calls[%zu]", i, k);
+        if (!json_is_object(c) || !json_is_object(fn)) {
+            json_decref(norm);
+            return fail(err, errlen, "%s must be an object with a 'function' object", where);
+        }
+        if (type && !(json_is_string(type) && strcmp(json_string_value(type), "function") == 0)) {
+            json_decref(norm);
+            return fail(err, errlen, "%s.type must be \"function\"", where);
+        }
+        if (opt_string(c, "id", where, &id, err, errlen) != 0) {
+            json_decref(norm);
+            return THAW_EINVAL;
+        }
+        name = json_object_get(fn, "name");
+        if (!json_is_string(name) || json_string_length(name) == 0) {
+            json_decref(norm);
+            return fail(err, errlen, "%s.function.name must be a non-empty string", where);
+        }
+        args = json_object_get(fn, "arguments");
+        json_t *args_s;
+        if (!args || json_is_null(args)) {
+            args_s = json_string("{}");
+        } else if (json_is_string(args)) {
+            args_s = json_incref(args);
+        } else if (json_is_object(args)) {
+            char *d = json_dumps(args, JSON_COMPACT);
+            args_s = d ? json_string(d) : NULL;
+            free(d);
+        } else {
+            json_decref(norm);
+            return fail(err, errlen, "%s.function.arguments must be a JSON string", where);
+        }
+        json_t *o = json_pack("{s:s, s:{s:O, s:o}}", "type", "function", "function", "name", name, "arguments", args_s);
+        if (!o) {
+            json_decref(norm);
+            return THAW_ENOMEM;
+        }
+        if (id)
+            json_object_set(o, "id", id);
+        json_array_append_new(norm, o);
+    }
+    json_object_set_new(into, "tool_calls", norm);
+    return 0;
+}
+
+/* One message: checked, flattened to text for the cheap checks, and
+ * normalised (known fields only, text parts joined) into JSON for the
+ * template and the conversation keys. Fills out (role, content, json). */
+static int normalize_message(json_t *m, size_t i, struct thaw_message *out, char *err, size_t errlen)
 {
     static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    json_t *role = json_object_get(m, "role");
+    bool known = false;
+    char where[32];
+    int rc;
+
+    snprintf(where, sizeof where, "messages[%zu]", i);
+    if (!json_is_object(m))
+        return fail(err, errlen, "messages[%zu] must be an object", i);
+    if (!json_is_string(role))
+        return fail(err, errlen, "messages[%zu].role must be a string", i);
+    for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++)
+        known |= strcmp(json_string_value(role), roles[r]) == 0;
+    if (!known)
+        return fail(err, errlen, "messages[%zu].role '%s' is not one of system, developer, user, assistant, tool", i,
+                    json_string_value(role));
+    bool assistant = strcmp(json_string_value(role), "assistant") == 0;
+    json_t *content = json_object_get(m, "content");
+    json_t *calls = json_object_get(m, "tool_calls");
+    bool has_calls = calls && !json_is_null(calls);
+    if (!content && !assistant)
+        return fail(err, errlen, "messages[%zu].content is required", i);
+    if (has_calls && !assistant)
+        return fail(err, errlen, "messages[%zu].tool_calls: only assistant messages make tool calls", i);
+    if (!(out->role = strdup(json_string_value(role))))
+        return THAW_ENOMEM;
+    if ((rc = flatten_content(content, i, &out->content, err, errlen)) != 0)
+        return rc;
+
+    /* "developer" is OpenAI's newer name for the system role */
+    const char *trole = strcmp(out->role, "developer") == 0 ? "system" : out->role;
+    json_t *norm = json_pack("{s:s}", "role", trole), *v;
+    if (!norm)
+        return THAW_ENOMEM;
+    /* null and "" render alike in every template: one form for the keys */
+    json_object_set_new(norm, "content", !content || json_is_null(content) || !*out->content
+                                             ? json_null()
+                                             : json_string(out->content));
+    static const char *const extra[] = {"tool_call_id", "name", "reasoning_content"};
+    for (size_t k = 0; k < 3; k++) {
+        if (opt_string(m, extra[k], where, &v, err, errlen) != 0) {
+            json_decref(norm);
+            return THAW_EINVAL;
+        }
+        if (v && json_string_length(v) > 0)
+            json_object_set(norm, extra[k], v);
+    }
+    if (has_calls && json_array_size(calls) > 0 && (rc = parse_tool_calls(calls, i, norm, err, errlen)) != 0) {
+        json_decref(norm);
+        return rc;
+    }
+    if (has_calls && !json_is_array(calls)) {
+        json_decref(norm);
+        return fail(err, errlen, "messages[%zu].tool_calls must be an array", i);
+    }
+    out->json = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(norm);
+    return out->json ? 0 : THAW_ENOMEM;
+}
+
+static int parse_messages(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
     json_t *msgs = json_object_get(root, "messages");
     size_t i;
     json_t *m;
@@ -134,28 +275,156 @@ static int parse_messages(json_t *root, struct thaw_chat_request *out, char *err
     if (!out->messages)
         return THAW_ENOMEM;
     json_array_foreach(msgs, i, m) {
-        json_t *role = json_object_get(m, "role");
-        bool known = false;
-
-        if (!json_is_object(m))
-            return fail(err, errlen, "messages[%zu] must be an object", i);
-        if (!json_is_string(role))
-            return fail(err, errlen, "messages[%zu].role must be a string", i);
-        for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++)
-            known |= strcmp(json_string_value(role), roles[r]) == 0;
-        if (!known)
-            return fail(err, errlen, "messages[%zu].role '%s' is not one of system, developer, user, assistant, tool",
-                        i, json_string_value(role));
-        json_t *content = json_object_get(m, "content");
-        if (!content && strcmp(json_string_value(role), "assistant") != 0)
-            return fail(err, errlen, "messages[%zu].content is required", i);
-        out->messages[i].role = strdup(json_string_value(role));
-        if (!out->messages[i].role)
-            return THAW_ENOMEM;
-        out->n_messages = i + 1;
-        if ((rc = flatten_content(content, i, &out->messages[i].content, err, errlen)) != 0)
+        out->n_messages = i + 1; /* freed by thaw_chat_request_free, even half-filled */
+        if ((rc = normalize_message(m, i, &out->messages[i], err, errlen)) != 0)
             return rc;
     }
+    return 0;
+}
+
+int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    struct thaw_message m = {0};
+    json_t *root = json_loads(msg_json, 0, &jerr);
+    int rc;
+
+    *out = NULL;
+    if (!root)
+        return fail(err, errlen, "not JSON: %s", jerr.text);
+    rc = normalize_message(root, 0, &m, err, errlen);
+    json_decref(root);
+    free(m.role);
+    free(m.content);
+    if (rc == 0)
+        *out = m.json;
+    else
+        free(m.json);
+    return rc;
+}
+
+/* tools, tool_choice, parallel_tool_calls, response_format, chat_template_kwargs */
+static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_t *tools = json_object_get(root, "tools"), *t;
+    size_t i;
+
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools))
+            return fail(err, errlen, "'tools' must be an array");
+        json_array_foreach(tools, i, t) {
+            json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+            if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+                return fail(err, errlen, "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
+            if (!json_is_object(fn) || !json_is_string(json_object_get(fn, "name")) ||
+                json_string_length(json_object_get(fn, "name")) == 0)
+                return fail(err, errlen, "tools[%zu].function.name must be a non-empty string", i);
+            json_t *params = json_object_get(fn, "parameters"), *desc = json_object_get(fn, "description");
+            if (params && !json_is_null(params) && !json_is_object(params))
+                return fail(err, errlen, "tools[%zu].function.parameters must be a JSON schema object", i);
+            if (desc && !json_is_null(desc) && !json_is_string(desc))
+                return fail(err, errlen, "tools[%zu].function.description must be a string", i);
+        }
+        if (json_array_size(tools) > 0 && !(out->tools_json = json_dumps(tools, JSON_COMPACT | JSON_SORT_KEYS)))
+            return THAW_ENOMEM;
+    }
+
+    json_t *tc = json_object_get(root, "tool_choice");
+    if (tc && !json_is_null(tc)) {
+        const char *choice = NULL;
+        if (json_is_string(tc)) {
+            choice = json_string_value(tc);
+            if (strcmp(choice, "auto") != 0 && strcmp(choice, "none") != 0 && strcmp(choice, "required") != 0)
+                return fail(err, errlen, "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function");
+        } else if (json_is_object(tc)) {
+            json_t *fn = json_object_get(tc, "function");
+            json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+            if (!json_is_string(name))
+                return fail(err, errlen, "'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            bool found = false;
+            json_array_foreach(tools, i, t)
+                found |= strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
+                                json_string_value(name)) == 0;
+            if (!found)
+                return fail(err, errlen, "'tool_choice' names '%s', which is not in 'tools'", json_string_value(name));
+            if (!(out->tool_choice_name = strdup(json_string_value(name))))
+                return THAW_ENOMEM;
+            choice = "required";
+        } else {
+            return fail(err, errlen, "'tool_choice' must be a string or an object");
+        }
+        if (strcmp(choice, "auto") != 0 && !out->tools_json && strcmp(choice, "none") != 0)
+            return fail(err, errlen, "'tool_choice' \"%s\" needs 'tools'", choice);
+        if (!(out->tool_choice = strdup(choice)))
+            return THAW_ENOMEM;
+    }
+    json_t *ptc = json_object_get(root, "parallel_tool_calls");
+    if (ptc && !json_is_null(ptc)) {
+        if (!json_is_boolean(ptc))
+            return fail(err, errlen, "'parallel_tool_calls' must be true or false");
+        out->parallel_tool_calls = json_is_true(ptc);
+    }
+
+    json_t *rf = json_object_get(root, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *type = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(type))
+            return fail(err, errlen, "'response_format' must be an object with a string 'type'");
+        const char *ty = json_string_value(type);
+        if (strcmp(ty, "json_object") == 0) {
+            if (!(out->json_schema = strdup("{\"type\":\"object\"}")))
+                return THAW_ENOMEM;
+        } else if (strcmp(ty, "json_schema") == 0) {
+            json_t *js = json_object_get(rf, "json_schema");
+            json_t *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!json_is_object(schema))
+                return fail(err, errlen, "'response_format.json_schema.schema' must be a JSON schema object");
+            if (!(out->json_schema = json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS)))
+                return THAW_ENOMEM;
+        } else if (strcmp(ty, "text") != 0) {
+            return fail(err, errlen, "'response_format.type' '%s' is not one of text, json_object, json_schema", ty);
+        }
+    }
+
+    json_t *kw = json_object_get(root, "chat_template_kwargs");
+    if (kw && !json_is_null(kw)) {
+        if (!json_is_object(kw))
+            return fail(err, errlen, "'chat_template_kwargs' must be an object");
+        if (json_object_size(kw) > 0 && !(out->template_kwargs = json_dumps(kw, JSON_COMPACT | JSON_SORT_KEYS)))
+            return THAW_ENOMEM;
+    }
+    return 0;
+}
+
+/* Fields that would change what the client gets and that thaw does not do:
+ * a 400 naming the field beats an answer that silently ignores it. */
+static int refuse_unsupported(json_t *root, char *err, size_t errlen)
+{
+    json_t *v;
+
+    if ((v = json_object_get(root, "logprobs")) && json_is_true(v))
+        return fail(err, errlen, "'logprobs' is not supported");
+    if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v))
+        return fail(err, errlen, "'top_logprobs' is not supported");
+    if ((v = json_object_get(root, "audio")) && !json_is_null(v))
+        return fail(err, errlen, "'audio' output is not supported");
+    if ((v = json_object_get(root, "modalities")) && json_is_array(v)) {
+        size_t i;
+        json_t *mo;
+        json_array_foreach(v, i, mo)
+            if (!json_is_string(mo) || strcmp(json_string_value(mo), "text") != 0)
+                return fail(err, errlen, "'modalities' other than \"text\" are not supported");
+    }
+    if ((v = json_object_get(root, "logit_bias")) && json_is_object(v) && json_object_size(v) > 0)
+        return fail(err, errlen, "'logit_bias' is not supported");
+    static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
+    for (int i = 0; i < 2; i++)
+        if ((v = json_object_get(root, penalties[i])) && json_is_number(v) && json_number_value(v) != 0)
+            return fail(err, errlen, "'%s' is not supported (only 0)", penalties[i]);
+    if ((v = json_object_get(root, "functions")) && !json_is_null(v))
+        return fail(err, errlen, "'functions' is deprecated and not supported: send 'tools'");
+    if ((v = json_object_get(root, "prediction")) && !json_is_null(v))
+        return fail(err, errlen, "'prediction' is not supported");
     return 0;
 }
 
@@ -218,7 +487,8 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
         rc = fail(err, errlen, "request body must be a JSON object");
         goto error;
     }
-    if ((rc = parse_messages(root, out, err, errlen)) != 0)
+    if ((rc = parse_messages(root, out, err, errlen)) != 0 || (rc = parse_agent_fields(root, out, err, errlen)) != 0 ||
+        (rc = refuse_unsupported(root, err, errlen)) != 0)
         goto error;
 
     json_t *model = json_object_get(root, "model");
@@ -301,7 +571,13 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
     for (size_t i = 0; i < req->n_messages; i++) {
         free(req->messages[i].role);
         free(req->messages[i].content);
+        free(req->messages[i].json);
     }
+    free(req->tools_json);
+    free(req->tool_choice);
+    free(req->tool_choice_name);
+    free(req->json_schema);
+    free(req->template_kwargs);
     free(req->messages);
     free(req->model);
     for (int i = 0; i < req->n_stop; i++)
@@ -328,6 +604,119 @@ int thaw_api_admit(const struct thaw_chat_request *req, int n_ctx_slot, int max_
                     "tokens (-c / -np)",
                     bytes, bytes / (size_t)max_token_bytes, n_ctx_slot);
     return 0;
+}
+
+/* ---- tokenizer and template endpoints ------------------------------------------- */
+
+static json_t *load_object(const char *body, size_t len, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+
+    if (!root) {
+        fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+             jerr.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        fail(err, errlen, "request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+int thaw_api_parse_tokenize(const char *body, size_t len, char **content, bool *add_special, bool *with_pieces,
+                            char *err, size_t errlen)
+{
+    json_t *root = load_object(body, len, err, errlen);
+    int rc = THAW_EINVAL;
+
+    *content = NULL;
+    *add_special = false;
+    *with_pieces = false;
+    if (!root)
+        return THAW_EINVAL;
+    json_t *c = json_object_get(root, "content");
+    if (!json_is_string(c)) {
+        fail(err, errlen, "'content' must be a string");
+        goto out;
+    }
+    if (get_bool(root, "add_special", add_special, err, errlen) != 0 ||
+        get_bool(root, "with_pieces", with_pieces, err, errlen) != 0)
+        goto out;
+    rc = (*content = strndup(json_string_value(c), json_string_length(c))) ? 0 : THAW_ENOMEM;
+out:
+    json_decref(root);
+    return rc;
+}
+
+int thaw_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t **tokens, size_t *n, char *err,
+                              size_t errlen)
+{
+    json_t *root = load_object(body, len, err, errlen), *arr, *v;
+    size_t i;
+    int rc = THAW_EINVAL;
+
+    *tokens = NULL;
+    *n = 0;
+    if (!root)
+        return THAW_EINVAL;
+    arr = json_object_get(root, "tokens");
+    if (!json_is_array(arr)) {
+        fail(err, errlen, "'tokens' must be an array of token ids");
+        goto out;
+    }
+    if (!(*tokens = malloc((json_array_size(arr) + 1) * sizeof **tokens))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    json_array_foreach(arr, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= n_vocab) {
+            fail(err, errlen, "tokens[%zu] must be a token id between 0 and %d", i, n_vocab - 1);
+            free(*tokens);
+            *tokens = NULL;
+            goto out;
+        }
+        (*tokens)[i] = (int32_t)json_integer_value(v);
+    }
+    *n = json_array_size(arr);
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+char *thaw_api_tokens_json(const int32_t *tokens, size_t n, char *const *pieces)
+{
+    json_t *arr = json_array();
+
+    for (size_t i = 0; arr && i < n; i++)
+        json_array_append_new(arr, pieces ? json_pack("{s:i, s:s}", "id", (int)tokens[i], "piece", pieces[i])
+                                          : json_integer(tokens[i]));
+    return dump(json_pack("{s:o}", "tokens", arr));
+}
+
+char *thaw_api_string_json(const char *key, const char *text)
+{
+    char *clean = thaw_utf8_sanitize(text, strlen(text));
+    char *out = clean ? dump(json_pack("{s:s}", key, clean)) : NULL;
+
+    free(clean);
+    return out;
+}
+
+char *thaw_api_props_json(const char *model, const char *chat_template, int total_slots, int n_ctx_slot,
+                          bool jinja, bool kv_cache)
+{
+    char *clean = thaw_utf8_sanitize(chat_template, strlen(chat_template));
+    char *out = clean ? dump(json_pack("{s:{s:i}, s:i, s:s, s:s, s:b, s:b}", "default_generation_settings", "n_ctx",
+                                       n_ctx_slot, "total_slots", total_slots, "model_alias", model, "chat_template",
+                                       clean, "jinja", jinja, "kv_cache", kv_cache))
+                      : NULL;
+
+    free(clean);
+    return out;
 }
 
 /* ---- responses ---------------------------------------------------------------- */
@@ -383,13 +772,82 @@ char *thaw_api_error_json(int status, const char *message)
     return out;
 }
 
-char *thaw_api_completion_json(const char *id, const char *model, long created, const char *content,
+char *thaw_api_completion_json(const char *id, const char *model, long created, const char *message_json,
                                const char *finish_reason, int prompt_tokens, const struct thaw_timings *t)
 {
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:s}], s:o, s:o}", "id", id, "object",
+    json_error_t jerr;
+    json_t *msg = json_loads(message_json, 0, &jerr);
+
+    if (!msg)
+        return NULL;
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s}], s:o, s:o}", "id", id, "object",
                           "chat.completion", "created", (json_int_t)created, "model", model, "choices", "index", 0,
-                          "message", "role", "assistant", "content", content, "finish_reason", finish_reason,
-                          "usage", usage_json(prompt_tokens, t), "timings", timings_json(t)));
+                          "message", msg, "finish_reason", finish_reason, "usage", usage_json(prompt_tokens, t),
+                          "timings", timings_json(t)));
+}
+
+int thaw_api_diff_chunks(const char *id, const char *model, long created, const char *diffs_json, char ***out, int *n)
+{
+    json_error_t jerr;
+    json_t *arr = json_loads(diffs_json, 0, &jerr), *d;
+    size_t i;
+    int rc = 0;
+
+    *out = NULL;
+    *n = 0;
+    if (!json_is_array(arr)) {
+        json_decref(arr);
+        return THAW_EINVAL;
+    }
+    if (!(*out = calloc(json_array_size(arr) + 1, sizeof **out))) {
+        json_decref(arr);
+        return THAW_ENOMEM;
+    }
+    json_array_foreach(arr, i, d) {
+        char *ds = json_dumps(d, JSON_COMPACT);
+        char *c = ds ? thaw_api_chunk_delta_json(id, model, created, ds) : NULL;
+        free(ds);
+        if (!c) {
+            rc = THAW_ENOMEM;
+            break;
+        }
+        (*out)[(*n)++] = c;
+    }
+    json_decref(arr);
+    return rc;
+}
+
+char *thaw_api_chunk_delta_json(const char *id, const char *model, long created, const char *diff_json)
+{
+    json_error_t jerr;
+    json_t *d = json_loads(diff_json, 0, &jerr), *delta = json_object(), *v;
+
+    if (!d || !delta) {
+        json_decref(d);
+        json_decref(delta);
+        return NULL;
+    }
+    if ((v = json_object_get(d, "content")))
+        json_object_set(delta, "content", v);
+    if ((v = json_object_get(d, "reasoning_content")))
+        json_object_set(delta, "reasoning_content", v);
+    if ((v = json_object_get(d, "tool_call_index"))) {
+        json_t *fn = json_object(), *call = json_pack("{s:O}", "index", v);
+        json_t *name = json_object_get(d, "name"), *cid = json_object_get(d, "id"), *args = json_object_get(d, "arguments");
+        if (cid) { /* a call's first delta: its id, type and name, once */
+            json_object_set(call, "id", cid);
+            json_object_set_new(call, "type", json_string("function"));
+        }
+        if (name)
+            json_object_set(fn, "name", name);
+        json_object_set_new(fn, "arguments", args ? json_incref(args) : json_string(""));
+        json_object_set_new(call, "function", fn);
+        json_object_set_new(delta, "tool_calls", json_pack("[o]", call));
+    }
+    json_decref(d);
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n}]}", "id", id, "object", "chat.completion.chunk",
+                          "created", (json_int_t)created, "model", model, "choices", "index", 0, "delta", delta,
+                          "finish_reason"));
 }
 
 char *thaw_api_chunk_json(const char *id, const char *model, long created, const char *role,

@@ -16,6 +16,10 @@
 struct thaw_message {
     char *role;    /* "system" | "user" | "assistant" | "developer" | "tool" */
     char *content; /* flattened: text parts joined, never NULL */
+    char *json;    /* normalised message for the template and the keys: role
+                    * (developer -> system), content (string or null),
+                    * tool_calls, tool_call_id, name, reasoning_content;
+                    * compact, keys sorted */
 };
 
 struct thaw_chat_request {
@@ -33,6 +37,14 @@ struct thaw_chat_request {
     char *stop[THAW_API_MAX_STOP]; /* n_stop, owned */
     int n_stop;
     bool cache_prompt;
+
+    /* agents (NULL = absent); JSON texts compact with sorted keys */
+    char *tools_json;              /* the 'tools' array, validated */
+    char *tool_choice;             /* "auto" | "none" | "required" */
+    char *tool_choice_name;        /* a named function (tool_choice is then "required") */
+    bool parallel_tool_calls;
+    char *json_schema;             /* response_format's schema ({"type":"object"} for json_object) */
+    char *template_kwargs;         /* chat_template_kwargs object */
 };
 
 /* What the engine measured for one request; mirrors llama-server's `timings`
@@ -60,6 +72,11 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
 
 void thaw_chat_request_free(struct thaw_chat_request *req);
 
+/* The normalised JSON (thaw_message.json) of one message given as JSON
+ * text: how a reply is keyed as the client will echo it. Returns 0 and a
+ * malloc'd *out, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
+int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size_t errlen);
+
 /* Admission: bounds that need no template or tokenizer, so a request that
  * cannot fit is refused before any costly work. A prompt must leave a slot
  * of `n_ctx_slot` tokens one free for the reply, so it cannot have as many
@@ -68,14 +85,41 @@ void thaw_chat_request_free(struct thaw_chat_request *req);
 int thaw_api_admit(const struct thaw_chat_request *req, int n_ctx_slot, int max_token_bytes, char *err,
                    size_t errlen);
 
+/* POST /tokenize {"content", "add_special"?, "with_pieces"?}: 0 and a
+ * malloc'd *content, or THAW_EINVAL (reason in err) / THAW_ENOMEM. */
+int thaw_api_parse_tokenize(const char *body, size_t len, char **content, bool *add_special, bool *with_pieces,
+                            char *err, size_t errlen);
+/* POST /detokenize {"tokens": [ids]}: each id checked against n_vocab; 0
+ * and a malloc'd *tokens (n of them), or THAW_EINVAL / THAW_ENOMEM. */
+int thaw_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t **tokens, size_t *n, char *err,
+                              size_t errlen);
+/* {"tokens": [ids]} or, with pieces, {"tokens": [{"id", "piece"}]}. */
+char *thaw_api_tokens_json(const int32_t *tokens, size_t n, char *const *pieces);
+/* {key: text} (text made valid UTF-8): /detokenize's "content", /apply-template's "prompt". */
+char *thaw_api_string_json(const char *key, const char *text);
+/* GET /props, llama-server's shape (the fields clients read). */
+char *thaw_api_props_json(const char *model, const char *chat_template, int total_slots, int n_ctx_slot,
+                          bool jinja, bool kv_cache);
+
 /* {"error":{"message","type","code"}} for an HTTP status. Invalid UTF-8 in
  * `message` (a quoted client byte, a cut character) becomes U+FFFD. NULL
  * only on ENOMEM. */
 char *thaw_api_error_json(int status, const char *message);
 
-/* A non-streaming chat.completion object. */
-char *thaw_api_completion_json(const char *id, const char *model, long created, const char *content,
+/* A non-streaming chat.completion object around `message_json` (an
+ * assistant message: content, reasoning_content, tool_calls). NULL when
+ * that is not JSON, or on ENOMEM. */
+char *thaw_api_completion_json(const char *id, const char *model, long created, const char *message_json,
                                const char *finish_reason, int prompt_tokens, const struct thaw_timings *t);
+
+/* A streaming chunk from one delta of thaw_tmpl_diffs (content,
+ * reasoning_content, or a tool call's index/id/name/arguments piece). */
+char *thaw_api_chunk_delta_json(const char *id, const char *model, long created, const char *diff_json);
+
+/* Every delta of a thaw_tmpl_diffs array as a chunk: *out holds *n
+ * malloc'd strings (each and the array freed by the caller, also when an
+ * error cut it short). Returns 0, THAW_EINVAL or THAW_ENOMEM. */
+int thaw_api_diff_chunks(const char *id, const char *model, long created, const char *diffs_json, char ***out, int *n);
 
 /* One streaming chunk object (no "data: " framing). `content` NULL = no delta
  * content; `role` NULL = no role; `finish_reason` NULL = null. With

@@ -1,9 +1,19 @@
-/* chat.c — chat templates, tokenization and conversation keys. */
+/* chat.c — rendering requests through llama.cpp's chat library, parsing
+ * replies, tokenization and conversation keys.
+ *
+ * Map:
+ *   ---- templates ----  the library handle, request -> inputs JSON
+ *   ---- prompt ----     render, tokenize, grammar and stops for generation
+ *   ---- replies ----    generated text -> message, canonical next-turn tokens
+ *   ---- keys ----       namespaces, bindings, conversation keys
+ */
 #include "chat.h"
 
 #include "error.h"
 #include "log.h"
+#include "template.h"
 
+#include <jansson.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,38 +22,43 @@
 struct thaw_chat {
     const struct llama_model *model;
     const struct llama_vocab *vocab;
-    char *tmpl; /* name or template text handed to llama_chat_apply_template */
+    struct thaw_tmpl *tmpl;
+    json_t *default_kwargs;      /* --chat-template-kwargs, an object or NULL */
+    char *reasoning_format;
 };
 
-/* ---- template ------------------------------------------------------------------- */
+/* ---- templates ------------------------------------------------------------------ */
 
-int thaw_chat_new(const struct llama_model *model, const char *template_override, struct thaw_chat **out)
+int thaw_chat_new(const struct llama_model *model, const struct thaw_chat_params *p, struct thaw_chat **out)
 {
     struct thaw_chat *chat = calloc(1, sizeof *chat);
-    const char *t = template_override;
-    char probe[64];
-    struct llama_chat_message m = {"user", "hi"};
+    char err[512];
+    int rc;
 
     if (!chat)
         return THAW_ENOMEM;
     chat->model = model;
     chat->vocab = llama_model_get_vocab(model);
-    if (!t)
-        t = llama_model_chat_template(model, NULL);
-    if (!t) {
-        LOG_WRN("the model has no chat template; using chatml (override with --chat-template)");
-        t = "chatml";
-    }
-    chat->tmpl = strdup(t);
-    if (!chat->tmpl) {
+    chat->reasoning_format = strdup(p->reasoning_format ? p->reasoning_format : "auto");
+    if (!chat->reasoning_format) {
         free(chat);
         return THAW_ENOMEM;
     }
-    if (llama_chat_apply_template(chat->tmpl, &m, 1, true, probe, sizeof probe) < 0) {
-        LOG_ERR("chat template is not supported by llama_chat_apply_template: %.60s%s", chat->tmpl,
-                strlen(chat->tmpl) > 60 ? "..." : "");
+    if (p->default_kwargs) {
+        json_error_t jerr;
+        chat->default_kwargs = json_loads(p->default_kwargs, 0, &jerr);
+        if (!json_is_object(chat->default_kwargs)) {
+            LOG_ERR("--chat-template-kwargs must be a JSON object: %s", chat->default_kwargs ? "not an object" : jerr.text);
+            thaw_chat_free(chat);
+            return THAW_EINVAL;
+        }
+    }
+    if (!p->template_src && !llama_model_chat_template(model, NULL))
+        LOG_WRN("the model has no chat template; using chatml (override with --chat-template or --chat-template-file)");
+    if ((rc = thaw_tmpl_new(model, p->template_src, p->jinja, &chat->tmpl, err, sizeof err)) != 0) {
+        LOG_ERR("%s", rc == THAW_EINVAL ? err : thaw_strerror(rc));
         thaw_chat_free(chat);
-        return THAW_EINVAL;
+        return rc;
     }
     *out = chat;
     return 0;
@@ -53,69 +68,70 @@ void thaw_chat_free(struct thaw_chat *chat)
 {
     if (!chat)
         return;
-    free(chat->tmpl);
+    thaw_tmpl_free(chat->tmpl);
+    json_decref(chat->default_kwargs);
+    free(chat->reasoning_format);
     free(chat);
 }
 
-const char *thaw_chat_template(const struct thaw_chat *chat) { return chat->tmpl; }
+const char *thaw_chat_template(const struct thaw_chat *chat) { return thaw_tmpl_source(chat->tmpl); }
 
-static const char *template_role(const char *role)
+/* The inputs JSON for thaw_tmpl_apply: messages[0..n) (+ `extra`, a
+ * message JSON), the request's tools, choice, schema and kwargs. */
+static char *inputs_json(const struct thaw_chat *chat, const struct thaw_chat_request *req, size_t n,
+                         const char *const *extra, int n_extra, bool add_generation_prompt)
 {
-    /* "developer" is OpenAI's newer name for the system role */
-    return strcmp(role, "developer") == 0 ? "system" : role;
+    json_t *in = json_object(), *msgs = json_array(), *kw = json_object();
+    json_error_t jerr;
+    char *out = NULL;
+
+    if (!in || !msgs || !kw)
+        goto done;
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(msgs, json_loads(req->messages[i].json, 0, &jerr));
+    for (int i = 0; i < n_extra; i++)
+        json_array_append_new(msgs, json_loads(extra[i], 0, &jerr));
+    json_object_set(in, "messages", msgs);
+    if (req->tools_json) {
+        json_t *tools = json_loads(req->tools_json, 0, &jerr);
+        if (tools && req->tool_choice_name) {
+            /* a named function: that tool alone, required */
+            json_t *only = json_array(), *t;
+            size_t i;
+            json_array_foreach(tools, i, t)
+                if (strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
+                           req->tool_choice_name) == 0)
+                    json_array_append(only, t);
+            json_decref(tools);
+            tools = only;
+        }
+        json_object_set_new(in, "tools", tools);
+    }
+    if (req->tool_choice)
+        json_object_set_new(in, "tool_choice", json_string(req->tool_choice));
+    json_object_set_new(in, "parallel_tool_calls", json_boolean(req->parallel_tool_calls));
+    if (req->json_schema)
+        json_object_set_new(in, "json_schema", json_loads(req->json_schema, 0, &jerr));
+    json_object_set_new(in, "add_generation_prompt", json_boolean(add_generation_prompt));
+    if (chat->default_kwargs)
+        json_object_update(kw, chat->default_kwargs);
+    if (req->template_kwargs) {
+        json_t *rk = json_loads(req->template_kwargs, 0, &jerr);
+        if (rk)
+            json_object_update(kw, rk); /* the request's win */
+        json_decref(rk);
+    }
+    json_object_set(in, "chat_template_kwargs", kw);
+    json_object_set_new(in, "reasoning_format", json_string(chat->reasoning_format));
+    out = json_dumps(in, JSON_COMPACT);
+done:
+    json_decref(msgs);
+    json_decref(kw);
+    json_decref(in);
+    return out;
 }
 
-int thaw_chat_render(const struct thaw_chat *chat, const struct thaw_message *msgs, size_t n,
-                     const char *extra_assistant, bool add_assistant, char **out)
-{
-    size_t n_all = n + (extra_assistant ? 1 : 0);
-    struct llama_chat_message *lm = calloc(n_all ? n_all : 1, sizeof *lm);
-    size_t cap = 256;
-    char *buf = NULL;
-    int rc = 0;
-
-    if (!lm)
-        return THAW_ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        lm[i].role = template_role(msgs[i].role);
-        lm[i].content = msgs[i].content;
-        cap += strlen(msgs[i].content) * 2 + 32;
-    }
-    if (extra_assistant) {
-        lm[n].role = "assistant";
-        lm[n].content = extra_assistant;
-        cap += strlen(extra_assistant) * 2 + 32;
-    }
-    for (int attempt = 0; attempt < 2; attempt++) {
-        char *nb = realloc(buf, cap);
-        if (!nb) {
-            rc = THAW_ENOMEM;
-            goto out;
-        }
-        buf = nb;
-        if (cap > INT32_MAX) {
-            rc = THAW_ETOOBIG;
-            goto out;
-        }
-        int32_t len = llama_chat_apply_template(chat->tmpl, lm, n_all, add_assistant, buf, (int32_t)cap);
-        if (len < 0) {
-            rc = THAW_EINVAL;
-            goto out;
-        }
-        if ((size_t)len < cap) {
-            buf[len] = '\0';
-            *out = buf;
-            buf = NULL;
-            goto out;
-        }
-        cap = (size_t)len + 1;
-    }
-    rc = THAW_EINVAL;
-out:
-    free(buf);
-    free(lm);
-    return rc;
-}
+/* ---- prompt ---------------------------------------------------------------------- */
 
 int thaw_chat_tokenize(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out)
 {
@@ -132,7 +148,7 @@ int thaw_chat_tokenize(const struct thaw_chat *chat, const char *text, llama_tok
     n = llama_tokenize(chat->vocab, text, (int32_t)len, toks, cap, true, true);
     if (n < 0) {
         cap = -n;
-        llama_token *nt = realloc(toks, (size_t)cap * sizeof *toks);
+        llama_token *nt = realloc(toks, (size_t)cap * sizeof *nt);
         if (!nt) {
             free(toks);
             return THAW_ENOMEM;
@@ -149,15 +165,489 @@ int thaw_chat_tokenize(const struct thaw_chat *chat, const char *text, llama_tok
     return 0;
 }
 
-int thaw_chat_prompt_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **out,
+/* Tokens of a piece of template text, no BOS. */
+static int tokenize_piece(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out)
+{
+    int32_t len = (int32_t)strlen(text);
+    int cap = len + 8;
+    llama_token *toks = malloc((size_t)cap * sizeof *toks);
+
+    if (!toks)
+        return THAW_ENOMEM;
+    int n = llama_tokenize(chat->vocab, text, len, toks, cap, false, true);
+    if (n < 0) {
+        free(toks);
+        return THAW_EINVAL;
+    }
+    *out = toks;
+    *n_out = n;
+    return 0;
+}
+
+void thaw_chat_gen_free(struct thaw_chat_gen *g)
+{
+    free(g->grammar);
+    for (int i = 0; i < g->n_triggers; i++)
+        free(g->triggers[i]);
+    free(g->triggers);
+    free(g->trigger_tokens);
+    free(g->prefill);
+    free(g->preserved);
+    for (int i = 0; i < g->n_stops; i++)
+        free(g->stops[i]);
+    free(g->stops);
+    free(g->parser);
+    memset(g, 0, sizeof *g);
+}
+
+/* Escapes a literal word for the lazy grammar's regex triggers. */
+static char *regex_escape(const char *s)
+{
+    size_t n = strlen(s);
+    char *o = malloc(2 * n + 1), *p = o;
+
+    if (!o)
+        return NULL;
+    for (; *s; s++) {
+        if (strchr("\\^$.|?*+()[]{}", *s))
+            *p++ = '\\';
+        *p++ = *s;
+    }
+    *p = '\0';
+    return o;
+}
+
+/* ---- tool_choice required ----
+ * The template's grammar lets a reply say anything before its tool calls
+ * (`until-N?`, an optional thinking block, `message*`). A trained model
+ * calls at once; a stubborn or random one can ramble inside that freedom
+ * until max_tokens, and "required" must mean a call. So the root rule
+ * loses every element that can match nothing (optional, repeated, or an
+ * until-rule, directly or through a rule that is only one), and what is
+ * left leads straight to the call. A root with alternatives is left alone. */
+
+static bool is_until_rule(const char *grammar, const char *name, size_t n)
+{
+    if (n > 6 && memcmp(name, "until-", 6) == 0)
+        return true;
+    /* `name ::= until-N` on a line of its own */
+    for (const char *line = grammar; line && *line;) {
+        if (strncmp(line, name, n) == 0 && strncmp(line + n, " ::= until-", 11) == 0) {
+            const char *e = line + n + 11;
+            while (*e >= '0' && *e <= '9')
+                e++;
+            if (*e == '\n' || *e == '\0')
+                return true;
+        }
+        line = strchr(line, '\n');
+        if (line)
+            line++;
+    }
+    return false;
+}
+
+/* With parallel_tool_calls false, the calls rule `name ::= (...)+` loses
+ * its `+`: one call, then the grammar is complete and only an end of turn
+ * can follow. In place; a rule of another shape is left alone. */
+static void single_call(char *grammar, const char *name, size_t n)
+{
+    for (char *line = grammar; line && *line;) {
+        char *eol = strchr(line, '\n');
+        if (strncmp(line, name, n) == 0 && strncmp(line + n, " ::= (", 6) == 0) {
+            char *end = eol ? eol : line + strlen(line);
+            if (end - line > 2 && end[-1] == '+' && end[-2] == ')') {
+                memmove(end - 1, end, strlen(end) + 1);
+                return;
+            }
+        }
+        line = eol ? eol + 1 : NULL;
+    }
+}
+
+static char *force_tool_call(const char *grammar, bool parallel)
+{
+    const char *root = strncmp(grammar, "root ::= ", 9) == 0 ? grammar : strstr(grammar, "\nroot ::= ");
+    if (!root)
+        return NULL;
+    if (*root == '\n')
+        root++;
+    const char *rhs = root + 9, *end = strchr(rhs, '\n');
+    if (!end)
+        end = rhs + strlen(rhs);
+    size_t cap = strlen(grammar) * 2 + 64; /* an until-rule may become a longer class */
+    char *out = malloc(cap), *o;
+    if (!out)
+        return NULL;
+    memcpy(out, grammar, (size_t)(rhs - grammar));
+    o = out + (rhs - grammar);
+    const char *p = rhs;
+    bool kept_any = false;
+    while (p < end) {
+        while (p < end && *p == ' ')
+            p++;
+        if (p >= end)
+            break;
+        const char *e = p;
+        int depth = 0;
+        bool quoted = false;
+        for (; e < end; e++) {
+            if (quoted) {
+                if (*e == '\\' && e + 1 < end)
+                    e++;
+                else if (*e == '"')
+                    quoted = false;
+                continue;
+            }
+            if (*e == '"') {
+                quoted = true;
+            } else if (*e == '(' || *e == '[') {
+                depth++;
+            } else if (*e == ')' || *e == ']') {
+                depth--;
+            } else if (*e == '|' && depth == 0) {
+                free(out); /* alternatives at the top: not ours to reshape */
+                return NULL;
+            } else if (*e == ' ' && depth == 0) {
+                break;
+            }
+        }
+        size_t n = (size_t)(e - p);
+        char last = p[n - 1];
+        size_t base = last == '?' || last == '*' ? n - 1 : n; /* the element without its suffix */
+        bool group = p[0] == '(';
+        /* an optional group stays (the generation prompt may open it, as
+         * DeepSeek R1's does with <think>), emptied of its until-rules */
+        bool droppable = last == '*' || (!group && last == '?') || is_until_rule(grammar, p, base);
+        if (!droppable) {
+            if (kept_any)
+                *o++ = ' ';
+            for (size_t k = 0; k < n;) {
+                if (group && strncmp(p + k, "until-", 6) == 0 && (k == 0 || p[k - 1] == ' ' || p[k - 1] == '(')) {
+                    /* a few blanks instead: enough for the newline a
+                     * generation prompt may end with */
+                    static const char blanks[] = "[ \\t\\n]{0,8}";
+                    k += 6;
+                    while (k < n && p[k] >= '0' && p[k] <= '9')
+                        k++;
+                    if (k < n && (p[k] == '?' || p[k] == '*'))
+                        k++;
+                    memcpy(o, blanks, sizeof blanks - 1);
+                    o += sizeof blanks - 1;
+                    continue;
+                }
+                *o++ = p[k++];
+            }
+            kept_any = true;
+        }
+        p = e;
+    }
+    size_t tail = strlen(end);
+    memcpy(o, end, tail + 1);
+    if (!parallel && kept_any) {
+        /* the last element of the new root names the calls rule */
+        char *root_end = strchr(out + (rhs - grammar), '\n'), *last;
+        size_t rlen = root_end ? (size_t)(root_end - out) : strlen(out);
+        for (last = out + rlen; last > out && last[-1] != ' '; last--)
+            ;
+        char name[128];
+        size_t n = (size_t)(out + rlen - last);
+        if (n > 0 && n < sizeof name) {
+            memcpy(name, last, n);
+            single_call(out, name, n);
+        }
+    }
+    return out;
+}
+
+/* The apply result's grammar, triggers, stops and parser -> gen. */
+static int take_gen(const struct thaw_chat *chat, json_t *res, struct thaw_chat_gen *g)
+{
+    json_t *v;
+    size_t i;
+
+    const char *grammar = json_string_value(json_object_get(res, "grammar"));
+    if (grammar && *grammar && !(g->grammar = strdup(grammar)))
+        return THAW_ENOMEM;
+    g->grammar_lazy = json_is_true(json_object_get(res, "grammar_lazy"));
+    json_t *trig = json_object_get(res, "triggers");
+    g->triggers = calloc(json_array_size(trig) + 1, sizeof *g->triggers);
+    g->trigger_tokens = calloc(json_array_size(trig) + 1, sizeof *g->trigger_tokens);
+    if (!g->triggers || !g->trigger_tokens)
+        return THAW_ENOMEM;
+    json_array_foreach(trig, i, v) {
+        int type = (int)json_integer_value(json_object_get(v, "type"));
+        const char *value = json_string_value(json_object_get(v, "value"));
+        if (type == 0) { /* token */
+            g->trigger_tokens[g->n_trigger_tokens++] = (llama_token)json_integer_value(json_object_get(v, "token"));
+            continue;
+        }
+        char *pat = NULL;
+        if (type == 1) {
+            pat = regex_escape(value ? value : "");
+        } else if (type == 3) { /* a full-match pattern: anchored */
+            size_t n = value ? strlen(value) : 0;
+            pat = malloc(n + 3);
+            if (pat)
+                snprintf(pat, n + 3, "%s%s%s", n && value[0] == '^' ? "" : "^", value ? value : "",
+                         n && value[n - 1] == '$' ? "" : "$");
+        } else {
+            pat = strdup(value ? value : "");
+        }
+        if (!pat)
+            return THAW_ENOMEM;
+        g->triggers[g->n_triggers++] = pat;
+    }
+    json_t *pres = json_object_get(res, "preserved_tokens");
+    g->preserved = calloc(json_array_size(pres) + 1, sizeof *g->preserved);
+    if (!g->preserved)
+        return THAW_ENOMEM;
+    json_array_foreach(pres, i, v) {
+        llama_token *t = NULL;
+        int n = 0;
+        if (tokenize_piece(chat, json_string_value(v), &t, &n) == 0 && n == 1)
+            g->preserved[g->n_preserved++] = t[0];
+        free(t);
+    }
+    json_t *stops = json_object_get(res, "additional_stops");
+    g->stops = calloc(json_array_size(stops) + 1, sizeof *g->stops);
+    if (!g->stops)
+        return THAW_ENOMEM;
+    json_array_foreach(stops, i, v) {
+        if (json_string_length(v) == 0)
+            continue;
+        if (!(g->stops[g->n_stops] = strdup(json_string_value(v))))
+            return THAW_ENOMEM;
+        g->n_stops++;
+    }
+    json_t *parser = json_object_get(res, "parser");
+    /* a parser is needed whenever the reply may carry more than text */
+    if (parser && !(g->parser = json_dumps(parser, JSON_COMPACT)))
+        return THAW_ENOMEM;
+    /* a grammar that is on from the first token starts after the generation
+     * prompt the template already put in the prompt: it accepts that first */
+    const char *gp = json_string_value(json_object_get(parser, "generation_prompt"));
+    if (g->grammar && !g->grammar_lazy && gp && *gp && tokenize_piece(chat, gp, &g->prefill, &g->n_prefill) != 0)
+        return THAW_ENOMEM;
+    return 0;
+}
+
+/* Renders a request: the apply result (JSON, parsed) or NULL with err. */
+static json_t *apply_request(const struct thaw_chat *chat, const struct thaw_chat_request *req, char *err,
+                             size_t errlen, int *rc)
+{
+    char *in = NULL, *out = NULL;
+    json_t *res = NULL;
+    json_error_t jerr;
+
+    *rc = THAW_ENOMEM;
+    if ((req->tools_json || req->json_schema) && !thaw_tmpl_jinja(chat->tmpl)) {
+        snprintf(err, errlen, "'tools' and 'response_format' need the Jinja renderer: the server runs with --no-jinja");
+        *rc = THAW_EINVAL;
+        return NULL;
+    }
+    if (!(in = inputs_json(chat, req, req->n_messages, NULL, 0, true)))
+        return NULL;
+    if (!(out = thaw_tmpl_apply(chat->tmpl, in, err, errlen)))
+        *rc = THAW_EINVAL;
+    else if ((res = json_loads(out, 0, &jerr)))
+        *rc = 0;
+    free(out);
+    free(in);
+    return res;
+}
+
+int thaw_chat_render_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, char **text, char *err,
+                            size_t errlen)
+{
+    int rc;
+    json_t *res = apply_request(chat, req, err, errlen, &rc);
+
+    if (!res)
+        return rc;
+    *text = strdup(json_string_value(json_object_get(res, "prompt")));
+    json_decref(res);
+    return *text ? 0 : THAW_ENOMEM;
+}
+
+int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
+                     int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen)
+{
+    int rc;
+    json_t *res;
+
+    memset(gen, 0, sizeof *gen);
+    if (!(res = apply_request(chat, req, err, errlen, &rc)))
+        return rc;
+    if ((rc = thaw_chat_tokenize(chat, json_string_value(json_object_get(res, "prompt")), tokens, n_tokens)) != 0)
+        goto done;
+    if ((rc = take_gen(chat, res, gen)) == 0 && gen->grammar && !gen->grammar_lazy && req->tool_choice &&
+        strcmp(req->tool_choice, "required") == 0) {
+        char *forced = force_tool_call(gen->grammar, req->parallel_tool_calls);
+        if (forced) {
+            free(gen->grammar);
+            gen->grammar = forced;
+        }
+    }
+    if (rc != 0) {
+        free(*tokens);
+        *tokens = NULL;
+        thaw_chat_gen_free(gen);
+    }
+done:
+    json_decref(res);
+    return rc;
+}
+
+int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool add_special, llama_token **out,
                             int *n_out)
 {
-    char *text = NULL;
-    int rc = thaw_chat_render(chat, req->messages, req->n_messages, NULL, true, &text);
+    size_t len = strlen(text);
+    llama_token *toks;
+    int n;
 
-    if (rc == 0)
-        rc = thaw_chat_tokenize(chat, text, out, n_out);
-    free(text);
+    if (len > INT32_MAX / 2)
+        return THAW_ETOOBIG;
+    if (!(toks = malloc((len + 16) * sizeof *toks)))
+        return THAW_ENOMEM;
+    n = llama_tokenize(chat->vocab, text, (int32_t)len, toks, (int32_t)(len + 16), add_special, true);
+    if (n < 0) {
+        free(toks);
+        return THAW_EINVAL;
+    }
+    *out = toks;
+    *n_out = n;
+    return 0;
+}
+
+char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (toks[i] < 0 || toks[i] >= llama_vocab_n_tokens(chat->vocab))
+            return NULL;
+    int cap = n * 8 + 16;
+    char *buf = malloc((size_t)cap);
+    if (!buf)
+        return NULL;
+    int got = llama_detokenize(chat->vocab, toks, n, buf, cap, false, false);
+    if (got < 0) {
+        cap = -got + 1;
+        char *nb = realloc(buf, (size_t)cap);
+        if (!nb) {
+            free(buf);
+            return NULL;
+        }
+        buf = nb;
+        got = llama_detokenize(chat->vocab, toks, n, buf, cap, false, false);
+    }
+    if (got < 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[got] = '\0';
+    return buf;
+}
+
+int thaw_chat_n_vocab(const struct thaw_chat *chat) { return llama_vocab_n_tokens(chat->vocab); }
+
+/* ---- replies ---------------------------------------------------------------------- */
+
+static int render_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *const *extra,
+                         int n_extra, llama_token **tokens, int *n_tokens)
+{
+    char err[256];
+    char *in = inputs_json(chat, req, req->n_messages, extra, n_extra, false), *out = NULL;
+    json_t *res = NULL;
+    json_error_t jerr;
+    int rc = THAW_ENOMEM;
+
+    if (!in)
+        return THAW_ENOMEM;
+    if (!(out = thaw_tmpl_apply(chat->tmpl, in, err, sizeof err))) {
+        rc = THAW_EINVAL;
+        goto done;
+    }
+    if ((res = json_loads(out, 0, &jerr)))
+        rc = thaw_chat_tokenize(chat, json_string_value(json_object_get(res, "prompt")), tokens, n_tokens);
+done:
+    json_decref(res);
+    free(out);
+    free(in);
+    return rc;
+}
+
+int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,
+                        llama_token **tokens, int *n_tokens)
+{
+    /* The next turn renders [..., reply, next]. Two such renderings with
+     * different next messages agree up to the next message's text: that
+     * common prefix is what the next turn will present, with whatever the
+     * template does to the reply once it is history (end-of-turn markers,
+     * reasoning stripped) and the next turn's opening glue. */
+    const char *a[2] = {reply_json, "{\"role\":\"user\",\"content\":\"a\"}"};
+    const char *b[2] = {reply_json, "{\"role\":\"user\",\"content\":\"b\"}"};
+    llama_token *ta = NULL, *tb = NULL;
+    int na = 0, nb = 0, rc;
+
+    if ((rc = render_tokens(chat, req, a, 2, &ta, &na)) != 0 || (rc = render_tokens(chat, req, b, 2, &tb, &nb)) != 0) {
+        free(ta);
+        return rc;
+    }
+    int n = 0;
+    while (n < na && n < nb && ta[n] == tb[n])
+        n++;
+    free(tb);
+    *tokens = ta;
+    *n_tokens = n;
+    return 0;
+}
+
+int thaw_chat_parse_reply(const char *parser, const char *text, bool partial, const char *id_prefix, char **msg_json,
+                          char **norm_json, char *err, size_t errlen)
+{
+    json_t *msg = NULL;
+    json_error_t jerr;
+    char *raw = NULL;
+    int rc = THAW_ENOMEM;
+
+    *msg_json = NULL;
+    if (norm_json)
+        *norm_json = NULL;
+    if (parser) {
+        if (!(raw = thaw_tmpl_parse(parser, text, partial, err, errlen)))
+            return THAW_EINVAL;
+        msg = json_loads(raw, 0, &jerr);
+    } else {
+        msg = json_pack("{s:s, s:s}", "role", "assistant", "content", text);
+    }
+    if (!msg)
+        goto done;
+    json_t *calls = json_object_get(msg, "tool_calls"), *c;
+    size_t i;
+    json_array_foreach(calls, i, c) {
+        char id[64];
+        snprintf(id, sizeof id, "call_%s%zu", id_prefix, i);
+        json_object_set_new(c, "id", json_string(id));
+    }
+    json_t *content = json_object_get(msg, "content");
+    if (json_array_size(calls) > 0 && (!json_is_string(content) || json_string_length(content) == 0))
+        json_object_set_new(msg, "content", json_null());
+    else if (!json_is_string(content))
+        json_object_set_new(msg, "content", json_string(""));
+    json_t *rc_ = json_object_get(msg, "reasoning_content");
+    if (rc_ && (!json_is_string(rc_) || json_string_length(rc_) == 0))
+        json_object_del(msg, "reasoning_content");
+    if (json_array_size(calls) == 0)
+        json_object_del(msg, "tool_calls");
+    if (!(*msg_json = json_dumps(msg, JSON_COMPACT)))
+        goto done;
+    rc = norm_json ? thaw_api_normalize_message(*msg_json, norm_json, err, errlen) : 0;
+    if (rc != 0) {
+        free(*msg_json);
+        *msg_json = NULL;
+    }
+done:
+    json_decref(msg);
+    free(raw);
     return rc;
 }
 
@@ -183,22 +673,32 @@ static void hash_field(crypto_generichash_state *st, const char *s)
 }
 
 void thaw_chat_key(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
-                   const char *extra_assistant, uint8_t out[THAW_KEY_BYTES])
+                   const char *extra_json, uint8_t out[THAW_KEY_BYTES])
 {
     crypto_generichash_state st;
 
     crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
-    hash_field(&st, "thaw.kv.v1");
+    hash_field(&st, "thaw.kv.v2");
     crypto_generichash_update(&st, binding, THAW_KEY_BYTES);
-    for (size_t i = 0; i < n; i++) {
-        /* the role as the template sees it: "developer" and "system" render alike */
-        hash_field(&st, template_role(msgs[i].role));
-        hash_field(&st, msgs[i].content);
-    }
-    if (extra_assistant) {
-        hash_field(&st, "assistant");
-        hash_field(&st, extra_assistant);
-    }
+    /* the normalised message: role as the template sees it ("developer"
+     * renders as "system"), content, tool calls, ids, names, reasoning */
+    for (size_t i = 0; i < n; i++)
+        hash_field(&st, msgs[i].json);
+    if (extra_json)
+        hash_field(&st, extra_json);
+    crypto_generichash_final(&st, out, THAW_KEY_BYTES);
+}
+
+void thaw_chat_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
+                            uint8_t out[THAW_KEY_BYTES])
+{
+    crypto_generichash_state st;
+
+    crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
+    hash_field(&st, "thaw.request.v1");
+    crypto_generichash_update(&st, binding, THAW_KEY_BYTES);
+    hash_field(&st, req->tools_json ? req->tools_json : "");
+    hash_field(&st, req->template_kwargs ? req->template_kwargs : "");
     crypto_generichash_final(&st, out, THAW_KEY_BYTES);
 }
 

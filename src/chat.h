@@ -1,15 +1,21 @@
-/* chat.h — messages -> prompt text -> tokens, and the conversation keys.
+/* chat.h — a request's messages -> the prompt and what generation needs,
+ * the reply -> the message the client gets, and the conversation keys.
+ *
+ * Rendering goes through llama.cpp's chat library (template.h): the model's
+ * Jinja template with tools, tool calls, reasoning and a JSON-schema
+ * grammar, or a built-in template with --no-jinja.
  *
  * Keys (DESIGN §2): the lookup key hashes the conversation truncated at its
  * last assistant message; the store key hashes the conversation plus the
  * reply as the client will echo it. Both are BLAKE2b-256 over a domain tag,
  * a binding (model fingerprint + state-shaping context settings + tenant
- * namespace) and the length-prefixed (role, content) pairs, so no two
- * different conversations, models or tenants share a key short of a
- * BLAKE2b collision.
+ * namespace + the request's tools and template kwargs, which also change
+ * the rendered prompt) and each message's normalised JSON (api.h), so no two
+ * different conversations, models, tenants or tool lists share a key short
+ * of a BLAKE2b collision.
  *
- * All functions are safe to call from any thread once thaw_chat_new returned
- * (they only read the model's vocabulary and the template string).
+ * All functions are safe to call from any thread once thaw_chat_new
+ * returned (they only read the vocabulary and the templates).
  */
 #ifndef THAW_CHAT_H
 #define THAW_CHAT_H
@@ -24,36 +30,89 @@
 
 struct thaw_chat;
 
-/* `template_override` is --chat-template (NULL = the model's own template;
- * chatml when the model has none). Returns 0 or THAW_EINVAL (the template is
- * not one llama_chat_apply_template knows; the reason is logged). */
-int thaw_chat_new(const struct llama_model *model, const char *template_override, struct thaw_chat **out);
+struct thaw_chat_params {
+    const char *template_src;    /* --chat-template / --chat-template-file text; NULL = the model's */
+    bool jinja;                  /* --jinja (default) / --no-jinja */
+    const char *default_kwargs;  /* --chat-template-kwargs: a JSON object, or NULL */
+    const char *reasoning_format; /* --reasoning-format: none | deepseek | auto */
+};
+
+/* Returns 0, THAW_EINVAL (the template cannot be used, or the chat library
+ * failed its self-test: the reason is logged) or THAW_ENOMEM. */
+int thaw_chat_new(const struct llama_model *model, const struct thaw_chat_params *p, struct thaw_chat **out);
 void thaw_chat_free(struct thaw_chat *chat);
 
-/* The template in use (name or text), for the start-up log. */
+/* The template in use (text or name), for the start-up log and the binding. */
 const char *thaw_chat_template(const struct thaw_chat *chat);
 
-/* Renders msgs[0..n) (plus `extra`, an assistant reply, when non-NULL) into a
- * malloc'd prompt string. `add_assistant` appends the assistant-turn opener.
- * Returns 0, THAW_EINVAL (template failure) or THAW_ENOMEM. */
-int thaw_chat_render(const struct thaw_chat *chat, const struct thaw_message *msgs, size_t n,
-                     const char *extra_assistant, bool add_assistant, char **out);
+/* What a rendered request needs beyond its tokens: the grammar that
+ * constrains sampling (tool calls, response_format), the stops the template
+ * adds, and how to parse the reply. Owned arrays; thaw_chat_gen_free. */
+struct thaw_chat_gen {
+    char *grammar;               /* GBNF, NULL = none */
+    bool grammar_lazy;           /* only after a trigger matched */
+    char **triggers;             /* regexes for the lazy grammar, n_triggers */
+    int n_triggers;
+    llama_token *trigger_tokens; /* n_trigger_tokens */
+    int n_trigger_tokens;
+    llama_token *prefill;        /* a non-lazy grammar first accepts these (the generation prompt) */
+    int n_prefill;
+    llama_token *preserved;      /* special tokens whose text the reply keeps */
+    int n_preserved;
+    char **stops;                /* additional stop strings, n_stops */
+    int n_stops;
+    char *parser;                /* for thaw_chat_parse_reply; NULL = the reply is plain text */
+};
+void thaw_chat_gen_free(struct thaw_chat_gen *g);
+
+/* Request -> prompt tokens and generation needs. Returns 0, THAW_EINVAL
+ * (the template could not render these messages or tools: reason in
+ * err[errlen]) or THAW_ENOMEM. */
+int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
+                     int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen);
+
+/* The tokens the next turn will present for the conversation followed by
+ * `reply_json` (a message, as thaw_chat_parse_reply gives it): everything
+ * before the next message's own text, so template glue that only appears
+ * once another message follows (end-of-turn markers, stripped reasoning)
+ * is already in. Returns 0, THAW_EINVAL or THAW_ENOMEM. */
+int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,
+                        llama_token **tokens, int *n_tokens);
+
+/* Generated text -> the assistant message the client gets (JSON: role,
+ * content (null when empty and there are tool calls), reasoning_content?,
+ * tool_calls? with ids `call_<id_prefix><i>`), and its normalised form for
+ * the store key (api.h). `partial`: the text may stop mid-way. Both
+ * malloc'd. Returns 0, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
+int thaw_chat_parse_reply(const char *parser, const char *text, bool partial, const char *id_prefix, char **msg_json,
+                          char **norm_json, char *err, size_t errlen);
+
+/* The prompt text a request renders to (POST /apply-template). Returns 0
+ * and a malloc'd *text, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
+int thaw_chat_render_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, char **text, char *err,
+                            size_t errlen);
+
+/* POST /tokenize: special tokens parsed; BOS/EOS as the vocab adds them
+ * when add_special. Returns 0, THAW_EINVAL, THAW_ETOOBIG or THAW_ENOMEM. */
+int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool add_special, llama_token **out,
+                            int *n_out);
+/* POST /detokenize: malloc'd text, or NULL when a token is out of the
+ * vocabulary (or ENOMEM). */
+char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n);
+int thaw_chat_n_vocab(const struct thaw_chat *chat);
 
 /* Tokenizes text (special tokens parsed, BOS added when the vocab wants it)
  * into a malloc'd array. Returns 0 or THAW_ENOMEM / THAW_EINVAL. */
 int thaw_chat_tokenize(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out);
 
-/* Request -> prompt tokens, the whole route in one call. */
-int thaw_chat_prompt_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **out,
-                            int *n_out);
-
 /* Index of the last assistant message, or -1. */
 long thaw_chat_last_assistant(const struct thaw_message *msgs, size_t n);
 
-/* key = BLAKE2b-256("thaw.kv.v1" || binding || msgs[0..n) || [assistant: extra]).
- * `binding` is THAW_KEY_BYTES from thaw_chat_binding(). */
+/* key = BLAKE2b-256("thaw.kv.v2" || binding || msgs[i].json ... || [extra_json]).
+ * `binding` is THAW_KEY_BYTES from thaw_chat_binding (+ thaw_chat_bind_request);
+ * `extra_json` is a normalised assistant message or NULL. */
 void thaw_chat_key(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
-                   const char *extra_assistant, uint8_t out[THAW_KEY_BYTES]);
+                   const char *extra_json, uint8_t out[THAW_KEY_BYTES]);
 
 /* binding = BLAKE2b-256(fingerprint || settings string || namespace), where
  * the namespace is thaw_chat_namespace() of the request's API key (set by the
@@ -61,6 +120,12 @@ void thaw_chat_key(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_mess
  * no tenant's (written into every .idx). */
 void thaw_chat_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings,
                        const uint8_t namespace_id[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES]);
+
+/* Mixes what else shapes the rendered prompt into a binding: the request's
+ * tools and chat_template_kwargs. Two agents with the same messages but
+ * other tools never share a key. */
+void thaw_chat_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
+                            uint8_t out[THAW_KEY_BYTES]);
 
 /* A tenant's namespace: BLAKE2b-256 keyed with a fixed domain tag over the
  * API key itself (NULL or "" = the anonymous namespace of a server without

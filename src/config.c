@@ -34,6 +34,15 @@ static const struct opt opts[] = {
     {"-a,--alias", "NAME", OPT_STR, OFF(alias), 0, 0, "model name reported by /v1/models (default: file name)"},
     {"--chat-template", "NAME|TEXT", OPT_STR, OFF(chat_template), 0, 0,
      "chat template: a llama.cpp built-in name (chatml, llama3, gemma, ...) or template text (default: the model's)"},
+    {"--chat-template-file", "FILE", OPT_STR, OFF(chat_template_file), 0, 0,
+     "chat template (Jinja) read from FILE, instead of the model's"},
+    {"--jinja", NULL, OPT_TRUE, OFF(jinja), 0, 0,
+     "render with the model's Jinja template: tools, tool calls, reasoning, response_format (default)"},
+    {"--no-jinja", NULL, OPT_FALSE, OFF(jinja), 0, 0, "render with llama.cpp's built-in templates only (no tools)"},
+    {"--chat-template-kwargs", "JSON", OPT_STR, OFF(chat_template_kwargs), 0, 0,
+     "extra template variables for every request, e.g. '{\"enable_thinking\":false}' (a request's own win)"},
+    {"--reasoning-format", "FORMAT", OPT_STR, OFF(reasoning_format), 0, 0,
+     "none: reasoning stays in content; deepseek / auto: split into message.reasoning_content"},
     {"-c,--ctx-size", "N", OPT_INT, OFF(n_ctx), 0, 1 << 24, "total context in tokens, split evenly across slots (0 = model's training context)"},
     {"-np,--parallel", "N", OPT_INT, OFF(n_parallel), 1, 256, "number of slots decoded together"},
     {"-t,--threads", "N", OPT_INT, OFF(n_threads), 1, 1024, "threads for generation (default: number of CPUs)"},
@@ -66,6 +75,8 @@ static const struct opt opts[] = {
      "open HTTP connections in all; more are refused (raised to fit the open-file limit)"},
     {"--max-connections-per-client", "N", OPT_INT, OFF(max_per_client), 0, 1 << 20,
      "open connections per client address (0 = no limit; use 0 behind a proxy, where every client has its address)"},
+    {"--cors-origin", "ORIGIN[,ORIGIN]", OPT_STR, OFF(cors_origin), 0, 0,
+     "let browser pages from these origins call the API (CORS); '*' for any, refused with --api-key"},
     {"-to,--timeout", "SECONDS", OPT_INT, OFF(timeout_s), 1, 86400,
      "drop a connection idle this long, or a client that takes longer to send its request body"},
     {"--metrics", NULL, OPT_TRUE, 0, 0, 0, "accepted for llama-server compatibility: /metrics is always on"},
@@ -109,6 +120,8 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->cache_ram_mib = 8192;
     cfg->ctx_checkpoints = 8;
     cfg->verbosity = 1;
+    cfg->jinja = true;
+    cfg->reasoning_format = "auto";
     cfg->draft_max = 16;
     cfg->draft_min = 0;
     cfg->draft_p_min = 0.75f;
@@ -288,6 +301,50 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
         fprintf(stderr, "thaw: -c %d leaves fewer than 16 tokens per slot for -np %d\n", cfg->n_ctx, cfg->n_parallel);
         return THAW_EINVAL;
     }
+    if (cfg->cors_origin && cfg->n_api_keys > 0 && strstr(cfg->cors_origin, "*")) {
+        fprintf(stderr, "thaw: --cors-origin '*' with --api-key would let any web page use a key a browser holds: "
+                        "name the origins\n");
+        return THAW_EINVAL;
+    }
+    if (strcmp(cfg->reasoning_format, "none") != 0 && strcmp(cfg->reasoning_format, "deepseek") != 0 &&
+        strcmp(cfg->reasoning_format, "auto") != 0) {
+        fprintf(stderr, "thaw: --reasoning-format must be none, deepseek or auto, got '%s'\n", cfg->reasoning_format);
+        return THAW_EINVAL;
+    }
+    if (cfg->chat_template_file) {
+        if (cfg->chat_template) {
+            fprintf(stderr, "thaw: give --chat-template or --chat-template-file, not both\n");
+            return THAW_EINVAL;
+        }
+        FILE *f = fopen(cfg->chat_template_file, "rb");
+        if (!f) {
+            fprintf(stderr, "thaw: cannot read --chat-template-file %s: %s\n", cfg->chat_template_file, strerror(errno));
+            return THAW_EINVAL;
+        }
+        size_t cap = 1 << 16, n = 0, got;
+        char *buf = malloc(cap + 1);
+        while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+            n += got;
+            if (n == cap && cap < (16u << 20)) {
+                char *nb = realloc(buf, 2 * cap + 1);
+                if (!nb) {
+                    free(buf);
+                    buf = NULL;
+                    break;
+                }
+                buf = nb;
+                cap *= 2;
+            }
+        }
+        fclose(f);
+        if (!buf) {
+            fprintf(stderr, "thaw: out of memory reading --chat-template-file\n");
+            return THAW_ENOMEM;
+        }
+        buf[n] = '\0';
+        cfg->chat_template_text = buf;
+        cfg->chat_template = buf;
+    }
     if (cfg->draft_min > cfg->draft_max) {
         fprintf(stderr, "thaw: --draft-min %d exceeds --draft-max %d\n", cfg->draft_min, cfg->draft_max);
         return THAW_EINVAL;
@@ -305,6 +362,8 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
 
 void thaw_config_free(struct thaw_config *cfg)
 {
+    free(cfg->chat_template_text);
+    cfg->chat_template_text = NULL;
     for (int i = 0; i < cfg->n_api_keys; i++)
         free((char *)cfg->api_keys[i]);
     cfg->n_api_keys = 0;

@@ -18,7 +18,12 @@ struct thaw_config {
     /* model + context */
     const char *model_path;      /* -m */
     const char *alias;           /* --alias; NULL = file name of -m */
-    const char *chat_template;   /* --chat-template: name or template text; NULL = model's */
+    const char *chat_template;   /* --chat-template (name or text) or --chat-template-file's text; NULL = model's */
+    const char *chat_template_file; /* --chat-template-file: path */
+    char *chat_template_text;    /* that file's contents (owned) */
+    bool jinja;                  /* --jinja (default) / --no-jinja */
+    const char *chat_template_kwargs; /* --chat-template-kwargs: JSON object */
+    const char *reasoning_format; /* --reasoning-format: none | deepseek | auto */
     int n_ctx;                   /* -c: total tokens, split evenly across slots */
     int n_parallel;              /* -np: slots */
     int n_threads;               /* -t */
@@ -48,6 +53,7 @@ struct thaw_config {
     int max_connections;         /* --max-connections: open connections in all */
     int max_per_client;          /* --max-connections-per-client, 0 = no limit */
     int timeout_s;               /* --timeout: idle limit and request-body deadline, seconds */
+    const char *cors_origin;     /* --cors-origin: "*" or ORIGIN[,ORIGIN]; NULL = no CORS */
 
     /* caches */
     const char *kv_cache_dir;    /* --kv-cache-dir; NULL = disk tier off */

@@ -27,6 +27,7 @@
 #include "kvstate.h"
 #include "log.h"
 #include "scheduler.h"
+#include "template.h"
 #include "utf8.h"
 
 #include <ggml-backend.h>
@@ -449,24 +450,20 @@ static void slot_store(struct thaw_engine *e, struct slot *s)
  * present for this conversation. If the slot's tokens differ from them, roll
  * back to the common prefix and enter FIXUP to decode the difference before
  * storing; otherwise store now. */
-static void slot_prepare_store(struct thaw_engine *e, struct slot *s, const char *reply)
+static void slot_prepare_store(struct thaw_engine *e, struct slot *s, const char *reply_json, const char *reply_norm)
 {
     const struct thaw_task *t = s->task;
-    char *text = NULL;
     llama_token *canon = NULL;
     int n_canon = 0;
 
-    thaw_chat_key(t->binding, t->req.messages, t->req.n_messages, reply, s->store_key);
-    if (thaw_chat_render(e->chat, t->req.messages, t->req.n_messages, reply, false, &text) != 0 ||
-        thaw_chat_tokenize(e->chat, text, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
+    thaw_chat_key(t->binding, t->req.messages, t->req.n_messages, reply_norm, s->store_key);
+    if (thaw_chat_canonical(e->chat, &t->req, reply_json, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
         slot_reserve(s, n_canon + 1) != 0) {
         /* no canonical form: store what the slot holds (still a prefix win) */
-        free(text);
         free(canon);
         slot_store(e, s);
         return;
     }
-    free(text);
     int lcp = thaw_lcp(s->tokens, s->n_tokens, canon, n_canon);
     const struct thaw_ckpt *c;
     int target = rollback_target(e, s, lcp, &c);
@@ -492,12 +489,38 @@ static void slot_prepare_store(struct thaw_engine *e, struct slot *s, const char
 
 /* ---- admission ---------------------------------------------------------------- */
 
-static struct llama_sampler *make_sampler(const struct thaw_chat_request *req)
+/* The request's sampler chain. A grammar (tool calls, response_format)
+ * comes first so every later sampler sees only the tokens it allows; a
+ * non-lazy one first accepts the generation prompt the template already
+ * wrote. NULL when the grammar does not compile (or ENOMEM). */
+static struct llama_sampler *make_sampler(const struct thaw_engine *e, const struct thaw_task *t)
 {
+    const struct thaw_chat_request *req = &t->req;
+    const struct thaw_chat_gen *g = &t->gen;
     struct llama_sampler *c = llama_sampler_chain_init(llama_sampler_chain_default_params());
 
     if (!c)
         return NULL;
+    if (g->grammar) {
+        struct llama_sampler *gr =
+            g->grammar_lazy ? llama_sampler_init_grammar_lazy_patterns(e->vocab, g->grammar, "root",
+                                                                      (const char **)g->triggers, (size_t)g->n_triggers,
+                                                                      g->trigger_tokens, (size_t)g->n_trigger_tokens)
+                            : llama_sampler_init_grammar(e->vocab, g->grammar, "root");
+        if (!gr) {
+            llama_sampler_free(c);
+            return NULL;
+        }
+        char err[256];
+        for (int i = 0; i < g->n_prefill; i++)
+            if (thaw_tmpl_sampler_accept(gr, g->prefill[i], err, sizeof err) != 0) {
+                LOG_WRN("the template's grammar does not accept its own generation prompt (%s)", err);
+                llama_sampler_free(gr);
+                llama_sampler_free(c);
+                return NULL;
+            }
+        llama_sampler_chain_add(c, gr);
+    }
     if (req->temperature <= 0.0f) {
         llama_sampler_chain_add(c, llama_sampler_init_greedy());
         return c;
@@ -524,7 +547,11 @@ static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t
     atomic_fetch_add(&e->metrics->slots_busy, 1);
     memset(&s->timings, 0, sizeof s->timings);
     s->timings.cache_source = "none";
-    s->smpl = make_sampler(req);
+    s->smpl = make_sampler(e, t);
+    if (!s->smpl && t->gen.grammar) {
+        slot_fail(e, s, 400, "the grammar for this request's tools or response_format does not compile");
+        return THAW_EINVAL;
+    }
     if (!s->smpl || slot_reserve(s, t->n_prompt + 1) != 0) {
         slot_fail(e, s, 500, "out of memory");
         return THAW_ENOMEM;
@@ -533,8 +560,8 @@ static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t
     s->n_decoded = 0;
     s->i_batch = -1;
     s->stop_hold = 0;
-    for (int i = 0; i < req->n_stop; i++) {
-        size_t l = strlen(req->stop[i]);
+    for (int i = 0; i < req->n_stop + t->gen.n_stops; i++) {
+        size_t l = strlen(i < req->n_stop ? req->stop[i] : t->gen.stops[i - req->n_stop]);
         if (l > 0 && l - 1 > s->stop_hold)
             s->stop_hold = l - 1;
     }
@@ -570,6 +597,23 @@ static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t
     atomic_fetch_add(&e->metrics->prompt_cached_tokens, (uint64_t)n_past);
     LOG_DBG("slot %d: start, prompt %d tokens, %d reused (%s)", s->id, t->n_prompt, n_past, s->timings.cache_source);
     return 0;
+}
+
+/* Does a slot in FIXUP (same tenant) hold a longer prefix of t's prompt
+ * than the idle slot `pick`? */
+static bool fixup_holds_more(const struct thaw_engine *e, const struct thaw_task *t, int pick)
+{
+    const struct slot *p = &e->slots[pick];
+    int have = memcmp(p->ns, t->ns, THAW_KEY_BYTES) == 0 ? thaw_lcp(p->tokens, p->n_tokens, t->prompt, t->n_prompt)
+                                                         : 0;
+
+    for (int i = 0; i < e->n_slots; i++) {
+        const struct slot *s = &e->slots[i];
+        if (s->phase == PH_FIXUP && memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0 &&
+            thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) > have)
+            return true;
+    }
+    return false;
 }
 
 /* Moves queued tasks into idle slots. `block` waits for a task when no slot
@@ -612,6 +656,13 @@ static int admit(struct thaw_engine *e, bool block)
         }
         int pick = thaw_sched_pick_slot(views, e->n_slots, t->prompt, t->n_prompt,
                                         t->req.cache_prompt ? e->cfg->slot_prompt_similarity : 0);
+        if (t->req.cache_prompt && fixup_holds_more(e, t, pick)) {
+            /* the slot holding more of this prompt is only finishing its
+             * post-reply work (milliseconds): wait for it rather than
+             * prefill on a cold slot */
+            thaw_sched_unpop(e->sched, t);
+            break;
+        }
         if (slot_start(e, &e->slots[pick], t) == 0)
             busy++;
     }
@@ -668,30 +719,41 @@ static void slot_finish(struct thaw_engine *e, struct slot *s, const char *reaso
     s->timings.predicted_ms = (double)(now - s->t_prompt_done_us) / 1000.0;
     atomic_fetch_add(&e->metrics->predicted_tokens, (uint64_t)s->n_decoded);
     atomic_fetch_add(&e->metrics->predicted_us, (uint64_t)(now - s->t_prompt_done_us));
-    thaw_task_finish(s->task, reason, &s->timings);
+    /* the reply as the message the client gets: content, reasoning, tool
+     * calls; its normalised form keys the store, as the client will echo it */
+    char *reply = thaw_utf8_sanitize(s->gen ? s->gen : "", s->n_gen);
+    char *msg = NULL, *norm = NULL, err[256];
+    if (reply && thaw_chat_parse_reply(s->task->gen.parser, reply, false, s->task->id_prefix, &msg, &norm, err,
+                                       sizeof err) != 0) {
+        LOG_WRN("slot %d: the reply could not be parsed (%s): sent as plain text", s->id, err);
+        thaw_chat_parse_reply(NULL, reply, false, s->task->id_prefix, &msg, &norm, err, sizeof err);
+    }
+    if (msg && strstr(msg, "\"tool_calls\":[") && strcmp(reason, "stop") == 0)
+        reason = "tool_calls";
+    char *stored_msg = msg ? strdup(msg) : NULL;
+    thaw_task_finish(s->task, reason, &s->timings, msg);
     LOG_INF("slot %d: done (%s): prompt %d (%d cached, %s), %.1f ms; %d generated, %.1f tok/s", s->id, reason,
             s->task->n_prompt, s->timings.cache_n, s->timings.cache_source, s->timings.prompt_ms,
             s->timings.predicted_n,
             s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
     /* a verified draft may have left positions past the finish in the KV */
     llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, s->n_tokens, -1);
-    if (cache_enabled(e)) {
-        /* the reply exactly as the client received it (and will echo it) */
-        char *reply = thaw_utf8_sanitize(s->gen ? s->gen : "", s->n_gen);
-        if (reply)
-            slot_prepare_store(e, s, reply);
-        free(reply);
-    }
+    if (cache_enabled(e) && stored_msg && norm)
+        slot_prepare_store(e, s, stored_msg, norm);
+    free(stored_msg);
+    free(norm);
+    free(reply);
     slot_release_task(e, s);
 }
 
 /* Earliest occurrence of any stop string that ends at or after `from`. */
 static const char *find_stop(const struct slot *s, size_t from)
 {
+    const struct thaw_task *t = s->task;
     const char *best = NULL;
 
-    for (int i = 0; i < s->task->req.n_stop; i++) {
-        const char *stop = s->task->req.stop[i];
+    for (int i = 0; i < t->req.n_stop + t->gen.n_stops; i++) {
+        const char *stop = i < t->req.n_stop ? t->req.stop[i] : t->gen.stops[i - t->req.n_stop];
         size_t l = strlen(stop);
         size_t start = from >= l ? from - l + 1 : 0;
         const char *hit = memmem(s->gen + start, s->n_gen - start, stop, l);
@@ -713,7 +775,10 @@ static void slot_take_token(struct thaw_engine *e, struct slot *s, llama_token t
         slot_finish(e, s, "stop");
         return;
     }
-    n = llama_token_to_piece(e->vocab, tok, piece, sizeof piece, 0, false);
+    bool special = false; /* the template's own markers (<tool_call>, <think>) stay in the text the parser reads */
+    for (int i = 0; i < t->gen.n_preserved && !special; i++)
+        special = t->gen.preserved[i] == tok;
+    n = llama_token_to_piece(e->vocab, tok, piece, sizeof piece, 0, special);
     if (n < 0)
         n = 0; /* a piece longer than 256 bytes: no real vocab has one */
     size_t before = s->n_gen;
@@ -721,7 +786,7 @@ static void slot_take_token(struct thaw_engine *e, struct slot *s, llama_token t
         slot_fail(e, s, 500, "out of memory");
         return;
     }
-    if (t->req.n_stop > 0) {
+    if (t->req.n_stop + t->gen.n_stops > 0) {
         const char *hit = find_stop(s, before);
         if (hit) {
             s->n_gen = (size_t)(hit - s->gen);
@@ -780,8 +845,14 @@ static void slot_verify(struct thaw_engine *e, struct slot *s)
     llama_token emitted[THAW_DRAFT_MAX + 1];
     int base = s->n_tokens, n_emit = 0;
 
+    char err[256];
     for (int i = 0; i <= s->n_drafts; i++) {
-        emitted[n_emit++] = llama_sampler_sample(s->smpl, e->ctx, s->i_batch + i);
+        if (thaw_tmpl_sampler_sample(s->smpl, e->ctx, s->i_batch + i, &emitted[n_emit], err, sizeof err) != 0) {
+            LOG_WRN("slot %d: %s", s->id, err);
+            slot_fail(e, s, 500, err);
+            return;
+        }
+        n_emit++;
         if (i == s->n_drafts || emitted[i] != s->drafts[i])
             break;
     }
@@ -915,7 +986,14 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             slot_verify(e, s);
             continue;
         }
-        llama_token tok = llama_sampler_sample(s->smpl, e->ctx, s->i_batch);
+        llama_token tok;
+        char err[256];
+        if (thaw_tmpl_sampler_sample(s->smpl, e->ctx, s->i_batch, &tok, err, sizeof err) != 0) {
+            /* a grammar at a dead end: this request fails, the server lives */
+            LOG_WRN("slot %d: %s", s->id, err);
+            slot_fail(e, s, 500, err);
+            continue;
+        }
         slot_take_token(e, s, tok);
     }
 }
@@ -1164,14 +1242,23 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     snprintf(e->settings, sizeof e->settings, "n_ctx_seq=%d;swa_full=%d;type_k=%d;type_v=%d;tmpl=", e->n_ctx_slot,
              (int)cp.swa_full, (int)cp.type_k, (int)cp.type_v);
 
-    if ((rc = thaw_chat_new(e->model, cfg->chat_template, &e->chat)) != 0)
+    struct thaw_chat_params chp = {cfg->chat_template, cfg->jinja, cfg->chat_template_kwargs, cfg->reasoning_format};
+    if ((rc = thaw_chat_new(e->model, &chp, &e->chat)) != 0)
         goto error;
-    /* the template shapes the tokens a key stands for: bind it too */
+    /* the template, its server-wide kwargs and the renderer shape the
+     * tokens a key stands for: bind them too */
     {
         uint8_t th[16];
         char hex[33];
-        crypto_generichash(th, sizeof th, (const unsigned char *)thaw_chat_template(e->chat),
-                           strlen(thaw_chat_template(e->chat)), NULL, 0);
+        crypto_generichash_state hs;
+        crypto_generichash_init(&hs, NULL, 0, sizeof th);
+        crypto_generichash_update(&hs, (const unsigned char *)thaw_chat_template(e->chat),
+                                  strlen(thaw_chat_template(e->chat)) + 1);
+        crypto_generichash_update(&hs, (const unsigned char *)(cfg->jinja ? "jinja" : "builtin"), 8);
+        if (cfg->chat_template_kwargs)
+            crypto_generichash_update(&hs, (const unsigned char *)cfg->chat_template_kwargs,
+                                      strlen(cfg->chat_template_kwargs));
+        crypto_generichash_final(&hs, th, sizeof th);
         for (int i = 0; i < 16; i++)
             snprintf(hex + 2 * i, 3, "%02x", th[i]);
         strncat(e->settings, hex, sizeof e->settings - strlen(e->settings) - 1);

@@ -208,6 +208,15 @@ static enum MHD_Result queue(struct thaw_http_conn *hc, struct MHD_Connection *c
     }
     if (r->allow)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->allow);
+    if (r->allow_origin) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->allow_origin);
+        MHD_add_response_header(resp, "Vary", "Origin");
+    }
+    if (r->cors_preflight) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    }
     ret = MHD_queue_response(c, (unsigned)r->status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -353,6 +362,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         .body = hc->body ? hc->body : "",
         .n_body = hc->n_body,
         .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+        .origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"),
         .conn = hc,
     };
     h->p.handler(h->p.ud, &req, &resp);

@@ -31,6 +31,7 @@ struct thaw_http_request {
     const char *body;          /* NUL-terminated, n_body bytes (may be "") */
     size_t n_body;
     const char *authorization; /* header value or NULL */
+    const char *origin;        /* Origin header or NULL (browsers) */
     struct thaw_http_conn *conn; /* borrowed for the handler's duration */
 };
 
@@ -55,6 +56,8 @@ struct thaw_http_response {
     void *stream_ud;
     void (*stream_free)(void *ud); /* called once when the connection is done with the stream */
     const char *allow;         /* Allow header for 405 */
+    const char *allow_origin;  /* Access-Control-Allow-Origin (+ Vary: Origin); NULL = none */
+    bool cors_preflight;       /* + the preflight's Allow-Methods / Allow-Headers / Max-Age */
     /* deferred: no response yet; `resume` fills it after thaw_http_wake().
      * `defer_free(defer_ud)` runs once when the connection is done. */
     bool defer;

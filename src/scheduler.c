@@ -8,8 +8,8 @@
 struct thaw_sched {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct thaw_task **ring; /* cap entries */
-    int cap, head, count;
+    struct thaw_task **ring; /* size entries: cap, plus one for a task put back */
+    int cap, size, head, count;
     bool closed, kicked;
 };
 
@@ -20,7 +20,8 @@ int thaw_sched_new(int max_queue, struct thaw_sched **out)
     if (!s)
         return THAW_ENOMEM;
     s->cap = max_queue > 0 ? max_queue : 1;
-    s->ring = calloc((size_t)s->cap, sizeof *s->ring);
+    s->size = s->cap + 1;
+    s->ring = calloc((size_t)s->size, sizeof *s->ring);
     if (!s->ring) {
         free(s);
         return THAW_ENOMEM;
@@ -58,7 +59,7 @@ int thaw_sched_push(struct thaw_sched *s, struct thaw_task *t)
         rc = THAW_EBUSY;
     } else {
         thaw_task_retain(t);
-        s->ring[(s->head + s->count) % s->cap] = t;
+        s->ring[(s->head + s->count) % s->size] = t;
         s->count++;
         pthread_cond_signal(&s->cv);
     }
@@ -76,11 +77,22 @@ struct thaw_task *thaw_sched_pop(struct thaw_sched *s, bool wait)
     s->kicked = false;
     if (s->count > 0) {
         t = s->ring[s->head];
-        s->head = (s->head + 1) % s->cap;
+        s->head = (s->head + 1) % s->size;
         s->count--;
     }
     pthread_mutex_unlock(&s->mu);
     return t;
+}
+
+void thaw_sched_unpop(struct thaw_sched *s, struct thaw_task *t)
+{
+    pthread_mutex_lock(&s->mu);
+    /* room is certain: the ring has one entry beyond cap, and only the
+     * engine thread pops and puts back, one task at a time */
+    s->head = (s->head + s->size - 1) % s->size;
+    s->ring[s->head] = t;
+    s->count++;
+    pthread_mutex_unlock(&s->mu);
 }
 
 int thaw_sched_depth(struct thaw_sched *s)

@@ -29,6 +29,10 @@ int thaw_sched_push(struct thaw_sched *s, struct thaw_task *t);
  * With `wait`, blocks until a task arrives or thaw_sched_close/kick. */
 struct thaw_task *thaw_sched_pop(struct thaw_sched *s, bool wait);
 
+/* Puts a task just popped back at the head of the queue (its reference
+ * moves back to the queue). Never fails: the queue keeps room for one. */
+void thaw_sched_unpop(struct thaw_sched *s, struct thaw_task *t);
+
 /* Number of tasks waiting. */
 int thaw_sched_depth(struct thaw_sched *s);
 

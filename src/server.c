@@ -15,6 +15,7 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "template.h"
 #include "utf8.h"
 
 #include <signal.h>
@@ -83,6 +84,7 @@ struct stream {
     char id[40];
     long created;
     size_t n_seen;      /* bytes of task->text already sent */
+    char *prev_msg;     /* with a reply parser: the message as last parsed (deltas are from it) */
     char *pending;      /* framed SSE bytes not yet handed to the socket */
     size_t n_pending, off_pending;
     bool sent_role, finished;
@@ -114,6 +116,42 @@ static int pending_add(struct stream *st, char *json)
     return 0;
 }
 
+/* Queues the deltas from the last parsed message to `msg` (or to the
+ * partial parse of `text` when msg is NULL). A partial text that does not
+ * parse yet waits for more. */
+static int stream_deltas(struct stream *st, const char *msg, const char *text)
+{
+    const char *model = thaw_engine_model_name(st->srv->engine);
+    char *parsed = NULL, *diffs = NULL, err[256], **chunks = NULL;
+    int n = 0, rc = 0;
+
+    if (!msg) {
+        if (!text || thaw_chat_parse_reply(st->task->gen.parser, text, true, st->task->id_prefix, &parsed, NULL, err,
+                                           sizeof err) != 0)
+            return 0;
+        msg = parsed;
+    }
+    if (!(diffs = thaw_tmpl_diffs(st->prev_msg, msg, err, sizeof err))) {
+        free(parsed);
+        return 0; /* nothing sendable yet */
+    }
+    rc = thaw_api_diff_chunks(st->id, model, st->created, diffs, &chunks, &n);
+    for (int i = 0; i < n; i++)
+        if (rc == 0)
+            rc = pending_add(st, chunks[i]);
+        else
+            free(chunks[i]);
+    free(chunks);
+    free(diffs);
+    if (rc == 0) {
+        free(st->prev_msg);
+        st->prev_msg = parsed ? parsed : strdup(msg);
+        parsed = NULL;
+    }
+    free(parsed);
+    return rc;
+}
+
 /* Produces the next SSE events: role, content deltas, then the closing
  * chunk (finish_reason + timings), usage, [DONE] — or an error event.
  * Returns 0, STREAM_NOTHING_YET (the engine has no news: wait for its wake)
@@ -136,14 +174,28 @@ static int stream_refill(struct stream *st)
         pthread_mutex_unlock(&t->mu);
         return STREAM_NOTHING_YET;
     }
-    char *delta = n_text > st->n_seen ? thaw_utf8_sanitize(t->text + st->n_seen, n_text - st->n_seen) : NULL;
-    pthread_mutex_unlock(&t->mu);
-    st->n_seen = n_text;
-    if (delta) {
-        int rc = pending_add(st, thaw_api_chunk_json(st->id, model, st->created, NULL, delta, NULL, NULL, 0, false));
-        free(delta);
+    if (t->gen.parser) {
+        /* content, reasoning and tool calls: parse what exists so far and
+         * send what changed (the final parse comes from the engine) */
+        char *text = done ? NULL : thaw_utf8_sanitize(t->text ? t->text : "", n_text);
+        char *msg = done && t->message_json ? strdup(t->message_json) : NULL;
+        pthread_mutex_unlock(&t->mu);
+        st->n_seen = n_text;
+        int rc = stream_deltas(st, msg, text);
+        free(text);
+        free(msg);
         if (rc != 0)
             return rc;
+    } else {
+        char *delta = n_text > st->n_seen ? thaw_utf8_sanitize(t->text + st->n_seen, n_text - st->n_seen) : NULL;
+        pthread_mutex_unlock(&t->mu);
+        st->n_seen = n_text;
+        if (delta) {
+            int rc = pending_add(st, thaw_api_chunk_json(st->id, model, st->created, NULL, delta, NULL, NULL, 0, false));
+            free(delta);
+            if (rc != 0)
+                return rc;
+        }
     }
     if (!done)
         return 0;
@@ -198,6 +250,7 @@ static void stream_free(void *ud)
     atomic_store(&st->task->cancelled, true);
     thaw_task_release(st->task);
     free(st->pending);
+    free(st->prev_msg);
     free(st);
 }
 
@@ -237,13 +290,11 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
         return;
     }
     char id[40];
-    char *content = thaw_utf8_sanitize(t->text ? t->text : "", t->n_text);
     make_id(id);
     set_json(r, 200,
-             content ? thaw_api_completion_json(id, t->model_name, time(NULL), content, t->finish_reason,
-                                                t->n_prompt, &t->timings)
-                     : NULL);
-    free(content);
+             t->message_json ? thaw_api_completion_json(id, t->model_name, time(NULL), t->message_json,
+                                                        t->finish_reason, t->n_prompt, &t->timings)
+                             : NULL);
     if (!r->body)
         set_json(r, 500, thaw_api_error_json(500, "out of memory"));
 }
@@ -254,8 +305,9 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
     struct thaw_chat_request req;
     const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
     llama_token *prompt = NULL;
+    struct thaw_chat_gen gen;
     struct thaw_task *t = NULL;
-    char err[256];
+    char err[512];
     int n_prompt = 0, rc;
 
     rc = thaw_api_parse_chat(hr->body, hr->n_body, srv->cfg.cache_prompt, &req, err, sizeof err);
@@ -270,23 +322,35 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
         thaw_chat_request_free(&req);
         return;
     }
-    if ((rc = thaw_chat_prompt_tokens(chat, &req, &prompt, &n_prompt)) != 0) {
-        set_error(srv, r, 400, rc == THAW_EINVAL ? "the chat template could not render these messages"
-                                                 : thaw_strerror(rc));
+    if ((rc = thaw_chat_prompt(chat, &req, &prompt, &n_prompt, &gen, err, sizeof err)) != 0) {
+        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         thaw_chat_request_free(&req);
         return;
     }
     if (!(t = thaw_task_new(&req, prompt, n_prompt))) {
         free(prompt);
         thaw_chat_request_free(&req);
+        thaw_chat_gen_free(&gen);
         set_error(srv, r, 500, "out of memory");
         return;
+    }
+    t->gen = gen;
+    if (gen.grammar)
+        LOG_DBG("chat: grammar of %zu bytes (%s, %d trigger patterns, %d trigger tokens, %d prefill tokens), %d stops",
+                strlen(gen.grammar), gen.grammar_lazy ? "lazy" : "from the first token", gen.n_triggers,
+                gen.n_trigger_tokens, gen.n_prefill, gen.n_stops);
+    {
+        unsigned char rnd[6];
+        randombytes_buf(rnd, sizeof rnd);
+        for (int i = 0; i < 6; i++)
+            snprintf(t->id_prefix + 2 * i, 3, "%02x", rnd[i]);
     }
     t->model_name = thaw_engine_model_name(srv->engine);
     /* max_tokens 0: nothing to generate, answered after one token as OpenAI does */
     t->max_tokens = t->req.max_tokens > 0 ? t->req.max_tokens : t->req.max_tokens == 0 ? 1 : srv->cfg.n_predict;
     memcpy(t->ns, ns, THAW_KEY_BYTES);
     thaw_engine_binding(srv->engine, ns, t->binding);
+    thaw_chat_bind_request(t->binding, &t->req, t->binding);
     long last_asst = thaw_chat_last_assistant(t->req.messages, t->req.n_messages);
     if (last_asst >= 0) {
         t->has_lookup_key = true;
@@ -348,8 +412,30 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
 
 /* ---- other routes ---------------------------------------------------------------- */
 
-static void route_metrics(struct server *srv, struct thaw_http_response *r)
+static void route_health(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                         struct thaw_http_response *r)
 {
+    (void)srv;
+    (void)hr;
+    (void)ns;
+    set_json(r, 200, strdup("{\"status\":\"ok\"}"));
+}
+
+static void route_models(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                         struct thaw_http_response *r)
+{
+    (void)hr;
+    (void)ns;
+    set_json(r, 200,
+             thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->started, thaw_engine_n_params(srv->engine),
+                                  thaw_engine_n_ctx_train(srv->engine)));
+}
+
+static void route_metrics(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                          struct thaw_http_response *r)
+{
+    (void)hr;
+    (void)ns;
     r->status = 200;
     r->content_type = "text/plain; version=0.0.4";
     r->body = thaw_metrics_render(&srv->metrics, thaw_engine_metrics, srv->engine);
@@ -357,60 +443,171 @@ static void route_metrics(struct server *srv, struct thaw_http_response *r)
         set_error(srv, r, 500, "out of memory");
 }
 
+static void route_tokenize(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                           struct thaw_http_response *r)
+{
+    const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
+    char err[256], *content = NULL, **pieces = NULL;
+    bool add_special, with_pieces;
+    llama_token *toks = NULL;
+    int n = 0, rc;
+
+    (void)ns;
+    if ((rc = thaw_api_parse_tokenize(hr->body, hr->n_body, &content, &add_special, &with_pieces, err, sizeof err))) {
+        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        return;
+    }
+    if ((rc = thaw_chat_tokenize_text(chat, content, add_special, &toks, &n)) != 0) {
+        set_error(srv, r, rc == THAW_ENOMEM ? 500 : 400, thaw_strerror(rc));
+        goto out;
+    }
+    if (with_pieces && !(pieces = calloc((size_t)n + 1, sizeof *pieces))) {
+        set_error(srv, r, 500, "out of memory");
+        goto out;
+    }
+    for (int i = 0; with_pieces && i < n; i++)
+        if (!(pieces[i] = thaw_chat_detokenize(chat, &toks[i], 1))) {
+            set_error(srv, r, 500, "out of memory");
+            goto out;
+        }
+    set_json(r, 200, thaw_api_tokens_json(toks, (size_t)n, pieces));
+out:
+    for (int i = 0; pieces && i < n; i++)
+        free(pieces[i]);
+    free(pieces);
+    free(toks);
+    free(content);
+}
+
+static void route_detokenize(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                             struct thaw_http_response *r)
+{
+    const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
+    char err[256], *text;
+    int32_t *toks;
+    size_t n;
+    int rc;
+
+    (void)ns;
+    if ((rc = thaw_api_parse_detokenize(hr->body, hr->n_body, thaw_chat_n_vocab(chat), &toks, &n, err, sizeof err))) {
+        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        return;
+    }
+    if ((text = thaw_chat_detokenize(chat, toks, (int)n)))
+        set_json(r, 200, thaw_api_string_json("content", text));
+    else
+        set_error(srv, r, 500, "out of memory");
+    free(text);
+    free(toks);
+}
+
+static void route_apply_template(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                                 struct thaw_http_response *r)
+{
+    struct thaw_chat_request req;
+    char err[512], *prompt = NULL;
+    int rc;
+
+    (void)ns;
+    if ((rc = thaw_api_parse_chat(hr->body, hr->n_body, srv->cfg.cache_prompt, &req, err, sizeof err)) != 0) {
+        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        return;
+    }
+    if ((rc = thaw_api_admit(&req, thaw_engine_n_ctx_slot(srv->engine), thaw_engine_max_token_bytes(srv->engine),
+                             err, sizeof err)) != 0 ||
+        (rc = thaw_chat_render_prompt(thaw_engine_chat(srv->engine), &req, &prompt, err, sizeof err)) != 0)
+        set_error(srv, r, rc == THAW_ENOMEM ? 500 : 400, rc == THAW_ENOMEM ? thaw_strerror(rc) : err);
+    else
+        set_json(r, 200, thaw_api_string_json("prompt", prompt));
+    free(prompt);
+    thaw_chat_request_free(&req);
+}
+
+static void route_props(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                        struct thaw_http_response *r)
+{
+    (void)hr;
+    (void)ns;
+    set_json(r, 200,
+             thaw_api_props_json(thaw_engine_model_name(srv->engine), thaw_chat_template(thaw_engine_chat(srv->engine)),
+                                 srv->cfg.n_parallel, thaw_engine_n_ctx_slot(srv->engine), srv->cfg.jinja,
+                                 srv->cfg.kv_cache_dir != NULL));
+}
+
+typedef void (*route_fn)(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                         struct thaw_http_response *r);
+
+/* Every route: its paths, its one method, and whether it needs a key. */
+static const struct route {
+    const char *path, *alias;
+    const char *method;
+    route_fn fn;
+    bool public;
+} routes[] = {
+    {"/health", "/v1/health", "GET", route_health, true},
+    {"/v1/chat/completions", "/chat/completions", "POST", route_chat, false},
+    {"/v1/models", "/models", "GET", route_models, false},
+    {"/metrics", NULL, "GET", route_metrics, false},
+    {"/tokenize", NULL, "POST", route_tokenize, false},
+    {"/detokenize", NULL, "POST", route_detokenize, false},
+    {"/apply-template", NULL, "POST", route_apply_template, false},
+    {"/props", NULL, "GET", route_props, false},
+};
+
+/* The origin to allow for a browser's request, or NULL (--cors-origin). */
+static const char *cors_allow(const struct server *srv, const char *origin)
+{
+    const char *list = srv->cfg.cors_origin;
+
+    if (!list || !origin)
+        return NULL;
+    if (strcmp(list, "*") == 0)
+        return "*";
+    size_t n = strlen(origin);
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncmp(p, origin, n) == 0)
+            return origin; /* echoed: it is one of ours */
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    return NULL;
+}
+
 static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_http_response *r)
 {
     struct server *srv = ud;
-    const char *url = hr->url;
-    bool get = strcmp(hr->method, "GET") == 0;
-    bool post = strcmp(hr->method, "POST") == 0;
+    const struct route *rt = NULL;
+    uint8_t ns[THAW_KEY_BYTES];
 
     atomic_fetch_add(&srv->metrics.requests_total, 1);
-    if (strcmp(url, "/health") == 0 || strcmp(url, "/v1/health") == 0) {
-        if (!get) {
-            r->allow = "GET";
-            set_error(srv, r, 405, "use GET for /health");
-        } else {
-            set_json(r, 200, strdup("{\"status\":\"ok\"}"));
-        }
-        goto out;
-    }
-    uint8_t ns[THAW_KEY_BYTES];
-    if (authenticate(srv, hr->authorization, ns) != 0) {
-        set_error(srv, r, 401, "missing or invalid API key: send 'Authorization: Bearer <key>'");
-        goto out;
-    }
-    if (strcmp(url, "/v1/chat/completions") == 0 || strcmp(url, "/chat/completions") == 0) {
-        if (!post) {
-            r->allow = "POST";
-            set_error(srv, r, 405, "use POST for /v1/chat/completions");
-        } else {
-            route_chat(srv, hr, ns, r);
-        }
-    } else if (strcmp(url, "/v1/models") == 0 || strcmp(url, "/models") == 0) {
-        if (!get) {
-            r->allow = "GET";
-            set_error(srv, r, 405, "use GET for /v1/models");
-        } else {
-            set_json(r, 200,
-                     thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->started,
-                                          thaw_engine_n_params(srv->engine), thaw_engine_n_ctx_train(srv->engine)));
-        }
-    } else if (strcmp(url, "/metrics") == 0) {
-        if (!get) {
-            r->allow = "GET";
-            set_error(srv, r, 405, "use GET for /metrics");
-        } else {
-            route_metrics(srv, r);
-        }
-    } else {
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !rt; i++)
+        if (strcmp(hr->url, routes[i].path) == 0 || (routes[i].alias && strcmp(hr->url, routes[i].alias) == 0))
+            rt = &routes[i];
+    r->allow_origin = cors_allow(srv, hr->origin);
+    if (!rt) {
         char msg[128];
-        snprintf(msg, sizeof msg, "no route for %s %.80s", hr->method, url);
+        snprintf(msg, sizeof msg, "no route for %s %.80s", hr->method, hr->url);
         set_error(srv, r, 404, msg);
+    } else if (strcmp(hr->method, "OPTIONS") == 0 && r->allow_origin) {
+        /* a browser's preflight: no key (it carries none), no body */
+        r->status = 204;
+        r->cors_preflight = true;
+        r->allow = rt->method;
+    } else if (strcmp(hr->method, rt->method) != 0) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "use %s for %s", rt->method, rt->path);
+        r->allow = rt->method;
+        set_error(srv, r, 405, msg);
+    } else if (!rt->public && authenticate(srv, hr->authorization, ns) != 0) {
+        set_error(srv, r, 401, "missing or invalid API key: send 'Authorization: Bearer <key>'");
+    } else {
+        rt->fn(srv, hr, ns, r);
     }
-out:
     if (r->status >= 400)
         atomic_fetch_add(&srv->metrics.requests_errors, 1);
-    LOG_DBG("%s %s -> %d", hr->method, url, r->status);
+    LOG_DBG("%s %s -> %d", hr->method, hr->url, r->status);
 }
 
 /* ---- serve ------------------------------------------------------------------------ */

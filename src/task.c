@@ -43,6 +43,8 @@ void thaw_task_release(struct thaw_task *t)
     if (t->client && t->client->release)
         t->client->release(t->client_ud);
     thaw_chat_request_free(&t->req);
+    thaw_chat_gen_free(&t->gen);
+    free(t->message_json);
     free(t->prompt);
     free(t->text);
     free(t->error);
@@ -99,10 +101,14 @@ out:
     return rc;
 }
 
-void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const struct thaw_timings *timings)
+void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const struct thaw_timings *timings,
+                      char *message_json)
 {
     pthread_mutex_lock(&t->mu);
-    if (!t->done) {
+    if (t->done) {
+        free(message_json);
+    } else {
+        t->message_json = message_json;
         t->finish_reason = finish_reason;
         t->timings = *timings;
         t->done = true;

@@ -26,6 +26,8 @@ struct thaw_task {
     int n_prompt;
     int max_tokens;                /* resolved: request's, else -n, else context */
     const char *model_name;        /* for the response; the engine's, outlives the task */
+    struct thaw_chat_gen gen;      /* grammar, extra stops, reply parser (owned) */
+    char id_prefix[16];            /* tool-call ids are call_<id_prefix><i> */
     bool has_lookup_key;           /* the conversation has an assistant message */
     uint8_t lookup_key[THAW_KEY_BYTES];
     uint8_t binding[THAW_KEY_BYTES]; /* to derive the store key from the reply */
@@ -38,7 +40,8 @@ struct thaw_task {
     bool done;
     int http_status;               /* 200, or the error's status */
     char *error;                   /* message when http_status != 200 */
-    const char *finish_reason;     /* "stop" | "length" (static) */
+    const char *finish_reason;     /* "stop" | "length" | "tool_calls" (static) */
+    char *message_json;            /* the reply as a message (content, reasoning, tool calls), set with done */
     struct thaw_timings timings;
 
     atomic_bool cancelled;         /* the client went away: stop generating */
@@ -71,7 +74,9 @@ void thaw_task_release(struct thaw_task *t);
 
 /* Engine side. emit appends reply text; finish/fail set done and wake waiters. */
 int thaw_task_emit(struct thaw_task *t, const char *s, size_t n);
-void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const struct thaw_timings *timings);
+/* `message_json` (malloc'd, may be NULL) moves into the task. */
+void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const struct thaw_timings *timings,
+                      char *message_json);
 void thaw_task_fail(struct thaw_task *t, int http_status, const char *message);
 
 /* False when the task's client is known to have gone (the engine asks this

@@ -107,7 +107,13 @@ static void test_builders_produce_json(void **state)
     s = thaw_api_error_json(413, "too big");
     assert_string_equal(s, "{\"error\":{\"message\":\"too big\",\"type\":\"invalid_request_error\",\"code\":413}}");
     free(s);
-    s = thaw_api_completion_json("id1", "m", 1, "hello", "stop", 7, &t);
+    assert_null(thaw_api_completion_json("id1", "m", 1, "not json", "stop", 7, &t));
+    s = thaw_api_completion_json("id1", "m", 1,
+                                 "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\","
+                                 "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}",
+                                 "tool_calls", 7, &t);
+    assert_non_null(strstr(s, "\"tool_calls\":[{"));
+    assert_non_null(strstr(s, "\"finish_reason\":\"tool_calls\""));
     assert_non_null(strstr(s, "\"cached_tokens\":3"));
     assert_non_null(strstr(s, "\"cache_source\":\"disk\""));
     assert_non_null(strstr(s, "\"prompt_per_second\":2000"));
@@ -163,6 +169,59 @@ static void test_admit_bounds_before_tokenizing(void **state)
     thaw_chat_request_free(&req);
 }
 
+/* Agent fields: validated, normalised, and the unsupported refused by name. */
+static void test_agent_fields(void **state)
+{
+    struct thaw_chat_request req;
+    char err[256];
+
+    (void)state;
+    const char *ok = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                     "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+                     "\"function\":{\"name\":\"f\",\"arguments\":{\"x\":1}}}]},"
+                     "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"}],"
+                     "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}],"
+                     "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}},"
+                     "\"response_format\":{\"type\":\"json_object\"},\"chat_template_kwargs\":{\"enable_thinking\":false},"
+                     "\"user\":\"u1\",\"metadata\":{\"a\":\"b\"},\"store\":false}";
+    assert_int_equal(thaw_api_parse_chat(ok, strlen(ok), true, &req, err, sizeof err), 0);
+    assert_string_equal(req.tool_choice, "required");
+    assert_string_equal(req.tool_choice_name, "f");
+    assert_string_equal(req.json_schema, "{\"type\":\"object\"}");
+    assert_non_null(req.tools_json);
+    assert_string_equal(req.template_kwargs, "{\"enable_thinking\":false}");
+    /* arguments given as an object become the string OpenAI sends */
+    assert_non_null(strstr(req.messages[1].json, "\"arguments\":\"{\\\"x\\\":1}\""));
+    assert_non_null(strstr(req.messages[1].json, "\"content\":null"));
+    assert_non_null(strstr(req.messages[2].json, "\"tool_call_id\":\"c1\""));
+    thaw_chat_request_free(&req);
+
+    static const struct {
+        const char *body, *needle;
+    } bad[] = {
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", "'tools'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{}}]}", "tools[0].function.name"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"sometimes\"}", "'tool_choice'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", "needs 'tools'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"parallel_tool_calls\":1}", "'parallel_tool_calls'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"yaml\"}}", "'response_format.type'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\"}}", "json_schema.schema"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[]}", "'chat_template_kwargs'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", "'logprobs'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", "'n'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", "image_url"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[]}]}", "only assistant"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\",\"tool_calls\":[{\"function\":{\"name\":3}}]}]}", "tool_calls[0].function.name"},
+        {"{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":5}]}", "tool_call_id"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (thaw_api_parse_chat(bad[i].body, strlen(bad[i].body), true, &req, err, sizeof err) != THAW_EINVAL)
+            fail_msg("accepted: %s", bad[i].body);
+        if (!strstr(err, bad[i].needle))
+            fail_msg("'%s' lacks '%s'", err, bad[i].needle);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -172,6 +231,7 @@ int main(void)
         cmocka_unit_test(test_builders_produce_json),
         cmocka_unit_test(test_admit_bounds_before_tokenizing),
         cmocka_unit_test(test_error_body_with_client_bytes_is_json),
+        cmocka_unit_test(test_agent_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

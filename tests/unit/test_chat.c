@@ -34,7 +34,7 @@ static void test_binding_separates_tenants_and_identity(void **state)
 {
     uint8_t fp[THAW_KEY_BYTES] = {1}, nsa[THAW_KEY_BYTES], nsb[THAW_KEY_BYTES];
     uint8_t ba[THAW_KEY_BYTES], bb[THAW_KEY_BYTES], id[THAW_KEY_BYTES], ka[THAW_KEY_BYTES], kb[THAW_KEY_BYTES];
-    struct thaw_message m[] = {{(char *)"user", (char *)"hi"}};
+    struct thaw_message m[] = {{(char *)"user", (char *)"hi", (char *)"{\"content\":\"hi\",\"role\":\"user\"}"}};
 
     (void)state;
     thaw_chat_namespace("alpha", 5, nsa);
@@ -44,9 +44,30 @@ static void test_binding_separates_tenants_and_identity(void **state)
     thaw_chat_binding(fp, "s", NULL, id);
     assert_memory_not_equal(ba, bb, THAW_KEY_BYTES);
     assert_memory_not_equal(ba, id, THAW_KEY_BYTES);
-    thaw_chat_key(ba, m, 1, "yo", ka);
-    thaw_chat_key(bb, m, 1, "yo", kb);
+    thaw_chat_key(ba, m, 1, "{}", ka);
+    thaw_chat_key(bb, m, 1, "{}", kb);
     assert_memory_not_equal(ka, kb, THAW_KEY_BYTES);
+}
+
+/* Two agents with the same messages but other tools (or kwargs) must not
+ * share a key: the tools render into the prompt. */
+static void test_request_binding_covers_tools_and_kwargs(void **state)
+{
+    uint8_t b[THAW_KEY_BYTES] = {7}, b1[THAW_KEY_BYTES], b2[THAW_KEY_BYTES], b3[THAW_KEY_BYTES], b4[THAW_KEY_BYTES];
+    struct thaw_chat_request r1 = {0}, r2 = {0}, r3 = {0};
+
+    (void)state;
+    r1.tools_json = (char *)"[{\"function\":{\"name\":\"a\"},\"type\":\"function\"}]";
+    r2.tools_json = (char *)"[{\"function\":{\"name\":\"b\"},\"type\":\"function\"}]";
+    r3.tools_json = r1.tools_json;
+    r3.template_kwargs = (char *)"{\"enable_thinking\":false}";
+    thaw_chat_bind_request(b, &r1, b1);
+    thaw_chat_bind_request(b, &r2, b2);
+    thaw_chat_bind_request(b, &r3, b3);
+    thaw_chat_bind_request(b, &r1, b4);
+    assert_memory_not_equal(b1, b2, THAW_KEY_BYTES);
+    assert_memory_not_equal(b1, b3, THAW_KEY_BYTES);
+    assert_memory_equal(b1, b4, THAW_KEY_BYTES);
 }
 
 int main(void)
@@ -54,6 +75,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_namespace_is_the_key_not_its_position),
         cmocka_unit_test(test_binding_separates_tenants_and_identity),
+        cmocka_unit_test(test_request_binding_covers_tools_and_kwargs),
     };
     if (sodium_init() < 0)
         return 1;
