@@ -119,6 +119,10 @@ else
   fi
 fi
 cc=$(command -v "$cc")
+# template.cpp is C++: the same clang's C++ driver, with the same sanitizers
+cxx=${CXX:-${cc/%clang/clang++}}
+cxx=${cxx/%clang-14/clang++-14}
+command -v "$cxx" >/dev/null 2>&1 || die "no C++ compiler to match $cc (set CXX)"
 
 # ASan/UBSan symbolise through llvm-symbolizer: next to the compiler, or on PATH
 find_symbolizer() {
@@ -151,7 +155,7 @@ done
 
 log "configuring $bld"
 mkdir -p "$bld"
-cmake -S "$root" -B "$bld" -DTHAW_FUZZ=ON -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+cmake -S "$root" -B "$bld" -DTHAW_FUZZ=ON -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   >"$bld/configure.log" 2>&1 || { cat "$bld/configure.log" >&2; die "cmake configure failed"; }
 log "building ${targets[*]} gen_corpus"
 cmake --build "$bld" -j"$(nproc)" --target "${targets[@]}" gen_corpus >"$bld/build.log" 2>&1 ||
@@ -194,7 +198,7 @@ if [ $coverage = 1 ]; then
   covb="$bld/cov"
   mkdir -p "$covb"
   log "building the coverage build in build-fuzz/cov"
-  cmake -S "$root" -B "$covb" -DTHAW_FUZZ=ON -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  cmake -S "$root" -B "$covb" -DTHAW_FUZZ=ON -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_FLAGS="-fprofile-instr-generate -fcoverage-mapping" \
     -DCMAKE_EXE_LINKER_FLAGS="-fprofile-instr-generate" >"$covb/configure.log" 2>&1 ||
     { cat "$covb/configure.log" >&2; die "cmake configure failed"; }
