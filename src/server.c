@@ -605,9 +605,12 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
     } else {
         rt->fn(srv, hr, ns, r);
     }
-    if (r->status >= 400)
+    if (r->status >= 400 && !r->defer)
         atomic_fetch_add(&srv->metrics.requests_errors, 1);
-    LOG_DBG("%s %s -> %d", hr->method, hr->url, r->status);
+    if (r->defer)
+        LOG_DBG("%s %s -> waiting for the engine", hr->method, hr->url);
+    else
+        LOG_DBG("%s %s -> %d", hr->method, hr->url, r->status);
 }
 
 /* ---- serve ------------------------------------------------------------------------ */
