@@ -135,53 +135,13 @@ done:
 
 int thaw_chat_tokenize(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out)
 {
-    size_t len = strlen(text);
-    int cap = (int)(len + 16);
-    llama_token *toks;
-    int n;
-
-    if (len > INT32_MAX / 2)
-        return THAW_ETOOBIG;
-    toks = malloc((size_t)cap * sizeof *toks);
-    if (!toks)
-        return THAW_ENOMEM;
-    n = llama_tokenize(chat->vocab, text, (int32_t)len, toks, cap, true, true);
-    if (n < 0) {
-        cap = -n;
-        llama_token *nt = realloc(toks, (size_t)cap * sizeof *nt);
-        if (!nt) {
-            free(toks);
-            return THAW_ENOMEM;
-        }
-        toks = nt;
-        n = llama_tokenize(chat->vocab, text, (int32_t)len, toks, cap, true, true);
-    }
-    if (n < 0) {
-        free(toks);
-        return THAW_EINVAL;
-    }
-    *out = toks;
-    *n_out = n;
-    return 0;
+    return thaw_chat_tokenize_text(chat, text, true, out, n_out);
 }
 
 /* Tokens of a piece of template text, no BOS. */
 static int tokenize_piece(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out)
 {
-    int32_t len = (int32_t)strlen(text);
-    int cap = len + 8;
-    llama_token *toks = malloc((size_t)cap * sizeof *toks);
-
-    if (!toks)
-        return THAW_ENOMEM;
-    int n = llama_tokenize(chat->vocab, text, len, toks, cap, false, true);
-    if (n < 0) {
-        free(toks);
-        return THAW_EINVAL;
-    }
-    *out = toks;
-    *n_out = n;
-    return 0;
+    return thaw_chat_tokenize_text(chat, text, false, out, n_out);
 }
 
 void thaw_chat_gen_free(struct thaw_chat_gen *g)
