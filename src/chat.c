@@ -448,6 +448,9 @@ int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_reques
             gen->grammar = forced;
         }
     }
+    if (rc == 0 && gen->grammar)
+        LOG_DBG("chat: grammar (%s, %d triggers, %d trigger tokens):\n%s", gen->grammar_lazy ? "lazy" : "from the start",
+                gen->n_triggers, gen->n_trigger_tokens, gen->grammar);
     if (rc != 0) {
         free(*tokens);
         *tokens = NULL;
