@@ -10,6 +10,7 @@
 #include "chat.h"
 
 #include "error.h"
+#include "grammar.h"
 #include "log.h"
 #include "template.h"
 
@@ -177,148 +178,6 @@ static char *regex_escape(const char *s)
     return o;
 }
 
-/* ---- tool_choice required ----
- * The template's grammar lets a reply say anything before its tool calls
- * (`until-N?`, an optional thinking block, `message*`). A trained model
- * calls at once; a stubborn or random one can ramble inside that freedom
- * until max_tokens, and "required" must mean a call. So the root rule
- * loses every element that can match nothing (optional, repeated, or an
- * until-rule, directly or through a rule that is only one), and what is
- * left leads straight to the call. A root with alternatives is left alone. */
-
-static bool is_until_rule(const char *grammar, const char *name, size_t n)
-{
-    if (n > 6 && memcmp(name, "until-", 6) == 0)
-        return true;
-    /* `name ::= until-N` on a line of its own */
-    for (const char *line = grammar; line && *line;) {
-        if (strncmp(line, name, n) == 0 && strncmp(line + n, " ::= until-", 11) == 0) {
-            const char *e = line + n + 11;
-            while (*e >= '0' && *e <= '9')
-                e++;
-            if (*e == '\n' || *e == '\0')
-                return true;
-        }
-        line = strchr(line, '\n');
-        if (line)
-            line++;
-    }
-    return false;
-}
-
-/* With parallel_tool_calls false, the calls rule `name ::= (...)+` loses
- * its `+`: one call, then the grammar is complete and only an end of turn
- * can follow. In place; a rule of another shape is left alone. */
-static void single_call(char *grammar, const char *name, size_t n)
-{
-    for (char *line = grammar; line && *line;) {
-        char *eol = strchr(line, '\n');
-        if (strncmp(line, name, n) == 0 && strncmp(line + n, " ::= (", 6) == 0) {
-            char *end = eol ? eol : line + strlen(line);
-            if (end - line > 2 && end[-1] == '+' && end[-2] == ')') {
-                memmove(end - 1, end, strlen(end) + 1);
-                return;
-            }
-        }
-        line = eol ? eol + 1 : NULL;
-    }
-}
-
-static char *force_tool_call(const char *grammar, bool parallel)
-{
-    const char *root = strncmp(grammar, "root ::= ", 9) == 0 ? grammar : strstr(grammar, "\nroot ::= ");
-    if (!root)
-        return NULL;
-    if (*root == '\n')
-        root++;
-    const char *rhs = root + 9, *end = strchr(rhs, '\n');
-    if (!end)
-        end = rhs + strlen(rhs);
-    size_t cap = strlen(grammar) * 2 + 64; /* an until-rule may become a longer class */
-    char *out = malloc(cap), *o;
-    if (!out)
-        return NULL;
-    memcpy(out, grammar, (size_t)(rhs - grammar));
-    o = out + (rhs - grammar);
-    const char *p = rhs;
-    bool kept_any = false;
-    while (p < end) {
-        while (p < end && *p == ' ')
-            p++;
-        if (p >= end)
-            break;
-        const char *e = p;
-        int depth = 0;
-        bool quoted = false;
-        for (; e < end; e++) {
-            if (quoted) {
-                if (*e == '\\' && e + 1 < end)
-                    e++;
-                else if (*e == '"')
-                    quoted = false;
-                continue;
-            }
-            if (*e == '"') {
-                quoted = true;
-            } else if (*e == '(' || *e == '[') {
-                depth++;
-            } else if (*e == ')' || *e == ']') {
-                depth--;
-            } else if (*e == '|' && depth == 0) {
-                free(out); /* alternatives at the top: not ours to reshape */
-                return NULL;
-            } else if (*e == ' ' && depth == 0) {
-                break;
-            }
-        }
-        size_t n = (size_t)(e - p);
-        char last = p[n - 1];
-        size_t base = last == '?' || last == '*' ? n - 1 : n; /* the element without its suffix */
-        bool group = p[0] == '(';
-        /* an optional group stays (the generation prompt may open it, as
-         * DeepSeek R1's does with <think>), emptied of its until-rules */
-        bool droppable = last == '*' || (!group && last == '?') || is_until_rule(grammar, p, base);
-        if (!droppable) {
-            if (kept_any)
-                *o++ = ' ';
-            for (size_t k = 0; k < n;) {
-                if (group && strncmp(p + k, "until-", 6) == 0 && (k == 0 || p[k - 1] == ' ' || p[k - 1] == '(')) {
-                    /* a few blanks instead: enough for the newline a
-                     * generation prompt may end with */
-                    static const char blanks[] = "[ \\t\\n]{0,8}";
-                    k += 6;
-                    while (k < n && p[k] >= '0' && p[k] <= '9')
-                        k++;
-                    if (k < n && (p[k] == '?' || p[k] == '*'))
-                        k++;
-                    memcpy(o, blanks, sizeof blanks - 1);
-                    o += sizeof blanks - 1;
-                    continue;
-                }
-                *o++ = p[k++];
-            }
-            kept_any = true;
-        }
-        p = e;
-    }
-    size_t tail = strlen(end);
-    memcpy(o, end, tail + 1);
-    if (!parallel && kept_any) {
-        /* the last element of the new root names the calls rule */
-        char *root_end = strchr(out + (rhs - grammar), '\n'), *last;
-        size_t rlen = root_end ? (size_t)(root_end - out) : strlen(out);
-        for (last = out + rlen; last > out && last[-1] != ' '; last--)
-            ;
-        char name[128];
-        size_t n = (size_t)(out + rlen - last);
-        if (n > 0 && n < sizeof name) {
-            memcpy(name, last, n);
-            single_call(out, name, n);
-        }
-    }
-    return out;
-}
-
 /* The apply result's grammar, triggers, stops and parser -> gen. */
 static int take_gen(const struct thaw_chat *chat, json_t *res, struct thaw_chat_gen *g)
 {
@@ -391,6 +250,30 @@ static int take_gen(const struct thaw_chat *chat, json_t *res, struct thaw_chat_
     return 0;
 }
 
+/* The library's grammar made to keep the request's promises (grammar.h):
+ * each tool's own argument schema where the family's rules are generic,
+ * and with tool_choice "required" a straight, bounded road to the call. */
+static int reshape_grammar(const struct thaw_chat_request *req, struct thaw_chat_gen *gen)
+{
+    char *g;
+
+    if (req->tools_json && (g = thaw_grammar_gemma4_args(gen->grammar, req->tools_json))) {
+        free(gen->grammar);
+        gen->grammar = g;
+    }
+    if (gen->grammar_lazy || !req->tool_choice || strcmp(req->tool_choice, "required") != 0)
+        return 0;
+    if ((g = thaw_grammar_force_call(gen->grammar, req->parallel_tool_calls))) {
+        free(gen->grammar);
+        gen->grammar = g;
+    }
+    if (!(g = thaw_grammar_bound_repeats(gen->grammar)))
+        return THAW_ENOMEM;
+    free(gen->grammar);
+    gen->grammar = g;
+    return 0;
+}
+
 /* Renders a request: the apply result (JSON, parsed) or NULL with err. */
 static json_t *apply_request(const struct thaw_chat *chat, const struct thaw_chat_request *req, char *err,
                              size_t errlen, int *rc)
@@ -440,14 +323,8 @@ int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_reques
         return rc;
     if ((rc = thaw_chat_tokenize(chat, json_string_value(json_object_get(res, "prompt")), tokens, n_tokens)) != 0)
         goto done;
-    if ((rc = take_gen(chat, res, gen)) == 0 && gen->grammar && !gen->grammar_lazy && req->tool_choice &&
-        strcmp(req->tool_choice, "required") == 0) {
-        char *forced = force_tool_call(gen->grammar, req->parallel_tool_calls);
-        if (forced) {
-            free(gen->grammar);
-            gen->grammar = forced;
-        }
-    }
+    if ((rc = take_gen(chat, res, gen)) == 0 && gen->grammar)
+        rc = reshape_grammar(req, gen);
     if (rc == 0 && gen->grammar)
         LOG_DBG("chat: grammar (%s, %d triggers, %d trigger tokens):\n%s", gen->grammar_lazy ? "lazy" : "from the start",
                 gen->n_triggers, gen->n_trigger_tokens, gen->grammar);

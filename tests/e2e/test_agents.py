@@ -95,9 +95,7 @@ def stream_message(s, body):
     return msg, finish
 
 
-# gpt-oss and gemma4 render and load, but their forced-call grammars do not
-# yet lead a random model to a complete call: not claimed here
-@pytest.mark.parametrize("family", ["qwen3", "llama3.1", "mistral-small-3.2", "deepseek-r1", "hermes3"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_forced_tool_calls_parse_plain_and_streamed(serve, family_models, family):
     s = serve(family_models[family], "-np", "1", "-c", "4096")
     body = forced([user("What is the weather in Paris, and the time in UTC?")])
@@ -123,7 +121,7 @@ def test_openai_sdk_gets_the_same_call_streamed_and_not(serve, family_models):
     if not os.path.exists(link):
         os.symlink(NODE_MODULES, link)
     script = os.path.join(os.path.dirname(__file__), "openai_agent.mjs")
-    for family in ("qwen3", "llama3.1", "hermes3"):
+    for family in FAMILIES:
         s = serve(family_models[family], "-np", "1", "-c", "4096")
         body = forced([user("Weather in London?")], model="m")
         p = subprocess.run(["node", script, s.url + "/v1", json.dumps(body)], capture_output=True, text=True,
