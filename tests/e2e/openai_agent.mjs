@@ -2,13 +2,20 @@
 // one request with `tools`, non-streamed and streamed, and prints both
 // tool calls as the SDK parsed them (the streamed one assembled from its
 // deltas) as one JSON line for test_agents.py.
-// usage: node openai_agent.mjs BASE_URL REQUEST_JSON
+// With `once`, one non-streamed request and the completion as the SDK
+// returned it (an agent loop's step: the caller echoes that message back).
+// usage: node openai_agent.mjs BASE_URL REQUEST_JSON [once]
 import OpenAI from "openai";
 
-const [baseURL, requestJson] = process.argv.slice(2);
+const [baseURL, requestJson, mode] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey: "none", maxRetries: 0 });
 const req = JSON.parse(requestJson);
 const out = {};
+
+if (mode === "once") {
+  console.log(JSON.stringify(await client.chat.completions.create({ ...req, stream: false })));
+  process.exit(0);
+}
 
 const c = await client.chat.completions.create({ ...req, stream: false });
 out.plain = { message: c.choices[0].message, finish_reason: c.choices[0].finish_reason };

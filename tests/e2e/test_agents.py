@@ -114,13 +114,18 @@ def test_forced_tool_calls_parse_plain_and_streamed(serve, family_models, family
     assert {c["function"]["name"] for c in named} == {"get_time"}
 
 
-def test_openai_sdk_gets_the_same_call_streamed_and_not(serve, family_models):
+def sdk_script():
+    """openai_agent.mjs, with the SDK where node finds it."""
     if not shutil.which("node") or not os.path.isdir(os.path.join(NODE_MODULES, "openai")):
         pytest.fail("node and the openai SDK are installed by scripts/setup.sh; run it first")
     link = os.path.join(os.path.dirname(__file__), "node_modules")
     if not os.path.exists(link):
         os.symlink(NODE_MODULES, link)
-    script = os.path.join(os.path.dirname(__file__), "openai_agent.mjs")
+    return os.path.join(os.path.dirname(__file__), "openai_agent.mjs")
+
+
+def test_openai_sdk_gets_the_same_call_streamed_and_not(serve, family_models):
+    script = sdk_script()
     for family in FAMILIES:
         s = serve(family_models[family], "-np", "1", "-c", "4096")
         body = forced([user("Weather in London?")], model="m")
@@ -212,8 +217,15 @@ SCHEMAS = [{"type": "function", "function": {
     for i in range(24)]
 
 
-def agent_step(s, msgs, tools, **kw):
+def agent_step(s, msgs, tools, sdk=False, **kw):
+    """One step of an agent: its tools, a required call. With sdk, sent by
+    the official openai SDK, whose parsed message is what gets echoed."""
     body = {"messages": msgs, "tools": tools, "tool_choice": "required", "temperature": 0, "max_tokens": 400, **kw}
+    if sdk:
+        p = subprocess.run(["node", sdk_script(), s.url + "/v1", json.dumps({**body, "model": "m"}), "once"],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
     r = s.post("/v1/chat/completions", body)
     assert r.status_code == 200, r.text
     return r.json()
@@ -238,7 +250,7 @@ def test_agent_loop_is_served_from_cache_across_a_restart(serve, family_models, 
         if step == 4:
             s.stop()
             s = serve(family_models["qwen3"], *flags)
-        ra = agent_step(s, a, SCHEMAS)
+        ra = agent_step(s, a, SCHEMAS, sdk=True)
         rb = agent_step(s, b, SCHEMAS[:12])  # interleaved, other tools
         if step > 0:
             t = ra["timings"]
