@@ -4,8 +4,10 @@
  *   1. Nothing is read before the reader has checked that it lies inside the
  *      buffer (struct rd); sizes are multiplied only after a division has
  *      shown the product fits.
- *   2. A length that runs past the end is THAW_ECORRUPT; a field that is
- *      in bounds but not what the pinned version writes is THAW_ELAYOUT.
+ *   2. A length in section 0 that runs past the end is THAW_ECORRUPT; a
+ *      field that is in bounds but not what the pinned version writes, and
+ *      anything after section 0 that is not exactly one SWA section, is
+ *      THAW_ELAYOUT.
  *
  * Map:
  *   ---- reader ----        bounds-checked reads
@@ -228,6 +230,8 @@ static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct 
         return 0;
     /* bytes follow: only the SWA section of an iSWA cache is understood */
     rc = parse_section(b, n, l->tail_off, seq_id, ext, 0, &tail);
+    if (rc == THAW_ECORRUPT) /* extra bytes and a cut-off tail look alike: both are not ours */
+        rc = THAW_ELAYOUT;
     if (rc == 0 && (tail.end != n || tail.n_stream != l->s0.n_stream ||
                     (tail.n_cells > 0 && tail.stream != l->s0.stream)))
         rc = THAW_ELAYOUT;

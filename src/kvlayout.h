@@ -82,8 +82,10 @@ struct thaw_kvlayout_frame {
 
 /* Parses a llama_state_seq_get_data() buffer of n bytes. On success *out is
  * a new layout (free it with thaw_kvlayout_free). Returns 0,
- * THAW_ECORRUPT (a length runs past the buffer), THAW_ELAYOUT (a layout this
- * module does not know: fall back to whole-state entries), THAW_EINVAL (no
+ * THAW_ECORRUPT (a length in the cut section runs past the buffer),
+ * THAW_ELAYOUT (a layout this module does not know, including bytes after the
+ * cut section that are not exactly one SWA section — a cut-off tail reads as
+ * such: fall back to whole-state entries), THAW_EINVAL (no
  * cells: nothing to cut) or THAW_ENOMEM. *out is NULL on failure. */
 int thaw_kvlayout_parse(const void *buf, size_t n, struct thaw_kvlayout **out);
 
