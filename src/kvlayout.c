@@ -102,10 +102,10 @@ struct thaw_kvlayout {
     const uint8_t *buf;
     size_t n;
     int32_t seq_id;
-    int ext;            /* cells carry llama_kv_cell_ext */
-    struct section s0;  /* the cut section */
-    size_t tail_off;    /* == n when there is no tail */
-    size_t cell_bytes;  /* K + V bytes per cell, all layers */
+    int ext;           /* cells carry llama_kv_cell_ext */
+    struct section s0; /* the cut section */
+    size_t tail_off;   /* == n when there is no tail */
+    size_t cell_bytes; /* K + V bytes per cell, all layers */
 };
 
 static size_t meta_stride(int ext)
@@ -232,8 +232,8 @@ static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct 
     rc = parse_section(b, n, l->tail_off, seq_id, ext, 0, &tail);
     if (rc == THAW_ECORRUPT) /* extra bytes and a cut-off tail look alike: both are not ours */
         rc = THAW_ELAYOUT;
-    if (rc == 0 && (tail.end != n || tail.n_stream != l->s0.n_stream ||
-                    (tail.n_cells > 0 && tail.stream != l->s0.stream)))
+    if (rc == 0 &&
+        (tail.end != n || tail.n_stream != l->s0.n_stream || (tail.n_cells > 0 && tail.stream != l->s0.stream)))
         rc = THAW_ELAYOUT;
     free(tail.layers);
     return rc;
@@ -357,8 +357,7 @@ int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, voi
     if (cap < need)
         return THAW_ETOOBIG;
     put32(&p, BLOCK_MAGIC);
-    put32(&p, THAW_KVLAYOUT_BLOCK_VERSION | (uint32_t)((s->v_trans ? FLAG_VTRANS : 0) | (l->ext ? FLAG_EXT : 0))
-                                               << 16);
+    put32(&p, THAW_KVLAYOUT_BLOCK_VERSION | (uint32_t)((s->v_trans ? FLAG_VTRANS : 0) | (l->ext ? FLAG_EXT : 0)) << 16);
     put32(&p, a); /* positions are the cell indices (parse checked) */
     put32(&p, (uint32_t)m);
     put32(&p, s->n_layers);
@@ -654,8 +653,7 @@ int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *wh
         goto done;
     }
     if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0) {
-        rc = fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "the state does not parse: %s",
-                  thaw_strerror(rc));
+        rc = fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "the state does not parse: %s", thaw_strerror(rc));
         goto done;
     }
     if (thaw_kvlayout_n_cells(l) != SELFTEST_TOKENS) {
@@ -679,22 +677,22 @@ int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *wh
     size_t n_tail;
     thaw_kvlayout_frame(l, &fr);
     thaw_kvlayout_tail(l, &tail, &n_tail);
-    if ((rc = thaw_kvlayout_assemble((const void *const *)blk, sizes, nb, &fr, tail, n_tail, &asm_buf, &n_asm)) !=
-        0) {
+    if ((rc = thaw_kvlayout_assemble((const void *const *)blk, sizes, nb, &fr, tail, n_tail, &asm_buf, &n_asm)) != 0) {
         rc = fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "assembly: %s", thaw_strerror(rc));
         goto done;
     }
     if (n_asm != n_state || memcmp(asm_buf, state, n_state) != 0) {
-        rc = fail(why, n_why, THAW_ELAYOUT, "the assembled state (%zu bytes) differs from the captured one (%zu) at byte %zu",
-                  n_asm, n_state, first_diff(asm_buf, state, n_asm < n_state ? n_asm : n_state));
+        rc = fail(why, n_why, THAW_ELAYOUT,
+                  "the assembled state (%zu bytes) differs from the captured one (%zu) at byte %zu", n_asm, n_state,
+                  first_diff(asm_buf, state, n_asm < n_state ? n_asm : n_state));
         goto done;
     }
     if (llama_state_seq_set_data(ctx, asm_buf, n_asm, seq) != n_asm) {
         rc = fail(why, n_why, THAW_ELAYOUT, "llama_state_seq_set_data refused the assembled state");
         goto done;
     }
-    if (llama_state_seq_get_size(ctx, seq) != n_state || llama_state_seq_get_data(ctx, again, n_state, seq) != n_state ||
-        memcmp(again, state, n_state) != 0) {
+    if (llama_state_seq_get_size(ctx, seq) != n_state ||
+        llama_state_seq_get_data(ctx, again, n_state, seq) != n_state || memcmp(again, state, n_state) != 0) {
         rc = fail(why, n_why, THAW_ELAYOUT, "the restored sequence's state differs from the captured one");
         goto done;
     }

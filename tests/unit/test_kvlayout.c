@@ -312,6 +312,61 @@ static void test_gemma4(void **state)
     round_trip(m_gemma4, LLAMA_FLASH_ATTN_TYPE_ENABLED, 0, 1);
 }
 
+static void damage(const uint8_t *s, size_t n, int strict_truncation);
+
+/* Cells with llama_kv_cell_ext (M-RoPE / PLE models, none of which mkmodel
+ * makes): a real llama buffer with 12 ext bytes put into every cell's meta
+ * must be recognised and round-trip with its ext intact. */
+static void test_cell_ext(void **state)
+{
+    struct env e;
+    struct thaw_kvlayout *l;
+    struct thaw_kvlayout_frame f;
+    size_t n;
+
+    (void)state;
+    env_open(&e, m_llama, LLAMA_FLASH_ATTN_TYPE_DISABLED, 256);
+    decode(&e, 0, 0, 10);
+    uint8_t *s = get_state(&e, 0, &n);
+    env_close(&e);
+    /* magic | seq | n_stream (2) | count (stream 0) | meta at 16 */
+    uint32_t N;
+    memcpy(&N, s + 12, 4);
+    assert_int_equal(N, 10);
+    size_t nx = n + 12 * (size_t)N;
+    uint8_t *x = malloc(nx), *p = x;
+    assert_non_null(x);
+    memcpy(p, s, 16);
+    p += 16;
+    for (uint32_t c = 0; c < N; c++) {
+        int32_t ext[3] = {(int32_t)c * 3, (int32_t)c * 5, 1000 + (int32_t)c};
+        memcpy(p, s + 16 + 12 * c, 8);
+        memcpy(p + 8, ext, 12);
+        memcpy(p + 20, s + 16 + 12 * c + 8, 4);
+        p += 24;
+    }
+    memcpy(p, s + 16 + 12 * N, n - 16 - 12 * N);
+
+    assert_int_equal(thaw_kvlayout_parse(x, nx, &l), 0);
+    assert_int_equal(thaw_kvlayout_n_cells(l), N);
+    assert_int_equal(thaw_kvlayout_block_size(l, 0, 1),
+                     24 + 24 * thaw_kvlayout_n_layers(l) + 16 + thaw_kvlayout_bytes_per_cell(l));
+    thaw_kvlayout_frame(l, &f);
+    struct blocks bl;
+    void *out;
+    size_t n_out;
+    cut_all(l, 3, &bl);
+    assemble(&bl, &f, l, &out, &n_out);
+    assert_int_equal(n_out, nx);
+    assert_memory_equal(out, x, nx);
+    free(out);
+    blocks_free(&bl);
+    thaw_kvlayout_free(l);
+    damage(x, nx, 1);
+    free(x);
+    free(s);
+}
+
 /* ---- refusals and damage ----------------------------------------------------- */
 
 static void test_hybrid_refused(void **state)
@@ -482,12 +537,10 @@ static void test_damaged_blocks(void **state)
     /* a gap, an overlap, a block of another shape, no blocks, a bad frame */
     void *gap[2] = {bl.b[0], bl.b[2]};
     size_t gapn[2] = {bl.n[0], bl.n[2]};
-    assert_int_equal(thaw_kvlayout_assemble((const void *const *)gap, gapn, 2, &f, NULL, 0, &out, &n_out),
-                     THAW_EINVAL);
+    assert_int_equal(thaw_kvlayout_assemble((const void *const *)gap, gapn, 2, &f, NULL, 0, &out, &n_out), THAW_EINVAL);
     void *dup[2] = {bl.b[0], bl.b[0]};
     size_t dupn[2] = {bl.n[0], bl.n[0]};
-    assert_int_equal(thaw_kvlayout_assemble((const void *const *)dup, dupn, 2, &f, NULL, 0, &out, &n_out),
-                     THAW_EINVAL);
+    assert_int_equal(thaw_kvlayout_assemble((const void *const *)dup, dupn, 2, &f, NULL, 0, &out, &n_out), THAW_EINVAL);
     void *mix[2] = {bl.b[0], bl2.b[1]};
     size_t mixn[2] = {bl.n[0], bl2.n[1]};
     assert_int_equal(thaw_kvlayout_assemble((const void *const *)mix, mixn, 2, &f, NULL, 0, &out, &n_out),
@@ -559,7 +612,8 @@ static void test_bench(void **state)
     for (int fa = 0; fa < 2; fa++) {
         struct env e;
         size_t n;
-        env_open(&e, path, fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED, 16384 + 256);
+        /* n_ctx is split between the 2 streams: seq 1 must hold 16k too */
+        env_open(&e, path, fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED, 2 * (16384 + 256));
         double t0 = now_ms();
         decode(&e, 0, 0, 2048);
         fprintf(stderr, "kvlayout bench: fa=%d prefill 2048 tokens %.0f ms\n", fa, now_ms() - t0);
@@ -616,9 +670,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_fa_on),    cmocka_unit_test(test_llama_fa_off),
         cmocka_unit_test(test_gemma3_fa_on),   cmocka_unit_test(test_gemma3_fa_off),
-        cmocka_unit_test(test_gemma4),         cmocka_unit_test(test_hybrid_refused),
-        cmocka_unit_test(test_selftest),       cmocka_unit_test(test_damaged_state),
-        cmocka_unit_test(test_damaged_blocks), cmocka_unit_test(test_bench),
+        cmocka_unit_test(test_gemma4),         cmocka_unit_test(test_cell_ext),
+        cmocka_unit_test(test_hybrid_refused), cmocka_unit_test(test_selftest),
+        cmocka_unit_test(test_damaged_state),  cmocka_unit_test(test_damaged_blocks),
+        cmocka_unit_test(test_bench),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
