@@ -653,7 +653,10 @@ int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *wh
         goto done;
     }
     if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0) {
-        rc = fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "the state does not parse: %s", thaw_strerror(rc));
+        const struct llama_model *m = llama_get_model(ctx);
+        rc =
+            fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "the state does not parse: %s%s", thaw_strerror(rc),
+                 llama_model_is_recurrent(m) || llama_model_is_hybrid(m) ? " (the model has recurrent memory)" : "");
         goto done;
     }
     if (thaw_kvlayout_n_cells(l) != SELFTEST_TOKENS) {

@@ -383,6 +383,7 @@ static void test_hybrid_refused(void **state)
     assert_int_equal(thaw_kvlayout_parse(s, n, &l), THAW_ELAYOUT);
     assert_null(l);
     assert_int_equal(thaw_kvlayout_selftest(e.ctx, 1, why, sizeof why), THAW_ELAYOUT);
+    fprintf(stderr, "  lfm2 self-test: %s\n", why);
     assert_true(strlen(why) > 0);
     assert_null(strchr(why, '\n'));
     free(s);
