@@ -21,7 +21,8 @@
     X(LLAMA, "llama.cpp call failed")                                        \
     X(SHUTDOWN, "server is shutting down")                                   \
     X(CANCELLED, "cancelled")                                                \
-    X(LOCKED, "in use by another process")
+    X(LOCKED, "in use by another process")                                   \
+    X(LAYOUT, "unknown llama.cpp state layout")
 
 enum thaw_error {
     THAW_ERR_BASE_ = -100000,

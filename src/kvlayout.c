@@ -1,0 +1,713 @@
+/* kvlayout.c — parse, cut and assemble libllama sequence-state buffers.
+ *
+ * The byte layouts are in kvlayout.h. Two rules hold everywhere here:
+ *   1. Nothing is read before the reader has checked that it lies inside the
+ *      buffer (struct rd); sizes are multiplied only after a division has
+ *      shown the product fits.
+ *   2. A length in section 0 that runs past the end is THAW_ECORRUPT; a
+ *      field that is in bounds but not what the pinned version writes, and
+ *      anything after section 0 that is not exactly one SWA section, is
+ *      THAW_ELAYOUT.
+ *
+ * Map:
+ *   ---- reader ----        bounds-checked reads
+ *   ---- types ----         which ggml types a row can hold
+ *   ---- parse ----         one KV-cache section, then the whole buffer
+ *   ---- blocks ----        cut one, validate one
+ *   ---- assembly ----      blocks + frame + tail -> libllama buffer
+ *   ---- self-test ----     the start-up round trip
+ */
+#include "kvlayout.h"
+
+#include "error.h"
+
+#include <ggml.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LLAMA_SEQ_MAGIC 0xaf143cd8u /* llama-context.cpp io_magic (v0.4.0) */
+#define BLOCK_MAGIC 0x31424b54u     /* "TKB1" */
+#define BLOCK_HEAD 24u              /* fixed block header, bytes */
+#define BLOCK_LAYER 24u             /* one layer-table entry, bytes */
+#define FLAG_VTRANS 1u
+#define FLAG_EXT 2u
+#define CELL_EXT 12u     /* llama_kv_cell_ext: i32 x, y; llama_token tok */
+#define MAX_LAYERS 4096u /* sanity bounds: more is not a layout we know */
+#define MAX_STREAMS 65536u
+
+/* ---- reader ------------------------------------------------------------------ */
+
+struct rd {
+    const uint8_t *p;
+    size_t n, off;
+};
+
+static int rd_get(struct rd *r, void *v, size_t len)
+{
+    if (r->n - r->off < len)
+        return THAW_ECORRUPT;
+    memcpy(v, r->p + r->off, len);
+    r->off += len;
+    return 0;
+}
+
+/* Skips count items of size bytes each. */
+static int rd_skip(struct rd *r, uint64_t count, uint64_t size)
+{
+    size_t rem = r->n - r->off;
+
+    if (size != 0 && count > rem / size)
+        return THAW_ECORRUPT;
+    r->off += (size_t)(count * size);
+    return 0;
+}
+
+/* ---- types ------------------------------------------------------------------- */
+
+/* 0 when t is a ggml type of known size and `row` bytes are a whole number
+ * of its blocks; `el_only`: it must also be one element per block (transposed
+ * V is addressed per element). */
+static int check_type(int32_t t, uint64_t row, int el_only)
+{
+    if (t < 0 || t >= (int32_t)GGML_TYPE_COUNT)
+        return THAW_ELAYOUT;
+    size_t ts = ggml_type_size((enum ggml_type)t);
+    int64_t bs = ggml_blck_size((enum ggml_type)t);
+    if (ts == 0 || bs <= 0 || (el_only && bs != 1))
+        return THAW_ELAYOUT;
+    if (row == 0 || row % ts != 0)
+        return THAW_ELAYOUT;
+    return 0;
+}
+
+/* ---- parse ------------------------------------------------------------------- */
+
+struct layer {
+    int32_t k_type, v_type;
+    uint64_t k_row, v_row; /* bytes per cell; transposed V: n_embd_v * el */
+    uint32_t v_el;         /* transposed V: bytes per element */
+    size_t k_off, v_off;   /* of the layer's data in the buffer */
+};
+
+struct section {
+    uint32_t n_stream, stream, n_cells;
+    size_t meta_off, end;
+    uint32_t v_trans, n_layers;
+    struct layer *layers; /* n_layers, malloc'd */
+};
+
+struct thaw_kvlayout {
+    const uint8_t *buf;
+    size_t n;
+    int32_t seq_id;
+    int ext;           /* cells carry llama_kv_cell_ext */
+    struct section s0; /* the cut section */
+    size_t tail_off;   /* == n when there is no tail */
+    size_t cell_bytes; /* K + V bytes per cell, all layers */
+};
+
+static size_t meta_stride(int ext)
+{
+    return 4 + 4 + (ext ? CELL_EXT : 0) + 4;
+}
+
+/* Reads one stream's meta and data (n_cells > 0) at r. */
+static int parse_cells(struct rd *r, int32_t seq_id, int ext, int from_zero, struct section *s)
+{
+    size_t stride = meta_stride(ext);
+    int rc;
+
+    s->meta_off = r->off;
+    if ((rc = rd_skip(r, s->n_cells, stride)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < s->n_cells; i++) {
+        const uint8_t *c = r->p + s->meta_off + (size_t)i * stride;
+        int32_t pos, seq;
+        uint32_t n_seq;
+        memcpy(&pos, c, 4);
+        memcpy(&n_seq, c + 4, 4);
+        memcpy(&seq, c + stride - 4, 4);
+        if (n_seq != 1 || seq != seq_id || (from_zero && pos != (int32_t)i))
+            return THAW_ELAYOUT;
+    }
+    if ((rc = rd_get(r, &s->v_trans, 4)) != 0 || (rc = rd_get(r, &s->n_layers, 4)) != 0)
+        return rc;
+    if (s->v_trans > 1 || s->n_layers == 0 || s->n_layers > MAX_LAYERS)
+        return THAW_ELAYOUT;
+    s->layers = calloc(s->n_layers, sizeof *s->layers);
+    if (!s->layers)
+        return THAW_ENOMEM;
+    for (uint32_t l = 0; l < s->n_layers; l++) {
+        struct layer *ly = &s->layers[l];
+        if ((rc = rd_get(r, &ly->k_type, 4)) != 0 || (rc = rd_get(r, &ly->k_row, 8)) != 0)
+            return rc;
+        if ((rc = check_type(ly->k_type, ly->k_row, 0)) != 0)
+            return rc;
+        ly->k_off = r->off;
+        if ((rc = rd_skip(r, s->n_cells, ly->k_row)) != 0)
+            return rc;
+    }
+    for (uint32_t l = 0; l < s->n_layers; l++) {
+        struct layer *ly = &s->layers[l];
+        if ((rc = rd_get(r, &ly->v_type, 4)) != 0)
+            return rc;
+        if (!s->v_trans) {
+            if ((rc = rd_get(r, &ly->v_row, 8)) != 0)
+                return rc;
+            if ((rc = check_type(ly->v_type, ly->v_row, 0)) != 0)
+                return rc;
+        } else {
+            uint32_t n_embd_v;
+            if ((rc = rd_get(r, &ly->v_el, 4)) != 0 || (rc = rd_get(r, &n_embd_v, 4)) != 0)
+                return rc;
+            ly->v_row = (uint64_t)ly->v_el * n_embd_v;
+            if ((rc = check_type(ly->v_type, ly->v_row, 1)) != 0)
+                return rc;
+            if (ly->v_el != ggml_type_size((enum ggml_type)ly->v_type))
+                return THAW_ELAYOUT;
+        }
+        ly->v_off = r->off;
+        if ((rc = rd_skip(r, s->n_cells, ly->v_row)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Parses one llama_kv_cache section at `off`. s->layers is set (or NULL) on
+ * every path; the caller frees it. */
+static int parse_section(const uint8_t *b, size_t n, size_t off, int32_t seq_id, int ext, int from_zero,
+                         struct section *s)
+{
+    struct rd r = {b, n, off};
+    int found = 0, rc;
+
+    memset(s, 0, sizeof *s);
+    if ((rc = rd_get(&r, &s->n_stream, 4)) != 0)
+        return rc;
+    if (s->n_stream == 0 || s->n_stream > MAX_STREAMS)
+        return THAW_ELAYOUT;
+    for (uint32_t st = 0; st < s->n_stream; st++) {
+        uint32_t count;
+        if ((rc = rd_get(&r, &count, 4)) != 0)
+            return rc;
+        if (count == 0)
+            continue;
+        if (found)
+            return THAW_ELAYOUT; /* a sequence spread over two streams */
+        found = 1;
+        s->stream = st;
+        s->n_cells = count;
+        if ((rc = parse_cells(&r, seq_id, ext, from_zero, s)) != 0)
+            return rc;
+    }
+    s->end = r.off;
+    return 0;
+}
+
+void thaw_kvlayout_free(struct thaw_kvlayout *l)
+{
+    if (!l)
+        return;
+    free(l->s0.layers);
+    free(l);
+}
+
+/* The whole buffer, assuming cells with (ext) or without ext. */
+static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct thaw_kvlayout *l)
+{
+    struct section tail = {0};
+    int rc;
+
+    l->ext = ext;
+    if ((rc = parse_section(b, n, 8, seq_id, ext, 1, &l->s0)) != 0)
+        return rc;
+    if (l->s0.n_cells == 0)
+        return THAW_EINVAL;
+    l->tail_off = l->s0.end;
+    if (l->tail_off == n)
+        return 0;
+    /* bytes follow: only the SWA section of an iSWA cache is understood */
+    rc = parse_section(b, n, l->tail_off, seq_id, ext, 0, &tail);
+    if (rc == THAW_ECORRUPT) /* extra bytes and a cut-off tail look alike: both are not ours */
+        rc = THAW_ELAYOUT;
+    if (rc == 0 &&
+        (tail.end != n || tail.n_stream != l->s0.n_stream || (tail.n_cells > 0 && tail.stream != l->s0.stream)))
+        rc = THAW_ELAYOUT;
+    free(tail.layers);
+    return rc;
+}
+
+int thaw_kvlayout_parse(const void *buf, size_t n, struct thaw_kvlayout **out)
+{
+    const uint8_t *b = buf;
+    struct thaw_kvlayout *l = NULL;
+    uint32_t magic;
+    int32_t seq_id;
+    int rc, rc_ext;
+
+    *out = NULL;
+    if (!buf || n < 8)
+        return THAW_ECORRUPT;
+    memcpy(&magic, b, 4);
+    memcpy(&seq_id, b + 4, 4);
+    if (magic != LLAMA_SEQ_MAGIC)
+        return THAW_ELAYOUT;
+    if (!(l = calloc(1, sizeof *l)))
+        return THAW_ENOMEM;
+    l->buf = b;
+    l->n = n;
+    l->seq_id = seq_id;
+    rc = parse_as(b, n, seq_id, 0, l);
+    if (rc != 0 && rc != THAW_ENOMEM && l->tail_off == 0) {
+        /* section 0 did not parse with plain cells: try cells with ext */
+        free(l->s0.layers);
+        memset(&l->s0, 0, sizeof l->s0);
+        rc_ext = parse_as(b, n, seq_id, 1, l);
+        /* a damaged buffer reads as damaged under at least one guess */
+        if (rc_ext == 0 || rc_ext == THAW_ENOMEM || rc_ext == THAW_EINVAL || rc_ext == THAW_ECORRUPT)
+            rc = rc_ext;
+    }
+    if (rc != 0) {
+        thaw_kvlayout_free(l);
+        return rc;
+    }
+    for (uint32_t i = 0; i < l->s0.n_layers; i++)
+        l->cell_bytes += l->s0.layers[i].k_row + l->s0.layers[i].v_row;
+    *out = l;
+    return 0;
+}
+
+uint32_t thaw_kvlayout_n_cells(const struct thaw_kvlayout *l)
+{
+    return l->s0.n_cells;
+}
+
+uint32_t thaw_kvlayout_n_layers(const struct thaw_kvlayout *l)
+{
+    return l->s0.n_layers;
+}
+
+int thaw_kvlayout_v_trans(const struct thaw_kvlayout *l)
+{
+    return (int)l->s0.v_trans;
+}
+
+size_t thaw_kvlayout_bytes_per_cell(const struct thaw_kvlayout *l)
+{
+    return l->cell_bytes;
+}
+
+void thaw_kvlayout_frame(const struct thaw_kvlayout *l, struct thaw_kvlayout_frame *f)
+{
+    f->seq_id = l->seq_id;
+    f->n_stream = l->s0.n_stream;
+    f->stream = l->s0.stream;
+}
+
+void thaw_kvlayout_tail(const struct thaw_kvlayout *l, const void **tail, size_t *n_tail)
+{
+    *tail = l->tail_off < l->n ? l->buf + l->tail_off : NULL;
+    *n_tail = l->n - l->tail_off;
+}
+
+/* ---- blocks ------------------------------------------------------------------ */
+
+static size_t block_meta_stride(int ext)
+{
+    return 4 + (ext ? CELL_EXT : 0);
+}
+
+size_t thaw_kvlayout_block_size(const struct thaw_kvlayout *l, uint32_t a, uint32_t b)
+{
+    if (a >= b || b > l->s0.n_cells)
+        return 0;
+    size_t m = b - a;
+    return BLOCK_HEAD + (size_t)l->s0.n_layers * BLOCK_LAYER + m * block_meta_stride(l->ext) + m * l->cell_bytes;
+}
+
+static void put32(uint8_t **p, uint32_t v)
+{
+    memcpy(*p, &v, 4);
+    *p += 4;
+}
+
+static void put64(uint8_t **p, uint64_t v)
+{
+    memcpy(*p, &v, 8);
+    *p += 8;
+}
+
+static void put(uint8_t **p, const void *src, size_t n)
+{
+    memcpy(*p, src, n);
+    *p += n;
+}
+
+int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct section *s = &l->s0;
+    size_t need = thaw_kvlayout_block_size(l, a, b), stride = meta_stride(l->ext);
+    uint8_t *p = dst;
+    size_t m = (size_t)b - a;
+
+    if (need == 0)
+        return THAW_EINVAL;
+    if (cap < need)
+        return THAW_ETOOBIG;
+    put32(&p, BLOCK_MAGIC);
+    put32(&p, THAW_KVLAYOUT_BLOCK_VERSION | (uint32_t)((s->v_trans ? FLAG_VTRANS : 0) | (l->ext ? FLAG_EXT : 0)) << 16);
+    put32(&p, a); /* positions are the cell indices (parse checked) */
+    put32(&p, (uint32_t)m);
+    put32(&p, s->n_layers);
+    put32(&p, 0);
+    for (uint32_t i = 0; i < s->n_layers; i++) {
+        put32(&p, (uint32_t)s->layers[i].k_type);
+        put32(&p, (uint32_t)s->layers[i].v_type);
+        put64(&p, s->layers[i].k_row);
+        put64(&p, s->layers[i].v_row);
+    }
+    for (uint32_t c = a; c < b; c++) {
+        const uint8_t *cell = l->buf + s->meta_off + (size_t)c * stride;
+        put(&p, cell, 4); /* pos */
+        if (l->ext)
+            put(&p, cell + 8, CELL_EXT);
+    }
+    for (uint32_t i = 0; i < s->n_layers; i++)
+        put(&p, l->buf + s->layers[i].k_off + a * s->layers[i].k_row, m * s->layers[i].k_row);
+    for (uint32_t i = 0; i < s->n_layers; i++) {
+        const struct layer *ly = &s->layers[i];
+        if (!s->v_trans) {
+            put(&p, l->buf + ly->v_off + a * ly->v_row, m * ly->v_row);
+            continue;
+        }
+        /* transposed: element j of every cell is one column of n_cells */
+        size_t n_embd_v = ly->v_row / ly->v_el;
+        for (size_t j = 0; j < n_embd_v; j++)
+            put(&p, l->buf + ly->v_off + (j * s->n_cells + a) * ly->v_el, m * ly->v_el);
+    }
+    return 0;
+}
+
+/* A validated block: its header fields and where its parts start. */
+struct blk {
+    const uint8_t *p;
+    uint32_t pos0, n_cells, n_layers, flags;
+    const uint8_t *table, *meta, *data;
+};
+
+static int block_parse(const void *block, size_t n, struct blk *k)
+{
+    struct rd r = {block, n, 0};
+    uint32_t magic, ver, reserved;
+    uint64_t cell_bytes = 0;
+    int rc;
+
+    if (!block)
+        return THAW_ECORRUPT;
+    if ((rc = rd_get(&r, &magic, 4)) != 0 || (rc = rd_get(&r, &ver, 4)) != 0 || (rc = rd_get(&r, &k->pos0, 4)) != 0 ||
+        (rc = rd_get(&r, &k->n_cells, 4)) != 0 || (rc = rd_get(&r, &k->n_layers, 4)) != 0 ||
+        (rc = rd_get(&r, &reserved, 4)) != 0)
+        return rc;
+    if (magic != BLOCK_MAGIC)
+        return THAW_ECORRUPT;
+    if ((ver & 0xffff) != THAW_KVLAYOUT_BLOCK_VERSION)
+        return THAW_EVERSION;
+    k->flags = ver >> 16;
+    if ((k->flags & ~(FLAG_VTRANS | FLAG_EXT)) || k->n_cells == 0 || k->n_layers == 0 || k->n_layers > MAX_LAYERS ||
+        reserved != 0 || (uint64_t)k->pos0 + k->n_cells > INT32_MAX)
+        return THAW_ECORRUPT;
+    k->p = block;
+    k->table = r.p + r.off;
+    if ((rc = rd_skip(&r, k->n_layers, BLOCK_LAYER)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < k->n_layers; i++) {
+        const uint8_t *e = k->table + (size_t)i * BLOCK_LAYER;
+        int32_t kt, vt;
+        uint64_t kr, vr;
+        memcpy(&kt, e, 4);
+        memcpy(&vt, e + 4, 4);
+        memcpy(&kr, e + 8, 8);
+        memcpy(&vr, e + 16, 8);
+        if (check_type(kt, kr, 0) != 0 || check_type(vt, vr, (k->flags & FLAG_VTRANS) != 0) != 0)
+            return THAW_ECORRUPT;
+        if (kr > UINT64_MAX / 4 - cell_bytes || vr > UINT64_MAX / 4 - cell_bytes - kr)
+            return THAW_ECORRUPT;
+        cell_bytes += kr + vr;
+    }
+    k->meta = r.p + r.off;
+    if ((rc = rd_skip(&r, k->n_cells, block_meta_stride(k->flags & FLAG_EXT))) != 0)
+        return rc;
+    size_t stride = block_meta_stride(k->flags & FLAG_EXT);
+    for (uint32_t c = 0; c < k->n_cells; c++) {
+        int32_t pos;
+        memcpy(&pos, k->meta + (size_t)c * stride, 4);
+        if (pos != (int32_t)(k->pos0 + c))
+            return THAW_ECORRUPT;
+    }
+    k->data = r.p + r.off;
+    if ((rc = rd_skip(&r, k->n_cells, cell_bytes)) != 0)
+        return rc;
+    return r.off == n ? 0 : THAW_ECORRUPT;
+}
+
+int thaw_kvlayout_block_info(const void *block, size_t n, uint32_t *pos0, uint32_t *n_cells)
+{
+    struct blk k;
+    int rc = block_parse(block, n, &k);
+
+    if (rc == 0) {
+        *pos0 = k.pos0;
+        *n_cells = k.n_cells;
+    }
+    return rc;
+}
+
+/* ---- assembly ---------------------------------------------------------------- */
+
+int thaw_kvlayout_assemble(const void *const *blocks, const size_t *sizes, int n_blocks,
+                           const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, void **out,
+                           size_t *n_out)
+{
+    struct blk *k = NULL;
+    uint64_t *kpre = NULL, *vpre = NULL; /* prefix sums of k_row / v_row over layers */
+    uint8_t *buf = NULL, *p;
+    uint64_t n_cells = 0;
+    int rc;
+
+    *out = NULL;
+    *n_out = 0;
+    if (n_blocks <= 0 || !f || f->n_stream == 0 || f->stream >= f->n_stream || (n_tail && !tail))
+        return THAW_EINVAL;
+    if (!(k = calloc((size_t)n_blocks, sizeof *k))) {
+        rc = THAW_ENOMEM;
+        goto done;
+    }
+    for (int i = 0; i < n_blocks; i++) {
+        if ((rc = block_parse(blocks[i], sizes[i], &k[i])) != 0)
+            goto done;
+        if (i > 0 && (k[i].n_layers != k[0].n_layers || k[i].flags != k[0].flags ||
+                      memcmp(k[i].table, k[0].table, (size_t)k[0].n_layers * BLOCK_LAYER) != 0)) {
+            rc = THAW_EMISMATCH;
+            goto done;
+        }
+        if (k[i].pos0 != n_cells) {
+            rc = THAW_EINVAL;
+            goto done;
+        }
+        n_cells += k[i].n_cells;
+    }
+    if (n_cells > INT32_MAX) {
+        rc = THAW_EINVAL;
+        goto done;
+    }
+
+    uint32_t n_layers = k[0].n_layers, N = (uint32_t)n_cells;
+    int vtrans = (k[0].flags & FLAG_VTRANS) != 0, ext = (k[0].flags & FLAG_EXT) != 0;
+    if (!(kpre = calloc(n_layers + 1, sizeof *kpre)) || !(vpre = calloc(n_layers + 1, sizeof *vpre))) {
+        rc = THAW_ENOMEM;
+        goto done;
+    }
+    for (uint32_t i = 0; i < n_layers; i++) {
+        uint64_t kr, vr;
+        memcpy(&kr, k[0].table + (size_t)i * BLOCK_LAYER + 8, 8);
+        memcpy(&vr, k[0].table + (size_t)i * BLOCK_LAYER + 16, 8);
+        kpre[i + 1] = kpre[i] + kr;
+        vpre[i + 1] = vpre[i] + vr;
+    }
+    /* every term is bounded by the blocks' own (validated) sizes */
+    size_t size = 8 + 4 + 4 * (size_t)f->n_stream + (size_t)N * meta_stride(ext) + 8 + (size_t)n_layers * 24 +
+                  (size_t)N * (kpre[n_layers] + vpre[n_layers]) + n_tail;
+    if (!(buf = malloc(size))) {
+        rc = THAW_ENOMEM;
+        goto done;
+    }
+    p = buf;
+    put32(&p, LLAMA_SEQ_MAGIC);
+    put32(&p, (uint32_t)f->seq_id);
+    put32(&p, f->n_stream);
+    for (uint32_t st = 0; st < f->stream; st++)
+        put32(&p, 0);
+    put32(&p, N);
+    for (int i = 0; i < n_blocks; i++) {
+        size_t bstride = block_meta_stride(ext);
+        for (uint32_t c = 0; c < k[i].n_cells; c++) {
+            const uint8_t *m = k[i].meta + (size_t)c * bstride;
+            put(&p, m, 4);
+            put32(&p, 1);
+            if (ext)
+                put(&p, m + 4, CELL_EXT);
+            put32(&p, (uint32_t)f->seq_id);
+        }
+    }
+    put32(&p, (uint32_t)vtrans);
+    put32(&p, n_layers);
+    for (uint32_t l = 0; l < n_layers; l++) {
+        const uint8_t *e = k[0].table + (size_t)l * BLOCK_LAYER;
+        uint64_t kr = kpre[l + 1] - kpre[l];
+        put(&p, e, 4);
+        put64(&p, kr);
+        for (int i = 0; i < n_blocks; i++)
+            put(&p, k[i].data + k[i].n_cells * kpre[l], k[i].n_cells * kr);
+    }
+    for (uint32_t l = 0; l < n_layers; l++) {
+        const uint8_t *e = k[0].table + (size_t)l * BLOCK_LAYER;
+        uint64_t vr = vpre[l + 1] - vpre[l];
+        put(&p, e + 4, 4);
+        if (!vtrans) {
+            put64(&p, vr);
+            for (int i = 0; i < n_blocks; i++)
+                put(&p, k[i].data + k[i].n_cells * (kpre[n_layers] + vpre[l]), k[i].n_cells * vr);
+            continue;
+        }
+        int32_t vt;
+        memcpy(&vt, e + 4, 4);
+        uint32_t el = (uint32_t)ggml_type_size((enum ggml_type)vt), n_embd_v = (uint32_t)(vr / el);
+        put32(&p, el);
+        put32(&p, n_embd_v);
+        for (uint32_t j = 0; j < n_embd_v; j++)
+            for (int i = 0; i < n_blocks; i++)
+                put(&p, k[i].data + k[i].n_cells * (kpre[n_layers] + vpre[l]) + (size_t)j * k[i].n_cells * el,
+                    (size_t)k[i].n_cells * el);
+    }
+    for (uint32_t st = f->stream + 1; st < f->n_stream; st++)
+        put32(&p, 0);
+    if (n_tail)
+        put(&p, tail, n_tail);
+    *out = buf;
+    *n_out = size;
+    buf = NULL;
+    rc = 0;
+done:
+    free(buf);
+    free(vpre);
+    free(kpre);
+    free(k);
+    return rc;
+}
+
+/* ---- self-test --------------------------------------------------------------- */
+
+#define SELFTEST_TOKENS 8
+#define SELFTEST_BLOCK 2
+
+static int fail(char *why, size_t n_why, int rc, const char *fmt, ...)
+{
+    if (why && n_why) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, n_why, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    size_t i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *why, size_t n_why)
+{
+    const struct llama_vocab *vocab = llama_model_get_vocab(llama_get_model(ctx));
+    llama_memory_t mem = llama_get_memory(ctx);
+    struct llama_batch batch = llama_batch_init(SELFTEST_TOKENS, 0, 1);
+    struct thaw_kvlayout *l = NULL;
+    uint8_t *state = NULL, *again = NULL, *blk[SELFTEST_TOKENS / SELFTEST_BLOCK] = {0};
+    size_t sizes[SELFTEST_TOKENS / SELFTEST_BLOCK] = {0};
+    void *asm_buf = NULL;
+    size_t n_state, n_asm;
+    int rc, nb = 0;
+
+    if (why && n_why)
+        why[0] = '\0';
+    llama_memory_seq_rm(mem, seq, -1, -1);
+    int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    for (int i = 0; i < SELFTEST_TOKENS; i++) {
+        batch.token[i] = (llama_token)((1 + 7 * i) % n_vocab);
+        batch.pos[i] = i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = seq;
+        batch.logits[i] = i == SELFTEST_TOKENS - 1;
+    }
+    batch.n_tokens = SELFTEST_TOKENS;
+    if (llama_decode(ctx, batch) != 0) {
+        rc = fail(why, n_why, THAW_ELLAMA, "llama_decode failed");
+        goto done;
+    }
+    n_state = llama_state_seq_get_size(ctx, seq);
+    if (n_state == 0) {
+        rc = fail(why, n_why, THAW_ELLAMA, "llama_state_seq_get_size returned 0");
+        goto done;
+    }
+    if (!(state = malloc(n_state)) || !(again = malloc(n_state))) {
+        rc = THAW_ENOMEM;
+        goto done;
+    }
+    if (llama_state_seq_get_data(ctx, state, n_state, seq) != n_state) {
+        rc = fail(why, n_why, THAW_ELLAMA, "llama_state_seq_get_data failed");
+        goto done;
+    }
+    if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0) {
+        const struct llama_model *m = llama_get_model(ctx);
+        rc =
+            fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "the state does not parse: %s%s", thaw_strerror(rc),
+                 llama_model_is_recurrent(m) || llama_model_is_hybrid(m) ? " (the model has recurrent memory)" : "");
+        goto done;
+    }
+    if (thaw_kvlayout_n_cells(l) != SELFTEST_TOKENS) {
+        rc = fail(why, n_why, THAW_ELAYOUT, "the state holds %u cells for %d tokens", thaw_kvlayout_n_cells(l),
+                  SELFTEST_TOKENS);
+        goto done;
+    }
+    for (uint32_t a = 0; a < SELFTEST_TOKENS; a += SELFTEST_BLOCK, nb++) {
+        sizes[nb] = thaw_kvlayout_block_size(l, a, a + SELFTEST_BLOCK);
+        if (!(blk[nb] = malloc(sizes[nb]))) {
+            rc = THAW_ENOMEM;
+            goto done;
+        }
+        if ((rc = thaw_kvlayout_cut(l, a, a + SELFTEST_BLOCK, blk[nb], sizes[nb])) != 0) {
+            rc = fail(why, n_why, THAW_ELAYOUT, "cutting cells %u..%u: %s", a, a + SELFTEST_BLOCK, thaw_strerror(rc));
+            goto done;
+        }
+    }
+    struct thaw_kvlayout_frame fr;
+    const void *tail;
+    size_t n_tail;
+    thaw_kvlayout_frame(l, &fr);
+    thaw_kvlayout_tail(l, &tail, &n_tail);
+    if ((rc = thaw_kvlayout_assemble((const void *const *)blk, sizes, nb, &fr, tail, n_tail, &asm_buf, &n_asm)) != 0) {
+        rc = fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "assembly: %s", thaw_strerror(rc));
+        goto done;
+    }
+    if (n_asm != n_state || memcmp(asm_buf, state, n_state) != 0) {
+        rc = fail(why, n_why, THAW_ELAYOUT,
+                  "the assembled state (%zu bytes) differs from the captured one (%zu) at byte %zu", n_asm, n_state,
+                  first_diff(asm_buf, state, n_asm < n_state ? n_asm : n_state));
+        goto done;
+    }
+    if (llama_state_seq_set_data(ctx, asm_buf, n_asm, seq) != n_asm) {
+        rc = fail(why, n_why, THAW_ELAYOUT, "llama_state_seq_set_data refused the assembled state");
+        goto done;
+    }
+    if (llama_state_seq_get_size(ctx, seq) != n_state ||
+        llama_state_seq_get_data(ctx, again, n_state, seq) != n_state || memcmp(again, state, n_state) != 0) {
+        rc = fail(why, n_why, THAW_ELAYOUT, "the restored sequence's state differs from the captured one");
+        goto done;
+    }
+    rc = 0;
+done:
+    llama_memory_seq_rm(mem, seq, -1, -1);
+    free(asm_buf);
+    for (int i = 0; i < SELFTEST_TOKENS / SELFTEST_BLOCK; i++)
+        free(blk[i]);
+    thaw_kvlayout_free(l);
+    free(again);
+    free(state);
+    llama_batch_free(batch);
+    return rc;
+}

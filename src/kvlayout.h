@@ -1,0 +1,142 @@
+/* kvlayout.h — libllama's sequence-state layout: parse it, cut it into
+ * blocks of cells, assemble it back from blocks (DESIGN §9).
+ *
+ * libllama restores a sequence only from one buffer in its own layout
+ * (llama_state_seq_set_data). That layout belongs to the pinned version
+ * (llama.cpp v0.4.0, src/llama-kv-cache.cpp state_write*); this module is
+ * the only place in thaw that knows it. Anything it does not recognise is
+ * THAW_ELAYOUT, and the caller keeps whole-state entries (§2) instead.
+ *
+ * ---- the libllama buffer (host byte order), as this module reads it ----
+ *
+ *   u32 magic 0xaf143cd8 | i32 seq_id
+ *   section 0: the attention KV cache (full-attention layers) — CUT
+ *   section 1: optional, the SWA KV cache of an iSWA model — the TAIL,
+ *              kept whole (it holds only the window; it cannot be cut)
+ *
+ *   a section (one llama_kv_cache):
+ *     u32 n_stream                  (n_seq_max when kv_unified is off)
+ *     n_stream x { u32 n_cells; when n_cells > 0 (exactly one stream):
+ *       meta  n_cells x { i32 pos | u32 n_seq_id (1) | [ext: i32 x, i32 y,
+ *                         i32 tok, M-RoPE / PLE models] | i32 seq_id }
+ *       u32 v_trans | u32 n_layers
+ *       K     n_layers x { i32 type | u64 row (bytes per cell) |
+ *                          u8 rows[n_cells][row] }
+ *       V     v_trans 0: n_layers x { i32 type | u64 row | u8 rows[n_cells][row] }
+ *             v_trans 1: n_layers x { i32 type | u32 el (type size) |
+ *                          u32 n_embd_v | u8 cols[n_embd_v][n_cells][el] } }
+ *
+ * Supported: one or two sections as above; any stream count with exactly one
+ * stream holding cells; cells with or without ext; V per row (flash
+ * attention) or transposed; any ggml type with a known size (quantised types
+ * only untransposed). Section 0's cells must hold positions 0..n-1 in order
+ * (a thaw slot's sequence does).
+ * Refused (THAW_ELAYOUT): a different magic, more than one stream with cells,
+ * layers without V (MLA), a recurrent or hybrid memory (its section does not
+ * parse as a KV cache), unknown types or row sizes, positions out of order,
+ * any bytes left over.
+ *
+ * ---- a block (this module's own format, host byte order = little-endian) --
+ *
+ *   off  0  u32 magic "TKB1"
+ *        4  u16 version (1) | u16 flags (1: V transposed, 2: cells carry ext)
+ *        8  u32 pos0          position of the first cell
+ *       12  u32 n_cells
+ *       16  u32 n_layers
+ *       20  u32 reserved (0)
+ *       24  n_layers x { i32 k_type | i32 v_type | u64 k_row | u64 v_row }
+ *                      rows in bytes per cell; transposed V: v_row =
+ *                      n_embd_v * type size
+ *           meta  n_cells x { i32 pos [| i32 x | i32 y | i32 tok] }
+ *           K     per layer: u8 rows[n_cells][k_row]
+ *           V     per layer, untransposed: u8 rows[n_cells][v_row]
+ *                            transposed:   u8 cols[n_embd_v][n_cells][el]
+ *
+ * A block holds no sequence id, stream or slot: the same cells cut from any
+ * slot give the same bytes, so blocks can be shared between conversations.
+ * Those belong to the frame, given back at assembly.
+ *
+ * Every length is checked against its buffer before it is read: a damaged
+ * buffer or block is THAW_ECORRUPT (or THAW_ELAYOUT where the damage looks
+ * like another layout), never an overread.
+ */
+#ifndef THAW_KVLAYOUT_H
+#define THAW_KVLAYOUT_H
+
+#include <llama.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define THAW_KVLAYOUT_BLOCK_VERSION 1
+
+/* A parsed state buffer. Opaque; it points into the buffer it was parsed
+ * from, which must outlive it and stay unchanged. */
+struct thaw_kvlayout;
+
+/* What is per-slot in a libllama buffer and absent from blocks. */
+struct thaw_kvlayout_frame {
+    int32_t seq_id;    /* written in the header and in every cell's meta */
+    uint32_t n_stream; /* streams of the context (n_seq_max, kv not unified) */
+    uint32_t stream;   /* the stream holding the cells, < n_stream */
+};
+
+/* Parses a llama_state_seq_get_data() buffer of n bytes. On success *out is
+ * a new layout (free it with thaw_kvlayout_free). Returns 0,
+ * THAW_ECORRUPT (a length in the cut section runs past the buffer),
+ * THAW_ELAYOUT (a layout this module does not know, including bytes after the
+ * cut section that are not exactly one SWA section — a cut-off tail reads as
+ * such: fall back to whole-state entries), THAW_EINVAL (no
+ * cells: nothing to cut) or THAW_ENOMEM. *out is NULL on failure. */
+int thaw_kvlayout_parse(const void *buf, size_t n, struct thaw_kvlayout **out);
+
+void thaw_kvlayout_free(struct thaw_kvlayout *l);
+
+/* Cells (= tokens, positions 0..n-1) in section 0. */
+uint32_t thaw_kvlayout_n_cells(const struct thaw_kvlayout *l);
+uint32_t thaw_kvlayout_n_layers(const struct thaw_kvlayout *l);
+int thaw_kvlayout_v_trans(const struct thaw_kvlayout *l);
+/* Bytes of K and V per cell over all layers of section 0. */
+size_t thaw_kvlayout_bytes_per_cell(const struct thaw_kvlayout *l);
+void thaw_kvlayout_frame(const struct thaw_kvlayout *l, struct thaw_kvlayout_frame *f);
+/* The uncut tail (the SWA section): *tail points into the parsed buffer,
+ * *n_tail 0 when there is none. */
+void thaw_kvlayout_tail(const struct thaw_kvlayout *l, const void **tail, size_t *n_tail);
+
+/* Size in bytes of the block holding cells [a, b). 0 when the range is
+ * invalid (a >= b or b > n_cells). */
+size_t thaw_kvlayout_block_size(const struct thaw_kvlayout *l, uint32_t a, uint32_t b);
+
+/* Writes the block of cells [a, b) into dst (cap bytes, at least
+ * thaw_kvlayout_block_size()). Returns 0, THAW_EINVAL (bad range) or
+ * THAW_ETOOBIG (cap too small). */
+int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, void *dst, size_t cap);
+
+/* Reads a block's header: its first position and cell count. Returns 0 or
+ * THAW_ECORRUPT / THAW_EVERSION (the whole block is validated). */
+int thaw_kvlayout_block_info(const void *block, size_t n, uint32_t *pos0, uint32_t *n_cells);
+
+/* Builds a libllama buffer from n_blocks blocks (block i: blocks[i],
+ * sizes[i] bytes) that cover positions 0..N-1 in order, with the frame f and
+ * the tail (NULL/0 for none) appended verbatim. For the blocks, frame and
+ * tail of a parsed buffer the result is byte-identical to it.
+ * On success *out is malloc'd (the caller free()s it) and *n_out its size.
+ * Returns 0, THAW_ECORRUPT / THAW_EVERSION (a damaged block), THAW_EMISMATCH
+ * (blocks of different shapes: layers, types, flags), THAW_EINVAL (no
+ * blocks, a gap or overlap in positions, a stream outside the frame) or
+ * THAW_ENOMEM. */
+int thaw_kvlayout_assemble(const void *const *blocks, const size_t *sizes, int n_blocks,
+                           const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, void **out,
+                           size_t *n_out);
+
+/* Start-up check that this module understands ctx's state: decodes a few
+ * tokens into seq (which must be a spare, empty sequence), captures the
+ * state, parses it, cuts it into blocks of 2 cells, assembles them, compares
+ * byte for byte with the capture and restores the result with
+ * llama_state_seq_set_data. seq is left empty.
+ * Returns 0 (blocks can be used), THAW_ELAYOUT (they cannot: whole-state
+ * entries only; `why` says why in one line), THAW_ELLAMA (a decode or state
+ * call failed) or THAW_ENOMEM. `why` (n_why bytes, may be NULL) gets a
+ * one-line reason on failure, "" on success. */
+int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *why, size_t n_why);
+
+#endif
