@@ -1,0 +1,110 @@
+/* blocks.h — a conversation's state as content-addressed blocks plus a
+ * manifest (DESIGN §9), over the disk tier (cache_disk.h).
+ *
+ * Storing each turn's whole state writes the conversation again every turn
+ * (O(turns²) bytes) and keeps a full copy per turn. Here the attention KV
+ * of positions [kB, (k+1)B) is block k, stored as its own disk entry under
+ * its id:
+ *
+ *   id_0 = BLAKE2b-256(key = binding, "thaw-block-v1" | 32 zero bytes | tokens[0, B))
+ *   id_k = BLAKE2b-256(key = binding, "thaw-block-v1" | id_{k-1}      | tokens[kB, (k+1)B))
+ *
+ * (tokens as i32 little-endian). The chain makes a block's id name its whole
+ * prefix, so equal prefixes give equal ids in every conversation of the same
+ * binding (model, state-shaping settings, tenant) and a block is written
+ * once, ever: a store skips the ids the disk already holds.
+ *
+ * The conversation's key names a manifest, its .kv part:
+ *
+ *   u32 magic "TMF1" | u32 version (1) | u32 n_tokens | u32 block_tokens (B)
+ *   u32 n_blocks | u32 reserved (0) | u64 tail_size | u64 swa_size
+ *   i32 tokens[n_tokens]
+ *   u8  ids[n_blocks][32]
+ *   u8  tail[tail_size]   the cells past the last whole block, as one
+ *                         kvlayout block (absent when n_tokens % B == 0)
+ *   u8  swa[swa_size]     the uncut SWA window section (kvlayout tail)
+ *
+ * The manifest is submitted after its blocks, to the same FIFO writer, so
+ * it commits last: a crash leaves blocks without a manifest (harmless,
+ * shared or evicted by LRU), never a manifest whose blocks were not yet
+ * written. A manifest whose block went missing or bad since is a miss
+ * (the block's own checksum decides, cache_disk.c), never a wrong state.
+ *
+ * Blocks hold no sequence id: assembly takes the frame (seq id, streams) of
+ * the slot that restores, so a conversation stored from slot 1 under -np 2
+ * restores into slot 0 under -np 3.
+ *
+ * Layouts kvlayout.h refuses (recurrent, hybrid, MLA, another libllama
+ * build) give THAW_ELAYOUT: the caller stores whole-state entries instead.
+ */
+#ifndef THAW_BLOCKS_H
+#define THAW_BLOCKS_H
+
+#include "cache_disk.h"
+#include "kvlayout.h"
+
+#include <llama.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define THAW_BLOCKS_ID_BYTES 32
+#define THAW_BLOCKS_DEFAULT_TOKENS 128
+
+struct thaw_blocks_stats {
+    uint32_t written;       /* blocks submitted to the writer */
+    uint32_t skipped;       /* blocks the disk already held */
+    uint32_t dropped;       /* blocks the writer refused (queue full, ...) */
+    uint64_t bytes_written; /* bytes of the blocks submitted */
+};
+
+/* The ids of the n / B whole blocks of toks (ids: room for n / B). */
+void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const llama_token *toks, int n,
+                     uint8_t (*ids)[THAW_BLOCKS_ID_BYTES]);
+
+/* Cuts a libllama sequence state of toks[0, n) (llama_state_seq_get_data
+ * output, `state`, n_state bytes) into blocks, submits to the disk writer
+ * those it does not hold (each an entry of one .kv part: the block), and
+ * builds the manifest (a blob, blob.h: the caller submits it as the
+ * conversation entry's .kv part, or drops it with thaw_blob_unref).
+ * st (may be NULL) gets the counts. Returns 0, THAW_ELAYOUT (an unknown
+ * layout: store the whole state instead), THAW_EINVAL (no cells, or the
+ * state does not hold n cells), THAW_ENOMEM. A block the writer drops
+ * makes the store fail (THAW_EBUSY): the manifest would name it. */
+int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint32_t block_tokens,
+                      const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
+                      size_t *n_manifest, struct thaw_blocks_stats *st);
+
+/* 1 if blob starts like a manifest (magic), else 0. */
+int thaw_blocks_is_manifest(const void *blob, size_t n);
+
+/* A restorable state: what libllama's llama_state_seq_set_data takes, and
+ * the tokens it holds. Free with thaw_blocks_state_free. */
+struct thaw_blocks_state {
+    void *state; /* malloc'd */
+    size_t n_state;
+    llama_token *tokens; /* malloc'd */
+    int n_tokens;
+    int n_blocks; /* blocks read from disk */
+};
+
+void thaw_blocks_state_free(struct thaw_blocks_state *s);
+
+/* Builds the state a manifest describes, reading its blocks from the disk
+ * (each verified by its checksum), for the slot of frame f.
+ * Returns 0, THAW_ECORRUPT (a bad manifest, or a block whose header does
+ * not fit its place), THAW_ENOTFOUND (a block is gone: evicted, or found
+ * corrupt and removed), THAW_ENOMEM, or a disk error. */
+int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_manifest,
+                     const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out);
+
+/* Prefix lookup: the longest run of toks' whole blocks the disk holds,
+ * from block 0, restorable for the slot of frame f. At least one token of
+ * toks is left out (the request must decode one). Only for layouts without
+ * an SWA tail (an SWA window cannot be rebuilt from blocks).
+ * Returns 0 and fills out (n_blocks >= 1), THAW_ENOTFOUND (not even block
+ * 0), or an error as thaw_blocks_load. */
+int thaw_blocks_prefix(struct thaw_disk_cache *c, const uint8_t binding[32], uint32_t block_tokens,
+                       const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                       struct thaw_blocks_state *out);
+
+#endif

@@ -1,0 +1,310 @@
+/* test_blocks.c — a conversation's state as blocks plus a manifest, on the
+ * real disk tier and a generated model (thaw mkmodel, plain attention):
+ *   - a store writes each block once; a second conversation sharing the
+ *     first blocks writes only what is new;
+ *   - the manifest restores, into another slot, a state that decodes the
+ *     next token exactly as the original;
+ *   - a new prompt finds its longest run of stored blocks (prefix lookup);
+ *   - a corrupt block is a miss for the manifest that names it, and the
+ *     prefix run ends before it; a damaged manifest is refused.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <dirent.h>
+#include <ggml-backend.h>
+#include <llama.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "blob.h"
+#include "blocks.h"
+#include "cache_disk.h"
+#include "error.h"
+#include "mkmodel.h"
+
+#define B 32u
+
+static char g_dir[] = "/tmp/thaw_blocks_XXXXXX";
+static char g_model[300], g_cache[300];
+static struct llama_model *g_m;
+static struct llama_context *g_ctx;
+static int g_vocab;
+static const uint8_t g_binding[32] = {1, 2, 3};
+
+static void quiet(enum ggml_log_level level, const char *text, void *ud)
+{
+    (void)level;
+    (void)text;
+    (void)ud;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    llama_log_set(quiet, NULL);
+    llama_backend_init();
+    ggml_backend_load_all_from_path(THAW_LLAMA_LIB_DIR);
+    if (!mkdtemp(g_dir))
+        return -1;
+    snprintf(g_model, sizeof g_model, "%s/m.gguf", g_dir);
+    snprintf(g_cache, sizeof g_cache, "%s/cache", g_dir);
+    char *argv[] = {"mkmodel", "-o", g_model, "--arch", "llama", NULL};
+    if (thaw_mkmodel_main(5, argv) != 0)
+        return -1;
+    g_m = llama_model_load_from_file(g_model, llama_model_default_params());
+    if (!g_m)
+        return -1;
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 2048;
+    cp.n_batch = cp.n_ubatch = 512;
+    cp.n_seq_max = 3;
+    cp.kv_unified = false;
+    cp.n_threads = cp.n_threads_batch = 2;
+    cp.no_perf = true;
+    g_ctx = llama_init_from_model(g_m, cp);
+    g_vocab = llama_vocab_n_tokens(llama_model_get_vocab(g_m));
+    return g_ctx ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    char cmd[400];
+    llama_free(g_ctx);
+    llama_model_free(g_m);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0)
+        return -1;
+    llama_backend_free();
+    return 0;
+}
+
+/* A conversation's tokens: `shared` tokens common to every seed, then its own. */
+static void tokens(llama_token *t, int n, int shared, int seed)
+{
+    for (int i = 0; i < n; i++)
+        t[i] = (llama_token)((i < shared ? 31 * i + 7 : 17 * i + 101 * seed + 3) % g_vocab);
+}
+
+/* Decodes t[0, n) at positions pos0.. into seq; returns the last logits (copied). */
+static float *decode(llama_seq_id seq, const llama_token *t, int pos0, int n)
+{
+    struct llama_batch b = llama_batch_init(512, 0, 1);
+    for (int done = 0; done < n;) {
+        int k = n - done < 512 ? n - done : 512;
+        for (int i = 0; i < k; i++) {
+            b.token[i] = t[done + i];
+            b.pos[i] = pos0 + done + i;
+            b.n_seq_id[i] = 1;
+            b.seq_id[i][0] = seq;
+            b.logits[i] = done + i == n - 1;
+        }
+        b.n_tokens = k;
+        assert_int_equal(llama_decode(g_ctx, b), 0);
+        done += k;
+    }
+    llama_batch_free(b);
+    float *l = malloc((size_t)g_vocab * sizeof *l);
+    memcpy(l, llama_get_logits_ith(g_ctx, -1), (size_t)g_vocab * sizeof *l);
+    return l;
+}
+
+static uint8_t *state_of(llama_seq_id seq, size_t *n)
+{
+    *n = llama_state_seq_get_size(g_ctx, seq);
+    uint8_t *s = malloc(*n);
+    assert_int_equal(llama_state_seq_get_data(g_ctx, s, *n, seq), *n);
+    return s;
+}
+
+static struct thaw_disk_cache *open_cache(void)
+{
+    struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
+    struct thaw_disk_cache *c = NULL;
+    p.dir = g_cache;
+    assert_int_equal(thaw_disk_cache_open(&p, &c), 0);
+    return c;
+}
+
+static void frame(llama_seq_id seq, struct thaw_kvlayout_frame *f)
+{
+    f->seq_id = seq;
+    f->n_stream = 3;
+    f->stream = (uint32_t)seq;
+}
+
+/* Decodes a conversation into seq 0, stores it (blocks + manifest under key). */
+static void store(struct thaw_disk_cache *c, const llama_token *t, int n, const uint8_t key[32],
+                  struct thaw_blocks_stats *st)
+{
+    size_t n_state, n_man;
+    void *man;
+    llama_memory_seq_rm(llama_get_memory(g_ctx), 0, -1, -1);
+    free(decode(0, t, 0, n));
+    uint8_t *s = state_of(0, &n_state);
+    assert_int_equal(thaw_blocks_store(c, g_binding, B, t, n, s, n_state, &man, &n_man, st), 0);
+    assert_true(thaw_blocks_is_manifest(man, n_man));
+    struct thaw_disk_blob parts[THAW_PART_COUNT] = {{man, n_man}, {NULL, 0}, {NULL, 0}};
+    assert_int_equal(thaw_disk_cache_submit(c, key, (uint32_t)n, parts, NULL, 0), 0);
+    thaw_disk_cache_flush(c);
+    free(s);
+}
+
+/* Restores st into seq 1 and checks the next token decodes as `want`. */
+static void restore_and_check(const struct thaw_blocks_state *st, llama_token next, const float *want)
+{
+    llama_memory_seq_rm(llama_get_memory(g_ctx), 1, -1, -1);
+    assert_int_equal(llama_state_seq_set_data(g_ctx, st->state, st->n_state, 1), st->n_state);
+    float *got = decode(1, &next, st->n_tokens, 1);
+    float diff = 0;
+    for (int i = 0; i < g_vocab; i++)
+        diff = fmaxf(diff, fabsf(got[i] - want[i]));
+    assert_true(diff < 1e-3f);
+    free(got);
+}
+
+static int count_files(const char *suffix)
+{
+    DIR *d = opendir(g_cache);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d)))
+        n += strlen(de->d_name) > strlen(suffix) &&
+             strcmp(de->d_name + strlen(de->d_name) - strlen(suffix), suffix) == 0;
+    closedir(d);
+    return n;
+}
+
+static void test_store_restore_share_prefix(void **state)
+{
+    (void)state;
+    struct thaw_disk_cache *c = open_cache();
+    struct thaw_blocks_stats st;
+    llama_token a[200], b[220], probe[150];
+    uint8_t ka[32] = {0xa}, kb[32] = {0xb};
+    tokens(a, 200, 100, 1); /* 3 whole blocks shared with b (96 tokens) */
+    tokens(b, 220, 100, 2);
+
+    store(c, a, 200, ka, &st);
+    assert_int_equal(st.written, 200 / B);
+    assert_int_equal(st.skipped, 0);
+    store(c, b, 220, kb, &st);
+    assert_int_equal(st.skipped, 3); /* the shared prefix's blocks */
+    assert_int_equal(st.written, 220 / B - 3);
+    /* the same conversation again: nothing new */
+    store(c, a, 200, ka, &st);
+    assert_int_equal(st.written, 0);
+    assert_int_equal(st.skipped, 200 / B);
+    assert_int_equal(count_files(".kv"), 200 / B + 220 / B - 3 + 2);
+
+    /* a's manifest -> slot 1: decodes the next token as a did in slot 0 */
+    struct thaw_disk_entry *e;
+    size_t n_man;
+    assert_int_equal(thaw_disk_cache_lookup(c, ka, &e), 0);
+    const void *man = thaw_disk_entry_part(e, THAW_PART_KV, &n_man);
+    struct thaw_kvlayout_frame f;
+    frame(1, &f);
+    struct thaw_blocks_state bs;
+    assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), 0);
+    assert_int_equal(bs.n_tokens, 200);
+    assert_memory_equal(bs.tokens, a, sizeof a);
+    llama_memory_seq_rm(llama_get_memory(g_ctx), 0, -1, -1);
+    float *want = decode(0, a, 0, 200);
+    free(want);
+    llama_token next = 42;
+    want = decode(0, &next, 200, 1);
+    restore_and_check(&bs, next, want);
+    free(want);
+    thaw_blocks_state_free(&bs);
+
+    /* damaged manifests are refused, never overread */
+    uint8_t *copy = malloc(n_man);
+    memcpy(copy, man, n_man);
+    for (size_t cut = 0; cut < n_man; cut += n_man / 17 + 1)
+        assert_int_not_equal(thaw_blocks_load(c, copy, cut, &f, &bs), 0);
+    copy[12] ^= 0xff; /* block size */
+    assert_int_not_equal(thaw_blocks_load(c, copy, n_man, &f, &bs), 0);
+    free(copy);
+    thaw_disk_entry_release(e);
+
+    /* prefix lookup: a new prompt sharing 100 tokens finds 3 blocks (96) */
+    tokens(probe, 150, 100, 3);
+    assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), 0);
+    assert_int_equal(bs.n_tokens, 96);
+    assert_int_equal(bs.n_blocks, 3);
+    llama_memory_seq_rm(llama_get_memory(g_ctx), 0, -1, -1);
+    free(decode(0, probe, 0, 96));
+    want = decode(0, &probe[96], 96, 1);
+    restore_and_check(&bs, probe[96], want);
+    free(want);
+    thaw_blocks_state_free(&bs);
+    /* another binding (model, tenant) shares nothing */
+    uint8_t other[32] = {9};
+    assert_int_equal(thaw_blocks_prefix(c, other, B, probe, 150, &f, &bs), THAW_ENOTFOUND);
+    /* a whole stored conversation as a prompt: all but the last block's worth */
+    assert_int_equal(thaw_blocks_prefix(c, g_binding, B, a, 200, &f, &bs), 0);
+    assert_int_equal(bs.n_tokens, 192);
+    thaw_blocks_state_free(&bs);
+    thaw_disk_cache_close(c);
+}
+
+/* Flips a byte in the data file of block k of toks. */
+static void corrupt_block(const llama_token *toks, int n, int k)
+{
+    uint8_t ids[16][THAW_BLOCKS_ID_BYTES];
+    char path[512], hex[65];
+    thaw_blocks_ids(g_binding, B, toks, n, ids);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", ids[k][i]);
+    snprintf(path, sizeof path, "%s/%s.kv", g_cache, hex);
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    fseek(fp, 200, SEEK_SET);
+    int ch = fgetc(fp);
+    fseek(fp, 200, SEEK_SET);
+    fputc(ch ^ 0x55, fp);
+    fclose(fp);
+}
+
+static void test_corrupt_block_is_a_miss(void **state)
+{
+    (void)state;
+    struct thaw_disk_cache *c = open_cache(); /* reopened: what the first test stored, after a "restart" */
+    llama_token a[200], probe[150];
+    uint8_t ka[32] = {0xa};
+    struct thaw_kvlayout_frame f;
+    struct thaw_blocks_state bs;
+    struct thaw_disk_entry *e;
+    size_t n_man;
+    tokens(a, 200, 100, 1);
+    tokens(probe, 150, 100, 3);
+    frame(0, &f);
+
+    corrupt_block(a, 200, 2); /* shared by a, b and the probe */
+    assert_int_equal(thaw_disk_cache_lookup(c, ka, &e), 0);
+    const void *man = thaw_disk_entry_part(e, THAW_PART_KV, &n_man);
+    assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), THAW_ENOTFOUND);
+    thaw_disk_entry_release(e);
+    /* the bad block is gone; the prefix run now ends before it */
+    assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), 0);
+    assert_int_equal(bs.n_tokens, 64);
+    thaw_blocks_state_free(&bs);
+    corrupt_block(probe, 150, 0);
+    assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), THAW_ENOTFOUND);
+    thaw_disk_cache_close(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_store_restore_share_prefix),
+        cmocka_unit_test(test_corrupt_block_is_a_miss),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
