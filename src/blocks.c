@@ -3,6 +3,7 @@
 
 #include "blob.h"
 #include "error.h"
+#include "kvstate.h"
 
 #include <sodium.h>
 #include <stdlib.h>
@@ -136,8 +137,7 @@ void thaw_blocks_state_free(struct thaw_blocks_state *s)
 {
     if (!s)
         return;
-    free(s->state);
-    free(s->tokens);
+    free(s->kv);
     memset(s, 0, sizeof *s);
 }
 
@@ -146,7 +146,8 @@ void thaw_blocks_state_free(struct thaw_blocks_state *s)
  * and assembles them for frame f. */
 static int load_blocks(struct thaw_disk_cache *c, const uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], uint32_t n_ids,
                        uint32_t block_tokens, const void *tail, size_t tail_size, const void *swa, size_t swa_size,
-                       const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out)
+                       const struct thaw_kvlayout_frame *f, const llama_token *toks, int n_toks,
+                       struct thaw_blocks_state *out)
 {
     struct thaw_disk_entry **ents = calloc((size_t)n_ids + 1, sizeof *ents);
     const void **blocks = calloc((size_t)n_ids + 1, sizeof *blocks);
@@ -175,10 +176,16 @@ static int load_blocks(struct thaw_disk_cache *c, const uint8_t (*ids)[THAW_BLOC
         blocks[nb] = tail;
         sizes[nb++] = tail_size;
     }
-    rc = thaw_kvlayout_assemble(blocks, sizes, nb, f, swa, swa_size, &out->state, &out->n_state);
+    size_t head = thaw_kvstate_head_size(n_toks), n_state;
+    rc = thaw_kvlayout_assemble_ex(blocks, sizes, nb, f, swa, swa_size, head, &out->kv, &n_state);
     if (rc == THAW_EINVAL || rc == THAW_EMISMATCH || rc == THAW_EVERSION)
         rc = THAW_ECORRUPT; /* blocks that do not fit together */
-    out->n_blocks = (int)n_ids;
+    if (rc == 0) {
+        thaw_kvstate_write_head(out->kv, toks, n_toks, n_state);
+        out->n_kv = head + n_state;
+        out->n_tokens = n_toks;
+        out->n_blocks = (int)n_ids;
+    }
 out:
     for (uint32_t k = 0; ents && k < n_ids; k++)
         thaw_disk_entry_release(ents[k]);
@@ -210,12 +217,13 @@ int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_m
     const uint8_t *toks = m + sizeof h;
     const uint8_t *ids = toks + (size_t)h.n_tokens * 4;
     const uint8_t *tail = ids + (size_t)h.n_blocks * THAW_BLOCKS_ID_BYTES;
-    if (!(out->tokens = malloc((size_t)h.n_tokens * sizeof(llama_token))))
+    llama_token *tokens = malloc((size_t)h.n_tokens * sizeof(llama_token)); /* aligned */
+    if (!tokens)
         return THAW_ENOMEM;
-    memcpy(out->tokens, toks, (size_t)h.n_tokens * sizeof(llama_token));
-    out->n_tokens = (int)h.n_tokens;
+    memcpy(tokens, toks, (size_t)h.n_tokens * sizeof(llama_token));
     rc = load_blocks(c, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
-                     tail + h.tail_size, h.swa_size, f, out);
+                     tail + h.tail_size, h.swa_size, f, tokens, (int)h.n_tokens, out);
+    free(tokens);
     if (rc != 0)
         thaw_blocks_state_free(out);
     return rc;
@@ -246,13 +254,8 @@ int thaw_blocks_prefix(struct thaw_disk_cache *c, const uint8_t binding[32], uin
             run++;
         if (run == 0)
             break;
-        if (!(out->tokens = malloc((size_t)run * block_tokens * sizeof(llama_token)))) {
-            rc = THAW_ENOMEM;
-            break;
-        }
-        memcpy(out->tokens, toks, (size_t)run * block_tokens * sizeof(llama_token));
-        out->n_tokens = (int)(run * block_tokens);
-        rc = load_blocks(c, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, run, block_tokens, NULL, 0, NULL, 0, f, out);
+        rc = load_blocks(c, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, run, block_tokens, NULL, 0, NULL, 0, f, toks,
+                         (int)(run * block_tokens), out);
         if (rc != 0)
             thaw_blocks_state_free(out);
     }

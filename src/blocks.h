@@ -77,12 +77,12 @@ int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint
 /* 1 if blob starts like a manifest (magic), else 0. */
 int thaw_blocks_is_manifest(const void *blob, size_t n);
 
-/* A restorable state: what libllama's llama_state_seq_set_data takes, and
- * the tokens it holds. Free with thaw_blocks_state_free. */
+/* A restorable state: a .kv blob in kvstate.h's format (header, tokens,
+ * then what llama_state_seq_set_data takes), built in place. Free with
+ * thaw_blocks_state_free. */
 struct thaw_blocks_state {
-    void *state; /* malloc'd */
-    size_t n_state;
-    llama_token *tokens; /* malloc'd */
+    void *kv; /* malloc'd */
+    size_t n_kv;
     int n_tokens;
     int n_blocks; /* blocks read from disk */
 };

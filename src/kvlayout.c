@@ -470,6 +470,13 @@ int thaw_kvlayout_assemble(const void *const *blocks, const size_t *sizes, int n
                            const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, void **out,
                            size_t *n_out)
 {
+    return thaw_kvlayout_assemble_ex(blocks, sizes, n_blocks, f, tail, n_tail, 0, out, n_out);
+}
+
+int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, int n_blocks,
+                              const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, size_t headroom,
+                              void **out, size_t *n_out)
+{
     struct blk *k = NULL;
     uint64_t *kpre = NULL, *vpre = NULL; /* prefix sums of k_row / v_row over layers */
     uint8_t *buf = NULL, *p;
@@ -519,11 +526,11 @@ int thaw_kvlayout_assemble(const void *const *blocks, const size_t *sizes, int n
     /* every term is bounded by the blocks' own (validated) sizes */
     size_t size = 8 + 4 + 4 * (size_t)f->n_stream + (size_t)N * meta_stride(ext) + 8 + (size_t)n_layers * 24 +
                   (size_t)N * (kpre[n_layers] + vpre[n_layers]) + n_tail;
-    if (!(buf = malloc(size))) {
+    if (size > SIZE_MAX - headroom || !(buf = malloc(headroom + size))) {
         rc = THAW_ENOMEM;
         goto done;
     }
-    p = buf;
+    p = buf + headroom;
     put32(&p, LLAMA_SEQ_MAGIC);
     put32(&p, (uint32_t)f->seq_id);
     put32(&p, f->n_stream);

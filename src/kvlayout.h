@@ -128,6 +128,14 @@ int thaw_kvlayout_assemble(const void *const *blocks, const size_t *sizes, int n
                            const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, void **out,
                            size_t *n_out);
 
+/* thaw_kvlayout_assemble with `headroom` bytes before the state in the
+ * same allocation (left uninitialised, for the caller's header): *out is
+ * the allocation, the state starts at (char *)*out + headroom, and *n_out
+ * is the state's size without the headroom. */
+int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, int n_blocks,
+                              const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, size_t headroom,
+                              void **out, size_t *n_out);
+
 /* Start-up check that this module understands ctx's state: decodes a few
  * tokens into seq (which must be a spare, empty sequence), captures the
  * state, parses it, cuts it into blocks of 2 cells, assembles them, compares

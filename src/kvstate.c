@@ -52,6 +52,18 @@ int thaw_kvstate_capture(struct llama_context *ctx, llama_seq_id seq, const llam
     return 0;
 }
 
+size_t thaw_kvstate_head_size(int n_tokens)
+{
+    return sizeof(struct kv_header) + (size_t)n_tokens * sizeof(int32_t);
+}
+
+void thaw_kvstate_write_head(void *blob, const llama_token *tokens, int n_tokens, size_t n_state)
+{
+    struct kv_header h = {KV_MAGIC, FORMAT_VERSION, (uint32_t)n_tokens, 0, n_state};
+    memcpy(blob, &h, sizeof h);
+    memcpy((uint8_t *)blob + sizeof h, tokens, (size_t)n_tokens * sizeof(int32_t));
+}
+
 int thaw_kvstate_parse(const void *blob, size_t n, struct thaw_kvstate_view *v)
 {
     struct kv_header h;

@@ -44,6 +44,12 @@ struct thaw_kvstate_view {
  * THAW_ECORRUPT / THAW_EVERSION. The blob must be 4-byte aligned. */
 int thaw_kvstate_parse(const void *blob, size_t n, struct thaw_kvstate_view *v);
 
+/* Bytes before the state in a .kv blob of n_tokens tokens, and writing
+ * them (header and tokens) at blob: for a state built in place after them
+ * (blocks.c) rather than captured. */
+size_t thaw_kvstate_head_size(int n_tokens);
+void thaw_kvstate_write_head(void *blob, const llama_token *tokens, int n_tokens, size_t n_state);
+
 /* Installs the state into seq (cleared first). Returns 0 or THAW_ELLAMA
  * (the seq is then empty). */
 int thaw_kvstate_restore(struct llama_context *ctx, llama_seq_id seq, const struct thaw_kvstate_view *v);

@@ -26,6 +26,7 @@
 #include "blocks.h"
 #include "cache_disk.h"
 #include "error.h"
+#include "kvstate.h"
 #include "mkmodel.h"
 
 #define B 32u
@@ -159,8 +160,10 @@ static void store(struct thaw_disk_cache *c, const llama_token *t, int n, const 
 /* Restores st into seq 1 and checks the next token decodes as `want`. */
 static void restore_and_check(const struct thaw_blocks_state *st, llama_token next, const float *want)
 {
-    llama_memory_seq_rm(llama_get_memory(g_ctx), 1, -1, -1);
-    assert_int_equal(llama_state_seq_set_data(g_ctx, st->state, st->n_state, 1), st->n_state);
+    struct thaw_kvstate_view v;
+    assert_int_equal(thaw_kvstate_parse(st->kv, st->n_kv, &v), 0);
+    assert_int_equal(v.n_tokens, st->n_tokens);
+    assert_int_equal(thaw_kvstate_restore(g_ctx, 1, &v), 0);
     float *got = decode(1, &next, st->n_tokens, 1);
     float diff = 0;
     for (int i = 0; i < g_vocab; i++)
@@ -213,7 +216,9 @@ static void test_store_restore_share_prefix(void **state)
     struct thaw_blocks_state bs;
     assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, 200);
-    assert_memory_equal(bs.tokens, a, sizeof a);
+    struct thaw_kvstate_view v;
+    assert_int_equal(thaw_kvstate_parse(bs.kv, bs.n_kv, &v), 0);
+    assert_memory_equal(v.tokens, a, sizeof a);
     llama_memory_seq_rm(llama_get_memory(g_ctx), 0, -1, -1);
     float *want = decode(0, a, 0, 200);
     free(want);
