@@ -47,15 +47,15 @@ void thaw_ram_cache_free(struct thaw_ram_cache *c)
     free(c);
 }
 
-static int find(const struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE])
+static int find(const struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
     for (int i = 0; i < c->n; i++)
-        if (memcmp(c->v[i].key, key, THAW_RAM_KEY_SIZE) == 0)
+        if (memcmp(c->v[i].key, key, THAW_KEY_BYTES) == 0)
             return i;
     return -1;
 }
 
-int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE], void *kv, size_t n_kv,
+int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES], void *kv, size_t n_kv,
                        void *ckpt, size_t n_ckpt, void *dft, size_t n_dft, int64_t now)
 {
     uint64_t size = (uint64_t)n_kv + n_ckpt + n_dft;
@@ -89,7 +89,7 @@ int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_
         c->cap = cap;
     }
     struct thaw_ram_entry *e = &c->v[c->n++];
-    memcpy(e->key, key, THAW_RAM_KEY_SIZE);
+    memcpy(e->key, key, THAW_KEY_BYTES);
     e->kv = kv;
     e->n_kv = n_kv;
     e->ckpt = ckpt;
@@ -101,7 +101,7 @@ int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_
     return 0;
 }
 
-const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE],
+const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
                                                 int64_t now)
 {
     int i = find(c, key);
@@ -112,7 +112,7 @@ const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const 
     return &c->v[i];
 }
 
-void thaw_ram_cache_remove(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE])
+void thaw_ram_cache_remove(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
     int i = find(c, key);
 

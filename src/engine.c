@@ -456,7 +456,7 @@ static void slot_prepare_store(struct thaw_engine *e, struct slot *s, const char
     llama_token *canon = NULL;
     int n_canon = 0;
 
-    thaw_chat_key(t->binding, t->req.messages, t->req.n_messages, reply_norm, s->store_key);
+    thaw_keys_conversation(t->binding, t->req.messages, t->req.n_messages, reply_norm, s->store_key);
     if (thaw_chat_canonical(e->chat, &t->req, reply_json, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
         slot_reserve(s, n_canon + 1) != 0) {
         /* no canonical form: store what the slot holds (still a prefix win) */
@@ -1284,7 +1284,7 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     metrics->slots_total = e->n_slots;
     if ((rc = thaw_sched_new(cfg->max_queue, &e->sched)) != 0)
         goto error;
-    thaw_chat_binding(e->fingerprint, e->settings, NULL, e->identity);
+    thaw_keys_binding(e->fingerprint, e->settings, NULL, e->identity);
     if (cfg->cache_ram_mib > 0 &&
         (rc = thaw_ram_cache_new(cfg->cache_ram_mib << 20, (int64_t)cfg->kv_cache_ttl_s, &e->ram)) != 0)
         goto error;
@@ -1389,7 +1389,7 @@ uint64_t thaw_engine_n_params(const struct thaw_engine *e) { return llama_model_
 void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id[THAW_KEY_BYTES],
                          uint8_t out[THAW_KEY_BYTES])
 {
-    thaw_chat_binding(e->fingerprint, e->settings, namespace_id, out);
+    thaw_keys_binding(e->fingerprint, e->settings, namespace_id, out);
 }
 
 void thaw_engine_metrics(void *ud, char *buf, size_t cap, size_t *len)

@@ -207,9 +207,9 @@ static int teardown(void **state)
     return 0;
 }
 
-static void key_make(uint8_t key[THAW_DISK_KEY_SIZE], unsigned n)
+static void key_make(uint8_t key[THAW_KEY_BYTES], unsigned n)
 {
-    for (int i = 0; i < THAW_DISK_KEY_SIZE; i++)
+    for (int i = 0; i < THAW_KEY_BYTES; i++)
         key[i] = (uint8_t)(n * 131u + (unsigned)i * 7u + (n >> 8));
 }
 
@@ -289,9 +289,9 @@ static int entry_matches(const struct thaw_disk_entry *e, const struct data *d, 
 
 static void file_path(const struct fx *f, const uint8_t *key, const char *ext, char *out)
 {
-    char hex[2 * THAW_DISK_KEY_SIZE + 1];
+    char hex[2 * THAW_KEY_BYTES + 1];
 
-    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    thaw_hex(key, THAW_KEY_BYTES, hex);
     snprintf(out, PATH_MAX, "%s/%s%s", f->dir, hex, ext);
 }
 
@@ -307,13 +307,13 @@ static int file_exists(const struct fx *f, const uint8_t *key, const char *ext)
 /* Files in dir whose name starts with key's hex. */
 static int key_files(const struct fx *f, const uint8_t *key)
 {
-    char hex[2 * THAW_DISK_KEY_SIZE + 1];
+    char hex[2 * THAW_KEY_BYTES + 1];
     DIR *d = opendir(f->dir);
     struct dirent *de;
     int n = 0;
 
     assert_non_null(d);
-    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    thaw_hex(key, THAW_KEY_BYTES, hex);
     while ((de = readdir(d)))
         if (!strncmp(de->d_name, hex, strlen(hex)))
             n++;

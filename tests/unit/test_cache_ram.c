@@ -11,9 +11,9 @@
 #include "cache_ram.h"
 #include "error.h"
 
-static void key(uint8_t k[THAW_RAM_KEY_SIZE], int i)
+static void key(uint8_t k[THAW_KEY_BYTES], int i)
 {
-    memset(k, 0, THAW_RAM_KEY_SIZE);
+    memset(k, 0, THAW_KEY_BYTES);
     k[0] = (uint8_t)i;
 }
 
@@ -29,7 +29,7 @@ static void *blob(size_t n)
 static void test_lru_and_budget(void **state)
 {
     struct thaw_ram_cache *c;
-    uint8_t k[THAW_RAM_KEY_SIZE];
+    uint8_t k[THAW_KEY_BYTES];
 
     (void)state;
     assert_int_equal(thaw_ram_cache_new(300, 0, &c), 0);
@@ -60,7 +60,7 @@ static void test_lru_and_budget(void **state)
 static void test_ttl(void **state)
 {
     struct thaw_ram_cache *c;
-    uint8_t k[THAW_RAM_KEY_SIZE];
+    uint8_t k[THAW_KEY_BYTES];
 
     (void)state;
     assert_int_equal(thaw_ram_cache_new(1000, 5, &c), 0);
@@ -77,7 +77,7 @@ static void test_ttl(void **state)
 static void test_off(void **state)
 {
     struct thaw_ram_cache *c;
-    uint8_t k[THAW_RAM_KEY_SIZE];
+    uint8_t k[THAW_KEY_BYTES];
 
     (void)state;
     assert_int_equal(thaw_ram_cache_new(0, 0, &c), 0);
