@@ -31,32 +31,26 @@ long thaw_keys_last_assistant(const struct thaw_message *msgs, size_t n);
  * [extra_json]). `binding` is from thaw_keys_binding (+
  * thaw_keys_bind_request); `extra_json` is a normalised assistant message or
  * NULL. */
-void thaw_keys_conversation(const uint8_t binding[THAW_KEY_BYTES],
-                            const struct thaw_message *msgs, size_t n,
-                            const char *extra_json,
-                            uint8_t out[THAW_KEY_BYTES]);
+void thaw_keys_conversation(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
+                            const char *extra_json, uint8_t out[THAW_KEY_BYTES]);
 
 /* binding = BLAKE2b-256(fingerprint || settings string || namespace), where
  * the namespace is thaw_keys_namespace() of the request's API key (set by the
  * server, never by a client). NULL namespace: the model's identity, which is
  * no tenant's (written into every .idx). */
-void thaw_keys_binding(const uint8_t fingerprint[THAW_KEY_BYTES],
-                       const char *settings,
-                       const uint8_t namespace_id[THAW_KEY_BYTES],
-                       uint8_t out[THAW_KEY_BYTES]);
+void thaw_keys_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings,
+                       const uint8_t namespace_id[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES]);
 
 /* Mixes what else shapes the rendered prompt into a binding: the request's
  * tools and chat_template_kwargs. Two agents with the same messages but
  * other tools never share a key. `out` may alias `binding`. */
-void thaw_keys_bind_request(const uint8_t binding[THAW_KEY_BYTES],
-                            const struct thaw_chat_request *req,
+void thaw_keys_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
                             uint8_t out[THAW_KEY_BYTES]);
 
 /* A tenant's namespace: BLAKE2b-256 keyed with a fixed domain tag over the
  * API key itself (NULL or "" = the anonymous namespace of a server without
  * keys). Stable across restarts and key reordering, gone with the key, and
  * one-way: the namespace reveals nothing of the key. */
-void thaw_keys_namespace(const char *api_key, size_t len,
-                         uint8_t out[THAW_KEY_BYTES]);
+void thaw_keys_namespace(const char *api_key, size_t len, uint8_t out[THAW_KEY_BYTES]);
 
 #endif

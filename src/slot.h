@@ -36,58 +36,55 @@
 #include <stdint.h>
 
 enum thaw_slot_phase {
-  THAW_SLOT_IDLE,    /* no task; the KV stays for reuse */
-  THAW_SLOT_PREFILL, /* decoding the prompt */
-  THAW_SLOT_GEN,     /* sampling the reply */
-  THAW_SLOT_FIXUP, /* reply sent; re-decoding its canonical form, then store */
-  THAW_SLOT_PHASE_COUNT
+    THAW_SLOT_IDLE,    /* no task; the KV stays for reuse */
+    THAW_SLOT_PREFILL, /* decoding the prompt */
+    THAW_SLOT_GEN,     /* sampling the reply */
+    THAW_SLOT_FIXUP,   /* reply sent; re-decoding its canonical form, then store */
+    THAW_SLOT_PHASE_COUNT
 };
 
 struct thaw_slot {
-  int id;                     /* == llama seq_id */
-  enum thaw_slot_phase phase; /* written by thaw_slot_set_phase only */
-  struct thaw_task *task;     /* set in PREFILL and GEN */
+    int id;                     /* == llama seq_id */
+    enum thaw_slot_phase phase; /* written by thaw_slot_set_phase only */
+    struct thaw_task *task;     /* set in PREFILL and GEN */
 
-  llama_token
-      *tokens; /* tokens whose KV the sequence holds, n_tokens of cap_tokens */
-  int n_tokens, cap_tokens;
+    llama_token *tokens; /* tokens whose KV the sequence holds, n_tokens of cap_tokens */
+    int n_tokens, cap_tokens;
 
-  struct thaw_ckpt_list
-      ckpts; /* partial-memory snapshots for rollback (SWA / recurrent) */
+    struct thaw_ckpt_list ckpts; /* partial-memory snapshots for rollback (SWA / recurrent) */
 
-  /* the request in progress */
-  int n_prompt_done;      /* prompt tokens already in the KV */
-  llama_token next_token; /* GEN: sampled, waits to be decoded */
-  llama_token *drafts; /* GEN with -md: the draft's proposal after next_token,
-                          n_drafts */
-  int n_drafts;
-  int i_batch; /* row of this slot's logits in the current batch, -1 = none */
-  int n_in_batch; /* tokens this slot put in the current batch */
-  struct llama_sampler *smpl;
-  char *gen; /* reply bytes so far, n_gen of cap_gen (NUL-terminated) */
-  size_t n_gen, cap_gen;
-  size_t n_sent; /* bytes of gen handed to the task */
-  size_t
-      stop_hold; /* longest stop string - 1: bytes held back while streaming */
-  int n_decoded; /* tokens sampled */
-  int64_t t_start_us, t_prompt_done_us;
-  struct thaw_timings timings;
+    /* the request in progress */
+    int n_prompt_done;      /* prompt tokens already in the KV */
+    llama_token next_token; /* GEN: sampled, waits to be decoded */
+    llama_token *drafts;    /* GEN with -md: the draft's proposal after next_token,
+                               n_drafts */
+    int n_drafts;
+    int i_batch;    /* row of this slot's logits in the current batch, -1 = none */
+    int n_in_batch; /* tokens this slot put in the current batch */
+    struct llama_sampler *smpl;
+    char *gen; /* reply bytes so far, n_gen of cap_gen (NUL-terminated) */
+    size_t n_gen, cap_gen;
+    size_t n_sent;    /* bytes of gen handed to the task */
+    size_t stop_hold; /* longest stop string - 1: bytes held back while streaming */
+    int n_decoded;    /* tokens sampled */
+    int64_t t_start_us, t_prompt_done_us;
+    struct thaw_timings timings;
 
-  int64_t last_used_us;
-  uint8_t ns[THAW_KEY_BYTES]; /* the tenant whose tokens the KV holds (n_tokens
-                                 > 0) */
-  bool holds_key;             /* held_key names the conversation in the KV */
-  uint8_t held_key[THAW_KEY_BYTES];
+    int64_t last_used_us;
+    uint8_t ns[THAW_KEY_BYTES]; /* the tenant whose tokens the KV holds (n_tokens
+                                   > 0) */
+    bool holds_key;             /* held_key names the conversation in the KV */
+    uint8_t held_key[THAW_KEY_BYTES];
 
-  /* the key this turn's conversation was looked up under: its previous
-   * turn, which this turn's store supersedes in the RAM tier */
-  bool has_prev_key;
-  uint8_t prev_key[THAW_KEY_BYTES];
+    /* the key this turn's conversation was looked up under: its previous
+     * turn, which this turn's store supersedes in the RAM tier */
+    bool has_prev_key;
+    uint8_t prev_key[THAW_KEY_BYTES];
 
-  /* FIXUP: decode fix[n_tokens..n_fix) then store under store_key */
-  llama_token *fix;
-  int n_fix;
-  uint8_t store_key[THAW_KEY_BYTES];
+    /* FIXUP: decode fix[n_tokens..n_fix) then store under store_key */
+    llama_token *fix;
+    int n_fix;
+    uint8_t store_key[THAW_KEY_BYTES];
 };
 
 /* An IDLE slot for sequence `id`, holding nothing (caller storage). */
@@ -105,8 +102,7 @@ bool thaw_slot_move_legal(enum thaw_slot_phase from, enum thaw_slot_phase to);
  * m->slots_busy (m may be NULL). An illegal move is a bug in the engine:
  * it is logged and the process aborts, whatever NDEBUG says (a lost busy
  * count would stall admission silently). */
-void thaw_slot_set_phase(struct thaw_slot *s, enum thaw_slot_phase to,
-                         struct thaw_metrics *m);
+void thaw_slot_set_phase(struct thaw_slot *s, enum thaw_slot_phase to, struct thaw_metrics *m);
 
 /* "idle", "prefill", "gen", "fixup". */
 const char *thaw_slot_phase_name(enum thaw_slot_phase p);
