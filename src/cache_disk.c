@@ -180,7 +180,7 @@ enum evict_why {
 struct job {
     uint8_t key[THAW_KEY_BYTES];
     uint32_t n_tokens;
-    struct thaw_disk_blob parts[THAW_PART_COUNT];
+    struct thaw_part_blob parts[THAW_PART_COUNT];
     void *meta;
     size_t n_meta;
     uint64_t bytes;   /* parts + .idx: what it counts in queue_bytes */
@@ -1324,7 +1324,7 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c)
 
 /* The checks store and submit share. 0, THAW_EINVAL or THAW_ETOOBIG. */
 static int store_check(const struct thaw_disk_cache *c, const uint8_t *key,
-                       const struct thaw_disk_blob *parts, const void *meta, size_t n_meta,
+                       const struct thaw_part_blob *parts, const void *meta, size_t n_meta,
                        uint64_t *total)
 {
     uint64_t sum;
@@ -1365,7 +1365,7 @@ static int install_file(struct thaw_disk_cache *c, const char *tmp, const char *
  * rec/rec_len encoded; mtime_s is the entry's last use. 0, or -errno with
  * every file of the key removed again (.idx first), temporaries included. */
 static int store_files(struct thaw_disk_cache *c, const char *hex,
-                       const struct thaw_disk_blob parts[THAW_PART_COUNT], const uint8_t *rec,
+                       const struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *rec,
                        size_t rec_len, int64_t mtime_s)
 {
     const struct thaw_vfs *v = c->vfs;
@@ -1418,7 +1418,7 @@ static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, 
                      int round);
 
 int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                          uint32_t n_tokens, const struct thaw_disk_blob parts[THAW_PART_COUNT],
+                          uint32_t n_tokens, const struct thaw_part_blob parts[THAW_PART_COUNT],
                           const void *meta, size_t n_meta)
 {
     char hex[HEX_LEN + 1], bytes[24];
@@ -1560,7 +1560,7 @@ static void *writer_main(void *arg)
 }
 
 int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                           uint32_t n_tokens, struct thaw_disk_blob parts[THAW_PART_COUNT],
+                           uint32_t n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
                            const void *meta, size_t n_meta)
 {
     struct job *j = NULL;
@@ -1977,7 +1977,7 @@ int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_K
     return n;
 }
 
-const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_disk_part p,
+const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_part p,
                                  size_t *size)
 {
     const void *d = NULL;

@@ -41,6 +41,7 @@
 #ifndef THAW_CACHE_DISK_H
 #define THAW_CACHE_DISK_H
 
+#include "blob.h" /* the parts of an entry */
 #include "keys.h" /* THAW_KEY_BYTES */
 #include "vfs.h"
 
@@ -49,19 +50,6 @@
 
 #define THAW_DISK_FINGERPRINT_SIZE 32
 #define THAW_DISK_META_MAX 4096 /* bytes of caller meta per entry */
-
-enum thaw_disk_part {
-    THAW_PART_KV,   /* .kv; mandatory */
-    THAW_PART_CKPT, /* .ckpt */
-    THAW_PART_DFT,  /* .dft; corruption of it alone costs only this part */
-    THAW_PART_COUNT
-};
-
-/* A part's bytes. A part with size 0 is absent (data is then ignored). */
-struct thaw_disk_blob {
-    void *data;
-    size_t size;
-};
 
 /* Open flags. */
 #define THAW_DISK_CACHE_NO_WRITER 0x1u /* no writer thread: submit() fails */
@@ -161,7 +149,7 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c);
  * stores_ok / store_failures. */
 #define THAW_DISK_ENOSPC_ROUNDS 3
 int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                          uint32_t n_tokens, const struct thaw_disk_blob parts[THAW_PART_COUNT],
+                          uint32_t n_tokens, const struct thaw_part_blob parts[THAW_PART_COUNT],
                           const void *meta, size_t n_meta);
 
 /* Queues a store for the writer thread and returns at once (never blocks on
@@ -182,7 +170,7 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
  *   THAW_ETOOBIG   as store
  *   THAW_ENOMEM */
 int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                           uint32_t n_tokens, struct thaw_disk_blob parts[THAW_PART_COUNT],
+                           uint32_t n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
                            const void *meta, size_t n_meta);
 
 /* Blocks until every store submitted before the call has been written (or
@@ -246,7 +234,7 @@ int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_K
 
 /* A part's bytes, valid until thaw_disk_entry_release(); *size gets its
  * length (0 when absent; size may be NULL). NULL when the part is absent. */
-const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_disk_part p,
+const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_part p,
                                  size_t *size);
 uint32_t thaw_disk_entry_n_tokens(const struct thaw_disk_entry *e);
 /* The meta blob (NULL with *n = 0 if none), valid until release. */

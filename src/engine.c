@@ -20,11 +20,10 @@
 #include "engine.h"
 
 #include "blob.h"
-#include "cache_disk.h"
-#include "cache_ram.h"
 #include "draft.h"
 #include "error.h"
 #include "fingerprint.h"
+#include "kvcache.h"
 #include "kvstate.h"
 #include "log.h"
 #include "scheduler.h"
@@ -62,8 +61,7 @@ struct thaw_engine {
     bool partial;              /* n_swa > 0 || recurrent: checkpoints needed */
 
     struct thaw_draft *draft;  /* NULL = no speculative decoding */
-    struct thaw_disk_cache *disk; /* NULL = disk tier off */
-    struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
+    struct thaw_kvcache *kv;   /* the cache tiers (kvcache.h) */
     uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
     struct llama_batch batch;  /* n_batch tokens */
     int n_batch;
@@ -166,29 +164,13 @@ static void slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, co
 
 /* ---- cache tiers ----------------------------------------------------------------- */
 
-static int64_t wall_s(void) { return (int64_t)time(NULL); }
-
-static void key_short(const uint8_t key[THAW_KEY_BYTES], char out[17])
-{
-    thaw_hex(key, 8, out);
-}
-
-/* The RAM tier is engine-thread only; /metrics reads these copies. */
-static void ram_gauges(struct thaw_engine *e)
-{
-    if (!e->ram)
-        return;
-    atomic_store(&e->metrics->ram_bytes, thaw_ram_cache_bytes(e->ram));
-    atomic_store(&e->metrics->ram_entries, thaw_ram_cache_count(e->ram));
-}
-
 /* Installs a cached conversation (its .kv, .ckpt and .dft blobs; the last
  * two may be empty) into the slot when it holds more of the prompt than the
  * slot already does. Returns the tokens of the prompt the slot now holds
  * (>= n_past), or a negative error when the blobs are corrupt (the slot is
  * then empty). A bad .dft only costs the draft a prefill. */
 static int slot_install(struct thaw_engine *e, struct thaw_slot *s, const struct thaw_task *t,
-                        const struct thaw_disk_blob parts[THAW_PART_COUNT], int n_past)
+                        const struct thaw_part_blob parts[THAW_PART_COUNT], int n_past)
 {
     struct thaw_kvstate_view v;
     int rc;
@@ -221,27 +203,35 @@ static int slot_install(struct thaw_engine *e, struct thaw_slot *s, const struct
     return lcp;
 }
 
-struct verify_job {
-    struct thaw_disk_cache *disk;
-    struct thaw_disk_entry *entry;
-    int rc;
+/* slot_install through the kvcache's sink */
+struct install_ctx {
+    struct thaw_engine *e;
+    struct thaw_slot *s;
+    const struct thaw_task *t;
+    int n_past;
 };
 
-static void *verify_main(void *arg)
+static int install_cb(void *ud, const struct thaw_part_blob parts[THAW_PART_COUNT])
 {
-    struct verify_job *j = arg;
+    struct install_ctx *ic = ud;
 
-    j->rc = thaw_disk_entry_verify(j->disk, j->entry);
-    return NULL;
+    return slot_install(ic->e, ic->s, ic->t, parts, ic->n_past);
 }
 
-/* The lookup at the start of a request: slot, then RAM, then disk.
- * Returns the number of prompt tokens the slot holds afterwards. */
+static void undo_cb(void *ud)
+{
+    struct install_ctx *ic = ud;
+
+    slot_clear_kv(ic->e, ic->s);
+}
+
+/* The lookup at the start of a request: the slot itself, then the cache
+ * tiers (kvcache.h). Returns the number of prompt tokens the slot holds
+ * afterwards. */
 static int slot_restore(struct thaw_engine *e, struct thaw_slot *s, const struct thaw_task *t, int n_past)
 {
-    char hex[17];
-    int64_t t0 = thaw_now_us();
-    int got = n_past;
+    struct install_ctx ic = {e, s, t, n_past};
+    const struct thaw_kvcache_sink sink = {install_cb, undo_cb, &ic, s->id};
 
     atomic_fetch_add(&e->metrics->cache_lookups, 1);
     if (s->holds_key && memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0) {
@@ -249,94 +239,21 @@ static int slot_restore(struct thaw_engine *e, struct thaw_slot *s, const struct
         atomic_fetch_add(&e->metrics->cache_hits_slot, 1);
         return n_past;
     }
-    key_short(t->lookup_key, hex);
-    if (e->ram) {
-        if (thaw_ram_cache_evict(e->ram, wall_s()) > 0)
-            ram_gauges(e);
-        const struct thaw_ram_entry *re = thaw_ram_cache_get(e->ram, t->lookup_key, wall_s());
-        if (re) {
-            const struct thaw_disk_blob parts[THAW_PART_COUNT] = {
-                {re->kv, re->n_kv}, {re->ckpt, re->n_ckpt}, {re->dft, re->n_dft}};
-            got = slot_install(e, s, t, parts, n_past);
-            if (got < 0) {
-                LOG_WRN("slot %d: RAM entry %s unusable (%s): dropped", s->id, hex, thaw_strerror(got));
-                thaw_ram_cache_remove(e->ram, t->lookup_key);
-                ram_gauges(e);
-                got = 0;
-            } else if (got > n_past) {
-                atomic_fetch_add(&e->metrics->cache_hits_ram, 1);
-                s->timings.cache_source = "ram";
-            }
-            goto out;
-        }
-    }
-    if (e->disk) {
-        struct thaw_disk_entry *de = NULL;
-        thaw_disk_cache_evict(e->disk);
-        int64_t t_lookup = thaw_now_us();
-        int rc = thaw_disk_cache_lookup_ex(e->disk, t->lookup_key, THAW_DISK_LOOKUP_DEFER_KV, &de);
-        LOG_DBG("slot %d: disk lookup %.2f ms (eviction %.2f ms)", s->id, (double)(thaw_now_us() - t_lookup) / 1000.0,
-                (double)(t_lookup - t0) / 1000.0);
-        if (rc == 0) {
-            struct thaw_disk_blob parts[THAW_PART_COUNT];
-            for (int p = 0; p < THAW_PART_COUNT; p++)
-                parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_disk_part)p, &parts[p].size);
-            /* the .kv checksum runs on the other core while libllama copies
-             * the state in; a mismatch undoes the install before any decode */
-            struct verify_job job = {e->disk, de, 0};
-            pthread_t th;
-            if (pthread_create(&th, NULL, verify_main, &job) == 0) {
-                got = slot_install(e, s, t, parts, n_past);
-                pthread_join(th, NULL);
-            } else {
-                verify_main(&job); /* no thread: check first, then install */
-                got = job.rc == 0 ? slot_install(e, s, t, parts, n_past) : job.rc;
-            }
-            if (got >= 0 && job.rc != 0) {
-                slot_clear_kv(e, s);
-                got = job.rc;
-            }
-            thaw_disk_entry_release(de);
-            if (job.rc != 0) {
-                LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by prefill", s->id, hex);
-                got = 0;
-            } else if (got < 0) {
-                LOG_WRN("slot %d: disk entry %s unusable (%s): removed, serving by prefill", s->id, hex,
-                        thaw_strerror(got));
-                thaw_disk_cache_remove(e->disk, t->lookup_key);
-                got = 0;
-            } else if (got > n_past) {
-                atomic_fetch_add(&e->metrics->cache_hits_disk, 1);
-                s->timings.cache_source = "disk";
-            }
-            goto out;
-        }
-        if (rc == THAW_ECORRUPT)
-            LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by prefill", s->id, hex);
-    }
-    atomic_fetch_add(&e->metrics->cache_misses, 1);
-    return n_past;
-out:
-    if (got > n_past) {
-        s->timings.restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
-        atomic_fetch_add(&e->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
-    } else {
-        atomic_fetch_add(&e->metrics->cache_misses, 1);
-    }
-    return got;
+    return thaw_kvcache_lookup(e->kv, t->lookup_key, n_past, &sink, &s->timings.cache_source,
+                               &s->timings.restore_ms);
 }
 
 /* Serialises the slot's state (and its draft's) and hands it to the RAM
  * tier and the disk writer under s->store_key. Never waits for I/O. */
 static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
 {
-    struct thaw_disk_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+    struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
     char hex[17];
     int rc;
 
     if (s->n_tokens < e->cfg->kv_cache_min_tokens || s->n_tokens == 0)
         return;
-    key_short(s->store_key, hex);
+    thaw_keys_short(s->store_key, hex);
     int64_t t0 = thaw_now_us();
     if ((rc = thaw_kvstate_capture(e->ctx, s->id, s->tokens, s->n_tokens, &parts[THAW_PART_KV].data,
                                    &parts[THAW_PART_KV].size)) != 0 ||
@@ -354,40 +271,12 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
     memcpy(s->held_key, s->store_key, THAW_KEY_BYTES);
     s->holds_key = true;
 
-    const char *where = e->disk && e->ram ? "ram+disk" : e->disk ? "disk" : "ram";
     size_t sizes[THAW_PART_COUNT];
     for (int p = 0; p < THAW_PART_COUNT; p++)
         sizes[p] = parts[p].size;
-    if (e->disk) {
-        /* with both tiers, both hold a reference to the same bytes */
-        struct thaw_disk_blob w[THAW_PART_COUNT];
-        for (int p = 0; p < THAW_PART_COUNT; p++) {
-            w[p] = parts[p];
-            if (e->ram && parts[p].data)
-                thaw_blob_ref(parts[p].data);
-        }
-        rc = thaw_disk_cache_submit(e->disk, s->store_key, (uint32_t)s->n_tokens, w, NULL, 0);
-        if (rc != 0) {
-            /* the cache logged why (queue bytes, shutdown, ...) */
-            LOG_DBG("slot %d: store of %s to disk dropped: %s", s->id, hex, thaw_strerror(rc));
-            for (int p = 0; p < THAW_PART_COUNT; p++)
-                thaw_blob_unref(w[p].data); /* on failure the reference stayed here */
-        }
-        if (!e->ram)
-            memset(parts, 0, sizeof parts); /* moved to the writer, or dropped just above */
-    }
-    if (e->ram && thaw_ram_cache_put(e->ram, s->store_key, parts[0].data, parts[0].size, parts[1].data,
-                                     parts[1].size, parts[2].data, parts[2].size, wall_s()) != 0)
-        LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", s->id, hex);
-    /* The previous turn's entry is a prefix of this one: keep it in RAM
-     * only while the disk cannot serve it (a regenerated reply looks it
-     * up again). Frees memory for more conversations, and a mapping the
-     * next capture reuses (blob.h). */
-    if (e->ram && e->disk && s->has_prev_key && memcmp(s->prev_key, s->store_key, THAW_KEY_BYTES) != 0 &&
-        thaw_disk_cache_contains(e->disk, s->prev_key))
-        thaw_ram_cache_remove(e->ram, s->prev_key);
+    const char *where =
+        thaw_kvcache_store(e->kv, s->id, s->store_key, s->n_tokens, parts, s->has_prev_key ? s->prev_key : NULL);
     s->has_prev_key = false;
-    ram_gauges(e);
     int64_t took = thaw_now_us() - t0;
     atomic_fetch_add(&e->metrics->stores, 1);
     atomic_fetch_add(&e->metrics->store_us, (uint64_t)took);
@@ -486,8 +375,6 @@ static struct llama_sampler *make_sampler(const struct thaw_engine *e, const str
     return c;
 }
 
-static bool cache_enabled(const struct thaw_engine *e) { return e->disk || e->ram; }
-
 static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_task *t)
 {
     const struct thaw_chat_request *req = &t->req;
@@ -526,7 +413,7 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     s->has_prev_key = t->has_lookup_key;
     if (t->has_lookup_key)
         memcpy(s->prev_key, t->lookup_key, THAW_KEY_BYTES);
-    if (cache_enabled(e) && t->has_lookup_key)
+    if (thaw_kvcache_enabled(e->kv) && t->has_lookup_key)
         n_past = slot_restore(e, s, t, n_past);
     /* at least one prompt token must be decoded to get logits to sample from */
     if (n_past >= t->n_prompt)
@@ -534,7 +421,7 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     n_past = slot_rollback(e, s, n_past);
     if (s->timings.restore_ms > 0) {
         char hex[17];
-        key_short(t->lookup_key, hex);
+        thaw_keys_short(t->lookup_key, hex);
         LOG_INF("slot %d: restored %s from %s in %.1f ms: %d of %d prompt tokens reused%s", s->id, hex,
                 s->timings.cache_source, s->timings.restore_ms, n_past, t->n_prompt,
                 n_past == 0 ? " (no checkpoint reaches back to where it diverges)" : "");
@@ -669,7 +556,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
             s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
     /* a verified draft may have left positions past the finish in the KV */
     llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, s->n_tokens, -1);
-    if (cache_enabled(e) && stored_msg && norm)
+    if (thaw_kvcache_enabled(e->kv) && stored_msg && norm)
         slot_prepare_store(e, s, stored_msg, norm);
     free(stored_msg);
     free(norm);
@@ -1023,8 +910,8 @@ int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
     /* Start the disk reads now: while the task waits for a slot (or the
      * engine finishes a step), the kernel brings the entry into memory.
      * Harmless when a slot or the RAM tier serves it instead. */
-    if (rc == 0 && e->disk && has_key && thaw_disk_cache_prefetch(e->disk, key) > 0)
-        atomic_fetch_add(&e->metrics->cache_prefetches, 1);
+    if (rc == 0 && has_key)
+        thaw_kvcache_prefetch(e->kv, key);
     return rc;
 }
 
@@ -1055,44 +942,6 @@ static bool load_progress(float p, void *ud)
         t0[1] = quarter + 1;
     }
     return true;
-}
-
-static void disk_log(void *ud, int level, const char *msg)
-{
-    (void)ud;
-    thaw_log((enum thaw_log_level)level, "kv-cache: %s", msg);
-}
-
-static int open_disk_cache(struct thaw_engine *e)
-{
-    struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
-    struct thaw_disk_cache_stats st;
-    int rc;
-
-    p.dir = e->cfg->kv_cache_dir;
-    p.max_bytes = e->cfg->kv_cache_max_mib << 20;
-    p.ttl_s = (int64_t)e->cfg->kv_cache_ttl_s;
-    p.queue_max_bytes = e->cfg->kv_cache_queue_mib << 20;
-    memcpy(p.fingerprint, e->identity, sizeof p.fingerprint);
-    p.log = disk_log;
-    if ((rc = thaw_disk_cache_open(&p, &e->disk)) != 0) {
-        if (rc == THAW_ELOCKED)
-            LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw server (%s/lock is held); give "
-                    "each server its own directory",
-                    p.dir, p.dir);
-        else
-            LOG_ERR("cannot open --kv-cache-dir %s: %s", p.dir, thaw_strerror(rc));
-        return rc;
-    }
-    thaw_disk_cache_evict(e->disk);
-    thaw_disk_cache_get_stats(e->disk, &st);
-    char budget[32] = "none";
-    if (e->cfg->kv_cache_max_mib)
-        snprintf(budget, sizeof budget, "%llu MiB", (unsigned long long)e->cfg->kv_cache_max_mib);
-    LOG_INF("kv-cache: %s: %llu entries, %.1f MiB (budget %s, ttl %llus, min %d tokens)", p.dir,
-            (unsigned long long)st.entries, (double)st.bytes / 1048576.0, budget, (unsigned long long)e->cfg->kv_cache_ttl_s,
-            e->cfg->kv_cache_min_tokens);
-    return 0;
 }
 
 /* Admission's bound (thaw_api_admit): the longest text of any token,
@@ -1214,10 +1063,17 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     if ((rc = thaw_sched_new(cfg->max_queue, &e->sched)) != 0)
         goto error;
     thaw_keys_binding(e->fingerprint, e->settings, NULL, e->identity);
-    if (cfg->cache_ram_mib > 0 &&
-        (rc = thaw_ram_cache_new(cfg->cache_ram_mib << 20, (int64_t)cfg->kv_cache_ttl_s, &e->ram)) != 0)
-        goto error;
-    if (cfg->kv_cache_dir && (rc = open_disk_cache(e)) != 0)
+    struct thaw_kvcache_params kp = {
+        .ram_bytes = cfg->cache_ram_mib << 20,
+        .disk_dir = cfg->kv_cache_dir,
+        .disk_max_bytes = cfg->kv_cache_max_mib << 20,
+        .disk_queue_bytes = cfg->kv_cache_queue_mib << 20,
+        .ttl_s = (int64_t)cfg->kv_cache_ttl_s,
+        .min_tokens = cfg->kv_cache_min_tokens,
+        .metrics = metrics,
+    };
+    memcpy(kp.identity, e->identity, THAW_KEY_BYTES);
+    if ((rc = thaw_kvcache_open(&kp, &e->kv)) != 0)
         goto error;
     if (cfg->draft_path && cfg->draft_max > 0) {
         if (e->recurrent) {
@@ -1252,8 +1108,7 @@ error:
         for (int i = 0; i < e->n_slots; i++)
             thaw_slot_free(&e->slots[i]);
     thaw_draft_free(e->draft);
-    thaw_disk_cache_close(e->disk);
-    thaw_ram_cache_free(e->ram);
+    thaw_kvcache_close(e->kv);
     thaw_sched_free(e->sched);
     if (e->batch.token)
         llama_batch_free(e->batch);
@@ -1288,8 +1143,7 @@ void thaw_engine_free(struct thaw_engine *e)
         return;
     thaw_engine_stop(e);
     thaw_sched_free(e->sched);
-    thaw_disk_cache_close(e->disk); /* writes what is still queued */
-    thaw_ram_cache_free(e->ram);
+    thaw_kvcache_close(e->kv); /* writes what is still queued */
     for (int i = 0; i < e->n_slots; i++)
         thaw_slot_free(&e->slots[i]);
     thaw_draft_free(e->draft);
@@ -1319,25 +1173,6 @@ void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id
 void thaw_engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
 {
     struct thaw_engine *e = ud;
-    struct thaw_disk_cache_stats st;
 
-    if (e->disk) {
-        thaw_disk_cache_get_stats(e->disk, &st);
-#define C(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "counter", h, (double)(v))
-#define G(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "gauge", h, (double)(v))
-        G("entries", "entries in --kv-cache-dir", st.entries);
-        G("bytes", "bytes on disk in --kv-cache-dir", st.bytes);
-        C("stores_total", "entries written", st.stores_ok);
-        C("store_failures_total", "stores that failed (I/O error, disk full)", st.store_failures);
-        C("stores_dropped_total", "stores not queued for disk (writer queue bytes full, too big, shutting down)",
-          st.stores_dropped);
-        G("queue_bytes", "bytes of stores waiting for or being written by the disk writer", st.queue_bytes);
-        C("evictions_enospc_total", "entries evicted to make room when the disk was full", st.evictions_enospc);
-        C("evictions_ttl_total", "entries evicted by --kv-cache-ttl", st.evictions_ttl);
-        C("evictions_lru_total", "entries evicted by --kv-cache-max", st.evictions_lru);
-        C("corrupt_removed_total", "entries removed because they failed verification", st.corrupt_removed);
-#undef C
-#undef G
-    }
-    /* the RAM tier belongs to the engine thread: its gauges are not read here */
+    thaw_kvcache_metrics(e->kv, buf, cap, len);
 }

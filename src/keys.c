@@ -80,3 +80,8 @@ void thaw_keys_namespace(const char *api_key, size_t len, uint8_t out[THAW_KEY_B
         len = 0;
     crypto_generichash(out, THAW_KEY_BYTES, (const unsigned char *)(api_key ? api_key : ""), len, tag, sizeof tag);
 }
+
+void thaw_keys_short(const uint8_t key[THAW_KEY_BYTES], char out[17])
+{
+    sodium_bin2hex(out, 17, key, 8);
+}

@@ -53,4 +53,8 @@ void thaw_keys_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct 
  * one-way: the namespace reveals nothing of the key. */
 void thaw_keys_namespace(const char *api_key, size_t len, uint8_t out[THAW_KEY_BYTES]);
 
+/* A key's first 8 bytes in lowercase hex, NUL-terminated: how logs name a
+ * conversation (enough to tell entries apart, never the whole key). */
+void thaw_keys_short(const uint8_t key[THAW_KEY_BYTES], char out[17]);
+
 #endif

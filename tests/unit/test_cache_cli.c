@@ -127,7 +127,7 @@ static int setup(void **state)
     if (thaw_disk_cache_open(&p, &c))
         return -1;
     for (int i = 0; i < 4; i++) {
-        struct thaw_disk_blob b[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+        struct thaw_part_blob b[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
         uint8_t *kv = thaw_blob_alloc(6000);
 
         if (!kv)

@@ -246,7 +246,7 @@ static void data_make(struct data *d, unsigned seed, size_t kv, size_t ckpt, siz
     d->n_tokens = 1000 + seed;
 }
 
-static void data_blobs(const struct data *d, struct thaw_disk_blob b[THAW_PART_COUNT])
+static void data_blobs(const struct data *d, struct thaw_part_blob b[THAW_PART_COUNT])
 {
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         b[p].data = d->buf[p];
@@ -262,7 +262,7 @@ static void data_free(struct data *d)
 
 static int store_data(struct thaw_disk_cache *c, const uint8_t *key, const struct data *d)
 {
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
 
     data_blobs(d, b);
     return thaw_disk_cache_store(c, key, d->n_tokens, b, d->meta, d->n_meta);
@@ -275,7 +275,7 @@ static int entry_matches(const struct thaw_disk_entry *e, const struct data *d, 
     const void *m;
 
     for (int p = 0; p < THAW_PART_COUNT; p++) {
-        const void *b = thaw_disk_entry_part(e, (enum thaw_disk_part)p, &n);
+        const void *b = thaw_disk_entry_part(e, (enum thaw_part)p, &n);
         size_t want = (p == THAW_PART_DFT && !want_dft) ? 0 : d->size[p];
 
         if (n != want || (want && (!b || memcmp(b, d->buf[p], want) != 0)) || (!want && b))
@@ -392,7 +392,7 @@ static void test_round_trip(void **state)
     struct data d, d2;
     struct thaw_disk_entry *e = NULL;
     struct thaw_disk_cache_stats s;
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
 
     key_make(k, 1);
     key_make(k2, 2);
@@ -511,7 +511,7 @@ static void test_bad_arguments(void **state)
     struct thaw_disk_cache *c = NULL;
     uint8_t k[32];
     struct data d;
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
     struct thaw_disk_entry *e;
 
     key_make(k, 3);
@@ -1078,7 +1078,7 @@ static void test_enospc_evicts_lru(void **state)
     struct fx *f = *state;
     struct thaw_disk_cache_params p = fx_params(f);
     struct thaw_vfs_fault *ft;
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
     struct thaw_disk_entry *e;
     struct thaw_disk_cache_stats st;
     uint8_t k[5][32];
@@ -1355,7 +1355,7 @@ static void test_writer_submit_flush(void **state)
     assert_int_equal(p.queue_max_bytes, 1u << 30); /* the default */
     fx_open_p(f, &p);
     for (unsigned i = 0; i < 8; i++) {
-        struct thaw_disk_blob b[THAW_PART_COUNT];
+        struct thaw_part_blob b[THAW_PART_COUNT];
         struct data copy;
 
         key_make(k[i], 110 + i);
@@ -1377,7 +1377,7 @@ static void test_writer_submit_flush(void **state)
     }
     /* close() drains what is still queued. */
     for (unsigned i = 0; i < 4; i++) {
-        struct thaw_disk_blob b[THAW_PART_COUNT];
+        struct thaw_part_blob b[THAW_PART_COUNT];
         struct data copy;
 
         data_make(&copy, 200 + i, 3000, 0, 0);
@@ -1431,7 +1431,7 @@ static void test_writer_queue_full(void **state)
     static struct gate g; /* outlives a failed test: teardown still closes */
     struct data d[4];
     uint8_t k[4][32];
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
     struct thaw_disk_entry *e;
     struct thaw_disk_cache_stats held;
     int r, n_reads;
@@ -1547,7 +1547,7 @@ static void gate_wait_writer(struct gate *g)
  * handed over either way. */
 static int submit_new(struct fx *f, unsigned n, size_t kv)
 {
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
     uint8_t k[32];
     struct data d;
     int r;
@@ -1874,7 +1874,7 @@ static void test_readonly_changes_nothing(void **state)
     struct thaw_disk_cache_params p = fx_params(f);
     struct thaw_disk_entry *e;
     struct thaw_disk_cache_stats st;
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
     struct snap before, after;
     char path[PATH_MAX];
     uint8_t k[9][32];
