@@ -289,7 +289,8 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
  * present for this conversation. If the slot's tokens differ from them, roll
  * back to the common prefix and enter FIXUP to decode the difference before
  * storing; otherwise store now. */
-static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const char *reply_json, const char *reply_norm)
+static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const char *reply_json,
+                               const char *reply_norm)
 {
     const struct thaw_task *t = s->task;
     llama_token *canon = NULL;
