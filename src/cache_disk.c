@@ -219,6 +219,8 @@ struct thaw_disk_cache {
     uint64_t q_bytes;            /* of the jobs waiting and the one active */
     uint64_t q_max_bytes;        /* 0 = no limit */
     int q_active;           /* the writer is storing a job */
+    struct job *q_active_job; /* that job, while thaw_disk_cache_pending may ref its parts;
+                               * cleared under mu before it is freed */
     pthread_cond_t q_cond;  /* a job arrived, or stopping */
     pthread_cond_t q_idle;  /* a job finished */
 };
@@ -1542,12 +1544,16 @@ static void *writer_main(void *arg)
             c->q_tail = NULL;
         c->q_len--;
         c->q_active = 1;
+        c->q_active_job = j;
         pthread_mutex_unlock(&c->mu);
 
         if (thaw_disk_cache_store(c, j->key, j->n_tokens, j->parts, j->meta, j->n_meta) == 0 &&
             c->max_bytes)
             (void)thaw_disk_cache_evict(c); /* keep the directory within budget between lookups too */
         bytes = j->bytes;
+        pthread_mutex_lock(&c->mu);
+        c->q_active_job = NULL; /* written (or failed): lookups go to the index from now on */
+        pthread_mutex_unlock(&c->mu);
         job_free(j); /* its buffers are released before its bytes leave the count */
 
         pthread_mutex_lock(&c->mu);
@@ -1648,6 +1654,29 @@ out:
         logf_(c, THAW_LOG_WARN, "disk cache: dropped store of %.16s (%s): %s", hex, size, why);
     }
     return ret;
+}
+
+int thaw_disk_cache_pending(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                            struct thaw_part_blob out[THAW_PART_COUNT])
+{
+    const struct job *found = NULL;
+
+    if (!c || !key || !out)
+        return THAW_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    /* the newest store of the key wins: the active job is older than any
+     * waiting one */
+    if (c->q_active_job && memcmp(c->q_active_job->key, key, THAW_KEY_BYTES) == 0)
+        found = c->q_active_job;
+    for (const struct job *j = c->q_head; j; j = j->next)
+        if (memcmp(j->key, key, THAW_KEY_BYTES) == 0)
+            found = j;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        out[p].data = found && found->parts[p].size ? thaw_blob_ref(found->parts[p].data) : NULL;
+        out[p].size = out[p].data ? found->parts[p].size : 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return found ? 0 : THAW_ENOTFOUND;
 }
 
 void thaw_disk_cache_flush(struct thaw_disk_cache *c)

@@ -173,6 +173,18 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
                            uint32_t n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
                            const void *meta, size_t n_meta);
 
+/* A store of key the writer still holds (waiting, or being written): the
+ * bytes a lookup right after submit() would otherwise miss until the write
+ * lands. Takes a reference to each of its present parts' blobs into out[]
+ * (absent parts: NULL, 0); the caller drops them with thaw_blob_unref. The
+ * newest such store wins. They are the bytes submitted, so there is no
+ * checksum to verify; n_tokens is in the .kv itself. Any thread; no I/O.
+ * Returns 0, THAW_ENOTFOUND (out[] all NULL: not held by the writer, so a
+ * store of key submitted before the call is on disk, or failed) or
+ * THAW_EINVAL. */
+int thaw_disk_cache_pending(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                            struct thaw_part_blob out[THAW_PART_COUNT]);
+
 /* Blocks until every store submitted before the call has been written (or
  * has failed). Returns at once without a writer thread. */
 void thaw_disk_cache_flush(struct thaw_disk_cache *c);

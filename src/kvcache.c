@@ -2,7 +2,8 @@
  *
  * Map:
  *   ---- open / close ----  the tiers, the start-up line
- *   ---- lookup ----        RAM, then disk with the .kv verified alongside
+ *   ---- lookup ----        RAM, the disk writer's queue, then disk with the .kv
+ *                           verified alongside
  *   ---- store ----         fan-out, what RAM keeps
  *   ---- metrics ----       prefetch, the disk tier's gauges
  */
@@ -49,6 +50,36 @@ static void disk_log(void *ud, int level, const char *msg)
     thaw_log((enum thaw_log_level)level, "kv-cache: %s", msg);
 }
 
+/* Fault injection for the end-to-end tests (STYLE 8): with
+ * THAW_TEST_DISK_FSYNC_DELAY_MS set, every fsync of the disk tier first
+ * sleeps that long, a slow disk on demand (the writer falls behind the
+ * replies). Unset, the default table is used as is. */
+static struct thaw_vfs slow_vfs;
+static long slow_fsync_ms;
+
+static int slow_fsync(const struct thaw_vfs *v, int fd)
+{
+    struct timespec ts = {slow_fsync_ms / 1000, (slow_fsync_ms % 1000) * 1000000L};
+
+    (void)v;
+    nanosleep(&ts, NULL);
+    return thaw_vfs_default()->fsync(thaw_vfs_default(), fd);
+}
+
+static const struct thaw_vfs *disk_vfs(void)
+{
+    const char *ms = getenv("THAW_TEST_DISK_FSYNC_DELAY_MS");
+
+    if (!ms || atol(ms) <= 0)
+        return NULL;
+    slow_fsync_ms = atol(ms);
+    slow_vfs = *thaw_vfs_default();
+    slow_vfs.fsync = slow_fsync;
+    LOG_WRN("kv-cache: THAW_TEST_DISK_FSYNC_DELAY_MS: every fsync sleeps %ld ms first (a test setting)",
+            slow_fsync_ms);
+    return &slow_vfs;
+}
+
 static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *kp)
 {
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
@@ -61,6 +92,7 @@ static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *k
     p.queue_max_bytes = kp->disk_queue_bytes;
     memcpy(p.fingerprint, kp->identity, sizeof p.fingerprint);
     p.log = disk_log;
+    p.vfs = disk_vfs();
     if ((rc = thaw_disk_cache_open(&p, &c->disk)) != 0) {
         if (rc == THAW_ELOCKED)
             LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw "
@@ -202,7 +234,26 @@ int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES
     }
     if (c->disk) {
         struct thaw_disk_entry *de = NULL;
+        struct thaw_part_blob pend[THAW_PART_COUNT];
         thaw_disk_cache_evict(c->disk);
+        /* A store still in the writer's queue: the turn that follows its
+         * reply at once would miss the files, which are not written yet.
+         * Checked before the index: a job leaves the queue only once its
+         * entry is committed. */
+        if (thaw_disk_cache_pending(c->disk, key, pend) == 0) {
+            got = sink->install(sink->ud, pend);
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                thaw_blob_unref(pend[p].data);
+            if (got < 0) {
+                LOG_WRN("slot %d: queued store %s unusable (%s): serving by prefill", sink->slot_id, hex,
+                        thaw_strerror(got));
+                got = 0;
+            } else {
+                LOG_DBG("slot %d: %s found in the disk writer's queue", sink->slot_id, hex);
+            }
+            from = "disk";
+            goto out;
+        }
         int64_t t_lookup = thaw_now_us();
         int rc = thaw_disk_cache_lookup_ex(c->disk, key, THAW_DISK_LOOKUP_DEFER_KV, &de);
         LOG_DBG("slot %d: disk lookup %.2f ms (eviction %.2f ms)", sink->slot_id,

@@ -1,9 +1,11 @@
 /* kvcache.h — tier policy: where a conversation's state is looked for and
  * where a captured one goes (DESIGN §2, §3).
  *
- *   lookup   RAM tier, then the disk tier (its .kv checksum verified on a
- *            worker thread while the caller installs the bytes); a hit
- *            in neither is a miss
+ *   lookup   RAM tier, then the disk tier: first the stores its writer
+ *            still holds (a turn sent right after the reply must not miss
+ *            a store that is only queued), then the files (the .kv checksum
+ *            verified on a worker thread while the caller installs the
+ *            bytes); a hit in neither is a miss
  *   store    one capture, fanned out to both tiers: the RAM tier and the
  *            disk writer hold references to the very same blobs (blob.h)
  *   RAM keeps the newest turn of a conversation; the turn it supersedes is

@@ -96,6 +96,26 @@ def test_resident_order_needs_no_disk(serve, tmp_path):
     assert all(r["timings"]["cache_source"] == "slot" for r in r2.values())
 
 
+def test_turn_2_right_after_its_reply_finds_a_store_still_queued(serve, tmp_path):
+    # --cache-ram 0: the disk tier alone, on a slow disk (every fsync takes
+    # 400 ms, as a busy server's writer falls behind). A short request takes
+    # the only slot between each turn 1 and its turn 2, which follows at
+    # once: the turn-1 store still waits in the writer's queue (or is
+    # mid-write), and the lookup must find it there rather than miss until
+    # the write lands.
+    convs = [conversation(i, 900) for i in range(3)]
+    env = dict(os.environ, THAW_TEST_DISK_FSYNC_DELAY_MS="400")
+    s = serve("llama", "-np", "1", "-c", "8192", *kv_flags(tmp_path), env=env)
+    r2 = []
+    for i, c in enumerate(convs):
+        r1 = chat(s, c)
+        chat(s, [{"role": "user", "content": f"hi {i}"}], max_tokens=1)  # too short to store
+        r2.append(chat(s, turn2(c, r1, i)))
+    assert all(r["timings"]["cache_source"] == "disk" for r in r2), [r["timings"] for r in r2]
+    assert ratio(r2) >= 0.95
+    s.stop()
+
+
 def test_restart_between_turns(serve, tmp_path):
     s, _, r2 = seed_workload(serve, "llama", kv_flags(tmp_path), restart=True)
     assert ratio(r2.values()) >= 0.98

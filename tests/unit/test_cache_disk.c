@@ -1424,6 +1424,78 @@ static int gate_open(const struct thaw_vfs *v, const char *path, int flags, mode
     return thaw_vfs_default()->open(thaw_vfs_default(), path, flags, mode);
 }
 
+/* A store the writer still holds (being written, or waiting) is served
+ * from its own blobs by thaw_disk_cache_pending: a turn sent right after
+ * its reply must not miss it. Once written, only the index has it. */
+static void test_writer_pending_serves_queued_stores(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    static struct gate g; /* outlives a failed test: teardown still closes */
+    struct data d[2], want[2];
+    uint8_t k[4][32];
+    struct thaw_part_blob b[THAW_PART_COUNT], got[2][THAW_PART_COUNT], none[THAW_PART_COUNT];
+    int r[3];
+
+    g.vfs = *thaw_vfs_default();
+    g.vfs.open = gate_open;
+    g.reads = 0;
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    g.closed = 1;
+    g.waiting = 0;
+    p.vfs = &g.vfs;
+    fx_open_p(f, &p);
+    for (unsigned i = 0; i < 4; i++)
+        key_make(k[i], 140 + i);
+    for (unsigned i = 0; i < 2; i++) {
+        data_make(&d[i], 140 + i, 4000 + i, i == 1 ? 300 : 0, 0);
+        data_make(&want[i], 140 + i, 4000 + i, i == 1 ? 300 : 0, 0);
+    }
+    /* k0: taken by the writer, which blocks at the gate; k1: waiting */
+    data_blobs(&d[0], b);
+    assert_int_equal(thaw_disk_cache_submit(f->c, k[0], 1, b, NULL, 0), 0);
+    pthread_mutex_lock(&g.mu);
+    while (g.waiting == 0)
+        pthread_cond_wait(&g.cv, &g.mu);
+    pthread_mutex_unlock(&g.mu);
+    data_blobs(&d[1], b);
+    assert_int_equal(thaw_disk_cache_submit(f->c, k[1], 1, b, NULL, 0), 0);
+    r[0] = thaw_disk_cache_pending(f->c, k[0], got[0]);
+    r[1] = thaw_disk_cache_pending(f->c, k[1], got[1]);
+    r[2] = thaw_disk_cache_pending(f->c, k[3], none); /* never submitted */
+    /* Open the gate before asserting, so that a failure cannot hang close. */
+    pthread_mutex_lock(&g.mu);
+    g.closed = 0;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    thaw_disk_cache_flush(f->c); /* the writer drops its references: ours keep the bytes */
+    assert_int_equal(r[0], 0);
+    assert_int_equal(r[1], 0);
+    assert_int_equal(r[2], THAW_ENOTFOUND);
+    for (int i = 0; i < 2; i++)
+        for (int q = 0; q < THAW_PART_COUNT; q++) {
+            assert_int_equal(got[i][q].size, want[i].size[q]);
+            if (want[i].size[q])
+                assert_memory_equal(got[i][q].data, want[i].buf[q], want[i].size[q]);
+            else
+                assert_null(got[i][q].data);
+            thaw_blob_unref(got[i][q].data);
+        }
+    for (int q = 0; q < THAW_PART_COUNT; q++)
+        assert_null(none[q].data);
+    /* written: the index serves it, the queue no longer does */
+    assert_int_equal(thaw_disk_cache_contains(f->c, k[0]), 1);
+    assert_int_equal(thaw_disk_cache_pending(f->c, k[0], got[0]), THAW_ENOTFOUND);
+    assert_int_equal(thaw_disk_cache_pending(f->c, k[1], got[1]), THAW_ENOTFOUND);
+    assert_int_equal(thaw_disk_cache_pending(NULL, k[0], got[0]), THAW_EINVAL);
+    fx_close(f);
+    pthread_cond_destroy(&g.cv);
+    pthread_mutex_destroy(&g.mu);
+    for (int i = 0; i < 2; i++)
+        data_free(&want[i]); /* d's blobs went to the writer */
+}
+
 static void test_writer_queue_full(void **state)
 {
     struct fx *f = *state;
@@ -2197,6 +2269,7 @@ int main(void)
         T(test_lru),
         T(test_writer_submit_flush),
         T(test_writer_queue_full),
+        T(test_writer_pending_serves_queued_stores),
         T(test_writer_queue_bytes),
         T(test_permissions),
         T(test_startup_sweep),
