@@ -75,8 +75,7 @@ static const struct thaw_vfs *disk_vfs(void)
     slow_fsync_ms = atol(ms);
     slow_vfs = *thaw_vfs_default();
     slow_vfs.fsync = slow_fsync;
-    LOG_WRN("kv-cache: THAW_TEST_DISK_FSYNC_DELAY_MS: every fsync sleeps %ld ms first (a test setting)",
-            slow_fsync_ms);
+    LOG_WRN("kv-cache: THAW_TEST_DISK_FSYNC_DELAY_MS: every fsync sleeps %ld ms first (a test setting)", slow_fsync_ms);
     return &slow_vfs;
 }
 

@@ -116,6 +116,21 @@ def test_turn_2_right_after_its_reply_finds_a_store_still_queued(serve, tmp_path
     s.stop()
 
 
+def test_repeated_prompt_right_after_a_streamed_reply_lands_on_the_warm_slot(serve):
+    # -np 2: the slot holding the prompt may still be finishing post-reply
+    # work (re-decoding the reply's canonical form, storing) when the
+    # client, which already has [DONE], sends the same prompt again. It
+    # must wait for that slot (milliseconds), not prefill on the cold one.
+    s = serve("llama", "-np", "2", "-c", "8192", "--kv-cache-min-tokens", "16")
+    for i in range(8):
+        conv = conversation(i, 300)  # a new one each time: only the template's opening is shared
+        s.chat_stream(conv, max_tokens=24)
+        r = chat(s, conv, 8)
+        # the cold slot shares only the template's opening tokens
+        assert r["timings"]["cache_n"] >= 0.9 * r["usage"]["prompt_tokens"], (i, r["timings"])
+    s.stop()
+
+
 def test_restart_between_turns(serve, tmp_path):
     s, _, r2 = seed_workload(serve, "llama", kv_flags(tmp_path), restart=True)
     assert ratio(r2.values()) >= 0.98
