@@ -2,7 +2,8 @@
  *
  * Map:
  *   ---- slots ----        a slot's KV: clearing, rollback (checkpoints for SWA)
- *   ---- cache tiers ----  restore a conversation (slot | ram | disk), store it
+ *   ---- cache tiers ----  install a cached state into a slot, capture one; the
+ *                          tier policy (which tier, in what order) is kvcache.c's
  *   ---- admission ----    queued task -> idle slot, prompt-prefix reuse
  *   ---- generation ----   sampling, stop strings, streaming text out
  *   ---- the loop ----     one llama_batch for every active slot per step
