@@ -22,6 +22,21 @@
 
 #include <stddef.h>
 
+/* The parts of one conversation's captured state. Both cache tiers hold an
+ * entry as these, each part a blob (or absent). */
+enum thaw_part {
+    THAW_PART_KV,   /* target context state (kvstate.h); mandatory */
+    THAW_PART_CKPT, /* context checkpoints; absent without SWA / recurrent memory */
+    THAW_PART_DFT,  /* draft context state; its corruption alone costs only this part */
+    THAW_PART_COUNT
+};
+
+/* A part's bytes. A part with size 0 is absent (data is then ignored). */
+struct thaw_part_blob {
+    void *data;
+    size_t size;
+};
+
 /* A new buffer of n bytes (contents undefined) holding one reference, or
  * NULL when out of memory (also for n == 0). */
 void *thaw_blob_alloc(size_t n);

@@ -201,7 +201,7 @@ static int cmd_ls(struct cli *cli)
     struct list l = {0};
     struct thaw_disk_cache_stats st;
     int64_t now = (int64_t)time(NULL);
-    char hex[2 * THAW_DISK_KEY_SIZE + 1], fp[2 * THAW_DISK_FINGERPRINT_SIZE + 1];
+    char hex[2 * THAW_KEY_BYTES + 1], fp[2 * THAW_DISK_FINGERPRINT_SIZE + 1];
     char size[24], parts[24], created[24], used[24];
     int ret = 2;
 
@@ -215,7 +215,7 @@ static int cmd_ls(struct cli *cli)
     for (size_t i = 0; i < l.n; i++) {
         const struct thaw_disk_entry_info *e = &l.v[i];
 
-        thaw_hex(e->key, THAW_DISK_KEY_SIZE, hex);
+        thaw_hex(e->key, THAW_KEY_BYTES, hex);
         thaw_hex(e->fingerprint, THAW_DISK_FINGERPRINT_SIZE, fp);
         thaw_fmt_bytes(e->bytes, size);
         fmt_parts(e->part_size, parts);
@@ -325,7 +325,7 @@ static int cmd_verify(struct cli *cli, int fix)
     struct thaw_disk_cache *c;
     struct thaw_disk_cache_stats st;
     struct list l = {0};
-    char hex[2 * THAW_DISK_KEY_SIZE + 1], what[48];
+    char hex[2 * THAW_KEY_BYTES + 1], what[48];
     uint64_t ok = 0, bad_entries = 0, bad_dft = 0, gone = 0;
     int ret = 2;
 
@@ -340,7 +340,7 @@ static int cmd_verify(struct cli *cli, int fix)
         unsigned bad = 0;
         int r = thaw_disk_cache_verify(c, l.v[i].key, fix, &bad);
 
-        thaw_hex(l.v[i].key, THAW_DISK_KEY_SIZE, hex);
+        thaw_hex(l.v[i].key, THAW_KEY_BYTES, hex);
         fmt_bad(bad, what, sizeof what);
         if (r == 0 && !bad) {
             ok++;
@@ -403,7 +403,7 @@ static int cmd_rm(struct cli *cli, char **keys, int n_keys, int all)
 {
     struct thaw_disk_cache *c;
     struct list l = {0};
-    char hex[2 * THAW_DISK_KEY_SIZE + 1];
+    char hex[2 * THAW_KEY_BYTES + 1];
     int ret = 2, missing = 0, r;
     uint64_t removed = 0;
 
@@ -421,8 +421,8 @@ static int cmd_rm(struct cli *cli, char **keys, int n_keys, int all)
         size_t len = strlen(keys[k]), match = 0, at = 0;
 
         for (size_t i = 0; i < l.n; i++) {
-            thaw_hex(l.v[i].key, THAW_DISK_KEY_SIZE, hex);
-            if (len <= 2 * THAW_DISK_KEY_SIZE && !strncasecmp(hex, keys[k], len)) {
+            thaw_hex(l.v[i].key, THAW_KEY_BYTES, hex);
+            if (len <= 2 * THAW_KEY_BYTES && !strncasecmp(hex, keys[k], len)) {
                 match++;
                 at = i;
             }
@@ -435,7 +435,7 @@ static int cmd_rm(struct cli *cli, char **keys, int n_keys, int all)
             fprintf(stderr, "thaw cache: %s: no such entry\n", keys[k]);
             missing++;
         } else if ((r = thaw_disk_cache_remove(c, l.v[at].key)) == 0) {
-            thaw_hex(l.v[at].key, THAW_DISK_KEY_SIZE, hex);
+            thaw_hex(l.v[at].key, THAW_KEY_BYTES, hex);
             printf("removed %.*s\n", KEY_SHOWN, hex);
             removed++;
         } else {

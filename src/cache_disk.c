@@ -129,7 +129,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define HEX_LEN (2 * THAW_DISK_KEY_SIZE)
+#define HEX_LEN (2 * THAW_KEY_BYTES)
 
 #define IDX_MAGIC "THAWIDX" /* 8 bytes with its NUL */
 #define IDX_VERSION 1u
@@ -153,7 +153,7 @@ static const char *const part_ext[THAW_PART_COUNT] = {".kv", ".ckpt", ".dft"};
 
 /* One key in the in-memory index. */
 struct ent {
-    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint8_t key[THAW_KEY_BYTES];
     uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
     uint64_t bytes;                      /* all files, .idx included */
     uint64_t part_size[THAW_PART_COUNT]; /* 0 = absent */
@@ -178,9 +178,9 @@ enum evict_why {
 
 /* A store waiting for the writer thread; owns its buffers. */
 struct job {
-    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint8_t key[THAW_KEY_BYTES];
     uint32_t n_tokens;
-    struct thaw_disk_blob parts[THAW_PART_COUNT];
+    struct thaw_part_blob parts[THAW_PART_COUNT];
     void *meta;
     size_t n_meta;
     uint64_t bytes;   /* parts + .idx: what it counts in queue_bytes */
@@ -219,13 +219,15 @@ struct thaw_disk_cache {
     uint64_t q_bytes;            /* of the jobs waiting and the one active */
     uint64_t q_max_bytes;        /* 0 = no limit */
     int q_active;           /* the writer is storing a job */
+    struct job *q_active_job; /* that job, while thaw_disk_cache_pending may ref its parts;
+                               * cleared under mu before it is freed */
     pthread_cond_t q_cond;  /* a job arrived, or stopping */
     pthread_cond_t q_idle;  /* a job finished */
 };
 
 struct thaw_disk_entry {
     const struct thaw_vfs *vfs;
-    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint8_t key[THAW_KEY_BYTES];
     uint64_t gen;     /* the index generation it was read at (for removal) */
     unsigned unverified; /* THAW_DISK_BAD_PART bits: mapped, checksum not yet checked */
     uint32_t n_tokens;
@@ -387,7 +389,7 @@ static int idx_encode(const struct thaw_disk_idx *idx, uint8_t **out, size_t *n)
         put_u64(b + IDX_OFF_PARTS + 16 * p + 8, idx->size[p] ? idx->xxh3[p] : 0);
     }
     put_u32(b + IDX_OFF_FLAGS, flags);
-    memcpy(b + IDX_OFF_KEY, idx->key, THAW_DISK_KEY_SIZE);
+    memcpy(b + IDX_OFF_KEY, idx->key, THAW_KEY_BYTES);
     memcpy(b + IDX_OFF_FP, idx->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
     put_u32(b + IDX_OFF_NTOK, idx->n_tokens);
     put_u32(b + IDX_OFF_NMETA, idx->n_meta);
@@ -431,7 +433,7 @@ int thaw_disk_idx_parse(const void *buf, size_t n, struct thaw_disk_idx *out)
         out->size[p] = size;
         out->xxh3[p] = h;
     }
-    memcpy(out->key, b + IDX_OFF_KEY, THAW_DISK_KEY_SIZE);
+    memcpy(out->key, b + IDX_OFF_KEY, THAW_KEY_BYTES);
     memcpy(out->fingerprint, b + IDX_OFF_FP, THAW_DISK_FINGERPRINT_SIZE);
     out->n_tokens = get_u32(b + IDX_OFF_NTOK);
     out->created = (int64_t)get_u64(b + IDX_OFF_CREATED);
@@ -445,14 +447,14 @@ int thaw_disk_idx_parse(const void *buf, size_t n, struct thaw_disk_idx *out)
 
 static size_t key_bucket(const struct thaw_disk_cache *c, const uint8_t *key)
 {
-    return (size_t)XXH3_64bits(key, THAW_DISK_KEY_SIZE) & (c->n_buckets - 1);
+    return (size_t)XXH3_64bits(key, THAW_KEY_BYTES) & (c->n_buckets - 1);
 }
 
 static struct ent *index_find(const struct thaw_disk_cache *c, const uint8_t *key)
 {
     struct ent *e = c->buckets[key_bucket(c, key)];
 
-    while (e && memcmp(e->key, key, THAW_DISK_KEY_SIZE) != 0)
+    while (e && memcmp(e->key, key, THAW_KEY_BYTES) != 0)
         e = e->hnext;
     return e;
 }
@@ -468,7 +470,7 @@ static void index_grow(struct thaw_disk_cache *c)
         struct ent *e = c->buckets[i], *next;
 
         for (; e; e = next) {
-            size_t h = (size_t)XXH3_64bits(e->key, THAW_DISK_KEY_SIZE) & (n - 1);
+            size_t h = (size_t)XXH3_64bits(e->key, THAW_KEY_BYTES) & (n - 1);
 
             next = e->hnext;
             e->hnext = b[h];
@@ -561,7 +563,7 @@ static struct ent *claim_wait(struct thaw_disk_cache *c, const uint8_t *key, int
         e = calloc(1, sizeof *e);
         if (!e)
             return NULL;
-        memcpy(e->key, key, THAW_DISK_KEY_SIZE);
+        memcpy(e->key, key, THAW_KEY_BYTES);
         index_insert(c, e);
     }
     if (e) {
@@ -887,7 +889,7 @@ enum {
 };
 
 struct seen {
-    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint8_t key[THAW_KEY_BYTES];
     unsigned kinds;
 };
 
@@ -923,14 +925,14 @@ static unsigned classify(const char *name, uint8_t *key)
             break;
     }
     if (kind)
-        (void)thaw_unhex(name, THAW_DISK_KEY_SIZE, key);
+        (void)thaw_unhex(name, THAW_KEY_BYTES, key);
     return kind;
 }
 
 static int scan_cb(void *ud, const char *name)
 {
     struct scan *s = ud;
-    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint8_t key[THAW_KEY_BYTES];
     unsigned kind = classify(name, key);
 
     if (!kind)
@@ -946,7 +948,7 @@ static int scan_cb(void *ud, const char *name)
         s->v = nv;
         s->cap = cap;
     }
-    memcpy(s->v[s->n].key, key, THAW_DISK_KEY_SIZE);
+    memcpy(s->v[s->n].key, key, THAW_KEY_BYTES);
     s->v[s->n].kinds = kind;
     s->n++;
     return 0;
@@ -955,7 +957,7 @@ static int scan_cb(void *ud, const char *name)
 static int seen_cmp(const void *a, const void *b)
 {
     return memcmp(((const struct seen *)a)->key, ((const struct seen *)b)->key,
-                  THAW_DISK_KEY_SIZE);
+                  THAW_KEY_BYTES);
 }
 
 static int ent_age_cmp(const void *a, const void *b)
@@ -966,7 +968,7 @@ static int ent_age_cmp(const void *a, const void *b)
         return x->last_used < y->last_used ? -1 : 1;
     if (x->created != y->created)
         return x->created < y->created ? -1 : 1;
-    return memcmp(x->key, y->key, THAW_DISK_KEY_SIZE);
+    return memcmp(x->key, y->key, THAW_KEY_BYTES);
 }
 
 /* Loads (and with `sweep`, cleans up) one key found on disk. Returns 1 if a
@@ -986,7 +988,7 @@ static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep,
     const char *why = NULL;
     int removed = 0, r, ret = 0;
 
-    thaw_hex(s->key, THAW_DISK_KEY_SIZE, hex);
+    thaw_hex(s->key, THAW_KEY_BYTES, hex);
     if (!(s->kinds & SEEN_IDX))
         goto sweep_parts; /* orphans: never committed, or half removed */
     r = read_idx(c, hex, &buf, &n, &st);
@@ -996,7 +998,7 @@ static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep,
     }
     if (r == 0)
         r = thaw_disk_idx_parse(buf, n, &idx);
-    if (r == 0 && memcmp(idx.key, s->key, THAW_DISK_KEY_SIZE) != 0)
+    if (r == 0 && memcmp(idx.key, s->key, THAW_KEY_BYTES) != 0)
         r = THAW_ECORRUPT;
     if (r == THAW_EVERSION) {
         /* Another format version (or a flipped version byte: the two look
@@ -1021,7 +1023,7 @@ static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep,
         ret = THAW_ENOMEM;
         goto out;
     }
-    memcpy(e->key, s->key, THAW_DISK_KEY_SIZE);
+    memcpy(e->key, s->key, THAW_KEY_BYTES);
     memcpy(e->fingerprint, idx.fingerprint, THAW_DISK_FINGERPRINT_SIZE);
     e->n_tokens = idx.n_tokens;
     e->n_meta = idx.n_meta;
@@ -1130,7 +1132,7 @@ static int load_dir(struct thaw_disk_cache *c)
     if (s.n)
         qsort(s.v, s.n, sizeof *s.v, seen_cmp);
     for (i = 0, j = 0; i < s.n; i++) {
-        if (j > 0 && !memcmp(s.v[j - 1].key, s.v[i].key, THAW_DISK_KEY_SIZE))
+        if (j > 0 && !memcmp(s.v[j - 1].key, s.v[i].key, THAW_KEY_BYTES))
             s.v[j - 1].kinds |= s.v[i].kinds;
         else
             s.v[j++] = s.v[i];
@@ -1324,7 +1326,7 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c)
 
 /* The checks store and submit share. 0, THAW_EINVAL or THAW_ETOOBIG. */
 static int store_check(const struct thaw_disk_cache *c, const uint8_t *key,
-                       const struct thaw_disk_blob *parts, const void *meta, size_t n_meta,
+                       const struct thaw_part_blob *parts, const void *meta, size_t n_meta,
                        uint64_t *total)
 {
     uint64_t sum;
@@ -1365,7 +1367,7 @@ static int install_file(struct thaw_disk_cache *c, const char *tmp, const char *
  * rec/rec_len encoded; mtime_s is the entry's last use. 0, or -errno with
  * every file of the key removed again (.idx first), temporaries included. */
 static int store_files(struct thaw_disk_cache *c, const char *hex,
-                       const struct thaw_disk_blob parts[THAW_PART_COUNT], const uint8_t *rec,
+                       const struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *rec,
                        size_t rec_len, int64_t mtime_s)
 {
     const struct thaw_vfs *v = c->vfs;
@@ -1417,8 +1419,8 @@ err_remove:
 static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, int err,
                      int round);
 
-int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
-                          uint32_t n_tokens, const struct thaw_disk_blob parts[THAW_PART_COUNT],
+int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                          uint32_t n_tokens, const struct thaw_part_blob parts[THAW_PART_COUNT],
                           const void *meta, size_t n_meta)
 {
     char hex[HEX_LEN + 1], bytes[24];
@@ -1441,10 +1443,10 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK
         return ret;
     }
     now = now_s(c);
-    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    thaw_hex(key, THAW_KEY_BYTES, hex);
 
     memset(&idx, 0, sizeof idx);
-    memcpy(idx.key, key, THAW_DISK_KEY_SIZE);
+    memcpy(idx.key, key, THAW_KEY_BYTES);
     memcpy(idx.fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
     idx.n_tokens = n_tokens;
     idx.created = now;
@@ -1542,12 +1544,16 @@ static void *writer_main(void *arg)
             c->q_tail = NULL;
         c->q_len--;
         c->q_active = 1;
+        c->q_active_job = j;
         pthread_mutex_unlock(&c->mu);
 
         if (thaw_disk_cache_store(c, j->key, j->n_tokens, j->parts, j->meta, j->n_meta) == 0 &&
             c->max_bytes)
             (void)thaw_disk_cache_evict(c); /* keep the directory within budget between lookups too */
         bytes = j->bytes;
+        pthread_mutex_lock(&c->mu);
+        c->q_active_job = NULL; /* written (or failed): lookups go to the index from now on */
+        pthread_mutex_unlock(&c->mu);
         job_free(j); /* its buffers are released before its bytes leave the count */
 
         pthread_mutex_lock(&c->mu);
@@ -1559,8 +1565,8 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
-                           uint32_t n_tokens, struct thaw_disk_blob parts[THAW_PART_COUNT],
+int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                           uint32_t n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
                            const void *meta, size_t n_meta)
 {
     struct job *j = NULL;
@@ -1586,7 +1592,7 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
     }
     if (n_meta)
         memcpy(j->meta, meta, n_meta);
-    memcpy(j->key, key, THAW_DISK_KEY_SIZE);
+    memcpy(j->key, key, THAW_KEY_BYTES);
     j->n_tokens = n_tokens;
     j->n_meta = n_meta;
     j->bytes = total;
@@ -1635,7 +1641,7 @@ out:
     c->st.stores_dropped++;
     pthread_mutex_unlock(&c->mu);
     if (key)
-        thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+        thaw_hex(key, THAW_KEY_BYTES, hex);
     thaw_fmt_bytes(total, size);
     if (ret == THAW_EBUSY) {
         thaw_fmt_bytes(held, held_s);
@@ -1648,6 +1654,29 @@ out:
         logf_(c, THAW_LOG_WARN, "disk cache: dropped store of %.16s (%s): %s", hex, size, why);
     }
     return ret;
+}
+
+int thaw_disk_cache_pending(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                            struct thaw_part_blob out[THAW_PART_COUNT])
+{
+    const struct job *found = NULL;
+
+    if (!c || !key || !out)
+        return THAW_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    /* the newest store of the key wins: the active job is older than any
+     * waiting one */
+    if (c->q_active_job && memcmp(c->q_active_job->key, key, THAW_KEY_BYTES) == 0)
+        found = c->q_active_job;
+    for (const struct job *j = c->q_head; j; j = j->next)
+        if (memcmp(j->key, key, THAW_KEY_BYTES) == 0)
+            found = j;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        out[p].data = found && found->parts[p].size ? thaw_blob_ref(found->parts[p].data) : NULL;
+        out[p].size = out[p].data ? found->parts[p].size : 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return found ? 0 : THAW_ENOTFOUND;
 }
 
 void thaw_disk_cache_flush(struct thaw_disk_cache *c)
@@ -1695,7 +1724,7 @@ static int entry_load(struct thaw_disk_cache *c, const uint8_t *key, const char 
     ret = read_idx(c, hex, &en->idx_buf, &en->idx_len, NULL);
     if (ret == 0) {
         ret = thaw_disk_idx_parse(en->idx_buf, en->idx_len, &en->idx);
-        if (ret == 0 && memcmp(en->idx.key, key, THAW_DISK_KEY_SIZE) != 0)
+        if (ret == 0 && memcmp(en->idx.key, key, THAW_KEY_BYTES) != 0)
             ret = THAW_ECORRUPT;
     }
     if (ret == THAW_EVERSION || ret == THAW_ECORRUPT) { /* see load_key */
@@ -1826,7 +1855,7 @@ static void forget(struct thaw_disk_cache *c, const uint8_t *key, uint64_t gen)
     pthread_mutex_unlock(&c->mu);
 }
 
-int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
                            struct thaw_disk_entry **out)
 {
     return thaw_disk_cache_lookup_ex(c, key, 0, out);
@@ -1842,7 +1871,7 @@ int thaw_disk_entry_verify(struct thaw_disk_cache *c, struct thaw_disk_entry *en
         if (!(en->unverified & THAW_DISK_BAD_PART(p)))
             continue;
         if (XXH3_64bits(en->map[p], en->size[p]) != en->idx.xxh3[p]) {
-            thaw_hex(en->key, THAW_DISK_KEY_SIZE, hex);
+            thaw_hex(en->key, THAW_KEY_BYTES, hex);
             snprintf(why, sizeof why, "%s checksum mismatch", part_ext[p]);
             if (!(c->flags & THAW_DISK_CACHE_READONLY))
                 (void)remove_corrupt(c, en->key, hex, en->gen, why);
@@ -1857,7 +1886,7 @@ int thaw_disk_entry_verify(struct thaw_disk_cache *c, struct thaw_disk_entry *en
     return 0;
 }
 
-int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE], unsigned flags,
+int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], unsigned flags,
                               struct thaw_disk_entry **out)
 {
     int modify;
@@ -1873,7 +1902,7 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
     if (!c || !key || !out)
         return THAW_EINVAL;
     modify = !(c->flags & THAW_DISK_CACHE_READONLY);
-    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    thaw_hex(key, THAW_KEY_BYTES, hex);
     pthread_mutex_lock(&c->mu);
     c->st.lookups++;
     e = index_find(c, key);
@@ -1924,14 +1953,14 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
         c->st.misses++;
     pthread_mutex_unlock(&c->mu);
     if (ret == 0) {
-        memcpy(en->key, key, THAW_DISK_KEY_SIZE);
+        memcpy(en->key, key, THAW_KEY_BYTES);
         en->gen = gen;
         *out = en;
     }
     return ret;
 }
 
-int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE])
+int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
     struct ent *e;
     int found;
@@ -1946,7 +1975,7 @@ int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_D
     return found;
 }
 
-int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE])
+int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
     char hex[HEX_LEN + 1], path[PATH_MAX];
     uint64_t size[THAW_PART_COUNT];
@@ -1963,7 +1992,7 @@ int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_D
     pthread_mutex_unlock(&c->mu);
     if (!found)
         return 0;
-    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    thaw_hex(key, THAW_KEY_BYTES, hex);
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         if (!size[p])
             continue;
@@ -1977,7 +2006,7 @@ int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_D
     return n;
 }
 
-const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_disk_part p,
+const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_part p,
                                  size_t *size)
 {
     const void *d = NULL;
@@ -2004,7 +2033,7 @@ const void *thaw_disk_entry_meta(const struct thaw_disk_entry *e, size_t *n)
     return e ? e->idx.meta : NULL;
 }
 
-int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
                            int fix, unsigned *bad_parts)
 {
     char hex[HEX_LEN + 1];
@@ -2021,7 +2050,7 @@ int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
         return THAW_EINVAL;
     if (c->flags & THAW_DISK_CACHE_READONLY)
         fix = 0;
-    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    thaw_hex(key, THAW_KEY_BYTES, hex);
     pthread_mutex_lock(&c->mu);
     e = index_find(c, key);
     if (e) {
@@ -2088,7 +2117,7 @@ static int evict_victims(struct thaw_disk_cache *c, struct ent *victims, int64_t
         int r;
 
         next = e->next;
-        thaw_hex(e->key, THAW_DISK_KEY_SIZE, hex);
+        thaw_hex(e->key, THAW_KEY_BYTES, hex);
         thaw_fmt_bytes(e->bytes, bytes);
         r = remove_files(c, hex);
         if (r)
@@ -2165,7 +2194,7 @@ static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, 
     return n;
 }
 
-int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE])
+int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
     char hex[HEX_LEN + 1];
     struct ent *e;
@@ -2173,7 +2202,7 @@ int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
 
     if (!c || !key || (c->flags & THAW_DISK_CACHE_READONLY))
         return THAW_EINVAL;
-    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    thaw_hex(key, THAW_KEY_BYTES, hex);
     pthread_mutex_lock(&c->mu);
     e = claim_wait(c, key, 0);
     pthread_mutex_unlock(&c->mu);
@@ -2208,7 +2237,7 @@ int thaw_disk_cache_foreach(struct thaw_disk_cache *c,
     for (struct ent *e = c->lru_tail; e; e = e->prev) {
         struct thaw_disk_entry_info *i = &v[n++];
 
-        memcpy(i->key, e->key, THAW_DISK_KEY_SIZE);
+        memcpy(i->key, e->key, THAW_KEY_BYTES);
         memcpy(i->fingerprint, e->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
         i->same_model = !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
         i->n_tokens = e->n_tokens;

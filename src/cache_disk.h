@@ -41,27 +41,15 @@
 #ifndef THAW_CACHE_DISK_H
 #define THAW_CACHE_DISK_H
 
+#include "blob.h" /* the parts of an entry */
+#include "keys.h" /* THAW_KEY_BYTES */
 #include "vfs.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define THAW_DISK_KEY_SIZE 32
 #define THAW_DISK_FINGERPRINT_SIZE 32
 #define THAW_DISK_META_MAX 4096 /* bytes of caller meta per entry */
-
-enum thaw_disk_part {
-    THAW_PART_KV,   /* .kv; mandatory */
-    THAW_PART_CKPT, /* .ckpt */
-    THAW_PART_DFT,  /* .dft; corruption of it alone costs only this part */
-    THAW_PART_COUNT
-};
-
-/* A part's bytes. A part with size 0 is absent (data is then ignored). */
-struct thaw_disk_blob {
-    void *data;
-    size_t size;
-};
 
 /* Open flags. */
 #define THAW_DISK_CACHE_NO_WRITER 0x1u /* no writer thread: submit() fails */
@@ -160,8 +148,8 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c);
  * an entry previously stored under the key is gone too. Counts in
  * stores_ok / store_failures. */
 #define THAW_DISK_ENOSPC_ROUNDS 3
-int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
-                          uint32_t n_tokens, const struct thaw_disk_blob parts[THAW_PART_COUNT],
+int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                          uint32_t n_tokens, const struct thaw_part_blob parts[THAW_PART_COUNT],
                           const void *meta, size_t n_meta);
 
 /* Queues a store for the writer thread and returns at once (never blocks on
@@ -181,9 +169,21 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK
  *                  thread (NO_WRITER, SHARED, READONLY)
  *   THAW_ETOOBIG   as store
  *   THAW_ENOMEM */
-int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
-                           uint32_t n_tokens, struct thaw_disk_blob parts[THAW_PART_COUNT],
+int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                           uint32_t n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
                            const void *meta, size_t n_meta);
+
+/* A store of key the writer still holds (waiting, or being written): the
+ * bytes a lookup right after submit() would otherwise miss until the write
+ * lands. Takes a reference to each of its present parts' blobs into out[]
+ * (absent parts: NULL, 0); the caller drops them with thaw_blob_unref. The
+ * newest such store wins. They are the bytes submitted, so there is no
+ * checksum to verify; n_tokens is in the .kv itself. Any thread; no I/O.
+ * Returns 0, THAW_ENOTFOUND (out[] all NULL: not held by the writer, so a
+ * store of key submitted before the call is on disk, or failed) or
+ * THAW_EINVAL. */
+int thaw_disk_cache_pending(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                            struct thaw_part_blob out[THAW_PART_COUNT]);
 
 /* Blocks until every store submitted before the call has been written (or
  * has failed). Returns at once without a writer thread. */
@@ -206,7 +206,7 @@ void thaw_disk_cache_flush(struct thaw_disk_cache *c);
  * Every outcome but THAW_EINVAL counts as one lookup and a hit or a miss.
  * Never crashes on any file content, save a file truncated by another
  * process while mapped (SIGBUS; thaw itself never truncates). */
-int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
                            struct thaw_disk_entry **out);
 
 /* Lookup flags. */
@@ -221,7 +221,7 @@ int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
  * returned entry is NOT yet known good: the caller must not let anything
  * derived from its .kv bytes take effect before thaw_disk_entry_verify()
  * returned 0. Same returns as thaw_disk_cache_lookup(). */
-int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE], unsigned flags,
+int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], unsigned flags,
                               struct thaw_disk_entry **out);
 
 /* Checks the checksums a deferred lookup left unchecked. Safe to call from
@@ -234,7 +234,7 @@ int thaw_disk_entry_verify(struct thaw_disk_cache *c, struct thaw_disk_entry *e)
 /* 1 if an entry for key with this cache's fingerprint is indexed and not
  * being written or removed, else 0. Memory only: no I/O, no checksum, no
  * change of last use. */
-int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE]);
+int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);
 
 /* Asks the kernel to start reading key's entry into the page cache
  * (POSIX_FADV_WILLNEED), so that a lookup made later, when the request has
@@ -242,11 +242,11 @@ int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_D
  * for the reads and without checking anything but the index. Returns how
  * many part files the advice was given for (0: no such entry, or nothing
  * could be opened). */
-int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE]);
+int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);
 
 /* A part's bytes, valid until thaw_disk_entry_release(); *size gets its
  * length (0 when absent; size may be NULL). NULL when the part is absent. */
-const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_disk_part p,
+const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_part p,
                                  size_t *size);
 uint32_t thaw_disk_entry_n_tokens(const struct thaw_disk_entry *e);
 /* The meta blob (NULL with *n = 0 if none), valid until release. */
@@ -265,7 +265,7 @@ int thaw_disk_cache_evict(struct thaw_disk_cache *c);
  * Waits for a store of the same key in progress. Returns 0, THAW_ENOTFOUND
  * if no entry was indexed (leftover files are still removed), THAW_EINVAL
  * for a READONLY cache or NULL key, or the -errno of unlinking the .idx. */
-int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE]);
+int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);
 
 /* Bits of *bad_parts from thaw_disk_cache_verify(). */
 #define THAW_DISK_BAD_PART(p) (1u << (p))
@@ -278,12 +278,12 @@ int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_DIS
  * Returns 0 (usable; maybe a bad .dft, see *bad_parts), THAW_ECORRUPT,
  * THAW_ENOTFOUND, THAW_EINVAL, THAW_ENOMEM or -errno as lookup. Counts no
  * lookup. */
-int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_DISK_KEY_SIZE],
+int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
                            int fix, unsigned *bad_parts);
 
 /* One indexed entry, as listed by thaw_disk_cache_foreach(). */
 struct thaw_disk_entry_info {
-    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint8_t key[THAW_KEY_BYTES];
     uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
     int same_model;    /* fingerprint equals this cache's */
     uint32_t n_tokens;
@@ -346,7 +346,7 @@ int thaw_unhex(const char *s, size_t n, uint8_t *out);
 /* ---- the .idx record (exposed for tests and the fuzzer) ----------------- */
 
 struct thaw_disk_idx {
-    uint8_t key[THAW_DISK_KEY_SIZE];
+    uint8_t key[THAW_KEY_BYTES];
     uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
     uint32_t n_tokens;
     int64_t created;                   /* Unix seconds */

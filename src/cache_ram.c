@@ -28,12 +28,25 @@ int thaw_ram_cache_new(uint64_t budget_bytes, int64_t ttl_s, struct thaw_ram_cac
     return 0;
 }
 
+static uint64_t parts_size(const struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    uint64_t n = 0;
+
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        n += parts[p].size;
+    return n;
+}
+
+static void parts_unref(const struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        thaw_blob_unref(parts[p].data);
+}
+
 static void drop(struct thaw_ram_cache *c, int i)
 {
-    c->bytes -= c->v[i].n_kv + c->v[i].n_ckpt + c->v[i].n_dft;
-    thaw_blob_unref(c->v[i].kv);
-    thaw_blob_unref(c->v[i].ckpt);
-    thaw_blob_unref(c->v[i].dft);
+    c->bytes -= parts_size(c->v[i].parts);
+    parts_unref(c->v[i].parts);
     c->v[i] = c->v[--c->n];
 }
 
@@ -47,26 +60,24 @@ void thaw_ram_cache_free(struct thaw_ram_cache *c)
     free(c);
 }
 
-static int find(const struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE])
+static int find(const struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
     for (int i = 0; i < c->n; i++)
-        if (memcmp(c->v[i].key, key, THAW_RAM_KEY_SIZE) == 0)
+        if (memcmp(c->v[i].key, key, THAW_KEY_BYTES) == 0)
             return i;
     return -1;
 }
 
-int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE], void *kv, size_t n_kv,
-                       void *ckpt, size_t n_ckpt, void *dft, size_t n_dft, int64_t now)
+int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                       const struct thaw_part_blob parts[THAW_PART_COUNT], int64_t now)
 {
-    uint64_t size = (uint64_t)n_kv + n_ckpt + n_dft;
+    uint64_t size = parts_size(parts);
     int i;
 
     if ((i = find(c, key)) >= 0)
         drop(c, i);
     if (size > c->budget) {
-        thaw_blob_unref(kv);
-        thaw_blob_unref(ckpt);
-        thaw_blob_unref(dft);
+        parts_unref(parts);
         return THAW_ETOOBIG;
     }
     while (c->bytes + size > c->budget && c->n > 0) {
@@ -80,28 +91,27 @@ int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_
         int cap = c->cap ? c->cap * 2 : 8;
         struct thaw_ram_entry *nv = realloc(c->v, (size_t)cap * sizeof *nv);
         if (!nv) {
-            thaw_blob_unref(kv);
-            thaw_blob_unref(ckpt);
-            thaw_blob_unref(dft);
+            parts_unref(parts);
             return THAW_ENOMEM;
         }
         c->v = nv;
         c->cap = cap;
     }
     struct thaw_ram_entry *e = &c->v[c->n++];
-    memcpy(e->key, key, THAW_RAM_KEY_SIZE);
-    e->kv = kv;
-    e->n_kv = n_kv;
-    e->ckpt = ckpt;
-    e->n_ckpt = n_ckpt;
-    e->dft = dft;
-    e->n_dft = n_dft;
+    memcpy(e->key, key, THAW_KEY_BYTES);
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        e->parts[p] = parts[p];
+        if (!parts[p].size) { /* absent: no buffer held for it */
+            thaw_blob_unref(parts[p].data);
+            e->parts[p].data = NULL;
+        }
+    }
     e->last_used = now;
     c->bytes += size;
     return 0;
 }
 
-const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE],
+const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
                                                 int64_t now)
 {
     int i = find(c, key);
@@ -112,7 +122,7 @@ const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const 
     return &c->v[i];
 }
 
-void thaw_ram_cache_remove(struct thaw_ram_cache *c, const uint8_t key[THAW_RAM_KEY_SIZE])
+void thaw_ram_cache_remove(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
     int i = find(c, key);
 

@@ -1,11 +1,10 @@
 /* chat.c — rendering requests through llama.cpp's chat library, parsing
- * replies, tokenization and conversation keys.
+ * replies and tokenization (the conversation keys are keys.c's).
  *
  * Map:
  *   ---- templates ----  the library handle, request -> inputs JSON
  *   ---- prompt ----     render, tokenize, grammar and stops for generation
  *   ---- replies ----    generated text -> message, canonical next-turn tokens
- *   ---- keys ----       namespaces, bindings, conversation keys
  */
 #include "chat.h"
 
@@ -15,7 +14,6 @@
 #include "template.h"
 
 #include <jansson.h>
-#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -489,83 +487,4 @@ done:
     json_decref(msg);
     free(raw);
     return rc;
-}
-
-/* ---- keys ------------------------------------------------------------------------ */
-
-long thaw_chat_last_assistant(const struct thaw_message *msgs, size_t n)
-{
-    for (size_t i = n; i-- > 0;)
-        if (strcmp(msgs[i].role, "assistant") == 0)
-            return (long)i;
-    return -1;
-}
-
-static void hash_field(crypto_generichash_state *st, const char *s)
-{
-    uint64_t len = strlen(s);
-    unsigned char le[8];
-
-    for (int i = 0; i < 8; i++)
-        le[i] = (unsigned char)(len >> (8 * i));
-    crypto_generichash_update(st, le, sizeof le);
-    crypto_generichash_update(st, (const unsigned char *)s, len);
-}
-
-void thaw_chat_key(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
-                   const char *extra_json, uint8_t out[THAW_KEY_BYTES])
-{
-    crypto_generichash_state st;
-
-    crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
-    hash_field(&st, "thaw.kv.v2");
-    crypto_generichash_update(&st, binding, THAW_KEY_BYTES);
-    /* the normalised message: role as the template sees it ("developer"
-     * renders as "system"), content, tool calls, ids, names, reasoning */
-    for (size_t i = 0; i < n; i++)
-        hash_field(&st, msgs[i].json);
-    if (extra_json)
-        hash_field(&st, extra_json);
-    crypto_generichash_final(&st, out, THAW_KEY_BYTES);
-}
-
-void thaw_chat_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
-                            uint8_t out[THAW_KEY_BYTES])
-{
-    crypto_generichash_state st;
-
-    crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
-    hash_field(&st, "thaw.request.v1");
-    crypto_generichash_update(&st, binding, THAW_KEY_BYTES);
-    hash_field(&st, req->tools_json ? req->tools_json : "");
-    hash_field(&st, req->template_kwargs ? req->template_kwargs : "");
-    crypto_generichash_final(&st, out, THAW_KEY_BYTES);
-}
-
-void thaw_chat_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings,
-                       const uint8_t namespace_id[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES])
-{
-    crypto_generichash_state st;
-
-    crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
-    hash_field(&st, "thaw.binding.v2");
-    crypto_generichash_update(&st, fingerprint, THAW_KEY_BYTES);
-    hash_field(&st, settings);
-    if (namespace_id) {
-        hash_field(&st, "ns");
-        crypto_generichash_update(&st, namespace_id, THAW_KEY_BYTES);
-    } else {
-        hash_field(&st, "identity");
-    }
-    crypto_generichash_final(&st, out, THAW_KEY_BYTES);
-}
-
-void thaw_chat_namespace(const char *api_key, size_t len, uint8_t out[THAW_KEY_BYTES])
-{
-    /* a 32-byte BLAKE2b key: the domain tag, zero-padded */
-    static const unsigned char tag[crypto_generichash_KEYBYTES] = "thaw.namespace.v1";
-
-    if (!api_key)
-        len = 0;
-    crypto_generichash(out, THAW_KEY_BYTES, (const unsigned char *)(api_key ? api_key : ""), len, tag, sizeof tag);
 }

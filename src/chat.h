@@ -1,18 +1,9 @@
 /* chat.h — a request's messages -> the prompt and what generation needs,
- * the reply -> the message the client gets, and the conversation keys.
+ * the reply -> the message the client gets.
  *
  * Rendering goes through llama.cpp's chat library (template.h): the model's
  * Jinja template with tools, tool calls, reasoning and a JSON-schema
  * grammar, or a built-in template with --no-jinja.
- *
- * Keys (DESIGN §2): the lookup key hashes the conversation truncated at its
- * last assistant message; the store key hashes the conversation plus the
- * reply as the client will echo it. Both are BLAKE2b-256 over a domain tag,
- * a binding (model fingerprint + state-shaping context settings + tenant
- * namespace + the request's tools and template kwargs, which also change
- * the rendered prompt) and each message's normalised JSON (api.h), so no two
- * different conversations, models, tenants or tool lists share a key short
- * of a BLAKE2b collision.
  *
  * All functions are safe to call from any thread once thaw_chat_new
  * returned (they only read the vocabulary and the templates).
@@ -25,8 +16,6 @@
 #include <llama.h>
 #include <stdbool.h>
 #include <stdint.h>
-
-#define THAW_KEY_BYTES 32
 
 struct thaw_chat;
 
@@ -104,33 +93,5 @@ int thaw_chat_n_vocab(const struct thaw_chat *chat);
 /* Tokenizes text (special tokens parsed, BOS added when the vocab wants it)
  * into a malloc'd array. Returns 0 or THAW_ENOMEM / THAW_EINVAL. */
 int thaw_chat_tokenize(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out);
-
-/* Index of the last assistant message, or -1. */
-long thaw_chat_last_assistant(const struct thaw_message *msgs, size_t n);
-
-/* key = BLAKE2b-256("thaw.kv.v2" || binding || msgs[i].json ... || [extra_json]).
- * `binding` is THAW_KEY_BYTES from thaw_chat_binding (+ thaw_chat_bind_request);
- * `extra_json` is a normalised assistant message or NULL. */
-void thaw_chat_key(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
-                   const char *extra_json, uint8_t out[THAW_KEY_BYTES]);
-
-/* binding = BLAKE2b-256(fingerprint || settings string || namespace), where
- * the namespace is thaw_chat_namespace() of the request's API key (set by the
- * server, never by a client). NULL namespace: the model's identity, which is
- * no tenant's (written into every .idx). */
-void thaw_chat_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings,
-                       const uint8_t namespace_id[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES]);
-
-/* Mixes what else shapes the rendered prompt into a binding: the request's
- * tools and chat_template_kwargs. Two agents with the same messages but
- * other tools never share a key. */
-void thaw_chat_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
-                            uint8_t out[THAW_KEY_BYTES]);
-
-/* A tenant's namespace: BLAKE2b-256 keyed with a fixed domain tag over the
- * API key itself (NULL or "" = the anonymous namespace of a server without
- * keys). Stable across restarts and key reordering, gone with the key, and
- * one-way: the namespace reveals nothing of the key. */
-void thaw_chat_namespace(const char *api_key, size_t len, uint8_t out[THAW_KEY_BYTES]);
 
 #endif

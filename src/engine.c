@@ -1,32 +1,34 @@
 /* engine.c — model + context, the decode loop, batching across slots.
  *
  * Map:
- *   ---- slots ----        per-slot state, rollback (checkpoints for SWA)
- *   ---- cache tiers ----  restore a conversation (slot | ram | disk), store it
+ *   ---- slots ----        a slot's KV: clearing, rollback (checkpoints for SWA)
+ *   ---- cache tiers ----  install a cached state into a slot, capture one; the
+ *                          tier policy (which tier, in what order) is kvcache.c's
  *   ---- admission ----    queued task -> idle slot, prompt-prefix reuse
  *   ---- generation ----   sampling, stop strings, streaming text out
  *   ---- the loop ----     one llama_batch for every active slot per step
  *   ---- lifecycle ----    load model, context, thread; shutdown
  *
- * A slot's life: IDLE -> PREFILL -> GEN -> (FIXUP) -> IDLE. FIXUP happens
- * after the reply has been sent: the slot re-decodes the reply's tail as the
- * next turn will present it (the canonical rendering, DESIGN §2 "Beyond the
- * seed") so the stored state matches the next request token for token, then
- * stores it.
+ * A slot's life: IDLE -> PREFILL -> GEN -> (FIXUP) -> IDLE; slot.h has the
+ * table of legal moves, and thaw_slot_set_phase is the only place a phase
+ * (and the busy gauge) changes. FIXUP happens after the reply has been
+ * sent: the slot re-decodes the reply's tail as the next turn will present
+ * it (the canonical rendering, DESIGN §2 "Beyond the seed") so the stored
+ * state matches the next request token for token, then stores it.
  *
  * Only engine_main() and what it calls touch e->ctx.
  */
 #include "engine.h"
 
 #include "blob.h"
-#include "cache_disk.h"
-#include "cache_ram.h"
 #include "draft.h"
 #include "error.h"
 #include "fingerprint.h"
+#include "kvcache.h"
 #include "kvstate.h"
 #include "log.h"
 #include "scheduler.h"
+#include "slot.h"
 #include "template.h"
 #include "utf8.h"
 
@@ -37,50 +39,6 @@
 #include <time.h>
 
 /* ---- slots --------------------------------------------------------------------- */
-
-enum phase { PH_IDLE, PH_PREFILL, PH_GEN, PH_FIXUP };
-
-struct slot {
-    int id;                    /* == llama seq_id */
-    enum phase phase;
-    struct thaw_task *task;    /* set in PREFILL and GEN */
-
-    llama_token *tokens;       /* tokens whose KV the sequence holds, n_tokens of cap_tokens */
-    int n_tokens, cap_tokens;
-
-    struct thaw_ckpt_list ckpts; /* partial-memory snapshots for rollback (SWA / recurrent) */
-
-    /* the request in progress */
-    int n_prompt_done;         /* prompt tokens already in the KV */
-    llama_token next_token;    /* GEN: sampled, waits to be decoded */
-    llama_token *drafts;       /* GEN with -md: the draft's proposal after next_token, n_drafts */
-    int n_drafts;
-    int i_batch;               /* row of this slot's logits in the current batch, -1 = none */
-    int n_in_batch;            /* tokens this slot put in the current batch */
-    struct llama_sampler *smpl;
-    char *gen;                 /* reply bytes so far, n_gen of cap_gen */
-    size_t n_gen, cap_gen;
-    size_t n_sent;             /* bytes of gen handed to the task */
-    size_t stop_hold;          /* longest stop string - 1: bytes held back while streaming */
-    int n_decoded;             /* tokens sampled */
-    int64_t t_start_us, t_prompt_done_us;
-    struct thaw_timings timings;
-
-    int64_t last_used_us;
-    uint8_t ns[THAW_KEY_BYTES]; /* the tenant whose tokens the KV holds (n_tokens > 0) */
-    bool holds_key;            /* held_key names the conversation in the KV */
-    uint8_t held_key[THAW_KEY_BYTES];
-
-    /* the key this turn's conversation was looked up under: its previous
-     * turn, which this turn's store supersedes in the RAM tier */
-    bool has_prev_key;
-    uint8_t prev_key[THAW_KEY_BYTES];
-
-    /* FIXUP: decode fix[n_tokens..n_fix) then store under store_key */
-    llama_token *fix;
-    int n_fix;
-    uint8_t store_key[THAW_KEY_BYTES];
-};
 
 struct thaw_engine {
     const struct thaw_config *cfg;
@@ -95,7 +53,7 @@ struct thaw_engine {
     uint8_t fingerprint[THAW_FINGERPRINT_BYTES];
     char settings[256];        /* the context settings that shape the state's bytes */
 
-    struct slot *slots;
+    struct thaw_slot *slots;
     int n_slots;
     int n_ctx_slot;            /* tokens per sequence */
     int max_token_bytes;       /* longest piece of text one token stands for */
@@ -104,8 +62,7 @@ struct thaw_engine {
     bool partial;              /* n_swa > 0 || recurrent: checkpoints needed */
 
     struct thaw_draft *draft;  /* NULL = no speculative decoding */
-    struct thaw_disk_cache *disk; /* NULL = disk tier off */
-    struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
+    struct thaw_kvcache *kv;   /* the cache tiers (kvcache.h) */
     uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
     struct llama_batch batch;  /* n_batch tokens */
     int n_batch;
@@ -114,12 +71,7 @@ struct thaw_engine {
     atomic_bool stop;
 };
 
-static int slot_reserve(struct slot *s, int n)
-{
-    return thaw_tokens_reserve(&s->tokens, &s->cap_tokens, n);
-}
-
-static void slot_clear_kv(struct thaw_engine *e, struct slot *s)
+static void slot_clear_kv(struct thaw_engine *e, struct thaw_slot *s)
 {
     llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, -1, -1);
     s->n_tokens = 0;
@@ -130,7 +82,7 @@ static void slot_clear_kv(struct thaw_engine *e, struct slot *s)
 /* Can a sequence whose memory starts at pos_min continue at position n?
  * The token at n attends to the n_swa positions before it (standard SWA:
  * positions > n - n_swa); a recurrent state exists only at its end. */
-static bool can_resume_at(const struct thaw_engine *e, const struct slot *s, llama_pos pos_min, int n)
+static bool can_resume_at(const struct thaw_engine *e, const struct thaw_slot *s, llama_pos pos_min, int n)
 {
     if (e->recurrent)
         return n == s->n_tokens;
@@ -141,7 +93,7 @@ static bool can_resume_at(const struct thaw_engine *e, const struct slot *s, lla
 
 /* The longest prefix of at most n tokens the slot can resume at, and the
  * checkpoint that takes it there (*ckpt NULL: a plain truncation does). */
-static int rollback_target(const struct thaw_engine *e, const struct slot *s, int n, const struct thaw_ckpt **ckpt)
+static int rollback_target(const struct thaw_engine *e, const struct thaw_slot *s, int n, const struct thaw_ckpt **ckpt)
 {
     *ckpt = NULL;
     if (n > s->n_tokens)
@@ -160,7 +112,7 @@ static int rollback_target(const struct thaw_engine *e, const struct slot *s, in
 /* Truncates the slot's sequence to at most n tokens, as close to n as its
  * memory allows (a checkpoint when the window or recurrent state cannot roll
  * back that far; nothing when no checkpoint fits). Returns the new length. */
-static int slot_rollback(struct thaw_engine *e, struct slot *s, int n)
+static int slot_rollback(struct thaw_engine *e, struct thaw_slot *s, int n)
 {
     const struct thaw_ckpt *c;
 
@@ -185,7 +137,7 @@ static int slot_rollback(struct thaw_engine *e, struct slot *s, int n)
 }
 
 /* Ends the slot's request: the task is released, the KV stays for reuse. */
-static void slot_release_task(struct thaw_engine *e, struct slot *s)
+static void slot_release_task(struct thaw_engine *e, struct thaw_slot *s)
 {
     if (s->smpl) {
         llama_sampler_free(s->smpl);
@@ -195,20 +147,17 @@ static void slot_release_task(struct thaw_engine *e, struct slot *s)
     s->task = NULL;
     s->i_batch = -1;
     s->last_used_us = thaw_now_us();
-    if (s->phase != PH_FIXUP) {
-        s->phase = PH_IDLE;
-        atomic_fetch_sub(&e->metrics->slots_busy, 1);
-    }
+    if (s->phase != THAW_SLOT_FIXUP) /* a FIXUP slot stays busy until stored */
+        thaw_slot_set_phase(s, THAW_SLOT_IDLE, e->metrics);
 }
 
-static void slot_fail(struct thaw_engine *e, struct slot *s, int status, const char *msg)
+static void slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, const char *msg)
 {
     if (s->task)
         thaw_task_fail(s->task, status, msg);
     slot_clear_kv(e, s); /* its KV may be half-written */
-    if (s->phase == PH_FIXUP) {
-        s->phase = PH_IDLE;
-        atomic_fetch_sub(&e->metrics->slots_busy, 1);
+    if (s->phase == THAW_SLOT_FIXUP) {
+        thaw_slot_set_phase(s, THAW_SLOT_IDLE, e->metrics);
         return;
     }
     slot_release_task(e, s);
@@ -216,29 +165,13 @@ static void slot_fail(struct thaw_engine *e, struct slot *s, int status, const c
 
 /* ---- cache tiers ----------------------------------------------------------------- */
 
-static int64_t wall_s(void) { return (int64_t)time(NULL); }
-
-static void key_short(const uint8_t key[THAW_KEY_BYTES], char out[17])
-{
-    thaw_hex(key, 8, out);
-}
-
-/* The RAM tier is engine-thread only; /metrics reads these copies. */
-static void ram_gauges(struct thaw_engine *e)
-{
-    if (!e->ram)
-        return;
-    atomic_store(&e->metrics->ram_bytes, thaw_ram_cache_bytes(e->ram));
-    atomic_store(&e->metrics->ram_entries, thaw_ram_cache_count(e->ram));
-}
-
 /* Installs a cached conversation (its .kv, .ckpt and .dft blobs; the last
  * two may be empty) into the slot when it holds more of the prompt than the
  * slot already does. Returns the tokens of the prompt the slot now holds
  * (>= n_past), or a negative error when the blobs are corrupt (the slot is
  * then empty). A bad .dft only costs the draft a prefill. */
-static int slot_install(struct thaw_engine *e, struct slot *s, const struct thaw_task *t,
-                        const struct thaw_disk_blob parts[THAW_PART_COUNT], int n_past)
+static int slot_install(struct thaw_engine *e, struct thaw_slot *s, const struct thaw_task *t,
+                        const struct thaw_part_blob parts[THAW_PART_COUNT], int n_past)
 {
     struct thaw_kvstate_view v;
     int rc;
@@ -248,7 +181,7 @@ static int slot_install(struct thaw_engine *e, struct slot *s, const struct thaw
     int lcp = thaw_lcp(v.tokens, v.n_tokens, t->prompt, t->n_prompt);
     if (lcp <= n_past)
         return n_past; /* the slot already holds as much: keep it */
-    if (slot_reserve(s, v.n_tokens + 1) != 0)
+    if (thaw_slot_reserve(s, v.n_tokens + 1) != 0)
         return THAW_ENOMEM;
     slot_clear_kv(e, s);
     if ((rc = thaw_kvstate_restore(e->ctx, s->id, &v)) != 0)
@@ -271,27 +204,35 @@ static int slot_install(struct thaw_engine *e, struct slot *s, const struct thaw
     return lcp;
 }
 
-struct verify_job {
-    struct thaw_disk_cache *disk;
-    struct thaw_disk_entry *entry;
-    int rc;
+/* slot_install through the kvcache's sink */
+struct install_ctx {
+    struct thaw_engine *e;
+    struct thaw_slot *s;
+    const struct thaw_task *t;
+    int n_past;
 };
 
-static void *verify_main(void *arg)
+static int install_cb(void *ud, const struct thaw_part_blob parts[THAW_PART_COUNT])
 {
-    struct verify_job *j = arg;
+    struct install_ctx *ic = ud;
 
-    j->rc = thaw_disk_entry_verify(j->disk, j->entry);
-    return NULL;
+    return slot_install(ic->e, ic->s, ic->t, parts, ic->n_past);
 }
 
-/* The lookup at the start of a request: slot, then RAM, then disk.
- * Returns the number of prompt tokens the slot holds afterwards. */
-static int slot_restore(struct thaw_engine *e, struct slot *s, const struct thaw_task *t, int n_past)
+static void undo_cb(void *ud)
 {
-    char hex[17];
-    int64_t t0 = thaw_now_us();
-    int got = n_past;
+    struct install_ctx *ic = ud;
+
+    slot_clear_kv(ic->e, ic->s);
+}
+
+/* The lookup at the start of a request: the slot itself, then the cache
+ * tiers (kvcache.h). Returns the number of prompt tokens the slot holds
+ * afterwards. */
+static int slot_restore(struct thaw_engine *e, struct thaw_slot *s, const struct thaw_task *t, int n_past)
+{
+    struct install_ctx ic = {e, s, t, n_past};
+    const struct thaw_kvcache_sink sink = {install_cb, undo_cb, &ic, s->id};
 
     atomic_fetch_add(&e->metrics->cache_lookups, 1);
     if (s->holds_key && memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0) {
@@ -299,94 +240,21 @@ static int slot_restore(struct thaw_engine *e, struct slot *s, const struct thaw
         atomic_fetch_add(&e->metrics->cache_hits_slot, 1);
         return n_past;
     }
-    key_short(t->lookup_key, hex);
-    if (e->ram) {
-        if (thaw_ram_cache_evict(e->ram, wall_s()) > 0)
-            ram_gauges(e);
-        const struct thaw_ram_entry *re = thaw_ram_cache_get(e->ram, t->lookup_key, wall_s());
-        if (re) {
-            const struct thaw_disk_blob parts[THAW_PART_COUNT] = {
-                {re->kv, re->n_kv}, {re->ckpt, re->n_ckpt}, {re->dft, re->n_dft}};
-            got = slot_install(e, s, t, parts, n_past);
-            if (got < 0) {
-                LOG_WRN("slot %d: RAM entry %s unusable (%s): dropped", s->id, hex, thaw_strerror(got));
-                thaw_ram_cache_remove(e->ram, t->lookup_key);
-                ram_gauges(e);
-                got = 0;
-            } else if (got > n_past) {
-                atomic_fetch_add(&e->metrics->cache_hits_ram, 1);
-                s->timings.cache_source = "ram";
-            }
-            goto out;
-        }
-    }
-    if (e->disk) {
-        struct thaw_disk_entry *de = NULL;
-        thaw_disk_cache_evict(e->disk);
-        int64_t t_lookup = thaw_now_us();
-        int rc = thaw_disk_cache_lookup_ex(e->disk, t->lookup_key, THAW_DISK_LOOKUP_DEFER_KV, &de);
-        LOG_DBG("slot %d: disk lookup %.2f ms (eviction %.2f ms)", s->id, (double)(thaw_now_us() - t_lookup) / 1000.0,
-                (double)(t_lookup - t0) / 1000.0);
-        if (rc == 0) {
-            struct thaw_disk_blob parts[THAW_PART_COUNT];
-            for (int p = 0; p < THAW_PART_COUNT; p++)
-                parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_disk_part)p, &parts[p].size);
-            /* the .kv checksum runs on the other core while libllama copies
-             * the state in; a mismatch undoes the install before any decode */
-            struct verify_job job = {e->disk, de, 0};
-            pthread_t th;
-            if (pthread_create(&th, NULL, verify_main, &job) == 0) {
-                got = slot_install(e, s, t, parts, n_past);
-                pthread_join(th, NULL);
-            } else {
-                verify_main(&job); /* no thread: check first, then install */
-                got = job.rc == 0 ? slot_install(e, s, t, parts, n_past) : job.rc;
-            }
-            if (got >= 0 && job.rc != 0) {
-                slot_clear_kv(e, s);
-                got = job.rc;
-            }
-            thaw_disk_entry_release(de);
-            if (job.rc != 0) {
-                LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by prefill", s->id, hex);
-                got = 0;
-            } else if (got < 0) {
-                LOG_WRN("slot %d: disk entry %s unusable (%s): removed, serving by prefill", s->id, hex,
-                        thaw_strerror(got));
-                thaw_disk_cache_remove(e->disk, t->lookup_key);
-                got = 0;
-            } else if (got > n_past) {
-                atomic_fetch_add(&e->metrics->cache_hits_disk, 1);
-                s->timings.cache_source = "disk";
-            }
-            goto out;
-        }
-        if (rc == THAW_ECORRUPT)
-            LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by prefill", s->id, hex);
-    }
-    atomic_fetch_add(&e->metrics->cache_misses, 1);
-    return n_past;
-out:
-    if (got > n_past) {
-        s->timings.restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
-        atomic_fetch_add(&e->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
-    } else {
-        atomic_fetch_add(&e->metrics->cache_misses, 1);
-    }
-    return got;
+    return thaw_kvcache_lookup(e->kv, t->lookup_key, n_past, &sink, &s->timings.cache_source,
+                               &s->timings.restore_ms);
 }
 
 /* Serialises the slot's state (and its draft's) and hands it to the RAM
  * tier and the disk writer under s->store_key. Never waits for I/O. */
-static void slot_store(struct thaw_engine *e, struct slot *s)
+static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
 {
-    struct thaw_disk_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+    struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
     char hex[17];
     int rc;
 
     if (s->n_tokens < e->cfg->kv_cache_min_tokens || s->n_tokens == 0)
         return;
-    key_short(s->store_key, hex);
+    thaw_keys_short(s->store_key, hex);
     int64_t t0 = thaw_now_us();
     if ((rc = thaw_kvstate_capture(e->ctx, s->id, s->tokens, s->n_tokens, &parts[THAW_PART_KV].data,
                                    &parts[THAW_PART_KV].size)) != 0 ||
@@ -404,40 +272,12 @@ static void slot_store(struct thaw_engine *e, struct slot *s)
     memcpy(s->held_key, s->store_key, THAW_KEY_BYTES);
     s->holds_key = true;
 
-    const char *where = e->disk && e->ram ? "ram+disk" : e->disk ? "disk" : "ram";
     size_t sizes[THAW_PART_COUNT];
     for (int p = 0; p < THAW_PART_COUNT; p++)
         sizes[p] = parts[p].size;
-    if (e->disk) {
-        /* with both tiers, both hold a reference to the same bytes */
-        struct thaw_disk_blob w[THAW_PART_COUNT];
-        for (int p = 0; p < THAW_PART_COUNT; p++) {
-            w[p] = parts[p];
-            if (e->ram && parts[p].data)
-                thaw_blob_ref(parts[p].data);
-        }
-        rc = thaw_disk_cache_submit(e->disk, s->store_key, (uint32_t)s->n_tokens, w, NULL, 0);
-        if (rc != 0) {
-            /* the cache logged why (queue bytes, shutdown, ...) */
-            LOG_DBG("slot %d: store of %s to disk dropped: %s", s->id, hex, thaw_strerror(rc));
-            for (int p = 0; p < THAW_PART_COUNT; p++)
-                thaw_blob_unref(w[p].data); /* on failure the reference stayed here */
-        }
-        if (!e->ram)
-            memset(parts, 0, sizeof parts); /* moved to the writer, or dropped just above */
-    }
-    if (e->ram && thaw_ram_cache_put(e->ram, s->store_key, parts[0].data, parts[0].size, parts[1].data,
-                                     parts[1].size, parts[2].data, parts[2].size, wall_s()) != 0)
-        LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", s->id, hex);
-    /* The previous turn's entry is a prefix of this one: keep it in RAM
-     * only while the disk cannot serve it (a regenerated reply looks it
-     * up again). Frees memory for more conversations, and a mapping the
-     * next capture reuses (blob.h). */
-    if (e->ram && e->disk && s->has_prev_key && memcmp(s->prev_key, s->store_key, THAW_KEY_BYTES) != 0 &&
-        thaw_disk_cache_contains(e->disk, s->prev_key))
-        thaw_ram_cache_remove(e->ram, s->prev_key);
+    const char *where =
+        thaw_kvcache_store(e->kv, s->id, s->store_key, s->n_tokens, parts, s->has_prev_key ? s->prev_key : NULL);
     s->has_prev_key = false;
-    ram_gauges(e);
     int64_t took = thaw_now_us() - t0;
     atomic_fetch_add(&e->metrics->stores, 1);
     atomic_fetch_add(&e->metrics->store_us, (uint64_t)took);
@@ -450,15 +290,16 @@ static void slot_store(struct thaw_engine *e, struct slot *s)
  * present for this conversation. If the slot's tokens differ from them, roll
  * back to the common prefix and enter FIXUP to decode the difference before
  * storing; otherwise store now. */
-static void slot_prepare_store(struct thaw_engine *e, struct slot *s, const char *reply_json, const char *reply_norm)
+static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const char *reply_json,
+                               const char *reply_norm)
 {
     const struct thaw_task *t = s->task;
     llama_token *canon = NULL;
     int n_canon = 0;
 
-    thaw_chat_key(t->binding, t->req.messages, t->req.n_messages, reply_norm, s->store_key);
+    thaw_keys_conversation(t->binding, t->req.messages, t->req.n_messages, reply_norm, s->store_key);
     if (thaw_chat_canonical(e->chat, &t->req, reply_json, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
-        slot_reserve(s, n_canon + 1) != 0) {
+        thaw_slot_reserve(s, n_canon + 1) != 0) {
         /* no canonical form: store what the slot holds (still a prefix win) */
         free(canon);
         slot_store(e, s);
@@ -484,7 +325,7 @@ static void slot_prepare_store(struct thaw_engine *e, struct slot *s, const char
     free(s->fix);
     s->fix = canon;
     s->n_fix = n_canon;
-    s->phase = PH_FIXUP; /* stays busy until stored; see build_batch */
+    thaw_slot_set_phase(s, THAW_SLOT_FIXUP, e->metrics); /* stays busy until stored; see build_batch */
 }
 
 /* ---- admission ---------------------------------------------------------------- */
@@ -536,15 +377,12 @@ static struct llama_sampler *make_sampler(const struct thaw_engine *e, const str
     return c;
 }
 
-static bool cache_enabled(const struct thaw_engine *e) { return e->disk || e->ram; }
-
-static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t)
+static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_task *t)
 {
     const struct thaw_chat_request *req = &t->req;
 
     s->task = t;
-    s->phase = PH_PREFILL;
-    atomic_fetch_add(&e->metrics->slots_busy, 1);
+    thaw_slot_set_phase(s, THAW_SLOT_PREFILL, e->metrics);
     memset(&s->timings, 0, sizeof s->timings);
     s->timings.cache_source = "none";
     s->smpl = make_sampler(e, t);
@@ -552,7 +390,7 @@ static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t
         slot_fail(e, s, 400, "the grammar for this request's tools or response_format does not compile");
         return THAW_EINVAL;
     }
-    if (!s->smpl || slot_reserve(s, t->n_prompt + 1) != 0) {
+    if (!s->smpl || thaw_slot_reserve(s, t->n_prompt + 1) != 0) {
         slot_fail(e, s, 500, "out of memory");
         return THAW_ENOMEM;
     }
@@ -577,7 +415,7 @@ static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t
     s->has_prev_key = t->has_lookup_key;
     if (t->has_lookup_key)
         memcpy(s->prev_key, t->lookup_key, THAW_KEY_BYTES);
-    if (cache_enabled(e) && t->has_lookup_key)
+    if (thaw_kvcache_enabled(e->kv) && t->has_lookup_key)
         n_past = slot_restore(e, s, t, n_past);
     /* at least one prompt token must be decoded to get logits to sample from */
     if (n_past >= t->n_prompt)
@@ -585,7 +423,7 @@ static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t
     n_past = slot_rollback(e, s, n_past);
     if (s->timings.restore_ms > 0) {
         char hex[17];
-        key_short(t->lookup_key, hex);
+        thaw_keys_short(t->lookup_key, hex);
         LOG_INF("slot %d: restored %s from %s in %.1f ms: %d of %d prompt tokens reused%s", s->id, hex,
                 s->timings.cache_source, s->timings.restore_ms, n_past, t->n_prompt,
                 n_past == 0 ? " (no checkpoint reaches back to where it diverges)" : "");
@@ -603,13 +441,13 @@ static int slot_start(struct thaw_engine *e, struct slot *s, struct thaw_task *t
  * than the idle slot `pick`? */
 static bool fixup_holds_more(const struct thaw_engine *e, const struct thaw_task *t, int pick)
 {
-    const struct slot *p = &e->slots[pick];
+    const struct thaw_slot *p = &e->slots[pick];
     int have = memcmp(p->ns, t->ns, THAW_KEY_BYTES) == 0 ? thaw_lcp(p->tokens, p->n_tokens, t->prompt, t->n_prompt)
                                                          : 0;
 
     for (int i = 0; i < e->n_slots; i++) {
-        const struct slot *s = &e->slots[i];
-        if (s->phase == PH_FIXUP && memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0 &&
+        const struct thaw_slot *s = &e->slots[i];
+        if (s->phase == THAW_SLOT_FIXUP && memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0 &&
             thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) > have)
             return true;
     }
@@ -624,7 +462,7 @@ static int admit(struct thaw_engine *e, bool block)
     int busy = 0;
 
     for (int i = 0; i < e->n_slots; i++)
-        busy += e->slots[i].phase != PH_IDLE;
+        busy += e->slots[i].phase != THAW_SLOT_IDLE;
     while (busy < e->n_slots) {
         struct thaw_task *t = thaw_sched_pop(e->sched, block && busy == 0 && !atomic_load(&e->stop));
         if (!t)
@@ -641,12 +479,12 @@ static int admit(struct thaw_engine *e, bool block)
             break;
         }
         for (int i = 0; i < e->n_slots; i++) {
-            struct slot *s = &e->slots[i];
+            struct thaw_slot *s = &e->slots[i];
             /* another tenant's prefix is no prefix: it must not be reused,
              * nor steer the choice (its timing would leak it) */
             bool same_ns = memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0;
             views[i] = (struct thaw_slot_view){
-                .idle = s->phase == PH_IDLE,
+                .idle = s->phase == THAW_SLOT_IDLE,
                 .tokens = s->tokens,
                 .n_tokens = same_ns ? s->n_tokens : 0,
                 .last_used_us = s->last_used_us,
@@ -672,27 +510,9 @@ static int admit(struct thaw_engine *e, bool block)
 
 /* ---- generation --------------------------------------------------------------- */
 
-static int gen_append(struct slot *s, const char *p, size_t n)
-{
-    if (s->n_gen + n + 1 > s->cap_gen) {
-        size_t cap = s->cap_gen ? s->cap_gen : 512;
-        while (cap < s->n_gen + n + 1)
-            cap *= 2;
-        char *nb = realloc(s->gen, cap);
-        if (!nb)
-            return THAW_ENOMEM;
-        s->gen = nb;
-        s->cap_gen = cap;
-    }
-    memcpy(s->gen + s->n_gen, p, n);
-    s->n_gen += n;
-    s->gen[s->n_gen] = '\0';
-    return 0;
-}
-
 /* Hands the task every byte that can no longer change: complete UTF-8, and
  * not a possible beginning of a stop string (unless `final`). */
-static void slot_flush_text(struct slot *s, bool final)
+static void slot_flush_text(struct thaw_slot *s, bool final)
 {
     size_t end = s->n_gen;
 
@@ -706,7 +526,7 @@ static void slot_flush_text(struct slot *s, bool final)
     }
 }
 
-static void slot_finish(struct thaw_engine *e, struct slot *s, const char *reason)
+static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *reason)
 {
     int64_t now = thaw_now_us();
 
@@ -738,7 +558,7 @@ static void slot_finish(struct thaw_engine *e, struct slot *s, const char *reaso
             s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
     /* a verified draft may have left positions past the finish in the KV */
     llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, s->n_tokens, -1);
-    if (cache_enabled(e) && stored_msg && norm)
+    if (thaw_kvcache_enabled(e->kv) && stored_msg && norm)
         slot_prepare_store(e, s, stored_msg, norm);
     free(stored_msg);
     free(norm);
@@ -747,7 +567,7 @@ static void slot_finish(struct thaw_engine *e, struct slot *s, const char *reaso
 }
 
 /* Earliest occurrence of any stop string that ends at or after `from`. */
-static const char *find_stop(const struct slot *s, size_t from)
+static const char *find_stop(const struct thaw_slot *s, size_t from)
 {
     const struct thaw_task *t = s->task;
     const char *best = NULL;
@@ -764,7 +584,7 @@ static const char *find_stop(const struct slot *s, size_t from)
 }
 
 /* Takes one sampled token: text out, stop conditions, next decode. */
-static void slot_take_token(struct thaw_engine *e, struct slot *s, llama_token tok)
+static void slot_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token tok)
 {
     const struct thaw_task *t = s->task;
     char piece[256];
@@ -782,7 +602,7 @@ static void slot_take_token(struct thaw_engine *e, struct slot *s, llama_token t
     if (n < 0)
         n = 0; /* a piece longer than 256 bytes: no real vocab has one */
     size_t before = s->n_gen;
-    if (gen_append(s, piece, (size_t)n) != 0) {
+    if (thaw_slot_gen_append(s, piece, (size_t)n) != 0) {
         slot_fail(e, s, 500, "out of memory");
         return;
     }
@@ -801,7 +621,8 @@ static void slot_take_token(struct thaw_engine *e, struct slot *s, llama_token t
     }
     slot_flush_text(s, false);
     s->next_token = tok;
-    s->phase = PH_GEN;
+    if (s->phase != THAW_SLOT_GEN)
+        thaw_slot_set_phase(s, THAW_SLOT_GEN, e->metrics);
 }
 
 /* ---- the loop ------------------------------------------------------------------ */
@@ -818,7 +639,7 @@ static void batch_add(struct llama_batch *b, llama_token tok, llama_pos pos, lla
 }
 
 /* Asks the draft for up to `room` tokens after the slot's next token. */
-static int slot_draft(struct thaw_engine *e, struct slot *s, int room)
+static int slot_draft(struct thaw_engine *e, struct thaw_slot *s, int room)
 {
     const struct thaw_config *cfg = e->cfg;
     int max = cfg->draft_max;
@@ -840,7 +661,7 @@ static int slot_draft(struct thaw_engine *e, struct slot *s, int room)
 /* The target's verdict on a draft: sample at every drafted position with
  * the request's own sampler (so each emitted token is the target's), keep
  * the drafts that match, emit the samples, roll the rest back. */
-static void slot_verify(struct thaw_engine *e, struct slot *s)
+static void slot_verify(struct thaw_engine *e, struct thaw_slot *s)
 {
     llama_token emitted[THAW_DRAFT_MAX + 1];
     int base = s->n_tokens, n_emit = 0;
@@ -869,7 +690,7 @@ static void slot_verify(struct thaw_engine *e, struct slot *s)
     for (int i = 0; i < n_emit; i++) {
         s->n_tokens = base + 1 + i;
         slot_take_token(e, s, emitted[i]);
-        if (s->phase != PH_GEN)
+        if (s->phase != THAW_SLOT_GEN)
             break;
     }
 }
@@ -883,10 +704,10 @@ static void build_batch(struct thaw_engine *e)
 
     b->n_tokens = 0;
     for (int i = 0; i < e->n_slots; i++) {
-        struct slot *s = &e->slots[i];
+        struct thaw_slot *s = &e->slots[i];
         s->i_batch = -1;
         s->n_in_batch = 0;
-        if (s->phase != PH_GEN)
+        if (s->phase != THAW_SLOT_GEN)
             continue;
         s->n_drafts = e->draft ? slot_draft(e, s, e->n_batch - b->n_tokens - 1) : 0;
         s->i_batch = b->n_tokens;
@@ -896,8 +717,8 @@ static void build_batch(struct thaw_engine *e)
         s->n_in_batch = 1 + s->n_drafts;
     }
     for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch; i++) {
-        struct slot *s = &e->slots[i];
-        if (s->phase != PH_PREFILL)
+        struct thaw_slot *s = &e->slots[i];
+        if (s->phase != THAW_SLOT_PREFILL)
             continue;
         const struct thaw_task *t = s->task;
         while (s->n_prompt_done + s->n_in_batch < t->n_prompt && b->n_tokens < e->n_batch) {
@@ -910,8 +731,8 @@ static void build_batch(struct thaw_engine *e)
         }
     }
     for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch; i++) {
-        struct slot *s = &e->slots[i];
-        if (s->phase != PH_FIXUP)
+        struct thaw_slot *s = &e->slots[i];
+        if (s->phase != THAW_SLOT_FIXUP)
             continue;
         while (s->n_tokens + s->n_in_batch < s->n_fix && b->n_tokens < e->n_batch) {
             int p = s->n_tokens + s->n_in_batch;
@@ -925,15 +746,14 @@ static void build_batch(struct thaw_engine *e)
 static void finish_fixups(struct thaw_engine *e)
 {
     for (int i = 0; i < e->n_slots; i++) {
-        struct slot *s = &e->slots[i];
-        if (s->phase != PH_FIXUP || s->n_tokens < s->n_fix)
+        struct thaw_slot *s = &e->slots[i];
+        if (s->phase != THAW_SLOT_FIXUP || s->n_tokens < s->n_fix)
             continue;
         slot_store(e, s);
         free(s->fix);
         s->fix = NULL;
         s->n_fix = 0;
-        s->phase = PH_IDLE;
-        atomic_fetch_sub(&e->metrics->slots_busy, 1);
+        thaw_slot_set_phase(s, THAW_SLOT_IDLE, e->metrics);
     }
 }
 
@@ -943,14 +763,14 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
     int n_prompt_tokens = 0;
 
     for (int i = 0; i < e->n_slots; i++) {
-        struct slot *s = &e->slots[i];
+        struct thaw_slot *s = &e->slots[i];
         if (s->n_in_batch == 0)
             continue;
-        if (s->phase == PH_GEN) {
+        if (s->phase == THAW_SLOT_GEN) {
             if (s->n_drafts == 0)
                 s->tokens[s->n_tokens++] = s->next_token;
             /* else: slot_verify decides how many of the batch's tokens stay */
-        } else if (s->phase == PH_FIXUP) {
+        } else if (s->phase == THAW_SLOT_FIXUP) {
             memcpy(s->tokens + s->n_tokens, s->fix + s->n_tokens, (size_t)s->n_in_batch * sizeof(llama_token));
             s->n_tokens += s->n_in_batch;
         } else {
@@ -967,12 +787,12 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
     finish_fixups(e);
 
     for (int i = 0; i < e->n_slots; i++) {
-        struct slot *s = &e->slots[i];
+        struct thaw_slot *s = &e->slots[i];
         if (!s->task || s->i_batch < 0)
             continue;
-        if (s->phase == PH_PREFILL) {
+        if (s->phase == THAW_SLOT_PREFILL) {
             s->t_prompt_done_us = thaw_now_us();
-            if (slot_reserve(s, s->n_tokens + s->task->max_tokens + 1) != 0) {
+            if (thaw_slot_reserve(s, s->n_tokens + s->task->max_tokens + 1) != 0) {
                 slot_fail(e, s, 500, "out of memory");
                 continue;
             }
@@ -982,7 +802,7 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
                 thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
                 LOG_WRN("slot %d: could not take a context checkpoint", s->id);
         }
-        if (s->phase == PH_GEN && s->n_drafts > 0) {
+        if (s->phase == THAW_SLOT_GEN && s->n_drafts > 0) {
             slot_verify(e, s);
             continue;
         }
@@ -1005,7 +825,7 @@ static void fail_batch(struct thaw_engine *e, int rc)
     snprintf(msg, sizeof msg, "llama_decode failed (%d)", rc);
     LOG_ERR("%s: failing the requests in this batch", msg);
     for (int i = 0; i < e->n_slots; i++) {
-        struct slot *s = &e->slots[i];
+        struct thaw_slot *s = &e->slots[i];
         if (s->n_in_batch > 0)
             slot_fail(e, s, 500, msg);
     }
@@ -1037,7 +857,7 @@ static void *engine_main(void *arg)
     while (!atomic_load(&e->stop)) {
         /* cancelled requests (client gone) free their slot first */
         for (int i = 0; i < e->n_slots; i++) {
-            struct slot *s = &e->slots[i];
+            struct thaw_slot *s = &e->slots[i];
             if (s->task && !thaw_task_client_alive(s->task)) {
                 LOG_INF("slot %d: client went away, request cancelled", s->id);
                 thaw_task_fail(s->task, 499, "cancelled");
@@ -1062,7 +882,7 @@ static void *engine_main(void *arg)
         after_decode(e, t0, t1);
     }
     for (int i = 0; i < e->n_slots; i++) {
-        struct slot *s = &e->slots[i];
+        struct thaw_slot *s = &e->slots[i];
         if (s->task) {
             thaw_task_fail(s->task, 503, "the server is shutting down");
             slot_release_task(e, s);
@@ -1092,8 +912,8 @@ int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
     /* Start the disk reads now: while the task waits for a slot (or the
      * engine finishes a step), the kernel brings the entry into memory.
      * Harmless when a slot or the RAM tier serves it instead. */
-    if (rc == 0 && e->disk && has_key && thaw_disk_cache_prefetch(e->disk, key) > 0)
-        atomic_fetch_add(&e->metrics->cache_prefetches, 1);
+    if (rc == 0 && has_key)
+        thaw_kvcache_prefetch(e->kv, key);
     return rc;
 }
 
@@ -1124,44 +944,6 @@ static bool load_progress(float p, void *ud)
         t0[1] = quarter + 1;
     }
     return true;
-}
-
-static void disk_log(void *ud, int level, const char *msg)
-{
-    (void)ud;
-    thaw_log((enum thaw_log_level)level, "kv-cache: %s", msg);
-}
-
-static int open_disk_cache(struct thaw_engine *e)
-{
-    struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
-    struct thaw_disk_cache_stats st;
-    int rc;
-
-    p.dir = e->cfg->kv_cache_dir;
-    p.max_bytes = e->cfg->kv_cache_max_mib << 20;
-    p.ttl_s = (int64_t)e->cfg->kv_cache_ttl_s;
-    p.queue_max_bytes = e->cfg->kv_cache_queue_mib << 20;
-    memcpy(p.fingerprint, e->identity, sizeof p.fingerprint);
-    p.log = disk_log;
-    if ((rc = thaw_disk_cache_open(&p, &e->disk)) != 0) {
-        if (rc == THAW_ELOCKED)
-            LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw server (%s/lock is held); give "
-                    "each server its own directory",
-                    p.dir, p.dir);
-        else
-            LOG_ERR("cannot open --kv-cache-dir %s: %s", p.dir, thaw_strerror(rc));
-        return rc;
-    }
-    thaw_disk_cache_evict(e->disk);
-    thaw_disk_cache_get_stats(e->disk, &st);
-    char budget[32] = "none";
-    if (e->cfg->kv_cache_max_mib)
-        snprintf(budget, sizeof budget, "%llu MiB", (unsigned long long)e->cfg->kv_cache_max_mib);
-    LOG_INF("kv-cache: %s: %llu entries, %.1f MiB (budget %s, ttl %llus, min %d tokens)", p.dir,
-            (unsigned long long)st.entries, (double)st.bytes / 1048576.0, budget, (unsigned long long)e->cfg->kv_cache_ttl_s,
-            e->cfg->kv_cache_min_tokens);
-    return 0;
 }
 
 /* Admission's bound (thaw_api_admit): the longest text of any token,
@@ -1277,18 +1059,23 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         rc = THAW_ENOMEM;
         goto error;
     }
-    for (int i = 0; i < e->n_slots; i++) {
-        e->slots[i].id = i;
-        e->slots[i].i_batch = -1;
-    }
+    for (int i = 0; i < e->n_slots; i++)
+        thaw_slot_init(&e->slots[i], i);
     metrics->slots_total = e->n_slots;
     if ((rc = thaw_sched_new(cfg->max_queue, &e->sched)) != 0)
         goto error;
-    thaw_chat_binding(e->fingerprint, e->settings, NULL, e->identity);
-    if (cfg->cache_ram_mib > 0 &&
-        (rc = thaw_ram_cache_new(cfg->cache_ram_mib << 20, (int64_t)cfg->kv_cache_ttl_s, &e->ram)) != 0)
-        goto error;
-    if (cfg->kv_cache_dir && (rc = open_disk_cache(e)) != 0)
+    thaw_keys_binding(e->fingerprint, e->settings, NULL, e->identity);
+    struct thaw_kvcache_params kp = {
+        .ram_bytes = cfg->cache_ram_mib << 20,
+        .disk_dir = cfg->kv_cache_dir,
+        .disk_max_bytes = cfg->kv_cache_max_mib << 20,
+        .disk_queue_bytes = cfg->kv_cache_queue_mib << 20,
+        .ttl_s = (int64_t)cfg->kv_cache_ttl_s,
+        .min_tokens = cfg->kv_cache_min_tokens,
+        .metrics = metrics,
+    };
+    memcpy(kp.identity, e->identity, THAW_KEY_BYTES);
+    if ((rc = thaw_kvcache_open(&kp, &e->kv)) != 0)
         goto error;
     if (cfg->draft_path && cfg->draft_max > 0) {
         if (e->recurrent) {
@@ -1321,10 +1108,9 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
 error:
     if (e->slots)
         for (int i = 0; i < e->n_slots; i++)
-            free(e->slots[i].drafts);
+            thaw_slot_free(&e->slots[i]);
     thaw_draft_free(e->draft);
-    thaw_disk_cache_close(e->disk);
-    thaw_ram_cache_free(e->ram);
+    thaw_kvcache_close(e->kv);
     thaw_sched_free(e->sched);
     if (e->batch.token)
         llama_batch_free(e->batch);
@@ -1359,15 +1145,9 @@ void thaw_engine_free(struct thaw_engine *e)
         return;
     thaw_engine_stop(e);
     thaw_sched_free(e->sched);
-    thaw_disk_cache_close(e->disk); /* writes what is still queued */
-    thaw_ram_cache_free(e->ram);
-    for (int i = 0; i < e->n_slots; i++) {
-        free(e->slots[i].tokens);
-        free(e->slots[i].gen);
-        free(e->slots[i].fix);
-        free(e->slots[i].drafts);
-        thaw_ckpt_clear(&e->slots[i].ckpts);
-    }
+    thaw_kvcache_close(e->kv); /* writes what is still queued */
+    for (int i = 0; i < e->n_slots; i++)
+        thaw_slot_free(&e->slots[i]);
     thaw_draft_free(e->draft);
     free(e->slots);
     llama_batch_free(e->batch);
@@ -1389,31 +1169,12 @@ uint64_t thaw_engine_n_params(const struct thaw_engine *e) { return llama_model_
 void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id[THAW_KEY_BYTES],
                          uint8_t out[THAW_KEY_BYTES])
 {
-    thaw_chat_binding(e->fingerprint, e->settings, namespace_id, out);
+    thaw_keys_binding(e->fingerprint, e->settings, namespace_id, out);
 }
 
 void thaw_engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
 {
     struct thaw_engine *e = ud;
-    struct thaw_disk_cache_stats st;
 
-    if (e->disk) {
-        thaw_disk_cache_get_stats(e->disk, &st);
-#define C(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "counter", h, (double)(v))
-#define G(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "gauge", h, (double)(v))
-        G("entries", "entries in --kv-cache-dir", st.entries);
-        G("bytes", "bytes on disk in --kv-cache-dir", st.bytes);
-        C("stores_total", "entries written", st.stores_ok);
-        C("store_failures_total", "stores that failed (I/O error, disk full)", st.store_failures);
-        C("stores_dropped_total", "stores not queued for disk (writer queue bytes full, too big, shutting down)",
-          st.stores_dropped);
-        G("queue_bytes", "bytes of stores waiting for or being written by the disk writer", st.queue_bytes);
-        C("evictions_enospc_total", "entries evicted to make room when the disk was full", st.evictions_enospc);
-        C("evictions_ttl_total", "entries evicted by --kv-cache-ttl", st.evictions_ttl);
-        C("evictions_lru_total", "entries evicted by --kv-cache-max", st.evictions_lru);
-        C("corrupt_removed_total", "entries removed because they failed verification", st.corrupt_removed);
-#undef C
-#undef G
-    }
-    /* the RAM tier belongs to the engine thread: its gauges are not read here */
+    thaw_kvcache_metrics(e->kv, buf, cap, len);
 }

@@ -10,6 +10,7 @@
 
 #include "chat.h"
 #include "config.h"
+#include "keys.h"
 #include "metrics.h"
 #include "task.h"
 
@@ -47,7 +48,7 @@ int thaw_engine_n_ctx_train(const struct thaw_engine *e);
 uint64_t thaw_engine_n_params(const struct thaw_engine *e);
 
 /* The key binding for a tenant namespace (model fingerprint + context
- * settings + namespace), see thaw_chat_binding. */
+ * settings + namespace), see thaw_keys_binding. */
 void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id[THAW_KEY_BYTES],
                          uint8_t out[THAW_KEY_BYTES]);
 

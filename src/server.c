@@ -13,6 +13,7 @@
 #include "engine.h"
 #include "error.h"
 #include "http.h"
+#include "keys.h"
 #include "log.h"
 #include "metrics.h"
 #include "template.h"
@@ -32,7 +33,7 @@ struct server {
     struct thaw_engine *engine;
     struct thaw_http *http;
     long started;
-    uint8_t key_ns[THAW_MAX_API_KEYS][THAW_KEY_BYTES]; /* thaw_chat_namespace of each --api-key */
+    uint8_t key_ns[THAW_MAX_API_KEYS][THAW_KEY_BYTES]; /* thaw_keys_namespace of each --api-key */
     uint8_t anon_ns[THAW_KEY_BYTES];                   /* the namespace without keys */
 };
 
@@ -67,7 +68,7 @@ static int authenticate(const struct server *srv, const char *header, uint8_t ns
     }
     if (!header || strncmp(header, "Bearer ", 7) != 0 || !header[7])
         return -1;
-    thaw_chat_namespace(header + 7, strlen(header + 7), h);
+    thaw_keys_namespace(header + 7, strlen(header + 7), h);
     for (int i = 0; i < srv->cfg.n_api_keys; i++)
         if (sodium_memcmp(h, srv->key_ns[i], THAW_KEY_BYTES) == 0)
             found = i;
@@ -350,11 +351,11 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
     t->max_tokens = t->req.max_tokens > 0 ? t->req.max_tokens : t->req.max_tokens == 0 ? 1 : srv->cfg.n_predict;
     memcpy(t->ns, ns, THAW_KEY_BYTES);
     thaw_engine_binding(srv->engine, ns, t->binding);
-    thaw_chat_bind_request(t->binding, &t->req, t->binding);
-    long last_asst = thaw_chat_last_assistant(t->req.messages, t->req.n_messages);
+    thaw_keys_bind_request(t->binding, &t->req, t->binding);
+    long last_asst = thaw_keys_last_assistant(t->req.messages, t->req.n_messages);
     if (last_asst >= 0) {
         t->has_lookup_key = true;
-        thaw_chat_key(t->binding, t->req.messages, (size_t)last_asst + 1, NULL, t->lookup_key);
+        thaw_keys_conversation(t->binding, t->req.messages, (size_t)last_asst + 1, NULL, t->lookup_key);
     }
     /* before submit: the engine may finish (and wake) at once */
     thaw_http_conn_ref(hr->conn);
@@ -656,9 +657,9 @@ int thaw_serve_main(int argc, char **argv)
         LOG_ERR("libsodium failed to initialise");
         goto out;
     }
-    thaw_chat_namespace(NULL, 0, srv->anon_ns);
+    thaw_keys_namespace(NULL, 0, srv->anon_ns);
     for (int i = 0; i < srv->cfg.n_api_keys; i++)
-        thaw_chat_namespace(srv->cfg.api_keys[i], strlen(srv->cfg.api_keys[i]), srv->key_ns[i]);
+        thaw_keys_namespace(srv->cfg.api_keys[i], strlen(srv->cfg.api_keys[i]), srv->key_ns[i]);
     fit_connection_limit(&srv->cfg);
     /* Signals are taken synchronously by this thread alone (sigwait below);
      * every thread started from here on inherits the blocked mask. */

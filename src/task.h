@@ -12,6 +12,7 @@
 
 #include "api.h"
 #include "chat.h"
+#include "keys.h"
 
 #include <llama.h>
 #include <pthread.h>
@@ -50,7 +51,7 @@ struct thaw_task {
     /* ---- the client: set by the route before submit, NULL-safe ---- */
     const struct thaw_task_client *client;
     void *client_ud;               /* released by client->release with the task */
-    uint8_t ns[THAW_KEY_BYTES];    /* the tenant's namespace (thaw_chat_namespace) */
+    uint8_t ns[THAW_KEY_BYTES];    /* the tenant's namespace (thaw_keys_namespace) */
 };
 
 /* How the engine reaches the client without knowing HTTP. */

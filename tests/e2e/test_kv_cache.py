@@ -96,6 +96,41 @@ def test_resident_order_needs_no_disk(serve, tmp_path):
     assert all(r["timings"]["cache_source"] == "slot" for r in r2.values())
 
 
+def test_turn_2_right_after_its_reply_finds_a_store_still_queued(serve, tmp_path):
+    # --cache-ram 0: the disk tier alone, on a slow disk (every fsync takes
+    # 400 ms, as a busy server's writer falls behind). A short request takes
+    # the only slot between each turn 1 and its turn 2, which follows at
+    # once: the turn-1 store still waits in the writer's queue (or is
+    # mid-write), and the lookup must find it there rather than miss until
+    # the write lands.
+    convs = [conversation(i, 900) for i in range(3)]
+    env = dict(os.environ, THAW_TEST_DISK_FSYNC_DELAY_MS="400")
+    s = serve("llama", "-np", "1", "-c", "8192", *kv_flags(tmp_path), env=env)
+    r2 = []
+    for i, c in enumerate(convs):
+        r1 = chat(s, c)
+        chat(s, [{"role": "user", "content": f"hi {i}"}], max_tokens=1)  # too short to store
+        r2.append(chat(s, turn2(c, r1, i)))
+    assert all(r["timings"]["cache_source"] == "disk" for r in r2), [r["timings"] for r in r2]
+    assert ratio(r2) >= 0.95
+    s.stop()
+
+
+def test_repeated_prompt_right_after_a_streamed_reply_lands_on_the_warm_slot(serve):
+    # -np 2: the slot holding the prompt may still be finishing post-reply
+    # work (re-decoding the reply's canonical form, storing) when the
+    # client, which already has [DONE], sends the same prompt again. It
+    # must wait for that slot (milliseconds), not prefill on the cold one.
+    s = serve("llama", "-np", "2", "-c", "8192", "--kv-cache-min-tokens", "16")
+    for i in range(8):
+        conv = conversation(i, 300)  # a new one each time: only the template's opening is shared
+        s.chat_stream(conv, max_tokens=24)
+        r = chat(s, conv, 8)
+        # the cold slot shares only the template's opening tokens
+        assert r["timings"]["cache_n"] >= 0.9 * r["usage"]["prompt_tokens"], (i, r["timings"])
+    s.stop()
+
+
 def test_restart_between_turns(serve, tmp_path):
     s, _, r2 = seed_workload(serve, "llama", kv_flags(tmp_path), restart=True)
     assert ratio(r2.values()) >= 0.98

@@ -52,7 +52,7 @@ static void encode(const struct thaw_disk_idx *idx, uint8_t *b, size_t n)
         put_u64(b + 96 + 16 * p + 8, idx->xxh3[p]);
     }
     put_u32(b + 12, flags);
-    memcpy(b + 16, idx->key, THAW_DISK_KEY_SIZE);
+    memcpy(b + 16, idx->key, THAW_KEY_BYTES);
     memcpy(b + 48, idx->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
     put_u32(b + 80, idx->n_tokens);
     put_u32(b + 84, idx->n_meta);

@@ -226,10 +226,10 @@ struct idx_seed {
 static int store_one(const char *dir, const struct idx_seed *s, int version)
 {
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
-    struct thaw_disk_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+    struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
     struct thaw_disk_cache *c = NULL;
-    uint8_t key[THAW_DISK_KEY_SIZE], *meta = NULL, *rec = NULL;
-    char hex[2 * THAW_DISK_KEY_SIZE + 1], path[PATH_MAX];
+    uint8_t key[THAW_KEY_BYTES], *meta = NULL, *rec = NULL;
+    char hex[2 * THAW_KEY_BYTES + 1], path[PATH_MAX];
     size_t n_rec = 0;
     int rc;
 

@@ -42,8 +42,8 @@ struct fx {
     char out[64];      /* file the command's stdout goes to */
     char err[64];      /* and its stderr */
     char text[16384];  /* stdout then stderr of the last run */
-    uint8_t key[4][THAW_DISK_KEY_SIZE];
-    char hex[4][2 * THAW_DISK_KEY_SIZE + 1];
+    uint8_t key[4][THAW_KEY_BYTES];
+    char hex[4][2 * THAW_KEY_BYTES + 1];
 };
 
 static void rm_rf(const char *path)
@@ -127,14 +127,14 @@ static int setup(void **state)
     if (thaw_disk_cache_open(&p, &c))
         return -1;
     for (int i = 0; i < 4; i++) {
-        struct thaw_disk_blob b[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+        struct thaw_part_blob b[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
         uint8_t *kv = thaw_blob_alloc(6000);
 
         if (!kv)
             return -1;
-        for (int j = 0; j < THAW_DISK_KEY_SIZE; j++)
+        for (int j = 0; j < THAW_KEY_BYTES; j++)
             f->key[i][j] = (uint8_t)(0x10 * (i + 1) + j);
-        thaw_hex(f->key[i], THAW_DISK_KEY_SIZE, f->hex[i]);
+        thaw_hex(f->key[i], THAW_KEY_BYTES, f->hex[i]);
         for (int j = 0; j < 6000; j++)
             kv[j] = (uint8_t)(j * 7 + i);
         b[THAW_PART_KV].data = kv;

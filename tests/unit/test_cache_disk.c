@@ -207,9 +207,9 @@ static int teardown(void **state)
     return 0;
 }
 
-static void key_make(uint8_t key[THAW_DISK_KEY_SIZE], unsigned n)
+static void key_make(uint8_t key[THAW_KEY_BYTES], unsigned n)
 {
-    for (int i = 0; i < THAW_DISK_KEY_SIZE; i++)
+    for (int i = 0; i < THAW_KEY_BYTES; i++)
         key[i] = (uint8_t)(n * 131u + (unsigned)i * 7u + (n >> 8));
 }
 
@@ -246,7 +246,7 @@ static void data_make(struct data *d, unsigned seed, size_t kv, size_t ckpt, siz
     d->n_tokens = 1000 + seed;
 }
 
-static void data_blobs(const struct data *d, struct thaw_disk_blob b[THAW_PART_COUNT])
+static void data_blobs(const struct data *d, struct thaw_part_blob b[THAW_PART_COUNT])
 {
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         b[p].data = d->buf[p];
@@ -262,7 +262,7 @@ static void data_free(struct data *d)
 
 static int store_data(struct thaw_disk_cache *c, const uint8_t *key, const struct data *d)
 {
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
 
     data_blobs(d, b);
     return thaw_disk_cache_store(c, key, d->n_tokens, b, d->meta, d->n_meta);
@@ -275,7 +275,7 @@ static int entry_matches(const struct thaw_disk_entry *e, const struct data *d, 
     const void *m;
 
     for (int p = 0; p < THAW_PART_COUNT; p++) {
-        const void *b = thaw_disk_entry_part(e, (enum thaw_disk_part)p, &n);
+        const void *b = thaw_disk_entry_part(e, (enum thaw_part)p, &n);
         size_t want = (p == THAW_PART_DFT && !want_dft) ? 0 : d->size[p];
 
         if (n != want || (want && (!b || memcmp(b, d->buf[p], want) != 0)) || (!want && b))
@@ -289,9 +289,9 @@ static int entry_matches(const struct thaw_disk_entry *e, const struct data *d, 
 
 static void file_path(const struct fx *f, const uint8_t *key, const char *ext, char *out)
 {
-    char hex[2 * THAW_DISK_KEY_SIZE + 1];
+    char hex[2 * THAW_KEY_BYTES + 1];
 
-    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    thaw_hex(key, THAW_KEY_BYTES, hex);
     snprintf(out, PATH_MAX, "%s/%s%s", f->dir, hex, ext);
 }
 
@@ -307,13 +307,13 @@ static int file_exists(const struct fx *f, const uint8_t *key, const char *ext)
 /* Files in dir whose name starts with key's hex. */
 static int key_files(const struct fx *f, const uint8_t *key)
 {
-    char hex[2 * THAW_DISK_KEY_SIZE + 1];
+    char hex[2 * THAW_KEY_BYTES + 1];
     DIR *d = opendir(f->dir);
     struct dirent *de;
     int n = 0;
 
     assert_non_null(d);
-    thaw_hex(key, THAW_DISK_KEY_SIZE, hex);
+    thaw_hex(key, THAW_KEY_BYTES, hex);
     while ((de = readdir(d)))
         if (!strncmp(de->d_name, hex, strlen(hex)))
             n++;
@@ -392,7 +392,7 @@ static void test_round_trip(void **state)
     struct data d, d2;
     struct thaw_disk_entry *e = NULL;
     struct thaw_disk_cache_stats s;
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
 
     key_make(k, 1);
     key_make(k2, 2);
@@ -511,7 +511,7 @@ static void test_bad_arguments(void **state)
     struct thaw_disk_cache *c = NULL;
     uint8_t k[32];
     struct data d;
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
     struct thaw_disk_entry *e;
 
     key_make(k, 3);
@@ -1078,7 +1078,7 @@ static void test_enospc_evicts_lru(void **state)
     struct fx *f = *state;
     struct thaw_disk_cache_params p = fx_params(f);
     struct thaw_vfs_fault *ft;
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
     struct thaw_disk_entry *e;
     struct thaw_disk_cache_stats st;
     uint8_t k[5][32];
@@ -1355,7 +1355,7 @@ static void test_writer_submit_flush(void **state)
     assert_int_equal(p.queue_max_bytes, 1u << 30); /* the default */
     fx_open_p(f, &p);
     for (unsigned i = 0; i < 8; i++) {
-        struct thaw_disk_blob b[THAW_PART_COUNT];
+        struct thaw_part_blob b[THAW_PART_COUNT];
         struct data copy;
 
         key_make(k[i], 110 + i);
@@ -1377,7 +1377,7 @@ static void test_writer_submit_flush(void **state)
     }
     /* close() drains what is still queued. */
     for (unsigned i = 0; i < 4; i++) {
-        struct thaw_disk_blob b[THAW_PART_COUNT];
+        struct thaw_part_blob b[THAW_PART_COUNT];
         struct data copy;
 
         data_make(&copy, 200 + i, 3000, 0, 0);
@@ -1424,6 +1424,78 @@ static int gate_open(const struct thaw_vfs *v, const char *path, int flags, mode
     return thaw_vfs_default()->open(thaw_vfs_default(), path, flags, mode);
 }
 
+/* A store the writer still holds (being written, or waiting) is served
+ * from its own blobs by thaw_disk_cache_pending: a turn sent right after
+ * its reply must not miss it. Once written, only the index has it. */
+static void test_writer_pending_serves_queued_stores(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    static struct gate g; /* outlives a failed test: teardown still closes */
+    struct data d[2], want[2];
+    uint8_t k[4][32];
+    struct thaw_part_blob b[THAW_PART_COUNT], got[2][THAW_PART_COUNT], none[THAW_PART_COUNT];
+    int r[3];
+
+    g.vfs = *thaw_vfs_default();
+    g.vfs.open = gate_open;
+    g.reads = 0;
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    g.closed = 1;
+    g.waiting = 0;
+    p.vfs = &g.vfs;
+    fx_open_p(f, &p);
+    for (unsigned i = 0; i < 4; i++)
+        key_make(k[i], 140 + i);
+    for (unsigned i = 0; i < 2; i++) {
+        data_make(&d[i], 140 + i, 4000 + i, i == 1 ? 300 : 0, 0);
+        data_make(&want[i], 140 + i, 4000 + i, i == 1 ? 300 : 0, 0);
+    }
+    /* k0: taken by the writer, which blocks at the gate; k1: waiting */
+    data_blobs(&d[0], b);
+    assert_int_equal(thaw_disk_cache_submit(f->c, k[0], 1, b, NULL, 0), 0);
+    pthread_mutex_lock(&g.mu);
+    while (g.waiting == 0)
+        pthread_cond_wait(&g.cv, &g.mu);
+    pthread_mutex_unlock(&g.mu);
+    data_blobs(&d[1], b);
+    assert_int_equal(thaw_disk_cache_submit(f->c, k[1], 1, b, NULL, 0), 0);
+    r[0] = thaw_disk_cache_pending(f->c, k[0], got[0]);
+    r[1] = thaw_disk_cache_pending(f->c, k[1], got[1]);
+    r[2] = thaw_disk_cache_pending(f->c, k[3], none); /* never submitted */
+    /* Open the gate before asserting, so that a failure cannot hang close. */
+    pthread_mutex_lock(&g.mu);
+    g.closed = 0;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    thaw_disk_cache_flush(f->c); /* the writer drops its references: ours keep the bytes */
+    assert_int_equal(r[0], 0);
+    assert_int_equal(r[1], 0);
+    assert_int_equal(r[2], THAW_ENOTFOUND);
+    for (int i = 0; i < 2; i++)
+        for (int q = 0; q < THAW_PART_COUNT; q++) {
+            assert_int_equal(got[i][q].size, want[i].size[q]);
+            if (want[i].size[q])
+                assert_memory_equal(got[i][q].data, want[i].buf[q], want[i].size[q]);
+            else
+                assert_null(got[i][q].data);
+            thaw_blob_unref(got[i][q].data);
+        }
+    for (int q = 0; q < THAW_PART_COUNT; q++)
+        assert_null(none[q].data);
+    /* written: the index serves it, the queue no longer does */
+    assert_int_equal(thaw_disk_cache_contains(f->c, k[0]), 1);
+    assert_int_equal(thaw_disk_cache_pending(f->c, k[0], got[0]), THAW_ENOTFOUND);
+    assert_int_equal(thaw_disk_cache_pending(f->c, k[1], got[1]), THAW_ENOTFOUND);
+    assert_int_equal(thaw_disk_cache_pending(NULL, k[0], got[0]), THAW_EINVAL);
+    fx_close(f);
+    pthread_cond_destroy(&g.cv);
+    pthread_mutex_destroy(&g.mu);
+    for (int i = 0; i < 2; i++)
+        data_free(&want[i]); /* d's blobs went to the writer */
+}
+
 static void test_writer_queue_full(void **state)
 {
     struct fx *f = *state;
@@ -1431,7 +1503,7 @@ static void test_writer_queue_full(void **state)
     static struct gate g; /* outlives a failed test: teardown still closes */
     struct data d[4];
     uint8_t k[4][32];
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
     struct thaw_disk_entry *e;
     struct thaw_disk_cache_stats held;
     int r, n_reads;
@@ -1547,7 +1619,7 @@ static void gate_wait_writer(struct gate *g)
  * handed over either way. */
 static int submit_new(struct fx *f, unsigned n, size_t kv)
 {
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
     uint8_t k[32];
     struct data d;
     int r;
@@ -1874,7 +1946,7 @@ static void test_readonly_changes_nothing(void **state)
     struct thaw_disk_cache_params p = fx_params(f);
     struct thaw_disk_entry *e;
     struct thaw_disk_cache_stats st;
-    struct thaw_disk_blob b[THAW_PART_COUNT];
+    struct thaw_part_blob b[THAW_PART_COUNT];
     struct snap before, after;
     char path[PATH_MAX];
     uint8_t k[9][32];
@@ -2197,6 +2269,7 @@ int main(void)
         T(test_lru),
         T(test_writer_submit_flush),
         T(test_writer_queue_full),
+        T(test_writer_pending_serves_queued_stores),
         T(test_writer_queue_bytes),
         T(test_permissions),
         T(test_startup_sweep),

@@ -1,5 +1,4 @@
-/* test_chat.c — conversation keys and tenant namespaces (the parts of
- * chat.c that need no model). */
+/* test_keys.c — conversation keys, bindings and tenant namespaces. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,18 +7,18 @@
 #include <sodium.h>
 #include <string.h>
 
-#include "chat.h"
+#include "keys.h"
 
 static void test_namespace_is_the_key_not_its_position(void **state)
 {
     uint8_t a[THAW_KEY_BYTES], a2[THAW_KEY_BYTES], b[THAW_KEY_BYTES], anon[THAW_KEY_BYTES], empty[THAW_KEY_BYTES];
 
     (void)state;
-    thaw_chat_namespace("alpha", 5, a);
-    thaw_chat_namespace("alpha-and-more", 5, a2); /* only `len` bytes count */
-    thaw_chat_namespace("beta", 4, b);
-    thaw_chat_namespace(NULL, 0, anon);
-    thaw_chat_namespace("", 0, empty);
+    thaw_keys_namespace("alpha", 5, a);
+    thaw_keys_namespace("alpha-and-more", 5, a2); /* only `len` bytes count */
+    thaw_keys_namespace("beta", 4, b);
+    thaw_keys_namespace(NULL, 0, anon);
+    thaw_keys_namespace("", 0, empty);
     assert_memory_equal(a, a2, THAW_KEY_BYTES);
     assert_memory_not_equal(a, b, THAW_KEY_BYTES);
     assert_memory_not_equal(a, anon, THAW_KEY_BYTES);
@@ -37,15 +36,15 @@ static void test_binding_separates_tenants_and_identity(void **state)
     struct thaw_message m[] = {{(char *)"user", (char *)"hi", (char *)"{\"content\":\"hi\",\"role\":\"user\"}"}};
 
     (void)state;
-    thaw_chat_namespace("alpha", 5, nsa);
-    thaw_chat_namespace("beta", 4, nsb);
-    thaw_chat_binding(fp, "s", nsa, ba);
-    thaw_chat_binding(fp, "s", nsb, bb);
-    thaw_chat_binding(fp, "s", NULL, id);
+    thaw_keys_namespace("alpha", 5, nsa);
+    thaw_keys_namespace("beta", 4, nsb);
+    thaw_keys_binding(fp, "s", nsa, ba);
+    thaw_keys_binding(fp, "s", nsb, bb);
+    thaw_keys_binding(fp, "s", NULL, id);
     assert_memory_not_equal(ba, bb, THAW_KEY_BYTES);
     assert_memory_not_equal(ba, id, THAW_KEY_BYTES);
-    thaw_chat_key(ba, m, 1, "{}", ka);
-    thaw_chat_key(bb, m, 1, "{}", kb);
+    thaw_keys_conversation(ba, m, 1, "{}", ka);
+    thaw_keys_conversation(bb, m, 1, "{}", kb);
     assert_memory_not_equal(ka, kb, THAW_KEY_BYTES);
 }
 
@@ -61,10 +60,10 @@ static void test_request_binding_covers_tools_and_kwargs(void **state)
     r2.tools_json = (char *)"[{\"function\":{\"name\":\"b\"},\"type\":\"function\"}]";
     r3.tools_json = r1.tools_json;
     r3.template_kwargs = (char *)"{\"enable_thinking\":false}";
-    thaw_chat_bind_request(b, &r1, b1);
-    thaw_chat_bind_request(b, &r2, b2);
-    thaw_chat_bind_request(b, &r3, b3);
-    thaw_chat_bind_request(b, &r1, b4);
+    thaw_keys_bind_request(b, &r1, b1);
+    thaw_keys_bind_request(b, &r2, b2);
+    thaw_keys_bind_request(b, &r3, b3);
+    thaw_keys_bind_request(b, &r1, b4);
     assert_memory_not_equal(b1, b2, THAW_KEY_BYTES);
     assert_memory_not_equal(b1, b3, THAW_KEY_BYTES);
     assert_memory_equal(b1, b4, THAW_KEY_BYTES);

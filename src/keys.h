@@ -1,0 +1,60 @@
+/* keys.h — what names a cached conversation: tenant namespaces, bindings
+ * and conversation keys (DESIGN §2 "Keying", §5).
+ *
+ * The lookup key hashes the conversation truncated at its last assistant
+ * message; the store key hashes the conversation plus the reply as the
+ * client will echo it. Both are BLAKE2b-256 over a domain tag, a binding
+ * (model fingerprint + state-shaping context settings + tenant namespace +
+ * the request's tools and template kwargs, which also change the rendered
+ * prompt) and each message's normalised JSON (api.h), so no two different
+ * conversations, models, tenants or tool lists share a key short of a
+ * BLAKE2b collision.
+ *
+ * Every key, binding, namespace and fingerprint in thaw is THAW_KEY_BYTES;
+ * both cache tiers index by such keys. Pure functions: any thread (after
+ * sodium_init()).
+ */
+#ifndef THAW_KEYS_H
+#define THAW_KEYS_H
+
+#include "api.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define THAW_KEY_BYTES 32
+
+/* Index of the last assistant message, or -1 (no lookup key then). */
+long thaw_keys_last_assistant(const struct thaw_message *msgs, size_t n);
+
+/* key = BLAKE2b-256("thaw.kv.v2" || binding || msgs[i].json ... ||
+ * [extra_json]). `binding` is from thaw_keys_binding (+
+ * thaw_keys_bind_request); `extra_json` is a normalised assistant message or
+ * NULL. */
+void thaw_keys_conversation(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
+                            const char *extra_json, uint8_t out[THAW_KEY_BYTES]);
+
+/* binding = BLAKE2b-256(fingerprint || settings string || namespace), where
+ * the namespace is thaw_keys_namespace() of the request's API key (set by the
+ * server, never by a client). NULL namespace: the model's identity, which is
+ * no tenant's (written into every .idx). */
+void thaw_keys_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings,
+                       const uint8_t namespace_id[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES]);
+
+/* Mixes what else shapes the rendered prompt into a binding: the request's
+ * tools and chat_template_kwargs. Two agents with the same messages but
+ * other tools never share a key. `out` may alias `binding`. */
+void thaw_keys_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
+                            uint8_t out[THAW_KEY_BYTES]);
+
+/* A tenant's namespace: BLAKE2b-256 keyed with a fixed domain tag over the
+ * API key itself (NULL or "" = the anonymous namespace of a server without
+ * keys). Stable across restarts and key reordering, gone with the key, and
+ * one-way: the namespace reveals nothing of the key. */
+void thaw_keys_namespace(const char *api_key, size_t len, uint8_t out[THAW_KEY_BYTES]);
+
+/* A key's first 8 bytes in lowercase hex, NUL-terminated: how logs name a
+ * conversation (enough to tell entries apart, never the whole key). */
+void thaw_keys_short(const uint8_t key[THAW_KEY_BYTES], char out[17]);
+
+#endif

@@ -1,0 +1,365 @@
+/* kvcache.c — tier policy over cache_ram.c and cache_disk.c (kvcache.h).
+ *
+ * Map:
+ *   ---- open / close ----  the tiers, the start-up line
+ *   ---- lookup ----        RAM, the disk writer's queue, then disk with the .kv
+ *                           verified alongside
+ *   ---- store ----         fan-out, what RAM keeps
+ *   ---- metrics ----       prefetch, the disk tier's gauges
+ */
+#include "kvcache.h"
+
+#include "cache_disk.h"
+#include "cache_ram.h"
+#include "error.h"
+#include "log.h"
+#include "task.h" /* thaw_now_us */
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct thaw_kvcache {
+    struct thaw_disk_cache *disk; /* NULL = disk tier off */
+    struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
+    struct thaw_metrics *metrics;
+};
+
+static int64_t wall_s(void)
+{
+    return (int64_t)time(NULL);
+}
+
+/* The RAM tier is engine-thread only; /metrics reads these copies. */
+static void ram_gauges(struct thaw_kvcache *c)
+{
+    if (!c->ram)
+        return;
+    atomic_store(&c->metrics->ram_bytes, thaw_ram_cache_bytes(c->ram));
+    atomic_store(&c->metrics->ram_entries, thaw_ram_cache_count(c->ram));
+}
+
+/* ---- open / close
+ * ---------------------------------------------------------------- */
+
+static void disk_log(void *ud, int level, const char *msg)
+{
+    (void)ud;
+    thaw_log((enum thaw_log_level)level, "kv-cache: %s", msg);
+}
+
+/* Fault injection for the end-to-end tests (STYLE 8): with
+ * THAW_TEST_DISK_FSYNC_DELAY_MS set, every fsync of the disk tier first
+ * sleeps that long, a slow disk on demand (the writer falls behind the
+ * replies). Unset, the default table is used as is. */
+static struct thaw_vfs slow_vfs;
+static long slow_fsync_ms;
+
+static int slow_fsync(const struct thaw_vfs *v, int fd)
+{
+    struct timespec ts = {slow_fsync_ms / 1000, (slow_fsync_ms % 1000) * 1000000L};
+
+    (void)v;
+    nanosleep(&ts, NULL);
+    return thaw_vfs_default()->fsync(thaw_vfs_default(), fd);
+}
+
+static const struct thaw_vfs *disk_vfs(void)
+{
+    const char *ms = getenv("THAW_TEST_DISK_FSYNC_DELAY_MS");
+
+    if (!ms || atol(ms) <= 0)
+        return NULL;
+    slow_fsync_ms = atol(ms);
+    slow_vfs = *thaw_vfs_default();
+    slow_vfs.fsync = slow_fsync;
+    LOG_WRN("kv-cache: THAW_TEST_DISK_FSYNC_DELAY_MS: every fsync sleeps %ld ms first (a test setting)", slow_fsync_ms);
+    return &slow_vfs;
+}
+
+static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *kp)
+{
+    struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
+    struct thaw_disk_cache_stats st;
+    int rc;
+
+    p.dir = kp->disk_dir;
+    p.max_bytes = kp->disk_max_bytes;
+    p.ttl_s = kp->ttl_s;
+    p.queue_max_bytes = kp->disk_queue_bytes;
+    memcpy(p.fingerprint, kp->identity, sizeof p.fingerprint);
+    p.log = disk_log;
+    p.vfs = disk_vfs();
+    if ((rc = thaw_disk_cache_open(&p, &c->disk)) != 0) {
+        if (rc == THAW_ELOCKED)
+            LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw "
+                    "server (%s/lock is held); give "
+                    "each server its own directory",
+                    p.dir, p.dir);
+        else
+            LOG_ERR("cannot open --kv-cache-dir %s: %s", p.dir, thaw_strerror(rc));
+        return rc;
+    }
+    thaw_disk_cache_evict(c->disk);
+    thaw_disk_cache_get_stats(c->disk, &st);
+    char budget[32] = "none";
+    if (kp->disk_max_bytes)
+        snprintf(budget, sizeof budget, "%llu MiB", (unsigned long long)(kp->disk_max_bytes >> 20));
+    LOG_INF("kv-cache: %s: %llu entries, %.1f MiB (budget %s, ttl %llus, min %d "
+            "tokens)",
+            p.dir, (unsigned long long)st.entries, (double)st.bytes / 1048576.0, budget, (unsigned long long)kp->ttl_s,
+            kp->min_tokens);
+    return 0;
+}
+
+int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache **out)
+{
+    struct thaw_kvcache *c = calloc(1, sizeof *c);
+    int rc;
+
+    if (!c)
+        return THAW_ENOMEM;
+    c->metrics = p->metrics;
+    if (p->ram_bytes > 0 && (rc = thaw_ram_cache_new(p->ram_bytes, p->ttl_s, &c->ram)) != 0)
+        goto fail;
+    if (p->disk_dir && (rc = open_disk(c, p)) != 0)
+        goto fail;
+    *out = c;
+    return 0;
+fail:
+    thaw_ram_cache_free(c->ram);
+    free(c);
+    return rc;
+}
+
+void thaw_kvcache_close(struct thaw_kvcache *c)
+{
+    if (!c)
+        return;
+    thaw_disk_cache_close(c->disk); /* writes what is still queued */
+    thaw_ram_cache_free(c->ram);
+    free(c);
+}
+
+bool thaw_kvcache_enabled(const struct thaw_kvcache *c)
+{
+    return c && (c->disk || c->ram);
+}
+
+/* ---- lookup
+ * ------------------------------------------------------------------------ */
+
+struct verify_job {
+    struct thaw_disk_cache *disk;
+    struct thaw_disk_entry *entry;
+    int rc;
+};
+
+static void *verify_main(void *arg)
+{
+    struct verify_job *j = arg;
+
+    j->rc = thaw_disk_entry_verify(j->disk, j->entry);
+    return NULL;
+}
+
+/* A disk hit: install while the .kv checksum runs on the other core; a
+ * mismatch undoes the install before any decode. Returns as lookup_disk. */
+static int install_disk(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_entry *de,
+                        const struct thaw_kvcache_sink *sink)
+{
+    struct thaw_part_blob parts[THAW_PART_COUNT];
+    struct verify_job job = {c->disk, de, 0};
+    pthread_t th;
+    char hex[17];
+    int got;
+
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_part)p, &parts[p].size);
+    if (pthread_create(&th, NULL, verify_main, &job) == 0) {
+        got = sink->install(sink->ud, parts);
+        pthread_join(th, NULL);
+    } else {
+        verify_main(&job); /* no thread: check first, then install */
+        got = job.rc == 0 ? sink->install(sink->ud, parts) : job.rc;
+    }
+    if (got >= 0 && job.rc != 0) {
+        sink->undo(sink->ud);
+        got = job.rc;
+    }
+    thaw_disk_entry_release(de);
+    thaw_keys_short(key, hex);
+    if (job.rc != 0) {
+        LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by "
+                "prefill",
+                sink->slot_id, hex);
+        return 0;
+    }
+    if (got < 0) {
+        LOG_WRN("slot %d: disk entry %s unusable (%s): removed, serving by prefill", sink->slot_id, hex,
+                thaw_strerror(got));
+        thaw_disk_cache_remove(c->disk, key);
+        return 0;
+    }
+    return got;
+}
+
+int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int n_past,
+                        const struct thaw_kvcache_sink *sink, const char **source, double *restore_ms)
+{
+    const char *from = NULL;
+    char hex[17];
+    int64_t t0 = thaw_now_us();
+    int got = n_past;
+
+    thaw_keys_short(key, hex);
+    if (c->ram) {
+        if (thaw_ram_cache_evict(c->ram, wall_s()) > 0)
+            ram_gauges(c);
+        const struct thaw_ram_entry *re = thaw_ram_cache_get(c->ram, key, wall_s());
+        if (re) {
+            got = sink->install(sink->ud, re->parts);
+            if (got < 0) {
+                LOG_WRN("slot %d: RAM entry %s unusable (%s): dropped", sink->slot_id, hex, thaw_strerror(got));
+                thaw_ram_cache_remove(c->ram, key);
+                ram_gauges(c);
+                got = 0;
+            }
+            from = "ram";
+            goto out;
+        }
+    }
+    if (c->disk) {
+        struct thaw_disk_entry *de = NULL;
+        struct thaw_part_blob pend[THAW_PART_COUNT];
+        thaw_disk_cache_evict(c->disk);
+        /* A store still in the writer's queue: the turn that follows its
+         * reply at once would miss the files, which are not written yet.
+         * Checked before the index: a job leaves the queue only once its
+         * entry is committed. */
+        if (thaw_disk_cache_pending(c->disk, key, pend) == 0) {
+            got = sink->install(sink->ud, pend);
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                thaw_blob_unref(pend[p].data);
+            if (got < 0) {
+                LOG_WRN("slot %d: queued store %s unusable (%s): serving by prefill", sink->slot_id, hex,
+                        thaw_strerror(got));
+                got = 0;
+            } else {
+                LOG_DBG("slot %d: %s found in the disk writer's queue", sink->slot_id, hex);
+            }
+            from = "disk";
+            goto out;
+        }
+        int64_t t_lookup = thaw_now_us();
+        int rc = thaw_disk_cache_lookup_ex(c->disk, key, THAW_DISK_LOOKUP_DEFER_KV, &de);
+        LOG_DBG("slot %d: disk lookup %.2f ms (eviction %.2f ms)", sink->slot_id,
+                (double)(thaw_now_us() - t_lookup) / 1000.0, (double)(t_lookup - t0) / 1000.0);
+        if (rc == 0) {
+            got = install_disk(c, key, de, sink);
+            from = "disk";
+            goto out;
+        }
+        if (rc == THAW_ECORRUPT)
+            LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by "
+                    "prefill",
+                    sink->slot_id, hex);
+    }
+out:
+    if (from && got > n_past) {
+        atomic_fetch_add(from[0] == 'r' ? &c->metrics->cache_hits_ram : &c->metrics->cache_hits_disk, 1);
+        *source = from;
+        *restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
+        atomic_fetch_add(&c->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
+    } else {
+        atomic_fetch_add(&c->metrics->cache_misses, 1);
+    }
+    return got;
+}
+
+/* ---- store
+ * ------------------------------------------------------------------------- */
+
+const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES], int n_tokens,
+                               struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes)
+{
+    const char *where = c->disk && c->ram ? "ram+disk" : c->disk ? "disk" : c->ram ? "ram" : "none";
+    char hex[17];
+    int rc;
+
+    thaw_keys_short(key, hex);
+    if (c->disk) {
+        /* with both tiers, both hold a reference to the same bytes */
+        struct thaw_part_blob w[THAW_PART_COUNT];
+        for (int p = 0; p < THAW_PART_COUNT; p++) {
+            w[p] = parts[p];
+            if (c->ram && parts[p].data)
+                thaw_blob_ref(parts[p].data);
+        }
+        rc = thaw_disk_cache_submit(c->disk, key, (uint32_t)n_tokens, w, NULL, 0);
+        if (rc != 0) {
+            /* the cache logged why (queue bytes, shutdown, ...) */
+            LOG_DBG("slot %d: store of %s to disk dropped: %s", slot_id, hex, thaw_strerror(rc));
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                thaw_blob_unref(w[p].data); /* on failure the reference stayed here */
+        }
+        if (!c->ram)
+            memset(parts, 0, THAW_PART_COUNT * sizeof *parts); /* moved to the writer, or dropped just above */
+    }
+    if (c->ram) {
+        if (thaw_ram_cache_put(c->ram, key, parts, wall_s()) != 0)
+            LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", slot_id, hex);
+        memset(parts, 0, THAW_PART_COUNT * sizeof *parts); /* the RAM tier's now */
+    } else if (!c->disk) {
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            thaw_blob_unref(parts[p].data);
+        memset(parts, 0, THAW_PART_COUNT * sizeof *parts);
+    }
+    /* The previous turn's entry is a prefix of this one: keep it in RAM
+     * only while the disk cannot serve it (a regenerated reply looks it
+     * up again). Frees memory for more conversations, and a mapping the
+     * next capture reuses (blob.h). */
+    if (c->ram && c->disk && supersedes && memcmp(supersedes, key, THAW_KEY_BYTES) != 0 &&
+        thaw_disk_cache_contains(c->disk, supersedes))
+        thaw_ram_cache_remove(c->ram, supersedes);
+    ram_gauges(c);
+    return where;
+}
+
+/* ---- metrics
+ * ----------------------------------------------------------------------- */
+
+void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES])
+{
+    if (c && c->disk && thaw_disk_cache_prefetch(c->disk, key) > 0)
+        atomic_fetch_add(&c->metrics->cache_prefetches, 1);
+}
+
+void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t *len)
+{
+    struct thaw_disk_cache_stats st;
+
+    if (!c || !c->disk)
+        return;
+    thaw_disk_cache_get_stats(c->disk, &st);
+#define C(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "counter", h, (double)(v))
+#define G(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "gauge", h, (double)(v))
+    G("entries", "entries in --kv-cache-dir", st.entries);
+    G("bytes", "bytes on disk in --kv-cache-dir", st.bytes);
+    C("stores_total", "entries written", st.stores_ok);
+    C("store_failures_total", "stores that failed (I/O error, disk full)", st.store_failures);
+    C("stores_dropped_total",
+      "stores not queued for disk (writer queue bytes full, too big, shutting "
+      "down)",
+      st.stores_dropped);
+    G("queue_bytes", "bytes of stores waiting for or being written by the disk writer", st.queue_bytes);
+    C("evictions_enospc_total", "entries evicted to make room when the disk was full", st.evictions_enospc);
+    C("evictions_ttl_total", "entries evicted by --kv-cache-ttl", st.evictions_ttl);
+    C("evictions_lru_total", "entries evicted by --kv-cache-max", st.evictions_lru);
+    C("corrupt_removed_total", "entries removed because they failed verification", st.corrupt_removed);
+#undef C
+#undef G
+    /* the RAM tier belongs to the engine thread: its gauges are not read here */
+}

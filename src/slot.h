@@ -1,0 +1,117 @@
+/* slot.h — one sequence of the llama_context and the request it serves.
+ *
+ * A slot's phases and the legal moves between them (DESIGN §4, STYLE 15):
+ *
+ *   from \ to   IDLE  PREFILL  GEN  FIXUP
+ *   IDLE         -      yes     -     -     admitted a task (slot_start)
+ *   PREFILL     yes      -     yes   yes    failed or cancelled / first token
+ *                                           sampled / finished at once (EOG)
+ *                                           and re-decodes the canonical form
+ *   GEN         yes      -      -    yes    finished, failed or cancelled /
+ *                                           finished and re-decodes
+ *   FIXUP       yes      -      -     -     stored (or failed): free again
+ *
+ * PREFILL and GEN hold a task; FIXUP runs after the reply has been sent:
+ * the slot re-decodes the reply's tail as the next turn will present it
+ * (DESIGN §2 "Beyond the seed"), then stores. Every phase but IDLE counts as
+ * busy: thaw_slot_set_phase is the only writer of `phase` and keeps the
+ * busy gauge (metrics slots_busy) equal to the number of non-IDLE slots.
+ *
+ * The struct is open to engine.c, which drives the decode loop over its
+ * fields (one module's private state, split out so the phases live in one
+ * place); nothing else includes this header. Engine thread only.
+ */
+#ifndef THAW_SLOT_H
+#define THAW_SLOT_H
+
+#include "api.h"
+#include "keys.h"
+#include "kvstate.h"
+#include "metrics.h"
+#include "task.h"
+
+#include <llama.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum thaw_slot_phase {
+    THAW_SLOT_IDLE,    /* no task; the KV stays for reuse */
+    THAW_SLOT_PREFILL, /* decoding the prompt */
+    THAW_SLOT_GEN,     /* sampling the reply */
+    THAW_SLOT_FIXUP,   /* reply sent; re-decoding its canonical form, then store */
+    THAW_SLOT_PHASE_COUNT
+};
+
+struct thaw_slot {
+    int id;                     /* == llama seq_id */
+    enum thaw_slot_phase phase; /* written by thaw_slot_set_phase only */
+    struct thaw_task *task;     /* set in PREFILL and GEN */
+
+    llama_token *tokens; /* tokens whose KV the sequence holds, n_tokens of cap_tokens */
+    int n_tokens, cap_tokens;
+
+    struct thaw_ckpt_list ckpts; /* partial-memory snapshots for rollback (SWA / recurrent) */
+
+    /* the request in progress */
+    int n_prompt_done;      /* prompt tokens already in the KV */
+    llama_token next_token; /* GEN: sampled, waits to be decoded */
+    llama_token *drafts;    /* GEN with -md: the draft's proposal after next_token,
+                               n_drafts */
+    int n_drafts;
+    int i_batch;    /* row of this slot's logits in the current batch, -1 = none */
+    int n_in_batch; /* tokens this slot put in the current batch */
+    struct llama_sampler *smpl;
+    char *gen; /* reply bytes so far, n_gen of cap_gen (NUL-terminated) */
+    size_t n_gen, cap_gen;
+    size_t n_sent;    /* bytes of gen handed to the task */
+    size_t stop_hold; /* longest stop string - 1: bytes held back while streaming */
+    int n_decoded;    /* tokens sampled */
+    int64_t t_start_us, t_prompt_done_us;
+    struct thaw_timings timings;
+
+    int64_t last_used_us;
+    uint8_t ns[THAW_KEY_BYTES]; /* the tenant whose tokens the KV holds (n_tokens
+                                   > 0) */
+    bool holds_key;             /* held_key names the conversation in the KV */
+    uint8_t held_key[THAW_KEY_BYTES];
+
+    /* the key this turn's conversation was looked up under: its previous
+     * turn, which this turn's store supersedes in the RAM tier */
+    bool has_prev_key;
+    uint8_t prev_key[THAW_KEY_BYTES];
+
+    /* FIXUP: decode fix[n_tokens..n_fix) then store under store_key */
+    llama_token *fix;
+    int n_fix;
+    uint8_t store_key[THAW_KEY_BYTES];
+};
+
+/* An IDLE slot for sequence `id`, holding nothing (caller storage). */
+void thaw_slot_init(struct thaw_slot *s, int id);
+
+/* Frees what the slot owns (tokens, reply text, fix-up tokens, drafts,
+ * checkpoints). The task and sampler must have been released. */
+void thaw_slot_free(struct thaw_slot *s);
+
+/* Whether the table above allows from -> to (a move to the same phase never
+ * is). */
+bool thaw_slot_move_legal(enum thaw_slot_phase from, enum thaw_slot_phase to);
+
+/* The one writer of s->phase: moves the slot to `to` and updates
+ * m->slots_busy (m may be NULL). An illegal move is a bug in the engine:
+ * it is logged and the process aborts, whatever NDEBUG says (a lost busy
+ * count would stall admission silently). */
+void thaw_slot_set_phase(struct thaw_slot *s, enum thaw_slot_phase to, struct thaw_metrics *m);
+
+/* "idle", "prefill", "gen", "fixup". */
+const char *thaw_slot_phase_name(enum thaw_slot_phase p);
+
+/* Room for n tokens in s->tokens. Returns 0 or THAW_ENOMEM. */
+int thaw_slot_reserve(struct thaw_slot *s, int n);
+
+/* Appends n reply bytes to s->gen (kept NUL-terminated). Returns 0 or
+ * THAW_ENOMEM (s->gen unchanged). */
+int thaw_slot_gen_append(struct thaw_slot *s, const char *p, size_t n);
+
+#endif
