@@ -82,7 +82,7 @@ int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint
         }
         uint32_t a = k * block_tokens, b = a + block_tokens;
         size_t size = thaw_kvlayout_block_size(l, a, b);
-        struct thaw_disk_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+        struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
         if (!(parts[THAW_PART_KV].data = thaw_blob_alloc(size))) {
             rc = THAW_ENOMEM;
             goto out;

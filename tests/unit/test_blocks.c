@@ -151,7 +151,7 @@ static void store(struct thaw_disk_cache *c, const llama_token *t, int n, const 
     uint8_t *s = state_of(0, &n_state);
     assert_int_equal(thaw_blocks_store(c, g_binding, B, t, n, s, n_state, &man, &n_man, st), 0);
     assert_true(thaw_blocks_is_manifest(man, n_man));
-    struct thaw_disk_blob parts[THAW_PART_COUNT] = {{man, n_man}, {NULL, 0}, {NULL, 0}};
+    struct thaw_part_blob parts[THAW_PART_COUNT] = {{man, n_man}, {NULL, 0}, {NULL, 0}};
     assert_int_equal(thaw_disk_cache_submit(c, key, (uint32_t)n, parts, NULL, 0), 0);
     thaw_disk_cache_flush(c);
     free(s);
