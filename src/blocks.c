@@ -6,6 +6,7 @@
 #include "kvstate.h"
 
 #include <sodium.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +36,21 @@ void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const lla
                                   (size_t)block_tokens * sizeof(int32_t));
         crypto_generichash_final(&st, ids[k], THAW_BLOCKS_ID_BYTES);
     }
+}
+
+/* Held by the disk: committed, or still in the writer's queue (a block
+ * submitted by the turn before, not yet written, is not written twice). */
+static bool has_block(struct thaw_disk_cache *c, const uint8_t id[THAW_BLOCKS_ID_BYTES])
+{
+    struct thaw_part_blob pend[THAW_PART_COUNT];
+
+    if (thaw_disk_cache_contains(c, id))
+        return true;
+    if (thaw_disk_cache_pending(c, id, pend) != 0)
+        return false;
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        thaw_blob_unref(pend[p].data);
+    return true;
 }
 
 int thaw_blocks_is_manifest(const void *blob, size_t n)
@@ -76,7 +92,7 @@ int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint
     }
     thaw_blocks_ids(binding, block_tokens, toks, n, ids);
     for (uint32_t k = 0; k < n_blocks; k++) {
-        if (thaw_disk_cache_contains(c, ids[k])) {
+        if (has_block(c, ids[k])) {
             st->skipped++;
             continue;
         }
@@ -150,21 +166,30 @@ static int load_blocks(struct thaw_disk_cache *c, const uint8_t (*ids)[THAW_BLOC
                        struct thaw_blocks_state *out)
 {
     struct thaw_disk_entry **ents = calloc((size_t)n_ids + 1, sizeof *ents);
+    void **queued = calloc((size_t)n_ids + 1, sizeof *queued); /* blocks still in the writer's queue */
     const void **blocks = calloc((size_t)n_ids + 1, sizeof *blocks);
     size_t *sizes = calloc((size_t)n_ids + 1, sizeof *sizes);
     int rc = 0, nb = 0;
 
-    if (!ents || !blocks || !sizes) {
+    if (!ents || !queued || !blocks || !sizes) {
         rc = THAW_ENOMEM;
         goto out;
     }
     for (uint32_t k = 0; k < n_ids; k++) {
         uint32_t pos0, cells;
-        if ((rc = thaw_disk_cache_lookup(c, ids[k], &ents[k])) != 0) {
+        struct thaw_part_blob pend[THAW_PART_COUNT];
+        if (thaw_disk_cache_pending(c, ids[k], pend) == 0) {
+            for (int p = 1; p < THAW_PART_COUNT; p++)
+                thaw_blob_unref(pend[p].data);
+            queued[k] = pend[THAW_PART_KV].data;
+            blocks[nb] = queued[k];
+            sizes[nb] = pend[THAW_PART_KV].size;
+        } else if ((rc = thaw_disk_cache_lookup(c, ids[k], &ents[k])) != 0) {
             rc = rc == THAW_ECORRUPT ? THAW_ENOTFOUND : rc; /* removed by the disk tier */
             goto out;
+        } else {
+            blocks[nb] = thaw_disk_entry_part(ents[k], THAW_PART_KV, &sizes[nb]);
         }
-        blocks[nb] = thaw_disk_entry_part(ents[k], THAW_PART_KV, &sizes[nb]);
         if (thaw_kvlayout_block_info(blocks[nb], sizes[nb], &pos0, &cells) != 0 || pos0 != k * block_tokens ||
             cells != block_tokens) {
             rc = THAW_ECORRUPT;
@@ -187,12 +212,44 @@ static int load_blocks(struct thaw_disk_cache *c, const uint8_t (*ids)[THAW_BLOC
         out->n_blocks = (int)n_ids;
     }
 out:
-    for (uint32_t k = 0; ents && k < n_ids; k++)
+    for (uint32_t k = 0; ents && queued && k < n_ids; k++) {
         thaw_disk_entry_release(ents[k]);
+        thaw_blob_unref(queued[k]);
+    }
     free(ents);
+    free(queued);
     free(blocks);
     free(sizes);
     return rc;
+}
+
+/* Validates a manifest's header against its size. */
+static int manifest_header(const void *manifest, size_t n_manifest, struct manifest_header *h)
+{
+    if (!thaw_blocks_is_manifest(manifest, n_manifest))
+        return THAW_ECORRUPT;
+    memcpy(h, manifest, sizeof *h);
+    if (h->version != MANIFEST_VERSION)
+        return THAW_EVERSION;
+    /* every length against the blob, in 64 bits */
+    uint64_t need = (uint64_t)sizeof *h + (uint64_t)h->n_tokens * 4 + (uint64_t)h->n_blocks * THAW_BLOCKS_ID_BYTES;
+    if (h->block_tokens == 0 || h->n_tokens == 0 || h->n_blocks != h->n_tokens / h->block_tokens ||
+        (h->tail_size == 0) != (h->n_tokens % h->block_tokens == 0) || h->tail_size > n_manifest ||
+        h->swa_size > n_manifest || need + h->tail_size + h->swa_size != n_manifest)
+        return THAW_ECORRUPT;
+    return 0;
+}
+
+int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids)
+{
+    struct manifest_header h;
+    int rc = manifest_header(manifest, n, &h);
+
+    if (rc != 0)
+        return rc;
+    *ids = (const uint8_t *)manifest + sizeof h + (size_t)h.n_tokens * 4;
+    *n_ids = h.n_blocks;
+    return 0;
 }
 
 int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_manifest,
@@ -203,17 +260,8 @@ int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_m
     int rc;
 
     memset(out, 0, sizeof *out);
-    if (!thaw_blocks_is_manifest(manifest, n_manifest))
-        return THAW_ECORRUPT;
-    memcpy(&h, m, sizeof h);
-    if (h.version != MANIFEST_VERSION)
-        return THAW_EVERSION;
-    /* every length against the blob, in 64 bits */
-    uint64_t need = (uint64_t)sizeof h + (uint64_t)h.n_tokens * 4 + (uint64_t)h.n_blocks * THAW_BLOCKS_ID_BYTES;
-    if (h.block_tokens == 0 || h.n_tokens == 0 || h.n_blocks != h.n_tokens / h.block_tokens ||
-        (h.tail_size == 0) != (h.n_tokens % h.block_tokens == 0) || h.tail_size > n_manifest ||
-        h.swa_size > n_manifest || need + h.tail_size + h.swa_size != n_manifest)
-        return THAW_ECORRUPT;
+    if ((rc = manifest_header(manifest, n_manifest, &h)) != 0)
+        return rc;
     const uint8_t *toks = m + sizeof h;
     const uint8_t *ids = toks + (size_t)h.n_tokens * 4;
     const uint8_t *tail = ids + (size_t)h.n_blocks * THAW_BLOCKS_ID_BYTES;
@@ -250,7 +298,7 @@ int thaw_blocks_prefix(struct thaw_disk_cache *c, const uint8_t binding[32], uin
     rc = THAW_ENOTFOUND;
     for (int attempt = 0; attempt < 3 && rc == THAW_ENOTFOUND; attempt++) {
         uint32_t run = 0;
-        while (run < n_blocks && thaw_disk_cache_contains(c, ids[run]))
+        while (run < n_blocks && has_block(c, ids[run]))
             run++;
         if (run == 0)
             break;

@@ -77,6 +77,10 @@ int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint
 /* 1 if blob starts like a manifest (magic), else 0. */
 int thaw_blocks_is_manifest(const void *blob, size_t n);
 
+/* The block ids a manifest names (pointing into it). Returns 0 or
+ * THAW_ECORRUPT / THAW_EVERSION (the manifest's lengths are checked). */
+int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids);
+
 /* A restorable state: a .kv blob in kvstate.h's format (header, tokens,
  * then what llama_state_seq_set_data takes), built in place. Free with
  * thaw_blocks_state_free. */

@@ -7,6 +7,7 @@
  */
 #include "cache_cli.h"
 
+#include "blocks.h"
 #include "cache_disk.h"
 #include "error.h"
 #include "log.h"
@@ -244,6 +245,119 @@ static int fp_cmp(const void *a, const void *b)
     return memcmp(a, b, THAW_DISK_FINGERPRINT_SIZE);
 }
 
+/* ---- the block store's view (blocks.h): what each entry's .kv holds ---- */
+
+enum kind { KIND_OTHER, KIND_BLOCK, KIND_MANIFEST, KIND_WHOLE };
+
+struct block_ref {
+    uint8_t key[THAW_KEY_BYTES];
+    uint64_t bytes;
+    uint32_t refs;
+};
+
+static int block_cmp(const void *a, const void *b)
+{
+    return memcmp(a, b, THAW_KEY_BYTES);
+}
+
+/* The entry's .kv file, whole (NULL when unreadable); *n its size. */
+static uint8_t *read_kv(const struct cli *cli, const uint8_t key[THAW_KEY_BYTES], size_t max, size_t *n)
+{
+    char hex[2 * THAW_KEY_BYTES + 1], path[4096];
+    uint8_t *buf = NULL;
+    FILE *f;
+
+    thaw_hex(key, THAW_KEY_BYTES, hex);
+    snprintf(path, sizeof path, "%s/%s.kv", cli->dir, hex);
+    if (!(f = fopen(path, "rb")))
+        return NULL;
+    if ((buf = malloc(max)))
+        *n = fread(buf, 1, max, f);
+    fclose(f);
+    return buf;
+}
+
+static enum kind kind_of(const uint8_t *head, size_t n)
+{
+    if (n < 4)
+        return KIND_OTHER;
+    if (!memcmp(head, "TKB1", 4))
+        return KIND_BLOCK;
+    if (!memcmp(head, "TMF1", 4))
+        return KIND_MANIFEST;
+    if (!memcmp(head, "TKV1", 4))
+        return KIND_WHOLE;
+    return KIND_OTHER;
+}
+
+/* Prints conversations, blocks, shared bytes and the dedup ratio (bytes
+ * the manifests name / bytes the blocks take). */
+static void print_blocks(const struct cli *cli, const struct list *l)
+{
+    struct block_ref *blocks = calloc(l->n + 1, sizeof *blocks);
+    uint64_t n_blocks = 0, n_manifests = 0, n_whole = 0, block_bytes = 0, named = 0, shared = 0, missing = 0;
+    char a[24], b[24];
+
+    if (!blocks)
+        return;
+    for (size_t i = 0; i < l->n; i++) {
+        uint8_t *head;
+        size_t n = 0;
+        if (!(head = read_kv(cli, l->v[i].key, 4, &n)))
+            continue;
+        switch (kind_of(head, n)) {
+        case KIND_BLOCK:
+            memcpy(blocks[n_blocks].key, l->v[i].key, THAW_KEY_BYTES);
+            blocks[n_blocks++].bytes = l->v[i].bytes;
+            block_bytes += l->v[i].bytes;
+            break;
+        case KIND_MANIFEST:
+            n_manifests++;
+            break;
+        case KIND_WHOLE:
+            n_whole++;
+            break;
+        default:
+            break;
+        }
+        free(head);
+    }
+    qsort(blocks, n_blocks, sizeof *blocks, block_cmp);
+    for (size_t i = 0; i < l->n; i++) {
+        size_t n = 0;
+        const uint8_t *ids;
+        uint32_t n_ids;
+        uint64_t size = l->v[i].part_size[THAW_PART_KV];
+        uint8_t *m = size < (64u << 20) ? read_kv(cli, l->v[i].key, size, &n) : NULL;
+        if (m && kind_of(m, n) == KIND_MANIFEST && thaw_blocks_manifest_ids(m, n, &ids, &n_ids) == 0) {
+            for (uint32_t k = 0; k < n_ids; k++) {
+                struct block_ref *r = bsearch(ids + (size_t)k * THAW_KEY_BYTES, blocks, n_blocks, sizeof *blocks,
+                                              block_cmp);
+                if (!r) {
+                    missing++;
+                    continue;
+                }
+                named += r->bytes;
+                if (++r->refs == 2)
+                    shared += r->bytes;
+            }
+        }
+        free(m);
+    }
+    printf("conversations     %" PRIu64 " (%" PRIu64 " as manifests of blocks, %" PRIu64 " as whole states)\n",
+           n_manifests + n_whole, n_manifests, n_whole);
+    thaw_fmt_bytes(block_bytes, a);
+    thaw_fmt_bytes(shared, b);
+    printf("blocks            %" PRIu64 ", %s (%s shared by two or more conversations)\n", n_blocks, a, b);
+    if (block_bytes)
+        printf("dedup ratio       %.2fx (block bytes the manifests name / block bytes on disk)\n",
+               (double)named / (double)block_bytes);
+    if (missing)
+        printf("missing blocks    %" PRIu64 " named by a manifest but not stored (those conversations miss)\n",
+               missing);
+    free(blocks);
+}
+
 static int cmd_stats(struct cli *cli)
 {
     struct thaw_disk_cache *c;
@@ -294,6 +408,7 @@ static int cmd_stats(struct cli *cli)
     printf("least recent use  %s\n", ago);
     fmt_ago(newest, now, ago);
     printf("most recent use   %s\n", ago);
+    print_blocks(cli, &l);
     if (st.skipped_entries)
         printf("unreadable        %" PRIu64 " (see `thaw cache verify %s`)\n",
                st.skipped_entries, cli->dir);

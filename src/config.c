@@ -85,6 +85,9 @@ static const struct opt opts[] = {
     {"--kv-cache-ttl", "SECONDS", OPT_U64, OFF(kv_cache_ttl_s), 0, (double)(1ull << 40), "disk entries unused this long are evicted"},
     {"--kv-cache-queue", "MiB", OPT_U64, OFF(kv_cache_queue_mib), 0, (double)(1ull << 30),
      "state waiting for the disk writer; a store beyond it is dropped and logged (0 = no limit)"},
+    {"--kv-cache-block", "N", OPT_INT, OFF(kv_cache_block), 0, 1 << 20,
+     "store the disk cache as blocks of N tokens, each written once and shared by every conversation with the same "
+     "prefix, plus a small manifest per turn (0 = a whole state per turn; recurrent models always use whole states)"},
     {"--kv-cache-min-tokens", "N", OPT_INT, OFF(kv_cache_min_tokens), 0, INT_MAX, "do not store conversations shorter than this"},
     {"--cache-ram", "MiB", OPT_U64, OFF(cache_ram_mib), 0, (double)(1ull << 40), "in-memory cache tier (0 = off; never disables the disk tier)"},
     {"--ctx-checkpoints", "N", OPT_INT, OFF(ctx_checkpoints), 0, 1024, "context checkpoints kept per slot (SWA / recurrent models)"},
@@ -117,6 +120,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->kv_cache_ttl_s = 259200;
     cfg->kv_cache_min_tokens = 256;
     cfg->kv_cache_queue_mib = 1024;
+    cfg->kv_cache_block = 128;
     cfg->cache_ram_mib = 8192;
     cfg->ctx_checkpoints = 8;
     cfg->verbosity = 1;

@@ -61,6 +61,7 @@ struct thaw_config {
     uint64_t kv_cache_ttl_s;     /* --kv-cache-ttl */
     int kv_cache_min_tokens;     /* --kv-cache-min-tokens */
     uint64_t kv_cache_queue_mib; /* --kv-cache-queue: writer queue budget, 0 = no limit */
+    int kv_cache_block;          /* --kv-cache-block: tokens per block, 0 = whole states */
     uint64_t cache_ram_mib;      /* --cache-ram, 0 = RAM tier off */
     int ctx_checkpoints;         /* --ctx-checkpoints: per slot */
 

@@ -25,6 +25,7 @@
 #include "error.h"
 #include "fingerprint.h"
 #include "kvcache.h"
+#include "kvlayout.h"
 #include "kvstate.h"
 #include "log.h"
 #include "scheduler.h"
@@ -234,14 +235,21 @@ static int slot_restore(struct thaw_engine *e, struct thaw_slot *s, const struct
     struct install_ctx ic = {e, s, t, n_past};
     const struct thaw_kvcache_sink sink = {install_cb, undo_cb, &ic, s->id};
 
-    atomic_fetch_add(&e->metrics->cache_lookups, 1);
-    if (s->holds_key && memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0) {
-        /* the slot still holds this conversation: the prefix path serves it */
-        atomic_fetch_add(&e->metrics->cache_hits_slot, 1);
-        return n_past;
+    int got = n_past;
+    if (t->has_lookup_key) {
+        atomic_fetch_add(&e->metrics->cache_lookups, 1);
+        if (s->holds_key && memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0) {
+            /* the slot still holds this conversation: the prefix path serves it */
+            atomic_fetch_add(&e->metrics->cache_hits_slot, 1);
+            return n_past;
+        }
+        got = thaw_kvcache_lookup(e->kv, t->lookup_key, n_past, &sink, &s->timings.cache_source,
+                                  &s->timings.restore_ms);
     }
-    return thaw_kvcache_lookup(e->kv, t->lookup_key, n_past, &sink, &s->timings.cache_source,
-                               &s->timings.restore_ms);
+    if (got <= n_past) /* no entry (a first turn, an edit, a fork): stored blocks may still serve it */
+        got = thaw_kvcache_lookup_prefix(e->kv, t->ns, t->prompt, t->n_prompt, got, &sink, &s->timings.cache_source,
+                                         &s->timings.restore_ms);
+    return got;
 }
 
 /* Serialises the slot's state (and its draft's) and hands it to the RAM
@@ -276,7 +284,8 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
     for (int p = 0; p < THAW_PART_COUNT; p++)
         sizes[p] = parts[p].size;
     const char *where =
-        thaw_kvcache_store(e->kv, s->id, s->store_key, s->n_tokens, parts, s->has_prev_key ? s->prev_key : NULL);
+        thaw_kvcache_store(e->kv, s->id, s->store_key, s->ns, s->n_tokens, parts,
+                           s->has_prev_key ? s->prev_key : NULL);
     s->has_prev_key = false;
     int64_t took = thaw_now_us() - t0;
     atomic_fetch_add(&e->metrics->stores, 1);
@@ -415,7 +424,7 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     s->has_prev_key = t->has_lookup_key;
     if (t->has_lookup_key)
         memcpy(s->prev_key, t->lookup_key, THAW_KEY_BYTES);
-    if (thaw_kvcache_enabled(e->kv) && t->has_lookup_key)
+    if (thaw_kvcache_enabled(e->kv))
         n_past = slot_restore(e, s, t, n_past);
     /* at least one prompt token must be decoded to get logits to sample from */
     if (n_past >= t->n_prompt)
@@ -1021,8 +1030,12 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     if (e->partial && cfg->ctx_checkpoints == 0)
         LOG_WRN("%s model with --ctx-checkpoints 0: a returning conversation can only reuse its prefix when it "
                 "matches exactly", e->recurrent ? "recurrent" : "sliding-window");
-    snprintf(e->settings, sizeof e->settings, "n_ctx_seq=%d;swa_full=%d;type_k=%d;type_v=%d;tmpl=", e->n_ctx_slot,
-             (int)cp.swa_full, (int)cp.type_k, (int)cp.type_v);
+    /* Not the context size nor the slot count: a stored state restores
+     * into any slot with room for its cells (blocks take the restoring
+     * slot's frame; a whole state that does not fit fails to load and is
+     * served by prefill), so changing -c or -np keeps the cache. */
+    snprintf(e->settings, sizeof e->settings, "swa_full=%d;type_k=%d;type_v=%d;tmpl=", (int)cp.swa_full,
+             (int)cp.type_k, (int)cp.type_v);
 
     struct thaw_chat_params chp = {cfg->chat_template, cfg->jinja, cfg->chat_template_kwargs, cfg->reasoning_format};
     if ((rc = thaw_chat_new(e->model, &chp, &e->chat)) != 0)
@@ -1073,7 +1086,20 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         .ttl_s = (int64_t)cfg->kv_cache_ttl_s,
         .min_tokens = cfg->kv_cache_min_tokens,
         .metrics = metrics,
+        .block_tokens = cfg->kv_cache_dir ? (uint32_t)cfg->kv_cache_block : 0,
+        .prefix_lookup = !e->partial, /* an SWA window or a recurrent state is no run of blocks */
+        .n_stream = (uint32_t)llama_n_seq_max(e->ctx),
     };
+    if (kp.block_tokens) {
+        /* blocks only for a state layout kvlayout.c knows, checked on a real
+         * round trip through slot 0's (still empty) sequence */
+        char why[200];
+        int lrc = thaw_kvlayout_selftest(e->ctx, 0, why, sizeof why);
+        if (lrc != 0) {
+            LOG_INF("kv-cache: whole states, not blocks: %s", lrc == THAW_ELAYOUT ? why : thaw_strerror(lrc));
+            kp.block_tokens = 0;
+        }
+    }
     memcpy(kp.identity, e->identity, THAW_KEY_BYTES);
     if ((rc = thaw_kvcache_open(&kp, &e->kv)) != 0)
         goto error;

@@ -9,13 +9,17 @@
  */
 #include "kvcache.h"
 
+#include "blocks.h"
 #include "cache_disk.h"
 #include "cache_ram.h"
 #include "error.h"
 #include "log.h"
+#include "kvstate.h"
 #include "task.h" /* thaw_now_us */
 
 #include <pthread.h>
+#include <sodium.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +29,20 @@ struct thaw_kvcache {
     struct thaw_disk_cache *disk; /* NULL = disk tier off */
     struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
     struct thaw_metrics *metrics;
+    uint8_t identity[THAW_KEY_BYTES];
+    uint32_t block_tokens; /* 0: whole states (also after a layout blocks.c refused) */
+    bool prefix_lookup;
+    uint32_t n_stream;
+    /* the block store's counters (/metrics) */
+    atomic_uint_fast64_t blocks_written, blocks_skipped, blocks_dropped, store_bytes, prefix_hits, prefix_tokens;
 };
+
+/* Blocks are shared within a tenant, under one model and its settings. */
+static void block_binding(const struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], uint8_t out[32])
+{
+    static const uint8_t anon[THAW_KEY_BYTES];
+    crypto_generichash(out, 32, ns ? ns : anon, THAW_KEY_BYTES, c->identity, THAW_KEY_BYTES);
+}
 
 static int64_t wall_s(void)
 {
@@ -122,6 +139,10 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
     if (!c)
         return THAW_ENOMEM;
     c->metrics = p->metrics;
+    memcpy(c->identity, p->identity, THAW_KEY_BYTES);
+    c->block_tokens = p->block_tokens;
+    c->prefix_lookup = p->prefix_lookup;
+    c->n_stream = p->n_stream ? p->n_stream : 1;
     if (p->ram_bytes > 0 && (rc = thaw_ram_cache_new(p->ram_bytes, p->ttl_s, &c->ram)) != 0)
         goto fail;
     if (p->disk_dir && (rc = open_disk(c, p)) != 0)
@@ -165,6 +186,24 @@ static void *verify_main(void *arg)
     return NULL;
 }
 
+/* Installs parts through the sink; a manifest's blocks are read and
+ * assembled for the sink's slot first. */
+static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob parts[THAW_PART_COUNT],
+                         const struct thaw_kvcache_sink *sink)
+{
+    if (!c->disk || !thaw_blocks_is_manifest(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size))
+        return sink->install(sink->ud, parts);
+    struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
+    struct thaw_blocks_state bs;
+    int rc = thaw_blocks_load(c->disk, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &f, &bs);
+    if (rc != 0)
+        return rc == THAW_ENOTFOUND ? THAW_ECORRUPT : rc; /* a block is gone: this manifest is no use */
+    struct thaw_part_blob whole[THAW_PART_COUNT] = {{bs.kv, bs.n_kv}, parts[THAW_PART_CKPT], parts[THAW_PART_DFT]};
+    rc = sink->install(sink->ud, whole);
+    thaw_blocks_state_free(&bs);
+    return rc;
+}
+
 /* A disk hit: install while the .kv checksum runs on the other core; a
  * mismatch undoes the install before any decode. Returns as lookup_disk. */
 static int install_disk(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_entry *de,
@@ -179,11 +218,11 @@ static int install_disk(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES
     for (int p = 0; p < THAW_PART_COUNT; p++)
         parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_part)p, &parts[p].size);
     if (pthread_create(&th, NULL, verify_main, &job) == 0) {
-        got = sink->install(sink->ud, parts);
+        got = install_parts(c, parts, sink);
         pthread_join(th, NULL);
     } else {
         verify_main(&job); /* no thread: check first, then install */
-        got = job.rc == 0 ? sink->install(sink->ud, parts) : job.rc;
+        got = job.rc == 0 ? install_parts(c, parts, sink) : job.rc;
     }
     if (got >= 0 && job.rc != 0) {
         sink->undo(sink->ud);
@@ -240,7 +279,7 @@ int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES
          * Checked before the index: a job leaves the queue only once its
          * entry is committed. */
         if (thaw_disk_cache_pending(c->disk, key, pend) == 0) {
-            got = sink->install(sink->ud, pend);
+            got = install_parts(c, pend, sink);
             for (int p = 0; p < THAW_PART_COUNT; p++)
                 thaw_blob_unref(pend[p].data);
             if (got < 0) {
@@ -279,10 +318,94 @@ out:
     return got;
 }
 
+int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
+                               int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
+                               double *restore_ms)
+{
+    struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
+    struct thaw_blocks_state bs;
+    uint8_t binding[32];
+    int64_t t0 = thaw_now_us();
+    int got = n_past;
+
+    if (!c->disk || !c->block_tokens || !c->prefix_lookup || n_prompt - 1 <= n_past ||
+        (n_prompt - 1) / (int)c->block_tokens * (int)c->block_tokens <= n_past)
+        return n_past; /* no run of blocks could beat what the slot holds */
+    block_binding(c, ns, binding);
+    int rc = thaw_blocks_prefix(c->disk, binding, c->block_tokens, prompt, n_prompt, &f, &bs);
+    if (rc != 0) {
+        if (rc != THAW_ENOTFOUND)
+            LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(rc));
+        return n_past;
+    }
+    if (bs.n_tokens > n_past) {
+        const struct thaw_part_blob parts[THAW_PART_COUNT] = {{bs.kv, bs.n_kv}, {NULL, 0}, {NULL, 0}};
+        got = sink->install(sink->ud, parts);
+        if (got < 0) {
+            LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(got));
+            got = 0;
+        }
+    }
+    thaw_blocks_state_free(&bs);
+    if (got > n_past) {
+        LOG_INF("slot %d: %d prompt tokens from %d stored blocks (prefix lookup)", sink->slot_id, got,
+                got / (int)c->block_tokens);
+        atomic_fetch_add(&c->prefix_hits, 1);
+        atomic_fetch_add(&c->prefix_tokens, (uint64_t)(got - n_past));
+        atomic_fetch_add(&c->metrics->cache_hits_disk, 1);
+        *source = "blocks";
+        *restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
+        atomic_fetch_add(&c->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
+    }
+    return got;
+}
+
 /* ---- store
  * ------------------------------------------------------------------------- */
 
-const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES], int n_tokens,
+/* The disk's copy of a capture: its blocks (those the disk does not hold)
+ * go to the writer now, and the manifest replaces the .kv part. Returns 0
+ * (w[THAW_PART_KV] is the manifest, the caller's reference to the .kv
+ * dropped), 1 (store the whole state: blocks are off or the layout is
+ * unknown) or an error (the store is dropped). */
+static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_KEY_BYTES],
+                     struct thaw_part_blob w[THAW_PART_COUNT])
+{
+    struct thaw_kvstate_view v;
+    struct thaw_blocks_stats st;
+    uint8_t binding[32];
+    void *man;
+    size_t n_man;
+    int rc;
+
+    if (!c->block_tokens)
+        return 1;
+    if ((rc = thaw_kvstate_parse(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &v)) != 0)
+        return rc;
+    block_binding(c, ns, binding);
+    rc = thaw_blocks_store(c->disk, binding, c->block_tokens, v.tokens, v.n_tokens, v.state, v.n_state, &man, &n_man,
+                           &st);
+    atomic_fetch_add(&c->blocks_written, st.written);
+    atomic_fetch_add(&c->blocks_skipped, st.skipped);
+    atomic_fetch_add(&c->blocks_dropped, st.dropped);
+    atomic_fetch_add(&c->store_bytes, st.bytes_written);
+    if (rc == THAW_ELAYOUT) {
+        LOG_WRN("kv-cache: this model's state layout cannot be cut into blocks: whole states from now on");
+        c->block_tokens = 0;
+        return 1;
+    }
+    if (rc != 0)
+        return rc;
+    LOG_DBG("slot %d: %u blocks written, %u already stored, manifest %.1f KiB", slot_id, st.written, st.skipped,
+            (double)n_man / 1024.0);
+    thaw_blob_unref(w[THAW_PART_KV].data);
+    w[THAW_PART_KV].data = man;
+    w[THAW_PART_KV].size = n_man;
+    return 0;
+}
+
+const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                               const uint8_t ns[THAW_KEY_BYTES], int n_tokens,
                                struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes)
 {
     const char *where = c->disk && c->ram ? "ram+disk" : c->disk ? "disk" : c->ram ? "ram" : "none";
@@ -298,7 +421,12 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
             if (c->ram && parts[p].data)
                 thaw_blob_ref(parts[p].data);
         }
-        rc = thaw_disk_cache_submit(c->disk, key, (uint32_t)n_tokens, w, NULL, 0);
+        rc = to_blocks(c, slot_id, ns, w);
+        if (rc < 0)
+            LOG_WRN("slot %d: store of %s to disk dropped: its blocks could not be queued (%s)", slot_id, hex,
+                    thaw_strerror(rc));
+        else
+            rc = thaw_disk_cache_submit(c->disk, key, (uint32_t)n_tokens, w, NULL, 0);
         if (rc != 0) {
             /* the cache logged why (queue bytes, shutdown, ...) */
             LOG_DBG("slot %d: store of %s to disk dropped: %s", slot_id, hex, thaw_strerror(rc));
@@ -355,6 +483,14 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
       "down)",
       st.stores_dropped);
     G("queue_bytes", "bytes of stores waiting for or being written by the disk writer", st.queue_bytes);
+    C("store_bytes_total", "bytes of blocks queued for disk (manifests and whole states aside)",
+      atomic_load(&c->store_bytes));
+    C("blocks_written_total", "blocks queued for disk", atomic_load(&c->blocks_written));
+    C("blocks_skipped_total", "blocks not written: the disk held them already", atomic_load(&c->blocks_skipped));
+    C("blocks_dropped_total", "blocks the writer refused (queue full)", atomic_load(&c->blocks_dropped));
+    C("prefix_hits_total", "lookups served by a run of stored blocks (no entry for the conversation)",
+      atomic_load(&c->prefix_hits));
+    C("prefix_tokens_total", "prompt tokens served by prefix lookups", atomic_load(&c->prefix_tokens));
     C("evictions_enospc_total", "entries evicted to make room when the disk was full", st.evictions_enospc);
     C("evictions_ttl_total", "entries evicted by --kv-cache-ttl", st.evictions_ttl);
     C("evictions_lru_total", "entries evicted by --kv-cache-max", st.evictions_lru);

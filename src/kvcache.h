@@ -23,6 +23,7 @@
 #include "keys.h"
 #include "metrics.h"
 
+#include <llama.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,6 +38,12 @@ struct thaw_kvcache_params {
     int64_t ttl_s;                    /* --kv-cache-ttl, both tiers */
     int min_tokens;                   /* --kv-cache-min-tokens, for the start-up line only */
     uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
+    uint32_t block_tokens;            /* --kv-cache-block: the disk tier stores blocks of this many
+                                       * tokens plus a manifest (blocks.h); 0 = whole states */
+    bool prefix_lookup;               /* a prompt without an entry may restore its longest run of
+                                       * stored blocks (not for SWA models: a window is no block) */
+    uint32_t n_stream;                /* the context's KV streams (one per slot): the frame a
+                                       * manifest or a run of blocks is assembled for */
     struct thaw_metrics *metrics;     /* must outlive the cache */
 };
 
@@ -73,13 +80,22 @@ struct thaw_kvcache_sink {
 int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int n_past,
                         const struct thaw_kvcache_sink *sink, const char **source, double *restore_ms);
 
+/* Prefix lookup (with blocks and prefix_lookup on): after a miss, the
+ * longest run of the prompt's whole blocks the disk holds under the
+ * tenant's namespace `ns`, installed through `sink` when it is longer than
+ * n_past. Returns as thaw_kvcache_lookup (*source "blocks"). */
+int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
+                               int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
+                               double *restore_ms);
+
 /* Hands a captured state to every tier under key. Takes the caller's
  * reference to each part's blob (parts[THAW_PART_KV] present); never waits
  * for I/O (the disk store is queued, and dropped when the queue is full).
  * `supersedes` (NULL = none): the key this conversation was looked up under,
  * whose RAM entry may go (see the top). Returns the tiers it went to, for
  * the log: "ram+disk", "disk", "ram" or "none". */
-const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES], int n_tokens,
+const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                               const uint8_t ns[THAW_KEY_BYTES], int n_tokens,
                                struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes);
 
 /* Starts reading key's disk entry into memory while its request waits for

@@ -14,7 +14,8 @@ def cli(*args):
 
 
 def fill(serve, d, n=3):
-    s = serve("llama", "-np", "1", *kv_flags(d, "--kv-cache-min-tokens", "16"))
+    # whole-state entries: one per turn (blocks: test_blocks.py)
+    s = serve("llama", "-np", "1", *kv_flags(d, "--kv-cache-min-tokens", "16", "--kv-cache-block", "0"))
     for i in range(n):
         chat(s, conversation(i, 200), 4)
     s.stop()

@@ -1,0 +1,183 @@
+"""The block store end to end (--kv-cache-block, DESIGN §9): prefixes shared
+across conversations and restored after a restart, an edited history
+restored up to the edit, conversations sharing blocks then diverging
+mid-block, a corrupt block, and a change of -np and -c. Outputs are
+compared with the resident reference (each conversation served alone from
+a slot, no cache tier); greedy, real binary, real files."""
+import glob
+import os
+
+from test_kv_cache import chat, reply, text
+
+B = 32  # small blocks: short test conversations span several
+
+
+def flags(d, *extra):
+    return ["--kv-cache-dir", str(d), "--cache-ram", "0", "--kv-cache-min-tokens", "16",
+            "--kv-cache-block", str(B), *extra]
+
+
+def shared_system():
+    return {"role": "system", "content": "Shared rules and tools. " + text(250, 3)}
+
+
+def ask(i):
+    return {"role": "user", "content": f"Job {i}: " + text(30, 100 + i)}
+
+
+def reference(serve, prompts, n=16):
+    s = serve("llama", "-np", "1", "-c", "8192", "--cache-ram", "0")
+    out = []
+    for p in prompts:
+        s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "reset"}], "max_tokens": 1})
+        out.append(reply(chat(s, p, n)))
+    s.stop()
+    return out
+
+
+def metric(s, name):
+    return s.metrics().get(name, 0)
+
+
+def test_shared_prefix_is_written_once_and_serves_new_conversations_after_a_restart(serve, tmp_path):
+    convs = [[shared_system(), ask(i)] for i in range(4)]
+    ref = reference(serve, convs)
+    s = serve("llama", "-np", "2", "-c", "8192", *flags(tmp_path))
+    assert reply(chat(s, convs[0])) == ref[0]
+    s.stop()  # the store of conversation 0 is on disk now
+    s = serve("llama", "-np", "2", "-c", "8192", *flags(tmp_path))
+    for i in (1, 2, 3):
+        r = chat(s, convs[i])
+        t = r["timings"]
+        assert reply(r) == ref[i], f"conversation {i}"
+        if i == 1:  # a new conversation: the stored prefix's whole blocks
+            assert t["cache_source"] == "blocks", t
+            assert t["cache_n"] >= B * 8 and t["cache_n"] % B == 0, t
+    # the shared blocks were skipped, not written again
+    assert metric(s, "thaw_kv_disk_blocks_skipped_total") >= 8
+    assert metric(s, "thaw_kv_disk_prefix_hits_total") >= 1
+
+
+def test_edited_history_restores_up_to_the_edit(serve, tmp_path):
+    first = [shared_system(), ask(1)]
+    s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path))
+    r1 = chat(s, first)
+    long = first + [{"role": "assistant", "content": reply(r1)}, ask(2)]
+    r2 = chat(s, long)
+    s.stop()
+    # the user edits the first question: no entry has this history
+    edited = [shared_system(), ask(7)] + long[2:]
+    ref = reference(serve, [edited])
+    s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path))
+    r = chat(s, edited)
+    assert reply(r) == ref[0]
+    t = r["timings"]
+    assert t["cache_source"] == "blocks" and t["cache_n"] > 0
+    # no further than the edit: the shared system prompt's blocks only
+    sys_tokens = s.post("/tokenize", {"content": shared_system()["content"]}).json()["tokens"]
+    assert t["cache_n"] <= len(sys_tokens) + 16
+    assert r2["timings"]["cache_n"] > 0
+
+
+def test_conversations_sharing_blocks_then_diverging_mid_block_never_mix(serve, tmp_path):
+    # identical for 250 words, then one word apart: the divergence falls
+    # inside a block, so they share the blocks before it and nothing after
+    base = text(250, 11)
+    convs = [[{"role": "system", "content": base + f" {w} " + text(20, 50 + k)}, ask(k)]
+             for k, w in enumerate(("river", "stone", "light"))]
+    ref = reference(serve, convs)
+    s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path))
+    for c in convs:
+        chat(s, c)
+    s.stop()
+    s = serve("llama", "-np", "2", "-c", "8192", *flags(tmp_path))
+    got = [chat(s, c) for c in reversed(convs)]
+    assert [reply(r) for r in reversed(got)] == ref
+    for r in got:
+        assert r["timings"]["cache_n"] < r["usage"]["prompt_tokens"]
+
+
+def test_a_corrupt_block_is_a_miss_for_every_manifest_that_uses_it(serve, tmp_path):
+    convs = [[shared_system(), ask(i)] for i in range(2)]
+    s = serve("llama", "-np", "2", "-c", "8192", *flags(tmp_path))
+    r1 = [chat(s, c) for c in convs]
+    s.stop()
+    # the block files: entries of B tokens; damage them all but the manifests
+    blocks = []
+    for kv in glob.glob(str(tmp_path / "*.kv")):
+        with open(kv, "rb") as f:
+            if f.read(4) == b"TKB1":
+                blocks.append(kv)
+    assert len(blocks) >= 8
+    blocks.sort(key=os.path.getsize)
+    victim = blocks[0]
+    with open(victim, "r+b") as f:
+        f.seek(os.path.getsize(victim) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with open(victim, "rb") as f:
+        damaged = f.read()
+    turn2 = [c + [{"role": "assistant", "content": reply(r)}, ask(9)] for c, r in zip(convs, r1)]
+    ref = reference(serve, turn2)
+    s = serve("llama", "-np", "2", "-c", "8192", *flags(tmp_path))
+    got = [chat(s, t) for t in turn2]
+    assert [reply(r) for r in got] == ref
+    # the damaged block was found, removed and never used (a later store
+    # may write it again, good); the server kept serving
+    assert s.metrics()["thaw_kv_disk_corrupt_removed_total"] >= 1
+    if os.path.exists(victim):
+        with open(victim, "rb") as f:
+            assert f.read() != damaged
+    assert s.get("/health").status_code == 200
+
+
+def test_a_corrupt_manifest_is_removed_and_its_blocks_still_serve(serve, tmp_path):
+    conv = [shared_system(), ask(3)]
+    s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path))
+    r1 = chat(s, conv)
+    s.stop()
+    manifests = []
+    for kv in glob.glob(str(tmp_path / "*.kv")):
+        with open(kv, "rb") as f:
+            if f.read(4) == b"TMF1":
+                manifests.append(kv)
+    assert len(manifests) == 1
+    with open(manifests[0], "r+b") as f:
+        f.seek(40)
+        b = f.read(1)
+        f.seek(40)
+        f.write(bytes([b[0] ^ 0xFF]))
+    t2 = conv + [{"role": "assistant", "content": reply(r1)}, ask(8)]
+    ref = reference(serve, [t2])
+    s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path))
+    r = chat(s, t2)
+    assert reply(r) == ref[0]
+    assert not os.path.exists(manifests[0])
+    # the conversation's blocks are intact: a prefix lookup serves them
+    assert r["timings"]["cache_source"] == "blocks" and r["timings"]["cache_n"] >= 8 * B
+
+
+def test_changing_np_and_c_keeps_hits(serve, tmp_path):
+    conv = [shared_system(), ask(4)]
+    s = serve("llama", "-np", "2", "-c", "8192", *flags(tmp_path))
+    r1 = chat(s, conv)
+    s.stop()
+    t2 = conv + [{"role": "assistant", "content": reply(r1)}, ask(5)]
+    ref = reference(serve, [t2])
+    s = serve("llama", "-np", "3", "-c", "6144", *flags(tmp_path))
+    r = chat(s, t2)
+    assert reply(r) == ref[0]
+    assert r["timings"]["cache_source"] == "disk"
+    assert r["timings"]["cache_n"] > 0.8 * r["usage"]["prompt_tokens"]  # all but the new question
+
+
+def test_whole_states_with_block_0(serve, tmp_path):
+    conv = [shared_system(), ask(4)]
+    s = serve("llama", "-np", "1", "-c", "8192", "--kv-cache-dir", str(tmp_path), "--cache-ram", "0",
+              "--kv-cache-block", "0")
+    chat(s, conv)
+    s.stop()
+    for kv in glob.glob(str(tmp_path / "*.kv")):
+        with open(kv, "rb") as f:
+            assert f.read(4) == b"TKV1"
