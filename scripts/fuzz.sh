@@ -22,8 +22,10 @@
 #   2. A build in build-fuzz/ (git-ignored): CC=clang, -DTHAW_FUZZ=ON, so
 #      every module is built with coverage, ASan and UBSan; the targets and
 #      tests/fuzz/gen_corpus.c.
-#   3. Seeds: gen_corpus writes the binary seeds (.idx, .kv, .ckpt) with the
-#      real encoders into build-fuzz/seeds/; a warning says when the ones in
+#   3. Seeds: gen_corpus writes the binary seeds (.idx, .kv, .ckpt, libllama
+#      states, blocks, manifests) with the real encoders (or after the
+#      documented layout, checked by the parser) into build-fuzz/seeds/; a
+#      warning says when the ones in
 #      tests/fuzz/corpus/ differ (then run --regen-seeds and commit them).
 #   4. Each target runs for SECONDS with its dictionary (tests/fuzz/dict/),
 #      a -max_len sized to its format (table below) and a scratch corpus,
@@ -64,6 +66,8 @@ max_len_of() {
     fuzz_chat_request) echo 8192 ;; # request bodies: a few turns plus tools / response_format
     fuzz_idx) echo 4352 ;;          # 144 + THAW_DISK_META_MAX (4096) + 8 = 4248, plus some
     fuzz_kvstate) echo 4096 ;;      # headers, a few hundred tokens and small fake state
+    fuzz_kvlayout) echo 4096 ;;     # states and blocks of a few cells (seeds: 84-820 bytes)
+    fuzz_manifest) echo 4096 ;;     # 40-byte header, tokens, ids, a tail block, an SWA section
     *) echo 4096 ;;
   esac
 }
@@ -74,6 +78,8 @@ module_of() {
     fuzz_chat_request) echo src/api.c ;;
     fuzz_idx) echo src/cache_disk.c ;;
     fuzz_kvstate) echo src/kvstate.c ;;
+    fuzz_kvlayout) echo src/kvlayout.c ;;
+    fuzz_manifest) echo src/blocks.c ;;
   esac
 }
 

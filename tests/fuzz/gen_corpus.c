@@ -2,8 +2,10 @@
  * the code that writes those files in the server, so that the seeds follow
  * the formats when they change.
  *
- *   gen_corpus OUTDIR   writes OUTDIR/fuzz_idx/<name>.idx and
- *                       OUTDIR/fuzz_kvstate/<name>.kv, .ckpt (directories made)
+ *   gen_corpus OUTDIR   writes OUTDIR/fuzz_idx/<name>.idx,
+ *                       OUTDIR/fuzz_kvstate/<name>.kv, .ckpt,
+ *                       OUTDIR/fuzz_kvlayout/<name>.llstate, .tkb and
+ *                       OUTDIR/fuzz_manifest/<name>.tmf (directories made)
  *
  * Where each seed comes from:
  *   .idx   thaw_disk_cache_store() into a scratch cache directory under
@@ -15,6 +17,16 @@
  *   .kv    built here after the layout in kvstate.h: its only writer,
  *          thaw_kvstate_capture(), needs a llama context. State bytes are
  *          a fake pattern (llama's own are opaque to the parser).
+ *   .llstate  a libllama sequence state built here after the layout in
+ *          kvlayout.h (its writer is libllama, which needs a model): f16
+ *          (and q8_0) K/V, 1-2 layers, V per row and transposed, cells with
+ *          and without ext, one or three streams, with and without an SWA
+ *          tail section. Each must parse with thaw_kvlayout_parse() and
+ *          have the cells it was built with, or gen_corpus fails.
+ *   .tkb   blocks cut from those states by thaw_kvlayout_cut().
+ *   .tmf   manifests built here after the layout in blocks.h (the writer,
+ *          thaw_blocks_store(), needs a disk cache with a writer thread),
+ *          their tail blocks and SWA sections cut from the states above.
  *   *-v2   a valid seed with format version 2 (and, for .idx, its
  *          self-checksum fixed up): the THAW_EVERSION paths.
  *
@@ -22,8 +34,10 @@
  * into tests/fuzz/corpus/ with --regen-seeds. Returns 0, or 1 with a message.
  */
 #include "blob.h"
+#include "blocks.h"
 #include "cache_disk.h"
 #include "error.h"
+#include "kvlayout.h"
 #include "kvstate.h"
 
 #include <dirent.h>
@@ -166,6 +180,234 @@ static int gen_kvstate(void)
         thaw_blob_unref(b);
     }
     return rc;
+}
+
+/* ---- libllama states and blocks (fuzz_kvlayout) ------------------------- */
+
+#define LLAMA_SEQ_MAGIC 0xaf143cd8u /* kvlayout.h */
+#define TYPE_F16 1                  /* ggml_type: 2 bytes an element */
+#define TYPE_Q8_0 8                 /* 34 bytes per block of 32 */
+#define N_EMBD 8                    /* elements per cell per layer (K and V) */
+
+/* A libllama state to build: section 0 with n_cells cells at positions
+ * 0..n_cells-1, then (swa_cells > 0) an SWA section holding the last
+ * swa_cells of them. */
+struct state_seed {
+    const char *name;
+    uint32_t n_cells, n_layers, v_trans, ext, n_stream, stream, swa_cells;
+    int32_t seq_id;
+    int k_q8; /* K rows in q8_0 (untransposed V stays f16) */
+};
+
+struct wbuf {
+    uint8_t *p;
+    size_t n, cap;
+};
+
+static int wb_put(struct wbuf *w, const void *src, size_t n)
+{
+    if (w->cap - w->n < n) {
+        size_t cap = (w->cap ? 2 * w->cap : 256) + n;
+        uint8_t *p = realloc(w->p, cap);
+        if (!p)
+            return THAW_ENOMEM;
+        w->p = p;
+        w->cap = cap;
+    }
+    memcpy(w->p + w->n, src, n);
+    w->n += n;
+    return 0;
+}
+
+static int wb_u32(struct wbuf *w, uint32_t v)
+{
+    return wb_put(w, &v, 4);
+}
+
+static int wb_u64(struct wbuf *w, uint64_t v)
+{
+    return wb_put(w, &v, 8);
+}
+
+static int wb_fill(struct wbuf *w, size_t n, uint32_t seed)
+{
+    uint8_t b[4096];
+    fill(b, n, seed);
+    return wb_put(w, b, n);
+}
+
+/* One llama_kv_cache section (kvlayout.h) of cells at positions
+ * pos0..pos0+n-1. */
+static int put_section(struct wbuf *w, const struct state_seed *s, uint32_t pos0, uint32_t n, uint32_t seed)
+{
+    uint32_t krow = s->k_q8 ? 34 : 2 * N_EMBD, vrow = 2 * N_EMBD;
+    int rc = wb_u32(w, s->n_stream);
+
+    for (uint32_t st = 0; st < s->n_stream && !rc; st++) {
+        rc = wb_u32(w, st == s->stream ? n : 0);
+        if (st != s->stream || rc)
+            continue;
+        for (uint32_t i = 0; i < n && !rc; i++) {
+            rc = wb_u32(w, pos0 + i) || wb_u32(w, 1);
+            if (!rc && s->ext) /* x, y: M-RoPE image coordinates; tok */
+                rc = wb_u32(w, i % 3) || wb_u32(w, i / 3) || wb_u32(w, 1000 + i);
+            rc = rc || wb_u32(w, (uint32_t)s->seq_id);
+        }
+        rc = rc || wb_u32(w, s->v_trans) || wb_u32(w, s->n_layers);
+        for (uint32_t l = 0; l < s->n_layers && !rc; l++)
+            rc = wb_u32(w, s->k_q8 ? TYPE_Q8_0 : TYPE_F16) || wb_u64(w, krow) ||
+                 wb_fill(w, (size_t)n * krow, seed + l);
+        for (uint32_t l = 0; l < s->n_layers && !rc; l++) {
+            rc = wb_u32(w, TYPE_F16);
+            if (!rc && !s->v_trans)
+                rc = wb_u64(w, vrow);
+            else if (!rc)
+                rc = wb_u32(w, 2) || wb_u32(w, N_EMBD); /* el, n_embd_v */
+            rc = rc || wb_fill(w, (size_t)n * vrow, seed + 100 + l);
+        }
+    }
+    return rc ? THAW_ENOMEM : 0;
+}
+
+/* The state s describes, verified by the parser; *out (free()) its bytes.
+ * On 0 *l is the parsed layout (thaw_kvlayout_free). */
+static int make_state(const struct state_seed *s, uint8_t **out, size_t *n, struct thaw_kvlayout **l)
+{
+    struct wbuf w = {0};
+    int rc;
+
+    if (wb_u32(&w, LLAMA_SEQ_MAGIC) || wb_u32(&w, (uint32_t)s->seq_id) || put_section(&w, s, 0, s->n_cells, 7) ||
+        (s->swa_cells && put_section(&w, s, s->n_cells - s->swa_cells, s->swa_cells, 77))) {
+        free(w.p);
+        return fail("out of memory", NULL, THAW_ENOMEM);
+    }
+    if ((rc = thaw_kvlayout_parse(w.p, w.n, l)) != 0) {
+        free(w.p);
+        return fail("thaw_kvlayout_parse of the seed", s->name, rc);
+    }
+    if (thaw_kvlayout_n_cells(*l) != s->n_cells || thaw_kvlayout_n_layers(*l) != s->n_layers ||
+        thaw_kvlayout_v_trans(*l) != (int)s->v_trans) {
+        thaw_kvlayout_free(*l);
+        free(w.p);
+        return fail("the seed parses to another shape:", s->name, THAW_ELAYOUT);
+    }
+    *out = w.p;
+    *n = w.n;
+    return 0;
+}
+
+/* The block of cells [a, b) of l, written as seed `name` of `target`; with
+ * version != 1 the version word is changed after the cut. */
+static int cut_seed(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, const char *target, const char *name,
+                    uint16_t version)
+{
+    size_t n = thaw_kvlayout_block_size(l, a, b);
+    uint8_t *blk = n ? malloc(n) : NULL;
+    int rc;
+
+    if (!blk)
+        return fail("out of memory", name, THAW_ENOMEM);
+    if ((rc = thaw_kvlayout_cut(l, a, b, blk, n)) != 0) {
+        free(blk);
+        return fail("thaw_kvlayout_cut", name, rc);
+    }
+    if (version != 1)
+        memcpy(blk + 4, &version, 2);
+    rc = write_seed(target, name, blk, n);
+    free(blk);
+    return rc;
+}
+
+static const struct state_seed states[] = {
+    {"f16-l1-c4.llstate", 4, 1, 0, 0, 1, 0, 0, 0, 0},
+    {"f16-l2-c5-vtrans.llstate", 5, 2, 1, 0, 1, 0, 0, 0, 0},
+    {"f16-l2-c6-swa.llstate", 6, 2, 0, 0, 1, 0, 3, 0, 0},
+    {"f16-l1-c3-vtrans-swa.llstate", 3, 1, 1, 0, 1, 0, 2, 0, 0},
+    {"f16-l1-c3-ext.llstate", 3, 1, 0, 1, 1, 0, 0, 0, 0},
+    {"f16-l2-c4-stream1of3.llstate", 4, 2, 1, 0, 3, 1, 0, 1, 0},
+    {"q8k-l1-c2.llstate", 2, 1, 0, 0, 1, 0, 0, 0, 1},
+};
+
+static int gen_kvlayout(void)
+{
+    int rc = 0;
+
+    for (size_t i = 0; i < sizeof states / sizeof states[0] && !rc; i++) {
+        const struct state_seed *s = &states[i];
+        struct thaw_kvlayout *l = NULL;
+        uint8_t *b = NULL;
+        size_t n;
+        char name[64];
+        if ((rc = make_state(s, &b, &n, &l)) != 0)
+            return rc;
+        rc = write_seed("fuzz_kvlayout", s->name, b, n);
+        /* blocks: the first cell, and the rest (pos0 > 0) */
+        snprintf(name, sizeof name, "%.*s-first.tkb", (int)(strlen(s->name) - 8), s->name);
+        rc = rc || cut_seed(l, 0, 1, "fuzz_kvlayout", name, 1);
+        snprintf(name, sizeof name, "%.*s-rest.tkb", (int)(strlen(s->name) - 8), s->name);
+        rc = rc || cut_seed(l, 1, s->n_cells, "fuzz_kvlayout", name, 1);
+        if (i == 0) {
+            rc = rc || cut_seed(l, 0, s->n_cells, "fuzz_kvlayout", "f16-l1-c4-all.tkb", 1);
+            rc = rc || cut_seed(l, 0, s->n_cells, "fuzz_kvlayout", "f16-l1-c4-v2.tkb", 2);
+        }
+        thaw_kvlayout_free(l);
+        free(b);
+    }
+    return rc;
+}
+
+/* ---- manifests (fuzz_manifest) --------------------------------------------- */
+
+/* A manifest (blocks.h) of n_tokens tokens in blocks of block_tokens, its
+ * tail block cut from state seed `st`, and that state's SWA section when
+ * `swa`; version != 1 for the THAW_EVERSION path. */
+static int manifest_seed(const char *name, const struct state_seed *st, uint32_t block_tokens, int swa,
+                         uint32_t version)
+{
+    struct thaw_kvlayout *l = NULL;
+    struct wbuf w = {0};
+    uint8_t *state = NULL, *tail = NULL;
+    size_t n_state, n_tail = 0, n_swa = 0;
+    const void *swa_p = NULL;
+    uint32_t n_tokens = st->n_cells, n_blocks = n_tokens / block_tokens, a = n_blocks * block_tokens;
+    int rc;
+
+    if ((rc = make_state(st, &state, &n_state, &l)) != 0)
+        return rc;
+    if (swa)
+        thaw_kvlayout_tail(l, &swa_p, &n_swa);
+    if (a < n_tokens) {
+        n_tail = thaw_kvlayout_block_size(l, a, n_tokens);
+        if (!(tail = malloc(n_tail)) || thaw_kvlayout_cut(l, a, n_tokens, tail, n_tail) != 0) {
+            rc = fail("cutting the tail of", name, THAW_ENOMEM);
+            goto out;
+        }
+    }
+    rc = wb_put(&w, "TMF1", 4) || wb_u32(&w, version) || wb_u32(&w, n_tokens) || wb_u32(&w, block_tokens) ||
+         wb_u32(&w, n_blocks) || wb_u32(&w, 0) || wb_u64(&w, n_tail) || wb_u64(&w, n_swa);
+    for (uint32_t i = 0; i < n_tokens && !rc; i++)
+        rc = wb_u32(&w, (i * 7919u + 151643u) % 151936u);
+    for (uint32_t k = 0; k < n_blocks && !rc; k++)
+        rc = wb_fill(&w, THAW_BLOCKS_ID_BYTES, 500 + k); /* ids: no block is on the fuzzer's disk */
+    rc = rc || (n_tail && wb_put(&w, tail, n_tail)) || (n_swa && wb_put(&w, swa_p, n_swa));
+    rc = rc ? fail("out of memory", name, THAW_ENOMEM) : write_seed("fuzz_manifest", name, w.p, w.n);
+out:
+    free(w.p);
+    free(tail);
+    thaw_kvlayout_free(l);
+    free(state);
+    return rc;
+}
+
+static int gen_manifest(void)
+{
+    return manifest_seed("c5-b2-tail.tmf", &states[1], 2, 0, 1) || /* 2 ids, tail of 1 cell */
+           manifest_seed("c4-b2.tmf", &states[0], 2, 0, 1) ||      /* 2 ids, no tail */
+           manifest_seed("c4-b8-tail-only.tmf", &states[0], 8, 0, 1) || /* no ids: loads */
+           manifest_seed("c3-b4-ext.tmf", &states[4], 4, 0, 1) ||
+           manifest_seed("c6-b16-swa.tmf", &states[2], 16, 1, 1) || /* loads, with an SWA window */
+           manifest_seed("c6-b4-swa.tmf", &states[2], 4, 1, 1) ||
+           manifest_seed("c4-b8-v2.tmf", &states[0], 8, 0, 2);
 }
 
 /* ---- .idx ----------------------------------------------------------------- */
@@ -320,8 +562,11 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/fuzz_idx", out_root);
     if (mkdir_p(path))
         return 1;
-    snprintf(path, sizeof path, "%s/fuzz_kvstate", out_root);
-    if (mkdir_p(path))
-        return 1;
-    return gen_kvstate() || gen_idx() ? 1 : 0;
+    static const char *const targets[] = {"fuzz_kvstate", "fuzz_kvlayout", "fuzz_manifest"};
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", out_root, targets[i]);
+        if (mkdir_p(path))
+            return 1;
+    }
+    return gen_kvstate() || gen_idx() || gen_kvlayout() || gen_manifest() ? 1 : 0;
 }
