@@ -198,6 +198,14 @@ static int load_blocks(struct thaw_disk_cache *c, const uint8_t (*ids)[THAW_BLOC
         nb++;
     }
     if (tail_size) {
+        /* the tail must hold exactly the cells past the whole blocks: its
+         * own header says how many, and assembly checks only the order */
+        uint32_t pos0, cells;
+        if (thaw_kvlayout_block_info(tail, tail_size, &pos0, &cells) != 0 || pos0 != n_ids * block_tokens ||
+            (int64_t)pos0 + cells != n_toks) {
+            rc = THAW_ECORRUPT;
+            goto out;
+        }
         blocks[nb] = tail;
         sizes[nb++] = tail_size;
     }

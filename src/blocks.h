@@ -95,8 +95,9 @@ void thaw_blocks_state_free(struct thaw_blocks_state *s);
 
 /* Builds the state a manifest describes, reading its blocks from the disk
  * (each verified by its checksum), for the slot of frame f.
- * Returns 0, THAW_ECORRUPT (a bad manifest, or a block whose header does
- * not fit its place), THAW_ENOTFOUND (a block is gone: evicted, or found
+ * Returns 0, THAW_ECORRUPT (a bad manifest, or a block — the tail too —
+ * whose header does not fit its place), THAW_EVERSION (a manifest of
+ * another format version), THAW_ENOTFOUND (a block is gone: evicted, or found
  * corrupt and removed), THAW_ENOMEM, or a disk error. */
 int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out);

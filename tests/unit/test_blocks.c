@@ -236,6 +236,20 @@ static void test_store_restore_share_prefix(void **state)
     copy[12] ^= 0xff; /* block size */
     assert_int_not_equal(thaw_blocks_load(c, copy, n_man, &f, &bs), 0);
     free(copy);
+    /* a manifest whose lengths add up but whose tail holds more or fewer
+     * cells than its tokens need (found by fuzz_manifest: it loaded, a
+     * state of 200 cells labelled 199 or 201 tokens) */
+    for (int d = -1; d <= 1; d += 2) {
+        size_t toks_end = 40 + 4 * (size_t)200, n_bad = n_man + 4 * (size_t)d;
+        uint8_t *bad = calloc(1, n_bad);
+        uint32_t n_bad_tokens = (uint32_t)(200 + d);
+        memcpy(bad, man, toks_end + (d < 0 ? -4 : 0));
+        memcpy(bad + 8, &n_bad_tokens, 4);
+        memcpy(bad + toks_end + 4 * d, (const uint8_t *)man + toks_end, n_man - toks_end);
+        assert_int_equal(thaw_blocks_manifest_ids(bad, n_bad, &(const uint8_t *){NULL}, &(uint32_t){0}), 0);
+        assert_int_equal(thaw_blocks_load(c, bad, n_bad, &f, &bs), THAW_ECORRUPT);
+        free(bad);
+    }
     thaw_disk_entry_release(e);
 
     /* prefix lookup: a new prompt sharing 100 tokens finds 3 blocks (96) */
