@@ -40,7 +40,7 @@ cmd=$1
 dir=$(cd "$2" && pwd)
 conf=$dir/ceph.conf
 timeout=${S3STORE_TIMEOUT:-60}
-daemons=(rgw osd mon)           # stop order; start is the reverse
+daemons=(rgw osd mon)           # run/NAME.pid, log/NAME.out
 region=us-east-1                # RGW takes the region from the signature
 uid=thaw
 
