@@ -4,7 +4,10 @@
 # Idempotent: each step checks before it acts, so a second run does nothing
 # but print what is already there.
 #
-#   1. Debian packages (apt-get as root; otherwise print the one command).
+#   1. Debian packages (apt-get as root; otherwise print the one command),
+#      including a single-node Ceph (ceph-mon ceph-osd radosgw ceph-common,
+#      ~67 MB) that scripts/s3store.sh starts as the S3 store of the shared
+#      tier's tests.
 #   2. llama.cpp v0.4.0 from the npm registry into .deps/ (git-ignored):
 #        .deps/llama/lib      prebuilt libllama + ggml (+ CPU variants)
 #        .deps/llama/include  llama.h, ggml headers, gguf.h
@@ -23,7 +26,8 @@ log() { printf '[setup] %s\n' "$*"; }
 # ---- 1. Debian packages -----------------------------------------------------
 pkgs=(build-essential cmake pkg-config git ca-certificates curl nodejs npm
       libmicrohttpd-dev libjansson-dev libsodium-dev libxxhash-dev
-      libcmocka-dev python3 python3-pytest python3-requests)
+      libcmocka-dev python3 python3-pytest python3-requests
+      ceph-mon ceph-osd radosgw ceph-common)
 missing=()
 for p in "${pkgs[@]}"; do
   if [ "$p" = nodejs ] || [ "$p" = npm ]; then

@@ -1,7 +1,7 @@
 """pytest fixtures for the end-to-end tests (the harness is in harness.py)."""
 import pytest
 
-from harness import REPO, THAW, Server, mkmodel  # noqa: F401  (re-exported for the tests)
+from harness import REPO, THAW, S3Store, Server, mkmodel  # noqa: F401  (re-exported for the tests)
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +39,14 @@ def system(text):
 
 def assistant(text):
     return {"role": "assistant", "content": text}
+
+
+@pytest.fixture(scope="session")
+def s3store(tmp_path_factory):
+    """A real S3 store (Ceph RGW, scripts/s3store.sh) for the whole session,
+    stopped at its end whatever happened."""
+    store = S3Store(tmp_path_factory.mktemp("s3store"))
+    try:
+        yield store
+    finally:
+        store.stop()

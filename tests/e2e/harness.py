@@ -110,3 +110,60 @@ class Server:
 
     def __exit__(self, *exc):
         self.kill()
+
+
+class S3Store:
+    """A real S3 store (single-node Ceph RGW, scripts/s3store.sh) with all
+    its state under `dir`; requests go through `curl --aws-sigv4`, the
+    client the shared tier's tests and benches can count on."""
+
+    SCRIPT = os.path.join(REPO, "scripts", "s3store.sh")
+
+    def __init__(self, dir):
+        self.dir = str(dir)
+        try:
+            p = subprocess.run(["bash", self.SCRIPT, "start", self.dir], capture_output=True, text=True,
+                               timeout=180)
+        except subprocess.TimeoutExpired:
+            self.stop()  # the script was killed half-way: its daemons were not
+            raise
+        if p.returncode != 0:
+            raise RuntimeError("scripts/s3store.sh start failed (packages: scripts/setup.sh):\n"
+                               + p.stdout + p.stderr)
+        self.env = dict(re.findall(r"^export (\w+)=(\S*)$", p.stdout, re.M))
+        self.endpoint = self.env["THAW_S3_ENDPOINT"]
+        self.started_in = p.stderr  # "ready in N s: ..."
+
+    def pid(self, daemon):
+        """The pid of `daemon`: "mon", "osd" or "rgw"."""
+        with open(os.path.join(self.dir, "run", daemon + ".pid")) as f:
+            return int(f.read())
+
+    def curl_args(self, method, path, headers=(), max_time=10):
+        e = self.env
+        args = ["curl", "-sS", "-X", method, "--max-time", str(max_time),
+                "--aws-sigv4", f"aws:amz:{e['AWS_REGION']}:s3",
+                "--user", f"{e['AWS_ACCESS_KEY_ID']}:{e['AWS_SECRET_ACCESS_KEY']}",
+                # RGW rejects curl's signature without it (SignatureDoesNotMatch)
+                "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD",
+                "-o", "-", "-w", "\n%{http_code}"]
+        for h in headers:
+            args += ["-H", h]
+        return args + [self.endpoint + path]
+
+    @staticmethod
+    def parse(p):
+        """(status, body) from a curl_args run; status 0 when curl failed
+        (p.returncode then says why: 28 is a time-out)."""
+        body, _, code = p.stdout.rpartition(b"\n")
+        return (int(code) if p.returncode == 0 else 0), body
+
+    def request(self, method, path, data=None, headers=(), max_time=10):
+        args = self.curl_args(method, path, headers, max_time)
+        if data is not None:
+            args[1:1] = ["--data-binary", "@-"]
+        p = subprocess.run(args, input=data, capture_output=True, timeout=max_time + 30)
+        return self.parse(p)
+
+    def stop(self):
+        subprocess.run(["bash", self.SCRIPT, "stop", self.dir], capture_output=True, timeout=60)
