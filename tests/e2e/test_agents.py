@@ -281,9 +281,17 @@ def test_same_messages_other_tools_never_share_state(serve, family_models, tmp_p
     g2 = agent_step(s, msgs, SCHEMAS[3:6])
     s.stop()
     s = serve(family_models["qwen3"], *flags, "--kv-cache-dir", str(tmp_path), "--kv-cache-min-tokens", "16")
-    # agent 1's turn 2 with agent 2's tools: the key differs, nothing restored
+    # agent 1's turn 2 with agent 2's tools: another key
     cross = agent_step(s, extend(msgs, g1, 0), SCHEMAS[3:6])
-    assert cross["timings"]["cache_source"] == "none"
+    # no state keyed for the other tool list; blocks are shared only where
+    # the tokens are identical (here: agent 2's own turn up to its reply),
+    # so the reply equals the reference that prefilled everything
+    assert cross["timings"]["cache_source"] in ("none", "blocks")
+    s.stop()
+    ref = serve(family_models["qwen3"], *flags)
+    want_cross = agent_step(ref, extend(msgs, g1, 0), SCHEMAS[3:6])
+    ref.kill()
+    s = serve(family_models["qwen3"], *flags, "--kv-cache-dir", str(tmp_path), "--kv-cache-min-tokens", "16")
     got1 = agent_step(s, extend(msgs, g1, 0), SCHEMAS[:3])
     assert got1["timings"]["cache_source"] == "disk"
     got2 = agent_step(s, extend(msgs, g2, 0), SCHEMAS[3:6])
@@ -291,6 +299,7 @@ def test_same_messages_other_tools_never_share_state(serve, family_models, tmp_p
     strip = lambda r: [(c["function"]["name"], c["function"]["arguments"]) for c in r["choices"][0]["message"]["tool_calls"]]
     assert strip(g1) == strip(r1) and strip(g2) == strip(r2)
     assert strip(got1) == strip(want1) and strip(got2) == strip(want2)
+    assert strip(cross) == strip(want_cross)
     # other chat_template_kwargs: another key too
     k = agent_step(s, extend(msgs, g1, 0), SCHEMAS[:3], chat_template_kwargs={"enable_thinking": False})
     assert k["timings"]["cache_source"] != "disk"

@@ -52,12 +52,26 @@ def kv_flags(d, *extra):
     return ["--kv-cache-dir", str(d), "--cache-ram", "0", *extra]
 
 
-def seed_workload(serve, model, flags, order2=(0, 1, 3, 2), restart=False, order1=(0, 1, 2, 3)):
+def drained(s, timeout=60):
+    """Waits until the slots are idle and the disk writer holds nothing."""
+    deadline = time.time() + timeout
+    while True:
+        m = s.metrics()
+        if m["thaw_slots_busy"] == 0 and m.get("thaw_kv_disk_queue_bytes", 0) == 0:
+            return m
+        assert time.time() < deadline, "the disk writer did not drain"
+        time.sleep(0.05)
+
+
+def seed_workload(serve, model, flags, order2=(0, 1, 3, 2), restart=False, order1=(0, 1, 2, 3), drain=False):
     """4 conversations x 2 turns through -np 2: turn 1 in order 1 2 3 4, turn 2
-    in `order2`. Returns (turn-1 responses, turn-2 responses by conversation)."""
+    in `order2` (after the disk writer caught up, with drain). Returns
+    (turn-1 responses, turn-2 responses by conversation)."""
     s = serve(model, "-np", "2", "-c", "8192", *flags)
     convs = [conversation(i) for i in range(4)]
     r1 = {i: chat(s, convs[i]) for i in order1}
+    if drain:
+        drained(s)
     if restart:
         assert s.stop() == 0
         s = serve(model, "-np", "2", "-c", "8192", *flags)
@@ -73,7 +87,9 @@ def test_seed_workload_cache_off_serves_almost_nothing_from_cache(serve):
 
 
 def test_seed_workload_cache_on(serve, tmp_path):
-    s, r1, r2 = seed_workload(serve, "llama", kv_flags(tmp_path))
+    # drained: prefetching (below) reads committed entries; one still in the
+    # writer's queue is served from memory (test_turn_2_right_after_...)
+    s, r1, r2 = seed_workload(serve, "llama", kv_flags(tmp_path), drain=True)
     assert ratio(r2.values()) >= 0.98
     sources = {i: r["timings"]["cache_source"] for i, r in r2.items()}
     assert list(sources.values()).count("disk") >= 2, sources
@@ -377,11 +393,8 @@ def test_ram_tier_keeps_one_turn_per_conversation_when_the_disk_has_the_rest(ser
     s = serve("llama", "-np", "1", "--kv-cache-dir", str(tmp_path), "--cache-ram", "64",
               "--kv-cache-min-tokens", "16")
 
-    def written(n):  # the writer runs behind the replies
-        deadline = time.time() + 30
-        while s.metrics()["thaw_kv_disk_stores_total"] < n:
-            assert time.time() < deadline, "disk stores did not land"
-            time.sleep(0.05)
+    def written(n):  # the writer runs behind the replies (n: the turns stored; blocks are entries too)
+        drained(s)
 
     ra1, rb1 = chat(s, a), chat(s, b)  # b takes the only slot
     written(2)
