@@ -417,6 +417,16 @@ static void gemma4_typed(struct sbuf *b, json_t *schema, const char *type, int d
     }
 }
 
+/* What was written since mark gives way to the generic value (a constant
+ * this cannot spell). */
+static void rewind_to_value(struct sbuf *b, size_t mark)
+{
+    b->n = mark;
+    if (b->s)
+        b->s[mark] = '\0';
+    puts_(b, "gemma4-value");
+}
+
 static void gemma4_value(struct sbuf *b, json_t *schema, int depth)
 {
     json_t *t, *e, *v;
@@ -428,12 +438,8 @@ static void gemma4_value(struct sbuf *b, json_t *schema, int depth)
     }
     if ((v = json_object_get(schema, "const"))) {
         size_t mark = b->n;
-        if (!gemma4_constant(b, v)) {
-            b->n = mark;
-            if (b->s)
-                b->s[mark] = '\0';
-            puts_(b, "gemma4-value");
-        }
+        if (!gemma4_constant(b, v))
+            rewind_to_value(b, mark);
         return;
     }
     if (json_is_array(e = json_object_get(schema, "enum")) && json_array_size(e) > 0) {
@@ -444,10 +450,7 @@ static void gemma4_value(struct sbuf *b, json_t *schema, int depth)
             if (i)
                 puts_(b, " | ");
             if (!gemma4_constant(b, v)) {
-                b->n = mark;
-                if (b->s)
-                    b->s[mark] = '\0';
-                puts_(b, "gemma4-value");
+                rewind_to_value(b, mark);
                 return;
             }
         }
