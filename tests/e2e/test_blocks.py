@@ -181,3 +181,25 @@ def test_whole_states_with_block_0(serve, tmp_path):
     for kv in glob.glob(str(tmp_path / "*.kv")):
         with open(kv, "rb") as f:
             assert f.read(4) == b"TKV1"
+
+
+def test_tenants_never_share_blocks(serve, tmp_path):
+    conv = [shared_system(), ask(6)]
+    body = {"messages": conv, "max_tokens": 8, "temperature": 0}
+    keys = ["--api-key", "alpha,beta"]
+
+    def as_tenant(s, key):
+        r = s.post("/v1/chat/completions", body, headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        return r.json()["timings"]
+
+    s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path), *keys)
+    as_tenant(s, "alpha")
+    s.stop()
+    s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path), *keys)
+    # the same prompt from the other tenant: alpha's blocks are not beta's
+    t = as_tenant(s, "beta")
+    assert t["cache_n"] == 0 and t["cache_source"] == "none", t
+    # and alpha's own blocks still serve alpha
+    t = as_tenant(s, "alpha")
+    assert t["cache_n"] > 0, t
