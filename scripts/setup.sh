@@ -26,7 +26,7 @@ log() { printf '[setup] %s\n' "$*"; }
 # ---- 1. Debian packages -----------------------------------------------------
 pkgs=(build-essential cmake pkg-config git ca-certificates curl nodejs npm
       libmicrohttpd-dev libjansson-dev libsodium-dev libxxhash-dev
-      libcmocka-dev python3 python3-pytest python3-requests
+      libcmocka-dev libcurl4-openssl-dev python3 python3-pytest python3-requests
       ceph-mon ceph-osd radosgw ceph-common)
 missing=()
 for p in "${pkgs[@]}"; do

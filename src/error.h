@@ -22,7 +22,10 @@
     X(SHUTDOWN, "server is shutting down")                                   \
     X(CANCELLED, "cancelled")                                                \
     X(LOCKED, "in use by another process")                                   \
-    X(LAYOUT, "unknown llama.cpp state layout")
+    X(LAYOUT, "unknown llama.cpp state layout")                              \
+    X(EXIST, "already exists")                                                 \
+    X(TIMEDOUT, "timed out")                                                 \
+    X(STORE, "object store request failed")
 
 enum thaw_error {
     THAW_ERR_BASE_ = -100000,
