@@ -461,22 +461,8 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
 
 void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES])
 {
-    if (c && c->disk && thaw_disk_cache_prefetch(c->disk, key) > 0) {
+    if (c && c->disk && thaw_disk_cache_prefetch(c->disk, key) > 0)
         atomic_fetch_add(&c->metrics->cache_prefetches, 1);
-        /* a manifest (a few KiB, read and verified here): its blocks are
-         * where the bytes are */
-        struct thaw_disk_entry *de;
-        const uint8_t *ids;
-        uint32_t n_ids;
-        size_t n;
-        if (c->block_tokens && thaw_disk_cache_lookup(c->disk, key, &de) == 0) {
-            const void *m = thaw_disk_entry_part(de, THAW_PART_KV, &n);
-            if (thaw_blocks_is_manifest(m, n) && thaw_blocks_manifest_ids(m, n, &ids, &n_ids) == 0)
-                for (uint32_t k = 0; k < n_ids; k++)
-                    thaw_disk_cache_prefetch(c->disk, ids + (size_t)k * THAW_BLOCKS_ID_BYTES);
-            thaw_disk_entry_release(de);
-        }
-    }
 }
 
 void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t *len)
