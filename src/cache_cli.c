@@ -23,26 +23,25 @@
 
 #define KEY_SHOWN 16 /* hex digits of a key shown in listings */
 
-static const char usage_text[] =
-    "usage: thaw cache <command> DIR [options]\n"
-    "\n"
-    "  ls DIR                    list entries, most recently used first\n"
-    "  stats DIR                 entries, total size, oldest entry\n"
-    "  verify DIR [--fix]        checksum every entry and report the corrupt\n"
-    "                            ones; changes nothing unless --fix (alias\n"
-    "                            --repair): then removes them, and the files an\n"
-    "                            interrupted run left if no server holds DIR\n"
-    "                            (--dry-run: the default, still accepted)\n"
-    "  gc DIR [--ttl T] [--max MiB]\n"
-    "                            evict entries unused for more than T (seconds,\n"
-    "                            or with a unit: 90m, 12h, 3d), then the least\n"
-    "                            recently used until the total is <= MiB\n"
-    "  rm DIR KEY... | --all     remove entries (KEY: hex key or unique prefix)\n"
-    "\n"
-    "ls, stats and verify (without --fix) never change DIR. The others are safe\n"
-    "while a server uses DIR: only whole entries are removed, .idx first.\n"
-    "Exit status: 0 ok, 1 something found wrong (an unreadable or corrupt\n"
-    "entry) or not found, 2 error.\n";
+static const char usage_text[] = "usage: thaw cache <command> DIR [options]\n"
+                                 "\n"
+                                 "  ls DIR                    list entries, most recently used first\n"
+                                 "  stats DIR                 entries, total size, oldest entry\n"
+                                 "  verify DIR [--fix]        checksum every entry and report the corrupt\n"
+                                 "                            ones; changes nothing unless --fix (alias\n"
+                                 "                            --repair): then removes them, and the files an\n"
+                                 "                            interrupted run left if no server holds DIR\n"
+                                 "                            (--dry-run: the default, still accepted)\n"
+                                 "  gc DIR [--ttl T] [--max MiB]\n"
+                                 "                            evict entries unused for more than T (seconds,\n"
+                                 "                            or with a unit: 90m, 12h, 3d), then the least\n"
+                                 "                            recently used until the total is <= MiB\n"
+                                 "  rm DIR KEY... | --all     remove entries (KEY: hex key or unique prefix)\n"
+                                 "\n"
+                                 "ls, stats and verify (without --fix) never change DIR. The others are safe\n"
+                                 "while a server uses DIR: only whole entries are removed, .idx first.\n"
+                                 "Exit status: 0 ok, 1 something found wrong (an unreadable or corrupt\n"
+                                 "entry) or not found, 2 error.\n";
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -83,8 +82,7 @@ static void fmt_ago(int64_t then, int64_t now, char out[24])
 
 static void fmt_parts(const uint64_t size[THAW_PART_COUNT], char out[24])
 {
-    snprintf(out, 24, "kv%s%s", size[THAW_PART_CKPT] ? "+ckpt" : "",
-             size[THAW_PART_DFT] ? "+dft" : "");
+    snprintf(out, 24, "kv%s%s", size[THAW_PART_CKPT] ? "+ckpt" : "", size[THAW_PART_DFT] ? "+dft" : "");
 }
 
 /* Parses "90", "90s", "15m", "12h", "3d" into seconds. 0 or THAW_EINVAL. */
@@ -102,11 +100,20 @@ static int parse_duration(const char *s, int64_t *out)
         if (end[1])
             return THAW_EINVAL;
         switch (*end) {
-        case 's': mul = 1; break;
-        case 'm': mul = 60; break;
-        case 'h': mul = 3600; break;
-        case 'd': mul = 86400; break;
-        default: return THAW_EINVAL;
+        case 's':
+            mul = 1;
+            break;
+        case 'm':
+            mul = 60;
+            break;
+        case 'h':
+            mul = 3600;
+            break;
+        case 'd':
+            mul = 86400;
+            break;
+        default:
+            return THAW_EINVAL;
         }
     }
     if (v > INT64_MAX / mul)
@@ -131,8 +138,7 @@ static int parse_mib(const char *s, uint64_t *out)
 /* Opens cli->dir. Read-only, or else as the directory's owner when no
  * server holds it (so leftovers are swept) and shared when one does.
  * 0 or the error, already reported. */
-static int cli_open(struct cli *cli, int readonly, uint64_t max_bytes, int64_t ttl_s,
-                    struct thaw_disk_cache **out)
+static int cli_open(struct cli *cli, int readonly, uint64_t max_bytes, int64_t ttl_s, struct thaw_disk_cache **out)
 {
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
     struct stat st;
@@ -154,8 +160,7 @@ static int cli_open(struct cli *cli, int readonly, uint64_t max_bytes, int64_t t
         p.flags = THAW_DISK_CACHE_SHARED;
         r = thaw_disk_cache_open(&p, out);
         if (r == 0 && cli->verbose)
-            fprintf(stderr, "thaw cache: a server is using %s: leaving its temporary files alone\n",
-                    cli->dir);
+            fprintf(stderr, "thaw cache: a server is using %s: leaving its temporary files alone\n", cli->dir);
     }
     if (r)
         fprintf(stderr, "thaw cache: cannot open %s: %s\n", cli->dir, thaw_strerror(r));
@@ -211,8 +216,8 @@ static int cmd_ls(struct cli *cli)
     if (list_all(c, &l))
         goto out;
     if (l.n)
-        printf("%-*s %8s %10s  %-12s %-10s %-10s %s\n", KEY_SHOWN, "KEY", "TOKENS", "SIZE",
-               "PARTS", "CREATED", "LAST USED", "MODEL");
+        printf("%-*s %8s %10s  %-12s %-10s %-10s %s\n", KEY_SHOWN, "KEY", "TOKENS", "SIZE", "PARTS", "CREATED",
+               "LAST USED", "MODEL");
     for (size_t i = 0; i < l.n; i++) {
         const struct thaw_disk_entry_info *e = &l.v[i];
 
@@ -222,15 +227,15 @@ static int cmd_ls(struct cli *cli)
         fmt_parts(e->part_size, parts);
         fmt_ago(e->created, now, created);
         fmt_ago(e->last_used, now, used);
-        printf("%.*s %8" PRIu32 " %10s  %-12s %-10s %-10s %.8s\n", KEY_SHOWN, hex, e->n_tokens,
-               size, parts, created, used, fp);
+        printf("%.*s %8" PRIu32 " %10s  %-12s %-10s %-10s %.8s\n", KEY_SHOWN, hex, e->n_tokens, size, parts, created,
+               used, fp);
     }
     thaw_disk_cache_get_stats(c, &st);
     thaw_fmt_bytes(st.bytes, size);
     printf("%" PRIu64 " %s, %s\n", st.entries, st.entries == 1 ? "entry" : "entries", size);
     if (st.skipped_entries)
-        printf("%" PRIu64 " unreadable or corrupt, not listed (see `thaw cache verify %s`)\n",
-               st.skipped_entries, cli->dir);
+        printf("%" PRIu64 " unreadable or corrupt, not listed (see `thaw cache verify %s`)\n", st.skipped_entries,
+               cli->dir);
     /* A listing that leaves entries out must not pass for a clean one in a
      * script: what could be read is printed, the status says the rest. */
     ret = st.skipped_entries ? 1 : 0;
@@ -295,11 +300,15 @@ static enum kind kind_of(const uint8_t *head, size_t n)
 static void print_blocks(const struct cli *cli, const struct list *l)
 {
     struct block_ref *blocks = calloc(l->n + 1, sizeof *blocks);
+    size_t *manifests = calloc(l->n + 1, sizeof *manifests); /* their indices in l */
     uint64_t n_blocks = 0, n_manifests = 0, n_whole = 0, block_bytes = 0, named = 0, shared = 0, missing = 0;
     char a[24], b[24];
 
-    if (!blocks)
+    if (!blocks || !manifests) {
+        free(blocks);
+        free(manifests);
         return;
+    }
     for (size_t i = 0; i < l->n; i++) {
         uint8_t *head;
         size_t n = 0;
@@ -312,7 +321,7 @@ static void print_blocks(const struct cli *cli, const struct list *l)
             block_bytes += l->v[i].bytes;
             break;
         case KIND_MANIFEST:
-            n_manifests++;
+            manifests[n_manifests++] = i;
             break;
         case KIND_WHOLE:
             n_whole++;
@@ -323,16 +332,17 @@ static void print_blocks(const struct cli *cli, const struct list *l)
         free(head);
     }
     qsort(blocks, n_blocks, sizeof *blocks, block_cmp);
-    for (size_t i = 0; i < l->n; i++) {
+    for (uint64_t j = 0; j < n_manifests; j++) { /* only manifests are read whole */
         size_t n = 0;
         const uint8_t *ids;
         uint32_t n_ids;
-        uint64_t size = l->v[i].part_size[THAW_PART_KV];
-        uint8_t *m = size < (64u << 20) ? read_kv(cli, l->v[i].key, size, &n) : NULL;
-        if (m && kind_of(m, n) == KIND_MANIFEST && thaw_blocks_manifest_ids(m, n, &ids, &n_ids) == 0) {
+        const struct thaw_disk_entry_info *e = &l->v[manifests[j]];
+        uint64_t size = e->part_size[THAW_PART_KV];
+        uint8_t *m = size < (64u << 20) ? read_kv(cli, e->key, size, &n) : NULL;
+        if (m && thaw_blocks_manifest_ids(m, n, &ids, &n_ids) == 0) {
             for (uint32_t k = 0; k < n_ids; k++) {
-                struct block_ref *r = bsearch(ids + (size_t)k * THAW_KEY_BYTES, blocks, n_blocks, sizeof *blocks,
-                                              block_cmp);
+                struct block_ref *r =
+                    bsearch(ids + (size_t)k * THAW_KEY_BYTES, blocks, n_blocks, sizeof *blocks, block_cmp);
                 if (!r) {
                     missing++;
                     continue;
@@ -344,6 +354,7 @@ static void print_blocks(const struct cli *cli, const struct list *l)
         }
         free(m);
     }
+    free(manifests);
     printf("conversations     %" PRIu64 " (%" PRIu64 " as manifests of blocks, %" PRIu64 " as whole states)\n",
            n_manifests + n_whole, n_manifests, n_whole);
     thaw_fmt_bytes(block_bytes, a);
@@ -366,7 +377,7 @@ static int cmd_stats(struct cli *cli)
     int64_t now = (int64_t)time(NULL), newest = 0;
     uint64_t tokens = 0, with_ckpt = 0, with_dft = 0;
     size_t models = 0;
-    uint8_t (*fps)[THAW_DISK_FINGERPRINT_SIZE] = NULL;
+    uint8_t(*fps)[THAW_DISK_FINGERPRINT_SIZE] = NULL;
     char size[24], ago[24];
     int ret = 2;
 
@@ -396,8 +407,7 @@ static int cmd_stats(struct cli *cli)
     }
     thaw_fmt_bytes(st.bytes, size);
     printf("directory         %s\n", cli->dir);
-    printf("entries           %" PRIu64 " (%zu model%s)\n", st.entries, models,
-           models == 1 ? "" : "s");
+    printf("entries           %" PRIu64 " (%zu model%s)\n", st.entries, models, models == 1 ? "" : "s");
     printf("total size        %s (%" PRIu64 " bytes)\n", size, st.bytes);
     printf("tokens stored     %" PRIu64 "\n", tokens);
     printf("with checkpoints  %" PRIu64 "\n", with_ckpt);
@@ -410,8 +420,7 @@ static int cmd_stats(struct cli *cli)
     printf("most recent use   %s\n", ago);
     print_blocks(cli, &l);
     if (st.skipped_entries)
-        printf("unreadable        %" PRIu64 " (see `thaw cache verify %s`)\n",
-               st.skipped_entries, cli->dir);
+        printf("unreadable        %" PRIu64 " (see `thaw cache verify %s`)\n", st.skipped_entries, cli->dir);
     ret = st.skipped_entries ? 1 : 0; /* as ls: the totals leave them out */
 out:
     free(fps);
@@ -428,8 +437,7 @@ static void fmt_bad(unsigned bad, char *out, size_t n)
     out[0] = '\0';
     for (int i = 0; i <= THAW_PART_COUNT; i++)
         if (bad & (1u << i))
-            len += (size_t)snprintf(out + len, len < n ? n - len : 0, "%s%s", len ? " " : "",
-                                    names[i]);
+            len += (size_t)snprintf(out + len, len < n ? n - len : 0, "%s%s", len ? " " : "", names[i]);
 }
 
 /* Read-only unless fix: reporting must never cost the evidence (a corrupt
@@ -504,12 +512,10 @@ static int cmd_gc(struct cli *cli, int64_t ttl_s, uint64_t max_bytes)
     thaw_fmt_bytes(after.bytes, left);
     printf("evicted %d %s (%s)", n, n == 1 ? "entry" : "entries", freed);
     if (after.swept_files)
-        printf(", swept %" PRIu64 " leftover file%s", after.swept_files,
-               after.swept_files == 1 ? "" : "s");
+        printf(", swept %" PRIu64 " leftover file%s", after.swept_files, after.swept_files == 1 ? "" : "s");
     if (after.corrupt_removed)
         printf(", removed %" PRIu64 " corrupt", after.corrupt_removed);
-    printf("; %" PRIu64 " %s left, %s\n", after.entries, after.entries == 1 ? "entry" : "entries",
-           left);
+    printf("; %" PRIu64 " %s left, %s\n", after.entries, after.entries == 1 ? "entry" : "entries", left);
     thaw_disk_cache_close(c);
     return 0;
 }

@@ -291,6 +291,20 @@ static bool gemma4_key_ok(const char *k)
     return *k && !strpbrk(k, ":}{,<\"\\ \t\n");
 }
 
+/* Whether the schema's `required` array names key k. */
+static bool is_required(json_t *req, const char *k)
+{
+    size_t i;
+    json_t *r;
+
+    json_array_foreach(req, i, r)
+    {
+        if (json_is_string(r) && strcmp(json_string_value(r), k) == 0)
+            return true;
+    }
+    return false;
+}
+
 static void gemma4_object(struct sbuf *b, json_t *schema, int depth)
 {
     json_t *props = json_object_get(schema, "properties"), *req = json_object_get(schema, "required"), *v;
@@ -313,11 +327,7 @@ static void gemma4_object(struct sbuf *b, json_t *schema, int depth)
     puts_(b, "(\"{\" space ");
     json_object_foreach(props, k, v)
     {
-        bool required = false;
-        size_t i;
-        json_t *r;
-        json_array_foreach(req, i, r) required |= json_is_string(r) && strcmp(json_string_value(r), k) == 0;
-        if (!required) {
+        if (!is_required(req, k)) {
             n_opt++;
             continue;
         }
@@ -335,11 +345,7 @@ static void gemma4_object(struct sbuf *b, json_t *schema, int depth)
         puts_(&alt, "(");
         json_object_foreach(props, k, v)
         {
-            bool required = false;
-            size_t i;
-            json_t *r;
-            json_array_foreach(req, i, r) required |= json_is_string(r) && strcmp(json_string_value(r), k) == 0;
-            if (required)
+            if (is_required(req, k))
                 continue;
             if (j++)
                 puts_(&alt, " | ");

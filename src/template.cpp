@@ -44,6 +44,24 @@ static char *dup_out(const std::string &s)
     return p;
 }
 
+/* Runs f (which returns the JSON text of a result) with every exception
+ * caught at the C boundary: a malloc'd copy of the text, or NULL with err
+ * set to "what: the exception's message". */
+template <typename F> static char *json_call(char *err, size_t errlen, const char *what, F &&f)
+{
+    try {
+        char *s = dup_out(f());
+        if (!s)
+            set_err(err, errlen, "out of memory", nullptr);
+        return s;
+    } catch (const std::exception &e) {
+        set_err(err, errlen, what, e.what());
+    } catch (...) {
+        set_err(err, errlen, what, "unknown error");
+    }
+    return nullptr;
+}
+
 static common_reasoning_format reasoning_format(const common_json &in)
 {
     std::string name = in.contains("reasoning_format") ? in.at("reasoning_format").get<std::string>() : "auto";
@@ -93,9 +111,8 @@ static bool self_test(std::string &why)
     common_chat_parser_params pp(p);
     if (!p.parser.empty())
         pp.parser.load(p.parser);
-    common_chat_msg out =
-        common_chat_parse("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
-                          false, pp);
+    common_chat_msg out = common_chat_parse(
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", false, pp);
     if (out.tool_calls.size() != 1 || out.tool_calls[0].name != "get_weather" ||
         out.tool_calls[0].arguments.find("Paris") == std::string::npos) {
         why = "a known tool call did not parse back";
@@ -112,7 +129,8 @@ int thaw_tmpl_new(const struct llama_model *model, const char *override_src, boo
     try {
         std::string why;
         if (use_jinja && !self_test(why)) {
-            set_err(err, errlen, "llama.cpp's chat library (libllama-common) does not match the headers thaw was built with",
+            set_err(err, errlen,
+                    "llama.cpp's chat library (libllama-common) does not match the headers thaw was built with",
                     why.c_str());
             return THAW_EINVAL;
         }
@@ -145,17 +163,26 @@ int thaw_tmpl_new(const struct llama_model *model, const char *override_src, boo
     }
 }
 
-void thaw_tmpl_free(struct thaw_tmpl *t) { delete t; }
+void thaw_tmpl_free(struct thaw_tmpl *t)
+{
+    delete t;
+}
 
-const char *thaw_tmpl_source(const struct thaw_tmpl *t) { return t->source.c_str(); }
+const char *thaw_tmpl_source(const struct thaw_tmpl *t)
+{
+    return t->source.c_str();
+}
 
-bool thaw_tmpl_jinja(const struct thaw_tmpl *t) { return t->jinja; }
+bool thaw_tmpl_jinja(const struct thaw_tmpl *t)
+{
+    return t->jinja;
+}
 
 /* ---- apply --------------------------------------------------------------------- */
 
 char *thaw_tmpl_apply(const struct thaw_tmpl *t, const char *inputs_json, char *err, size_t errlen)
 {
-    try {
+    return json_call(err, errlen, "the chat template could not render this request", [&] {
         common_json in = common_json::parse(inputs_json);
         common_chat_templates_inputs ci;
 
@@ -188,11 +215,13 @@ char *thaw_tmpl_apply(const struct thaw_tmpl *t, const char *inputs_json, char *
 
         common_json triggers = common_json::array();
         for (const auto &tr : p.grammar_triggers)
-            triggers.push_back(common_json::object({{"type", (int)tr.type}, {"value", tr.value}, {"token", (int)tr.token}}));
-        common_json parser = common_json::object({{"format", (int)p.format},
-                                                  {"generation_prompt", p.generation_prompt},
-                                                  {"peg", p.parser},
-                                                  {"reasoning_format", common_reasoning_format_name(ci.reasoning_format)}});
+            triggers.push_back(
+                common_json::object({{"type", (int)tr.type}, {"value", tr.value}, {"token", (int)tr.token}}));
+        common_json parser =
+            common_json::object({{"format", (int)p.format},
+                                 {"generation_prompt", p.generation_prompt},
+                                 {"peg", p.parser},
+                                 {"reasoning_format", common_reasoning_format_name(ci.reasoning_format)}});
         common_json res = common_json::object({{"prompt", p.prompt},
                                                {"grammar", p.grammar},
                                                {"grammar_lazy", p.grammar_lazy},
@@ -200,23 +229,15 @@ char *thaw_tmpl_apply(const struct thaw_tmpl *t, const char *inputs_json, char *
                                                {"preserved_tokens", p.preserved_tokens},
                                                {"additional_stops", p.additional_stops},
                                                {"parser", parser}});
-        char *s = dup_out(res.dump());
-        if (!s)
-            set_err(err, errlen, "out of memory", nullptr);
-        return s;
-    } catch (const std::exception &e) {
-        set_err(err, errlen, "the chat template could not render this request", e.what());
-    } catch (...) {
-        set_err(err, errlen, "the chat template could not render this request", "unknown error");
-    }
-    return nullptr;
+        return res.dump();
+    });
 }
 
 /* ---- parse ---------------------------------------------------------------------- */
 
 char *thaw_tmpl_parse(const char *parser_json, const char *text, bool is_partial, char *err, size_t errlen)
 {
-    try {
+    return json_call(err, errlen, "the reply could not be parsed", [&] {
         common_json pj = common_json::parse(parser_json);
         common_chat_parser_params pp;
 
@@ -228,16 +249,8 @@ char *thaw_tmpl_parse(const char *parser_json, const char *text, bool is_partial
             pp.parser.load(peg);
         common_chat_msg m = common_chat_parse(text, is_partial, pp);
         m.role = "assistant";
-        char *s = dup_out(m.to_json_oaicompat().dump());
-        if (!s)
-            set_err(err, errlen, "out of memory", nullptr);
-        return s;
-    } catch (const std::exception &e) {
-        set_err(err, errlen, "the reply could not be parsed", e.what());
-    } catch (...) {
-        set_err(err, errlen, "the reply could not be parsed", "unknown error");
-    }
-    return nullptr;
+        return m.to_json_oaicompat().dump();
+    });
 }
 
 static common_chat_msg msg_from_json(const char *s)
@@ -250,7 +263,7 @@ static common_chat_msg msg_from_json(const char *s)
 
 char *thaw_tmpl_diffs(const char *prev_msg_json, const char *next_msg_json, char *err, size_t errlen)
 {
-    try {
+    return json_call(err, errlen, "stream deltas could not be computed", [&] {
         common_chat_msg prev = prev_msg_json ? msg_from_json(prev_msg_json) : common_chat_msg{};
         common_chat_msg next = msg_from_json(next_msg_json);
         common_json out = common_json::array();
@@ -270,16 +283,8 @@ char *thaw_tmpl_diffs(const char *prev_msg_json, const char *next_msg_json, char
             }
             out.push_back(o);
         }
-        char *s = dup_out(out.dump());
-        if (!s)
-            set_err(err, errlen, "out of memory", nullptr);
-        return s;
-    } catch (const std::exception &e) {
-        set_err(err, errlen, "stream deltas could not be computed", e.what());
-    } catch (...) {
-        set_err(err, errlen, "stream deltas could not be computed", "unknown error");
-    }
-    return nullptr;
+        return out.dump();
+    });
 }
 
 /* ---- samplers ---------------------------------------------------------------------- */
