@@ -234,7 +234,7 @@ log file = $dir/log/client.log
 auth client required = none
 ms mon client mode = crc
 log file = $dir/log/rgw.log
-rgw frontends = beast endpoint=127.0.0.1:$rgw_port
+rgw frontends = beast endpoint=127.0.0.1:$rgw_port tcp_nodelay=1
 rgw data = $dir/rgw
 rgw dns name = 127.0.0.1
 rgw enable usage log = false

@@ -90,6 +90,21 @@ static const struct opt opts[] = {
      "prefix, plus a small manifest per turn (0 = a whole state per turn; recurrent models always use whole states)"},
     {"--kv-cache-min-tokens", "N", OPT_INT, OFF(kv_cache_min_tokens), 0, INT_MAX, "do not store conversations shorter than this"},
     {"--cache-ram", "MiB", OPT_U64, OFF(cache_ram_mib), 0, (double)(1ull << 40), "in-memory cache tier (0 = off; never disables the disk tier)"},
+    {"--kv-shared", "s3://BUCKET[/PREFIX]", OPT_STR, OFF(kv_shared), 0, 0,
+     "shared cache tier on an S3-compatible store, for several replicas: every stored turn is uploaded, and a "
+     "conversation the local tiers lack is fetched from there (needs --kv-cache-dir and --kv-shared-secret-file; "
+     "credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)"},
+    {"--kv-shared-endpoint", "URL", OPT_STR, OFF(kv_shared_endpoint), 0, 0,
+     "the store's address, http(s)://HOST[:PORT] (default: $AWS_ENDPOINT_URL)"},
+    {"--kv-shared-secret-file", "FILE", OPT_STR, OFF(kv_shared_secret_file), 0, 0,
+     "the cluster secret (>= 16 bytes, the same file on every replica): objects are encrypted and authenticated "
+     "with it, and one that fails is never used"},
+    {"--kv-shared-timeout-ms", "MS", OPT_INT, OFF(kv_shared_timeout_ms), 1, 600000,
+     "longest a request waits for the shared tier before it is served by prefill"},
+    {"--kv-shared-retry-s", "SECONDS", OPT_INT, OFF(kv_shared_retry_s), 1, 86400,
+     "after 3 failures in a row, leave the store alone this long (circuit breaker)"},
+    {"--kv-shared-queue", "N", OPT_INT, OFF(kv_shared_queue), 1, 1 << 20,
+     "uploads that may wait; beyond that they are dropped and counted"},
     {"--ctx-checkpoints", "N", OPT_INT, OFF(ctx_checkpoints), 0, 1024, "context checkpoints kept per slot (SWA / recurrent models)"},
     {"-v,--verbose", NULL, OPT_VERBOSE, 0, 0, 0, "more log output (repeatable)"},
     {"--log-quiet", NULL, OPT_QUIET, 0, 0, 0, "only warnings and errors"},
@@ -123,6 +138,9 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->kv_cache_block = 128;
     cfg->cache_ram_mib = 8192;
     cfg->ctx_checkpoints = 8;
+    cfg->kv_shared_timeout_ms = 2000;
+    cfg->kv_shared_retry_s = 30;
+    cfg->kv_shared_queue = 64;
     cfg->verbosity = 1;
     cfg->jinja = true;
     cfg->reasoning_format = "auto";
@@ -303,6 +321,16 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
     }
     if (cfg->n_ctx != 0 && cfg->n_ctx < 16 * cfg->n_parallel) {
         fprintf(stderr, "thaw: -c %d leaves fewer than 16 tokens per slot for -np %d\n", cfg->n_ctx, cfg->n_parallel);
+        return THAW_EINVAL;
+    }
+    if (cfg->kv_shared && !cfg->kv_cache_dir) {
+        fprintf(stderr, "thaw: --kv-shared needs --kv-cache-dir: what is fetched is installed into the local disk "
+                        "tier first\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->kv_shared && !cfg->kv_shared_secret_file) {
+        fprintf(stderr, "thaw: --kv-shared needs --kv-shared-secret-file FILE (the cluster secret, the same on every "
+                        "replica; e.g. head -c 32 /dev/urandom | base64 > FILE)\n");
         return THAW_EINVAL;
     }
     if (cfg->cors_origin && cfg->n_api_keys > 0 && strstr(cfg->cors_origin, "*")) {

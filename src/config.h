@@ -65,6 +65,14 @@ struct thaw_config {
     uint64_t cache_ram_mib;      /* --cache-ram, 0 = RAM tier off */
     int ctx_checkpoints;         /* --ctx-checkpoints: per slot */
 
+    /* shared tier (cache_shared.h) */
+    const char *kv_shared;       /* --kv-shared s3://BUCKET[/PREFIX]; NULL = off */
+    const char *kv_shared_endpoint;    /* --kv-shared-endpoint URL; NULL = $AWS_ENDPOINT_URL */
+    const char *kv_shared_secret_file; /* --kv-shared-secret-file FILE: the cluster secret */
+    int kv_shared_timeout_ms;    /* --kv-shared-timeout-ms: a fetch's deadline */
+    int kv_shared_retry_s;       /* --kv-shared-retry-s: breaker pause */
+    int kv_shared_queue;         /* --kv-shared-queue: uploads waiting */
+
     /* logging */
     int verbosity;               /* -v raises, --log-quiet lowers */
 };

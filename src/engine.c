@@ -901,6 +901,28 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
+/* A task that waited for the shared tier's fetch: on to the queue now
+ * (from the fetch thread). */
+struct fetch_wait {
+    struct thaw_engine *e;
+    struct thaw_task *t;
+};
+
+static void shared_fetched(void *ud)
+{
+    struct fetch_wait *w = ud;
+    int rc = thaw_sched_push(w->e->sched, w->t);
+
+    if (rc == 0)
+        atomic_store(&w->e->metrics->queue_depth, thaw_sched_depth(w->e->sched));
+    else
+        thaw_task_fail(w->t, 503,
+                       rc == THAW_ESHUTDOWN ? "the server is shutting down"
+                                            : "the server is busy: every slot is working and the queue is full; retry later");
+    thaw_task_release(w->t);
+    free(w);
+}
+
 int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
 {
     uint8_t key[THAW_KEY_BYTES];
@@ -915,6 +937,21 @@ int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
         t->max_tokens = e->n_ctx_slot - t->n_prompt;
     if (has_key)
         memcpy(key, t->lookup_key, THAW_KEY_BYTES);
+    /* What the local tiers lack may be in the shared tier: the task waits
+     * for that fetch on a fetch thread (never this one, never the engine's),
+     * which queues it afterwards. */
+    if (t->req.cache_prompt && thaw_kvcache_enabled(e->kv) && !atomic_load(&e->stop)) {
+        struct fetch_wait *w = malloc(sizeof *w);
+        if (w) {
+            *w = (struct fetch_wait){e, t};
+            thaw_task_retain(t);
+            if (thaw_kvcache_fetch_shared(e->kv, has_key ? key : NULL, t->ns, t->prompt, t->n_prompt, shared_fetched,
+                                          w) == 0)
+                return 0;
+            thaw_task_release(t);
+            free(w);
+        }
+    }
     rc = thaw_sched_push(e->sched, t);
     if (rc == 0)
         atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));
@@ -1090,6 +1127,17 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         .prefix_lookup = !e->partial, /* an SWA window or a recurrent state is no run of blocks */
         .n_stream = (uint32_t)llama_n_seq_max(e->ctx),
     };
+    struct thaw_shared_params sp = {
+        .url = cfg->kv_shared,
+        .endpoint = cfg->kv_shared_endpoint,
+        .secret_file = cfg->kv_shared_secret_file,
+        .timeout_ms = cfg->kv_shared_timeout_ms,
+        .retry_s = cfg->kv_shared_retry_s,
+        .queue = (uint32_t)cfg->kv_shared_queue,
+        .prefix_fetch = true,
+    };
+    if (cfg->kv_shared)
+        kp.shared = &sp;
     if (kp.block_tokens) {
         /* blocks only for a state layout kvlayout.c knows, checked on a real
          * round trip through slot 0's (still empty) sequence */
@@ -1159,6 +1207,7 @@ void thaw_engine_stop(struct thaw_engine *e)
         return;
     thaw_sched_close(e->sched);
     pthread_join(e->thread, NULL);
+    thaw_kvcache_stop_fetches(e->kv); /* their tasks fail against the closed queue */
     while ((t = thaw_sched_pop(e->sched, false)) != NULL) {
         thaw_task_fail(t, 503, "the server is shutting down");
         thaw_task_release(t);

@@ -85,3 +85,10 @@ void thaw_keys_short(const uint8_t key[THAW_KEY_BYTES], char out[17])
 {
     sodium_bin2hex(out, 17, key, 8);
 }
+
+void thaw_keys_block_binding(const uint8_t identity[THAW_KEY_BYTES], const uint8_t *ns, uint8_t out[THAW_KEY_BYTES])
+{
+    static const uint8_t anon[THAW_KEY_BYTES];
+
+    crypto_generichash(out, THAW_KEY_BYTES, ns ? ns : anon, THAW_KEY_BYTES, identity, THAW_KEY_BYTES);
+}

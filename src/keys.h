@@ -53,6 +53,12 @@ void thaw_keys_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct 
  * one-way: the namespace reveals nothing of the key. */
 void thaw_keys_namespace(const char *api_key, size_t len, uint8_t out[THAW_KEY_BYTES]);
 
+/* The binding a tenant's blocks are chained under (blocks.h): the model's
+ * identity (thaw_keys_binding with no namespace) keyed into the namespace
+ * (NULL: the anonymous one). Blocks are shared within a tenant, under one
+ * model and its settings; the shared tier computes the same ids. */
+void thaw_keys_block_binding(const uint8_t identity[THAW_KEY_BYTES], const uint8_t *ns, uint8_t out[THAW_KEY_BYTES]);
+
 /* A key's first 8 bytes in lowercase hex, NUL-terminated: how logs name a
  * conversation (enough to tell entries apart, never the whole key). */
 void thaw_keys_short(const uint8_t key[THAW_KEY_BYTES], char out[17]);

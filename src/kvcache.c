@@ -28,6 +28,7 @@
 struct thaw_kvcache {
     struct thaw_disk_cache *disk; /* NULL = disk tier off */
     struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
+    struct thaw_shared *shared;   /* NULL = shared tier off (cache_shared.h) */
     struct thaw_metrics *metrics;
     uint8_t identity[THAW_KEY_BYTES];
     uint32_t block_tokens; /* 0: whole states (also after a layout blocks.c refused) */
@@ -37,11 +38,9 @@ struct thaw_kvcache {
     atomic_uint_fast64_t blocks_written, blocks_skipped, blocks_dropped, store_bytes, prefix_hits, prefix_tokens;
 };
 
-/* Blocks are shared within a tenant, under one model and its settings. */
 static void block_binding(const struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], uint8_t out[32])
 {
-    static const uint8_t anon[THAW_KEY_BYTES];
-    crypto_generichash(out, 32, ns ? ns : anon, THAW_KEY_BYTES, c->identity, THAW_KEY_BYTES);
+    thaw_keys_block_binding(c->identity, ns, out);
 }
 
 static int64_t wall_s(void)
@@ -147,9 +146,25 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
         goto fail;
     if (p->disk_dir && (rc = open_disk(c, p)) != 0)
         goto fail;
+    if (p->shared) {
+#ifdef THAW_HAVE_SHARED
+        struct thaw_shared_params sp = *p->shared;
+        sp.disk = c->disk;
+        sp.block_tokens = c->block_tokens;
+        sp.prefix_fetch = sp.prefix_fetch && c->prefix_lookup;
+        memcpy(sp.identity, c->identity, THAW_KEY_BYTES);
+        if ((rc = thaw_shared_open(&sp, &c->shared)) != 0)
+            goto fail;
+#else
+        LOG_ERR("--kv-shared: this thaw was built without libcurl, so without the shared tier");
+        rc = THAW_EINVAL;
+        goto fail;
+#endif
+    }
     *out = c;
     return 0;
 fail:
+    thaw_disk_cache_close(c->disk);
     thaw_ram_cache_free(c->ram);
     free(c);
     return rc;
@@ -159,6 +174,9 @@ void thaw_kvcache_close(struct thaw_kvcache *c)
 {
     if (!c)
         return;
+#ifdef THAW_HAVE_SHARED
+    thaw_shared_close(c->shared); /* before the disk tier it reads and writes */
+#endif
     thaw_disk_cache_close(c->disk); /* writes what is still queued */
     thaw_ram_cache_free(c->ram);
     free(c);
@@ -307,8 +325,16 @@ int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES
                     sink->slot_id, hex);
     }
 out:
+#ifdef THAW_HAVE_SHARED
+    /* fetched from the shared tier into the local one just before */
+    if (from && from[0] == 'd' && thaw_shared_taken(c->shared, key) && got > n_past)
+        from = "shared";
+#endif
     if (from && got > n_past) {
-        atomic_fetch_add(from[0] == 'r' ? &c->metrics->cache_hits_ram : &c->metrics->cache_hits_disk, 1);
+        atomic_fetch_add(from[0] == 'r'   ? &c->metrics->cache_hits_ram
+                         : from[0] == 's' ? &c->metrics->cache_hits_shared
+                                          : &c->metrics->cache_hits_disk,
+                         1);
         *source = from;
         *restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
         atomic_fetch_add(&c->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
@@ -427,6 +453,10 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
                     thaw_strerror(rc));
         else
             rc = thaw_disk_cache_submit(c->disk, key, (uint32_t)n_tokens, w, NULL, 0);
+#ifdef THAW_HAVE_SHARED
+        if (rc == 0)
+            thaw_shared_upload(c->shared, key, ns);
+#endif
         if (rc != 0) {
             /* the cache logged why (queue bytes, shutdown, ...) */
             LOG_DBG("slot %d: store of %s to disk dropped: %s", slot_id, hex, thaw_strerror(rc));
@@ -465,12 +495,48 @@ void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BY
         atomic_fetch_add(&c->metrics->cache_prefetches, 1);
 }
 
+int thaw_kvcache_fetch_shared(struct thaw_kvcache *c, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
+                              const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud)
+{
+#ifdef THAW_HAVE_SHARED
+    if (c && c->shared)
+        return thaw_shared_fetch_async(c->shared, key, ns, prompt, n_prompt, done, ud);
+#else
+    (void)key, (void)ns, (void)prompt, (void)n_prompt, (void)done, (void)ud;
+#endif
+    (void)c;
+    return THAW_ENOTFOUND;
+}
+
+void thaw_kvcache_stop_fetches(struct thaw_kvcache *c)
+{
+#ifdef THAW_HAVE_SHARED
+    if (c)
+        thaw_shared_stop(c->shared);
+#else
+    (void)c;
+#endif
+}
+
+void thaw_kvcache_flush_shared(struct thaw_kvcache *c)
+{
+#ifdef THAW_HAVE_SHARED
+    if (c)
+        thaw_shared_flush(c->shared);
+#else
+    (void)c;
+#endif
+}
+
 void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t *len)
 {
     struct thaw_disk_cache_stats st;
 
     if (!c || !c->disk)
         return;
+#ifdef THAW_HAVE_SHARED
+    thaw_shared_metrics(c->shared, buf, cap, len);
+#endif
     thaw_disk_cache_get_stats(c->disk, &st);
 #define C(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "counter", h, (double)(v))
 #define G(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "gauge", h, (double)(v))

@@ -20,6 +20,7 @@
 #define THAW_KVCACHE_H
 
 #include "blob.h"
+#include "cache_shared.h"
 #include "keys.h"
 #include "metrics.h"
 
@@ -45,6 +46,8 @@ struct thaw_kvcache_params {
     uint32_t n_stream;                /* the context's KV streams (one per slot): the frame a
                                        * manifest or a run of blocks is assembled for */
     struct thaw_metrics *metrics;     /* must outlive the cache */
+    const struct thaw_shared_params *shared; /* --kv-shared (cache_shared.h); NULL = that tier off. Its
+                                              * disk, identity and block fields are filled in here */
 };
 
 /* Opens the tiers the params ask for (none is fine: every lookup then
@@ -101,6 +104,21 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
 /* Starts reading key's disk entry into memory while its request waits for
  * a slot (any thread). Counts a prefetch when it did. */
 void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES]);
+
+/* The shared tier (--kv-shared): fetches, on its own thread, what the local
+ * tiers lack of conversation `key` (NULL: a first turn, then the prompt's
+ * run of blocks), then calls done(ud). Returns 0 when done will be called;
+ * nonzero (nothing to fetch, tier off or failing, queue full): go on at
+ * once, done is not called. Any thread. */
+int thaw_kvcache_fetch_shared(struct thaw_kvcache *c, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
+                              const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud);
+
+/* Stops the shared tier's fetches (their callbacks run first): before the
+ * scheduler they push to goes. No-op without that tier. */
+void thaw_kvcache_stop_fetches(struct thaw_kvcache *c);
+
+/* Waits for the shared tier's queued uploads (no-op without it). */
+void thaw_kvcache_flush_shared(struct thaw_kvcache *c);
 
 /* Appends the disk tier's Prometheus lines (thaw_metrics_extra_fn shape). */
 void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t *len);

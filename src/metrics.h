@@ -31,6 +31,7 @@ struct thaw_metrics {
     atomic_uint_fast64_t cache_hits_slot;
     atomic_uint_fast64_t cache_hits_ram;
     atomic_uint_fast64_t cache_hits_disk;
+    atomic_uint_fast64_t cache_hits_shared;  /* restored from state just fetched from the shared tier */
     atomic_uint_fast64_t cache_misses;
     atomic_uint_fast64_t restore_us;         /* time spent restoring, microseconds */
     atomic_uint_fast64_t cache_prefetches;   /* disk entries whose reads started while queued */

@@ -19,6 +19,7 @@ struct body {
     char *data;
     size_t n, max;
     int too_big;
+    size_t cap; /* allocated: grows geometrically (a block is megabytes, sent in 16 KiB pieces) */
 };
 
 static int url_safe(const char *s)
@@ -79,6 +80,11 @@ const char *thaw_s3_last_error(const struct thaw_s3 *s)
     return s->err;
 }
 
+void thaw_s3_set_timeout(struct thaw_s3 *s, long timeout_ms)
+{
+    s->timeout_ms = timeout_ms > 0 ? timeout_ms : 1;
+}
+
 static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     struct body *b = ud;
@@ -88,11 +94,17 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud)
         b->too_big = 1;
         return 0; /* curl stops: CURLE_WRITE_ERROR */
     }
-    char *d = realloc(b->data, b->n + n + 1);
-    if (!d)
-        return 0;
-    memcpy(d + b->n, ptr, n);
-    b->data = d;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 65536;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *d = realloc(b->data, cap);
+        if (!d)
+            return 0;
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->n, ptr, n);
     b->n += n;
     b->data[b->n] = '\0';
     return n;
@@ -182,7 +194,7 @@ static int status_rc(struct thaw_s3 *s, long status, const struct body *b)
 
 int thaw_s3_create_bucket(struct thaw_s3 *s)
 {
-    struct body b = {NULL, 0, 1 << 16, 0};
+    struct body b = {NULL, 0, 1 << 16, 0, 0};
     long st;
     int rc = request(s, "PUT", NULL, NULL, 0, NULL, &b, &st);
 
@@ -195,7 +207,7 @@ int thaw_s3_create_bucket(struct thaw_s3 *s)
 int thaw_s3_put(struct thaw_s3 *s, const char *key, const void *data, size_t n, int create_only)
 {
     static const char empty[1];
-    struct body b = {NULL, 0, 1 << 16, 0};
+    struct body b = {NULL, 0, 1 << 16, 0, 0};
     long st;
     int rc = request(s, "PUT", key, n ? data : empty, n, create_only ? "If-None-Match: *" : NULL, &b, &st);
 
@@ -209,7 +221,7 @@ int thaw_s3_put(struct thaw_s3 *s, const char *key, const void *data, size_t n, 
 
 int thaw_s3_get(struct thaw_s3 *s, const char *key, size_t max, void **data, size_t *n)
 {
-    struct body b = {NULL, 0, max, 0};
+    struct body b = {NULL, 0, max, 0, 0};
     long st;
     int rc = request(s, "GET", key, NULL, 0, NULL, &b, &st);
 
@@ -230,7 +242,7 @@ int thaw_s3_get(struct thaw_s3 *s, const char *key, size_t max, void **data, siz
 
 int thaw_s3_delete(struct thaw_s3 *s, const char *key)
 {
-    struct body b = {NULL, 0, 1 << 16, 0};
+    struct body b = {NULL, 0, 1 << 16, 0, 0};
     long st;
     int rc = request(s, "DELETE", key, NULL, 0, NULL, &b, &st);
 

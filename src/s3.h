@@ -51,6 +51,10 @@ int thaw_s3_get(struct thaw_s3 *s, const char *key, size_t max, void **data, siz
 /* Deletes key (a missing key is 0 too, as S3 answers 204 for both). */
 int thaw_s3_delete(struct thaw_s3 *s, const char *key);
 
+/* The deadline of the calls that follow (a caller with one deadline for
+ * several requests gives each what is left of it). */
+void thaw_s3_set_timeout(struct thaw_s3 *s, long timeout_ms);
+
 /* The last failure in words: "HTTP 403 SignatureDoesNotMatch", a curl
  * message, ... ("" after a success). */
 const char *thaw_s3_last_error(const struct thaw_s3 *s);

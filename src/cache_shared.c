@@ -1,0 +1,1094 @@
+/* cache_shared.c — the shared tier on an S3-compatible store (cache_shared.h).
+ *
+ * Map:
+ *   ---- names and sealing ----   object names, the AEAD envelope
+ *   ---- breaker ----             failures in a row stop trying for a while
+ *   ---- fetch ----               entry, then its missing blocks; or a run of
+ *                                 a prompt's blocks; installed locally
+ *   ---- upload ----              after the local commit, blocks then entry
+ *   ---- threads ----             the uploader, the fetch threads, their queues
+ *   ---- open / close / metrics ----
+ */
+#include "cache_shared.h"
+
+#include "blocks.h"
+#include "error.h"
+#include "log.h"
+#include "metrics.h"
+#include "s3.h"
+#include "task.h" /* thaw_now_us */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define OBJ_MAGIC "TSO1"
+#define ENTRY_MAGIC "TSE1"
+#define NONCE_BYTES crypto_aead_xchacha20poly1305_ietf_NPUBBYTES
+#define TAG_BYTES crypto_aead_xchacha20poly1305_ietf_ABYTES
+#define OBJ_HEADER (4 + NONCE_BYTES)
+#define ENTRY_HEADER (4 + 4 + 8 * THAW_PART_COUNT)
+#define N_FETCHERS 2
+#define FETCH_QUEUE 32
+#define TAKEN_RING 64
+#define SEEN_CAP 65536u            /* block ids the uploader knows the store holds */
+#define UPLOAD_TIMEOUT_MIN_MS 10000 /* an upload is no request's wait: it may take longer */
+
+struct upload_job {
+    uint8_t key[THAW_KEY_BYTES], ns[THAW_KEY_BYTES];
+};
+
+struct fetch_job {
+    uint8_t key[THAW_KEY_BYTES], ns[THAW_KEY_BYTES];
+    bool has_key;
+    const llama_token *prompt;
+    int n_prompt;
+    void (*done)(void *ud);
+    void *ud;
+};
+
+struct thaw_shared {
+    struct thaw_shared_names nm;
+    uint8_t identity[THAW_KEY_BYTES];
+    char prefix[256]; /* "" or "PREFIX/" */
+    char *bucket, *endpoint, *access_key, *secret_key, *region;
+    struct thaw_disk_cache *disk;
+    long timeout_ms, retry_s;
+    uint32_t block_tokens;
+    bool prefix_fetch;
+
+    pthread_mutex_t mu;
+    pthread_cond_t ucv, fcv, idle;
+    struct upload_job *uq;
+    uint32_t ucap, uhead, ucount;
+    bool uploading;
+    struct fetch_job fq[FETCH_QUEUE];
+    uint32_t fhead, fcount;
+    bool stopping, stopped;
+    pthread_t uploader, fetchers[N_FETCHERS];
+    bool uploader_up;
+    int n_fetchers_up;
+    struct thaw_s3 *ucli, *fcli[N_FETCHERS];
+
+    /* breaker, under mu */
+    int fails;
+    bool open, probing;
+    int64_t open_until_us;
+
+    /* conversations installed from the store, not yet restored; under mu */
+    uint8_t taken[TAKEN_RING][THAW_KEY_BYTES];
+    uint32_t taken_next;
+
+    /* uploader thread only */
+    uint8_t (*seen)[THAW_KEY_BYTES];
+    uint32_t seen_n;
+
+    atomic_uint_fast64_t hits, misses, errors, rejected, fetch_bytes, fetch_us, blocks_fetched;
+    atomic_uint_fast64_t uploads, upload_exists, upload_bytes, uploads_dropped, upload_errors, breaker_opens;
+};
+
+/* ---- names and sealing
+ * --------------------------------------------------------- */
+
+static void tag16(const uint8_t key[32], const char *what, const uint8_t v[THAW_KEY_BYTES], char out[17])
+{
+    crypto_generichash_state st;
+    uint8_t h[8];
+
+    crypto_generichash_init(&st, key, 32, sizeof h);
+    crypto_generichash_update(&st, (const uint8_t *)what, strlen(what) + 1);
+    crypto_generichash_update(&st, v, THAW_KEY_BYTES);
+    crypto_generichash_final(&st, h, sizeof h);
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 2 * i, 3, "%02x", h[i]);
+}
+
+int thaw_shared_derive(const void *secret, size_t n_secret, const uint8_t identity[THAW_KEY_BYTES],
+                       struct thaw_shared_names *out)
+{
+    static const char domain[] = "thaw shared tier v1";
+
+    if (!secret || n_secret < 16)
+        return THAW_EINVAL;
+    crypto_generichash(out->key, sizeof out->key, secret, n_secret, (const uint8_t *)domain, sizeof domain - 1);
+    tag16(out->key, "model", identity, out->model_tag);
+    return 0;
+}
+
+void thaw_shared_name(const struct thaw_shared_names *nm, const uint8_t ns[THAW_KEY_BYTES], char kind,
+                      const uint8_t id[THAW_KEY_BYTES], char *out, size_t cap)
+{
+    char tenant[17], hex[2 * THAW_KEY_BYTES + 1];
+
+    tag16(nm->key, "tenant", ns, tenant);
+    for (int i = 0; i < THAW_KEY_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", id[i]);
+    snprintf(out, cap, "v1/%s/%s/%c/%s", nm->model_tag, tenant, kind, hex);
+}
+
+/* AD = magic | name | NUL | namespace | identity: the object is valid under
+ * this name, for this tenant and this model only. */
+static size_t make_ad(const char *name, const uint8_t ns[THAW_KEY_BYTES], const uint8_t identity[THAW_KEY_BYTES],
+                      uint8_t *ad, size_t cap)
+{
+    size_t nn = strlen(name);
+
+    if (4 + nn + 1 + 2 * THAW_KEY_BYTES > cap)
+        return 0;
+    memcpy(ad, OBJ_MAGIC, 4);
+    memcpy(ad + 4, name, nn + 1);
+    memcpy(ad + 4 + nn + 1, ns, THAW_KEY_BYTES);
+    memcpy(ad + 4 + nn + 1 + THAW_KEY_BYTES, identity, THAW_KEY_BYTES);
+    return 4 + nn + 1 + 2 * THAW_KEY_BYTES;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+
+int thaw_shared_seal(const struct thaw_shared_names *nm, const char *name, const uint8_t ns[THAW_KEY_BYTES],
+                     const uint8_t identity[THAW_KEY_BYTES], uint32_t n_tokens,
+                     const struct thaw_part_blob parts[THAW_PART_COUNT], void **obj, size_t *n_obj)
+{
+    uint8_t ad[512];
+    size_t n_ad = make_ad(name, ns, identity, ad, sizeof ad), n_plain = ENTRY_HEADER;
+    unsigned long long n_ct;
+
+    if (!n_ad)
+        return THAW_EINVAL;
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        n_plain += parts[p].size;
+    if (n_plain + OBJ_HEADER + TAG_BYTES > THAW_SHARED_MAX_OBJECT)
+        return THAW_ETOOBIG;
+    uint8_t *o = malloc(OBJ_HEADER + n_plain + TAG_BYTES);
+    if (!o)
+        return THAW_ENOMEM;
+    memcpy(o, OBJ_MAGIC, 4);
+    randombytes_buf(o + 4, NONCE_BYTES);
+    uint8_t *m = o + OBJ_HEADER;
+    memcpy(m, ENTRY_MAGIC, 4);
+    put_u32(m + 4, n_tokens);
+    size_t off = ENTRY_HEADER;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        put_u64(m + 8 + 8 * p, parts[p].size);
+        if (parts[p].size)
+            memcpy(m + off, parts[p].data, parts[p].size);
+        off += parts[p].size;
+    }
+    /* in place: libsodium allows the ciphertext over its plaintext */
+    crypto_aead_xchacha20poly1305_ietf_encrypt(m, &n_ct, m, n_plain, ad, n_ad, NULL, o + 4, nm->key);
+    *obj = o;
+    *n_obj = OBJ_HEADER + (size_t)n_ct;
+    return 0;
+}
+
+int thaw_shared_open_object(const struct thaw_shared_names *nm, const char *name, const uint8_t ns[THAW_KEY_BYTES],
+                            const uint8_t identity[THAW_KEY_BYTES], const void *obj, size_t n_obj,
+                            uint32_t *n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    uint8_t ad[512];
+    size_t n_ad = make_ad(name, ns, identity, ad, sizeof ad);
+    const uint8_t *o = obj;
+    unsigned long long n_plain;
+
+    memset(parts, 0, THAW_PART_COUNT * sizeof *parts);
+    if (!n_ad || n_obj < OBJ_HEADER + TAG_BYTES + ENTRY_HEADER || memcmp(o, OBJ_MAGIC, 4) != 0)
+        return THAW_ECORRUPT;
+    uint8_t *m = malloc(n_obj - OBJ_HEADER);
+    if (!m)
+        return THAW_ENOMEM;
+    if (crypto_aead_xchacha20poly1305_ietf_decrypt(m, &n_plain, NULL, o + OBJ_HEADER, n_obj - OBJ_HEADER, ad, n_ad,
+                                                   o + 4, nm->key) != 0 ||
+        n_plain < ENTRY_HEADER || memcmp(m, ENTRY_MAGIC, 4) != 0) {
+        free(m);
+        return THAW_ECORRUPT;
+    }
+    /* sealed by a replica of this cluster: still, every length is checked */
+    uint64_t sum = 0, sizes[THAW_PART_COUNT];
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        sizes[p] = get_u64(m + 8 + 8 * p);
+        if (sizes[p] > n_plain || (sum += sizes[p]) > n_plain - ENTRY_HEADER)
+            goto bad;
+    }
+    if (sum != n_plain - ENTRY_HEADER || sizes[THAW_PART_KV] == 0)
+        goto bad;
+    *n_tokens = get_u32(m + 4);
+    size_t off = ENTRY_HEADER;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        if (!sizes[p])
+            continue;
+        if (!(parts[p].data = thaw_blob_alloc(sizes[p]))) {
+            for (int q = 0; q < p; q++)
+                thaw_blob_unref(parts[q].data);
+            memset(parts, 0, THAW_PART_COUNT * sizeof *parts);
+            free(m);
+            return THAW_ENOMEM;
+        }
+        memcpy(parts[p].data, m + off, sizes[p]);
+        parts[p].size = sizes[p];
+        off += sizes[p];
+    }
+    free(m);
+    return 0;
+bad:
+    free(m);
+    return THAW_ECORRUPT;
+}
+
+static void object_name(const struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], char kind,
+                        const uint8_t id[THAW_KEY_BYTES], char *rel, size_t n_rel, char *full, size_t n_full)
+{
+    thaw_shared_name(&s->nm, ns, kind, id, rel, n_rel);
+    snprintf(full, n_full, "%s%s", s->prefix, rel);
+}
+
+/* ---- breaker
+ * ------------------------------------------------------------------- */
+
+/* Whether a request may go to the store now. While open, one caller after
+ * the pause becomes the probe; the others keep away. */
+static bool breaker_allows(struct thaw_shared *s)
+{
+    bool ok = true;
+
+    pthread_mutex_lock(&s->mu);
+    if (s->open) {
+        ok = !s->probing && thaw_now_us() >= s->open_until_us;
+        if (ok)
+            s->probing = true;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+/* Is the breaker open right now (no probe due)? Read-only. */
+static bool breaker_is_open(struct thaw_shared *s)
+{
+    pthread_mutex_lock(&s->mu);
+    bool open = s->open && (s->probing || thaw_now_us() < s->open_until_us);
+    pthread_mutex_unlock(&s->mu);
+    return open;
+}
+
+static bool store_failure(int rc)
+{
+    return rc == THAW_ETIMEDOUT || rc == THAW_ESTORE;
+}
+
+static void breaker_report(struct thaw_shared *s, int rc, const char *what)
+{
+    pthread_mutex_lock(&s->mu);
+    if (store_failure(rc)) {
+        s->fails++;
+        if (s->open) {
+            s->probing = false;
+            s->open_until_us = thaw_now_us() + s->retry_s * 1000000;
+            LOG_DBG("shared tier: still failing (%s): next try in %lds", what, s->retry_s);
+        } else if (s->fails >= THAW_SHARED_BREAKER_FAILS) {
+            s->open = true;
+            s->probing = false;
+            s->open_until_us = thaw_now_us() + s->retry_s * 1000000;
+            atomic_fetch_add(&s->breaker_opens, 1);
+            LOG_WRN("shared tier: %d failures in a row (last: %s): not trying the store for %lds; "
+                    "local tiers and prefill serve meanwhile",
+                    s->fails, what, s->retry_s);
+        }
+    } else {
+        if (s->open)
+            LOG_INF("shared tier: the store answers again: fetches and uploads resume");
+        s->open = false;
+        s->probing = false;
+        s->fails = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- fetch
+ * --------------------------------------------------------------------- */
+
+static bool local_has(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
+{
+    struct thaw_part_blob pend[THAW_PART_COUNT];
+
+    if (thaw_disk_cache_contains(s->disk, key))
+        return true;
+    if (thaw_disk_cache_pending(s->disk, key, pend) != 0)
+        return false;
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        thaw_blob_unref(pend[p].data);
+    return true;
+}
+
+static long remaining_ms(int64_t deadline_us)
+{
+    int64_t left = (deadline_us - thaw_now_us()) / 1000;
+    return left > 0 ? (long)left : 0;
+}
+
+/* GETs one object within the deadline and opens it into parts (blobs).
+ * Counts rejections. Returns 0, THAW_ENOTFOUND, THAW_ETIMEDOUT, THAW_ESTORE,
+ * THAW_ECORRUPT, THAW_ETOOBIG, THAW_ENOMEM. */
+static int get_object(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t ns[THAW_KEY_BYTES], char kind,
+                      const uint8_t id[THAW_KEY_BYTES], int64_t deadline_us, uint32_t *n_tokens,
+                      struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    char rel[160], full[448];
+    void *obj;
+    size_t n_obj;
+    long left = remaining_ms(deadline_us);
+
+    if (left <= 0)
+        return THAW_ETIMEDOUT;
+    object_name(s, ns, kind, id, rel, sizeof rel, full, sizeof full);
+    thaw_s3_set_timeout(cli, left);
+    int rc = thaw_s3_get(cli, full, THAW_SHARED_MAX_OBJECT, &obj, &n_obj);
+    if (rc != 0) {
+        if (rc != THAW_ENOTFOUND)
+            LOG_DBG("shared tier: GET %s: %s", full, thaw_s3_last_error(cli));
+        return rc;
+    }
+    atomic_fetch_add(&s->fetch_bytes, n_obj);
+    rc = thaw_shared_open_object(&s->nm, rel, ns, s->identity, obj, n_obj, n_tokens, parts);
+    free(obj);
+    if (rc == THAW_ECORRUPT) {
+        atomic_fetch_add(&s->rejected, 1);
+        LOG_WRN("shared tier: object %s rejected: it does not open with this cluster's secret for this name, tenant "
+                "and model (tampered, truncated, copied or foreign): serving by prefill",
+                full);
+    }
+    return rc;
+}
+
+/* Hands fetched parts to the local disk writer (the references move). */
+static int install(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                   struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    int rc = thaw_disk_cache_submit(s->disk, key, n_tokens, parts, NULL, 0);
+
+    if (rc != 0)
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            thaw_blob_unref(parts[p].data);
+    return rc;
+}
+
+/* The blocks a fetched entry names that the local tier lacks. */
+static int fetch_blocks_of(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t ns[THAW_KEY_BYTES],
+                           const struct thaw_part_blob *kv, int64_t deadline_us)
+{
+    const uint8_t *ids;
+    uint32_t n_ids;
+    int rc;
+
+    if (!thaw_blocks_is_manifest(kv->data, kv->size))
+        return 0; /* a whole state: nothing else to fetch */
+    if ((rc = thaw_blocks_manifest_ids(kv->data, kv->size, &ids, &n_ids)) != 0) {
+        atomic_fetch_add(&s->rejected, 1);
+        return THAW_ECORRUPT;
+    }
+    for (uint32_t k = 0; k < n_ids; k++) {
+        const uint8_t *id = ids + (size_t)k * THAW_BLOCKS_ID_BYTES;
+        struct thaw_part_blob parts[THAW_PART_COUNT];
+        uint32_t n_tok;
+        if (local_has(s, id))
+            continue;
+        if ((rc = get_object(s, cli, ns, 'b', id, deadline_us, &n_tok, parts)) != 0)
+            return rc;
+        if ((rc = install(s, id, n_tok, parts)) != 0)
+            return rc;
+        atomic_fetch_add(&s->blocks_fetched, 1);
+    }
+    return 0;
+}
+
+static void mark_taken(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
+{
+    pthread_mutex_lock(&s->mu);
+    memcpy(s->taken[s->taken_next++ % TAKEN_RING], key, THAW_KEY_BYTES);
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool thaw_shared_taken(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
+{
+    bool found = false;
+
+    if (!s)
+        return false;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < TAKEN_RING && !found; i++)
+        if (memcmp(s->taken[i], key, THAW_KEY_BYTES) == 0) {
+            memset(s->taken[i], 0, THAW_KEY_BYTES);
+            found = true;
+        }
+    pthread_mutex_unlock(&s->mu);
+    return found;
+}
+
+/* The conversation's entry: its blocks first, then the entry, so the
+ * local writer commits them in that order too. */
+static int fetch_entry(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t key[THAW_KEY_BYTES],
+                       const uint8_t ns[THAW_KEY_BYTES], int64_t deadline_us)
+{
+    struct thaw_part_blob parts[THAW_PART_COUNT];
+    uint32_t n_tokens;
+    int rc = get_object(s, cli, ns, 'm', key, deadline_us, &n_tokens, parts);
+
+    if (rc != 0)
+        return rc;
+    if ((rc = fetch_blocks_of(s, cli, ns, &parts[THAW_PART_KV], deadline_us)) != 0) {
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            thaw_blob_unref(parts[p].data);
+        return rc;
+    }
+    mark_taken(s, key); /* before the writer can commit it and the engine look */
+    if ((rc = install(s, key, n_tokens, parts)) != 0)
+        thaw_shared_taken(s, key);
+    return rc;
+}
+
+/* The ids of the prompt's whole blocks (at least one token left to
+ * decode), malloc'd into *ids; returns how many (0: none, or ENOMEM). */
+static int prefix_ids(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt, int n_prompt,
+                      uint8_t (**ids)[THAW_BLOCKS_ID_BYTES])
+{
+    uint8_t binding[THAW_KEY_BYTES];
+    int nb = s->block_tokens && prompt ? (n_prompt - 1) / (int)s->block_tokens : 0;
+
+    *ids = NULL;
+    if (nb <= 0 || !(*ids = malloc((size_t)nb * THAW_BLOCKS_ID_BYTES)))
+        return 0;
+    thaw_keys_block_binding(s->identity, ns, binding);
+    thaw_blocks_ids(binding, s->block_tokens, prompt, nb * (int)s->block_tokens, *ids);
+    return nb;
+}
+
+/* The first of ids the local tier lacks; nb when it holds them all. */
+static int first_missing(struct thaw_shared *s, uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], int nb)
+{
+    int k = 0;
+
+    while (k < nb && local_has(s, ids[k]))
+        k++;
+    return k;
+}
+
+/* A prompt without an entry: its run of whole blocks from block `from`
+ * (the first the local tier lacks), as far as the store has them. */
+static int fetch_prefix(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t ns[THAW_KEY_BYTES],
+                        uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], int nb, int from, int64_t deadline_us)
+{
+    int got = 0, rc = THAW_ENOTFOUND;
+
+    for (int k = from; k < nb; k++) {
+        struct thaw_part_blob parts[THAW_PART_COUNT];
+        uint32_t n_tok;
+        if (local_has(s, ids[k]))
+            continue;
+        if ((rc = get_object(s, cli, ns, 'b', ids[k], deadline_us, &n_tok, parts)) != 0)
+            break;
+        if ((rc = install(s, ids[k], n_tok, parts)) != 0)
+            break;
+        got++;
+    }
+    atomic_fetch_add(&s->blocks_fetched, (uint64_t)got);
+    if (got > 0 && (rc == THAW_ENOTFOUND || rc == 0))
+        return 0; /* the run ends where the store's does */
+    return rc;
+}
+
+static int fetch_with(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t *key,
+                      const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt, int n_prompt)
+{
+    int64_t t0 = thaw_now_us(), deadline = t0 + (int64_t)s->timeout_ms * 1000;
+    uint8_t(*ids)[THAW_BLOCKS_ID_BYTES] = NULL;
+    int rc = THAW_ENOTFOUND, nb = 0, from = 0;
+    char what[64] = "";
+
+    if (key && local_has(s, key))
+        return THAW_ENOTFOUND;
+    if (s->prefix_fetch) {
+        nb = prefix_ids(s, ns, prompt, n_prompt, &ids);
+        from = first_missing(s, ids, nb);
+    }
+    if (!key && from >= nb) {
+        free(ids);
+        return THAW_ENOTFOUND; /* a first turn whose blocks are all here: nothing to ask the store */
+    }
+    if (!breaker_allows(s)) {
+        free(ids);
+        return THAW_EBUSY;
+    }
+    if (key)
+        rc = fetch_entry(s, cli, key, ns, deadline);
+    if (rc == THAW_ENOTFOUND && from < nb)
+        rc = fetch_prefix(s, cli, ns, ids, nb, from, deadline);
+    free(ids);
+    int64_t us = thaw_now_us() - t0;
+    atomic_fetch_add(&s->fetch_us, (uint64_t)us);
+    if (rc == 0) {
+        atomic_fetch_add(&s->hits, 1);
+        LOG_DBG("shared tier: fetched in %.1f ms", (double)us / 1000.0);
+    } else if (rc == THAW_ENOTFOUND) {
+        atomic_fetch_add(&s->misses, 1);
+    } else if (rc != THAW_ECORRUPT) {
+        atomic_fetch_add(&s->errors, 1);
+        snprintf(what, sizeof what, "%s", thaw_strerror(rc));
+        LOG_INF("shared tier: fetch failed after %.0f ms (%s%s%s): serving by prefill", (double)us / 1000.0,
+                thaw_strerror(rc), *thaw_s3_last_error(cli) ? ": " : "", thaw_s3_last_error(cli));
+    }
+    breaker_report(s, rc, what);
+    return rc;
+}
+
+int thaw_shared_fetch(struct thaw_shared *s, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
+                      const llama_token *prompt, int n_prompt)
+{
+    struct thaw_s3_params p = {s->endpoint, s->bucket, s->access_key, s->secret_key, s->region, s->timeout_ms};
+    struct thaw_s3 *cli;
+    int rc;
+
+    if ((rc = thaw_s3_new(&p, &cli)) != 0)
+        return rc;
+    rc = fetch_with(s, cli, key, ns, prompt, n_prompt);
+    thaw_s3_free(cli);
+    return rc;
+}
+
+/* ---- upload
+ * -------------------------------------------------------------------- */
+
+static bool seen_has(struct thaw_shared *s, const uint8_t id[THAW_KEY_BYTES], bool add)
+{
+    uint32_t h;
+
+    memcpy(&h, id, sizeof h);
+    for (uint32_t i = 0; i < SEEN_CAP; i++) {
+        uint8_t *slot = s->seen[(h + i) % SEEN_CAP];
+        bool empty = true;
+        for (int b = 0; b < THAW_KEY_BYTES && empty; b++)
+            empty = slot[b] == 0;
+        if (empty) {
+            if (add) {
+                if (s->seen_n >= SEEN_CAP / 4 * 3) { /* full enough: forget (costs a 412 each) */
+                    memset(s->seen, 0, (size_t)SEEN_CAP * THAW_KEY_BYTES);
+                    s->seen_n = 0;
+                    return seen_has(s, id, true);
+                }
+                memcpy(slot, id, THAW_KEY_BYTES);
+                s->seen_n++;
+            }
+            return false;
+        }
+        if (memcmp(slot, id, THAW_KEY_BYTES) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Seals one local entry's parts and PUTs it create-only. */
+static int put_entry(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], char kind,
+                     const uint8_t id[THAW_KEY_BYTES], uint32_t n_tokens,
+                     const struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    char rel[160], full[448];
+    void *obj;
+    size_t n_obj;
+    int rc;
+
+    object_name(s, ns, kind, id, rel, sizeof rel, full, sizeof full);
+    if ((rc = thaw_shared_seal(&s->nm, rel, ns, s->identity, n_tokens, parts, &obj, &n_obj)) != 0)
+        return rc;
+    rc = thaw_s3_put(s->ucli, full, obj, n_obj, 1);
+    free(obj);
+    if (rc == 0) {
+        atomic_fetch_add(&s->uploads, 1);
+        atomic_fetch_add(&s->upload_bytes, n_obj);
+    } else if (rc == THAW_EEXIST) {
+        atomic_fetch_add(&s->upload_exists, 1); /* another replica wrote it first: as good */
+        rc = 0;
+    } else {
+        LOG_DBG("shared tier: PUT %s: %s", full, thaw_s3_last_error(s->ucli));
+    }
+    return rc;
+}
+
+static void entry_parts(const struct thaw_disk_entry *de, struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_part)p, &parts[p].size);
+}
+
+/* Fault injection for the end-to-end tests (STYLE 8): with
+ * THAW_TEST_SHARED_UPLOAD_DELAY_MS, the uploader sleeps that long before
+ * the entry's PUT (after its blocks): a window to kill the replica in. */
+static void test_delay(void)
+{
+    const char *ms = getenv("THAW_TEST_SHARED_UPLOAD_DELAY_MS");
+
+    if (ms && atol(ms) > 0) {
+        struct timespec ts = {atol(ms) / 1000, (atol(ms) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int upload_one(struct thaw_shared *s, const struct upload_job *j)
+{
+    struct thaw_part_blob pend[THAW_PART_COUNT], parts[THAW_PART_COUNT];
+    struct thaw_disk_entry *de = NULL;
+    const uint8_t *ids = NULL;
+    uint32_t n_ids = 0;
+    int rc;
+
+    /* after the local commit: what is uploaded was written and reads back */
+    for (int i = 0; thaw_disk_cache_pending(s->disk, j->key, pend) == 0; i++) {
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            thaw_blob_unref(pend[p].data);
+        if (i > 60000 || s->stopping)
+            return THAW_ESHUTDOWN;
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    if ((rc = thaw_disk_cache_lookup(s->disk, j->key, &de)) != 0)
+        return rc; /* the store failed, or was evicted already: nothing to share */
+    entry_parts(de, parts);
+    thaw_s3_set_timeout(s->ucli, s->timeout_ms > UPLOAD_TIMEOUT_MIN_MS ? s->timeout_ms : UPLOAD_TIMEOUT_MIN_MS);
+    if (thaw_blocks_is_manifest(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size) &&
+        (rc = thaw_blocks_manifest_ids(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &ids, &n_ids)) != 0)
+        goto out;
+    for (uint32_t k = 0; k < n_ids && !s->stopping; k++) {
+        const uint8_t *id = ids + (size_t)k * THAW_BLOCKS_ID_BYTES;
+        struct thaw_disk_entry *be;
+        struct thaw_part_blob bp[THAW_PART_COUNT];
+        if (seen_has(s, id, false))
+            continue;
+        if ((rc = thaw_disk_cache_lookup(s->disk, id, &be)) != 0)
+            goto out; /* evicted since: the entry would name a block nobody can fetch */
+        entry_parts(be, bp);
+        rc = put_entry(s, j->ns, 'b', id, thaw_disk_entry_n_tokens(be), bp);
+        thaw_disk_entry_release(be);
+        if (rc != 0)
+            goto out;
+        seen_has(s, id, true);
+    }
+    if (s->stopping) {
+        rc = THAW_ESHUTDOWN;
+        goto out;
+    }
+    test_delay();
+    rc = put_entry(s, j->ns, 'm', j->key, thaw_disk_entry_n_tokens(de), parts);
+out:
+    thaw_disk_entry_release(de);
+    return rc;
+}
+
+/* ---- threads
+ * ------------------------------------------------------------------- */
+
+static void *uploader_main(void *arg)
+{
+    struct thaw_shared *s = arg;
+
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->ucount == 0 && !s->stopping)
+            pthread_cond_wait(&s->ucv, &s->mu);
+        if (s->stopping)
+            break;
+        struct upload_job j = s->uq[s->uhead];
+        s->uhead = (s->uhead + 1) % s->ucap;
+        s->ucount--;
+        s->uploading = true;
+        pthread_mutex_unlock(&s->mu);
+
+        char hex[17];
+        thaw_keys_short(j.key, hex);
+        if (!breaker_allows(s)) {
+            atomic_fetch_add(&s->uploads_dropped, 1);
+            LOG_DBG("shared tier: upload of %s dropped: the store is failing", hex);
+        } else {
+            int64_t t0 = thaw_now_us();
+            int rc = upload_one(s, &j);
+            if (rc == 0)
+                LOG_DBG("shared tier: %s uploaded in %.1f ms", hex, (double)(thaw_now_us() - t0) / 1000.0);
+            else if (store_failure(rc))
+                atomic_fetch_add(&s->upload_errors, 1);
+            if (rc != 0 && rc != THAW_ESHUTDOWN)
+                LOG_INF("shared tier: upload of %s failed (%s%s%s): other replicas will prefill it", hex,
+                        thaw_strerror(rc), store_failure(rc) ? ": " : "",
+                        store_failure(rc) ? thaw_s3_last_error(s->ucli) : "");
+            breaker_report(s, rc, thaw_strerror(rc));
+        }
+
+        pthread_mutex_lock(&s->mu);
+        s->uploading = false;
+        pthread_cond_broadcast(&s->idle);
+    }
+    s->uploading = false;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+struct fetcher_arg {
+    struct thaw_shared *s;
+    int i;
+};
+
+static void *fetcher_main(void *arg)
+{
+    struct fetcher_arg *fa = arg;
+    struct thaw_shared *s = fa->s;
+    int me = fa->i;
+
+    free(fa);
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->fcount == 0 && !s->stopping)
+            pthread_cond_wait(&s->fcv, &s->mu);
+        if (s->fcount == 0)
+            break; /* stopping, nothing left: every job taken has had its done() */
+        struct fetch_job j = s->fq[s->fhead];
+        s->fhead = (s->fhead + 1) % FETCH_QUEUE;
+        s->fcount--;
+        bool stopping = s->stopping;
+        pthread_mutex_unlock(&s->mu);
+        if (!stopping)
+            fetch_with(s, s->fcli[me], j.has_key ? j.key : NULL, j.ns, j.prompt, j.n_prompt);
+        j.done(j.ud);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+void thaw_shared_upload(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES], const uint8_t ns[THAW_KEY_BYTES])
+{
+    bool dropped = false;
+
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping || s->ucount >= s->ucap) {
+        dropped = true;
+    } else {
+        struct upload_job *j = &s->uq[(s->uhead + s->ucount) % s->ucap];
+        memcpy(j->key, key, THAW_KEY_BYTES);
+        memcpy(j->ns, ns, THAW_KEY_BYTES);
+        s->ucount++;
+        pthread_cond_signal(&s->ucv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (dropped) {
+        atomic_fetch_add(&s->uploads_dropped, 1);
+        LOG_DBG("shared tier: upload queue full (--kv-shared-queue %u): dropped", s->ucap);
+    }
+}
+
+int thaw_shared_fetch_async(struct thaw_shared *s, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
+                            const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud)
+{
+    int rc = 0;
+
+    if (!s || (key && local_has(s, key)) || breaker_is_open(s))
+        return THAW_ENOTFOUND;
+    if (!key && (!s->prefix_fetch || !s->block_tokens || (n_prompt - 1) / (int)s->block_tokens < 1))
+        return THAW_ENOTFOUND;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping || !s->n_fetchers_up) {
+        rc = THAW_ESHUTDOWN;
+    } else if (s->fcount >= FETCH_QUEUE) {
+        rc = THAW_EBUSY;
+    } else {
+        struct fetch_job *j = &s->fq[(s->fhead + s->fcount) % FETCH_QUEUE];
+        memset(j, 0, sizeof *j);
+        if ((j->has_key = key != NULL))
+            memcpy(j->key, key, THAW_KEY_BYTES);
+        memcpy(j->ns, ns, THAW_KEY_BYTES);
+        j->prompt = prompt;
+        j->n_prompt = n_prompt;
+        j->done = done;
+        j->ud = ud;
+        s->fcount++;
+        pthread_cond_signal(&s->fcv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void thaw_shared_flush(struct thaw_shared *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    while ((s->ucount > 0 || s->uploading) && s->uploader_up && !s->stopped)
+        pthread_cond_wait(&s->idle, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- open / close / metrics
+ * ---------------------------------------------------- */
+
+static int read_secret(const char *path, uint8_t *buf, size_t cap, size_t *n)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0) {
+        LOG_ERR("--kv-shared-secret-file %s: %s", path, strerror(errno));
+        return THAW_EINVAL;
+    }
+    if (fstat(fd, &st) == 0 && (st.st_mode & 077))
+        LOG_WRN("--kv-shared-secret-file %s is readable by others (mode %03o): chmod 600 it", path,
+                (unsigned)(st.st_mode & 0777));
+    ssize_t r = read(fd, buf, cap);
+    close(fd);
+    if (r < 0) {
+        LOG_ERR("--kv-shared-secret-file %s: %s", path, strerror(errno));
+        return THAW_EINVAL;
+    }
+    while (r > 0 && (buf[r - 1] == '\n' || buf[r - 1] == '\r' || buf[r - 1] == ' '))
+        r--; /* `echo SECRET > FILE` and `printf SECRET > FILE` give the same key */
+    if (r < 16) {
+        LOG_ERR("--kv-shared-secret-file %s holds %zd bytes; the cluster secret needs at least 16 (e.g. "
+                "`head -c 32 /dev/urandom | base64 > FILE`, the same file on every replica)",
+                path, r);
+        return THAW_EINVAL;
+    }
+    *n = (size_t)r;
+    return 0;
+}
+
+static int parse_url(struct thaw_shared *s, const char *url)
+{
+    if (!url || strncmp(url, "s3://", 5) != 0) {
+        LOG_ERR("--kv-shared %s: expected s3://BUCKET[/PREFIX]", url ? url : "(null)");
+        return THAW_EINVAL;
+    }
+    const char *b = url + 5, *slash = strchr(b, '/');
+    size_t nb = slash ? (size_t)(slash - b) : strlen(b);
+    if (nb < 3 || nb > 63 || !(s->bucket = strndup(b, nb))) {
+        LOG_ERR("--kv-shared %s: a bucket name has 3 to 63 characters", url);
+        return THAW_EINVAL;
+    }
+    for (size_t i = 0; i < nb; i++)
+        if (!((b[i] >= 'a' && b[i] <= 'z') || (b[i] >= '0' && b[i] <= '9') || b[i] == '-' || b[i] == '.')) {
+            LOG_ERR("--kv-shared %s: a bucket name has lowercase letters, digits, '-' and '.' only", url);
+            return THAW_EINVAL;
+        }
+    const char *p = slash ? slash + 1 : "";
+    size_t np = strlen(p);
+    while (np > 0 && p[np - 1] == '/')
+        np--;
+    for (size_t i = 0; i < np; i++)
+        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= '0' && p[i] <= '9') ||
+              strchr("-._~/", p[i]))) {
+            LOG_ERR("--kv-shared %s: a prefix has letters, digits and -._~/ only", url);
+            return THAW_EINVAL;
+        }
+    if (np + 2 > sizeof s->prefix) {
+        LOG_ERR("--kv-shared %s: the prefix is too long", url);
+        return THAW_EINVAL;
+    }
+    snprintf(s->prefix, sizeof s->prefix, "%.*s%s", (int)np, p, np ? "/" : "");
+    return 0;
+}
+
+static char *env_dup(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? strdup(v) : NULL;
+}
+
+int thaw_shared_open(const struct thaw_shared_params *p, struct thaw_shared **out)
+{
+    struct thaw_shared *s = calloc(1, sizeof *s);
+    uint8_t secret[4096];
+    size_t n_secret = 0;
+    int rc = THAW_EINVAL;
+
+    if (!s)
+        return THAW_ENOMEM;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->ucv, NULL);
+    pthread_cond_init(&s->fcv, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    s->disk = p->disk;
+    s->timeout_ms = p->timeout_ms > 0 ? p->timeout_ms : 2000;
+    s->retry_s = p->retry_s > 0 ? p->retry_s : 30;
+    s->ucap = p->queue ? p->queue : 64;
+    s->block_tokens = p->block_tokens;
+    s->prefix_fetch = p->prefix_fetch && p->block_tokens > 0;
+    memcpy(s->identity, p->identity, THAW_KEY_BYTES);
+    if (!p->disk) {
+        LOG_ERR("--kv-shared needs --kv-cache-dir: fetched state is installed into the local disk tier");
+        goto fail;
+    }
+    if (parse_url(s, p->url) != 0)
+        goto fail;
+    s->endpoint = p->endpoint ? strdup(p->endpoint) : env_dup("AWS_ENDPOINT_URL");
+    if (!s->endpoint || (strncmp(s->endpoint, "http://", 7) != 0 && strncmp(s->endpoint, "https://", 8) != 0)) {
+        LOG_ERR("--kv-shared needs the store's address: --kv-shared-endpoint http(s)://HOST[:PORT] (or "
+                "AWS_ENDPOINT_URL)");
+        goto fail;
+    }
+    size_t ne = strlen(s->endpoint);
+    while (ne > 0 && s->endpoint[ne - 1] == '/')
+        s->endpoint[--ne] = '\0';
+    s->access_key = env_dup("AWS_ACCESS_KEY_ID");
+    s->secret_key = env_dup("AWS_SECRET_ACCESS_KEY");
+    s->region = env_dup("AWS_REGION");
+    if (!s->access_key || !s->secret_key) {
+        LOG_ERR("--kv-shared needs the store's credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
+        goto fail;
+    }
+    if (!p->secret_file) {
+        LOG_ERR("--kv-shared needs --kv-shared-secret-file FILE: the cluster secret every replica seals and "
+                "checks objects with (nothing fetched is trusted without it)");
+        goto fail;
+    }
+    if (read_secret(p->secret_file, secret, sizeof secret, &n_secret) != 0)
+        goto fail;
+    thaw_shared_derive(secret, n_secret, s->identity, &s->nm);
+    sodium_memzero(secret, sizeof secret);
+
+    rc = THAW_ENOMEM;
+    if (!(s->uq = calloc(s->ucap, sizeof *s->uq)) || !(s->seen = calloc(SEEN_CAP, THAW_KEY_BYTES)))
+        goto fail;
+    struct thaw_s3_params sp = {s->endpoint, s->bucket, s->access_key, s->secret_key, s->region, s->timeout_ms};
+    if ((rc = thaw_s3_new(&sp, &s->ucli)) != 0)
+        goto fail;
+    for (int i = 0; i < N_FETCHERS; i++)
+        if ((rc = thaw_s3_new(&sp, &s->fcli[i])) != 0)
+            goto fail;
+    if ((rc = -pthread_create(&s->uploader, NULL, uploader_main, s)) != 0)
+        goto fail;
+    s->uploader_up = true;
+    for (int i = 0; i < N_FETCHERS; i++) {
+        struct fetcher_arg *fa = malloc(sizeof *fa);
+        if (!fa)
+            break;
+        *fa = (struct fetcher_arg){s, i};
+        if (pthread_create(&s->fetchers[i], NULL, fetcher_main, fa) != 0) {
+            free(fa);
+            break;
+        }
+        s->n_fetchers_up++;
+    }
+    LOG_INF("shared tier: s3://%s/%s at %s (fetch deadline %ld ms, breaker pause %lds, upload queue %u%s)", s->bucket,
+            s->prefix, s->endpoint, s->timeout_ms, s->retry_s, s->ucap,
+            s->prefix_fetch ? ", first turns fetch their prompt's blocks" : "");
+    *out = s;
+    return 0;
+fail:
+    thaw_shared_close(s);
+    return rc;
+}
+
+void thaw_shared_stop(struct thaw_shared *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopped) {
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    s->stopping = true;
+    pthread_cond_broadcast(&s->ucv);
+    pthread_cond_broadcast(&s->fcv);
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < s->n_fetchers_up; i++)
+        pthread_join(s->fetchers[i], NULL);
+    if (s->uploader_up)
+        pthread_join(s->uploader, NULL);
+    pthread_mutex_lock(&s->mu);
+    if (s->ucount)
+        LOG_INF("shared tier: %u uploads still queued at shutdown: dropped", s->ucount);
+    atomic_fetch_add(&s->uploads_dropped, s->ucount);
+    s->ucount = 0;
+    s->stopped = true;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void thaw_shared_close(struct thaw_shared *s)
+{
+    if (!s)
+        return;
+    thaw_shared_stop(s);
+    thaw_s3_free(s->ucli);
+    for (int i = 0; i < N_FETCHERS; i++)
+        thaw_s3_free(s->fcli[i]);
+    free(s->uq);
+    free(s->seen);
+    free(s->bucket);
+    free(s->endpoint);
+    if (s->secret_key)
+        sodium_memzero(s->secret_key, strlen(s->secret_key));
+    free(s->access_key);
+    free(s->secret_key);
+    free(s->region);
+    sodium_memzero(&s->nm, sizeof s->nm);
+    pthread_cond_destroy(&s->ucv);
+    pthread_cond_destroy(&s->fcv);
+    pthread_cond_destroy(&s->idle);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+void thaw_shared_metrics(struct thaw_shared *s, char *buf, size_t cap, size_t *len)
+{
+    if (!s)
+        return;
+#define C(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_shared_" n, "counter", h, (double)(v))
+    C("hits_total", "fetches that installed state from the shared store into the local tier", atomic_load(&s->hits));
+    C("misses_total", "fetches the store had nothing for", atomic_load(&s->misses));
+    C("fetch_errors_total", "fetches that failed (timeout, store error, local writer full): served by prefill",
+      atomic_load(&s->errors));
+    C("rejected_total", "objects that failed authentication or checks (tampered, truncated, foreign): never used",
+      atomic_load(&s->rejected));
+    C("fetch_bytes_total", "bytes downloaded from the store", atomic_load(&s->fetch_bytes));
+    C("fetch_seconds_total", "time spent fetching", (double)atomic_load(&s->fetch_us) / 1e6);
+    C("blocks_fetched_total", "blocks downloaded and installed locally", atomic_load(&s->blocks_fetched));
+    C("uploads_total", "objects uploaded (blocks and entries)", atomic_load(&s->uploads));
+    C("uploads_existing_total", "uploads the store already held (If-None-Match: another replica won)",
+      atomic_load(&s->upload_exists));
+    C("upload_bytes_total", "bytes uploaded", atomic_load(&s->upload_bytes));
+    C("uploads_dropped_total", "uploads dropped (queue full, breaker open, shutdown)",
+      atomic_load(&s->uploads_dropped));
+    C("upload_errors_total", "uploads that failed (timeout, store error)", atomic_load(&s->upload_errors));
+    C("breaker_opens_total", "times the breaker stopped trying the store", atomic_load(&s->breaker_opens));
+#undef C
+    pthread_mutex_lock(&s->mu);
+    uint32_t queued = s->ucount + (s->uploading ? 1 : 0);
+    pthread_mutex_unlock(&s->mu);
+    thaw_metrics_append(buf, cap, len, "thaw_kv_shared_upload_queue", "gauge",
+                        "uploads waiting or in progress", queued);
+    thaw_metrics_append(buf, cap, len, "thaw_kv_shared_breaker_open", "gauge",
+                        "1 while the breaker keeps requests away from a failing store", breaker_is_open(s) ? 1 : 0);
+}
