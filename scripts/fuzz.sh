@@ -68,6 +68,7 @@ max_len_of() {
     fuzz_kvstate) echo 4096 ;;      # headers, a few hundred tokens and small fake state
     fuzz_kvlayout) echo 4096 ;;     # states and blocks of a few cells (seeds: 84-820 bytes)
     fuzz_manifest) echo 4096 ;;     # 40-byte header, tokens, ids, a tail block, an SWA section
+    fuzz_s3_list) echo 8192 ;;      # listing pages of a few objects (an RGW page of 2: ~700 bytes)
     *) echo 4096 ;;
   esac
 }
@@ -80,6 +81,7 @@ module_of() {
     fuzz_kvstate) echo src/kvstate.c ;;
     fuzz_kvlayout) echo src/kvlayout.c ;;
     fuzz_manifest) echo src/blocks.c ;;
+    fuzz_s3_list) echo src/s3.c ;;
   esac
 }
 

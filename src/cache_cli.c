@@ -1,16 +1,22 @@
-/* cache_cli.c — `thaw cache ...`: the disk cache seen from a shell.
+/* cache_cli.c — `thaw cache ...`: the disk cache seen from a shell, and
+ * `thaw cache gc --shared` for the shared tier's bucket.
  *
  * Map:
  *   ---- helpers ----    formatting (sizes, ages), options, opening
  *   ---- commands ----   ls, stats, verify, gc, rm
+ *   ---- the shared tier ----  gc --shared: expire objects by LastModified
  *   ---- main ----       dispatch and usage
  */
 #include "cache_cli.h"
 
 #include "blocks.h"
 #include "cache_disk.h"
+#include "config.h"
 #include "error.h"
 #include "log.h"
+#ifdef THAW_HAVE_S3
+#include "s3.h"
+#endif
 
 #include <errno.h>
 #include <inttypes.h>
@@ -36,12 +42,21 @@ static const char usage_text[] = "usage: thaw cache <command> DIR [options]\n"
                                  "                            evict entries unused for more than T (seconds,\n"
                                  "                            or with a unit: 90m, 12h, 3d), then the least\n"
                                  "                            recently used until the total is <= MiB\n"
+                                 "  gc --shared s3://BUCKET/PREFIX [--ttl T] [--endpoint URL] [--dry-run]\n"
+                                 "                            the shared tier (--kv-shared) on a store with\n"
+                                 "                            no lifecycle rule: delete the objects under\n"
+                                 "                            PREFIX/ written more than T ago (default: the\n"
+                                 "                            server's --kv-cache-ttl, 3d), manifests first;\n"
+                                 "                            --dry-run lists them instead, -v names each\n"
+                                 "                            one deleted. The store: --endpoint or\n"
+                                 "                            AWS_ENDPOINT_URL; AWS_ACCESS_KEY_ID,\n"
+                                 "                            AWS_SECRET_ACCESS_KEY, AWS_REGION\n"
                                  "  rm DIR KEY... | --all     remove entries (KEY: hex key or unique prefix)\n"
                                  "\n"
                                  "ls, stats and verify (without --fix) never change DIR. The others are safe\n"
                                  "while a server uses DIR: only whole entries are removed, .idx first.\n"
                                  "Exit status: 0 ok, 1 something found wrong (an unreadable or corrupt\n"
-                                 "entry) or not found, 2 error.\n";
+                                 "entry), not found or not deleted, 2 error.\n";
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -573,6 +588,372 @@ out:
     return ret;
 }
 
+/* ---- the shared tier -----------------------------------------------------
+ *
+ * `thaw cache gc --shared s3://BUCKET/PREFIX` expires the shared tier's
+ * objects (DESIGN §11) on stores without a lifecycle rule. Objects are
+ * immutable (written once, If-None-Match: *), so LastModified is when an
+ * object was first written, and age is all there is to go by (a store
+ * counts no reads). Deleting is safe next to running servers: a missing
+ * manifest is a miss, and so is a manifest whose block is gone (the fetch
+ * finds it incomplete and the server prefills). Manifests (.../m/<hex>)
+ * still go first, in a pass of their own, so that no manifest is left
+ * naming blocks already deleted: a listing is in key order, where a
+ * tenant's b/ comes before its m/. The cut is taken once, so both passes
+ * agree on what is old; the second pass retries an old manifest the first
+ * could not delete. Memory stays flat: each page is acted on as it comes,
+ * nothing is collected. */
+
+#define PROGRESS_S 5     /* seconds between progress lines */
+#define SHOW_FAILURES 10 /* failed deletes named one by one, then only counted */
+#define GIVE_UP_AFTER 20 /* failed deletes in a row that stop the run */
+#define GC_TIMEOUT_MS 30000
+
+#ifdef THAW_HAVE_S3
+enum obj_kind { OBJ_MANIFEST, OBJ_BLOCK, OBJ_OTHER };
+
+/* By the segment before the last: PREFIX/v1/<model>/<tenant>/m/<hex>. */
+static enum obj_kind obj_kind_of(const char *key)
+{
+    const char *last = strrchr(key, '/'), *p = last;
+
+    if (!last)
+        return OBJ_OTHER;
+    while (p > key && p[-1] != '/')
+        p--;
+    if (last - p == 1 && *p == 'm')
+        return OBJ_MANIFEST;
+    if (last - p == 1 && *p == 'b')
+        return OBJ_BLOCK;
+    return OBJ_OTHER;
+}
+
+/* Length of the valid UTF-8 sequence at c (a character U+00A0 or above:
+ * no C1 control, which some terminals obey), or 0. */
+static size_t utf8_printable(const unsigned char *c)
+{
+    size_t n = c[0] >= 0xF0 && c[0] <= 0xF4 ? 4 : c[0] >= 0xE0 ? 3 : c[0] >= 0xC2 && c[0] < 0xE0 ? 2 : 0;
+    uint32_t cp;
+
+    if (n == 0 || c[0] > 0xF4)
+        return 0;
+    cp = c[0] & (0x7F >> n);
+    for (size_t i = 1; i < n; i++) {
+        if ((c[i] & 0xC0) != 0x80) /* a NUL ends the string here too */
+            return 0;
+        cp = cp << 6 | (c[i] & 0x3F);
+    }
+    if (cp < 0xA0 || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n;
+}
+
+/* A key for a terminal: control bytes (a newline, an escape sequence),
+ * invalid UTF-8 and '\' as \xNN, so one object is one line and nothing
+ * in a key can drive the terminal. */
+static void print_key(FILE *f, const char *key)
+{
+    for (const unsigned char *c = (const unsigned char *)key; *c;) {
+        size_t n = *c >= 0x80 ? utf8_printable(c) : 0;
+        if (n) {
+            fwrite(c, 1, n, f);
+            c += n;
+        } else if (*c < 0x20 || *c >= 0x7f || *c == '\\') {
+            fprintf(f, "\\x%02x", *c++);
+        } else {
+            fputc(*c++, f);
+        }
+    }
+}
+
+/* What to do about a failed request, by its HTTP status (0: no answer). */
+static const char *store_hint(long status)
+{
+    switch (status) {
+    case 0:
+        return "check --endpoint (or AWS_ENDPOINT_URL) and that the store is up";
+    case 301:
+    case 307:
+    case 400:
+        return "check AWS_REGION and --endpoint";
+    case 401:
+    case 403:
+        return "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION";
+    case 404:
+        return "check the bucket's name and --endpoint";
+    case 200:
+        return "the store's listing could not be read";
+    default:
+        return "the store refused the request";
+    }
+}
+
+struct gc_run {
+    struct thaw_s3 *s3;
+    const char *url;            /* s3://BUCKET/PREFIX/, for messages */
+    int64_t cut;                /* Unix seconds: written before it is old */
+    int64_t now, next_progress; /* next_progress: monotonic seconds */
+    int dry_run, verbose, pass; /* pass 1: old manifests; 2: the rest (a dry run: one pass, all) */
+    uint64_t listed;            /* in this pass */
+    uint64_t deleted[3], bytes; /* by enum obj_kind; bytes of them (a dry run: would be) */
+    uint64_t kept, failed, in_a_row, deleted_in_pass1;
+    char give_up[320]; /* why the run stopped early, "" if it did not */
+};
+
+static void gc_progress(struct gc_run *g)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    if (ts.tv_sec < g->next_progress)
+        return;
+    g->next_progress = ts.tv_sec + PROGRESS_S;
+    if (g->dry_run)
+        fprintf(stderr, "thaw cache gc: %" PRIu64 " objects listed, %" PRIu64 " would go\n", g->listed,
+                g->deleted[0] + g->deleted[1] + g->deleted[2]);
+    else
+        fprintf(stderr, "thaw cache gc: pass %d/2 (%s): %" PRIu64 " objects listed, %" PRIu64 " deleted so far\n",
+                g->pass, g->pass == 1 ? "manifests" : "blocks and the rest", g->listed,
+                g->deleted[0] + g->deleted[1] + g->deleted[2]);
+}
+
+/* Deletes one old object. 0 to go on, 1 to stop the listing (give_up). */
+static int gc_delete(struct gc_run *g, const struct thaw_s3_object *o, enum obj_kind kind)
+{
+    if (thaw_s3_delete(g->s3, o->key) == 0) {
+        g->deleted[kind]++;
+        g->bytes += o->size;
+        g->in_a_row = 0;
+        if (g->verbose) {
+            printf("deleted ");
+            print_key(stdout, o->key);
+            printf("\n");
+        }
+        return 0;
+    }
+    g->failed++;
+    if (g->failed <= SHOW_FAILURES) {
+        fprintf(stderr, "thaw cache gc: cannot delete ");
+        print_key(stderr, o->key);
+        fprintf(stderr, ": %s%s\n", thaw_s3_last_error(g->s3),
+                g->failed == SHOW_FAILURES ? " (further failures only counted)" : "");
+    }
+    if (thaw_s3_last_status(g->s3) == 0) {
+        snprintf(g->give_up, sizeof g->give_up, "the store stopped answering (%s): %s", thaw_s3_last_error(g->s3),
+                 store_hint(0));
+        return 1;
+    }
+    if (++g->in_a_row >= GIVE_UP_AFTER) {
+        snprintf(g->give_up, sizeof g->give_up, "%d deletes in a row failed (last: %s): %s", GIVE_UP_AFTER,
+                 thaw_s3_last_error(g->s3), store_hint(thaw_s3_last_status(g->s3)));
+        return 1;
+    }
+    return 0;
+}
+
+static int gc_object(void *ud, const struct thaw_s3_object *o)
+{
+    struct gc_run *g = ud;
+    enum obj_kind kind = obj_kind_of(o->key);
+    int old = o->last_modified < g->cut;
+    char size[24], ago[24];
+
+    g->listed++;
+    gc_progress(g);
+    if (g->dry_run && old) {
+        g->deleted[kind]++;
+        g->bytes += o->size;
+        thaw_fmt_bytes(o->size, size);
+        fmt_ago(o->last_modified, g->now, ago);
+        printf("would delete ");
+        print_key(stdout, o->key);
+        printf("  %s, written %s\n", size, ago);
+        return 0;
+    }
+    if (g->pass == 1)
+        return old && kind == OBJ_MANIFEST ? gc_delete(g, o, kind) : 0;
+    if (old)
+        return gc_delete(g, o, kind);
+    g->kept++;
+    return 0;
+}
+
+/* One listing of the run. 0, or 2 with the reason printed. */
+static int gc_pass(struct gc_run *g, const char *prefix)
+{
+    int r;
+
+    g->listed = 0;
+    r = thaw_s3_list(g->s3, prefix, gc_object, g);
+    if (r == 0)
+        return 0;
+    if (r == 1)
+        fprintf(stderr, "thaw cache gc: stopped: %s\n", g->give_up);
+    else if (r == THAW_ESTORE || r == THAW_ETIMEDOUT)
+        fprintf(stderr, "thaw cache gc: cannot list %s: %s: %s\n", g->url,
+                r == THAW_ETIMEDOUT ? "no answer within the deadline" : thaw_s3_last_error(g->s3),
+                store_hint(thaw_s3_last_status(g->s3)));
+    else
+        fprintf(stderr, "thaw cache gc: cannot list %s: %s\n", g->url, thaw_strerror(r));
+    return 2;
+}
+#endif
+
+/* s3://BUCKET/PREFIX (trailing slashes dropped) into bucket and prefix,
+ * both non-empty: gc deletes under PREFIX/ only, never a whole bucket.
+ * 0 or THAW_EINVAL. */
+static int parse_shared_url(const char *url, char *bucket, size_t n_bucket, char *prefix, size_t n_prefix)
+{
+    const char *b, *slash;
+    size_t nb, np;
+
+    if (strncmp(url, "s3://", 5) != 0)
+        return THAW_EINVAL;
+    b = url + 5;
+    if (!(slash = strchr(b, '/')))
+        return THAW_EINVAL;
+    nb = (size_t)(slash - b);
+    np = strlen(slash + 1);
+    while (np && slash[np] == '/')
+        np--;
+    if (nb == 0 || nb >= n_bucket || np == 0 || np >= n_prefix)
+        return THAW_EINVAL;
+    for (size_t i = 0; i < nb; i++)
+        if (!((b[i] >= 'a' && b[i] <= 'z') || (b[i] >= 'A' && b[i] <= 'Z') || (b[i] >= '0' && b[i] <= '9') ||
+              b[i] == '.' || b[i] == '-' || b[i] == '_'))
+            return THAW_EINVAL;
+    memcpy(bucket, b, nb);
+    bucket[nb] = '\0';
+    memcpy(prefix, slash + 1, np);
+    prefix[np] = '\0';
+    return 0;
+}
+
+static const char *env_nonempty(const char *name)
+{
+    const char *v = getenv(name);
+
+    return v && *v ? v : NULL;
+}
+
+static int cmd_gc_shared(const char *url, const char *endpoint_opt, int64_t ttl_s, int dry_run, int verbose)
+{
+    char bucket[256], prefix[2048], endpoint[1024], where[3400];
+    const char *endpoint_in = endpoint_opt                          ? endpoint_opt
+                              : env_nonempty("AWS_ENDPOINT_URL_S3") ? env_nonempty("AWS_ENDPOINT_URL_S3")
+                                                                    : env_nonempty("AWS_ENDPOINT_URL");
+    const char *access = env_nonempty("AWS_ACCESS_KEY_ID"), *secret = env_nonempty("AWS_SECRET_ACCESS_KEY");
+    const char *region = env_nonempty("AWS_REGION") ? env_nonempty("AWS_REGION") : env_nonempty("AWS_DEFAULT_REGION");
+    /* tests only: a clock that has moved on (LastModified cannot be set
+     * back), pages of a few keys (deleting while listing across pages) */
+    const char *test_now = getenv("THAW_TEST_NOW_S"), *test_page = getenv("THAW_TEST_LIST_PAGE");
+    size_t n;
+
+    if (parse_shared_url(url, bucket, sizeof bucket, prefix, sizeof prefix)) {
+        fprintf(stderr,
+                "thaw cache gc: --shared %s: want s3://BUCKET/PREFIX (the --kv-shared of the servers; "
+                "a prefix is required)\n",
+                url);
+        return 2;
+    }
+    if (!endpoint_in) {
+        fprintf(stderr, "thaw cache gc: no store endpoint: give --endpoint URL or set AWS_ENDPOINT_URL\n");
+        return 2;
+    }
+    n = strlen(endpoint_in);
+    while (n && endpoint_in[n - 1] == '/')
+        n--;
+    if ((strncmp(endpoint_in, "http://", 7) != 0 && strncmp(endpoint_in, "https://", 8) != 0) ||
+        n <= (size_t)(endpoint_in[4] == 's' ? 8 : 7) || n >= sizeof endpoint || memchr(endpoint_in, ' ', n)) {
+        fprintf(stderr, "thaw cache gc: endpoint %s: want http(s)://HOST[:PORT]\n", endpoint_in);
+        return 2;
+    }
+    memcpy(endpoint, endpoint_in, n);
+    endpoint[n] = '\0';
+    if (!access || !secret) {
+        fprintf(stderr, "thaw cache gc: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the store's credentials)\n");
+        return 2;
+    }
+    snprintf(where, sizeof where, "s3://%s/%s/ at %s", bucket, prefix, endpoint);
+#ifndef THAW_HAVE_S3
+    (void)ttl_s;
+    (void)dry_run;
+    (void)region;
+    (void)test_now;
+    (void)test_page;
+    (void)verbose;
+    fprintf(stderr, "thaw cache gc: %s: this thaw was built without libcurl (install it, then build again)\n", where);
+    return 2;
+#else
+    struct thaw_s3_params p = {endpoint, bucket, access, secret, region, GC_TIMEOUT_MS};
+    struct gc_run g = {0};
+    char list_prefix[2050], freed[24];
+    uint64_t deleted;
+    int ret;
+
+    if (env_nonempty("AWS_SESSION_TOKEN"))
+        fprintf(stderr, "thaw cache gc: AWS_SESSION_TOKEN is set but not sent (temporary credentials are not "
+                        "supported): use a key pair\n");
+    if (thaw_s3_new(&p, &g.s3)) {
+        fprintf(stderr, "thaw cache gc: %s: cannot make a client for it\n", where);
+        return 2;
+    }
+    if (test_page)
+        thaw_s3_set_list_page(g.s3, atoi(test_page));
+    g.url = where;
+    g.dry_run = dry_run;
+    g.verbose = verbose;
+    g.now = test_now && *test_now ? (int64_t)strtoll(test_now, NULL, 10) : (int64_t)time(NULL);
+    g.cut = g.now - ttl_s;
+    snprintf(list_prefix, sizeof list_prefix, "%s/", prefix);
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        g.next_progress = ts.tv_sec + PROGRESS_S;
+    }
+    if (dry_run) {
+        g.pass = 0;
+        ret = gc_pass(&g, list_prefix);
+    } else {
+        g.pass = 1;
+        ret = gc_pass(&g, list_prefix);
+        g.deleted_in_pass1 = g.deleted[OBJ_MANIFEST];
+        if (ret == 0) {
+            g.pass = 2;
+            g.failed = 0; /* the first pass's failures are tried again */
+            g.in_a_row = 0;
+            ret = gc_pass(&g, list_prefix);
+        }
+    }
+    deleted = g.deleted[0] + g.deleted[1] + g.deleted[2];
+    thaw_fmt_bytes(g.bytes, freed);
+    if (ret && (deleted || g.pass == 2 || g.listed)) { /* what was done before it stopped */
+        printf("%s %" PRIu64 " objects (%" PRIu64 " manifests, %" PRIu64 " blocks, %" PRIu64
+               " other; %s) before stopping\n",
+               dry_run ? "would have deleted" : "deleted", deleted, g.deleted[0], g.deleted[1], g.deleted[2], freed);
+    } else if (!ret) {
+        /* every object was seen once: deleted in pass 1, or listed in pass 2 (the dry run's only pass) */
+        uint64_t scanned = g.deleted_in_pass1 + g.listed;
+        printf("%sscanned %" PRIu64 " objects under %s: %s %" PRIu64 " (%" PRIu64 " manifests, %" PRIu64
+               " blocks, %" PRIu64 " other; %s), kept %" PRIu64,
+               dry_run ? "dry run: " : "", scanned, where, dry_run ? "would delete" : "deleted", deleted, g.deleted[0],
+               g.deleted[1], g.deleted[2], freed, dry_run ? scanned - deleted : g.kept);
+        if (g.failed)
+            printf(", %" PRIu64 " could not be deleted", g.failed);
+        time_t cut = (time_t)g.cut;
+        struct tm tm;
+        char when[32] = "?";
+        if (gmtime_r(&cut, &tm))
+            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        printf("; old: written before %s (--ttl %" PRId64 ")\n", when, ttl_s);
+        ret = g.failed ? 1 : 0;
+    }
+    thaw_s3_free(g.s3);
+    return ret;
+#endif
+}
+
 /* ---- main --------------------------------------------------------------- */
 
 static int usage(FILE *to, int status)
@@ -584,9 +965,9 @@ static int usage(FILE *to, int status)
 int thaw_cache_main(int argc, char **argv)
 {
     struct cli cli = {0};
-    const char *cmd;
+    const char *cmd, *shared = NULL, *endpoint = NULL;
     char **pos;
-    int n_pos = 0, dry_run = 0, fix = 0, all = 0, ret;
+    int n_pos = 0, dry_run = 0, fix = 0, all = 0, ttl_given = 0, max_given = 0, verbose = 0, ret;
     int64_t ttl_s = 0;
     uint64_t max_bytes = 0;
 
@@ -604,19 +985,27 @@ int thaw_cache_main(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             free(pos);
             return usage(stdout, 0);
-        } else if (!strcmp(a, "--dry-run") && !strcmp(cmd, "verify")) {
-            dry_run = 1; /* the default now; kept for scripts written before */
+        } else if (!strcmp(a, "--dry-run") && (!strcmp(cmd, "verify") || !strcmp(cmd, "gc"))) {
+            dry_run = 1; /* verify: the default now; kept for scripts written before */
+        } else if (!strcmp(a, "--shared") && !strcmp(cmd, "gc") && i + 1 < argc) {
+            shared = argv[++i];
+        } else if (!strcmp(a, "--endpoint") && !strcmp(cmd, "gc") && i + 1 < argc) {
+            endpoint = argv[++i];
+        } else if ((!strcmp(a, "-v") || !strcmp(a, "--verbose")) && !strcmp(cmd, "gc")) {
+            verbose = 1; /* --shared: one line per object deleted (a DIR's gc always says) */
         } else if ((!strcmp(a, "--fix") || !strcmp(a, "--repair")) && !strcmp(cmd, "verify")) {
             fix = 1;
         } else if (!strcmp(a, "--all") && !strcmp(cmd, "rm")) {
             all = 1;
         } else if (!strcmp(a, "--ttl") && !strcmp(cmd, "gc") && i + 1 < argc) {
+            ttl_given = 1;
             if (parse_duration(argv[++i], &ttl_s)) {
                 fprintf(stderr, "thaw cache: --ttl %s: want seconds, or 90m, 12h, 3d\n", argv[i]);
                 free(pos);
                 return 2;
             }
         } else if (!strcmp(a, "--max") && !strcmp(cmd, "gc") && i + 1 < argc) {
+            max_given = 1;
             if (parse_mib(argv[++i], &max_bytes)) {
                 fprintf(stderr, "thaw cache: --max %s: want MiB\n", argv[i]);
                 free(pos);
@@ -634,6 +1023,24 @@ int thaw_cache_main(int argc, char **argv)
         fprintf(stderr, "thaw cache verify: --dry-run and --fix contradict each other\n");
         free(pos);
         return usage(stderr, 2);
+    }
+    if (!strcmp(cmd, "gc") && (shared || endpoint || dry_run)) {
+        /* the shared tier: a bucket, not a DIR; kept by age only */
+        struct thaw_config cfg;
+        const char *why = !shared     ? "--endpoint and --dry-run go with --shared s3://BUCKET/PREFIX"
+                          : n_pos     ? "--shared takes no DIR"
+                          : max_given ? "--max is for a DIR: the shared tier is kept by age (--ttl)"
+                                      : NULL;
+        if (why) {
+            fprintf(stderr, "thaw cache gc: %s\n", why);
+            free(pos);
+            return usage(stderr, 2);
+        }
+        thaw_config_init(&cfg); /* the server's default --kv-cache-ttl */
+        ret = cmd_gc_shared(shared, endpoint, ttl_given ? ttl_s : (int64_t)cfg.kv_cache_ttl_s, dry_run, verbose);
+        thaw_config_free(&cfg);
+        free(pos);
+        return ret;
     }
     if (n_pos < 1) {
         fprintf(stderr, "thaw cache %s: missing DIR\n", cmd);

@@ -14,6 +14,12 @@
  *                                      then least recently used down to MiB
  *   thaw cache rm DIR KEY... | --all   remove entries; KEY is the hex key or
  *                                      a unique prefix of 4 or more digits
+ *   thaw cache gc --shared s3://BUCKET/PREFIX [--ttl T] [--endpoint URL]
+ *                 [--dry-run] [-v]     the shared tier's bucket (s3.h): delete
+ *                                      the objects under PREFIX/ written more
+ *                                      than T ago (default: serve's
+ *                                      --kv-cache-ttl), manifests first;
+ *                                      credentials from AWS_* variables
  *
  * ls, stats and verify change nothing (READONLY: not a file created,
  * removed, renamed or touched, not even *.tmp or orphans). verify --fix, gc
@@ -28,8 +34,9 @@
  * Returns the process exit status: 0 success; 1 the command ran but found
  * something wrong: verify a corrupt entry (fixed or not), ls/stats an entry
  * they could not read (counted, left out of the listing), rm a key not
- * found; 2 usage error (--fix with --dry-run included), or the directory
- * could not be opened. Never exits. */
+ * found, gc --shared an object it could not delete; 2 usage error (--fix
+ * with --dry-run included), the directory could not be opened, or gc
+ * --shared could not list the bucket or stopped early. Never exits. */
 int thaw_cache_main(int argc, char **argv);
 
 #endif

@@ -1,13 +1,23 @@
 /* s3.h — a small S3 client over libcurl (SigV4 by CURLOPT_AWS_SIGV4), for
  * the shared cache tier (DESIGN §11, issue #11). Immutable objects only:
- * put (optionally "create only": If-None-Match: *), get, delete, and
- * bucket creation for set-up. Every call has a deadline; nothing here
- * retries (the caller's breaker decides).
+ * put (optionally "create only": If-None-Match: *), get, delete, list
+ * (for eviction: `thaw cache gc --shared`), and bucket creation for
+ * set-up. Every request has a deadline; nothing here retries (the
+ * caller's breaker decides).
  *
  * S3-compatible stores differ in small ways; this one is tested against
  * Ceph RGW (scripts/s3store.sh), which needs the payload declared
  * unsigned (x-amz-content-sha256: UNSIGNED-PAYLOAD) on every request.
  * Path-style addressing: ENDPOINT/BUCKET/KEY.
+ *
+ * Keys are any bytes but NUL, 1 to 4096 of them (S3 allows 1024; others
+ * are THAW_EINVAL). Each is URI-encoded as SigV4 canonicalises it (RFC
+ * 3986 unreserved characters and '/' as they are, every other byte %XX),
+ * and a listing's query is sent already in canonical form (parameters
+ * sorted, values encoded, '/' too): libcurl 7.88 (Debian 12) signs the
+ * path and query exactly as they appear in the URL (later versions sort
+ * and encode the query, which leaves a canonical one as it is), and RGW
+ * re-encodes what it decoded, so anything else ('+' raw, '%7e') is a 403.
  *
  * Threads: a client may be used by one thread at a time; make one per
  * thread (they are cheap: a curl handle each).
@@ -16,6 +26,7 @@
 #define THAW_S3_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct thaw_s3;
 
@@ -33,6 +44,11 @@ struct thaw_s3_params {
 int thaw_s3_new(const struct thaw_s3_params *p, struct thaw_s3 **out);
 void thaw_s3_free(struct thaw_s3 *s);
 
+/* Keys per listing page (ListObjectsV2 max-keys); 0, the default, leaves
+ * it to the store (1000 on S3). For tests: a few cross pages with few
+ * objects. */
+void thaw_s3_set_list_page(struct thaw_s3 *s, int max_keys);
+
 /* Creates the bucket (200, or 409 when it exists: both 0). */
 int thaw_s3_create_bucket(struct thaw_s3 *s);
 
@@ -48,12 +64,55 @@ int thaw_s3_put(struct thaw_s3 *s, const char *key, const void *data, size_t n, 
  * THAW_ETIMEDOUT, THAW_ESTORE or THAW_ENOMEM. */
 int thaw_s3_get(struct thaw_s3 *s, const char *key, size_t max, void **data, size_t *n);
 
-/* Deletes key (a missing key is 0 too, as S3 answers 204 for both). */
+/* Deletes key (a missing key is 0 too, as S3 answers 204 for both).
+ * Returns 0, THAW_EINVAL (a bad key), THAW_ETIMEDOUT, THAW_ESTORE or
+ * THAW_ENOMEM. */
 int thaw_s3_delete(struct thaw_s3 *s, const char *key);
 
 /* The deadline of the calls that follow (a caller with one deadline for
  * several requests gives each what is left of it). */
 void thaw_s3_set_timeout(struct thaw_s3 *s, long timeout_ms);
+
+/* One object of a listing. */
+struct thaw_s3_object {
+    const char *key;       /* the whole key (prefix included), XML entities decoded; never empty, no NUL inside;
+                              valid during the callback only */
+    uint64_t size;         /* bytes */
+    int64_t last_modified; /* Unix seconds, UTC (the fraction dropped): when the object was written */
+};
+
+/* Called once per object; a nonzero return stops the listing. It may use
+ * the same client meanwhile (delete what it is given: the page it comes
+ * from is held apart, and the next page starts after its last key). */
+typedef int (*thaw_s3_list_fn)(void *ud, const struct thaw_s3_object *obj);
+
+/* Lists every object whose key starts with prefix (NULL or "" = the whole
+ * bucket) with ListObjectsV2, page after page (its size:
+ * thaw_s3_set_list_page) as IsTruncated / NextContinuationToken lead, in
+ * the store's order (byte order of the keys on S3 and RGW). A key longer
+ * than 4096 bytes or with a NUL is THAW_ESTORE (malformed). Each page is one request with the client's deadline, so a
+ * listing takes as long as the bucket needs; fn can stop it. A page is
+ * checked whole before fn sees any of it: one that does not parse, names a
+ * key outside prefix or is truncated without a new continuation token is
+ * THAW_ESTORE, with nothing of that page delivered.
+ * Returns 0 (every object listed), fn's nonzero value (it stopped),
+ * THAW_ETIMEDOUT, THAW_ESTORE (thaw_s3_last_error says why: "HTTP 404
+ * NoSuchBucket", "malformed listing: ...") or THAW_ENOMEM. Pages before a
+ * failure have been delivered. */
+int thaw_s3_list(struct thaw_s3 *s, const char *prefix, thaw_s3_list_fn fn, void *ud);
+
+/* One ListObjectsV2 reply page of n bytes (need not be NUL-terminated),
+ * as thaw_s3_list reads it; for the tests and the fuzzer. Checks the page
+ * whole, then calls fn per <Contents> in order. Returns 0 with *truncated
+ * and *next_token (malloc'd, decoded; NULL unless truncated), fn's nonzero
+ * value (it stopped; *next_token NULL), THAW_ECORRUPT (nothing delivered;
+ * why in err, NUL-terminated, when n_err > 0) or THAW_ENOMEM. */
+int thaw_s3_list_parse(const char *xml, size_t n, const char *prefix, thaw_s3_list_fn fn, void *ud, int *truncated,
+                       char **next_token, char *err, size_t n_err);
+
+/* The HTTP status of the last request (0: none came back, as when the
+ * store was unreachable or the deadline passed). */
+long thaw_s3_last_status(const struct thaw_s3 *s);
 
 /* The last failure in words: "HTTP 403 SignatureDoesNotMatch", a curl
  * message, ... ("" after a success). */

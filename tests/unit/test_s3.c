@@ -2,7 +2,10 @@
  * started here by scripts/s3store.sh (installed by scripts/setup.sh), never
  * a mock. Create-only puts (the first writer wins: 412), gets, a missing
  * key, a size cap, deletes, a wrong secret, and a store that stops
- * answering (SIGSTOP) costing no more than the deadline. */
+ * answering (SIGSTOP) costing no more than the deadline. Listings: keys
+ * that need encoding (in the path, the prefix and continuation tokens),
+ * pages of every size, deleting while listing, a missing bucket; and the
+ * page parser on garbled replies no real store sends. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -108,10 +111,251 @@ static void test_put_get_delete(void **state)
     assert_int_equal(thaw_s3_get(s, "empty", 10, &got, &n), 0);
     assert_int_equal(n, 0);
     free(got);
-    /* keys that cannot go in a URL as they are */
-    assert_int_equal(thaw_s3_put(s, "a b", "x", 1, 0), THAW_EINVAL);
+    /* no object has an empty key */
     assert_int_equal(thaw_s3_put(s, "", "x", 1, 0), THAW_EINVAL);
     thaw_s3_free(s);
+}
+
+/* ---- listings ----------------------------------------------------------- */
+
+/* Keys that need encoding: in a path, SigV4 signs them %XX-encoded
+ * except unreserved bytes and '/', and RGW hands back '+' '/' '=' in the
+ * continuation token (it is the last key) and &amp; &apos; &#x01; in XML. */
+static const char *const g_odd[] = {
+    "ls/a",        "ls/a+b=c/d", "ls/dir/./x/../y",      "ls/s p&q", "ls/t*~!'()", "ls/x y",
+    "ls/\x01\x1f", "ls/\"<>#?%", "ls/\xc3\xa9t\xc3\xa9", /* été */
+};
+#define N_ODD (sizeof g_odd / sizeof *g_odd)
+
+struct seen {
+    char keys[64][64];
+    uint64_t size[64];
+    int64_t mtime[64];
+    size_t n, stop_at;   /* stop_at: return 7 from the callback at this object (0: never) */
+    struct thaw_s3 *del; /* delete each object as it is listed */
+};
+
+static int on_object(void *ud, const struct thaw_s3_object *o)
+{
+    struct seen *v = ud;
+    assert_true(v->n < 64 && strlen(o->key) < 64);
+    snprintf(v->keys[v->n], sizeof v->keys[v->n], "%s", o->key);
+    v->size[v->n] = o->size;
+    v->mtime[v->n] = o->last_modified;
+    v->n++;
+    if (v->del)
+        assert_int_equal(thaw_s3_delete(v->del, o->key), 0);
+    return v->n == v->stop_at ? 7 : 0;
+}
+
+static int strcmp_p(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void test_list(void **state)
+{
+    (void)state;
+    struct thaw_s3_params p = {g_endpoint, "thaw-list", g_access, g_secret, g_region, 5000};
+    struct thaw_s3 *s = NULL;
+    struct seen v;
+    const char *sorted[N_ODD];
+    int64_t t0 = (int64_t)time(NULL);
+
+    assert_int_equal(thaw_s3_new(&p, &s), 0);
+    /* a bucket that does not exist: the store's answer, in words */
+    memset(&v, 0, sizeof v);
+    assert_int_equal(thaw_s3_list(s, "", on_object, &v), THAW_ESTORE);
+    assert_non_null(strstr(thaw_s3_last_error(s), "HTTP 404 NoSuchBucket"));
+    assert_int_equal(thaw_s3_last_status(s), 404);
+    assert_int_equal(thaw_s3_create_bucket(s), 0);
+    /* empty: the whole bucket, a prefix */
+    assert_int_equal(thaw_s3_list(s, "", on_object, &v), 0);
+    assert_int_equal(thaw_s3_list(s, NULL, on_object, &v), 0);
+    assert_int_equal(thaw_s3_list(s, "ls/", on_object, &v), 0);
+    assert_int_equal(v.n, 0);
+
+    for (size_t i = 0; i < N_ODD; i++) {
+        void *got;
+        size_t n;
+        assert_int_equal(thaw_s3_put(s, g_odd[i], g_odd[i], i + 1, 1), 0);
+        /* each is its own object, reached by its name */
+        assert_int_equal(thaw_s3_get(s, g_odd[i], 100, &got, &n), 0);
+        assert_int_equal(n, i + 1);
+        assert_memory_equal(got, g_odd[i], n);
+        free(got);
+        sorted[i] = g_odd[i];
+    }
+    /* near the prefix, not under it */
+    assert_int_equal(thaw_s3_put(s, "ls", "x", 1, 0), 0);
+    assert_int_equal(thaw_s3_put(s, "lsx/a", "x", 1, 0), 0);
+    assert_int_equal(thaw_s3_put(s, "other/ls/a", "x", 1, 0), 0);
+    qsort(sorted, N_ODD, sizeof *sorted, strcmp_p); /* S3 lists in byte order */
+
+    /* every page size gives the same listing: 1 makes every key a token */
+    for (int page = 0; page <= 4; page++) {
+        thaw_s3_set_list_page(s, page);
+        memset(&v, 0, sizeof v);
+        assert_int_equal(thaw_s3_list(s, "ls/", on_object, &v), 0);
+        assert_int_equal(v.n, N_ODD);
+        for (size_t i = 0; i < N_ODD; i++) {
+            assert_string_equal(v.keys[i], sorted[i]);
+            size_t at = 0;
+            while (strcmp(g_odd[at], sorted[i]))
+                at++;
+            assert_int_equal(v.size[i], at + 1);
+            /* the store's clock is this machine's */
+            assert_true(v.mtime[i] >= t0 - 5 && v.mtime[i] <= (int64_t)time(NULL) + 5);
+        }
+    }
+    /* the whole bucket; a prefix that is a key's own prefix of bytes */
+    thaw_s3_set_list_page(s, 3);
+    memset(&v, 0, sizeof v);
+    assert_int_equal(thaw_s3_list(s, "", on_object, &v), 0);
+    assert_int_equal(v.n, N_ODD + 3);
+    memset(&v, 0, sizeof v);
+    assert_int_equal(thaw_s3_list(s, "ls", on_object, &v), 0);
+    assert_int_equal(v.n, N_ODD + 2);
+    /* a prefix that matches nothing, one that needs encoding */
+    memset(&v, 0, sizeof v);
+    assert_int_equal(thaw_s3_list(s, "ls/zz", on_object, &v), 0);
+    assert_int_equal(thaw_s3_list(s, "nothing here/+=&", on_object, &v), 0);
+    assert_int_equal(v.n, 0);
+    assert_int_equal(thaw_s3_list(s, "ls/s p&", on_object, &v), 0);
+    assert_int_equal(v.n, 1);
+    assert_string_equal(v.keys[0], "ls/s p&q");
+    /* the callback stops it, on a page boundary and inside a page */
+    for (size_t stop = 2; stop <= 3; stop++) {
+        memset(&v, 0, sizeof v);
+        v.stop_at = stop;
+        assert_int_equal(thaw_s3_list(s, "ls/", on_object, &v), 7);
+        assert_int_equal(v.n, stop);
+    }
+    /* deleting what it was given, with the same client, as gc does */
+    memset(&v, 0, sizeof v);
+    v.del = s;
+    assert_int_equal(thaw_s3_list(s, "ls/", on_object, &v), 0);
+    assert_int_equal(v.n, N_ODD);
+    memset(&v, 0, sizeof v);
+    assert_int_equal(thaw_s3_list(s, "", on_object, &v), 0);
+    assert_int_equal(v.n, 3); /* only those outside the prefix are left */
+    assert_string_equal(v.keys[0], "ls");
+    assert_string_equal(v.keys[1], "lsx/a");
+    assert_string_equal(v.keys[2], "other/ls/a");
+    thaw_s3_free(s);
+}
+
+/* ---- the page parser on replies no real store sends ---- */
+
+static int parse(const char *xml, const char *prefix, struct seen *v, int *truncated, char **token)
+{
+    char err[128];
+    memset(v, 0, sizeof *v);
+    int rc = thaw_s3_list_parse(xml, strlen(xml), prefix, on_object, v, truncated, token, err, sizeof err);
+    if (rc == THAW_ECORRUPT) {
+        assert_true(err[0] != '\0'); /* says why */
+        assert_int_equal(v->n, 0);   /* nothing of a bad page is delivered */
+        assert_null(*token);
+    }
+    return rc;
+}
+
+#define HEAD "<?xml version=\"1.0\"?><ListBucketResult xmlns=\"x\"><Name>b</Name>"
+#define OBJ(k, t, n) "<Contents><Key>" k "</Key><LastModified>" t "</LastModified><Size>" n "</Size></Contents>"
+#define T0 "2026-11-30T08:59:32.123Z"
+#define T1970 "1970-01-01T00:00:00Z"
+#define TOKEN "<NextContinuationToken>a+b/c=&amp;</NextContinuationToken></ListBucketResult>"
+
+static void test_list_parse(void **state)
+{
+    (void)state;
+    struct seen v;
+    int tr;
+    char *tok;
+
+    /* good pages */
+    assert_int_equal(parse(HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", T0, "5")
+                               OBJ("p/&amp;&lt;&gt;&quot;&apos;&#65;&#x42;&#xe9;&#x1F600;", "2024-02-29T23:59:59Z",
+                                   "18446744073709551615") "</ListBucketResult>",
+                           "p/", &v, &tr, &tok),
+                     0);
+    assert_int_equal(tr, 0);
+    assert_null(tok);
+    assert_int_equal(v.n, 2);
+    assert_string_equal(v.keys[0], "p/a");
+    assert_int_equal(v.size[0], 5);
+    assert_int_equal(v.mtime[0], 1796029172);
+    assert_string_equal(v.keys[1], "p/&<>\"'AB\xc3\xa9\xf0\x9f\x98\x80");
+    assert_int_equal(v.size[1], UINT64_MAX);
+    assert_int_equal(v.mtime[1], 1709251199);
+    static const char truncated[] = HEAD "<IsTruncated>true</IsTruncated>" OBJ("a", T1970, "0") TOKEN;
+    assert_int_equal(parse(truncated, "", &v, &tr, &tok), 0);
+    assert_int_equal(tr, 1);
+    assert_string_equal(tok, "a+b/c=&");
+    assert_int_equal(v.mtime[0], 0);
+    free(tok);
+    assert_int_equal(parse(HEAD "<IsTruncated>false</IsTruncated></ListBucketResult>", "", &v, &tr, &tok), 0);
+    assert_int_equal(v.n, 0);
+
+    /* garbled: each is refused whole */
+    static const char *const bad[] = {
+        "",
+        "<Error><Code>NoSuchBucket</Code></Error>",
+        HEAD "</ListBucketResult>",                                     /* no IsTruncated */
+        HEAD "<IsTruncated>yes</IsTruncated>",                          /* neither true nor false */
+        HEAD "<IsTruncated>true</IsTruncated>" OBJ("p/a", T0, "1"),     /* truncated, no token */
+        HEAD "<IsTruncated>true</IsTruncated><NextContinuationToken/>", /* an empty token */
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", T0, "1") "<Contents><Key>p/b</Key>", /* cut off */
+        HEAD "<IsTruncated>false</IsTruncated><Contents><Key>p/a</Contents>",
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("", T0, "1"),          /* an empty key */
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("q/a", T0, "1"),       /* outside the prefix */
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a&#0;b", T0, "1"),  /* a NUL would cut the key */
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a&nbsp;", T0, "1"), /* not an XML entity */
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a&amp", T0, "1"),
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a&#xD800;", T0, "1"), /* a surrogate */
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a&#x110000;", T0, "1"),
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a&#;", T0, "1"),
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a&#x999999999;", T0, "1"),
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", T0, "18446744073709551616"), /* 2^64 */
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", T0, "-1"),
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", T0, ""),
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", "2026-11-30 08:59:32Z", "1"),
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", "2026-11-30T08:59:32", "1"), /* no zone */
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", "2026-11-30T08:59:32.Z", "1"),
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", "2026-13-30T08:59:32Z", "1"),
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", "2023-02-29T08:59:32Z", "1"), /* not a leap year */
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", "1969-12-31T23:59:59Z", "1"),
+        HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a", "2026-11-30T24:00:00Z", "1"),
+        HEAD "<IsTruncated>false</IsTruncated><Contents><Key>p/a</Key><Size>1</Size></Contents>",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        tok = NULL;
+        if (parse(bad[i], "p/", &v, &tr, &tok) != THAW_ECORRUPT)
+            fail_msg("accepted bad page %zu: %s", i, bad[i]);
+    }
+    /* a NUL byte inside the page (not a C string) */
+    static const char nul[] = HEAD "<IsTruncated>false</IsTruncated>" OBJ("p/a\0b", T0, "1");
+    char err[64];
+    memset(&v, 0, sizeof v);
+    assert_int_equal(thaw_s3_list_parse(nul, sizeof nul - 1, "p/", on_object, &v, &tr, &tok, err, sizeof err),
+                     THAW_ECORRUPT);
+    assert_int_equal(v.n, 0);
+    /* a key longer than any store keeps */
+    size_t big = 5000;
+    char *xml = malloc(5 * 4096 + 512); /* room for the entity key below */
+    assert_non_null(xml);
+    int at = sprintf(xml, HEAD "<IsTruncated>false</IsTruncated><Contents><Key>p/");
+    memset(xml + at, 'k', big);
+    sprintf(xml + at + big, "</Key><LastModified>" T0 "</LastModified><Size>1</Size></Contents>");
+    assert_int_equal(parse(xml, "p/", &v, &tr, &tok), THAW_ECORRUPT);
+    /* ... and one of exactly 4096 bytes, every one an entity, is fine */
+    at = sprintf(xml, HEAD "<IsTruncated>false</IsTruncated><Contents><Key>");
+    for (int i = 0; i < 4096; i++)
+        at += sprintf(xml + at, "&amp;");
+    sprintf(xml + at, "</Key><LastModified>" T0 "</LastModified><Size>1</Size></Contents>");
+    memset(&v, 0, sizeof v);
+    assert_int_equal(thaw_s3_list_parse(xml, strlen(xml), "", NULL, NULL, &tr, &tok, err, sizeof err), 0);
+    free(xml);
 }
 
 static void test_wrong_secret_is_refused(void **state)
@@ -140,9 +384,12 @@ static void test_a_stopped_store_costs_the_deadline(void **state)
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     int rc = thaw_s3_put(s, "late", "x", 1, 1);
+    int rc_list = thaw_s3_list(s, "", on_object, &(struct seen){0});
     clock_gettime(CLOCK_MONOTONIC, &b);
     assert_int_equal(kill((pid_t)pid, SIGCONT), 0);
     assert_int_equal(rc, THAW_ETIMEDOUT);
+    assert_int_equal(rc_list, THAW_ETIMEDOUT);
+    assert_int_equal(thaw_s3_last_status(s), 0);
     /* behaviour, not speed: it gave up rather than waiting for the store */
     assert_true(b.tv_sec - a.tv_sec < 30);
     thaw_s3_free(s);
@@ -169,6 +416,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_get_delete),
+        cmocka_unit_test(test_list),
+        cmocka_unit_test(test_list_parse),
         cmocka_unit_test(test_wrong_secret_is_refused),
         cmocka_unit_test(test_a_stopped_store_costs_the_deadline),
         cmocka_unit_test(test_bad_params),
