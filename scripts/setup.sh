@@ -7,7 +7,8 @@
 #   1. Debian packages (apt-get as root; otherwise print the one command),
 #      including a single-node Ceph (ceph-mon ceph-osd radosgw ceph-common,
 #      ~67 MB) that scripts/s3store.sh starts as the S3 store of the shared
-#      tier's tests.
+#      tier's tests, and HAProxy (2.6 on Debian 12) that routes conversations
+#      across replicas (deploy/haproxy.sh, tests/e2e/test_routing.py).
 #   2. llama.cpp v0.4.0 from the npm registry into .deps/ (git-ignored):
 #        .deps/llama/lib      prebuilt libllama + ggml (+ CPU variants)
 #        .deps/llama/include  llama.h, ggml headers, gguf.h
@@ -27,7 +28,7 @@ log() { printf '[setup] %s\n' "$*"; }
 pkgs=(build-essential cmake pkg-config git ca-certificates curl nodejs npm
       libmicrohttpd-dev libjansson-dev libsodium-dev libxxhash-dev
       libcmocka-dev libcurl4-openssl-dev python3 python3-pytest python3-requests
-      ceph-mon ceph-osd radosgw ceph-common)
+      ceph-mon ceph-osd radosgw ceph-common haproxy)
 missing=()
 for p in "${pkgs[@]}"; do
   if [ "$p" = nodejs ] || [ "$p" = npm ]; then

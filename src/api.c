@@ -502,6 +502,21 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
             goto error;
         }
     }
+    json_t *pck = json_object_get(root, "prompt_cache_key");
+    if (pck && !json_is_null(pck)) {
+        if (!json_is_string(pck)) {
+            rc = fail(err, errlen, "'prompt_cache_key' must be a string");
+            goto error;
+        }
+        if (json_string_length(pck) > THAW_API_MAX_CONVERSATION_ID) {
+            rc = fail(err, errlen, "'prompt_cache_key' is longer than %d bytes", THAW_API_MAX_CONVERSATION_ID);
+            goto error;
+        }
+        if (!(out->prompt_cache_key = strdup(json_string_value(pck)))) {
+            rc = THAW_ENOMEM;
+            goto error;
+        }
+    }
     if ((rc = get_bool(root, "stream", &out->stream, err, errlen)) != 0)
         goto error;
     json_t *so = json_object_get(root, "stream_options");
@@ -580,6 +595,7 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
     free(req->template_kwargs);
     free(req->messages);
     free(req->model);
+    free(req->prompt_cache_key);
     for (int i = 0; i < req->n_stop; i++)
         free(req->stop[i]);
     memset(req, 0, sizeof *req);

@@ -12,6 +12,9 @@
 #include <stdint.h>
 
 #define THAW_API_MAX_STOP 4
+/* Longest conversation id a client may send (prompt_cache_key, the
+ * X-Conversation-Id header), in bytes: an id, not a payload. */
+#define THAW_API_MAX_CONVERSATION_ID 1024
 
 struct thaw_message {
     char *role;    /* "system" | "user" | "assistant" | "developer" | "tool" */
@@ -26,6 +29,9 @@ struct thaw_chat_request {
     struct thaw_message *messages; /* n_messages, owned */
     size_t n_messages;
     char *model;                   /* as sent, may be NULL; not used for routing */
+    char *prompt_cache_key;        /* OpenAI's conversation id, as sent (at most THAW_API_MAX_CONVERSATION_ID
+                                    * bytes), NULL when absent: the proxy routes on it, thaw only logs it (its
+                                    * cache keys come from the messages) */
     bool stream;
     bool include_usage;            /* stream_options.include_usage */
     int max_tokens;                /* -1 = server default (-n) */

@@ -363,6 +363,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         .n_body = hc->n_body,
         .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
         .origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"),
+        .conversation_id = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Conversation-Id"),
         .conn = hc,
     };
     h->p.handler(h->p.ud, &req, &resp);

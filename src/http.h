@@ -32,6 +32,7 @@ struct thaw_http_request {
     size_t n_body;
     const char *authorization; /* header value or NULL */
     const char *origin;        /* Origin header or NULL (browsers) */
+    const char *conversation_id; /* X-Conversation-Id header or NULL (what a proxy routes on) */
     struct thaw_http_conn *conn; /* borrowed for the handler's duration */
 };
 

@@ -300,6 +300,30 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
         set_json(r, 500, thaw_api_error_json(500, "out of memory"));
 }
 
+/* A client's conversation id made fit for one log line: printable ASCII as
+ * is, every other byte as \xNN (a newline in an id must not forge a line of
+ * its own), "-" when absent. buf holds 4 * THAW_API_MAX_CONVERSATION_ID + 1. */
+static const char *log_id(const char *id, char *buf)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+
+    if (!id)
+        return "-";
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++) {
+        if (*p >= 0x20 && *p < 0x7f && *p != '\\') {
+            buf[n++] = (char)*p;
+        } else {
+            buf[n++] = '\\';
+            buf[n++] = 'x';
+            buf[n++] = hex[*p >> 4];
+            buf[n++] = hex[*p & 15];
+        }
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
 static void route_chat(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
                        struct thaw_http_response *r)
 {
@@ -311,6 +335,14 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
     char err[512];
     int n_prompt = 0, rc;
 
+    /* the proxy in front routes on it; thaw's cache keys come from the
+     * messages, so it is only bounded (as prompt_cache_key) and logged */
+    if (hr->conversation_id && strlen(hr->conversation_id) > THAW_API_MAX_CONVERSATION_ID) {
+        snprintf(err, sizeof err, "the 'X-Conversation-Id' header is longer than %d bytes",
+                 THAW_API_MAX_CONVERSATION_ID);
+        set_error(srv, r, 400, err);
+        return;
+    }
     rc = thaw_api_parse_chat(hr->body, hr->n_body, srv->cfg.cache_prompt, &req, err, sizeof err);
     if (rc != 0) {
         set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
@@ -356,6 +388,12 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
     if (last_asst >= 0) {
         t->has_lookup_key = true;
         thaw_keys_conversation(t->binding, t->req.messages, (size_t)last_asst + 1, NULL, t->lookup_key);
+    }
+    if (thaw_log_verbosity() >= THAW_LOG_DEBUG) {
+        char pck[4 * THAW_API_MAX_CONVERSATION_ID + 1], xci[4 * THAW_API_MAX_CONVERSATION_ID + 1];
+        LOG_DBG("chat: %zu messages, %d prompt tokens%s, prompt_cache_key %s, X-Conversation-Id %s",
+                t->req.n_messages, n_prompt, t->req.stream ? ", streamed" : "", log_id(t->req.prompt_cache_key, pck),
+                log_id(hr->conversation_id, xci));
     }
     /* before submit: the engine may finish (and wake) at once */
     thaw_http_conn_ref(hr->conn);

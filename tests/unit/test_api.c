@@ -222,6 +222,61 @@ static void test_agent_fields(void **state)
     }
 }
 
+/* prompt_cache_key: the conversation id a proxy routes on. thaw keeps it for
+ * its logs; it is bounded in bytes (not characters) like any other id. */
+static void test_prompt_cache_key(void **state)
+{
+    struct thaw_chat_request req;
+    char err[256], body[4096], key[THAW_API_MAX_CONVERSATION_ID + 2];
+    const char *msgs = "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]";
+
+    (void)state;
+    snprintf(body, sizeof body, "{%s}", msgs);
+    assert_int_equal(parse(body, &req, err), 0);
+    assert_null(req.prompt_cache_key);
+    thaw_chat_request_free(&req);
+    snprintf(body, sizeof body, "{%s,\"prompt_cache_key\":null}", msgs);
+    assert_int_equal(parse(body, &req, err), 0);
+    assert_null(req.prompt_cache_key);
+    thaw_chat_request_free(&req);
+    snprintf(body, sizeof body, "{\"prompt_cache_key\":\"conv-7\",%s}", msgs);
+    assert_int_equal(parse(body, &req, err), 0);
+    assert_string_equal(req.prompt_cache_key, "conv-7");
+    thaw_chat_request_free(&req);
+    assert_null(req.prompt_cache_key); /* freed with the request */
+
+    /* exactly the limit, then one byte over */
+    memset(key, 'k', THAW_API_MAX_CONVERSATION_ID);
+    key[THAW_API_MAX_CONVERSATION_ID] = '\0';
+    snprintf(body, sizeof body, "{%s,\"prompt_cache_key\":\"%s\"}", msgs, key);
+    assert_int_equal(parse(body, &req, err), 0);
+    assert_int_equal(strlen(req.prompt_cache_key), THAW_API_MAX_CONVERSATION_ID);
+    thaw_chat_request_free(&req);
+    strcat(key, "k");
+    snprintf(body, sizeof body, "{%s,\"prompt_cache_key\":\"%s\"}", msgs, key);
+    assert_int_equal(parse(body, &req, err), THAW_EINVAL);
+    assert_non_null(strstr(err, "'prompt_cache_key'"));
+    assert_non_null(strstr(err, "1024 bytes"));
+    assert_null(req.messages);
+    /* 342 euro signs: 342 characters but 1026 bytes */
+    size_t n = 0;
+    n += (size_t)snprintf(body, sizeof body, "{%s,\"prompt_cache_key\":\"", msgs);
+    for (int i = 0; i < 342; i++)
+        n += (size_t)snprintf(body + n, sizeof body - n, "\xe2\x82\xac");
+    snprintf(body + n, sizeof body - n, "\"}");
+    assert_int_equal(parse(body, &req, err), THAW_EINVAL);
+    assert_non_null(strstr(err, "'prompt_cache_key'"));
+
+    static const char *const wrong[] = {"5", "true", "{}", "[\"a\"]"};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        snprintf(body, sizeof body, "{%s,\"prompt_cache_key\":%s}", msgs, wrong[i]);
+        assert_int_equal(parse(body, &req, err), THAW_EINVAL);
+        if (!strstr(err, "'prompt_cache_key' must be a string"))
+            fail_msg("%s: '%s'", wrong[i], err);
+        assert_null(req.messages);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -232,6 +287,7 @@ int main(void)
         cmocka_unit_test(test_admit_bounds_before_tokenizing),
         cmocka_unit_test(test_error_body_with_client_bytes_is_json),
         cmocka_unit_test(test_agent_fields),
+        cmocka_unit_test(test_prompt_cache_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
