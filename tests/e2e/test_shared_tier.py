@@ -338,3 +338,82 @@ def test_flags_are_checked(models, tier, tmp_path):
                         "--kv-shared", "s3://bucket/p", *ok], capture_output=True, text=True, timeout=120,
                        env={k: v for k, v in env.items() if not k.startswith("AWS_")})
     assert p.returncode != 0 and "AWS_ACCESS_KEY_ID" in p.stderr, p.stderr[-2000:]
+
+
+# ---- three replicas behind HAProxy (deploy/haproxy.sh) -------------------------------------------
+
+def proxied(serve, tier, prefix, tmp_path, n=3):
+    from replicas import HAProxy, haproxy_binary
+    if not haproxy_binary():
+        pytest.skip("haproxy is not installed (scripts/setup.sh installs it)")
+    reps = [replica(serve, tier, prefix, tmp_path / f"r{i}", "--max-connections-per-client", "0")
+            for i in range(n)]
+    proxy = HAProxy(tmp_path / "haproxy", [("127.0.0.1", s.port) for s in reps])
+    return reps, proxy
+
+
+def via(proxy, messages, conv_id, n=12):
+    r = proxy.post("/v1/chat/completions", {"messages": messages, "max_tokens": n, "temperature": 0,
+                                            "prompt_cache_key": conv_id})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def served(reps, before):
+    after = [metric(s, "thaw_chat_requests_total") if s else 0 for s in reps]
+    moved = [i for i, (a, b) in enumerate(zip(after, before)) if a != b]
+    assert len(moved) == 1, (before, after)
+    return moved[0], after
+
+
+def test_three_replicas_a_moved_conversation_hits_the_shared_tier(serve, tier, prefix, tmp_path):
+    c = conv(7)
+    (ref1, ref2), = reference(serve, c)
+    reps, proxy = proxied(serve, tier, prefix, tmp_path)
+    try:
+        before = [0] * 3
+        r1 = via(proxy, c, "conv-7")
+        home, before = served(reps, before)
+        assert reply(r1) == reply(ref1)
+        uploaded(tier, prefix)
+        # the same conversation under another id lands elsewhere (some id does)
+        for i in range(64):
+            r2 = via(proxy, turn2(c, r1), f"other-{i}")
+            where, before = served(reps, before)
+            if where != home:
+                break
+        else:
+            raise AssertionError("every id hashed to the same replica")
+        assert r2["timings"]["cache_source"] == "shared", r2["timings"]
+        assert reply(r2) == reply(ref2)
+    finally:
+        proxy.stop()
+
+
+def test_three_replicas_a_replica_killed_after_turn_2_costs_nothing(serve, tier, prefix, tmp_path):
+    c = conv(8)
+    ref = reference(serve, c)[0]
+    s = serve("llama", "-np", "1", "-c", "4096", "--cache-ram", "0", "--no-cache-prompt")
+    r1 = ask(s, c)
+    r2 = ask(s, turn2(c, r1))
+    c3 = turn2(turn2(c, r1), r2)
+    ref3 = ask(s, c3)
+    s.stop()
+    assert reply(r1) == reply(ref[0])
+    reps, proxy = proxied(serve, tier, prefix, tmp_path)
+    try:
+        before = [0] * 3
+        via(proxy, c, "conv-8")
+        home, before = served(reps, before)
+        via(proxy, turn2(c, r1), "conv-8")
+        assert served(reps, before)[0] == home
+        uploaded(tier, prefix, 2)
+        reps[home].kill()
+        proxy.wait_down(proxy.names[home])
+        r3 = via(proxy, c3, "conv-8")
+        t = r3["timings"]
+        assert t["cache_source"] == "shared", t  # the turn-2 entry, from the store
+        assert t["cache_n"] >= r2["usage"]["prompt_tokens"], t
+        assert reply(r3) == reply(ref3)
+    finally:
+        proxy.stop()
