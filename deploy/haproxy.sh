@@ -27,6 +27,8 @@ usage: deploy/haproxy.sh -d DIR [options] HOST:PORT... > haproxy.cfg
                  tune.bufsize; default 1048576): a key further into the body
                  is not seen, send X-Conversation-Id then
   -i MS          health check interval (default 2000; down after 2 failures)
+  -r             balance round robin instead of by conversation (only to
+                 compare: every conversation then visits every replica)
   -t SECONDS     longest silence from a replica, e.g. a long prefill before
                  the first streamed token (default 600)
 EOF
@@ -35,7 +37,7 @@ EOF
 
 dir="" listen=127.0.0.1:8080 factor=150 max_body=16777216 bufsize=1048576 inter=2000 timeout=600
 cmdline="deploy/haproxy.sh $*"
-while getopts d:l:f:m:b:i:t:h opt; do
+while getopts d:l:f:m:b:i:t:rh opt; do
   case $opt in
     d) dir=$OPTARG ;;
     l) listen=$OPTARG ;;
@@ -44,6 +46,7 @@ while getopts d:l:f:m:b:i:t:h opt; do
     b) bufsize=$OPTARG ;;
     i) inter=$OPTARG ;;
     t) timeout=$OPTARG ;;
+    r) roundrobin=1 ;;
     h) usage 0 ;;
     *) usage 2 >&2 ;;
   esac
@@ -152,9 +155,13 @@ backend replicas
     # consistent: a replica going down or up moves only its own
     # conversations; bounded load: a hot conversation or a busy client
     # spills to the next replica on the ring instead of queueing
-    balance hash var(txn.conv)
-    hash-type consistent sdbm avalanche
-    hash-balance-factor $factor
+$(if [ -n "${roundrobin:-}" ]; then
+      echo "    balance roundrobin"
+    else
+      echo "    balance hash var(txn.conv)"
+      echo "    hash-type consistent sdbm avalanche"
+      echo "    hash-balance-factor $factor"
+    fi)
     option httpchk GET /health
     http-check expect status 200
     default-server check inter ${inter}ms fall 2 rise 2
