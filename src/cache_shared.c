@@ -86,6 +86,9 @@ struct thaw_shared {
     /* conversations installed from the store, not yet restored; under mu */
     uint8_t taken[TAKEN_RING][THAW_KEY_BYTES];
     uint32_t taken_next;
+    /* stores this replica is about to write itself; under mu */
+    uint8_t expected[TAKEN_RING][THAW_KEY_BYTES];
+    uint32_t expected_next;
 
     /* uploader thread only */
     uint8_t (*seen)[THAW_KEY_BYTES];
@@ -431,6 +434,26 @@ static void mark_taken(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
     pthread_mutex_lock(&s->mu);
     memcpy(s->taken[s->taken_next++ % TAKEN_RING], key, THAW_KEY_BYTES);
     pthread_mutex_unlock(&s->mu);
+}
+
+void thaw_shared_expect(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    memcpy(s->expected[s->expected_next++ % TAKEN_RING], key, THAW_KEY_BYTES);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static bool is_expected(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
+{
+    bool found = false;
+
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < TAKEN_RING && !found; i++)
+        found = memcmp(s->expected[i], key, THAW_KEY_BYTES) == 0;
+    pthread_mutex_unlock(&s->mu);
+    return found;
 }
 
 bool thaw_shared_taken(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
@@ -814,7 +837,7 @@ int thaw_shared_fetch_async(struct thaw_shared *s, const uint8_t *key, const uin
 {
     int rc = 0;
 
-    if (!s || (key && local_has(s, key)) || breaker_is_open(s))
+    if (!s || (key && (local_has(s, key) || is_expected(s, key))) || breaker_is_open(s))
         return THAW_ENOTFOUND;
     if (!key && (!s->prefix_fetch || !s->block_tokens || (n_prompt - 1) / (int)s->block_tokens < 1))
         return THAW_ENOTFOUND;

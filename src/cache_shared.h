@@ -111,6 +111,12 @@ int thaw_shared_fetch_async(struct thaw_shared *s, const uint8_t *key, const uin
 int thaw_shared_fetch(struct thaw_shared *s, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
                       const llama_token *prompt, int n_prompt);
 
+/* A local store of key is coming (the engine has the reply, not yet the
+ * state): fetch_async does not go after key meanwhile. A small ring of the
+ * latest such keys; a store that never comes (too short, dropped) only
+ * ages out of it. */
+void thaw_shared_expect(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES]);
+
 /* Whether key's local entry came from the store (then forgotten): the
  * lookup that restores it reports "shared". */
 bool thaw_shared_taken(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES]);

@@ -560,6 +560,15 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
     if (msg && strstr(msg, "\"tool_calls\":[") && strcmp(reason, "stop") == 0)
         reason = "tool_calls";
     char *stored_msg = msg ? strdup(msg) : NULL;
+    /* The next turn may arrive as soon as the client has this reply, before
+     * the store below is captured: tell the cache tiers it is coming, so the
+     * shared tier does not go looking for a state this replica is about to
+     * write itself. */
+    if (thaw_kvcache_enabled(e->kv) && stored_msg && norm) {
+        uint8_t next[THAW_KEY_BYTES];
+        thaw_keys_conversation(s->task->binding, s->task->req.messages, s->task->req.n_messages, norm, next);
+        thaw_kvcache_expect(e->kv, next);
+    }
     thaw_task_finish(s->task, reason, &s->timings, msg);
     LOG_INF("slot %d: done (%s): prompt %d (%d cached, %s), %.1f ms; %d generated, %.1f tok/s", s->id, reason,
             s->task->n_prompt, s->timings.cache_n, s->timings.cache_source, s->timings.prompt_ms,

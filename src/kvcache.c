@@ -508,6 +508,16 @@ int thaw_kvcache_fetch_shared(struct thaw_kvcache *c, const uint8_t *key, const 
     return THAW_ENOTFOUND;
 }
 
+void thaw_kvcache_expect(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES])
+{
+#ifdef THAW_HAVE_SHARED
+    if (c)
+        thaw_shared_expect(c->shared, key);
+#else
+    (void)c, (void)key;
+#endif
+}
+
 void thaw_kvcache_stop_fetches(struct thaw_kvcache *c)
 {
 #ifdef THAW_HAVE_SHARED

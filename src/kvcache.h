@@ -113,6 +113,11 @@ void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BY
 int thaw_kvcache_fetch_shared(struct thaw_kvcache *c, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
                               const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud);
 
+/* A store of key is coming (the engine derived it from a reply it is about
+ * to send): until it lands, no shared-tier fetch goes after key. Any
+ * thread. */
+void thaw_kvcache_expect(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES]);
+
 /* Stops the shared tier's fetches (their callbacks run first): before the
  * scheduler they push to goes. No-op without that tier. */
 void thaw_kvcache_stop_fetches(struct thaw_kvcache *c);

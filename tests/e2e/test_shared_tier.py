@@ -94,9 +94,9 @@ def ask(s, messages, key=None, n=12):
     return r.json()
 
 
-def reference(serve, *convs):
+def reference(serve, *convs, model="llama"):
     """Each conversation's replies served alone, by prefill, no cache tier."""
-    s = serve("llama", "-np", "1", "-c", "4096", "--cache-ram", "0", "--no-cache-prompt")
+    s = serve(model, "-np", "1", "-c", "4096", "--cache-ram", "0", "--no-cache-prompt")
     out = []
     for c in convs:
         r1 = ask(s, c)
@@ -128,23 +128,30 @@ def metric(s, name, key="k-one"):
     return float(m.group(1)) if m else 0
 
 
-def test_a_conversation_continues_on_another_replica(serve, tier, prefix, tmp_path):
+@pytest.mark.parametrize("kind", ["blocks", "whole", "swa"])
+def test_a_conversation_continues_on_another_replica(serve, tier, prefix, tmp_path, kind):
+    """Blocks + manifest; whole-state entries (--kv-cache-block 0, as for
+    recurrent models); an SWA model (its window and checkpoints travel in
+    the entry)."""
     c = conv(1)
-    (ref1, ref2), = reference(serve, c)
-    a = replica(serve, tier, prefix, tmp_path / "a")
+    model = "gemma3" if kind == "swa" else "llama"
+    extra = ["--kv-cache-block", "0"] if kind == "whole" else []
+    (ref1, ref2), = reference(serve, c, model=model)
+    a = replica(serve, tier, prefix, tmp_path / "a", *extra, model=model)
     r1 = ask(a, c)
     assert reply(r1) == reply(ref1)
     uploaded(tier, prefix)
-    assert len(tier.blocks(prefix)) >= r1["usage"]["prompt_tokens"] // B
-    b = replica(serve, tier, prefix, tmp_path / "b")
+    n_blocks = 0 if kind == "whole" else r1["usage"]["prompt_tokens"] // B
+    assert len(tier.blocks(prefix)) >= n_blocks
+    b = replica(serve, tier, prefix, tmp_path / "b", *extra, model=model)
     r2 = ask(b, turn2(c, r1))
     t = r2["timings"]
     assert t["cache_source"] == "shared", t
-    assert t["cache_n"] >= r1["usage"]["prompt_tokens"], t
+    assert t["cache_n"] >= r1["usage"]["prompt_tokens"] - (32 if kind == "swa" else 0), t
     assert reply(r2) == reply(ref2)
     assert metric(b, "thaw_kv_shared_hits_total") == 1
     assert metric(b, "thaw_kv_cache_hits_shared_total") == 1
-    assert metric(b, "thaw_kv_shared_blocks_fetched_total") >= r1["usage"]["prompt_tokens"] // B
+    assert metric(b, "thaw_kv_shared_blocks_fetched_total") >= n_blocks
     assert metric(b, "thaw_kv_shared_rejected_total") == 0
     # and the store's copy is now B's local one: the next turn needs no fetch
     r3 = ask(b, turn2(turn2(c, r1), r2))
@@ -312,6 +319,37 @@ def test_tenants_never_share(serve, tier, prefix, tmp_path):
     # tenant one's own, on the other replica: a hit
     r = ask(b, turn2(c, r1), key="k-one")
     assert r["timings"]["cache_source"] == "shared", r["timings"]
+
+
+def test_a_store_that_is_down_is_a_miss_and_opens_the_breaker(serve, tier, tmp_path):
+    """Nothing listens at the endpoint: every request is served by prefill
+    at once, and after three failures the store is left alone."""
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        dead = sk.getsockname()[1]  # closed again: connections are refused
+    s = serve("llama", "-np", "1", "-c", "4096", "--kv-cache-dir", str(tmp_path / "a"), "--cache-ram", "0",
+              "--kv-cache-min-tokens", "16", "--kv-cache-block", str(B), "--kv-shared", f"s3://{BUCKET}/down",
+              "--kv-shared-endpoint", f"http://127.0.0.1:{dead}", "--kv-shared-secret-file", str(tier.secret),
+              env=tier.env)
+    c = conv(9)
+    r1 = ask(s, c)  # a first turn: its prompt's blocks are looked for, in vain
+    assert metric(s, "thaw_kv_shared_fetch_errors_total") == 1
+    for i in range(3):
+        # sent as soon as the reply is in: the store of turn 1 is still being
+        # captured, and the replica knows not to ask the store for it
+        r = ask(s, turn2(c, r1))
+        assert r["timings"]["cache_source"] in ("slot", "disk"), r["timings"]
+    assert metric(s, "thaw_kv_shared_fetch_errors_total") == 1
+    # uploads of the stores fail too; with the first turns of new
+    # conversations, three failures in a row open the breaker
+    for i in range(4):
+        ask(s, conv(20 + i))
+    failures = metric(s, "thaw_kv_shared_fetch_errors_total") + metric(s, "thaw_kv_shared_upload_errors_total")
+    assert failures >= 3
+    assert metric(s, "thaw_kv_shared_breaker_opens_total") == 1
+    assert metric(s, "thaw_kv_shared_breaker_open") == 1
+    assert "not trying the store" in s.log()
 
 
 def test_flags_are_checked(models, tier, tmp_path):
