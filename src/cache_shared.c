@@ -644,6 +644,16 @@ static int put_entry(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], ch
     int rc;
 
     object_name(s, ns, kind, id, rel, sizeof rel, full, sizeof full);
+    /* A block is megabytes and most are shared (another conversation's, or
+     * ours before a restart emptied `seen`): ask before sending it. */
+    if (kind == 'b') {
+        if ((rc = thaw_s3_head(s->ucli, full)) == 0) {
+            atomic_fetch_add(&s->upload_exists, 1);
+            return 0;
+        }
+        if (rc != THAW_ENOTFOUND)
+            return rc;
+    }
     if ((rc = thaw_shared_seal(&s->nm, rel, ns, s->identity, n_tokens, parts, &obj, &n_obj)) != 0)
         return rc;
     rc = thaw_s3_put(s->ucli, full, obj, n_obj, 1);

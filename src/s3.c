@@ -316,6 +316,20 @@ int thaw_s3_delete(struct thaw_s3 *s, const char *key)
     return rc;
 }
 
+int thaw_s3_head(struct thaw_s3 *s, const char *key)
+{
+    struct body b = {NULL, 0, 1 << 16, 0, 0};
+    long st;
+    int rc = request(s, "HEAD", key, NULL, NULL, 0, NULL, &b, &st);
+
+    if (rc == 0 && st == 404)
+        rc = THAW_ENOTFOUND;
+    else if (rc == 0 && st != 200)
+        rc = status_rc(s, st, &b);
+    free(b.data);
+    return rc;
+}
+
 /* ---- listing -------------------------------------------------------------
  *
  * A ListObjectsV2 page is

@@ -64,6 +64,11 @@ int thaw_s3_put(struct thaw_s3 *s, const char *key, const void *data, size_t n, 
  * THAW_ETIMEDOUT, THAW_ESTORE or THAW_ENOMEM. */
 int thaw_s3_get(struct thaw_s3 *s, const char *key, size_t max, void **data, size_t *n);
 
+/* Whether key exists: 0, THAW_ENOTFOUND (404), THAW_ETIMEDOUT, THAW_ESTORE
+ * or THAW_ENOMEM. No body moves: the cheap check before uploading a large
+ * object another writer may have stored already. */
+int thaw_s3_head(struct thaw_s3 *s, const char *key);
+
 /* Deletes key (a missing key is 0 too, as S3 answers 204 for both).
  * Returns 0, THAW_EINVAL (a bad key), THAW_ETIMEDOUT, THAW_ESTORE or
  * THAW_ENOMEM. */

@@ -455,3 +455,21 @@ def test_three_replicas_a_replica_killed_after_turn_2_costs_nothing(serve, tier,
         assert reply(r3) == reply(ref3)
     finally:
         proxy.stop()
+
+
+def test_after_a_restart_only_new_blocks_are_uploaded(serve, tier, prefix, tmp_path):
+    c = conv(11)
+    a = replica(serve, tier, prefix, tmp_path / "a")
+    r1 = ask(a, c)
+    uploaded(tier, prefix)
+    n1 = len(tier.blocks(prefix))
+    a.stop()
+    a = replica(serve, tier, prefix, tmp_path / "a")  # same directory, nothing remembered of the store
+    r2 = ask(a, turn2(c, r1))
+    uploaded(tier, prefix, 2)
+    wait_for(lambda: metric(a, "thaw_kv_shared_upload_queue") == 0, "uploads done")
+    new_blocks = len(tier.blocks(prefix)) - n1
+    # turn 1's blocks were asked about (HEAD), not sent again
+    assert metric(a, "thaw_kv_shared_uploads_existing_total") >= n1
+    assert metric(a, "thaw_kv_shared_uploads_total") == new_blocks + 1  # + the entry
+    assert r2["timings"]["cache_source"] == "disk"
