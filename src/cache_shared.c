@@ -72,7 +72,8 @@ struct thaw_shared {
     bool uploading;
     struct fetch_job fq[FETCH_QUEUE];
     uint32_t fhead, fcount;
-    bool stopping, stopped;
+    bool stopping, stopped; /* the uploader's */
+    bool fstopping, fstopped; /* the fetch threads' */
     pthread_t uploader, fetchers[N_FETCHERS];
     bool uploader_up;
     int n_fetchers_up;
@@ -801,14 +802,14 @@ static void *fetcher_main(void *arg)
     free(fa);
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (s->fcount == 0 && !s->stopping)
+        while (s->fcount == 0 && !s->fstopping)
             pthread_cond_wait(&s->fcv, &s->mu);
         if (s->fcount == 0)
             break; /* stopping, nothing left: every job taken has had its done() */
         struct fetch_job j = s->fq[s->fhead];
         s->fhead = (s->fhead + 1) % FETCH_QUEUE;
         s->fcount--;
-        bool stopping = s->stopping;
+        bool stopping = s->fstopping;
         pthread_mutex_unlock(&s->mu);
         if (!stopping)
             fetch_with(s, s->fcli[me], j.has_key ? j.key : NULL, j.ns, j.prompt, j.n_prompt);
@@ -852,7 +853,7 @@ int thaw_shared_fetch_async(struct thaw_shared *s, const uint8_t *key, const uin
     if (!key && (!s->prefix_fetch || !s->block_tokens || (n_prompt - 1) / (int)s->block_tokens < 1))
         return THAW_ENOTFOUND;
     pthread_mutex_lock(&s->mu);
-    if (s->stopping || !s->n_fetchers_up) {
+    if (s->fstopping || !s->n_fetchers_up) {
         rc = THAW_ESHUTDOWN;
     } else if (s->fcount >= FETCH_QUEUE) {
         rc = THAW_EBUSY;
@@ -873,14 +874,27 @@ int thaw_shared_fetch_async(struct thaw_shared *s, const uint8_t *key, const uin
     return rc;
 }
 
-void thaw_shared_flush(struct thaw_shared *s)
+int thaw_shared_flush(struct thaw_shared *s, long timeout_ms)
 {
+    struct timespec until;
+    int left;
+
     if (!s)
-        return;
+        return 0;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_lock(&s->mu);
     while ((s->ucount > 0 || s->uploading) && s->uploader_up && !s->stopped)
-        pthread_cond_wait(&s->idle, &s->mu);
+        if (pthread_cond_timedwait(&s->idle, &s->mu, &until) != 0)
+            break;
+    left = (int)s->ucount + (s->uploading ? 1 : 0);
     pthread_mutex_unlock(&s->mu);
+    return left;
 }
 
 /* ---- open / close / metrics
@@ -1047,16 +1061,27 @@ void thaw_shared_stop(struct thaw_shared *s)
     if (!s)
         return;
     pthread_mutex_lock(&s->mu);
+    bool done = s->fstopped;
+    s->fstopping = true;
+    s->fstopped = true;
+    pthread_cond_broadcast(&s->fcv);
+    pthread_mutex_unlock(&s->mu);
+    if (!done)
+        for (int i = 0; i < s->n_fetchers_up; i++)
+            pthread_join(s->fetchers[i], NULL);
+}
+
+/* The uploader goes; what it had not taken is dropped (counted). */
+static void stop_uploader(struct thaw_shared *s)
+{
+    pthread_mutex_lock(&s->mu);
     if (s->stopped) {
         pthread_mutex_unlock(&s->mu);
         return;
     }
     s->stopping = true;
     pthread_cond_broadcast(&s->ucv);
-    pthread_cond_broadcast(&s->fcv);
     pthread_mutex_unlock(&s->mu);
-    for (int i = 0; i < s->n_fetchers_up; i++)
-        pthread_join(s->fetchers[i], NULL);
     if (s->uploader_up)
         pthread_join(s->uploader, NULL);
     pthread_mutex_lock(&s->mu);
@@ -1074,6 +1099,7 @@ void thaw_shared_close(struct thaw_shared *s)
     if (!s)
         return;
     thaw_shared_stop(s);
+    stop_uploader(s);
     thaw_s3_free(s->ucli);
     for (int i = 0; i < N_FETCHERS; i++)
         thaw_s3_free(s->fcli[i]);

@@ -83,12 +83,13 @@ struct thaw_shared_params {
  * wrong and what to do) or THAW_ENOMEM. */
 int thaw_shared_open(const struct thaw_shared_params *p, struct thaw_shared **out);
 
-/* Stops taking fetches and finishes those in flight (their callbacks run);
- * uploads still queued are dropped. Before the scheduler the callbacks push
- * to goes away. Idempotent. */
+/* Stops taking fetches and finishes those in flight (their callbacks run):
+ * before the scheduler the callbacks push to goes away. Uploads go on.
+ * Idempotent. */
 void thaw_shared_stop(struct thaw_shared *s);
 
-/* thaw_shared_stop, then frees all. NULL: no-op. */
+/* thaw_shared_stop, stops the uploader (what it has not taken is dropped,
+ * counted: thaw_shared_flush first to hand them on), frees all. NULL: no-op. */
 void thaw_shared_close(struct thaw_shared *s);
 
 /* Queues the upload of the entry just submitted to the local tier under
@@ -121,9 +122,10 @@ void thaw_shared_expect(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES]
  * lookup that restores it reports "shared". */
 bool thaw_shared_taken(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES]);
 
-/* Waits until every upload queued before the call is done (tests, bench,
- * shutdown of a replica that should hand its turns on). */
-void thaw_shared_flush(struct thaw_shared *s);
+/* Waits until the upload queue is empty, at most timeout_ms: a replica
+ * shutting down hands its last turns on to the others. Returns the uploads
+ * still queued or in flight (0: all done). */
+int thaw_shared_flush(struct thaw_shared *s, long timeout_ms);
 
 /* Appends thaw_kv_shared_* Prometheus lines. */
 void thaw_shared_metrics(struct thaw_shared *s, char *buf, size_t cap, size_t *len);

@@ -175,6 +175,15 @@ void thaw_kvcache_close(struct thaw_kvcache *c)
     if (!c)
         return;
 #ifdef THAW_HAVE_SHARED
+    if (c->shared) {
+        /* the last turns go to the store before this replica does, so the
+         * others can continue those conversations (bounded: a store that
+         * does not answer does not hold the shutdown for long) */
+        thaw_disk_cache_flush(c->disk);
+        int left = thaw_shared_flush(c->shared, 10000);
+        if (left)
+            LOG_WRN("shared tier: %d uploads not done at shutdown: the other replicas will prefill those turns", left);
+    }
     thaw_shared_close(c->shared); /* before the disk tier it reads and writes */
 #endif
     thaw_disk_cache_close(c->disk); /* writes what is still queued */
@@ -523,16 +532,6 @@ void thaw_kvcache_stop_fetches(struct thaw_kvcache *c)
 #ifdef THAW_HAVE_SHARED
     if (c)
         thaw_shared_stop(c->shared);
-#else
-    (void)c;
-#endif
-}
-
-void thaw_kvcache_flush_shared(struct thaw_kvcache *c)
-{
-#ifdef THAW_HAVE_SHARED
-    if (c)
-        thaw_shared_flush(c->shared);
 #else
     (void)c;
 #endif

@@ -122,9 +122,6 @@ void thaw_kvcache_expect(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTE
  * scheduler they push to goes. No-op without that tier. */
 void thaw_kvcache_stop_fetches(struct thaw_kvcache *c);
 
-/* Waits for the shared tier's queued uploads (no-op without it). */
-void thaw_kvcache_flush_shared(struct thaw_kvcache *c);
-
 /* Appends the disk tier's Prometheus lines (thaw_metrics_extra_fn shape). */
 void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t *len);
 

@@ -473,3 +473,14 @@ def test_after_a_restart_only_new_blocks_are_uploaded(serve, tier, prefix, tmp_p
     assert metric(a, "thaw_kv_shared_uploads_existing_total") >= n1
     assert metric(a, "thaw_kv_shared_uploads_total") == new_blocks + 1  # + the entry
     assert r2["timings"]["cache_source"] == "disk"
+
+
+def test_a_replica_stopped_right_after_a_reply_hands_the_turn_on(serve, tier, prefix, tmp_path):
+    c = conv(12)
+    a = replica(serve, tier, prefix, tmp_path / "a")
+    r1 = ask(a, c)
+    assert a.stop() == 0  # SIGTERM at once: the store and its upload finish first
+    assert len(tier.manifests(prefix)) == 1
+    b = replica(serve, tier, prefix, tmp_path / "b")
+    r2 = ask(b, turn2(c, r1))
+    assert r2["timings"]["cache_source"] == "shared", r2["timings"]
