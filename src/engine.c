@@ -1095,7 +1095,8 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         crypto_generichash_init(&hs, NULL, 0, sizeof th);
         crypto_generichash_update(&hs, (const unsigned char *)thaw_chat_template(e->chat),
                                   strlen(thaw_chat_template(e->chat)) + 1);
-        crypto_generichash_update(&hs, (const unsigned char *)(cfg->jinja ? "jinja" : "builtin"), 8);
+        const char *renderer = cfg->jinja ? "jinja" : "builtin";
+        crypto_generichash_update(&hs, (const unsigned char *)renderer, strlen(renderer) + 1);
         if (cfg->chat_template_kwargs)
             crypto_generichash_update(&hs, (const unsigned char *)cfg->chat_template_kwargs,
                                       strlen(cfg->chat_template_kwargs));
