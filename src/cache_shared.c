@@ -37,6 +37,8 @@
 #define OBJ_HEADER (4 + NONCE_BYTES)
 #define ENTRY_HEADER (4 + 4 + 8 * THAW_PART_COUNT)
 #define N_FETCHERS 2
+#define FETCH_PARALLEL 4 /* GETs in flight per fetch: a store's round trip, not its bandwidth, bounds small blocks */
+#define FETCH_WINDOW 8   /* blocks fetched ahead of the first not yet installed (memory bound) */
 #define FETCH_QUEUE 32
 #define TAKEN_RING 64
 #define SEEN_CAP 65536u            /* block ids the uploader knows the store holds */
@@ -77,7 +79,7 @@ struct thaw_shared {
     pthread_t uploader, fetchers[N_FETCHERS];
     bool uploader_up;
     int n_fetchers_up;
-    struct thaw_s3 *ucli, *fcli[N_FETCHERS];
+    struct thaw_s3 *ucli, *fcli[N_FETCHERS][FETCH_PARALLEL];
 
     /* breaker, under mu */
     int fails;
@@ -391,23 +393,131 @@ static int get_object(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t 
 
 /* Hands fetched parts to the local disk writer (the references move). */
 static int install(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
-                   struct thaw_part_blob parts[THAW_PART_COUNT])
+                   struct thaw_part_blob parts[THAW_PART_COUNT], int64_t deadline_us)
 {
-    int rc = thaw_disk_cache_submit(s->disk, key, n_tokens, parts, NULL, 0);
+    int rc;
 
+    /* the network may outrun the disk: a full writer queue is waited for,
+     * within the deadline */
+    while ((rc = thaw_disk_cache_submit(s->disk, key, n_tokens, parts, NULL, 0)) == THAW_EBUSY &&
+           thaw_now_us() + 2000 < deadline_us) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
     if (rc != 0)
         for (int p = 0; p < THAW_PART_COUNT; p++)
             thaw_blob_unref(parts[p].data);
     return rc;
 }
 
+/* A run of blocks fetched FETCH_PARALLEL at a time and installed in their
+ * order: the local writer gets block k only after blocks 0..k-1, so a run
+ * cut short (a 404, the deadline) still leaves a usable prefix. */
+struct run {
+    struct thaw_shared *s;
+    const uint8_t *ns;
+    const uint8_t *const *ids;
+    int n;
+    int64_t deadline_us;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int next_take, next_install, stop_at, rc;
+    struct run_slot {
+        int state; /* 0 not yet, 1 fetched, 2 failed */
+        uint32_t n_tokens;
+        struct thaw_part_blob parts[THAW_PART_COUNT];
+    } *res;
+};
+
+struct run_worker {
+    struct run *r;
+    struct thaw_s3 *cli;
+};
+
+static void *run_main(void *arg)
+{
+    struct run_worker *w = arg;
+    struct run *r = w->r;
+
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (r->next_take < r->stop_at && r->next_take >= r->next_install + FETCH_WINDOW)
+            pthread_cond_wait(&r->cv, &r->mu);
+        if (r->next_take >= r->stop_at)
+            break;
+        int k = r->next_take++;
+        pthread_mutex_unlock(&r->mu);
+        struct run_slot got = {1, 0, {{NULL, 0}}};
+        int rc = get_object(r->s, w->cli, r->ns, 'b', r->ids[k], r->deadline_us, &got.n_tokens, got.parts);
+        pthread_mutex_lock(&r->mu);
+        if (rc != 0) {
+            r->res[k].state = 2;
+            if (k < r->stop_at) {
+                r->stop_at = k;
+                r->rc = rc;
+            }
+        } else {
+            r->res[k] = got;
+        }
+        while (r->next_install < r->stop_at && r->res[r->next_install].state == 1) {
+            struct run_slot *o = &r->res[r->next_install];
+            if ((rc = install(r->s, r->ids[r->next_install], o->n_tokens, o->parts, r->deadline_us)) != 0) {
+                r->stop_at = r->next_install;
+                r->rc = rc;
+                break;
+            }
+            memset(o->parts, 0, sizeof o->parts); /* the writer's now */
+            r->next_install++;
+        }
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* Fetches and installs ids[0..n) in order. Returns 0 (all installed) or
+ * the error at the first one that failed; *installed gets how many. */
+static int fetch_run(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PARALLEL],
+                     const uint8_t ns[THAW_KEY_BYTES], const uint8_t *const *ids, int n, int64_t deadline_us,
+                     int *installed)
+{
+    struct run r = {s, ns, ids, n, deadline_us, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, n, 0,
+                    NULL};
+    struct run_worker w[FETCH_PARALLEL];
+    pthread_t th[FETCH_PARALLEL];
+    int n_th = 0;
+
+    *installed = 0;
+    if (n <= 0)
+        return 0;
+    if (!(r.res = calloc((size_t)n, sizeof *r.res)))
+        return THAW_ENOMEM;
+    for (int i = 0; i < FETCH_PARALLEL; i++)
+        w[i] = (struct run_worker){&r, clis[i]};
+    for (int i = 1; i < FETCH_PARALLEL && i < n; i++)
+        if (pthread_create(&th[n_th], NULL, run_main, &w[i]) == 0)
+            n_th++;
+    run_main(&w[0]); /* this thread is a worker too */
+    for (int i = 0; i < n_th; i++)
+        pthread_join(th[i], NULL);
+    for (int k = r.next_install; k < n; k++) /* fetched past a failure: not used */
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            thaw_blob_unref(r.res[k].parts[p].data);
+    free(r.res);
+    pthread_cond_destroy(&r.cv);
+    pthread_mutex_destroy(&r.mu);
+    *installed = r.next_install;
+    atomic_fetch_add(&s->blocks_fetched, (uint64_t)r.next_install);
+    return r.next_install == n ? 0 : r.rc;
+}
+
 /* The blocks a fetched entry names that the local tier lacks. */
-static int fetch_blocks_of(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t ns[THAW_KEY_BYTES],
-                           const struct thaw_part_blob *kv, int64_t deadline_us)
+static int fetch_blocks_of(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PARALLEL],
+                           const uint8_t ns[THAW_KEY_BYTES], const struct thaw_part_blob *kv, int64_t deadline_us)
 {
     const uint8_t *ids;
     uint32_t n_ids;
-    int rc;
+    int rc, n = 0, installed;
 
     if (!thaw_blocks_is_manifest(kv->data, kv->size))
         return 0; /* a whole state: nothing else to fetch */
@@ -415,19 +525,17 @@ static int fetch_blocks_of(struct thaw_shared *s, struct thaw_s3 *cli, const uin
         atomic_fetch_add(&s->rejected, 1);
         return THAW_ECORRUPT;
     }
-    for (uint32_t k = 0; k < n_ids; k++) {
-        const uint8_t *id = ids + (size_t)k * THAW_BLOCKS_ID_BYTES;
-        struct thaw_part_blob parts[THAW_PART_COUNT];
-        uint32_t n_tok;
-        if (local_has(s, id))
-            continue;
-        if ((rc = get_object(s, cli, ns, 'b', id, deadline_us, &n_tok, parts)) != 0)
-            return rc;
-        if ((rc = install(s, id, n_tok, parts)) != 0)
-            return rc;
-        atomic_fetch_add(&s->blocks_fetched, 1);
-    }
-    return 0;
+    const uint8_t **missing = malloc((n_ids ? n_ids : 1) * sizeof *missing);
+    if (!missing)
+        return THAW_ENOMEM;
+    for (uint32_t k = 0; k < n_ids; k++)
+        if (!local_has(s, ids + (size_t)k * THAW_BLOCKS_ID_BYTES))
+            missing[n++] = ids + (size_t)k * THAW_BLOCKS_ID_BYTES;
+    rc = fetch_run(s, clis, ns, missing, n, deadline_us, &installed);
+    free(missing);
+    /* a block the store lacks (expired): the blocks before it are installed,
+     * and the caller's prefix lookup gets what they are worth */
+    return rc;
 }
 
 static void mark_taken(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
@@ -475,22 +583,22 @@ bool thaw_shared_taken(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
 
 /* The conversation's entry: its blocks first, then the entry, so the
  * local writer commits them in that order too. */
-static int fetch_entry(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t key[THAW_KEY_BYTES],
-                       const uint8_t ns[THAW_KEY_BYTES], int64_t deadline_us)
+static int fetch_entry(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PARALLEL],
+                       const uint8_t key[THAW_KEY_BYTES], const uint8_t ns[THAW_KEY_BYTES], int64_t deadline_us)
 {
     struct thaw_part_blob parts[THAW_PART_COUNT];
     uint32_t n_tokens;
-    int rc = get_object(s, cli, ns, 'm', key, deadline_us, &n_tokens, parts);
+    int rc = get_object(s, clis[0], ns, 'm', key, deadline_us, &n_tokens, parts);
 
     if (rc != 0)
         return rc;
-    if ((rc = fetch_blocks_of(s, cli, ns, &parts[THAW_PART_KV], deadline_us)) != 0) {
+    if ((rc = fetch_blocks_of(s, clis, ns, &parts[THAW_PART_KV], deadline_us)) != 0) {
         for (int p = 0; p < THAW_PART_COUNT; p++)
             thaw_blob_unref(parts[p].data);
         return rc;
     }
     mark_taken(s, key); /* before the writer can commit it and the engine look */
-    if ((rc = install(s, key, n_tokens, parts)) != 0)
+    if ((rc = install(s, key, n_tokens, parts, deadline_us)) != 0)
         thaw_shared_taken(s, key);
     return rc;
 }
@@ -523,29 +631,26 @@ static int first_missing(struct thaw_shared *s, uint8_t (*ids)[THAW_BLOCKS_ID_BY
 
 /* A prompt without an entry: its run of whole blocks from block `from`
  * (the first the local tier lacks), as far as the store has them. */
-static int fetch_prefix(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t ns[THAW_KEY_BYTES],
-                        uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], int nb, int from, int64_t deadline_us)
+static int fetch_prefix(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PARALLEL],
+                        const uint8_t ns[THAW_KEY_BYTES], uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], int nb, int from,
+                        int64_t deadline_us)
 {
-    int got = 0, rc = THAW_ENOTFOUND;
+    const uint8_t **missing = malloc((size_t)(nb - from) * sizeof *missing);
+    int n = 0, installed, rc;
 
-    for (int k = from; k < nb; k++) {
-        struct thaw_part_blob parts[THAW_PART_COUNT];
-        uint32_t n_tok;
-        if (local_has(s, ids[k]))
-            continue;
-        if ((rc = get_object(s, cli, ns, 'b', ids[k], deadline_us, &n_tok, parts)) != 0)
-            break;
-        if ((rc = install(s, ids[k], n_tok, parts)) != 0)
-            break;
-        got++;
-    }
-    atomic_fetch_add(&s->blocks_fetched, (uint64_t)got);
-    if (got > 0 && (rc == THAW_ENOTFOUND || rc == 0))
+    if (!missing)
+        return THAW_ENOMEM;
+    for (int k = from; k < nb; k++)
+        if (!local_has(s, ids[k]))
+            missing[n++] = ids[k];
+    rc = fetch_run(s, clis, ns, missing, n, deadline_us, &installed);
+    free(missing);
+    if (installed > 0 && rc == THAW_ENOTFOUND)
         return 0; /* the run ends where the store's does */
     return rc;
 }
 
-static int fetch_with(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t *key,
+static int fetch_with(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PARALLEL], const uint8_t *key,
                       const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt, int n_prompt)
 {
     int64_t t0 = thaw_now_us(), deadline = t0 + (int64_t)s->timeout_ms * 1000;
@@ -568,9 +673,9 @@ static int fetch_with(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t 
         return THAW_EBUSY;
     }
     if (key)
-        rc = fetch_entry(s, cli, key, ns, deadline);
+        rc = fetch_entry(s, clis, key, ns, deadline);
     if (rc == THAW_ENOTFOUND && from < nb)
-        rc = fetch_prefix(s, cli, ns, ids, nb, from, deadline);
+        rc = fetch_prefix(s, clis, ns, ids, nb, from, deadline);
     free(ids);
     int64_t us = thaw_now_us() - t0;
     atomic_fetch_add(&s->fetch_us, (uint64_t)us);
@@ -583,23 +688,9 @@ static int fetch_with(struct thaw_shared *s, struct thaw_s3 *cli, const uint8_t 
         atomic_fetch_add(&s->errors, 1);
         snprintf(what, sizeof what, "%s", thaw_strerror(rc));
         LOG_INF("shared tier: fetch failed after %.0f ms (%s%s%s): serving by prefill", (double)us / 1000.0,
-                thaw_strerror(rc), *thaw_s3_last_error(cli) ? ": " : "", thaw_s3_last_error(cli));
+                thaw_strerror(rc), *thaw_s3_last_error(clis[0]) ? ": " : "", thaw_s3_last_error(clis[0]));
     }
     breaker_report(s, rc, what);
-    return rc;
-}
-
-int thaw_shared_fetch(struct thaw_shared *s, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
-                      const llama_token *prompt, int n_prompt)
-{
-    struct thaw_s3_params p = {s->endpoint, s->bucket, s->access_key, s->secret_key, s->region, s->timeout_ms};
-    struct thaw_s3 *cli;
-    int rc;
-
-    if ((rc = thaw_s3_new(&p, &cli)) != 0)
-        return rc;
-    rc = fetch_with(s, cli, key, ns, prompt, n_prompt);
-    thaw_s3_free(cli);
     return rc;
 }
 
@@ -1030,8 +1121,9 @@ int thaw_shared_open(const struct thaw_shared_params *p, struct thaw_shared **ou
     if ((rc = thaw_s3_new(&sp, &s->ucli)) != 0)
         goto fail;
     for (int i = 0; i < N_FETCHERS; i++)
-        if ((rc = thaw_s3_new(&sp, &s->fcli[i])) != 0)
-            goto fail;
+        for (int j = 0; j < FETCH_PARALLEL; j++)
+            if ((rc = thaw_s3_new(&sp, &s->fcli[i][j])) != 0)
+                goto fail;
     if ((rc = -pthread_create(&s->uploader, NULL, uploader_main, s)) != 0)
         goto fail;
     s->uploader_up = true;
@@ -1102,7 +1194,8 @@ void thaw_shared_close(struct thaw_shared *s)
     stop_uploader(s);
     thaw_s3_free(s->ucli);
     for (int i = 0; i < N_FETCHERS; i++)
-        thaw_s3_free(s->fcli[i]);
+        for (int j = 0; j < FETCH_PARALLEL; j++)
+            thaw_s3_free(s->fcli[i][j]);
     free(s->uq);
     free(s->seen);
     free(s->bucket);

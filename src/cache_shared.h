@@ -34,8 +34,9 @@
  *   fetch    a request whose conversation the local tier lacks waits (on a
  *            fetch thread, not the engine's nor the HTTP loop's) while its
  *            entry and missing blocks are fetched within the deadline
- *            (--kv-shared-timeout-ms), opened and submitted to the local
- *            disk writer, blocks first; the engine's lookup then finds them
+ *            (--kv-shared-timeout-ms), FETCH_PARALLEL GETs at a time,
+ *            opened and submitted to the local disk writer in order, blocks
+ *            first; the engine's lookup then finds them
  *            there. A first turn without an entry fetches the run of its
  *            prompt's blocks instead. Anything failed, slow or partial is a
  *            miss: the request is served by prefill.
@@ -104,13 +105,6 @@ void thaw_shared_upload(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES]
  * thread is busy and the queue is full, stopping): done is not called. */
 int thaw_shared_fetch_async(struct thaw_shared *s, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
                             const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud);
-
-/* The same fetch, on the caller's thread. Returns 0 (something was
- * installed locally), THAW_ENOTFOUND (nothing to fetch), or the error that
- * made it a miss (THAW_ETIMEDOUT, THAW_ESTORE, THAW_ECORRUPT: rejected,
- * THAW_EBUSY: breaker open or the local writer full, ...). */
-int thaw_shared_fetch(struct thaw_shared *s, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
-                      const llama_token *prompt, int n_prompt);
 
 /* A local store of key is coming (the engine has the reply, not yet the
  * state): fetch_async does not go after key meanwhile. A small ring of the

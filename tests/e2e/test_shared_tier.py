@@ -484,3 +484,24 @@ def test_a_replica_stopped_right_after_a_reply_hands_the_turn_on(serve, tier, pr
     b = replica(serve, tier, prefix, tmp_path / "b")
     r2 = ask(b, turn2(c, r1))
     assert r2["timings"]["cache_source"] == "shared", r2["timings"]
+
+
+def test_an_entry_naming_a_lost_block_restores_the_blocks_before_it(serve, tier, prefix, tmp_path):
+    """A block expired from the store (lifecycle rule, gc --shared) while an
+    entry still names it: the blocks before it are fetched (several at a
+    time, installed in order), the request restores that prefix."""
+    c = conv(13)
+    (_, ref2), = reference(serve, c)
+    a = replica(serve, tier, prefix, tmp_path / "a")
+    r1 = ask(a, c)
+    uploaded(tier, prefix)
+    blocks = sorted(tier.blocks(prefix))
+    victim = blocks[len(blocks) // 2]
+    assert tier.store.request("DELETE", f"/{BUCKET}/{victim}")[0] == 204
+    b = replica(serve, tier, prefix, tmp_path / "b")
+    r2 = ask(b, turn2(c, r1))
+    t = r2["timings"]
+    assert reply(r2) == reply(ref2)
+    assert t["cache_source"] in ("blocks", "none"), t  # never "shared": the entry is incomplete
+    assert t["cache_n"] % B == 0 and t["cache_n"] < r1["usage"]["prompt_tokens"], t
+    assert metric(b, "thaw_kv_shared_blocks_fetched_total") == t["cache_n"] // B
