@@ -260,6 +260,23 @@ int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids
     return 0;
 }
 
+int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs)
+{
+    uint32_t pos0, cells;
+
+    (void)ud;
+    if (thaw_blocks_is_manifest(kv, n)) {
+        if (thaw_blocks_manifest_ids(kv, n, refs, n_refs) != 0) {
+            *refs = NULL; /* it will not load either: a miss, naming nothing */
+            *n_refs = 0;
+        }
+        return THAW_DISK_KIND_ROOT;
+    }
+    if (thaw_kvlayout_block_info(kv, n, &pos0, &cells) == 0)
+        return THAW_DISK_KIND_BLOCK;
+    return THAW_DISK_KIND_ROOT;
+}
+
 int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out)
 {

@@ -25,10 +25,13 @@
  *   u8  swa[swa_size]     the uncut SWA window section (kvlayout tail)
  *
  * The manifest is submitted after its blocks, to the same FIFO writer, so
- * it commits last: a crash leaves blocks without a manifest (harmless,
- * shared or evicted by LRU), never a manifest whose blocks were not yet
- * written. A manifest whose block went missing or bad since is a miss
- * (the block's own checksum decides, cache_disk.c), never a wrong state.
+ * it commits last: a crash leaves blocks without a manifest (collected once
+ * their grace is over, cache_disk.c), never a manifest whose blocks were
+ * not yet written. The disk tier learns which entries are blocks and which
+ * blocks a manifest names from thaw_blocks_classify at store time: TTL and
+ * LRU act on manifests, and a block goes once no manifest names it. A
+ * manifest whose block went missing or bad since is a miss (the block's
+ * own checksum decides, cache_disk.c), never a wrong state.
  *
  * Blocks hold no sequence id: assembly takes the frame (seq id, streams) of
  * the slot that restores, so a conversation stored from slot 1 under -np 2
@@ -80,6 +83,14 @@ int thaw_blocks_is_manifest(const void *blob, size_t n);
 /* The block ids a manifest names (pointing into it). Returns 0 or
  * THAW_ECORRUPT / THAW_EVERSION (the manifest's lengths are checked). */
 int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids);
+
+/* What a disk entry's .kv is to the disk tier's collector: the classify
+ * callback of struct thaw_disk_cache_params (cache_disk.h), ud unused.
+ * A block returns THAW_DISK_KIND_BLOCK; a manifest THAW_DISK_KIND_ROOT with
+ * *refs / *n_refs its block ids (pointing into kv); anything else (a whole
+ * state, a manifest that does not parse) THAW_DISK_KIND_ROOT naming nothing.
+ * This keeps cache_disk.c free of the formats and the formats here. */
+int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs);
 
 /* A restorable state: a .kv blob in kvstate.h's format (header, tokens,
  * then what llama_state_seq_set_data takes), built in place. Free with

@@ -108,6 +108,7 @@ static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *k
     memcpy(p.fingerprint, kp->identity, sizeof p.fingerprint);
     p.log = disk_log;
     p.vfs = disk_vfs();
+    p.classify = thaw_blocks_classify; /* blocks and what manifests name: for GC (cache_disk.h) */
     if ((rc = thaw_disk_cache_open(&p, &c->disk)) != 0) {
         if (rc == THAW_ELOCKED)
             LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw "
@@ -558,8 +559,12 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
       atomic_load(&c->prefix_hits));
     C("prefix_tokens_total", "prompt tokens served by prefix lookups", atomic_load(&c->prefix_tokens));
     C("evictions_enospc_total", "entries evicted to make room when the disk was full", st.evictions_enospc);
-    C("evictions_ttl_total", "entries evicted by --kv-cache-ttl", st.evictions_ttl);
-    C("evictions_lru_total", "entries evicted by --kv-cache-max", st.evictions_lru);
+    C("evictions_ttl_total", "conversations (manifests, whole states) evicted by --kv-cache-ttl", st.evictions_ttl);
+    C("evictions_lru_total", "conversations (manifests, whole states) evicted by --kv-cache-max", st.evictions_lru);
+    G("blocks", "blocks in --kv-cache-dir (counted in thaw_kv_disk_entries and _bytes)", st.blocks);
+    G("blocks_unreferenced", "blocks no conversation names, kept for their grace", st.blocks_unreferenced);
+    C("blocks_collected_total", "blocks removed because no conversation named them any more", st.blocks_collected);
+    C("block_bytes_collected_total", "bytes of those blocks", st.block_bytes_collected);
     C("corrupt_removed_total", "entries removed because they failed verification", st.corrupt_removed);
 #undef C
 #undef G
