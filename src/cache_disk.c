@@ -270,7 +270,8 @@ struct job {
     struct thaw_part_blob parts[THAW_PART_COUNT];
     void *meta;
     size_t n_meta;
-    struct links links; /* refs point into parts[THAW_PART_KV]; counted while queued */
+    struct links links; /* refs point into parts[THAW_PART_KV]; counted from submit
+                         * until its store commits or fails (held_release) */
     uint64_t bytes;   /* parts + .idx: what it counts in queue_bytes */
     struct job *next; /* FIFO */
 };
@@ -1739,11 +1740,21 @@ err_remove:
 static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, int err,
                      int round);
 
-/* A store whose links (the caller's classify() of the .kv) are known:
- * thaw_disk_cache_store classifies first, the writer classified at submit. */
+/* The refs of a queued store were counted at submit (held); its store
+ * hands them to the entry it commits, or drops them when it fails, under
+ * the lock of the commit, so its blocks are never unnamed in between (an
+ * eviction pass right after would collect them). With c->mu held. */
+static void held_release(struct thaw_disk_cache *c, const struct links *held)
+{
+    if (held && held->n_refs)
+        refs_drop(c, held->refs, held->n_refs);
+}
+
+/* A store. held NULL: thaw_disk_cache_store, classified here; otherwise the
+ * writer's job, classified and its refs counted at submit (held_release). */
 static int store_entry(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
                        const struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta,
-                       const struct links *known)
+                       const struct links *held)
 {
     char hex[HEX_LEN + 1], bytes[24];
     struct thaw_disk_idx idx;
@@ -1757,13 +1768,14 @@ static int store_entry(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYT
     int64_t now;
     int ret;
 
-    ret = store_check(c, key, parts, meta, n_meta, known, &ln, &total);
+    ret = store_check(c, key, parts, meta, n_meta, held, &ln, &total);
     if (ret == 0 && ln.n_refs && !(refs = malloc((size_t)ln.n_refs * THAW_KEY_BYTES)))
         ret = THAW_ENOMEM;
     if (ret) {
         if (c) {
             pthread_mutex_lock(&c->mu);
             c->st.store_failures++;
+            held_release(c, held);
             pthread_mutex_unlock(&c->mu);
         }
         return ret;
@@ -1793,6 +1805,7 @@ static int store_entry(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYT
     if (ret) {
         pthread_mutex_lock(&c->mu);
         c->st.store_failures++;
+        held_release(c, held);
         pthread_mutex_unlock(&c->mu);
         free(refs);
         return ret;
@@ -1800,8 +1813,10 @@ static int store_entry(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYT
 
     pthread_mutex_lock(&c->mu);
     e = claim_wait(c, key, 1);
-    if (!e)
+    if (!e) {
         c->st.store_failures++;
+        held_release(c, held);
+    }
     pthread_mutex_unlock(&c->mu);
     if (!e) {
         free(rec);
@@ -1836,6 +1851,7 @@ static int store_entry(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYT
     e->is_block = ln.is_block;
     ent_set_refs(c, e, refs, ln.n_refs); /* before the commit: a block named here is never an orphan */
     refs = NULL;
+    held_release(c, held);
     claim_end(c, e, 1);
     c->st.stores_ok++;
     pthread_mutex_unlock(&c->mu);
@@ -1849,6 +1865,7 @@ static int store_entry(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYT
 err_claim:
     pthread_mutex_lock(&c->mu);
     claim_end(c, e, 0);
+    held_release(c, held);
     c->st.store_failures++;
     pthread_mutex_unlock(&c->mu);
     logf_(c, THAW_LOG_ERROR, "disk cache: store of %.16s failed: %s", hex, thaw_strerror(ret));
@@ -1896,9 +1913,6 @@ static void *writer_main(void *arg)
         bytes = j->bytes;
         pthread_mutex_lock(&c->mu);
         c->q_active_job = NULL; /* written (or failed): lookups go to the index from now on */
-        /* its blocks are named by the entry now, or by nothing (failed) */
-        if (j->links.n_refs)
-            refs_drop(c, j->links.refs, j->links.n_refs);
         pthread_mutex_unlock(&c->mu);
         job_free(j); /* its buffers are released before its bytes leave the count */
 
