@@ -221,7 +221,8 @@ void thaw_disk_cache_flush(struct thaw_disk_cache *c);
 
 /* Looks key up, maps its parts read-only and verifies every checksum.
  * Returns 0 and sets *out: a hit, to be released with
- *   thaw_disk_entry_release(); the entry's last use becomes now.
+ *   thaw_disk_entry_release(); the entry's last use becomes now (a root's
+ *   on disk too, a block's in memory only: it times only its grace).
  *   If only the .dft part was corrupt, it is dropped (file removed, .idx
  *   rewritten without it) and the entry is returned without it.
  * THAW_ENOTFOUND  no such entry, an entry of another fingerprint (kept), or
@@ -299,7 +300,9 @@ void thaw_disk_entry_release(struct thaw_disk_entry *e);
 int thaw_disk_cache_evict(struct thaw_disk_cache *c);
 
 /* Removes key's entry (.idx first) and any file of the key left on disk.
- * Waits for a store of the same key in progress. Returns 0, THAW_ENOTFOUND
+ * The blocks only a removed root named are collected by a later eviction
+ * pass, once past their grace. Waits for a store of the same key in
+ * progress. Returns 0, THAW_ENOTFOUND
  * if no entry was indexed (leftover files are still removed), THAW_EINVAL
  * for a READONLY cache or NULL key, or the -errno of unlinking the .idx. */
 int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);

@@ -546,17 +546,18 @@ out:
 static int gen_idx(void)
 {
     static const struct idx_seed seeds[] = {
-        {"kv.idx", 1, 12, 0, 0xab},
-        {"kv-ckpt.idx", 3, 300, 0, 0xab},
-        {"kv-ckpt-dft.idx", 7, 2048, 0, 0xab},
-        {"kv-dft.idx", 5, 1, 0, 0xab},
-        {"kv-meta16.idx", 1, 40, 16, 0x11},
-        {"kv-meta-max.idx", 3, 7, THAW_DISK_META_MAX, 0x5c},
+        {"kv.idx", 1, 12, 0, 0xab, 0, 0},
+        {"kv-ckpt.idx", 3, 300, 0, 0xab, 0, 0},
+        {"kv-ckpt-dft.idx", 7, 2048, 0, 0xab, 0, 0},
+        {"kv-dft.idx", 5, 1, 0, 0xab, 0, 0},
+        {"kv-meta16.idx", 1, 40, 16, 0x11, 0, 0},
+        {"kv-meta-max.idx", 3, 7, THAW_DISK_META_MAX, 0x5c, 0, 0},
         {"block.idx", 1, 128, 0, 0xab, 1, 0},
         {"manifest-refs3.idx", 1, 400, 0, 0xab, 2, 3},
         {"manifest-refs-meta.idx", 3, 300, 16, 0x11, 2, 2},
     };
-    static const struct idx_seed v1 = {"kv-v1.idx", 1, 12, 0, 0xab}, v3 = {"kv-v3.idx", 1, 12, 0, 0xab};
+    static const struct idx_seed v1 = {"kv-v1.idx", 1, 12, 0, 0xab, 0, 0},
+                                  v3 = {"kv-v3.idx", 1, 12, 0, 0xab, 0, 0};
     const char *tmp = getenv("TMPDIR");
     char dir[PATH_MAX];
     int rc = 0;
