@@ -60,7 +60,8 @@
  *   8. Garbage collection. A block is removed only when no committed root
  *      and no store of a root still in the writer's queue names it, and it
  *      has been unused (written, read, found present by contains()) for
- *      block_grace_s. Removing a block is removal (3): .idx first. An
+ *      block_grace_s, or for ttl_s if that is shorter (what TTL evicted
+ *      must not come back as a prefix). Removing a block is removal (3): .idx first. An
  *      eviction pass removes its roots before the blocks they orphaned (the
  *      victim chain is in that order), so a crash mid-pass leaves at worst
  *      a root already gone and blocks not yet collected: the next open
@@ -2491,12 +2492,16 @@ static struct ent *take_lru(struct thaw_disk_cache *c, int why, struct ent ***ta
  * last use reset. Returns the bytes taken. With c->mu held. */
 static uint64_t take_orphans(struct thaw_disk_cache *c, int64_t now, struct ent ***tail)
 {
+    /* Never longer than the TTL: a conversation evicted as expired must not
+     * come back through a prefix lookup of its blocks (DESIGN §2: an expired
+     * conversation is never resurrected). */
+    int64_t grace = c->ttl_s > 0 && c->ttl_s < c->block_grace_s ? c->ttl_s : c->block_grace_s;
     struct ent *e, *next;
     uint64_t freed = 0;
 
     for (e = c->orph_head; e; e = next) {
         next = e->next;
-        if (now - e->last_used < c->block_grace_s)
+        if (now - e->last_used < grace)
             continue;
         freed += e->bytes;
         take_victim(c, e, EVICT_GC, tail);

@@ -114,7 +114,9 @@ struct thaw_disk_cache_params {
     /* Seconds an unreferenced block is kept after its last use (written, read,
      * or found present by contains()): the time between a store's blocks and
      * its manifest, and the life of a block fetched for a prefix lookup that
-     * no manifest names yet. 0 = collected at the first eviction pass. */
+     * no manifest names yet. Never longer than ttl_s (when ttl_s > 0): what
+     * expired must not come back as a prefix. 0 = collected at the first
+     * eviction pass. */
     int64_t block_grace_s;
 };
 

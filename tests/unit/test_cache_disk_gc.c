@@ -347,7 +347,9 @@ static void test_lru_evicts_manifest_then_its_blocks(void **state)
 }
 
 /* TTL counts from a manifest's last use; blocks have none of their own:
- * block 0, written first, lives as long as a manifest names it. */
+ * block 0, written first, lives as long as a manifest names it. The grace
+ * of an unnamed block is cut to the TTL: an expired conversation's blocks
+ * go with it, they do not wait out the grace (and serve it as a prefix). */
 static void test_ttl_evicts_manifest_then_its_blocks(void **state)
 {
     struct fx *f = *state;
@@ -355,6 +357,7 @@ static void test_ttl_evicts_manifest_then_its_blocks(void **state)
     int64_t t0 = f->now;
 
     p.ttl_s = 100;
+    p.block_grace_s = GRACE;
     fx_open_p(f, &p);
     store_ab(f); /* A at t0+1, B at t0+2 */
     f->now = t0 + 101;
