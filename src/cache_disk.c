@@ -61,7 +61,8 @@
  *      and no store of a root still in the writer's queue names it, and it
  *      has been unused (written, read, found present by contains()) for
  *      block_grace_s, or for ttl_s if that is shorter (what TTL evicted
- *      must not come back as a prefix). Removing a block is removal (3): .idx first. An
+ *      must not come back as a prefix), or, over budget or on a full disk,
+ *      for THAW_DISK_STORE_WINDOW_S (orphan_grace() says why). Removing a block is removal (3): .idx first. An
  *      eviction pass removes its roots before the blocks they orphaned (the
  *      victim chain is in that order), so a crash mid-pass leaves at worst
  *      a root already gone and blocks not yet collected: the next open
@@ -2485,17 +2486,34 @@ static struct ent *take_lru(struct thaw_disk_cache *c, int why, struct ent ***ta
     return e;
 }
 
-/* Takes every unreferenced block unused for block_grace_s (at `now`) for
+/* How long an unnamed block is kept after its last use. Never longer than
+ * the TTL: a conversation evicted as expired must not come back through a
+ * prefix lookup of its blocks (DESIGN §2: an expired conversation is never
+ * resurrected). Under pressure (over max_bytes, a full disk) the owner of
+ * the directory keeps only THAW_DISK_STORE_WINDOW_S: it sees every queued
+ * manifest, so what the grace still covers is a store's few milliseconds
+ * between its blocks and its manifest's submit — and keeping the blocks of
+ * a conversation just evicted for their whole grace would evict more
+ * conversations in their place. SHARED cannot see a server's queue: it
+ * keeps the whole grace. */
+static int64_t orphan_grace(const struct thaw_disk_cache *c, int pressure)
+{
+    int64_t g = c->block_grace_s;
+
+    if (c->ttl_s > 0 && c->ttl_s < g)
+        g = c->ttl_s;
+    if (pressure && !(c->flags & THAW_DISK_CACHE_SHARED) && g > THAW_DISK_STORE_WINDOW_S)
+        g = THAW_DISK_STORE_WINDOW_S;
+    return g;
+}
+
+/* Takes every unreferenced block unused for `grace` seconds (at `now`) for
  * collection. The grace covers a store in progress: its blocks commit
  * before its manifest is even submitted (a queued manifest counts as
  * naming them), and a block a store found present (contains()) had its
  * last use reset. Returns the bytes taken. With c->mu held. */
-static uint64_t take_orphans(struct thaw_disk_cache *c, int64_t now, struct ent ***tail)
+static uint64_t take_orphans(struct thaw_disk_cache *c, int64_t now, int64_t grace, struct ent ***tail)
 {
-    /* Never longer than the TTL: a conversation evicted as expired must not
-     * come back through a prefix lookup of its blocks (DESIGN §2: an expired
-     * conversation is never resurrected). */
-    int64_t grace = c->ttl_s > 0 && c->ttl_s < c->block_grace_s ? c->ttl_s : c->block_grace_s;
     struct ent *e, *next;
     uint64_t freed = 0;
 
@@ -2577,11 +2595,17 @@ int thaw_disk_cache_evict(struct thaw_disk_cache *c)
      * own: they go with the last root that names them. */
     while (c->ttl_s > 0 && (e = c->lru_head) && now - e->last_used > c->ttl_s)
         (void)take_lru(c, EVICT_TTL, &tail);
-    /* Then what nothing names (those roots' blocks among them), then roots
-     * by LRU, each with what it alone named, until within budget. */
-    (void)take_orphans(c, now, &tail);
-    while (c->max_bytes > 0 && c->bytes > c->max_bytes && take_lru(c, EVICT_LRU, &tail))
-        (void)take_orphans(c, now, &tail);
+    /* Over budget: what nothing names outside the store window first, then
+     * roots by LRU, each followed by what it alone named, until within
+     * budget. Then whatever nothing names past its grace: those roots'
+     * blocks among them (the chain keeps every root before its blocks). */
+    while (c->max_bytes > 0 && c->bytes > c->max_bytes) {
+        if (take_orphans(c, now, orphan_grace(c, 1), &tail) > 0)
+            continue;
+        if (!take_lru(c, EVICT_LRU, &tail))
+            break;
+    }
+    (void)take_orphans(c, now, orphan_grace(c, 0), &tail);
     *tail = NULL;
     pthread_mutex_unlock(&c->mu);
     return evict_victims(c, victims, now);
@@ -2602,10 +2626,10 @@ static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, 
     int n;
 
     pthread_mutex_lock(&c->mu);
-    freed += take_orphans(c, now, &tail);
+    freed += take_orphans(c, now, orphan_grace(c, 1), &tail);
     while (freed < need && (e = take_lru(c, EVICT_ENOSPC, &tail))) {
         freed += e->bytes;
-        freed += take_orphans(c, now, &tail);
+        freed += take_orphans(c, now, orphan_grace(c, 1), &tail);
     }
     *tail = NULL;
     pthread_mutex_unlock(&c->mu);

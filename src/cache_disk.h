@@ -115,8 +115,9 @@ struct thaw_disk_cache_params {
      * or found present by contains()): the time between a store's blocks and
      * its manifest, and the life of a block fetched for a prefix lookup that
      * no manifest names yet. Never longer than ttl_s (when ttl_s > 0): what
-     * expired must not come back as a prefix. 0 = collected at the first
-     * eviction pass. */
+     * expired must not come back as a prefix; over max_bytes or on a full
+     * disk, THAW_DISK_STORE_WINDOW_S (except SHARED: it cannot see a
+     * server's queue). 0 = collected at the first eviction pass. */
     int64_t block_grace_s;
 };
 
@@ -124,6 +125,7 @@ struct thaw_disk_cache_params {
 #define THAW_DISK_KIND_BLOCK 1
 #define THAW_DISK_REFS_MAX (1u << 16) /* block keys one entry may name */
 #define THAW_DISK_BLOCK_GRACE_DEFAULT 600
+#define THAW_DISK_STORE_WINDOW_S 10 /* the grace over budget: a store names its blocks within it */
 
 /* max_bytes 0, ttl_s 259200 (3 days), fingerprint all zero,
  * queue_max_bytes 1 GiB (THAW_DISK_QUEUE_MAX_BYTES_DEFAULT), flags 0,
@@ -290,10 +292,11 @@ const void *thaw_disk_entry_meta(const struct thaw_disk_entry *e, size_t *n);
 /* Unmaps and frees e. NULL is a no-op. */
 void thaw_disk_entry_release(struct thaw_disk_entry *e);
 
-/* Evicts, in this order: roots unused for more than ttl_s seconds, then
- * unreferenced blocks unused for more than block_grace_s (collected), then
- * the least recently used roots, each with the blocks it alone named, until
- * the total (blocks included) is <= max_bytes. Blocks are never chosen by
+/* Evicts, in this order: roots unused for more than ttl_s seconds; then,
+ * while the total (blocks included) is over max_bytes, unreferenced blocks
+ * unused for THAW_DISK_STORE_WINDOW_S and the least recently used roots;
+ * then every unreferenced block past its grace (block_grace_s), the blocks
+ * only those roots named among them: collected. Blocks are never chosen by
  * TTL or LRU themselves. Cheap when there is nothing to do (reads the
  * in-memory LRU list head and the list of unreferenced blocks; no I/O).
  * Entries being written are skipped. Returns the number of entries removed

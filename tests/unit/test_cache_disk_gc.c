@@ -568,19 +568,21 @@ static void test_queued_manifest_keeps_its_blocks(void **state)
 }
 
 /* The grace: blocks written before their manifest is submitted (the
- * engine thread's few milliseconds; here, 599 s) survive a pass over
- * budget; contains() (a store that skips a block it finds present) restarts
- * it; blocks that never get a manifest (a crash between) go one grace after
- * their last use — after a restart, counted from the .idx's mtime. */
+ * engine thread's few milliseconds; here, 599 s) survive a pass; contains()
+ * (a store that skips a block it finds present) restarts it; blocks that
+ * never get a manifest (a crash between) go one grace after their last use
+ * — after a restart, counted from the .idx's mtime. Over budget the grace
+ * shrinks to THAW_DISK_STORE_WINDOW_S: the blocks of a conversation just
+ * evicted must not cost the next conversation its place. */
 static void test_grace_keeps_store_in_progress(void **state)
 {
     struct fx *f = *state;
     struct thaw_disk_cache_params p = fx_params(f);
     uint8_t key[THAW_KEY_BYTES];
-    int64_t t0 = f->now;
+    int64_t t0 = f->now, t1;
+    static const unsigned ids_d[] = {5, 6};
 
     p.block_grace_s = GRACE;
-    p.max_bytes = block_bytes() + 1; /* two blocks are over budget */
     fx_open_p(f, &p);
     assert_int_equal(store_block(f->c, 0), 0);
     assert_int_equal(store_block(f->c, 1), 0);
@@ -599,7 +601,6 @@ static void test_grace_keeps_store_in_progress(void **state)
 
     /* crash leftovers: reopened, an unnamed block's grace runs from its
      * .idx mtime (t0 here: the in-memory touch is gone with the process) */
-    p.max_bytes = 0;
     f->now = t0 + GRACE - 1;
     fx_open_p(f, &p);
     assert_int_equal(store_block(f->c, 3), 0); /* at t0 + GRACE - 1 */
@@ -612,6 +613,32 @@ static void test_grace_keeps_store_in_progress(void **state)
     assert_int_equal(thaw_disk_cache_evict(f->c), 1);
     assert_int_equal(stats(f->c).entries, 0);
     assert_int_equal(stats(f->c).blocks_collected, 2);
+    fx_close(f);
+
+    /* Over budget: unnamed blocks go once out of the store window, before
+     * any conversation is evicted for them; those in it stay. */
+    static const unsigned ids_e[] = {5};
+    p.max_bytes = 2 * block_bytes() + man_bytes(2) + man_bytes(1); /* D = {5, 6}, E = {5} */
+    t1 = f->now = t0 + 10 * GRACE;
+    fx_open_p(f, &p);
+    assert_int_equal(store_block(f->c, 5), 0);
+    assert_int_equal(store_block(f->c, 6), 0);
+    assert_int_equal(store_man(f->c, 3, ids_d, 2), 0);
+    f->now = t1 + 1;
+    assert_int_equal(store_man(f->c, 4, ids_e, 1), 0);
+    assert_int_equal(thaw_disk_cache_evict(f->c), 0); /* at the budget, not over */
+    f->now = t1 + 20;
+    assert_int_equal(store_block(f->c, 7), 0); /* a store in progress: over budget now */
+    f->now = t1 + 20 + THAW_DISK_STORE_WINDOW_S - 1;
+    assert_int_equal(thaw_disk_cache_evict(f->c), 2); /* D, the LRU, then block 6: 7 is in its window */
+    assert_true(has_block(f, 7) && has_man(f, 4) && has_block(f, 5));
+    assert_false(has_man(f, 3) || has_block(f, 6));
+    assert_int_equal(store_block(f->c, 8), 0); /* over again */
+    f->now = t1 + 20 + THAW_DISK_STORE_WINDOW_S + 1;
+    assert_int_equal(thaw_disk_cache_evict(f->c), 1); /* block 7, out of its window; E stays */
+    assert_false(has_block(f, 7));
+    assert_true(has_man(f, 4) && has_block(f, 5) && has_block(f, 8));
+    assert_true(stats(f->c).bytes <= p.max_bytes);
 }
 
 /* ---- crashes ------------------------------------------------------------ */
