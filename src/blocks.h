@@ -69,6 +69,11 @@ void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const lla
  * those it does not hold (each an entry of one .kv part: the block), and
  * builds the manifest (a blob, blob.h: the caller submits it as the
  * conversation entry's .kv part, or drops it with thaw_blob_unref).
+ * On 0 the manifest's block ids are held (thaw_disk_cache_hold), so that
+ * none is collected before the manifest is queued: the caller, once it has
+ * submitted the manifest (or given up), drops the hold with
+ * thaw_disk_cache_unhold(c, ids, n_ids) of thaw_blocks_manifest_ids() of
+ * the manifest. On an error nothing is held.
  * st (may be NULL) gets the counts. Returns 0, THAW_ELAYOUT (an unknown
  * layout: store the whole state instead), THAW_EINVAL (no cells, or the
  * state does not hold n cells), THAW_ENOMEM. A block the writer drops

@@ -62,7 +62,9 @@
  *      has been unused (written, read, found present by contains()) for
  *      block_grace_s, or for ttl_s if that is shorter (what TTL evicted
  *      must not come back as a prefix), or, over budget or on a full disk,
- *      for THAW_DISK_STORE_WINDOW_S (orphan_grace() says why). Removing a block is removal (3): .idx first. An
+ *      at once unless a store holds it (thaw_disk_cache_hold: a store
+ *      holds its block ids from before it looks for them until its
+ *      manifest is submitted; orphan_grace() says why). Removing a block is removal (3): .idx first. An
  *      eviction pass removes its roots before the blocks they orphaned (the
  *      victim chain is in that order), so a crash mid-pass leaves at worst
  *      a root already gone and blocks not yet collected: the next open
@@ -114,12 +116,15 @@
  * submit and its job drops them when the writer is done, so a block
  * written before its manifest commits is named while the manifest waits.
  * The window that leaves — a block committed (or found present and
- * skipped) before its manifest is even submitted, a few milliseconds on
- * the engine thread — is what block_grace_s covers, and also the life of
- * a block fetched for a prefix lookup that no manifest names yet. Blocks
- * no root names are on the orphan list; an eviction pass collects those
- * past their grace, then evicts roots by LRU, each with the blocks it
- * alone named, until the total (blocks included) is within max_bytes.
+ * skipped) before its manifest is even submitted — is closed by holds:
+ * the store pins its block ids (thaw_disk_cache_hold, counted in the same
+ * map) before it looks for them and drops the pin after the submit.
+ * block_grace_s is the life of a block nothing names or holds — fetched
+ * for a prefix lookup, left by a crash between blocks and manifest, or
+ * of a conversation just removed — when there is room; over budget such
+ * blocks go first, before any conversation. Blocks no root names are on
+ * the orphan list; an eviction pass takes, over budget, those nothing
+ * holds and then roots by LRU, and finally those past their grace.
  * Under SHARED (`thaw cache gc` beside a running server) the server's
  * queued manifests are invisible: the grace, counted from the block's
  * .idx mtime, keeps its stores in progress safe; a block the server found
@@ -249,7 +254,7 @@ enum evict_why {
 };
 
 /* How many roots name a block key (committed roots, and stores of roots
- * still in the writer's queue). Keyed apart from the entries: a root may
+ * still in the writer's queue), plus the holds of stores in progress. Keyed apart from the entries: a root may
  * name a block that is not (or not yet, or no longer) on disk, and the count
  * must be right when it arrives. Absent = 0. */
 struct refc {
@@ -2333,6 +2338,24 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
     return ret;
 }
 
+void thaw_disk_cache_hold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n)
+{
+    if (!c || !keys || !n)
+        return;
+    pthread_mutex_lock(&c->mu);
+    refs_add(c, keys, n);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void thaw_disk_cache_unhold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n)
+{
+    if (!c || !keys || !n)
+        return;
+    pthread_mutex_lock(&c->mu);
+    refs_drop(c, keys, n);
+    pthread_mutex_unlock(&c->mu);
+}
+
 int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
     struct ent *e;
@@ -2490,28 +2513,26 @@ static struct ent *take_lru(struct thaw_disk_cache *c, int why, struct ent ***ta
  * the TTL: a conversation evicted as expired must not come back through a
  * prefix lookup of its blocks (DESIGN §2: an expired conversation is never
  * resurrected). Under pressure (over max_bytes, a full disk) the owner of
- * the directory keeps only THAW_DISK_STORE_WINDOW_S: it sees every queued
- * manifest, so what the grace still covers is a store's few milliseconds
- * between its blocks and its manifest's submit — and keeping the blocks of
- * a conversation just evicted for their whole grace would evict more
- * conversations in their place. SHARED cannot see a server's queue: it
- * keeps the whole grace. */
+ * the directory keeps none: it sees every hold and every queued manifest,
+ * so a block nothing names is no store's, and keeping the blocks of a
+ * conversation just evicted for their grace would evict newer
+ * conversations in their place (found by test_lru_budget_keeps_the_most_
+ * recent: a time window loses whenever stores come faster than it). SHARED
+ * cannot see a server's holds and queue: it keeps the whole grace. */
 static int64_t orphan_grace(const struct thaw_disk_cache *c, int pressure)
 {
     int64_t g = c->block_grace_s;
 
     if (c->ttl_s > 0 && c->ttl_s < g)
         g = c->ttl_s;
-    if (pressure && !(c->flags & THAW_DISK_CACHE_SHARED) && g > THAW_DISK_STORE_WINDOW_S)
-        g = THAW_DISK_STORE_WINDOW_S;
+    if (pressure && !(c->flags & THAW_DISK_CACHE_SHARED))
+        g = 0;
     return g;
 }
 
-/* Takes every unreferenced block unused for `grace` seconds (at `now`) for
- * collection. The grace covers a store in progress: its blocks commit
- * before its manifest is even submitted (a queued manifest counts as
- * naming them), and a block a store found present (contains()) had its
- * last use reset. Returns the bytes taken. With c->mu held. */
+/* Takes every unreferenced (unnamed, unheld) block unused for `grace`
+ * seconds (at `now`) for collection. Returns the bytes taken. With c->mu
+ * held. */
 static uint64_t take_orphans(struct thaw_disk_cache *c, int64_t now, int64_t grace, struct ent ***tail)
 {
     struct ent *e, *next;
@@ -2595,7 +2616,7 @@ int thaw_disk_cache_evict(struct thaw_disk_cache *c)
      * own: they go with the last root that names them. */
     while (c->ttl_s > 0 && (e = c->lru_head) && now - e->last_used > c->ttl_s)
         (void)take_lru(c, EVICT_TTL, &tail);
-    /* Over budget: what nothing names outside the store window first, then
+    /* Over budget: what nothing names or holds first, then
      * roots by LRU, each followed by what it alone named, until within
      * budget. Then whatever nothing names past its grace: those roots'
      * blocks among them (the chain keeps every root before its blocks). */

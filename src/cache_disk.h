@@ -116,8 +116,9 @@ struct thaw_disk_cache_params {
      * its manifest, and the life of a block fetched for a prefix lookup that
      * no manifest names yet. Never longer than ttl_s (when ttl_s > 0): what
      * expired must not come back as a prefix; over max_bytes or on a full
-     * disk, THAW_DISK_STORE_WINDOW_S (except SHARED: it cannot see a
-     * server's queue). 0 = collected at the first eviction pass. */
+     * disk, none (a store in progress holds its blocks: thaw_disk_cache_hold),
+     * except SHARED, which cannot see a server's holds and queue. 0 =
+     * collected at the first eviction pass. */
     int64_t block_grace_s;
 };
 
@@ -125,7 +126,6 @@ struct thaw_disk_cache_params {
 #define THAW_DISK_KIND_BLOCK 1
 #define THAW_DISK_REFS_MAX (1u << 16) /* block keys one entry may name */
 #define THAW_DISK_BLOCK_GRACE_DEFAULT 600
-#define THAW_DISK_STORE_WINDOW_S 10 /* the grace over budget: a store names its blocks within it */
 
 /* max_bytes 0, ttl_s 259200 (3 days), fingerprint all zero,
  * queue_max_bytes 1 GiB (THAW_DISK_QUEUE_MAX_BYTES_DEFAULT), flags 0,
@@ -274,6 +274,19 @@ int thaw_disk_entry_verify(struct thaw_disk_cache *c, struct thaw_disk_entry *e)
  * yet. */
 int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);
 
+/* Holds the n block keys at keys (n x THAW_KEY_BYTES) as if a root named
+ * them: none is collected until thaw_disk_cache_unhold() of the same keys.
+ * A store takes it before it looks for its blocks (contains()) and submits
+ * the missing ones, and drops it once its manifest is submitted (the queued
+ * manifest names them from then on): no grace or clock is needed for that
+ * window, so over budget what nothing names or holds goes at once. Keys
+ * need not be on disk. Memory only; any thread. Out of memory leaves a key
+ * unheld (its block may go: a miss, never a wrong state). NULL c or n 0:
+ * no-op. */
+void thaw_disk_cache_hold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n);
+/* Drops what thaw_disk_cache_hold(c, keys, n) took. */
+void thaw_disk_cache_unhold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n);
+
 /* Asks the kernel to start reading key's entry into the page cache
  * (POSIX_FADV_WILLNEED), so that a lookup made later, when the request has
  * a slot, finds it in memory. Any thread; returns at once, without waiting
@@ -294,9 +307,9 @@ void thaw_disk_entry_release(struct thaw_disk_entry *e);
 
 /* Evicts, in this order: roots unused for more than ttl_s seconds; then,
  * while the total (blocks included) is over max_bytes, unreferenced blocks
- * unused for THAW_DISK_STORE_WINDOW_S and the least recently used roots;
- * then every unreferenced block past its grace (block_grace_s), the blocks
- * only those roots named among them: collected. Blocks are never chosen by
+ * nothing holds and the least recently used roots; then every unreferenced
+ * block past its grace (block_grace_s), the blocks only those roots named
+ * among them: collected. Blocks are never chosen by
  * TTL or LRU themselves. Cheap when there is nothing to do (reads the
  * in-memory LRU list head and the list of unreferenced blocks; no I/O).
  * Entries being written are skipped. Returns the number of entries removed

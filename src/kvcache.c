@@ -449,6 +449,13 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
                 thaw_blob_ref(parts[p].data);
         }
         rc = to_blocks(c, slot_id, ns, w);
+        /* its blocks are held until the manifest is queued (blocks.h): the
+         * ids live in the manifest, which the writer may free once it has it */
+        void *held = NULL;
+        const uint8_t *held_ids = NULL;
+        uint32_t n_held = 0;
+        if (rc == 0 && thaw_blocks_manifest_ids(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &held_ids, &n_held) == 0)
+            held = thaw_blob_ref(w[THAW_PART_KV].data);
         if (rc < 0)
             LOG_WRN("slot %d: store of %s to disk dropped: its blocks could not be queued (%s)", slot_id, hex,
                     thaw_strerror(rc));
@@ -463,6 +470,10 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
             LOG_DBG("slot %d: store of %s to disk dropped: %s", slot_id, hex, thaw_strerror(rc));
             for (int p = 0; p < THAW_PART_COUNT; p++)
                 thaw_blob_unref(w[p].data); /* on failure the reference stayed here */
+        }
+        if (held) {
+            thaw_disk_cache_unhold(c->disk, held_ids, n_held);
+            thaw_blob_unref(held);
         }
         if (!c->ram)
             memset(parts, 0, THAW_PART_COUNT * sizeof *parts); /* moved to the writer, or dropped just above */

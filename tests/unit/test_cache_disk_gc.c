@@ -5,10 +5,10 @@
  *   - LRU and TTL evict manifests, then the blocks no manifest names; a
  *     block another manifest names stays, however old;
  *   - a corrupt block is removed at its lookup;
- *   - blocks of a store in progress (manifest queued, or not submitted yet
- *     but within the grace) are not collected; contains() restarts a
- *     block's grace; orphans of a crash go one grace later, also after a
- *     restart;
+ *   - blocks of a store in progress (manifest queued, or held until it
+ *     is) are not collected, even over budget; unnamed blocks keep a grace
+ *     while there is room, none over budget; contains() restarts a block's
+ *     grace; orphans of a crash go one grace later, also after a restart;
  *   - a reopen rebuilds the refcounts from the .idx records;
  *   - a crash at every system call of a store of blocks + manifest, and of
  *     an eviction with its collection: the directory opens clean, never a
@@ -567,13 +567,14 @@ static void test_queued_manifest_keeps_its_blocks(void **state)
     assert_dir_clean(f->dir);
 }
 
-/* The grace: blocks written before their manifest is submitted (the
- * engine thread's few milliseconds; here, 599 s) survive a pass; contains()
+/* The grace: unnamed blocks (written before their manifest, fetched for a
+ * prefix; here, for 599 s) survive a pass within budget; contains()
  * (a store that skips a block it finds present) restarts it; blocks that
  * never get a manifest (a crash between) go one grace after their last use
- * — after a restart, counted from the .idx's mtime. Over budget the grace
- * shrinks to THAW_DISK_STORE_WINDOW_S: the blocks of a conversation just
- * evicted must not cost the next conversation its place. */
+ * — after a restart, counted from the .idx's mtime. Over budget there is
+ * no grace: a store in progress holds its blocks (thaw_disk_cache_hold),
+ * and the blocks of a conversation just evicted must not cost the next
+ * conversation its place. */
 static void test_grace_keeps_store_in_progress(void **state)
 {
     struct fx *f = *state;
@@ -615,8 +616,8 @@ static void test_grace_keeps_store_in_progress(void **state)
     assert_int_equal(stats(f->c).blocks_collected, 2);
     fx_close(f);
 
-    /* Over budget: unnamed blocks go once out of the store window, before
-     * any conversation is evicted for them; those in it stay. */
+    /* Over budget the grace is off: what nothing names or holds goes at
+     * once, before any conversation; a store's held blocks stay. */
     static const unsigned ids_e[] = {5};
     p.max_bytes = 2 * block_bytes() + man_bytes(2) + man_bytes(1); /* D = {5, 6}, E = {5} */
     t1 = f->now = t0 + 10 * GRACE;
@@ -627,17 +628,17 @@ static void test_grace_keeps_store_in_progress(void **state)
     f->now = t1 + 1;
     assert_int_equal(store_man(f->c, 4, ids_e, 1), 0);
     assert_int_equal(thaw_disk_cache_evict(f->c), 0); /* at the budget, not over */
-    f->now = t1 + 20;
-    assert_int_equal(store_block(f->c, 7), 0); /* a store in progress: over budget now */
-    f->now = t1 + 20 + THAW_DISK_STORE_WINDOW_S - 1;
-    assert_int_equal(thaw_disk_cache_evict(f->c), 2); /* D, the LRU, then block 6: 7 is in its window */
+    key_make(key, 7);
+    thaw_disk_cache_hold(f->c, key, 1); /* a store in progress: block 7, its manifest to come */
+    assert_int_equal(store_block(f->c, 7), 0); /* over budget now */
+    assert_int_equal(thaw_disk_cache_evict(f->c), 2); /* D, the LRU, then block 6; 7 is held */
     assert_true(has_block(f, 7) && has_man(f, 4) && has_block(f, 5));
     assert_false(has_man(f, 3) || has_block(f, 6));
-    assert_int_equal(store_block(f->c, 8), 0); /* over again */
-    f->now = t1 + 20 + THAW_DISK_STORE_WINDOW_S + 1;
-    assert_int_equal(thaw_disk_cache_evict(f->c), 1); /* block 7, out of its window; E stays */
-    assert_false(has_block(f, 7));
-    assert_true(has_man(f, 4) && has_block(f, 5) && has_block(f, 8));
+    thaw_disk_cache_unhold(f->c, key, 1); /* the store gave up */
+    assert_int_equal(store_block(f->c, 8), 0); /* nothing names it either */
+    assert_int_equal(thaw_disk_cache_evict(f->c), 2); /* blocks 7 and 8, long before their grace; E stays */
+    assert_false(has_block(f, 7) || has_block(f, 8));
+    assert_true(has_man(f, 4) && has_block(f, 5));
     assert_true(stats(f->c).bytes <= p.max_bytes);
 }
 
