@@ -12,8 +12,9 @@
  * of its own). The caller's classify() says which, once, at store time; the
  * answer lives in the .idx, so this file never reads a state. These
  * invariants hold after a crash at any point (tests/unit/test_cache_disk.c
- * crashes a store at every one of its system calls, a store of blocks then
- * their manifest, and an eviction with its collection, and checks them):
+ * crashes a store at every one of its system calls and checks them;
+ * tests/unit/test_cache_disk_gc.c does the same across a store of blocks
+ * then their manifest, and across an eviction with its collection):
  *
  *   1. A part is written as <name>.tmp, fsynced, closed and renamed into
  *      place; after all parts, the directory is fsynced; then the .idx is
@@ -57,19 +58,20 @@
  *      missing or bad (evicted by another process, corrupt, removed) is not
  *      this file's to judge: the block's own lookup misses or removes it
  *      (5), and the caller serves that root as a miss — never a wrong state.
- *   8. Garbage collection. A block is removed only when no committed root
- *      and no store of a root still in the writer's queue names it, and it
- *      has been unused (written, read, found present by contains()) for
- *      block_grace_s, or for ttl_s if that is shorter (what TTL evicted
- *      must not come back as a prefix), or, over budget or on a full disk,
- *      at once unless a store holds it (thaw_disk_cache_hold: a store
- *      holds its block ids from before it looks for them until its
- *      manifest is submitted; orphan_grace() says why). Removing a block is removal (3): .idx first. An
- *      eviction pass removes its roots before the blocks they orphaned (the
- *      victim chain is in that order), so a crash mid-pass leaves at worst
- *      a root already gone and blocks not yet collected: the next open
- *      finds them unnamed and the next pass collects them. Nothing leaks
- *      for longer than one grace after a restart.
+ *   8. Garbage collection. A block is removed only when no committed root,
+ *      no store of a root still in the writer's queue and no hold names it
+ *      (a store holds its block ids from before it looks for them until its
+ *      manifest is submitted: thaw_disk_cache_hold), and, while there is
+ *      room, it has been unused (written, read, found present by
+ *      contains()) for block_grace_s, or ttl_s if that is shorter (what TTL
+ *      evicted must not come back as a prefix); over budget or on a full
+ *      disk, at once (orphan_grace() says why). Removing a block is
+ *      removal (3): .idx first. An eviction pass removes its roots before
+ *      the blocks they orphaned (the victim chain is in that order), so a
+ *      crash mid-pass leaves at worst a root already gone and blocks not
+ *      yet collected: the next open finds them unnamed and the next pass
+ *      collects them. Nothing leaks for longer than one grace after a
+ *      restart.
  *
  * Concurrency. One mutex (mu) guards the in-memory index, the LRU list, the
  * stats and the writer queue; it is never held across disk I/O. A key whose
@@ -113,8 +115,9 @@
  * a root may name a block not (yet, or any more) on disk. A root adds its
  * refs when committed and drops them when it leaves the index (evicted,
  * removed, found corrupt, replaced); a submitted root adds its refs at
- * submit and its job drops them when the writer is done, so a block
- * written before its manifest commits is named while the manifest waits.
+ * submit and its store hands them to the entry it commits, or drops them
+ * if it fails, under the commit's lock (held_release), so a block written
+ * before its manifest commits is named while the manifest waits.
  * The window that leaves — a block committed (or found present and
  * skipped) before its manifest is even submitted — is closed by holds:
  * the store pins its block ids (thaw_disk_cache_hold, counted in the same
@@ -126,8 +129,9 @@
  * the orphan list; an eviction pass takes, over budget, those nothing
  * holds and then roots by LRU, and finally those past their grace.
  * Under SHARED (`thaw cache gc` beside a running server) the server's
- * queued manifests are invisible: the grace, counted from the block's
- * .idx mtime, keeps its stores in progress safe; a block the server found
+ * holds and queued manifests are invisible: the grace, counted from the
+ * block's .idx mtime and kept even over budget, keeps its stores in
+ * progress safe; a block the server found
  * present and is about to name again may still go if the cli evicts the
  * last root that named it — a miss for that manifest, never a wrong state.
  *
@@ -2616,17 +2620,20 @@ int thaw_disk_cache_evict(struct thaw_disk_cache *c)
      * own: they go with the last root that names them. */
     while (c->ttl_s > 0 && (e = c->lru_head) && now - e->last_used > c->ttl_s)
         (void)take_lru(c, EVICT_TTL, &tail);
-    /* Over budget: what nothing names or holds first, then
-     * roots by LRU, each followed by what it alone named, until within
-     * budget. Then whatever nothing names past its grace: those roots'
-     * blocks among them (the chain keeps every root before its blocks). */
+    /* Over budget: what nothing names or holds first, then roots by LRU,
+     * each followed by what it alone named, until within budget. Then
+     * whatever nothing names past its grace — none after a pass over
+     * budget, so a conversation evicted for room takes its own blocks
+     * along (the chain keeps every root before its blocks). */
+    int pressed = 0;
     while (c->max_bytes > 0 && c->bytes > c->max_bytes) {
+        pressed = 1;
         if (take_orphans(c, now, orphan_grace(c, 1), &tail) > 0)
             continue;
         if (!take_lru(c, EVICT_LRU, &tail))
             break;
     }
-    (void)take_orphans(c, now, orphan_grace(c, 0), &tail);
+    (void)take_orphans(c, now, orphan_grace(c, pressed), &tail);
     *tail = NULL;
     pthread_mutex_unlock(&c->mu);
     return evict_victims(c, victims, now);

@@ -308,8 +308,8 @@ void thaw_disk_entry_release(struct thaw_disk_entry *e);
 /* Evicts, in this order: roots unused for more than ttl_s seconds; then,
  * while the total (blocks included) is over max_bytes, unreferenced blocks
  * nothing holds and the least recently used roots; then every unreferenced
- * block past its grace (block_grace_s), the blocks only those roots named
- * among them: collected. Blocks are never chosen by
+ * block past its grace (block_grace_s; no grace after a pass over budget),
+ * the blocks only those roots named among them: collected. Blocks are never chosen by
  * TTL or LRU themselves. Cheap when there is nothing to do (reads the
  * in-memory LRU list head and the list of unreferenced blocks; no I/O).
  * Entries being written are skipped. Returns the number of entries removed
