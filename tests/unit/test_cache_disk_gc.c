@@ -632,13 +632,13 @@ static void test_grace_keeps_store_in_progress(void **state)
     assert_int_equal(store_man(f->c, 4, ids_e, 1), 0);
     assert_int_equal(thaw_disk_cache_evict(f->c), 0); /* at the budget, not over */
     key_make(key, 7);
-    thaw_disk_cache_hold(f->c, key, 1); /* a store in progress: block 7, its manifest to come */
-    assert_int_equal(store_block(f->c, 7), 0); /* over budget now */
+    thaw_disk_cache_hold(f->c, key, 1);               /* a store in progress: block 7, its manifest to come */
+    assert_int_equal(store_block(f->c, 7), 0);        /* over budget now */
     assert_int_equal(thaw_disk_cache_evict(f->c), 2); /* D, the LRU, then block 6; 7 is held */
     assert_true(has_block(f, 7) && has_man(f, 4) && has_block(f, 5));
     assert_false(has_man(f, 3) || has_block(f, 6));
-    thaw_disk_cache_unhold(f->c, key, 1); /* the store gave up */
-    assert_int_equal(store_block(f->c, 8), 0); /* nothing names it either */
+    thaw_disk_cache_unhold(f->c, key, 1);             /* the store gave up */
+    assert_int_equal(store_block(f->c, 8), 0);        /* nothing names it either */
     assert_int_equal(thaw_disk_cache_evict(f->c), 2); /* blocks 7 and 8, long before their grace; E stays */
     assert_false(has_block(f, 7) || has_block(f, 8));
     assert_true(has_man(f, 4) && has_block(f, 5));
