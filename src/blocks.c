@@ -70,6 +70,8 @@ int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint
     struct thaw_blocks_stats local = {0};
     struct thaw_kvlayout *l = NULL;
     uint8_t(*ids)[THAW_BLOCKS_ID_BYTES] = NULL;
+    uint32_t n_blocks = 0;
+    bool held = false;
     int rc;
 
     *manifest = NULL;
@@ -85,12 +87,16 @@ int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint
         rc = THAW_EINVAL;
         goto out;
     }
-    uint32_t n_blocks = (uint32_t)n / block_tokens;
+    n_blocks = (uint32_t)n / block_tokens;
     if (!(ids = malloc(((size_t)n_blocks + 1) * sizeof *ids))) {
         rc = THAW_ENOMEM;
         goto out;
     }
     thaw_blocks_ids(binding, block_tokens, toks, n, ids);
+    /* Before looking: a block found present must not be collected before
+     * the manifest that names it is queued (blocks.h: the caller unholds) */
+    thaw_disk_cache_hold(c, ids[0], n_blocks);
+    held = true;
     for (uint32_t k = 0; k < n_blocks; k++) {
         if (has_block(c, ids[k])) {
             st->skipped++;
@@ -144,6 +150,8 @@ int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint
     *n_manifest = total;
     rc = 0;
 out:
+    if (rc != 0 && held)
+        thaw_disk_cache_unhold(c, ids[0], n_blocks);
     free(ids);
     thaw_kvlayout_free(l);
     return rc;
@@ -258,6 +266,23 @@ int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids
     *ids = (const uint8_t *)manifest + sizeof h + (size_t)h.n_tokens * 4;
     *n_ids = h.n_blocks;
     return 0;
+}
+
+int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs)
+{
+    uint32_t pos0, cells;
+
+    (void)ud;
+    if (thaw_blocks_is_manifest(kv, n)) {
+        if (thaw_blocks_manifest_ids(kv, n, refs, n_refs) != 0) {
+            *refs = NULL; /* it will not load either: a miss, naming nothing */
+            *n_refs = 0;
+        }
+        return THAW_DISK_KIND_ROOT;
+    }
+    if (thaw_kvlayout_block_info(kv, n, &pos0, &cells) == 0)
+        return THAW_DISK_KIND_BLOCK;
+    return THAW_DISK_KIND_ROOT;
 }
 
 int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_manifest,

@@ -25,10 +25,13 @@
  *   u8  swa[swa_size]     the uncut SWA window section (kvlayout tail)
  *
  * The manifest is submitted after its blocks, to the same FIFO writer, so
- * it commits last: a crash leaves blocks without a manifest (harmless,
- * shared or evicted by LRU), never a manifest whose blocks were not yet
- * written. A manifest whose block went missing or bad since is a miss
- * (the block's own checksum decides, cache_disk.c), never a wrong state.
+ * it commits last: a crash leaves blocks without a manifest (collected once
+ * their grace is over, cache_disk.c), never a manifest whose blocks were
+ * not yet written. The disk tier learns which entries are blocks and which
+ * blocks a manifest names from thaw_blocks_classify at store time: TTL and
+ * LRU act on manifests, and a block goes once no manifest names it. A
+ * manifest whose block went missing or bad since is a miss (the block's
+ * own checksum decides, cache_disk.c), never a wrong state.
  *
  * Blocks hold no sequence id: assembly takes the frame (seq id, streams) of
  * the slot that restores, so a conversation stored from slot 1 under -np 2
@@ -66,6 +69,11 @@ void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const lla
  * those it does not hold (each an entry of one .kv part: the block), and
  * builds the manifest (a blob, blob.h: the caller submits it as the
  * conversation entry's .kv part, or drops it with thaw_blob_unref).
+ * On 0 the manifest's block ids are held (thaw_disk_cache_hold), so that
+ * none is collected before the manifest is queued: the caller, once it has
+ * submitted the manifest (or given up), drops the hold with
+ * thaw_disk_cache_unhold(c, ids, n_ids) of thaw_blocks_manifest_ids() of
+ * the manifest. On an error nothing is held.
  * st (may be NULL) gets the counts. Returns 0, THAW_ELAYOUT (an unknown
  * layout: store the whole state instead), THAW_EINVAL (no cells, or the
  * state does not hold n cells), THAW_ENOMEM. A block the writer drops
@@ -80,6 +88,14 @@ int thaw_blocks_is_manifest(const void *blob, size_t n);
 /* The block ids a manifest names (pointing into it). Returns 0 or
  * THAW_ECORRUPT / THAW_EVERSION (the manifest's lengths are checked). */
 int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids);
+
+/* What a disk entry's .kv is to the disk tier's collector: the classify
+ * callback of struct thaw_disk_cache_params (cache_disk.h), ud unused.
+ * A block returns THAW_DISK_KIND_BLOCK; a manifest THAW_DISK_KIND_ROOT with
+ * *refs / *n_refs its block ids (pointing into kv); anything else (a whole
+ * state, a manifest that does not parse) THAW_DISK_KIND_ROOT naming nothing.
+ * This keeps cache_disk.c free of the formats and the formats here. */
+int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs);
 
 /* A restorable state: a .kv blob in kvstate.h's format (header, tokens,
  * then what llama_state_seq_set_data takes), built in place. Free with

@@ -41,7 +41,8 @@ static const char usage_text[] = "usage: thaw cache <command> DIR [options]\n"
                                  "  gc DIR [--ttl T] [--max MiB]\n"
                                  "                            evict entries unused for more than T (seconds,\n"
                                  "                            or with a unit: 90m, 12h, 3d), then the least\n"
-                                 "                            recently used until the total is <= MiB\n"
+                                 "                            recently used until the total is <= MiB;\n"
+                                 "                            blocks go with the last conversation naming them\n"
                                  "  gc --shared s3://BUCKET/PREFIX [--ttl T] [--endpoint URL] [--dry-run]\n"
                                  "                            the shared tier (--kv-shared) on a store with\n"
                                  "                            no lifecycle rule: delete the objects under\n"
@@ -170,9 +171,16 @@ static int cli_open(struct cli *cli, int readonly, uint64_t max_bytes, int64_t t
     p.log = cli_log;
     p.log_ud = cli;
     p.flags = readonly ? THAW_DISK_CACHE_READONLY : THAW_DISK_CACHE_NO_WRITER;
+    /* Owning the directory (its lock), no server can be mid-store: a block
+     * no manifest names is an orphan of a crash or of an evicted
+     * conversation, with no grace to wait for (cache_disk.c, invariant 8). */
+    p.block_grace_s = 0;
     r = thaw_disk_cache_open(&p, out);
     if (r == THAW_ELOCKED && !readonly) {
+        /* a server's store in progress has blocks its manifest does not
+         * name yet, and its queue is invisible from here: keep the grace */
         p.flags = THAW_DISK_CACHE_SHARED;
+        p.block_grace_s = THAW_DISK_BLOCK_GRACE_DEFAULT;
         r = thaw_disk_cache_open(&p, out);
         if (r == 0 && cli->verbose)
             fprintf(stderr, "thaw cache: a server is using %s: leaving its temporary files alone\n", cli->dir);
@@ -384,6 +392,15 @@ static void print_blocks(const struct cli *cli, const struct list *l)
     free(blocks);
 }
 
+/* Blocks as the disk tier's index sees them (kinds and refs from the .idx). */
+static void print_gc(const struct thaw_disk_cache_stats *st)
+{
+    if (!st->blocks)
+        return;
+    printf("unnamed blocks    %" PRIu64 " (no conversation names them: `thaw cache gc` collects them)\n",
+           st->blocks_unreferenced);
+}
+
 static int cmd_stats(struct cli *cli)
 {
     struct thaw_disk_cache *c;
@@ -434,6 +451,7 @@ static int cmd_stats(struct cli *cli)
     fmt_ago(newest, now, ago);
     printf("most recent use   %s\n", ago);
     print_blocks(cli, &l);
+    print_gc(&st);
     if (st.skipped_entries)
         printf("unreadable        %" PRIu64 " (see `thaw cache verify %s`)\n", st.skipped_entries, cli->dir);
     ret = st.skipped_entries ? 1 : 0; /* as ls: the totals leave them out */
@@ -514,7 +532,7 @@ static int cmd_gc(struct cli *cli, int64_t ttl_s, uint64_t max_bytes)
 {
     struct thaw_disk_cache *c;
     struct thaw_disk_cache_stats before, after;
-    char freed[24], left[24];
+    char freed[24], left[24], blocks[24];
     int n;
 
     if (cli_open(cli, 0, max_bytes, ttl_s, &c))
@@ -525,7 +543,13 @@ static int cmd_gc(struct cli *cli, int64_t ttl_s, uint64_t max_bytes)
     thaw_disk_cache_get_stats(c, &after);
     thaw_fmt_bytes(before.bytes - after.bytes, freed);
     thaw_fmt_bytes(after.bytes, left);
+    uint64_t collected = after.blocks_collected;
+    n -= (int)collected; /* the rest were conversations (manifests, whole states) */
     printf("evicted %d %s (%s)", n, n == 1 ? "entry" : "entries", freed);
+    thaw_fmt_bytes(after.block_bytes_collected, blocks);
+    if (collected)
+        printf(", collected %" PRIu64 " block%s no conversation names (%s of it)", collected,
+               collected == 1 ? "" : "s", blocks);
     if (after.swept_files)
         printf(", swept %" PRIu64 " leftover file%s", after.swept_files, after.swept_files == 1 ? "" : "s");
     if (after.corrupt_removed)

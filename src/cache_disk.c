@@ -1,12 +1,20 @@
-/* cache_disk.c — the on-disk store: entries, invariants, sweep, eviction.
+/* cache_disk.c — the on-disk store: entries, invariants, sweep, eviction,
+ * garbage collection of blocks.
  *
  * ---- NOTES ON THE DESIGN OF THE STORE ------------------------------------
  *
  * An entry is the files <key>.kv, <key>.ckpt, <key>.dft (the parts; only .kv
  * is mandatory) and <key>.idx (the index record: sizes and XXH3-64 checksums
- * of the parts, fingerprint, token count, meta, its own checksum). These
+ * of the parts, fingerprint, token count, meta, kind, the keys of the blocks
+ * it names, its own checksum). An entry is a ROOT (a whole state, or a
+ * manifest naming blocks: TTL and LRU choose among these) or a BLOCK (a
+ * content-addressed piece of state that roots name; it has no TTL or LRU
+ * of its own). The caller's classify() says which, once, at store time; the
+ * answer lives in the .idx, so this file never reads a state. These
  * invariants hold after a crash at any point (tests/unit/test_cache_disk.c
- * crashes a store at every one of its system calls and checks them):
+ * crashes a store at every one of its system calls and checks them;
+ * tests/unit/test_cache_disk_gc.c does the same across a store of blocks
+ * then their manifest, and across an eviction with its collection):
  *
  *   1. A part is written as <name>.tmp, fsynced, closed and renamed into
  *      place; after all parts, the directory is fsynced; then the .idx is
@@ -43,6 +51,27 @@
  *      ever used.
  *   6. Files are created 0600 (O_EXCL|O_NOFOLLOW) in a 0700 directory; a
  *      looser directory is chmod()ed to 0700 at open, or open fails.
+ *   7. Blocks commit before the root that names them: the caller submits
+ *      them first to the one FIFO writer, so a crash between leaves blocks
+ *      that nothing names (collected, 8), never a committed manifest naming
+ *      a block that was not yet written. A root naming a block that is
+ *      missing or bad (evicted by another process, corrupt, removed) is not
+ *      this file's to judge: the block's own lookup misses or removes it
+ *      (5), and the caller serves that root as a miss — never a wrong state.
+ *   8. Garbage collection. A block is removed only when no committed root,
+ *      no store of a root still in the writer's queue and no hold names it
+ *      (a store holds its block ids from before it looks for them until its
+ *      manifest is submitted: thaw_disk_cache_hold), and, while there is
+ *      room, it has been unused (written, read, found present by
+ *      contains()) for block_grace_s, or ttl_s if that is shorter (what TTL
+ *      evicted must not come back as a prefix); over budget or on a full
+ *      disk, at once (orphan_grace() says why). Removing a block is
+ *      removal (3): .idx first. An eviction pass removes its roots before
+ *      the blocks they orphaned (the victim chain is in that order), so a
+ *      crash mid-pass leaves at worst a root already gone and blocks not
+ *      yet collected: the next open finds them unnamed and the next pass
+ *      collects them. Nothing leaks for longer than one grace after a
+ *      restart.
  *
  * Concurrency. One mutex (mu) guards the in-memory index, the LRU list, the
  * stats and the writer queue; it is never held across disk I/O. A key whose
@@ -74,8 +103,41 @@
  * file is never "continued" (fsync errors are not retryable).
  *
  * Last use. Stored as the .idx file's mtime: set when the .idx is written
- * and on every hit with one utimensat() (not fsynced — a lost update only
- * makes the entry look older), read back at open. TTL counts from last use.
+ * and on every hit of a root with one utimensat() (not fsynced — a lost
+ * update only makes the entry look older), read back at open. TTL counts
+ * from last use. A block's last use is kept in memory only (a restore
+ * reads hundreds of blocks; one syscall each would be waste): it only
+ * times the grace of a block nothing names, which a restart restarts.
+ *
+ * Refcounts. Built at open from every root's .idx (the refs are in the
+ * record, checksummed with it; a few KiB per manifest) and kept in a map
+ * of block key -> how many roots name it, apart from the entries, because
+ * a root may name a block not (yet, or any more) on disk. A root adds its
+ * refs when committed and drops them when it leaves the index (evicted,
+ * removed, found corrupt, replaced); a submitted root adds its refs at
+ * submit and its store hands them to the entry it commits, or drops them
+ * if it fails, under the commit's lock (held_release), so a block written
+ * before its manifest commits is named while the manifest waits.
+ * The window that leaves — a block committed (or found present and
+ * skipped) before its manifest is even submitted — is closed by holds:
+ * the store pins its block ids (thaw_disk_cache_hold, counted in the same
+ * map) before it looks for them and drops the pin after the submit.
+ * block_grace_s is the life of a block nothing names or holds — fetched
+ * for a prefix lookup, left by a crash between blocks and manifest, or
+ * of a conversation just removed — when there is room; over budget such
+ * blocks go first, before any conversation. Blocks no root names are on
+ * the orphan list; an eviction pass takes, over budget, those nothing
+ * holds and then roots by LRU, and finally those past their grace.
+ * Under SHARED (`thaw cache gc` beside a running server) the server's
+ * holds and queued manifests are invisible: the grace, counted from the
+ * block's .idx mtime and kept even over budget, keeps its stores in
+ * progress safe; a block the server found
+ * present and is about to name again may still go if the cli evicts the
+ * last root that named it — a miss for that manifest, never a wrong state.
+ *
+ * Format versions. An .idx of another version is treated as corrupt
+ * (invariant 4): version 1 had no kind nor refs, and guessing them would
+ * mean reading states; a cache directory from before blocks is swept once.
  *
  * Fingerprints. An .idx names the fingerprint (model + context settings) it
  * was written under. Keys are already bound to the fingerprint by the
@@ -83,31 +145,35 @@
  * but the entry is kept (counted, evicted by TTL/LRU), because the same
  * directory may serve that model again after a restart.
  *
- * ---- the .idx record, format version 1 (little-endian) -----------------
+ * ---- the .idx record, format version 2 (little-endian) -----------------
  *
  *   off  size
  *     0     8  magic "THAWIDX\0"
- *     8     4  format version (1)
- *    12     4  flags: bit p = part p present (THAW_PART_*); other bits 0
+ *     8     4  format version (2)
+ *    12     4  flags: bit p = part p present (THAW_PART_*); bit 8 = a block;
+ *              other bits 0
  *    16    32  key (must equal the file name's)
  *    48    32  model fingerprint
  *    80     4  n_tokens
  *    84     4  n_meta (<= THAW_DISK_META_MAX)
  *    88     8  created, Unix seconds (int64)
  *    96  3x16  per part p: size (u64; 0 iff absent), XXH3-64 (u64; 0 if absent)
- *   144  n_meta  caller's meta bytes
- *   144+n_meta  8  XXH3-64 of bytes [0, 144+n_meta)
+ *   144     4  n_refs (<= THAW_DISK_REFS_MAX; 0 for a block)
+ *   148     4  reserved, 0
+ *   152  n_meta  caller's meta bytes
+ *   152+n_meta  32*n_refs  keys of the blocks the entry names
+ *   end-8   8  XXH3-64 of every byte before it
  *
  * Map of this file:
  *   ---- helpers ----        hex, little-endian, paths, logging, clock
  *   ---- idx record ----     encode / parse
- *   ---- in-memory index ---- hash table, LRU list, claims
+ *   ---- in-memory index ---- hash table, LRU and orphan lists, refcounts, claims
  *   ---- file I/O ----       durable writes, removal, reading and mapping
  *   ---- open / close ----   directory, lock, sweep, writer start/stop
  *   ---- store ----          synchronous store, writer thread, submit, flush
  *   ---- lookup ----         lookup, prefetch, entry accessors, .dft drop, verify
- *   ---- evict / remove ---- TTL then LRU, room on a full disk, removal,
- *                            listing, stats
+ *   ---- evict / remove ---- TTL, unreferenced blocks, LRU, room on a full
+ *                            disk, removal, listing, stats
  */
 #include "cache_disk.h"
 
@@ -132,7 +198,7 @@
 #define HEX_LEN (2 * THAW_KEY_BYTES)
 
 #define IDX_MAGIC "THAWIDX" /* 8 bytes with its NUL */
-#define IDX_VERSION 1u
+#define IDX_VERSION 2u
 #define IDX_OFF_VERSION 8
 #define IDX_OFF_FLAGS 12
 #define IDX_OFF_KEY 16
@@ -141,12 +207,16 @@
 #define IDX_OFF_NMETA 84
 #define IDX_OFF_CREATED 88
 #define IDX_OFF_PARTS 96 /* THAW_PART_COUNT x { u64 size; u64 xxh3; } */
-#define IDX_OFF_META 144
+#define IDX_OFF_NREFS 144
+#define IDX_OFF_RESERVED 148
+#define IDX_OFF_META 152
 #define IDX_TRAILER 8
-#define IDX_SIZE(n_meta) ((size_t)IDX_OFF_META + (n_meta) + IDX_TRAILER)
+#define IDX_SIZE(n_meta, n_refs) ((size_t)IDX_OFF_META + (n_meta) + (size_t)(n_refs) * THAW_KEY_BYTES + IDX_TRAILER)
+#define IDX_SIZE_MAX IDX_SIZE(THAW_DISK_META_MAX, THAW_DISK_REFS_MAX)
 #define IDX_PART_MASK ((1u << THAW_PART_COUNT) - 1)
+#define IDX_FLAG_BLOCK (1u << 8)
 
-_Static_assert(IDX_OFF_PARTS + 16 * THAW_PART_COUNT == IDX_OFF_META, "idx layout");
+_Static_assert(IDX_OFF_PARTS + 16 * THAW_PART_COUNT == IDX_OFF_NREFS, "idx layout");
 _Static_assert(sizeof IDX_MAGIC == 8, "idx magic");
 
 static const char *const part_ext[THAW_PART_COUNT] = {".kv", ".ckpt", ".dft"};
@@ -163,17 +233,45 @@ struct ent {
     int64_t last_used; /* Unix seconds */
     uint64_t gen;      /* bumped when a claim ends: see the notes */
     int busy;          /* a claim owns the key's files */
-    int live;          /* committed; then on the LRU list */
+    int live;          /* committed; then on a list (below) */
+    int is_block;      /* THAW_DISK_KIND_BLOCK: never on the LRU list */
+    int listed;        /* enum listed: which list prev/next link */
     int evict_why;     /* as an eviction victim: enum evict_why */
+    uint8_t (*refs)[THAW_KEY_BYTES]; /* a root's blocks; counted in the refcount map while set */
+    uint32_t n_refs;
     struct ent *hnext; /* hash chain */
-    struct ent *prev;  /* LRU list: head = least recently used */
-    struct ent *next;  /* LRU list; reused for eviction's victim chain */
+    struct ent *prev;  /* LRU or orphan list: head = least recently used / oldest orphan */
+    struct ent *next;  /* same; reused for eviction's victim chain */
+};
+
+enum listed {
+    LIST_NONE,   /* not live, or a block some root names */
+    LIST_LRU,    /* a live root */
+    LIST_ORPHAN, /* a live block no root names: collected after its grace */
 };
 
 enum evict_why {
     EVICT_TTL,    /* unused for more than ttl_s */
     EVICT_LRU,    /* least recently used, total over max_bytes */
     EVICT_ENOSPC, /* least recently used, to make room on a full disk */
+    EVICT_GC,     /* a block no root names, unused for block_grace_s */
+};
+
+/* How many roots name a block key (committed roots, and stores of roots
+ * still in the writer's queue), plus the holds of stores in progress. Keyed apart from the entries: a root may
+ * name a block that is not (or not yet, or no longer) on disk, and the count
+ * must be right when it arrives. Absent = 0. */
+struct refc {
+    uint8_t key[THAW_KEY_BYTES];
+    uint32_t n;
+    struct refc *hnext;
+};
+
+/* What classify() said of an entry's .kv (pointers into it). */
+struct links {
+    int is_block;
+    const uint8_t *refs; /* n_refs x THAW_KEY_BYTES */
+    uint32_t n_refs;
 };
 
 /* A store waiting for the writer thread; owns its buffers. */
@@ -183,6 +281,8 @@ struct job {
     struct thaw_part_blob parts[THAW_PART_COUNT];
     void *meta;
     size_t n_meta;
+    struct links links; /* refs point into parts[THAW_PART_KV]; counted from submit
+                         * until its store commits or fails (held_release) */
     uint64_t bytes;   /* parts + .idx: what it counts in queue_bytes */
     struct job *next; /* FIFO */
 };
@@ -198,6 +298,9 @@ struct thaw_disk_cache {
     void *log_ud;
     int64_t (*now)(void *ud);
     void *now_ud;
+    int (*classify)(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs);
+    void *classify_ud;
+    int64_t block_grace_s;
     int lock_fd; /* -1 when SHARED */
 
     pthread_mutex_t mu;
@@ -205,9 +308,14 @@ struct thaw_disk_cache {
     struct ent **buckets;
     size_t n_buckets; /* power of two */
     size_t n_ents;    /* in the hash, busy ones included */
-    struct ent *lru_head, *lru_tail;
+    struct ent *lru_head, *lru_tail;   /* live roots, least recently used first */
+    struct ent *orph_head, *orph_tail; /* live blocks no root names, in the order they lost it */
     uint64_t n_live;
     uint64_t bytes; /* of live entries */
+    uint64_t n_blocks, block_bytes, n_orphans; /* of live blocks */
+    struct refc **rc_buckets;
+    size_t rc_n_buckets; /* power of two */
+    size_t rc_n;
     struct thaw_disk_cache_stats st;
 
     /* writer */
@@ -370,11 +478,11 @@ static double mono_ms(void)
 
 /* ---- idx record --------------------------------------------------------- */
 
-/* Encodes idx (with meta of idx->n_meta bytes) into a malloc'd buffer of
- * IDX_SIZE(n_meta) bytes. 0 or THAW_ENOMEM. */
+/* Encodes idx (with meta of idx->n_meta bytes and idx->n_refs refs) into a
+ * malloc'd buffer of IDX_SIZE(n_meta, n_refs) bytes. 0 or THAW_ENOMEM. */
 static int idx_encode(const struct thaw_disk_idx *idx, uint8_t **out, size_t *n)
 {
-    size_t len = IDX_SIZE(idx->n_meta);
+    size_t len = IDX_SIZE(idx->n_meta, idx->n_refs);
     uint8_t *b = calloc(1, len);
     uint32_t flags = 0;
 
@@ -388,14 +496,19 @@ static int idx_encode(const struct thaw_disk_idx *idx, uint8_t **out, size_t *n)
         put_u64(b + IDX_OFF_PARTS + 16 * p, idx->size[p]);
         put_u64(b + IDX_OFF_PARTS + 16 * p + 8, idx->size[p] ? idx->xxh3[p] : 0);
     }
+    if (idx->is_block)
+        flags |= IDX_FLAG_BLOCK;
     put_u32(b + IDX_OFF_FLAGS, flags);
     memcpy(b + IDX_OFF_KEY, idx->key, THAW_KEY_BYTES);
     memcpy(b + IDX_OFF_FP, idx->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
     put_u32(b + IDX_OFF_NTOK, idx->n_tokens);
     put_u32(b + IDX_OFF_NMETA, idx->n_meta);
     put_u64(b + IDX_OFF_CREATED, (uint64_t)idx->created);
+    put_u32(b + IDX_OFF_NREFS, idx->n_refs);
     if (idx->n_meta)
         memcpy(b + IDX_OFF_META, idx->meta, idx->n_meta);
+    if (idx->n_refs)
+        memcpy(b + IDX_OFF_META + idx->n_meta, idx->refs, (size_t)idx->n_refs * THAW_KEY_BYTES);
     put_u64(b + len - IDX_TRAILER, XXH3_64bits(b, len - IDX_TRAILER));
     *out = b;
     *n = len;
@@ -405,21 +518,25 @@ static int idx_encode(const struct thaw_disk_idx *idx, uint8_t **out, size_t *n)
 int thaw_disk_idx_parse(const void *buf, size_t n, struct thaw_disk_idx *out)
 {
     const uint8_t *b = buf;
-    uint32_t flags, n_meta;
+    uint32_t flags, n_meta, n_refs;
 
     if (!b || n < IDX_OFF_VERSION + 4 || memcmp(b, IDX_MAGIC, 8) != 0)
         return THAW_ECORRUPT;
     if (get_u32(b + IDX_OFF_VERSION) != IDX_VERSION)
         return THAW_EVERSION;
-    if (n < IDX_SIZE(0) || n > IDX_SIZE(THAW_DISK_META_MAX))
+    if (n < IDX_SIZE(0, 0) || n > IDX_SIZE_MAX)
         return THAW_ECORRUPT;
     n_meta = get_u32(b + IDX_OFF_NMETA);
-    if (n_meta > THAW_DISK_META_MAX || IDX_SIZE(n_meta) != n)
+    n_refs = get_u32(b + IDX_OFF_NREFS);
+    if (n_meta > THAW_DISK_META_MAX || n_refs > THAW_DISK_REFS_MAX || IDX_SIZE(n_meta, n_refs) != n ||
+        get_u32(b + IDX_OFF_RESERVED) != 0)
         return THAW_ECORRUPT;
     if (get_u64(b + n - IDX_TRAILER) != XXH3_64bits(b, n - IDX_TRAILER))
         return THAW_ECORRUPT;
     flags = get_u32(b + IDX_OFF_FLAGS);
-    if ((flags & ~IDX_PART_MASK) || !(flags & (1u << THAW_PART_KV)))
+    if ((flags & ~(IDX_PART_MASK | IDX_FLAG_BLOCK)) || !(flags & (1u << THAW_PART_KV)))
+        return THAW_ECORRUPT;
+    if ((flags & IDX_FLAG_BLOCK) && n_refs) /* blocks name nothing: no chains to follow */
         return THAW_ECORRUPT;
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         uint64_t size = get_u64(b + IDX_OFF_PARTS + 16 * p);
@@ -439,6 +556,9 @@ int thaw_disk_idx_parse(const void *buf, size_t n, struct thaw_disk_idx *out)
     out->created = (int64_t)get_u64(b + IDX_OFF_CREATED);
     out->n_meta = n_meta;
     out->meta = n_meta ? b + IDX_OFF_META : NULL;
+    out->is_block = (flags & IDX_FLAG_BLOCK) != 0;
+    out->n_refs = n_refs;
+    out->refs = n_refs ? b + IDX_OFF_META + n_meta : NULL;
     return 0;
 }
 
@@ -506,48 +626,207 @@ static void index_unlink(struct thaw_disk_cache *c, struct ent *e)
     }
 }
 
-static void lru_append(struct thaw_disk_cache *c, struct ent *e)
+/* The LRU list (live roots) and the orphan list (live blocks no root
+ * names) share the prev/next links: an entry is on at most one. */
+static void list_append(struct ent **head, struct ent **tail, struct ent *e)
 {
     e->next = NULL;
-    e->prev = c->lru_tail;
-    if (c->lru_tail)
-        c->lru_tail->next = e;
+    e->prev = *tail;
+    if (*tail)
+        (*tail)->next = e;
     else
-        c->lru_head = e;
-    c->lru_tail = e;
+        *head = e;
+    *tail = e;
 }
 
-static void lru_unlink(struct thaw_disk_cache *c, struct ent *e)
+static void list_unlink(struct ent **head, struct ent **tail, struct ent *e)
 {
     if (e->prev)
         e->prev->next = e->next;
     else
-        c->lru_head = e->next;
+        *head = e->next;
     if (e->next)
         e->next->prev = e->prev;
     else
-        c->lru_tail = e->prev;
+        *tail = e->prev;
     e->prev = e->next = NULL;
 }
 
-/* Makes e live again: on the LRU list and in the totals. */
+static void lru_append(struct thaw_disk_cache *c, struct ent *e)
+{
+    list_append(&c->lru_head, &c->lru_tail, e);
+    e->listed = LIST_LRU;
+}
+
+static void orphan_append(struct thaw_disk_cache *c, struct ent *e)
+{
+    list_append(&c->orph_head, &c->orph_tail, e);
+    e->listed = LIST_ORPHAN;
+    c->n_orphans++;
+}
+
+/* Takes e off whichever list it is on. */
+static void list_leave(struct thaw_disk_cache *c, struct ent *e)
+{
+    if (e->listed == LIST_LRU) {
+        list_unlink(&c->lru_head, &c->lru_tail, e);
+    } else if (e->listed == LIST_ORPHAN) {
+        list_unlink(&c->orph_head, &c->orph_tail, e);
+        c->n_orphans--;
+    }
+    e->listed = LIST_NONE;
+}
+
+/* ---- refcounts: how many roots name each block key ---- */
+
+static size_t rc_bucket(const struct thaw_disk_cache *c, const uint8_t *key)
+{
+    return (size_t)XXH3_64bits(key, THAW_KEY_BYTES) & (c->rc_n_buckets - 1);
+}
+
+static struct refc *refc_find(const struct thaw_disk_cache *c, const uint8_t *key)
+{
+    struct refc *r = c->rc_buckets[rc_bucket(c, key)];
+
+    while (r && memcmp(r->key, key, THAW_KEY_BYTES) != 0)
+        r = r->hnext;
+    return r;
+}
+
+static uint32_t refc_get(const struct thaw_disk_cache *c, const uint8_t *key)
+{
+    const struct refc *r = refc_find(c, key);
+
+    return r ? r->n : 0;
+}
+
+static void refc_grow(struct thaw_disk_cache *c)
+{
+    size_t n = c->rc_n_buckets * 2;
+    struct refc **b = calloc(n, sizeof *b);
+
+    if (!b)
+        return; /* longer chains, still correct */
+    for (size_t i = 0; i < c->rc_n_buckets; i++) {
+        struct refc *r = c->rc_buckets[i], *next;
+
+        for (; r; r = next) {
+            size_t h = (size_t)XXH3_64bits(r->key, THAW_KEY_BYTES) & (n - 1);
+
+            next = r->hnext;
+            r->hnext = b[h];
+            b[h] = r;
+        }
+    }
+    free(c->rc_buckets);
+    c->rc_buckets = b;
+    c->rc_n_buckets = n;
+}
+
+/* One more root names each of refs[0, n): a block among them that was
+ * unreferenced leaves the orphan list. Out of memory leaves a count short,
+ * which can only cost a miss (the block may be collected while named; a
+ * missing block is a miss), never a wrong state. */
+static void refs_add(struct thaw_disk_cache *c, const uint8_t *refs, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *key = refs + (size_t)i * THAW_KEY_BYTES;
+        struct refc *r = refc_find(c, key);
+
+        if (!r) {
+            struct ent *b;
+
+            if (!(r = calloc(1, sizeof *r)))
+                continue;
+            if (c->rc_n >= c->rc_n_buckets)
+                refc_grow(c);
+            memcpy(r->key, key, THAW_KEY_BYTES);
+            size_t h = rc_bucket(c, key);
+            r->hnext = c->rc_buckets[h];
+            c->rc_buckets[h] = r;
+            c->rc_n++;
+            if ((b = index_find(c, key)) && b->listed == LIST_ORPHAN)
+                list_leave(c, b);
+        }
+        r->n++;
+    }
+}
+
+/* One root fewer names each of refs[0, n): a live block nobody names any
+ * more joins the orphan list (collected once past its grace). */
+static void refs_drop(struct thaw_disk_cache *c, const uint8_t *refs, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *key = refs + (size_t)i * THAW_KEY_BYTES;
+        struct refc **pp = &c->rc_buckets[rc_bucket(c, key)], *r;
+        struct ent *b;
+
+        while (*pp && memcmp((*pp)->key, key, THAW_KEY_BYTES) != 0)
+            pp = &(*pp)->hnext;
+        if (!(r = *pp) || --r->n > 0)
+            continue;
+        *pp = r->hnext;
+        c->rc_n--;
+        free(r);
+        if ((b = index_find(c, key)) && b->live && b->is_block && b->listed == LIST_NONE)
+            orphan_append(c, b);
+    }
+}
+
+/* Gives root e the refs list `refs` (malloc'd, n keys; e owns it now),
+ * counting it before the old one is dropped, so that a block both name
+ * never looks unreferenced. */
+static void ent_set_refs(struct thaw_disk_cache *c, struct ent *e, uint8_t (*refs)[THAW_KEY_BYTES], uint32_t n)
+{
+    uint8_t(*old)[THAW_KEY_BYTES] = e->refs;
+    uint32_t n_old = e->n_refs;
+
+    if (n)
+        refs_add(c, refs[0], n);
+    e->refs = refs;
+    e->n_refs = n;
+    if (n_old)
+        refs_drop(c, old[0], n_old);
+    free(old);
+}
+
+/* Frees e, dropping what its refs counted. */
+static void ent_free(struct thaw_disk_cache *c, struct ent *e)
+{
+    ent_set_refs(c, e, NULL, 0);
+    free(e);
+}
+
+/* Makes e live again: on its list and in the totals. A block goes on the
+ * orphan list when no root names it. */
 static void ent_commit(struct thaw_disk_cache *c, struct ent *e)
 {
     e->live = 1;
-    lru_append(c, e);
     c->n_live++;
     c->bytes += e->bytes;
+    if (!e->is_block) {
+        lru_append(c, e);
+        return;
+    }
+    c->n_blocks++;
+    c->block_bytes += e->bytes;
+    if (refc_get(c, e->key) == 0)
+        orphan_append(c, e);
 }
 
-/* Takes e out of the LRU list and the totals (it stays in the hash). */
+/* Takes e out of its list and the totals (it stays in the hash). */
 static void ent_uncommit(struct thaw_disk_cache *c, struct ent *e)
 {
     if (!e->live)
         return;
-    lru_unlink(c, e);
+    list_leave(c, e);
     e->live = 0;
     c->n_live--;
     c->bytes -= e->bytes;
+    if (e->is_block) {
+        c->n_blocks--;
+        c->block_bytes -= e->bytes;
+    }
 }
 
 /* Claims key for changing its files, waiting while another claim holds it.
@@ -586,7 +865,7 @@ static struct ent *claim_try(struct thaw_disk_cache *c, const uint8_t *key, uint
 }
 
 /* Ends a claim: committed puts e back live (its fields describe the files),
- * otherwise it leaves the index and is freed. */
+ * otherwise it leaves the index and is freed (what it named is dropped). */
 static void claim_end(struct thaw_disk_cache *c, struct ent *e, int committed)
 {
     e->busy = 0;
@@ -595,7 +874,7 @@ static void claim_end(struct thaw_disk_cache *c, struct ent *e, int committed)
         ent_commit(c, e);
     } else {
         index_unlink(c, e);
-        free(e);
+        ent_free(c, e);
     }
     pthread_cond_broadcast(&c->key_cond);
 }
@@ -706,8 +985,7 @@ static int read_idx(struct thaw_disk_cache *c, const char *hex, uint8_t **buf, s
     ret = v->fstat(v, fd, &st);
     if (ret)
         goto out_close;
-    if (!S_ISREG(st.st_mode) || st.st_size < (off_t)IDX_SIZE(0) ||
-        st.st_size > (off_t)IDX_SIZE(THAW_DISK_META_MAX)) {
+    if (!S_ISREG(st.st_mode) || st.st_size < (off_t)IDX_SIZE(0, 0) || st.st_size > (off_t)IDX_SIZE_MAX) {
         ret = THAW_ECORRUPT;
         goto out_close;
     }
@@ -795,6 +1073,7 @@ struct thaw_disk_cache_params thaw_disk_cache_default_params(void)
     memset(&p, 0, sizeof p);
     p.ttl_s = 259200;
     p.queue_max_bytes = THAW_DISK_QUEUE_MAX_BYTES_DEFAULT;
+    p.block_grace_s = THAW_DISK_BLOCK_GRACE_DEFAULT;
     return p;
 }
 
@@ -1030,6 +1309,15 @@ static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep,
     e->created = idx.created;
     e->last_used = (int64_t)st.st_mtim.tv_sec;
     e->bytes = (uint64_t)st.st_size;
+    e->is_block = idx.is_block;
+    if (idx.n_refs) {
+        if (!(e->refs = malloc((size_t)idx.n_refs * THAW_KEY_BYTES))) {
+            ret = THAW_ENOMEM;
+            goto out;
+        }
+        memcpy(e->refs, idx.refs, (size_t)idx.n_refs * THAW_KEY_BYTES);
+        e->n_refs = idx.n_refs;
+    }
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         struct stat ps;
 
@@ -1062,6 +1350,10 @@ static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep,
     }
     (*loaded)[(*n_loaded)++] = e;
     index_insert(c, e);
+    /* counted now, before any block is committed: load_dir commits them
+     * all afterwards, so a block sees every root that names it */
+    if (e->n_refs)
+        refs_add(c, e->refs[0], e->n_refs);
     e = NULL;
     goto sweep_parts;
 
@@ -1107,6 +1399,8 @@ sweep_parts:
         }
     }
 out:
+    if (e)
+        free(e->refs);
     free(e);
     free(buf);
     return ret ? ret : removed;
@@ -1173,10 +1467,20 @@ static void free_index(struct thaw_disk_cache *c)
 
         for (; e; e = next) {
             next = e->hnext;
+            free(e->refs);
             free(e);
         }
     }
     free(c->buckets);
+    for (size_t i = 0; c->rc_buckets && i < c->rc_n_buckets; i++) {
+        struct refc *r = c->rc_buckets[i], *next;
+
+        for (; r; r = next) {
+            next = r->hnext;
+            free(r);
+        }
+    }
+    free(c->rc_buckets);
 }
 
 int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_disk_cache **out)
@@ -1186,7 +1490,7 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     size_t len;
     int ret;
 
-    if (!p || !out || !p->dir || !p->dir[0] || p->ttl_s < 0)
+    if (!p || !out || !p->dir || !p->dir[0] || p->ttl_s < 0 || p->block_grace_s < 0)
         return THAW_EINVAL;
     len = strlen(p->dir);
     while (len > 1 && p->dir[len - 1] == '/')
@@ -1201,8 +1505,10 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     c->dir = strndup(p->dir, len);
     c->n_buckets = 64;
     c->buckets = calloc(c->n_buckets, sizeof *c->buckets);
+    c->rc_n_buckets = 64;
+    c->rc_buckets = calloc(c->rc_n_buckets, sizeof *c->rc_buckets);
     c->q_max_bytes = p->queue_max_bytes;
-    if (!c->dir || !c->buckets) {
+    if (!c->dir || !c->buckets || !c->rc_buckets) {
         ret = THAW_ENOMEM;
         goto err_free;
     }
@@ -1219,6 +1525,9 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     c->log_ud = p->log_ud;
     c->now = p->now ? p->now : default_now;
     c->now_ud = p->now_ud;
+    c->classify = p->classify;
+    c->classify_ud = p->classify_ud;
+    c->block_grace_s = p->block_grace_s;
     if (pthread_mutex_init(&c->mu, NULL)) {
         ret = THAW_ENOMEM;
         goto err_free;
@@ -1257,15 +1566,16 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
         c->has_writer = 1;
     }
     thaw_fmt_bytes(c->bytes, bytes);
-    logf_(c, THAW_LOG_INFO, "disk cache: %s: %llu entr%s, %s%s", c->dir,
-          (unsigned long long)c->n_live, c->n_live == 1 ? "y" : "ies", bytes,
-          c->st.swept_files ? " (swept leftovers of an interrupted run)" : "");
+    logf_(c, THAW_LOG_INFO, "disk cache: %s: %llu entr%s (%llu blocks, %llu named by none), %s%s", c->dir,
+          (unsigned long long)c->n_live, c->n_live == 1 ? "y" : "ies", (unsigned long long)c->n_blocks,
+          (unsigned long long)c->n_orphans, bytes, c->st.swept_files ? " (swept leftovers of an interrupted run)" : "");
     *out = c;
     return 0;
 
 err_index:
     free_index(c);
     c->buckets = NULL;
+    c->rc_buckets = NULL;
     if (c->lock_fd >= 0)
         (void)c->vfs->close(c->vfs, c->lock_fd);
 err_q_idle:
@@ -1278,6 +1588,7 @@ err_mutex:
     pthread_mutex_destroy(&c->mu);
 err_free:
     free(c->buckets);
+    free(c->rc_buckets);
     free(c->dir);
     free(c);
     return ret;
@@ -1324,10 +1635,25 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c)
 
 /* ---- store -------------------------------------------------------------- */
 
-/* The checks store and submit share. 0, THAW_EINVAL or THAW_ETOOBIG. */
+/* What the caller's classify() says the entry is (params: classify). */
+static void classify_kv(const struct thaw_disk_cache *c, const struct thaw_part_blob *kv, struct links *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!c->classify || !kv->data)
+        return;
+    out->is_block = c->classify(c->classify_ud, kv->data, kv->size, &out->refs, &out->n_refs) == THAW_DISK_KIND_BLOCK;
+    if (out->is_block || !out->refs) {
+        out->refs = NULL; /* a block names nothing */
+        out->n_refs = 0;
+    }
+}
+
+/* The checks store and submit share; *ln gets what the entry is (known,
+ * when the caller classified it already, else classify()). 0, THAW_EINVAL
+ * or THAW_ETOOBIG. */
 static int store_check(const struct thaw_disk_cache *c, const uint8_t *key,
                        const struct thaw_part_blob *parts, const void *meta, size_t n_meta,
-                       uint64_t *total)
+                       const struct links *known, struct links *ln, uint64_t *total)
 {
     uint64_t sum;
 
@@ -1337,7 +1663,13 @@ static int store_check(const struct thaw_disk_cache *c, const uint8_t *key,
         return THAW_EINVAL;
     if (n_meta > THAW_DISK_META_MAX)
         return THAW_ETOOBIG;
-    sum = IDX_SIZE(n_meta);
+    if (known)
+        *ln = *known;
+    else
+        classify_kv(c, &parts[THAW_PART_KV], ln);
+    if (ln->n_refs > THAW_DISK_REFS_MAX)
+        return THAW_ETOOBIG;
+    sum = IDX_SIZE(n_meta, ln->n_refs);
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         if (parts[p].size && !parts[p].data)
             return THAW_EINVAL;
@@ -1419,13 +1751,27 @@ err_remove:
 static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, int err,
                      int round);
 
-int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                          uint32_t n_tokens, const struct thaw_part_blob parts[THAW_PART_COUNT],
-                          const void *meta, size_t n_meta)
+/* The refs of a queued store were counted at submit (held); its store
+ * hands them to the entry it commits, or drops them when it fails, under
+ * the lock of the commit, so its blocks are never unnamed in between (an
+ * eviction pass right after would collect them). With c->mu held. */
+static void held_release(struct thaw_disk_cache *c, const struct links *held)
+{
+    if (held && held->n_refs)
+        refs_drop(c, held->refs, held->n_refs);
+}
+
+/* A store. held NULL: thaw_disk_cache_store, classified here; otherwise the
+ * writer's job, classified and its refs counted at submit (held_release). */
+static int store_entry(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                       const struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta,
+                       const struct links *held)
 {
     char hex[HEX_LEN + 1], bytes[24];
     struct thaw_disk_idx idx;
+    struct links ln;
     uint8_t *rec = NULL;
+    uint8_t(*refs)[THAW_KEY_BYTES] = NULL; /* the entry's copy, once committed */
     size_t rec_len = 0;
     uint64_t total = 0;
     struct ent *e;
@@ -1433,11 +1779,14 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
     int64_t now;
     int ret;
 
-    ret = store_check(c, key, parts, meta, n_meta, &total);
+    ret = store_check(c, key, parts, meta, n_meta, held, &ln, &total);
+    if (ret == 0 && ln.n_refs && !(refs = malloc((size_t)ln.n_refs * THAW_KEY_BYTES)))
+        ret = THAW_ENOMEM;
     if (ret) {
         if (c) {
             pthread_mutex_lock(&c->mu);
             c->st.store_failures++;
+            held_release(c, held);
             pthread_mutex_unlock(&c->mu);
         }
         return ret;
@@ -1452,6 +1801,11 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
     idx.created = now;
     idx.n_meta = (uint32_t)n_meta;
     idx.meta = meta;
+    idx.is_block = ln.is_block;
+    idx.n_refs = ln.n_refs;
+    idx.refs = ln.refs;
+    if (ln.n_refs)
+        memcpy(refs, ln.refs, (size_t)ln.n_refs * THAW_KEY_BYTES);
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         if (!parts[p].size)
             continue;
@@ -1462,17 +1816,22 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
     if (ret) {
         pthread_mutex_lock(&c->mu);
         c->st.store_failures++;
+        held_release(c, held);
         pthread_mutex_unlock(&c->mu);
+        free(refs);
         return ret;
     }
 
     pthread_mutex_lock(&c->mu);
     e = claim_wait(c, key, 1);
-    if (!e)
+    if (!e) {
         c->st.store_failures++;
+        held_release(c, held);
+    }
     pthread_mutex_unlock(&c->mu);
     if (!e) {
         free(rec);
+        free(refs);
         return THAW_ENOMEM;
     }
 
@@ -1500,6 +1859,10 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
     e->n_meta = (uint32_t)n_meta;
     e->created = now;
     e->last_used = now;
+    e->is_block = ln.is_block;
+    ent_set_refs(c, e, refs, ln.n_refs); /* before the commit: a block named here is never an orphan */
+    refs = NULL;
+    held_release(c, held);
     claim_end(c, e, 1);
     c->st.stores_ok++;
     pthread_mutex_unlock(&c->mu);
@@ -1513,11 +1876,20 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
 err_claim:
     pthread_mutex_lock(&c->mu);
     claim_end(c, e, 0);
+    held_release(c, held);
     c->st.store_failures++;
     pthread_mutex_unlock(&c->mu);
     logf_(c, THAW_LOG_ERROR, "disk cache: store of %.16s failed: %s", hex, thaw_strerror(ret));
     free(rec);
+    free(refs);
     return ret;
+}
+
+int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                          uint32_t n_tokens, const struct thaw_part_blob parts[THAW_PART_COUNT],
+                          const void *meta, size_t n_meta)
+{
+    return store_entry(c, key, n_tokens, parts, meta, n_meta, NULL);
 }
 
 static void *writer_main(void *arg)
@@ -1547,8 +1919,7 @@ static void *writer_main(void *arg)
         c->q_active_job = j;
         pthread_mutex_unlock(&c->mu);
 
-        if (thaw_disk_cache_store(c, j->key, j->n_tokens, j->parts, j->meta, j->n_meta) == 0 &&
-            c->max_bytes)
+        if (store_entry(c, j->key, j->n_tokens, j->parts, j->meta, j->n_meta, &j->links) == 0 && c->max_bytes)
             (void)thaw_disk_cache_evict(c); /* keep the directory within budget between lookups too */
         bytes = j->bytes;
         pthread_mutex_lock(&c->mu);
@@ -1574,13 +1945,14 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
     unsigned held_n = 0;
     char hex[HEX_LEN + 1] = "(no key)", size[24], held_s[24], budget[24];
     const char *why = NULL; /* of a drop, unless the queue was full */
+    struct links ln;
     int ret;
 
     if (!c)
         return THAW_EINVAL;
-    ret = store_check(c, key, parts, meta, n_meta, &total);
+    ret = store_check(c, key, parts, meta, n_meta, NULL, &ln, &total);
     if (ret) {
-        why = ret == THAW_ETOOBIG ? "too big (meta, or the entry alone exceeds max_bytes)"
+        why = ret == THAW_ETOOBIG ? "too big (meta, refs, or the entry alone exceeds max_bytes)"
                                   : "invalid arguments";
         goto out;
     }
@@ -1595,6 +1967,7 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
     memcpy(j->key, key, THAW_KEY_BYTES);
     j->n_tokens = n_tokens;
     j->n_meta = n_meta;
+    j->links = ln; /* points into parts[THAW_PART_KV], which the job holds from here */
     j->bytes = total;
 
     pthread_mutex_lock(&c->mu);
@@ -1628,6 +2001,10 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
         c->q_tail = j;
         c->q_len++;
         c->q_bytes += total;
+        /* A queued manifest already names its blocks: those written before
+         * it (the same FIFO) are not collected while it waits. */
+        if (ln.n_refs)
+            refs_add(c, ln.refs, ln.n_refs);
         j = NULL;
         pthread_cond_signal(&c->q_cond);
     }
@@ -1928,9 +2305,14 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
         e = index_find(c, key);
         if (e && e->live && !e->busy && e->gen == gen) {
             e->last_used = now;
-            lru_unlink(c, e);
-            lru_append(c, e);
-            touched = 1;
+            /* A block's last use only times its grace once nothing names
+             * it: memory is enough (a restart costs it one grace), and a
+             * restore of a manifest reads hundreds of blocks */
+            if (e->listed == LIST_LRU) {
+                list_unlink(&c->lru_head, &c->lru_tail, e);
+                lru_append(c, e);
+                touched = 1;
+            }
         }
         pthread_mutex_unlock(&c->mu);
         if (touched) {
@@ -1960,6 +2342,24 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
     return ret;
 }
 
+void thaw_disk_cache_hold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n)
+{
+    if (!c || !keys || !n)
+        return;
+    pthread_mutex_lock(&c->mu);
+    refs_add(c, keys, n);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void thaw_disk_cache_unhold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n)
+{
+    if (!c || !keys || !n)
+        return;
+    pthread_mutex_lock(&c->mu);
+    refs_drop(c, keys, n);
+    pthread_mutex_unlock(&c->mu);
+}
+
 int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
     struct ent *e;
@@ -1971,6 +2371,8 @@ int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_K
     e = index_find(c, key);
     found = e && e->live && !e->busy &&
             !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    if (found && e->is_block)
+        e->last_used = now_s(c); /* a store is about to name it: see the header */
     pthread_mutex_unlock(&c->mu);
     return found;
 }
@@ -2085,21 +2487,69 @@ int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
 
 /* ---- evict / remove ----------------------------------------------------- */
 
-/* Takes the least recently used live entry for eviction by `why`: claims
- * it (off the LRU list and the totals) and chains it at **tail. Returns it,
- * or NULL when the list is empty. With c->mu held. */
+/* Claims live entry e (off its list and the totals) as a victim of `why`
+ * and chains it at **tail. A root's refs are dropped at once, so the blocks
+ * it alone named join the orphan list and the same pass collects them —
+ * after it on the chain, hence unlinked after its .idx (invariant 8).
+ * With c->mu held. */
+static void take_victim(struct thaw_disk_cache *c, struct ent *e, int why, struct ent ***tail)
+{
+    e->busy = 1;
+    ent_uncommit(c, e);
+    ent_set_refs(c, e, NULL, 0);
+    e->evict_why = why;
+    **tail = e;
+    *tail = &e->next;
+}
+
+/* Takes the least recently used live root for eviction by `why`. Returns
+ * it, or NULL when there is none. With c->mu held. */
 static struct ent *take_lru(struct thaw_disk_cache *c, int why, struct ent ***tail)
 {
     struct ent *e = c->lru_head;
 
-    if (!e)
-        return NULL;
-    e->busy = 1;
-    ent_uncommit(c, e);
-    e->evict_why = why;
-    **tail = e;
-    *tail = &e->next;
+    if (e)
+        take_victim(c, e, why, tail);
     return e;
+}
+
+/* How long an unnamed block is kept after its last use. Never longer than
+ * the TTL: a conversation evicted as expired must not come back through a
+ * prefix lookup of its blocks (DESIGN §2: an expired conversation is never
+ * resurrected). Under pressure (over max_bytes, a full disk) the owner of
+ * the directory keeps none: it sees every hold and every queued manifest,
+ * so a block nothing names is no store's, and keeping the blocks of a
+ * conversation just evicted for their grace would evict newer
+ * conversations in their place (found by test_lru_budget_keeps_the_most_
+ * recent: a time window loses whenever stores come faster than it). SHARED
+ * cannot see a server's holds and queue: it keeps the whole grace. */
+static int64_t orphan_grace(const struct thaw_disk_cache *c, int pressure)
+{
+    int64_t g = c->block_grace_s;
+
+    if (c->ttl_s > 0 && c->ttl_s < g)
+        g = c->ttl_s;
+    if (pressure && !(c->flags & THAW_DISK_CACHE_SHARED))
+        g = 0;
+    return g;
+}
+
+/* Takes every unreferenced (unnamed, unheld) block unused for `grace`
+ * seconds (at `now`) for collection. Returns the bytes taken. With c->mu
+ * held. */
+static uint64_t take_orphans(struct thaw_disk_cache *c, int64_t now, int64_t grace, struct ent ***tail)
+{
+    struct ent *e, *next;
+    uint64_t freed = 0;
+
+    for (e = c->orph_head; e; e = next) {
+        next = e->next;
+        if (now - e->last_used < grace)
+            continue;
+        freed += e->bytes;
+        take_victim(c, e, EVICT_GC, tail);
+    }
+    return freed;
 }
 
 /* Removes the files of every claimed victim on the chain (.idx first,
@@ -2110,6 +2560,7 @@ static int evict_victims(struct thaw_disk_cache *c, struct ent *victims, int64_t
 {
     char hex[HEX_LEN + 1], bytes[24];
     struct ent *e, *next;
+    uint64_t gc_n = 0, gc_bytes = 0;
     int n = 0;
 
     for (e = victims; e; e = next) {
@@ -2121,24 +2572,36 @@ static int evict_victims(struct thaw_disk_cache *c, struct ent *victims, int64_t
         thaw_fmt_bytes(e->bytes, bytes);
         r = remove_files(c, hex);
         if (r)
-            logf_(c, THAW_LOG_ERROR, "disk cache: evicting %.16s: %s", hex, thaw_strerror(r));
+            logf_(c, THAW_LOG_ERROR, "disk cache: %s %.16s: %s", why == EVICT_GC ? "collecting" : "evicting", hex,
+                  thaw_strerror(r));
         else if (why == EVICT_TTL)
             logf_(c, THAW_LOG_INFO, "disk cache: evicted %.16s (%s): unused for %lld s > ttl %lld s",
                   hex, bytes, (long long)(now - e->last_used), (long long)c->ttl_s);
         else if (why == EVICT_LRU)
             logf_(c, THAW_LOG_INFO, "disk cache: evicted %.16s (%s): least recently used, over %llu MiB",
                   hex, bytes, (unsigned long long)(c->max_bytes >> 20));
-        /* EVICT_ENOSPC: make_room logs one line for the lot */
+        /* EVICT_ENOSPC: make_room logs one line for the lot; EVICT_GC: one below */
         pthread_mutex_lock(&c->mu);
-        if (why == EVICT_TTL)
+        if (why == EVICT_TTL) {
             c->st.evictions_ttl++;
-        else if (why == EVICT_LRU)
+        } else if (why == EVICT_LRU) {
             c->st.evictions_lru++;
-        else
+        } else if (why == EVICT_ENOSPC) {
             c->st.evictions_enospc++;
+        } else {
+            c->st.blocks_collected++;
+            c->st.block_bytes_collected += e->bytes;
+            gc_n++;
+            gc_bytes += e->bytes;
+        }
         claim_end(c, e, 0);
         pthread_mutex_unlock(&c->mu);
         n++;
+    }
+    if (gc_n) {
+        thaw_fmt_bytes(gc_bytes, bytes);
+        logf_(c, THAW_LOG_INFO, "disk cache: collected %llu block%s (%s) no conversation names any more",
+              (unsigned long long)gc_n, gc_n == 1 ? "" : "s", bytes);
     }
     return n;
 }
@@ -2153,33 +2616,52 @@ int thaw_disk_cache_evict(struct thaw_disk_cache *c)
     now = now_s(c);
     pthread_mutex_lock(&c->mu);
     /* TTL: the list is in order of last use, so stop at the first fresh one.
-     * Claimed entries are off the list already. */
+     * Claimed entries are off the list already. Blocks have no TTL of their
+     * own: they go with the last root that names them. */
     while (c->ttl_s > 0 && (e = c->lru_head) && now - e->last_used > c->ttl_s)
         (void)take_lru(c, EVICT_TTL, &tail);
-    while (c->max_bytes > 0 && c->bytes > c->max_bytes && take_lru(c, EVICT_LRU, &tail))
-        ;
+    /* Over budget: what nothing names or holds first, then roots by LRU,
+     * each followed by what it alone named, until within budget. Then
+     * whatever nothing names past its grace — none after a pass over
+     * budget, so a conversation evicted for room takes its own blocks
+     * along (the chain keeps every root before its blocks). */
+    int pressed = 0;
+    while (c->max_bytes > 0 && c->bytes > c->max_bytes) {
+        pressed = 1;
+        if (take_orphans(c, now, orphan_grace(c, 1), &tail) > 0)
+            continue;
+        if (!take_lru(c, EVICT_LRU, &tail))
+            break;
+    }
+    (void)take_orphans(c, now, orphan_grace(c, pressed), &tail);
     *tail = NULL;
     pthread_mutex_unlock(&c->mu);
     return evict_victims(c, victims, now);
 }
 
 /* The store of <hex> (need bytes) failed with err (-ENOSPC/-EDQUOT) in
- * round `round`: evicts least recently used entries until at least need
- * bytes are freed, and logs one line. The key being stored is claimed,
- * so never among them. Returns how many were evicted (0: none left). */
+ * round `round`: collects unreferenced blocks past their grace, then evicts
+ * least recently used roots (with the blocks they alone named) until at
+ * least need bytes are freed, and logs one line. The key being stored is
+ * claimed, so never among them. Returns how many entries were removed (0:
+ * none left). */
 static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, int err, int round)
 {
     struct ent *victims = NULL, **tail = &victims, *e;
     uint64_t freed = 0;
+    int64_t now = now_s(c);
     char need_s[24], freed_s[24];
     int n;
 
     pthread_mutex_lock(&c->mu);
-    while (freed < need && (e = take_lru(c, EVICT_ENOSPC, &tail)))
+    freed += take_orphans(c, now, orphan_grace(c, 1), &tail);
+    while (freed < need && (e = take_lru(c, EVICT_ENOSPC, &tail))) {
         freed += e->bytes;
+        freed += take_orphans(c, now, orphan_grace(c, 1), &tail);
+    }
     *tail = NULL;
     pthread_mutex_unlock(&c->mu);
-    n = evict_victims(c, victims, now_s(c));
+    n = evict_victims(c, victims, now);
     thaw_fmt_bytes(need, need_s);
     thaw_fmt_bytes(freed, freed_s);
     if (n)
@@ -2218,6 +2700,16 @@ int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
     return e ? 0 : THAW_ENOTFOUND;
 }
 
+/* Most recently used first; ties by key, so a listing is stable. */
+static int info_recent_cmp(const void *a, const void *b)
+{
+    const struct thaw_disk_entry_info *x = a, *y = b;
+
+    if (x->last_used != y->last_used)
+        return x->last_used > y->last_used ? -1 : 1;
+    return memcmp(x->key, y->key, THAW_KEY_BYTES);
+}
+
 int thaw_disk_cache_foreach(struct thaw_disk_cache *c,
                             int (*cb)(void *ud, const struct thaw_disk_entry_info *info),
                             void *ud)
@@ -2234,20 +2726,31 @@ int thaw_disk_cache_foreach(struct thaw_disk_cache *c,
         pthread_mutex_unlock(&c->mu);
         return THAW_ENOMEM;
     }
-    for (struct ent *e = c->lru_tail; e; e = e->prev) {
-        struct thaw_disk_entry_info *i = &v[n++];
+    /* Roots are on the LRU list, blocks only in the hash: all from the hash,
+     * then in order of last use. */
+    for (size_t b = 0; b < c->n_buckets; b++) {
+        for (struct ent *e = c->buckets[b]; e; e = e->hnext) {
+            if (!e->live)
+                continue;
+            struct thaw_disk_entry_info *i = &v[n++];
 
-        memcpy(i->key, e->key, THAW_KEY_BYTES);
-        memcpy(i->fingerprint, e->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
-        i->same_model = !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
-        i->n_tokens = e->n_tokens;
-        i->bytes = e->bytes;
-        memcpy(i->part_size, e->part_size, sizeof i->part_size);
-        i->n_meta = e->n_meta;
-        i->created = e->created;
-        i->last_used = e->last_used;
+            memcpy(i->key, e->key, THAW_KEY_BYTES);
+            memcpy(i->fingerprint, e->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+            i->same_model = !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+            i->n_tokens = e->n_tokens;
+            i->bytes = e->bytes;
+            memcpy(i->part_size, e->part_size, sizeof i->part_size);
+            i->n_meta = e->n_meta;
+            i->created = e->created;
+            i->last_used = e->last_used;
+            i->is_block = e->is_block;
+            i->n_refs = e->n_refs;
+            i->referrers = e->is_block ? refc_get(c, e->key) : 0;
+        }
     }
     pthread_mutex_unlock(&c->mu);
+    if (n)
+        qsort(v, n, sizeof *v, info_recent_cmp);
     for (size_t k = 0; k < n && !ret; k++)
         ret = cb(ud, &v[k]);
     free(v);
@@ -2265,6 +2768,9 @@ void thaw_disk_cache_get_stats(struct thaw_disk_cache *c, struct thaw_disk_cache
     out->queue_len = c->q_len + (uint64_t)c->q_active;
     out->entries = c->n_live;
     out->bytes = c->bytes;
+    out->blocks = c->n_blocks;
+    out->block_bytes = c->block_bytes;
+    out->blocks_unreferenced = c->n_orphans;
     out->oldest_used = c->lru_head ? c->lru_head->last_used : 0;
     for (struct ent *e = c->lru_head; e; e = e->next)
         if (!out->oldest_created || e->created < out->oldest_created)

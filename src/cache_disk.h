@@ -16,7 +16,17 @@
  * The crash invariants and their order of operations are at the top of
  * cache_disk.c.
  *
+ * Roots and blocks (DESIGN §9). The caller's classify() callback says, at
+ * store time and from the .kv bytes, what an entry is: a BLOCK (content
+ * addressed, shared, named by other entries) or a ROOT (a whole state, or a
+ * manifest naming blocks by key). The answer is written into the .idx, so
+ * this module never parses a state and reopening needs no callback.
+ *
  * Policies (the why is in cache_disk.c):
+ *   - TTL and LRU choose among roots only. A block lives while a committed
+ *     root, or a store of one still queued, names it; once none does and it
+ *     has been unused for block_grace_s, it is collected. --kv-cache-max
+ *     (max_bytes) counts every file, blocks included.
  *   - TTL counts from an entry's LAST USE (store or lookup hit), not its
  *     creation: a conversation in use is never expired.
  *   - Last use is the .idx file's mtime: one utimensat() per hit, no rewrite,
@@ -93,11 +103,34 @@ struct thaw_disk_cache_params {
     /* Wall clock in Unix seconds (tests fake it for TTL). NULL = time(). */
     int64_t (*now)(void *ud);
     void *now_ud;
+    /* What an entry is, from its .kv part (kv, n bytes), called once per
+     * store/submit on the caller's thread, never with c->mu held: returns
+     * THAW_DISK_KIND_BLOCK or THAW_DISK_KIND_ROOT; for a root that names
+     * blocks (a manifest) it sets *refs to n_refs keys of THAW_KEY_BYTES
+     * each, pointing into kv (left NULL/0 otherwise). Must be pure. NULL =
+     * every entry is a root naming nothing (the behaviour before blocks). */
+    int (*classify)(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs);
+    void *classify_ud;
+    /* Seconds an unreferenced block is kept after its last use (written, read,
+     * or found present by contains()): the time between a store's blocks and
+     * its manifest, and the life of a block fetched for a prefix lookup that
+     * no manifest names yet. Never longer than ttl_s (when ttl_s > 0): what
+     * expired must not come back as a prefix; over max_bytes or on a full
+     * disk, none (a store in progress holds its blocks: thaw_disk_cache_hold),
+     * except SHARED, which cannot see a server's holds and queue. 0 =
+     * collected at the first eviction pass. */
+    int64_t block_grace_s;
 };
+
+#define THAW_DISK_KIND_ROOT 0
+#define THAW_DISK_KIND_BLOCK 1
+#define THAW_DISK_REFS_MAX (1u << 16) /* block keys one entry may name */
+#define THAW_DISK_BLOCK_GRACE_DEFAULT 600
 
 /* max_bytes 0, ttl_s 259200 (3 days), fingerprint all zero,
  * queue_max_bytes 1 GiB (THAW_DISK_QUEUE_MAX_BYTES_DEFAULT), flags 0,
- * everything else NULL. dir must be set by the caller. */
+ * block_grace_s THAW_DISK_BLOCK_GRACE_DEFAULT (10 minutes), everything else
+ * NULL. dir must be set by the caller. */
 #define THAW_DISK_QUEUE_MAX_BYTES_DEFAULT ((uint64_t)1 << 30)
 struct thaw_disk_cache_params thaw_disk_cache_default_params(void);
 
@@ -139,8 +172,9 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c);
  * Returns 0 (entry committed and durable: data, .idx and directory fsynced);
  *   THAW_EINVAL   NULL key/parts, no KV part, meta NULL with n_meta > 0,
  *                 READONLY cache
- *   THAW_ETOOBIG  n_meta > THAW_DISK_META_MAX, or the entry alone exceeds
- *                 max_bytes (it would be evicted at once)
+ *   THAW_ETOOBIG  n_meta > THAW_DISK_META_MAX, more than THAW_DISK_REFS_MAX
+ *                 refs, or the entry alone exceeds max_bytes (it would be
+ *                 evicted at once)
  *   THAW_ENOMEM
  *   -errno        an I/O call failed (-EIO, ...; -ENOSPC/-EDQUOT once
  *                 nothing is left to evict or the rounds are spent).
@@ -191,7 +225,8 @@ void thaw_disk_cache_flush(struct thaw_disk_cache *c);
 
 /* Looks key up, maps its parts read-only and verifies every checksum.
  * Returns 0 and sets *out: a hit, to be released with
- *   thaw_disk_entry_release(); the entry's last use becomes now.
+ *   thaw_disk_entry_release(); the entry's last use becomes now (a root's
+ *   on disk too, a block's in memory only: it times only its grace).
  *   If only the .dft part was corrupt, it is dropped (file removed, .idx
  *   rewritten without it) and the entry is returned without it.
  * THAW_ENOTFOUND  no such entry, an entry of another fingerprint (kept), or
@@ -232,9 +267,25 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
 int thaw_disk_entry_verify(struct thaw_disk_cache *c, struct thaw_disk_entry *e);
 
 /* 1 if an entry for key with this cache's fingerprint is indexed and not
- * being written or removed, else 0. Memory only: no I/O, no checksum, no
- * change of last use. */
+ * being written or removed, else 0. Memory only: no I/O, no checksum. The
+ * last use of a root is unchanged; a block's restarts (in memory only): a
+ * store that finds its block present is about to name it in a manifest, so
+ * the block must outlive block_grace_s from now even if nothing names it
+ * yet. */
 int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);
+
+/* Holds the n block keys at keys (n x THAW_KEY_BYTES) as if a root named
+ * them: none is collected until thaw_disk_cache_unhold() of the same keys.
+ * A store takes it before it looks for its blocks (contains()) and submits
+ * the missing ones, and drops it once its manifest is submitted (the queued
+ * manifest names them from then on): no grace or clock is needed for that
+ * window, so over budget what nothing names or holds goes at once. Keys
+ * need not be on disk. Memory only; any thread. Out of memory leaves a key
+ * unheld (its block may go: a miss, never a wrong state). NULL c or n 0:
+ * no-op. */
+void thaw_disk_cache_hold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n);
+/* Drops what thaw_disk_cache_hold(c, keys, n) took. */
+void thaw_disk_cache_unhold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n);
 
 /* Asks the kernel to start reading key's entry into the page cache
  * (POSIX_FADV_WILLNEED), so that a lookup made later, when the request has
@@ -254,15 +305,22 @@ const void *thaw_disk_entry_meta(const struct thaw_disk_entry *e, size_t *n);
 /* Unmaps and frees e. NULL is a no-op. */
 void thaw_disk_entry_release(struct thaw_disk_entry *e);
 
-/* Evicts, in this order: entries unused for more than ttl_s seconds, then
- * the least recently used until the total is <= max_bytes. Cheap when there
- * is nothing to do (reads the in-memory LRU list head; no I/O). Entries
- * being written are skipped. Returns the number of entries evicted (>= 0);
- * removal errors are logged, the entry is dropped from the index anyway. */
+/* Evicts, in this order: roots unused for more than ttl_s seconds; then,
+ * while the total (blocks included) is over max_bytes, unreferenced blocks
+ * nothing holds and the least recently used roots; then every unreferenced
+ * block past its grace (block_grace_s; no grace after a pass over budget),
+ * the blocks only those roots named among them: collected. Blocks are never chosen by
+ * TTL or LRU themselves. Cheap when there is nothing to do (reads the
+ * in-memory LRU list head and the list of unreferenced blocks; no I/O).
+ * Entries being written are skipped. Returns the number of entries removed
+ * (roots evicted + blocks collected, >= 0); removal errors are logged, the
+ * entry is dropped from the index anyway. */
 int thaw_disk_cache_evict(struct thaw_disk_cache *c);
 
 /* Removes key's entry (.idx first) and any file of the key left on disk.
- * Waits for a store of the same key in progress. Returns 0, THAW_ENOTFOUND
+ * The blocks only a removed root named are collected by a later eviction
+ * pass, once past their grace. Waits for a store of the same key in
+ * progress. Returns 0, THAW_ENOTFOUND
  * if no entry was indexed (leftover files are still removed), THAW_EINVAL
  * for a READONLY cache or NULL key, or the -errno of unlinking the .idx. */
 int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);
@@ -288,6 +346,9 @@ struct thaw_disk_entry_info {
     int same_model;    /* fingerprint equals this cache's */
     uint32_t n_tokens;
     uint64_t bytes;    /* all files of the entry, .idx included */
+    int is_block;      /* THAW_DISK_KIND_BLOCK */
+    uint32_t n_refs;   /* blocks it names (a manifest) */
+    uint32_t referrers; /* for a block: roots (and queued stores) naming it */
     uint64_t part_size[THAW_PART_COUNT]; /* 0 = absent */
     uint32_t n_meta;
     int64_t created;   /* Unix seconds */
@@ -303,16 +364,22 @@ int thaw_disk_cache_foreach(struct thaw_disk_cache *c,
                             void *ud);
 
 struct thaw_disk_cache_stats {
-    uint64_t entries;          /* committed, all fingerprints */
+    uint64_t entries;          /* committed, all fingerprints, blocks included */
     uint64_t bytes;            /* their files, .idx included */
+    uint64_t blocks;           /* now: of those entries, blocks */
+    uint64_t block_bytes;      /* now: their files */
+    uint64_t blocks_unreferenced; /* now: blocks no root names (collected
+                                * once unused for block_grace_s) */
+    uint64_t blocks_collected; /* blocks removed because no root named them */
+    uint64_t block_bytes_collected;
     int64_t oldest_created;    /* Unix seconds; 0 when empty */
     int64_t oldest_used;       /* least recent last use; 0 when empty */
     uint64_t stores_ok;
     uint64_t store_failures;   /* store() errors, including the writer's */
     uint64_t stores_dropped;   /* submit() refused: queue bytes full,
                                 * closing, too big, ... (any non-zero return) */
-    uint64_t evictions_ttl;
-    uint64_t evictions_lru;
+    uint64_t evictions_ttl;    /* roots */
+    uint64_t evictions_lru;    /* roots */
     uint64_t evictions_enospc; /* evicted to make room after a store's I/O
                                 * failed with ENOSPC/EDQUOT */
     uint64_t queue_bytes;      /* now: bytes of submitted stores the writer
@@ -354,6 +421,9 @@ struct thaw_disk_idx {
     uint64_t xxh3[THAW_PART_COUNT];    /* XXH3-64 of the part's bytes */
     uint32_t n_meta;
     const uint8_t *meta;               /* points into the parsed buffer */
+    int is_block;                      /* THAW_DISK_KIND_BLOCK (flags bit 8) */
+    uint32_t n_refs;                   /* <= THAW_DISK_REFS_MAX; 0 for a block */
+    const uint8_t *refs;               /* n_refs keys; points into the buffer */
 };
 
 /* Parses an .idx record of n bytes. Returns 0 and fills *out (out->meta

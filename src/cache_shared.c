@@ -592,14 +592,28 @@ static int fetch_entry(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_P
 
     if (rc != 0)
         return rc;
+    /* its blocks, present or fetched, held until the entry is queued: the
+     * local tier collects blocks no entry names (cache_disk.h) */
+    const uint8_t *ids = NULL;
+    uint32_t n_ids = 0;
+    void *held = NULL;
+    if (thaw_blocks_is_manifest(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size) &&
+        thaw_blocks_manifest_ids(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &ids, &n_ids) == 0) {
+        held = thaw_blob_ref(parts[THAW_PART_KV].data);
+        thaw_disk_cache_hold(s->disk, ids, n_ids);
+    }
     if ((rc = fetch_blocks_of(s, clis, ns, &parts[THAW_PART_KV], deadline_us)) != 0) {
         for (int p = 0; p < THAW_PART_COUNT; p++)
             thaw_blob_unref(parts[p].data);
-        return rc;
+    } else {
+        mark_taken(s, key); /* before the writer can commit it and the engine look */
+        if ((rc = install(s, key, n_tokens, parts, deadline_us)) != 0)
+            thaw_shared_taken(s, key);
     }
-    mark_taken(s, key); /* before the writer can commit it and the engine look */
-    if ((rc = install(s, key, n_tokens, parts, deadline_us)) != 0)
-        thaw_shared_taken(s, key);
+    if (held) {
+        thaw_disk_cache_unhold(s->disk, ids, n_ids);
+        thaw_blob_unref(held);
+    }
     return rc;
 }
 

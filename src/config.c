@@ -81,7 +81,9 @@ static const struct opt opts[] = {
      "drop a connection idle this long, or a client that takes longer to send its request body"},
     {"--metrics", NULL, OPT_TRUE, 0, 0, 0, "accepted for llama-server compatibility: /metrics is always on"},
     {"--kv-cache-dir", "PATH", OPT_STR, OFF(kv_cache_dir), 0, 0, "enable the on-disk KV cache in PATH (created 0700)"},
-    {"--kv-cache-max", "MiB", OPT_U64, OFF(kv_cache_max_mib), 0, (double)(1ull << 40), "disk cache budget, least recently used evicted first (0 = no limit)"},
+    {"--kv-cache-max", "MiB", OPT_U64, OFF(kv_cache_max_mib), 0, (double)(1ull << 40),
+     "disk cache budget over every file, blocks included: the least recently used conversations are evicted first, "
+     "with the blocks only they used (0 = no limit)"},
     {"--kv-cache-ttl", "SECONDS", OPT_U64, OFF(kv_cache_ttl_s), 0, (double)(1ull << 40), "disk entries unused this long are evicted"},
     {"--kv-cache-queue", "MiB", OPT_U64, OFF(kv_cache_queue_mib), 0, (double)(1ull << 30),
      "state waiting for the disk writer; a store beyond it is dropped and logged (0 = no limit)"},

@@ -108,6 +108,7 @@ static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *k
     memcpy(p.fingerprint, kp->identity, sizeof p.fingerprint);
     p.log = disk_log;
     p.vfs = disk_vfs();
+    p.classify = thaw_blocks_classify; /* blocks and what manifests name: for GC (cache_disk.h) */
     if ((rc = thaw_disk_cache_open(&p, &c->disk)) != 0) {
         if (rc == THAW_ELOCKED)
             LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw "
@@ -457,6 +458,13 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
                 thaw_blob_ref(parts[p].data);
         }
         rc = to_blocks(c, slot_id, ns, w);
+        /* its blocks are held until the manifest is queued (blocks.h): the
+         * ids live in the manifest, which the writer may free once it has it */
+        void *held = NULL;
+        const uint8_t *held_ids = NULL;
+        uint32_t n_held = 0;
+        if (rc == 0 && thaw_blocks_manifest_ids(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &held_ids, &n_held) == 0)
+            held = thaw_blob_ref(w[THAW_PART_KV].data);
         if (rc < 0)
             LOG_WRN("slot %d: store of %s to disk dropped: its blocks could not be queued (%s)", slot_id, hex,
                     thaw_strerror(rc));
@@ -471,6 +479,10 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
             LOG_DBG("slot %d: store of %s to disk dropped: %s", slot_id, hex, thaw_strerror(rc));
             for (int p = 0; p < THAW_PART_COUNT; p++)
                 thaw_blob_unref(w[p].data); /* on failure the reference stayed here */
+        }
+        if (held) {
+            thaw_disk_cache_unhold(c->disk, held_ids, n_held);
+            thaw_blob_unref(held);
         }
         if (!c->ram)
             memset(parts, 0, THAW_PART_COUNT * sizeof *parts); /* moved to the writer, or dropped just above */
@@ -567,8 +579,12 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
       atomic_load(&c->prefix_hits));
     C("prefix_tokens_total", "prompt tokens served by prefix lookups", atomic_load(&c->prefix_tokens));
     C("evictions_enospc_total", "entries evicted to make room when the disk was full", st.evictions_enospc);
-    C("evictions_ttl_total", "entries evicted by --kv-cache-ttl", st.evictions_ttl);
-    C("evictions_lru_total", "entries evicted by --kv-cache-max", st.evictions_lru);
+    C("evictions_ttl_total", "conversations (manifests, whole states) evicted by --kv-cache-ttl", st.evictions_ttl);
+    C("evictions_lru_total", "conversations (manifests, whole states) evicted by --kv-cache-max", st.evictions_lru);
+    G("blocks", "blocks in --kv-cache-dir (counted in thaw_kv_disk_entries and _bytes)", st.blocks);
+    G("blocks_unreferenced", "blocks no conversation names, kept for their grace", st.blocks_unreferenced);
+    C("blocks_collected_total", "blocks removed because no conversation named them any more", st.blocks_collected);
+    C("block_bytes_collected_total", "bytes of those blocks", st.block_bytes_collected);
     C("corrupt_removed_total", "entries removed because they failed verification", st.corrupt_removed);
 #undef C
 #undef G

@@ -7,7 +7,7 @@ a slot, no cache tier); greedy, real binary, real files."""
 import glob
 import os
 
-from test_kv_cache import chat, reply, text
+from test_kv_cache import chat, drained, reply, text
 
 B = 32  # small blocks: short test conversations span several
 
@@ -203,3 +203,38 @@ def test_tenants_never_share_blocks(serve, tmp_path):
     # and alpha's own blocks still serve alpha
     t = as_tenant(s, "alpha")
     assert t["cache_n"] > 0, t
+
+
+def test_budget_evicts_old_conversations_and_keeps_the_shared_prefix(serve, tmp_path):
+    # --kv-cache-max counts blocks too, and LRU picks conversations, never
+    # blocks: over budget, the oldest conversation goes with the blocks only
+    # it used, while the long prefix every conversation shares (its blocks
+    # are the oldest files) stays. Five conversations of ~2.2k tokens, ~1.5k
+    # of them shared (~0.25 KiB of state per token on the tiny model): the
+    # prefix and about three conversations' own parts fit in 1 MiB.
+    system = {"role": "system", "content": "Shared rules and tools. " + text(1300, 3)}
+    convs = [[system, {"role": "user", "content": f"Job {i}: " + text(550, 200 + i)}] for i in range(5)]
+    f = ["-np", "1", "-c", "8192", *flags(tmp_path, "--kv-cache-max", "1")]
+    s = serve("llama", *f)
+    r1 = [chat(s, c, 4) for c in convs]
+    drained(s)
+    m = s.metrics()
+    s.stop()
+    m = {k: v for k, v in m.items() if k.startswith("thaw_kv_disk_")}
+    assert m["thaw_kv_disk_evictions_lru_total"] >= 1, m
+    assert m["thaw_kv_disk_blocks_collected_total"] >= 1, m  # the evicted conversations' own blocks
+    assert m["thaw_kv_disk_bytes"] <= 1 << 20, m
+    turn2 = [c + [{"role": "assistant", "content": reply(r)}, ask(9)] for c, r in zip(convs, r1)]
+    s = serve("llama", *f)
+    # the oldest conversation's manifest is gone, but the shared prefix's
+    # blocks are not (newer conversations name them): a prefix lookup serves
+    # them. Asked first, while the slot holds nothing of the prefix.
+    oldest = chat(s, turn2[0], 4)["timings"]
+    assert oldest["cache_source"] == "blocks", oldest
+    assert oldest["cache_n"] >= 1200 // B * B, oldest
+    # the newest conversation is restored whole from its manifest
+    r = chat(s, turn2[4], 4)
+    newest = r["timings"]
+    assert newest["cache_source"] == "disk", newest
+    assert newest["cache_n"] > 0.8 * r["usage"]["prompt_tokens"], newest  # all but the new question
+    assert s.metrics()["thaw_kv_disk_bytes"] <= 1 << 20

@@ -6,7 +6,7 @@
  *   2. with its last 8 bytes replaced by the XXH3-64 of the rest, when its
  *      size is one the parser accepts. A mutation almost never keeps the
  *      self-checksum right, so without this pass every check behind it
- *      (n_meta, flags, part sizes) would go unfuzzed.
+ *      (n_meta, n_refs, flags, part sizes) would go unfuzzed.
  * The parser must answer 0, THAW_ECORRUPT or THAW_EVERSION. An accepted
  * record must be canonical: encoding what it parsed (after the layout, here)
  * gives back the input byte for byte, so no two files mean the same entry
@@ -20,7 +20,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define IDX_OFF_META 144 /* cache_disk.c: the fixed part */
+#define IDX_OFF_META 152 /* cache_disk.c: the fixed part */
 #define IDX_TRAILER 8
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -37,28 +37,33 @@ static void put_u64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* Encodes idx after the format-1 layout into b[n]; n = 144 + n_meta + 8,
- * which check() has made sure of. */
+/* Encodes idx after the format-2 layout into b[n]; n = 152 + n_meta +
+ * 32 n_refs + 8, which check() has made sure of. */
 static void encode(const struct thaw_disk_idx *idx, uint8_t *b, size_t n)
 {
     uint32_t flags = 0;
 
     memset(b, 0, n);
     memcpy(b, "THAWIDX", 8);
-    put_u32(b + 8, 1);
+    put_u32(b + 8, 2);
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         flags |= idx->size[p] ? 1u << p : 0;
         put_u64(b + 96 + 16 * p, idx->size[p]);
         put_u64(b + 96 + 16 * p + 8, idx->xxh3[p]);
     }
+    if (idx->is_block)
+        flags |= 1u << 8;
     put_u32(b + 12, flags);
     memcpy(b + 16, idx->key, THAW_KEY_BYTES);
     memcpy(b + 48, idx->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
     put_u32(b + 80, idx->n_tokens);
     put_u32(b + 84, idx->n_meta);
     put_u64(b + 88, (uint64_t)idx->created);
+    put_u32(b + 144, idx->n_refs);
     if (idx->n_meta)
         memcpy(b + IDX_OFF_META, idx->meta, idx->n_meta);
+    if (idx->n_refs)
+        memcpy(b + IDX_OFF_META + idx->n_meta, idx->refs, (size_t)idx->n_refs * THAW_KEY_BYTES);
     put_u64(b + n - IDX_TRAILER, XXH3_64bits(b, n - IDX_TRAILER));
 }
 
@@ -71,8 +76,10 @@ static void check(const uint8_t *buf, size_t n)
         return;
     if (rc != 0)
         abort(); /* a code the header does not promise */
-    if (n != (size_t)IDX_OFF_META + idx.n_meta + IDX_TRAILER || idx.n_meta > THAW_DISK_META_MAX ||
-        idx.size[THAW_PART_KV] == 0 || (idx.n_meta ? idx.meta != buf + IDX_OFF_META : idx.meta != NULL))
+    if (n != (size_t)IDX_OFF_META + idx.n_meta + (size_t)idx.n_refs * THAW_KEY_BYTES + IDX_TRAILER ||
+        idx.n_meta > THAW_DISK_META_MAX || idx.n_refs > THAW_DISK_REFS_MAX || (idx.is_block && idx.n_refs) ||
+        idx.size[THAW_PART_KV] == 0 || (idx.n_meta ? idx.meta != buf + IDX_OFF_META : idx.meta != NULL) ||
+        (idx.n_refs ? idx.refs != buf + IDX_OFF_META + idx.n_meta : idx.refs != NULL))
         abort();
     uint8_t *again = malloc(n);
     if (!again)
@@ -86,7 +93,8 @@ static void check(const uint8_t *buf, size_t n)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     check(data, size);
-    if (size >= (size_t)IDX_OFF_META + IDX_TRAILER && size <= (size_t)IDX_OFF_META + THAW_DISK_META_MAX + IDX_TRAILER) {
+    if (size >= (size_t)IDX_OFF_META + IDX_TRAILER &&
+        size <= (size_t)IDX_OFF_META + THAW_DISK_META_MAX + (size_t)THAW_DISK_REFS_MAX * THAW_KEY_BYTES + IDX_TRAILER) {
         uint8_t *fixed = malloc(size);
         if (!fixed)
             return 0;

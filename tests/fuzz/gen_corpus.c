@@ -28,7 +28,9 @@
  *          thaw_blocks_store(), needs a disk cache with a writer thread),
  *          their tail blocks and SWA sections cut from the states above.
  *   *-v2   a valid seed with format version 2 (and, for .idx, its
- *          self-checksum fixed up): the THAW_EVERSION paths.
+ *          self-checksum fixed up): the THAW_EVERSION paths. For .idx,
+ *          whose format is at version 2, that seed is *-v1 (the format
+ *          before blocks) and *-v3.
  *
  * scripts/fuzz.sh builds and runs this into build-fuzz/ on every run, and
  * into tests/fuzz/corpus/ with --regen-seeds. Returns 0, or 1 with a message.
@@ -463,7 +465,24 @@ struct idx_seed {
     uint32_t n_tokens;
     size_t n_meta;
     uint8_t fp_byte;    /* the model fingerprint, as one repeated byte */
+    int kind;           /* 0 a root naming nothing, 1 a block, 2 a root naming n_refs blocks */
+    uint32_t n_refs;
 };
+
+/* cache_disk.h's classify for a seed: what struct idx_seed says. */
+static int seed_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs)
+{
+    const struct idx_seed *s = ud;
+
+    (void)n;
+    if (s->kind == 1)
+        return THAW_DISK_KIND_BLOCK;
+    if (s->kind == 2) {
+        *refs = kv; /* any n_refs x 32 bytes of the state will do as keys */
+        *n_refs = s->n_refs;
+    }
+    return THAW_DISK_KIND_ROOT;
+}
 
 static int store_one(const char *dir, const struct idx_seed *s, int version)
 {
@@ -478,6 +497,8 @@ static int store_one(const char *dir, const struct idx_seed *s, int version)
     p.dir = dir;
     p.now = fixed_now;
     p.flags = THAW_DISK_CACHE_NO_WRITER;
+    p.classify = seed_classify;
+    p.classify_ud = (void *)s;
     memset(p.fingerprint, s->fp_byte, sizeof p.fingerprint);
     fill(key, sizeof key, s->n_tokens ^ (uint32_t)s->parts);
     if ((rc = thaw_disk_cache_open(&p, &c)) != 0)
@@ -502,7 +523,7 @@ static int store_one(const char *dir, const struct idx_seed *s, int version)
     snprintf(path, sizeof path, "%s/%s.idx", dir, hex);
     if ((rc = read_file(path, &rec, &n_rec)) != 0)
         goto out;
-    if (version != 1) { /* the version word at offset 8, then the trailer redone */
+    if (version != 2) { /* the version word at offset 8, then the trailer redone */
         uint32_t v = (uint32_t)version;
         uint64_t h;
         memcpy(rec + 8, &v, 4);
@@ -525,14 +546,18 @@ out:
 static int gen_idx(void)
 {
     static const struct idx_seed seeds[] = {
-        {"kv.idx", 1, 12, 0, 0xab},
-        {"kv-ckpt.idx", 3, 300, 0, 0xab},
-        {"kv-ckpt-dft.idx", 7, 2048, 0, 0xab},
-        {"kv-dft.idx", 5, 1, 0, 0xab},
-        {"kv-meta16.idx", 1, 40, 16, 0x11},
-        {"kv-meta-max.idx", 3, 7, THAW_DISK_META_MAX, 0x5c},
+        {"kv.idx", 1, 12, 0, 0xab, 0, 0},
+        {"kv-ckpt.idx", 3, 300, 0, 0xab, 0, 0},
+        {"kv-ckpt-dft.idx", 7, 2048, 0, 0xab, 0, 0},
+        {"kv-dft.idx", 5, 1, 0, 0xab, 0, 0},
+        {"kv-meta16.idx", 1, 40, 16, 0x11, 0, 0},
+        {"kv-meta-max.idx", 3, 7, THAW_DISK_META_MAX, 0x5c, 0, 0},
+        {"block.idx", 1, 128, 0, 0xab, 1, 0},
+        {"manifest-refs3.idx", 1, 400, 0, 0xab, 2, 3},
+        {"manifest-refs-meta.idx", 3, 300, 16, 0x11, 2, 2},
     };
-    static const struct idx_seed v2 = {"kv-v2.idx", 1, 12, 0, 0xab};
+    static const struct idx_seed v1 = {"kv-v1.idx", 1, 12, 0, 0xab, 0, 0},
+                                  v3 = {"kv-v3.idx", 1, 12, 0, 0xab, 0, 0};
     const char *tmp = getenv("TMPDIR");
     char dir[PATH_MAX];
     int rc = 0;
@@ -541,9 +566,11 @@ static int gen_idx(void)
     if (!mkdtemp(dir))
         return fail("mkdtemp", dir, -errno);
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0] && !rc; i++)
-        rc = store_one(dir, &seeds[i], 1);
+        rc = store_one(dir, &seeds[i], 2);
     if (!rc)
-        rc = store_one(dir, &v2, 2);
+        rc = store_one(dir, &v1, 1);
+    if (!rc)
+        rc = store_one(dir, &v3, 3);
     rm_tree(dir);
     return rc;
 }

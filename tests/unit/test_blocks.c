@@ -5,8 +5,11 @@
  *   - the manifest restores, into another slot, a state that decodes the
  *     next token exactly as the original;
  *   - a new prompt finds its longest run of stored blocks (prefix lookup);
- *   - a corrupt block is a miss for the manifest that names it, and the
- *     prefix run ends before it; a damaged manifest is refused.
+ *   - a corrupt block is a miss for every manifest that names it, is
+ *     removed, and the prefix run ends before it; a damaged manifest is
+ *     refused; once the manifests are gone (what kvcache.c does with one
+ *     that misses), the blocks they named are collected (cache_disk.c GC,
+ *     with thaw_blocks_classify telling blocks from manifests).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -129,6 +132,8 @@ static struct thaw_disk_cache *open_cache(void)
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
     struct thaw_disk_cache *c = NULL;
     p.dir = g_cache;
+    p.classify = thaw_blocks_classify;
+    p.block_grace_s = 0;
     assert_int_equal(thaw_disk_cache_open(&p, &c), 0);
     return c;
 }
@@ -151,9 +156,20 @@ static void store(struct thaw_disk_cache *c, const llama_token *t, int n, const 
     uint8_t *s = state_of(0, &n_state);
     assert_int_equal(thaw_blocks_store(c, g_binding, B, t, n, s, n_state, &man, &n_man, st), 0);
     assert_true(thaw_blocks_is_manifest(man, n_man));
+    /* its blocks are written and nothing names them yet, but they are held
+     * (blocks.h): a pass with no grace takes none */
+    thaw_disk_cache_flush(c);
+    assert_int_equal(thaw_disk_cache_evict(c), 0);
+    const uint8_t *ids;
+    uint32_t n_ids;
+    assert_int_equal(thaw_blocks_manifest_ids(man, n_man, &ids, &n_ids), 0);
+    void *keep = thaw_blob_ref(man);
     struct thaw_part_blob parts[THAW_PART_COUNT] = {{man, n_man}, {NULL, 0}, {NULL, 0}};
     assert_int_equal(thaw_disk_cache_submit(c, key, (uint32_t)n, parts, NULL, 0), 0);
+    thaw_disk_cache_unhold(c, ids, n_ids);
+    thaw_blob_unref(keep);
     thaw_disk_cache_flush(c);
+    assert_int_equal(thaw_disk_cache_evict(c), 0); /* named now */
     free(s);
 }
 
@@ -296,7 +312,8 @@ static void test_corrupt_block_is_a_miss(void **state)
     (void)state;
     struct thaw_disk_cache *c = open_cache(); /* reopened: what the first test stored, after a "restart" */
     llama_token a[200], probe[150];
-    uint8_t ka[32] = {0xa};
+    uint8_t ka[32] = {0xa}, kb[32] = {0xb};
+    struct thaw_disk_cache_stats s;
     struct thaw_kvlayout_frame f;
     struct thaw_blocks_state bs;
     struct thaw_disk_entry *e;
@@ -305,9 +322,22 @@ static void test_corrupt_block_is_a_miss(void **state)
     tokens(probe, 150, 100, 3);
     frame(0, &f);
 
+    /* the refcounts came back from the .idx records: nothing unnamed */
+    thaw_disk_cache_get_stats(c, &s);
+    assert_int_equal(s.blocks, 200 / B + 220 / B - 3);
+    assert_int_equal(s.blocks_unreferenced, 0);
+    assert_int_equal(thaw_disk_cache_evict(c), 0);
+
     corrupt_block(a, 200, 2); /* shared by a, b and the probe */
     assert_int_equal(thaw_disk_cache_lookup(c, ka, &e), 0);
     const void *man = thaw_disk_entry_part(e, THAW_PART_KV, &n_man);
+    assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), THAW_ENOTFOUND);
+    thaw_disk_entry_release(e);
+    thaw_disk_cache_get_stats(c, &s);
+    assert_int_equal(s.corrupt_removed, 1);
+    /* every manifest that names it misses */
+    assert_int_equal(thaw_disk_cache_lookup(c, kb, &e), 0);
+    man = thaw_disk_entry_part(e, THAW_PART_KV, &n_man);
     assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), THAW_ENOTFOUND);
     thaw_disk_entry_release(e);
     /* the bad block is gone; the prefix run now ends before it */
@@ -316,6 +346,13 @@ static void test_corrupt_block_is_a_miss(void **state)
     thaw_blocks_state_free(&bs);
     corrupt_block(probe, 150, 0);
     assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), THAW_ENOTFOUND);
+    /* kvcache.c removes a manifest that misses; then its blocks go */
+    assert_int_equal(thaw_disk_cache_remove(c, ka), 0);
+    assert_int_equal(thaw_disk_cache_remove(c, kb), 0);
+    assert_int_equal(thaw_disk_cache_evict(c), 200 / B + 220 / B - 3 - 2); /* all but the two corrupt */
+    thaw_disk_cache_get_stats(c, &s);
+    assert_int_equal(s.entries, 0);
+    assert_int_equal(count_files(".kv"), 0);
     thaw_disk_cache_close(c);
 }
 

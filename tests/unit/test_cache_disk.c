@@ -406,7 +406,7 @@ static void test_round_trip(void **state)
     thaw_disk_entry_release(e);
     s = stats(f->c);
     assert_int_equal(s.entries, 1);
-    assert_int_equal(s.bytes, 100000 + 5000 + 3000 + 152 + d.n_meta);
+    assert_int_equal(s.bytes, 100000 + 5000 + 3000 + 160 + d.n_meta);
     assert_int_equal(s.stores_ok, 1);
     assert_int_equal(s.lookups, 1);
     assert_int_equal(s.hits, 1);
@@ -430,13 +430,13 @@ static void test_round_trip(void **state)
     assert_true(entry_matches(e, &d2, 0));
     thaw_disk_entry_release(e);
     assert_int_equal(stats(f->c).entries, 2);
-    assert_int_equal(stats(f->c).bytes, 2 * (777 + 152));
+    assert_int_equal(stats(f->c).bytes, 2 * (777 + 160));
 
     /* ...and it survives a restart. */
     fx_close(f);
     fx_open(f);
     assert_int_equal(stats(f->c).entries, 2);
-    assert_int_equal(stats(f->c).bytes, 2 * (777 + 152));
+    assert_int_equal(stats(f->c).bytes, 2 * (777 + 160));
     assert_int_equal(thaw_disk_cache_lookup(f->c, k2, &e), 0);
     assert_true(entry_matches(e, &d2, 0));
     thaw_disk_entry_release(e);
@@ -523,7 +523,7 @@ static void test_bad_arguments(void **state)
     assert_int_equal(thaw_disk_cache_open(&p, &c), THAW_EINVAL);
     assert_null(c);
     p = fx_params(f);
-    p.max_bytes = 1000; /* the entry alone is 1000 + 152 + meta */
+    p.max_bytes = 1000; /* the entry alone is 1000 + 160 + meta */
     fx_open_p(f, &p);
     data_blobs(&d, b);
     assert_int_equal(thaw_disk_cache_store(f->c, k, 1, b, NULL, 0), THAW_ETOOBIG);
@@ -784,10 +784,10 @@ static void test_garbage_files(void **state)
     write_bytes(path, buf, 152);
     file_path(f, k[2], ".idx", path);
     write_bytes(path, buf, sizeof buf);
-    memcpy(buf, "THAWIDX\0\2\0\0\0", 12); /* another version: removed too */
+    memcpy(buf, "THAWIDX\0\1\0\0\0", 12); /* another version (1: before blocks): removed too */
     file_path(f, k[3], ".idx", path);
     write_bytes(path, buf, 300);
-    memcpy(buf, "THAWIDX\0\1\0\0\0", 12); /* right magic, garbage after */
+    memcpy(buf, "THAWIDX\0\2\0\0\0", 12); /* right magic, garbage after */
     file_path(f, k[4], ".idx", path);
     write_bytes(path, buf, 160);
     file_path(f, k[5], ".idx", path);
@@ -839,7 +839,7 @@ static void test_idx_parse_fuzz(void **state)
     fd = open(path, O_RDONLY);
     n = (size_t)read(fd, rec, sizeof rec);
     close(fd);
-    assert_int_equal(n, 152 + d.n_meta);
+    assert_int_equal(n, 160 + d.n_meta);
     assert_int_equal(thaw_disk_idx_parse(rec, n, &idx), 0);
     assert_memory_equal(idx.key, k, 32);
     assert_int_equal(idx.n_tokens, d.n_tokens);
@@ -1301,7 +1301,7 @@ static void test_lru(void **state)
     uint64_t one;
 
     data_make(&d, 100, 10000, 1000, 0);
-    one = 10000 + 1000 + 152 + d.n_meta;
+    one = 10000 + 1000 + 160 + d.n_meta;
     for (int i = 0; i < 4; i++)
         key_make(k[i], 100 + (unsigned)i);
     p.max_bytes = 3 * one;
@@ -1516,7 +1516,7 @@ static void test_writer_queue_full(void **state)
     g.closed = 1;
     g.waiting = 0;
     p.vfs = &g.vfs;
-    p.queue_max_bytes = 3 * (4000 + 152); /* the one being written + 2 waiting */
+    p.queue_max_bytes = 3 * (4000 + 160); /* the one being written + 2 waiting */
     fx_open_p(f, &p);
     for (unsigned i = 0; i < 4; i++) {
         key_make(k[i], 120 + i);
@@ -1555,7 +1555,7 @@ static void test_writer_queue_full(void **state)
     assert_int_equal(r, THAW_EBUSY);
     assert_ptr_equal(b[THAW_PART_KV].data, d[3].buf[0]); /* still the caller's */
     assert_int_equal(held.stores_dropped, 1);
-    assert_int_equal(held.queue_bytes, 3 * (4000 + 152));
+    assert_int_equal(held.queue_bytes, 3 * (4000 + 160));
     assert_int_equal(held.queue_len, 3);
     assert_warned(f, "dropped store", "writer queue full", "12.2 KiB in 3 stores", "budget 12.2 KiB",
                   NULL);
@@ -1614,7 +1614,7 @@ static void gate_wait_writer(struct gate *g)
     pthread_mutex_unlock(&g->mu);
 }
 
-/* Submits a new entry of one kv part of kv bytes, no meta (kv + 152 bytes
+/* Submits a new entry of one kv part of kv bytes, no meta (kv + 160 bytes
  * in the queue), under key n. The submit's return; the data is freed or
  * handed over either way. */
 static int submit_new(struct fx *f, unsigned n, size_t kv)
@@ -1664,7 +1664,7 @@ static void test_writer_queue_bytes(void **state)
     assert_int_equal(n_bad, 0);
     assert_int_equal(st.stores_dropped, 0);
     assert_int_equal(st.queue_len, 48);
-    assert_int_equal(st.queue_bytes, 48 * (8000 + 152));
+    assert_int_equal(st.queue_bytes, 48 * (8000 + 160));
     assert_int_equal(stats(f->c).stores_ok, 48);
     assert_int_equal(stats(f->c).queue_bytes, 0);
     assert_int_equal(stats(f->c).queue_len, 0);
@@ -1676,13 +1676,13 @@ static void test_writer_queue_bytes(void **state)
     fx_open_p(f, &p);
     warns_clear(f);
     gate_set(&g, 1);
-    r[0] = submit_new(f, 500, 4000); /* 4152 held */
+    r[0] = submit_new(f, 500, 4000); /* 4160 held */
     if (r[0] == 0)
         gate_wait_writer(&g);
-    r[1] = submit_new(f, 501, 4000); /* 8304 */
-    r[2] = submit_new(f, 502, 2000); /* 10456 > 10000: dropped */
-    r[3] = submit_new(f, 503, 1500); /* 9956: fits */
-    r[4] = submit_new(f, 504, 100);  /* 10208: dropped */
+    r[1] = submit_new(f, 501, 4000); /* 8320 */
+    r[2] = submit_new(f, 502, 2000); /* 10480 > 10000: dropped */
+    r[3] = submit_new(f, 503, 1500); /* 9980: fits */
+    r[4] = submit_new(f, 504, 100);  /* 10240: dropped */
     st = stats(f->c);
     gate_set(&g, 0);
     thaw_disk_cache_flush(f->c);
@@ -1691,12 +1691,12 @@ static void test_writer_queue_bytes(void **state)
     assert_int_equal(r[2], THAW_EBUSY);
     assert_int_equal(r[3], 0);
     assert_int_equal(r[4], THAW_EBUSY);
-    assert_int_equal(st.queue_bytes, 4152 + 4152 + 1652);
+    assert_int_equal(st.queue_bytes, 4160 + 4160 + 1660);
     assert_int_equal(st.queue_len, 3);
     assert_int_equal(st.stores_dropped, 2);
     assert_warned(f, "dropped store", "(2.1 KiB)", "writer queue full", "8.1 KiB in 2 stores",
                   "budget 9.8 KiB", NULL);
-    assert_warned(f, "dropped store", "(252 B)", "9.7 KiB in 3 stores", NULL);
+    assert_warned(f, "dropped store", "(260 B)", "9.7 KiB in 3 stores", NULL);
     assert_int_equal(stats(f->c).stores_ok, 3);
     key_make(k, 502);
     assert_int_equal(thaw_disk_cache_contains(f->c, k), 0);
@@ -1715,7 +1715,7 @@ static void test_writer_queue_bytes(void **state)
     thaw_disk_cache_flush(f->c);
     assert_int_equal(r[0], 0);
     assert_int_equal(r[1], THAW_EBUSY);
-    assert_int_equal(st.queue_bytes, 30152);
+    assert_int_equal(st.queue_bytes, 30160);
     assert_int_equal(stats(f->c).stores_ok, 4);
     assert_int_equal(stats(f->c).stores_dropped, 3);
     key_make(k, 510);
