@@ -179,6 +179,7 @@
 
 #include "blob.h"
 #include "error.h"
+#include "le.h"
 #include "log.h"
 
 #include <errno.h>
@@ -385,35 +386,9 @@ int thaw_unhex(const char *s, size_t n, uint8_t *out)
     return 0;
 }
 
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
 
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
 
-static uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
 
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 /* <dir>/<hex><ext><tmp> into out[PATH_MAX]; open() checked the length. */
 static void entry_path(const struct thaw_disk_cache *c, char *out, const char *hex,

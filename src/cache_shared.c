@@ -13,6 +13,7 @@
 
 #include "blocks.h"
 #include "error.h"
+#include "le.h"
 #include "log.h"
 #include "metrics.h"
 #include "s3.h"
@@ -156,27 +157,9 @@ static size_t make_ad(const char *name, const uint8_t ns[THAW_KEY_BYTES], const 
     return 4 + nn + 1 + 2 * THAW_KEY_BYTES;
 }
 
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
 
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
 
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
-static uint64_t get_u64(const uint8_t *p)
-{
-    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
-}
 
 int thaw_shared_seal(const struct thaw_shared_names *nm, const char *name, const uint8_t ns[THAW_KEY_BYTES],
                      const uint8_t identity[THAW_KEY_BYTES], uint32_t n_tokens,

@@ -20,22 +20,14 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "le.h"
+
 #define IDX_OFF_META 152 /* cache_disk.c: the fixed part */
 #define IDX_TRAILER 8
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
 
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
 
 /* Encodes idx after the format-2 layout into b[n]; n = 152 + n_meta +
  * 32 n_refs + 8, which check() has made sure of. */
