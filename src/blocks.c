@@ -40,19 +40,6 @@ void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const lla
 
 /* Held by the disk: committed, or still in the writer's queue (a block
  * submitted by the turn before, not yet written, is not written twice). */
-static bool has_block(struct thaw_disk_cache *c, const uint8_t id[THAW_BLOCKS_ID_BYTES])
-{
-    struct thaw_part_blob pend[THAW_PART_COUNT];
-
-    if (thaw_disk_cache_contains(c, id))
-        return true;
-    if (thaw_disk_cache_pending(c, id, pend) != 0)
-        return false;
-    for (int p = 0; p < THAW_PART_COUNT; p++)
-        thaw_blob_unref(pend[p].data);
-    return true;
-}
-
 int thaw_blocks_is_manifest(const void *blob, size_t n)
 {
     uint32_t magic;
@@ -98,7 +85,7 @@ int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint
     thaw_disk_cache_hold(c, ids[0], n_blocks);
     held = true;
     for (uint32_t k = 0; k < n_blocks; k++) {
-        if (has_block(c, ids[k])) {
+        if (thaw_disk_cache_has(c, ids[k])) {
             st->skipped++;
             continue;
         }
@@ -331,7 +318,7 @@ int thaw_blocks_prefix(struct thaw_disk_cache *c, const uint8_t binding[32], uin
     rc = THAW_ENOTFOUND;
     for (int attempt = 0; attempt < 3 && rc == THAW_ENOTFOUND; attempt++) {
         uint32_t run = 0;
-        while (run < n_blocks && has_block(c, ids[run]))
+        while (run < n_blocks && thaw_disk_cache_has(c, ids[run]))
             run++;
         if (run == 0)
             break;

@@ -2335,19 +2335,60 @@ void thaw_disk_cache_unhold(struct thaw_disk_cache *c, const uint8_t *keys, uint
     pthread_mutex_unlock(&c->mu);
 }
 
+/* contains(), with c->mu held. */
+static int contains_locked(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
+{
+    struct ent *e = index_find(c, key);
+    int found = e && e->live && !e->busy && !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+
+    if (found && e->is_block)
+        e->last_used = now_s(c); /* a store is about to name it: see the header */
+    return found;
+}
+
+/* queued(), with c->mu held. */
+static int queued_locked(const struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
+{
+    if (c->q_active_job && memcmp(c->q_active_job->key, key, THAW_KEY_BYTES) == 0)
+        return 1;
+    for (const struct job *j = c->q_head; j; j = j->next)
+        if (memcmp(j->key, key, THAW_KEY_BYTES) == 0)
+            return 1;
+    return 0;
+}
+
 int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
-    struct ent *e;
     int found;
 
     if (!c || !key)
         return 0;
     pthread_mutex_lock(&c->mu);
-    e = index_find(c, key);
-    found = e && e->live && !e->busy &&
-            !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
-    if (found && e->is_block)
-        e->last_used = now_s(c); /* a store is about to name it: see the header */
+    found = contains_locked(c, key);
+    pthread_mutex_unlock(&c->mu);
+    return found;
+}
+
+int thaw_disk_cache_queued(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
+{
+    int found;
+
+    if (!c || !key)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    found = queued_locked(c, key);
+    pthread_mutex_unlock(&c->mu);
+    return found;
+}
+
+int thaw_disk_cache_has(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
+{
+    int found;
+
+    if (!c || !key)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    found = queued_locked(c, key) || contains_locked(c, key);
     pthread_mutex_unlock(&c->mu);
     return found;
 }

@@ -274,6 +274,15 @@ int thaw_disk_entry_verify(struct thaw_disk_cache *c, struct thaw_disk_entry *e)
  * yet. */
 int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);
 
+/* 1 if a store of key is waiting for the writer or being written (what
+ * thaw_disk_cache_pending would find, without taking references), else 0. */
+int thaw_disk_cache_queued(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);
+
+/* 1 if key is queued or contained (both checked under one lock, so a store
+ * committing meanwhile is never missed), else 0: whether a store of key
+ * would be redundant. Same side effect on a block as contains. */
+int thaw_disk_cache_has(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);
+
 /* Holds the n block keys at keys (n x THAW_KEY_BYTES) as if a root named
  * them: none is collected until thaw_disk_cache_unhold() of the same keys.
  * A store takes it before it looks for its blocks (contains()) and submits

@@ -45,6 +45,29 @@
 #define SEEN_CAP 65536u            /* block ids the uploader knows the store holds */
 #define UPLOAD_TIMEOUT_MIN_MS 10000 /* an upload is no request's wait: it may take longer */
 
+/* The latest TAKEN_RING keys noted (older ones age out); under mu. */
+struct key_ring {
+    uint8_t keys[TAKEN_RING][THAW_KEY_BYTES];
+    uint32_t next;
+};
+
+static void ring_add(struct key_ring *r, const uint8_t key[THAW_KEY_BYTES])
+{
+    memcpy(r->keys[r->next++ % TAKEN_RING], key, THAW_KEY_BYTES);
+}
+
+/* Whether key was noted; `forget` clears it. */
+static bool ring_find(struct key_ring *r, const uint8_t key[THAW_KEY_BYTES], bool forget)
+{
+    for (int i = 0; i < TAKEN_RING; i++)
+        if (memcmp(r->keys[i], key, THAW_KEY_BYTES) == 0) {
+            if (forget)
+                memset(r->keys[i], 0, THAW_KEY_BYTES);
+            return true;
+        }
+    return false;
+}
+
 struct upload_job {
     uint8_t key[THAW_KEY_BYTES], ns[THAW_KEY_BYTES];
 };
@@ -87,12 +110,8 @@ struct thaw_shared {
     bool open, probing;
     int64_t open_until_us;
 
-    /* conversations installed from the store, not yet restored; under mu */
-    uint8_t taken[TAKEN_RING][THAW_KEY_BYTES];
-    uint32_t taken_next;
-    /* stores this replica is about to write itself; under mu */
-    uint8_t expected[TAKEN_RING][THAW_KEY_BYTES];
-    uint32_t expected_next;
+    struct key_ring taken;    /* conversations installed from the store, not yet restored */
+    struct key_ring expected; /* stores this replica is about to write itself */
 
     /* uploader thread only */
     uint8_t (*seen)[THAW_KEY_BYTES];
@@ -321,19 +340,6 @@ static void breaker_report(struct thaw_shared *s, int rc, const char *what)
 /* ---- fetch
  * --------------------------------------------------------------------- */
 
-static bool local_has(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
-{
-    struct thaw_part_blob pend[THAW_PART_COUNT];
-
-    if (thaw_disk_cache_contains(s->disk, key))
-        return true;
-    if (thaw_disk_cache_pending(s->disk, key, pend) != 0)
-        return false;
-    for (int p = 0; p < THAW_PART_COUNT; p++)
-        thaw_blob_unref(pend[p].data);
-    return true;
-}
-
 static long remaining_ms(int64_t deadline_us)
 {
     int64_t left = (deadline_us - thaw_now_us()) / 1000;
@@ -512,7 +518,7 @@ static int fetch_blocks_of(struct thaw_shared *s, struct thaw_s3 *const clis[FET
     if (!missing)
         return THAW_ENOMEM;
     for (uint32_t k = 0; k < n_ids; k++)
-        if (!local_has(s, ids + (size_t)k * THAW_BLOCKS_ID_BYTES))
+        if (!thaw_disk_cache_has(s->disk, ids + (size_t)k * THAW_BLOCKS_ID_BYTES))
             missing[n++] = ids + (size_t)k * THAW_BLOCKS_ID_BYTES;
     rc = fetch_run(s, clis, ns, missing, n, deadline_us, &installed);
     free(missing);
@@ -524,7 +530,7 @@ static int fetch_blocks_of(struct thaw_shared *s, struct thaw_s3 *const clis[FET
 static void mark_taken(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
 {
     pthread_mutex_lock(&s->mu);
-    memcpy(s->taken[s->taken_next++ % TAKEN_RING], key, THAW_KEY_BYTES);
+    ring_add(&s->taken, key);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -533,33 +539,24 @@ void thaw_shared_expect(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES]
     if (!s)
         return;
     pthread_mutex_lock(&s->mu);
-    memcpy(s->expected[s->expected_next++ % TAKEN_RING], key, THAW_KEY_BYTES);
+    ring_add(&s->expected, key);
     pthread_mutex_unlock(&s->mu);
 }
 
 static bool is_expected(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
 {
-    bool found = false;
-
     pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < TAKEN_RING && !found; i++)
-        found = memcmp(s->expected[i], key, THAW_KEY_BYTES) == 0;
+    bool found = ring_find(&s->expected, key, false);
     pthread_mutex_unlock(&s->mu);
     return found;
 }
 
 bool thaw_shared_taken(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES])
 {
-    bool found = false;
-
     if (!s)
         return false;
     pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < TAKEN_RING && !found; i++)
-        if (memcmp(s->taken[i], key, THAW_KEY_BYTES) == 0) {
-            memset(s->taken[i], 0, THAW_KEY_BYTES);
-            found = true;
-        }
+    bool found = ring_find(&s->taken, key, true);
     pthread_mutex_unlock(&s->mu);
     return found;
 }
@@ -616,14 +613,17 @@ static int prefix_ids(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], c
     return nb;
 }
 
-/* The first of ids the local tier lacks; nb when it holds them all. */
-static int first_missing(struct thaw_shared *s, uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], int nb)
+/* The prompt's blocks (prefix fetch on) into *ids, and in *from the first
+ * the local tier lacks. Returns how many (0: none to fetch). */
+static int plan_prefix(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
+                       int n_prompt, uint8_t (**ids)[THAW_BLOCKS_ID_BYTES], int *from)
 {
-    int k = 0;
+    int nb = s->prefix_fetch ? prefix_ids(s, ns, prompt, n_prompt, ids) : 0;
 
-    while (k < nb && local_has(s, ids[k]))
-        k++;
-    return k;
+    *from = 0;
+    while (*from < nb && thaw_disk_cache_has(s->disk, (*ids)[*from]))
+        (*from)++;
+    return nb;
 }
 
 /* A prompt without an entry: its run of whole blocks from block `from`
@@ -638,7 +638,7 @@ static int fetch_prefix(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_
     if (!missing)
         return THAW_ENOMEM;
     for (int k = from; k < nb; k++)
-        if (!local_has(s, ids[k]))
+        if (!thaw_disk_cache_has(s->disk, ids[k]))
             missing[n++] = ids[k];
     rc = fetch_run(s, clis, ns, missing, n, deadline_us, &installed);
     free(missing);
@@ -655,22 +655,21 @@ static int fetch_with(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PA
     int rc = THAW_ENOTFOUND, nb = 0, from = 0;
     char what[64] = "";
 
-    if (key && local_has(s, key))
+    if (key && thaw_disk_cache_has(s->disk, key))
         return THAW_ENOTFOUND;
-    if (s->prefix_fetch) {
-        nb = prefix_ids(s, ns, prompt, n_prompt, &ids);
-        from = first_missing(s, ids, nb);
-    }
-    if (!key && from >= nb) {
-        free(ids);
-        return THAW_ENOTFOUND; /* a first turn whose blocks are all here: nothing to ask the store */
+    if (!key) {
+        nb = plan_prefix(s, ns, prompt, n_prompt, &ids, &from);
+        if (from >= nb) {
+            free(ids);
+            return THAW_ENOTFOUND; /* a first turn whose blocks are all here: nothing to ask the store */
+        }
     }
     if (!breaker_allows(s)) {
         free(ids);
         return THAW_EBUSY;
     }
-    if (key)
-        rc = fetch_entry(s, clis, key, ns, deadline);
+    if (key && (rc = fetch_entry(s, clis, key, ns, deadline)) == THAW_ENOTFOUND)
+        nb = plan_prefix(s, ns, prompt, n_prompt, &ids, &from); /* no entry: the prompt's blocks, then */
     if (rc == THAW_ENOTFOUND && from < nb)
         rc = fetch_prefix(s, clis, ns, ids, nb, from, deadline);
     free(ids);
@@ -780,16 +779,14 @@ static void test_delay(void)
 
 static int upload_one(struct thaw_shared *s, const struct upload_job *j)
 {
-    struct thaw_part_blob pend[THAW_PART_COUNT], parts[THAW_PART_COUNT];
+    struct thaw_part_blob parts[THAW_PART_COUNT];
     struct thaw_disk_entry *de = NULL;
     const uint8_t *ids = NULL;
     uint32_t n_ids = 0;
     int rc;
 
     /* after the local commit: what is uploaded was written and reads back */
-    for (int i = 0; thaw_disk_cache_pending(s->disk, j->key, pend) == 0; i++) {
-        for (int p = 0; p < THAW_PART_COUNT; p++)
-            thaw_blob_unref(pend[p].data);
+    for (int i = 0; thaw_disk_cache_queued(s->disk, j->key); i++) {
         if (i > 60000 || s->stopping)
             return THAW_ESHUTDOWN;
         struct timespec ts = {0, 2000000};
@@ -936,7 +933,7 @@ int thaw_shared_fetch_async(struct thaw_shared *s, const uint8_t *key, const uin
 {
     int rc = 0;
 
-    if (!s || (key && (local_has(s, key) || is_expected(s, key))) || breaker_is_open(s))
+    if (!s || (key && (thaw_disk_cache_has(s->disk, key) || is_expected(s, key))) || breaker_is_open(s))
         return THAW_ENOTFOUND;
     if (!key && (!s->prefix_fetch || !s->block_tokens || (n_prompt - 1) / (int)s->block_tokens < 1))
         return THAW_ENOTFOUND;

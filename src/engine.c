@@ -296,18 +296,16 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
             (double)took / 1000.0);
 }
 
-/* After a reply: derive the store key, and the tokens the next turn will
+/* After a reply (s->store_key derived): the tokens the next turn will
  * present for this conversation. If the slot's tokens differ from them, roll
  * back to the common prefix and enter FIXUP to decode the difference before
  * storing; otherwise store now. */
-static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const char *reply_json,
-                               const char *reply_norm)
+static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const char *reply_json)
 {
     const struct thaw_task *t = s->task;
     llama_token *canon = NULL;
     int n_canon = 0;
 
-    thaw_keys_conversation(t->binding, t->req.messages, t->req.n_messages, reply_norm, s->store_key);
     if (thaw_chat_canonical(e->chat, &t->req, reply_json, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
         thaw_slot_reserve(s, n_canon + 1) != 0) {
         /* no canonical form: store what the slot holds (still a prefix win) */
@@ -563,14 +561,15 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
     if (msg && strstr(msg, "\"tool_calls\":[") && strcmp(reason, "stop") == 0)
         reason = "tool_calls";
     char *stored_msg = msg ? strdup(msg) : NULL;
-    /* The next turn may arrive as soon as the client has this reply, before
-     * the store below is captured: tell the cache tiers it is coming, so the
-     * shared tier does not go looking for a state this replica is about to
-     * write itself. */
-    if (thaw_kvcache_enabled(e->kv) && stored_msg && norm) {
-        uint8_t next[THAW_KEY_BYTES];
-        thaw_keys_conversation(s->task->binding, s->task->req.messages, s->task->req.n_messages, norm, next);
-        thaw_kvcache_expect(e->kv, next);
+    /* The store key, derived now: the next turn may arrive as soon as the
+     * client has this reply, before the store below is captured. The cache
+     * tiers learn it is coming, so the shared tier does not go looking for
+     * a state this replica is about to write itself. */
+    bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm;
+    if (will_store) {
+        thaw_keys_conversation(s->task->binding, s->task->req.messages, s->task->req.n_messages, norm,
+                               s->store_key);
+        thaw_kvcache_expect(e->kv, s->store_key);
     }
     thaw_task_finish(s->task, reason, &s->timings, msg);
     LOG_INF("slot %d: done (%s): prompt %d (%d cached, %s), %.1f ms; %d generated, %.1f tok/s", s->id, reason,
@@ -579,8 +578,8 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
             s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
     /* a verified draft may have left positions past the finish in the KV */
     llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, s->n_tokens, -1);
-    if (thaw_kvcache_enabled(e->kv) && stored_msg && norm)
-        slot_prepare_store(e, s, stored_msg, norm);
+    if (will_store)
+        slot_prepare_store(e, s, stored_msg);
     free(stored_msg);
     free(norm);
     free(reply);
