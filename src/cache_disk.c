@@ -212,7 +212,7 @@
 #define IDX_OFF_RESERVED 148
 #define IDX_OFF_META 152
 #define IDX_TRAILER 8
-#define IDX_SIZE(n_meta, n_refs) ((size_t)IDX_OFF_META + (n_meta) + (size_t)(n_refs) * THAW_KEY_BYTES + IDX_TRAILER)
+#define IDX_SIZE(n_meta, n_refs) ((size_t)IDX_OFF_META + (n_meta) + (size_t)(n_refs)*THAW_KEY_BYTES + IDX_TRAILER)
 #define IDX_SIZE_MAX IDX_SIZE(THAW_DISK_META_MAX, THAW_DISK_REFS_MAX)
 #define IDX_PART_MASK ((1u << THAW_PART_COUNT) - 1)
 #define IDX_FLAG_BLOCK (1u << 8)
@@ -230,14 +230,14 @@ struct ent {
     uint64_t part_size[THAW_PART_COUNT]; /* 0 = absent */
     uint32_t n_tokens;
     uint32_t n_meta;
-    int64_t created;   /* Unix seconds */
-    int64_t last_used; /* Unix seconds */
-    uint64_t gen;      /* bumped when a claim ends: see the notes */
-    int busy;          /* a claim owns the key's files */
-    int live;          /* committed; then on a list (below) */
-    int is_block;      /* THAW_DISK_KIND_BLOCK: never on the LRU list */
-    int listed;        /* enum listed: which list prev/next link */
-    int evict_why;     /* as an eviction victim: enum evict_why */
+    int64_t created;                 /* Unix seconds */
+    int64_t last_used;               /* Unix seconds */
+    uint64_t gen;                    /* bumped when a claim ends: see the notes */
+    int busy;                        /* a claim owns the key's files */
+    int live;                        /* committed; then on a list (below) */
+    int is_block;                    /* THAW_DISK_KIND_BLOCK: never on the LRU list */
+    int listed;                      /* enum listed: which list prev/next link */
+    int evict_why;                   /* as an eviction victim: enum evict_why */
     uint8_t (*refs)[THAW_KEY_BYTES]; /* a root's blocks; counted in the refcount map while set */
     uint32_t n_refs;
     struct ent *hnext; /* hash chain */
@@ -284,8 +284,8 @@ struct job {
     size_t n_meta;
     struct links links; /* refs point into parts[THAW_PART_KV]; counted from submit
                          * until its store commits or fails (held_release) */
-    uint64_t bytes;   /* parts + .idx: what it counts in queue_bytes */
-    struct job *next; /* FIFO */
+    uint64_t bytes;     /* parts + .idx: what it counts in queue_bytes */
+    struct job *next;   /* FIFO */
 };
 
 struct thaw_disk_cache {
@@ -307,12 +307,12 @@ struct thaw_disk_cache {
     pthread_mutex_t mu;
     pthread_cond_t key_cond; /* a busy key was released */
     struct ent **buckets;
-    size_t n_buckets; /* power of two */
-    size_t n_ents;    /* in the hash, busy ones included */
+    size_t n_buckets;                  /* power of two */
+    size_t n_ents;                     /* in the hash, busy ones included */
     struct ent *lru_head, *lru_tail;   /* live roots, least recently used first */
     struct ent *orph_head, *orph_tail; /* live blocks no root names, in the order they lost it */
     uint64_t n_live;
-    uint64_t bytes; /* of live entries */
+    uint64_t bytes;                            /* of live entries */
     uint64_t n_blocks, block_bytes, n_orphans; /* of live blocks */
     struct refc **rc_buckets;
     size_t rc_n_buckets; /* power of two */
@@ -327,17 +327,17 @@ struct thaw_disk_cache {
     unsigned q_len;              /* jobs waiting */
     uint64_t q_bytes;            /* of the jobs waiting and the one active */
     uint64_t q_max_bytes;        /* 0 = no limit */
-    int q_active;           /* the writer is storing a job */
-    struct job *q_active_job; /* that job, while thaw_disk_cache_pending may ref its parts;
-                               * cleared under mu before it is freed */
-    pthread_cond_t q_cond;  /* a job arrived, or stopping */
-    pthread_cond_t q_idle;  /* a job finished */
+    int q_active;                /* the writer is storing a job */
+    struct job *q_active_job;    /* that job, while thaw_disk_cache_pending may ref its parts;
+                                  * cleared under mu before it is freed */
+    pthread_cond_t q_cond;       /* a job arrived, or stopping */
+    pthread_cond_t q_idle;       /* a job finished */
 };
 
 struct thaw_disk_entry {
     const struct thaw_vfs *vfs;
     uint8_t key[THAW_KEY_BYTES];
-    uint64_t gen;     /* the index generation it was read at (for removal) */
+    uint64_t gen;        /* the index generation it was read at (for removal) */
     unsigned unverified; /* THAW_DISK_BAD_PART bits: mapped, checksum not yet checked */
     uint32_t n_tokens;
     void *map[THAW_PART_COUNT]; /* read-only mappings; NULL = absent */
@@ -386,13 +386,8 @@ int thaw_unhex(const char *s, size_t n, uint8_t *out)
     return 0;
 }
 
-
-
-
-
 /* <dir>/<hex><ext><tmp> into out[PATH_MAX]; open() checked the length. */
-static void entry_path(const struct thaw_disk_cache *c, char *out, const char *hex,
-                       const char *ext, int tmp)
+static void entry_path(const struct thaw_disk_cache *c, char *out, const char *hex, const char *ext, int tmp)
 {
     snprintf(out, PATH_MAX, "%s/%s%s%s", c->dir, hex, ext, tmp ? ".tmp" : "");
 }
@@ -402,8 +397,8 @@ static const char *idx_or_part_ext(int p)
     return p == THAW_PART_COUNT ? ".idx" : part_ext[p];
 }
 
-__attribute__((format(printf, 3, 4))) static void logf_(const struct thaw_disk_cache *c,
-                                                        int level, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static void logf_(const struct thaw_disk_cache *c, int level, const char *fmt,
+                                                        ...)
 {
     char msg[512];
     va_list ap;
@@ -519,8 +514,7 @@ int thaw_disk_idx_parse(const void *buf, size_t n, struct thaw_disk_idx *out)
         int present = (flags >> p) & 1;
 
         /* A part must be mappable: fit size_t and off_t. */
-        if (present != (size != 0) || (!present && h != 0) || size > (uint64_t)INT64_MAX ||
-            size > (uint64_t)SIZE_MAX)
+        if (present != (size != 0) || (!present && h != 0) || size > (uint64_t)INT64_MAX || size > (uint64_t)SIZE_MAX)
             return THAW_ECORRUPT;
         out->size[p] = size;
         out->xxh3[p] = h;
@@ -872,8 +866,7 @@ static int fsync_dir(struct thaw_disk_cache *c)
 /* Writes data to a new file `path` (0600), sets its mtime to mtime_s
  * (>= 0), fsyncs and closes it. A stale file at path is replaced.
  * 0 or -errno; on error the file may remain (the caller unlinks it). */
-static int write_file(struct thaw_disk_cache *c, const char *path, const void *data, size_t n,
-                      int64_t mtime_s)
+static int write_file(struct thaw_disk_cache *c, const char *path, const void *data, size_t n, int64_t mtime_s)
 {
     const struct thaw_vfs *v = c->vfs;
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
@@ -939,8 +932,7 @@ static int remove_files(struct thaw_disk_cache *c, const char *hex)
 /* Reads <hex>.idx into a malloc'd buffer. 0 (*buf, *n, and *st if not NULL
  * filled), THAW_ENOTFOUND (no .idx), THAW_ECORRUPT (not a regular file, or
  * of a size no record has), THAW_ENOMEM or -errno. */
-static int read_idx(struct thaw_disk_cache *c, const char *hex, uint8_t **buf, size_t *n,
-                    struct stat *st_out)
+static int read_idx(struct thaw_disk_cache *c, const char *hex, uint8_t **buf, size_t *n, struct stat *st_out)
 {
     const struct thaw_vfs *v = c->vfs;
     char path[PATH_MAX];
@@ -999,8 +991,8 @@ out_close:
  * checksum.
  * 0 (*map set), THAW_ECORRUPT (missing, not regular, wrong size, checksum
  * mismatch; *why says which, static text), or -errno (unreadable). */
-static int map_part(struct thaw_disk_cache *c, const char *hex, int p, uint64_t size,
-                    uint64_t xxh3, int verify, void **map, const char **why)
+static int map_part(struct thaw_disk_cache *c, const char *hex, int p, uint64_t size, uint64_t xxh3, int verify,
+                    void **map, const char **why)
 {
     const struct thaw_vfs *v = c->vfs;
     char path[PATH_MAX];
@@ -1138,7 +1130,7 @@ static int take_lock(struct thaw_disk_cache *c)
 
 /* Kinds of files of a key seen by the sweep. */
 enum {
-    SEEN_IDX = 1u << THAW_PART_COUNT,      /* parts use bits 0..2 */
+    SEEN_IDX = 1u << THAW_PART_COUNT,       /* parts use bits 0..2 */
     SEEN_TMP = 1u << (THAW_PART_COUNT + 1), /* <key>.<kind>.tmp */
 };
 
@@ -1210,8 +1202,7 @@ static int scan_cb(void *ud, const char *name)
 
 static int seen_cmp(const void *a, const void *b)
 {
-    return memcmp(((const struct seen *)a)->key, ((const struct seen *)b)->key,
-                  THAW_KEY_BYTES);
+    return memcmp(((const struct seen *)a)->key, ((const struct seen *)b)->key, THAW_KEY_BYTES);
 }
 
 static int ent_age_cmp(const void *a, const void *b)
@@ -1227,8 +1218,8 @@ static int ent_age_cmp(const void *a, const void *b)
 
 /* Loads (and with `sweep`, cleans up) one key found on disk. Returns 1 if a
  * file was removed, 0 if not, THAW_ENOMEM. Never fails on file content. */
-static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep,
-                    struct ent ***loaded, size_t *n_loaded, size_t *cap_loaded)
+static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep, struct ent ***loaded, size_t *n_loaded,
+                    size_t *cap_loaded)
 {
     const struct thaw_vfs *v = c->vfs;
     int modify = !(c->flags & THAW_DISK_CACHE_READONLY);
@@ -1267,8 +1258,7 @@ static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep,
     if (r == THAW_ENOTFOUND) /* vanished since the listing (SHARED) */
         goto out;
     if (r < 0) {
-        logf_(c, THAW_LOG_WARN, "disk cache: cannot read %.16s.idx: %s; ignored", hex,
-              thaw_strerror(r));
+        logf_(c, THAW_LOG_WARN, "disk cache: cannot read %.16s.idx: %s; ignored", hex, thaw_strerror(r));
         c->st.skipped_entries++;
         goto out;
     }
@@ -1334,8 +1324,7 @@ static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep,
 
 corrupt:
     if (!modify) {
-        logf_(c, THAW_LOG_WARN, "disk cache: entry %.16s is corrupt (%s); left in place (read-only)",
-              hex, why);
+        logf_(c, THAW_LOG_WARN, "disk cache: entry %.16s is corrupt (%s); left in place (read-only)", hex, why);
         c->st.skipped_entries++;
         goto out;
     }
@@ -1626,9 +1615,8 @@ static void classify_kv(const struct thaw_disk_cache *c, const struct thaw_part_
 /* The checks store and submit share; *ln gets what the entry is (known,
  * when the caller classified it already, else classify()). 0, THAW_EINVAL
  * or THAW_ETOOBIG. */
-static int store_check(const struct thaw_disk_cache *c, const uint8_t *key,
-                       const struct thaw_part_blob *parts, const void *meta, size_t n_meta,
-                       const struct links *known, struct links *ln, uint64_t *total)
+static int store_check(const struct thaw_disk_cache *c, const uint8_t *key, const struct thaw_part_blob *parts,
+                       const void *meta, size_t n_meta, const struct links *known, struct links *ln, uint64_t *total)
 {
     uint64_t sum;
 
@@ -1673,9 +1661,8 @@ static int install_file(struct thaw_disk_cache *c, const char *tmp, const char *
  * again (invariant 1). idx is complete (sizes, checksums) and its record
  * rec/rec_len encoded; mtime_s is the entry's last use. 0, or -errno with
  * every file of the key removed again (.idx first), temporaries included. */
-static int store_files(struct thaw_disk_cache *c, const char *hex,
-                       const struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *rec,
-                       size_t rec_len, int64_t mtime_s)
+static int store_files(struct thaw_disk_cache *c, const char *hex, const struct thaw_part_blob parts[THAW_PART_COUNT],
+                       const uint8_t *rec, size_t rec_len, int64_t mtime_s)
 {
     const struct thaw_vfs *v = c->vfs;
     char tmp[PATH_MAX], path[PATH_MAX];
@@ -1723,8 +1710,7 @@ err_remove:
     return ret;
 }
 
-static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, int err,
-                     int round);
+static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, int err, int round);
 
 /* The refs of a queued store were counted at submit (held); its store
  * hands them to the entry it commits, or drops them when it fails, under
@@ -1843,8 +1829,8 @@ static int store_entry(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYT
     pthread_mutex_unlock(&c->mu);
     thaw_fmt_bytes(total, bytes);
     /* debug: the engine logs the one INFO line per store (what, how big, where) */
-    logf_(c, THAW_LOG_DEBUG, "disk cache: stored %.16s: %u tokens, %s in %.0f ms", hex, n_tokens,
-          bytes, mono_ms() - t0);
+    logf_(c, THAW_LOG_DEBUG, "disk cache: stored %.16s: %u tokens, %s in %.0f ms", hex, n_tokens, bytes,
+          mono_ms() - t0);
     free(rec);
     return 0;
 
@@ -1860,9 +1846,8 @@ err_claim:
     return ret;
 }
 
-int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                          uint32_t n_tokens, const struct thaw_part_blob parts[THAW_PART_COUNT],
-                          const void *meta, size_t n_meta)
+int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                          const struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta)
 {
     return store_entry(c, key, n_tokens, parts, meta, n_meta, NULL);
 }
@@ -1911,9 +1896,8 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                           uint32_t n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
-                           const void *meta, size_t n_meta)
+int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                           struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta)
 {
     struct job *j = NULL;
     uint64_t total = 0, held = 0;
@@ -1927,8 +1911,7 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
         return THAW_EINVAL;
     ret = store_check(c, key, parts, meta, n_meta, NULL, &ln, &total);
     if (ret) {
-        why = ret == THAW_ETOOBIG ? "too big (meta, refs, or the entry alone exceeds max_bytes)"
-                                  : "invalid arguments";
+        why = ret == THAW_ETOOBIG ? "too big (meta, refs, or the entry alone exceeds max_bytes)" : "invalid arguments";
         goto out;
     }
     j = calloc(1, sizeof *j);
@@ -1954,8 +1937,7 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
     } else if (c->stopping) {
         ret = THAW_ESHUTDOWN;
         why = "the cache is closing";
-    } else if (c->q_max_bytes && held > 0 &&
-               (held >= c->q_max_bytes || total > c->q_max_bytes - held)) {
+    } else if (c->q_max_bytes && held > 0 && (held >= c->q_max_bytes || total > c->q_max_bytes - held)) {
         /* Bytes, not a count: many small stores may wait, and one larger
          * than the whole budget still goes when the writer holds nothing,
          * or a big model could never store. */
@@ -2061,8 +2043,8 @@ void thaw_disk_entry_release(struct thaw_disk_entry *e)
  * THAW_ECORRUPT (*bad and why[WHY_LEN] say what; an .idx of another
  * format version included), THAW_EMISMATCH (check_fp and another
  * fingerprint), THAW_ENOMEM or -errno. */
-static int entry_load(struct thaw_disk_cache *c, const uint8_t *key, const char *hex,
-                      int check_fp, unsigned defer, struct thaw_disk_entry **out, unsigned *bad, char *why)
+static int entry_load(struct thaw_disk_cache *c, const uint8_t *key, const char *hex, int check_fp, unsigned defer,
+                      struct thaw_disk_entry **out, unsigned *bad, char *why)
 {
     struct thaw_disk_entry *en;
     int ret;
@@ -2123,8 +2105,8 @@ err:
 /* Drops the bad .dft of the entry en was read from (invariant 5): unlink it,
  * then rewrite the .idx without it, mtime = now. Only if the entry is still
  * generation gen and unclaimed; otherwise a racing store owns the files. */
-static void drop_dft(struct thaw_disk_cache *c, const uint8_t *key, const char *hex,
-                     const struct thaw_disk_entry *en, uint64_t gen, int64_t now)
+static void drop_dft(struct thaw_disk_cache *c, const uint8_t *key, const char *hex, const struct thaw_disk_entry *en,
+                     uint64_t gen, int64_t now)
 {
     const struct thaw_vfs *v = c->vfs;
     char path[PATH_MAX], tmp[PATH_MAX];
@@ -2162,15 +2144,14 @@ out:
     claim_end(c, e, 1);
     c->st.dft_dropped++;
     pthread_mutex_unlock(&c->mu);
-    logf_(c, THAW_LOG_WARN, "disk cache: entry %.16s: .dft corrupt; dropped it, kept the entry%s%s",
-          hex, r ? ": " : "", r ? thaw_strerror(r) : "");
+    logf_(c, THAW_LOG_WARN, "disk cache: entry %.16s: .dft corrupt; dropped it, kept the entry%s%s", hex, r ? ": " : "",
+          r ? thaw_strerror(r) : "");
     free(rec);
 }
 
 /* Removes what a lookup or verify found corrupt, if it is still what it
  * read (gen) and unclaimed. 1 removed, 0 not (a race: just a miss). */
-static int remove_corrupt(struct thaw_disk_cache *c, const uint8_t *key, const char *hex,
-                          uint64_t gen, const char *why)
+static int remove_corrupt(struct thaw_disk_cache *c, const uint8_t *key, const char *hex, uint64_t gen, const char *why)
 {
     struct ent *e;
     int r;
@@ -2187,8 +2168,8 @@ static int remove_corrupt(struct thaw_disk_cache *c, const uint8_t *key, const c
         c->st.corrupt_removed++;
     pthread_mutex_unlock(&c->mu);
     if (r)
-        logf_(c, THAW_LOG_ERROR, "disk cache: entry %.16s is corrupt (%s); cannot remove it: %s", hex,
-              why, thaw_strerror(r));
+        logf_(c, THAW_LOG_ERROR, "disk cache: entry %.16s is corrupt (%s); cannot remove it: %s", hex, why,
+              thaw_strerror(r));
     else
         logf_(c, THAW_LOG_WARN, "disk cache: entry %.16s is corrupt (%s); removed", hex, why);
     return 1;
@@ -2207,8 +2188,7 @@ static void forget(struct thaw_disk_cache *c, const uint8_t *key, uint64_t gen)
     pthread_mutex_unlock(&c->mu);
 }
 
-int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                           struct thaw_disk_entry **out)
+int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_entry **out)
 {
     return thaw_disk_cache_lookup_ex(c, key, 0, out);
 }
@@ -2258,8 +2238,7 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
     pthread_mutex_lock(&c->mu);
     c->st.lookups++;
     e = index_find(c, key);
-    if (!e || !e->live || e->busy ||
-        memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE) != 0) {
+    if (!e || !e->live || e->busy || memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE) != 0) {
         c->st.misses++;
         pthread_mutex_unlock(&c->mu);
         return THAW_ENOTFOUND;
@@ -2267,8 +2246,8 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
     gen = e->gen;
     pthread_mutex_unlock(&c->mu);
 
-    ret = entry_load(c, key, hex, 1, (flags & THAW_DISK_LOOKUP_DEFER_KV) ? THAW_DISK_BAD_PART(THAW_PART_KV) : 0,
-                     &en, &bad, why);
+    ret = entry_load(c, key, hex, 1, (flags & THAW_DISK_LOOKUP_DEFER_KV) ? THAW_DISK_BAD_PART(THAW_PART_KV) : 0, &en,
+                     &bad, why);
     now = now_s(c);
     if (ret == 0 && (bad & THAW_DISK_BAD_PART(THAW_PART_DFT)) && modify)
         drop_dft(c, key, hex, en, gen, now); /* also sets the mtime */
@@ -2424,8 +2403,7 @@ int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_K
     return n;
 }
 
-const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_part p,
-                                 size_t *size)
+const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_part p, size_t *size)
 {
     const void *d = NULL;
     size_t n = 0;
@@ -2451,8 +2429,7 @@ const void *thaw_disk_entry_meta(const struct thaw_disk_entry *e, size_t *n)
     return e ? e->idx.meta : NULL;
 }
 
-int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                           int fix, unsigned *bad_parts)
+int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], int fix, unsigned *bad_parts)
 {
     char hex[HEX_LEN + 1];
     struct thaw_disk_entry *en = NULL;
@@ -2591,11 +2568,11 @@ static int evict_victims(struct thaw_disk_cache *c, struct ent *victims, int64_t
             logf_(c, THAW_LOG_ERROR, "disk cache: %s %.16s: %s", why == EVICT_GC ? "collecting" : "evicting", hex,
                   thaw_strerror(r));
         else if (why == EVICT_TTL)
-            logf_(c, THAW_LOG_INFO, "disk cache: evicted %.16s (%s): unused for %lld s > ttl %lld s",
-                  hex, bytes, (long long)(now - e->last_used), (long long)c->ttl_s);
+            logf_(c, THAW_LOG_INFO, "disk cache: evicted %.16s (%s): unused for %lld s > ttl %lld s", hex, bytes,
+                  (long long)(now - e->last_used), (long long)c->ttl_s);
         else if (why == EVICT_LRU)
-            logf_(c, THAW_LOG_INFO, "disk cache: evicted %.16s (%s): least recently used, over %llu MiB",
-                  hex, bytes, (unsigned long long)(c->max_bytes >> 20));
+            logf_(c, THAW_LOG_INFO, "disk cache: evicted %.16s (%s): least recently used, over %llu MiB", hex, bytes,
+                  (unsigned long long)(c->max_bytes >> 20));
         /* EVICT_ENOSPC: make_room logs one line for the lot; EVICT_GC: one below */
         pthread_mutex_lock(&c->mu);
         if (why == EVICT_TTL) {
@@ -2684,11 +2661,10 @@ static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, 
         logf_(c, THAW_LOG_WARN,
               "disk cache: %s storing %.16s (%s): evicted %d least recently used entr%s (%s); "
               "retrying (%d/%d)",
-              thaw_strerror(err), hex, need_s, n, n == 1 ? "y" : "ies", freed_s, round,
-              THAW_DISK_ENOSPC_ROUNDS);
+              thaw_strerror(err), hex, need_s, n, n == 1 ? "y" : "ies", freed_s, round, THAW_DISK_ENOSPC_ROUNDS);
     else
-        logf_(c, THAW_LOG_WARN, "disk cache: %s storing %.16s (%s): no entry left to evict",
-              thaw_strerror(err), hex, need_s);
+        logf_(c, THAW_LOG_WARN, "disk cache: %s storing %.16s (%s): no entry left to evict", thaw_strerror(err), hex,
+              need_s);
     return n;
 }
 
@@ -2726,8 +2702,7 @@ static int info_recent_cmp(const void *a, const void *b)
     return memcmp(x->key, y->key, THAW_KEY_BYTES);
 }
 
-int thaw_disk_cache_foreach(struct thaw_disk_cache *c,
-                            int (*cb)(void *ud, const struct thaw_disk_entry_info *info),
+int thaw_disk_cache_foreach(struct thaw_disk_cache *c, int (*cb)(void *ud, const struct thaw_disk_entry_info *info),
                             void *ud)
 {
     struct thaw_disk_entry_info *v;

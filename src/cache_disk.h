@@ -63,36 +63,38 @@
 
 /* Open flags. */
 #define THAW_DISK_CACHE_NO_WRITER 0x1u /* no writer thread: submit() fails */
-#define THAW_DISK_CACHE_SHARED 0x2u    /* a second process on a directory
-                                        * that a server may be using: no lock,
-                                        * no sweep of *.tmp and orphans (they
-                                        * may be the server's store in
-                                        * progress), no writer thread */
-#define THAW_DISK_CACHE_READONLY 0x4u  /* implies SHARED; additionally never
-                                        * creates, chmods, touches or removes
-                                        * anything; store/remove fail with
-                                        * THAW_EINVAL, corrupt entries are
-                                        * reported but left in place */
+#define THAW_DISK_CACHE_SHARED                                                                                         \
+    0x2u /* a second process on a directory                                                                            \
+          * that a server may be using: no lock,                                                                       \
+          * no sweep of *.tmp and orphans (they                                                                        \
+          * may be the server's store in                                                                               \
+          * progress), no writer thread */
+#define THAW_DISK_CACHE_READONLY                                                                                       \
+    0x4u /* implies SHARED; additionally never                                                                         \
+          * creates, chmods, touches or removes                                                                        \
+          * anything; store/remove fail with                                                                           \
+          * THAW_EINVAL, corrupt entries are                                                                           \
+          * reported but left in place */
 
 struct thaw_disk_cache_params {
-    const char *dir;        /* the cache directory; copied. Missing parents
-                             * are created 0700 (except READONLY/SHARED) */
-    uint64_t max_bytes;     /* LRU budget over all files of all entries
-                             * (including other models'); 0 = no limit */
-    int64_t ttl_s;          /* evict entries unused for more than this many
-                             * seconds; 0 = no limit */
+    const char *dir;                                 /* the cache directory; copied. Missing parents
+                                                      * are created 0700 (except READONLY/SHARED) */
+    uint64_t max_bytes;                              /* LRU budget over all files of all entries
+                                                      * (including other models'); 0 = no limit */
+    int64_t ttl_s;                                   /* evict entries unused for more than this many
+                                                      * seconds; 0 = no limit */
     uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE]; /* model + context
-                             * identity, written into every .idx; entries
-                             * with another one are misses */
-    uint64_t queue_max_bytes; /* bytes of submitted stores the writer may
-                             * hold (waiting, and the one being written:
-                             * the sum of their parts and .idx); a submit
-                             * that would go over is dropped. A store larger
-                             * than this alone is still taken when the
-                             * writer holds nothing. 0 = no limit */
-    unsigned flags;         /* THAW_DISK_CACHE_* above */
-    const struct thaw_vfs *vfs; /* NULL = thaw_vfs_default(); must outlive
-                             * the cache */
+                                                      * identity, written into every .idx; entries
+                                                      * with another one are misses */
+    uint64_t queue_max_bytes;                        /* bytes of submitted stores the writer may
+                                                      * hold (waiting, and the one being written:
+                                                      * the sum of their parts and .idx); a submit
+                                                      * that would go over is dropped. A store larger
+                                                      * than this alone is still taken when the
+                                                      * writer holds nothing. 0 = no limit */
+    unsigned flags;                                  /* THAW_DISK_CACHE_* above */
+    const struct thaw_vfs *vfs;                      /* NULL = thaw_vfs_default(); must outlive
+                                                      * the cache */
     /* One readable line per store / eviction / corruption / warning. level
      * is an enum thaw_log_level (log.h): THAW_LOG_ERROR/WARN/INFO.
      * msg has no trailing newline and is valid only during the call. Called
@@ -182,9 +184,8 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c);
  * an entry previously stored under the key is gone too. Counts in
  * stores_ok / store_failures. */
 #define THAW_DISK_ENOSPC_ROUNDS 3
-int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                          uint32_t n_tokens, const struct thaw_part_blob parts[THAW_PART_COUNT],
-                          const void *meta, size_t n_meta);
+int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                          const struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta);
 
 /* Queues a store for the writer thread and returns at once (never blocks on
  * I/O or on the writer). Same arguments and checks as thaw_disk_cache_store.
@@ -203,9 +204,8 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
  *                  thread (NO_WRITER, SHARED, READONLY)
  *   THAW_ETOOBIG   as store
  *   THAW_ENOMEM */
-int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                           uint32_t n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
-                           const void *meta, size_t n_meta);
+int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                           struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta);
 
 /* A store of key the writer still holds (waiting, or being written): the
  * bytes a lookup right after submit() would otherwise miss until the write
@@ -241,16 +241,16 @@ void thaw_disk_cache_flush(struct thaw_disk_cache *c);
  * Every outcome but THAW_EINVAL counts as one lookup and a hit or a miss.
  * Never crashes on any file content, save a file truncated by another
  * process while mapped (SIGBUS; thaw itself never truncates). */
-int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                           struct thaw_disk_entry **out);
+int thaw_disk_cache_lookup(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_entry **out);
 
 /* Lookup flags. */
-#define THAW_DISK_LOOKUP_DEFER_KV 0x1u /* map the .kv but leave its checksum to
-                                        * thaw_disk_entry_verify(), so the
-                                        * caller can check it on another
-                                        * thread while it already reads the
-                                        * bytes (the other parts are verified
-                                        * as usual) */
+#define THAW_DISK_LOOKUP_DEFER_KV                                                                                      \
+    0x1u /* map the .kv but leave its checksum to                                                                      \
+          * thaw_disk_entry_verify(), so the                                                                           \
+          * caller can check it on another                                                                             \
+          * thread while it already reads the                                                                          \
+          * bytes (the other parts are verified                                                                        \
+          * as usual) */
 
 /* thaw_disk_cache_lookup() with flags. With THAW_DISK_LOOKUP_DEFER_KV the
  * returned entry is NOT yet known good: the caller must not let anything
@@ -306,8 +306,7 @@ int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_K
 
 /* A part's bytes, valid until thaw_disk_entry_release(); *size gets its
  * length (0 when absent; size may be NULL). NULL when the part is absent. */
-const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_part p,
-                                 size_t *size);
+const void *thaw_disk_entry_part(const struct thaw_disk_entry *e, enum thaw_part p, size_t *size);
 uint32_t thaw_disk_entry_n_tokens(const struct thaw_disk_entry *e);
 /* The meta blob (NULL with *n = 0 if none), valid until release. */
 const void *thaw_disk_entry_meta(const struct thaw_disk_entry *e, size_t *n);
@@ -345,19 +344,18 @@ int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
  * Returns 0 (usable; maybe a bad .dft, see *bad_parts), THAW_ECORRUPT,
  * THAW_ENOTFOUND, THAW_EINVAL, THAW_ENOMEM or -errno as lookup. Counts no
  * lookup. */
-int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                           int fix, unsigned *bad_parts);
+int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], int fix, unsigned *bad_parts);
 
 /* One indexed entry, as listed by thaw_disk_cache_foreach(). */
 struct thaw_disk_entry_info {
     uint8_t key[THAW_KEY_BYTES];
     uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
-    int same_model;    /* fingerprint equals this cache's */
+    int same_model; /* fingerprint equals this cache's */
     uint32_t n_tokens;
-    uint64_t bytes;    /* all files of the entry, .idx included */
-    int is_block;      /* THAW_DISK_KIND_BLOCK */
-    uint32_t n_refs;   /* blocks it names (a manifest) */
-    uint32_t referrers; /* for a block: roots (and queued stores) naming it */
+    uint64_t bytes;                      /* all files of the entry, .idx included */
+    int is_block;                        /* THAW_DISK_KIND_BLOCK */
+    uint32_t n_refs;                     /* blocks it names (a manifest) */
+    uint32_t referrers;                  /* for a block: roots (and queued stores) naming it */
     uint64_t part_size[THAW_PART_COUNT]; /* 0 = absent */
     uint32_t n_meta;
     int64_t created;   /* Unix seconds */
@@ -368,21 +366,20 @@ struct thaw_disk_entry_info {
  * snapshot taken under the lock: cb may call any cache function (remove,
  * verify, ...). Stops when cb returns non-zero and returns that value;
  * otherwise 0, or THAW_ENOMEM (nothing called). */
-int thaw_disk_cache_foreach(struct thaw_disk_cache *c,
-                            int (*cb)(void *ud, const struct thaw_disk_entry_info *info),
+int thaw_disk_cache_foreach(struct thaw_disk_cache *c, int (*cb)(void *ud, const struct thaw_disk_entry_info *info),
                             void *ud);
 
 struct thaw_disk_cache_stats {
-    uint64_t entries;          /* committed, all fingerprints, blocks included */
-    uint64_t bytes;            /* their files, .idx included */
-    uint64_t blocks;           /* now: of those entries, blocks */
-    uint64_t block_bytes;      /* now: their files */
+    uint64_t entries;             /* committed, all fingerprints, blocks included */
+    uint64_t bytes;               /* their files, .idx included */
+    uint64_t blocks;              /* now: of those entries, blocks */
+    uint64_t block_bytes;         /* now: their files */
     uint64_t blocks_unreferenced; /* now: blocks no root names (collected
-                                * once unused for block_grace_s) */
-    uint64_t blocks_collected; /* blocks removed because no root named them */
+                                   * once unused for block_grace_s) */
+    uint64_t blocks_collected;    /* blocks removed because no root named them */
     uint64_t block_bytes_collected;
-    int64_t oldest_created;    /* Unix seconds; 0 when empty */
-    int64_t oldest_used;       /* least recent last use; 0 when empty */
+    int64_t oldest_created; /* Unix seconds; 0 when empty */
+    int64_t oldest_used;    /* least recent last use; 0 when empty */
     uint64_t stores_ok;
     uint64_t store_failures;   /* store() errors, including the writer's */
     uint64_t stores_dropped;   /* submit() refused: queue bytes full,
@@ -398,11 +395,11 @@ struct thaw_disk_cache_stats {
     uint64_t dft_dropped;      /* bad .dft parts dropped, entry kept */
     uint64_t lookups;
     uint64_t hits;
-    uint64_t misses;           /* lookups - hits */
-    uint64_t swept_files;      /* *.tmp / orphan parts removed at open */
-    uint64_t skipped_entries;  /* found unusable at open and left in place:
-                                * corrupt under READONLY, or an .idx that
-                                * could not be read (EACCES, EIO) */
+    uint64_t misses;          /* lookups - hits */
+    uint64_t swept_files;     /* *.tmp / orphan parts removed at open */
+    uint64_t skipped_entries; /* found unusable at open and left in place:
+                               * corrupt under READONLY, or an .idx that
+                               * could not be read (EACCES, EIO) */
 };
 
 /* Counters since open (entries, bytes, oldest_*, queue_*: now). c NULL
@@ -425,14 +422,14 @@ struct thaw_disk_idx {
     uint8_t key[THAW_KEY_BYTES];
     uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
     uint32_t n_tokens;
-    int64_t created;                   /* Unix seconds */
-    uint64_t size[THAW_PART_COUNT];    /* 0 = absent */
-    uint64_t xxh3[THAW_PART_COUNT];    /* XXH3-64 of the part's bytes */
+    int64_t created;                /* Unix seconds */
+    uint64_t size[THAW_PART_COUNT]; /* 0 = absent */
+    uint64_t xxh3[THAW_PART_COUNT]; /* XXH3-64 of the part's bytes */
     uint32_t n_meta;
-    const uint8_t *meta;               /* points into the parsed buffer */
-    int is_block;                      /* THAW_DISK_KIND_BLOCK (flags bit 8) */
-    uint32_t n_refs;                   /* <= THAW_DISK_REFS_MAX; 0 for a block */
-    const uint8_t *refs;               /* n_refs keys; points into the buffer */
+    const uint8_t *meta; /* points into the parsed buffer */
+    int is_block;        /* THAW_DISK_KIND_BLOCK (flags bit 8) */
+    uint32_t n_refs;     /* <= THAW_DISK_REFS_MAX; 0 for a block */
+    const uint8_t *refs; /* n_refs keys; points into the buffer */
 };
 
 /* Parses an .idx record of n bytes. Returns 0 and fills *out (out->meta

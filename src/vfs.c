@@ -157,8 +157,7 @@ static int sys_munmap(const struct thaw_vfs *vfs, void *addr, size_t len)
     return munmap(addr, len) < 0 ? -errno : 0;
 }
 
-static int sys_listdir(const struct thaw_vfs *vfs, const char *path,
-                       int (*cb)(void *ud, const char *name), void *ud)
+static int sys_listdir(const struct thaw_vfs *vfs, const char *path, int (*cb)(void *ud, const char *name), void *ud)
 {
     DIR *d;
     struct dirent *de;
@@ -296,42 +295,35 @@ static ssize_t ft_pread(const struct thaw_vfs *vfs, int fd, void *buf, size_t n,
 }
 
 /* The calls below all follow one pattern. */
-#define FT_SIMPLE(name, OP, params, args)                                     \
-    static int ft_##name params                                               \
-    {                                                                         \
-        int r = fault_hit(vfs, OP);                                           \
-        if (r == 1)                                                           \
-            fault_crash();                                                    \
-        return r ? r : FAULT_BASE(vfs)->name args;                            \
+#define FT_SIMPLE(name, OP, params, args)                                                                              \
+    static int ft_##name params                                                                                        \
+    {                                                                                                                  \
+        int r = fault_hit(vfs, OP);                                                                                    \
+        if (r == 1)                                                                                                    \
+            fault_crash();                                                                                             \
+        return r ? r : FAULT_BASE(vfs)->name args;                                                                     \
     }
 
 FT_SIMPLE(fsync, THAW_VFS_FSYNC, (const struct thaw_vfs *vfs, int fd), (FAULT_BASE(vfs), fd))
-FT_SIMPLE(fstat, THAW_VFS_FSTAT, (const struct thaw_vfs *vfs, int fd, struct stat *st),
-          (FAULT_BASE(vfs), fd, st))
+FT_SIMPLE(fstat, THAW_VFS_FSTAT, (const struct thaw_vfs *vfs, int fd, struct stat *st), (FAULT_BASE(vfs), fd, st))
 FT_SIMPLE(stat, THAW_VFS_STAT, (const struct thaw_vfs *vfs, const char *path, struct stat *st),
           (FAULT_BASE(vfs), path, st))
-FT_SIMPLE(rename, THAW_VFS_RENAME,
-          (const struct thaw_vfs *vfs, const char *from, const char *to),
+FT_SIMPLE(rename, THAW_VFS_RENAME, (const struct thaw_vfs *vfs, const char *from, const char *to),
           (FAULT_BASE(vfs), from, to))
-FT_SIMPLE(unlink, THAW_VFS_UNLINK, (const struct thaw_vfs *vfs, const char *path),
-          (FAULT_BASE(vfs), path))
+FT_SIMPLE(unlink, THAW_VFS_UNLINK, (const struct thaw_vfs *vfs, const char *path), (FAULT_BASE(vfs), path))
 FT_SIMPLE(mkdir, THAW_VFS_MKDIR, (const struct thaw_vfs *vfs, const char *path, mode_t mode),
           (FAULT_BASE(vfs), path, mode))
 FT_SIMPLE(chmod, THAW_VFS_CHMOD, (const struct thaw_vfs *vfs, const char *path, mode_t mode),
           (FAULT_BASE(vfs), path, mode))
-FT_SIMPLE(futimens, THAW_VFS_FUTIMENS,
-          (const struct thaw_vfs *vfs, int fd, const struct timespec ts[2]),
+FT_SIMPLE(futimens, THAW_VFS_FUTIMENS, (const struct thaw_vfs *vfs, int fd, const struct timespec ts[2]),
           (FAULT_BASE(vfs), fd, ts))
-FT_SIMPLE(utimens, THAW_VFS_UTIMENS,
-          (const struct thaw_vfs *vfs, const char *path, const struct timespec ts[2]),
+FT_SIMPLE(utimens, THAW_VFS_UTIMENS, (const struct thaw_vfs *vfs, const char *path, const struct timespec ts[2]),
           (FAULT_BASE(vfs), path, ts))
-FT_SIMPLE(flock, THAW_VFS_FLOCK, (const struct thaw_vfs *vfs, int fd, int op),
-          (FAULT_BASE(vfs), fd, op))
+FT_SIMPLE(flock, THAW_VFS_FLOCK, (const struct thaw_vfs *vfs, int fd, int op), (FAULT_BASE(vfs), fd, op))
 FT_SIMPLE(mmap, THAW_VFS_MMAP, (const struct thaw_vfs *vfs, int fd, size_t len, void **addr),
           (FAULT_BASE(vfs), fd, len, addr))
 FT_SIMPLE(listdir, THAW_VFS_LISTDIR,
-          (const struct thaw_vfs *vfs, const char *path, int (*cb)(void *ud, const char *name),
-           void *ud),
+          (const struct thaw_vfs *vfs, const char *path, int (*cb)(void *ud, const char *name), void *ud),
           (FAULT_BASE(vfs), path, cb, ud))
 
 static int ft_munmap(const struct thaw_vfs *vfs, void *addr, size_t len)
@@ -392,8 +384,8 @@ const struct thaw_vfs *thaw_vfs_fault_vfs(struct thaw_vfs_fault *f)
     return &f->vfs;
 }
 
-void thaw_vfs_fault_arm(struct thaw_vfs_fault *f, enum thaw_vfs_op op, unsigned long nth,
-                        enum thaw_vfs_action action, int err)
+void thaw_vfs_fault_arm(struct thaw_vfs_fault *f, enum thaw_vfs_op op, unsigned long nth, enum thaw_vfs_action action,
+                        int err)
 {
     /* Disarm first so that no call sees a half-written arming. */
     atomic_store(&f->action, THAW_VFS_NONE);

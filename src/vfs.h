@@ -65,8 +65,7 @@ struct thaw_vfs {
      * "..", in no particular order. Stops when cb returns non-zero and
      * returns that value; otherwise 0, or -errno if the directory cannot be
      * read. Do not create or remove entries of `path` from inside cb. */
-    int (*listdir)(const struct thaw_vfs *vfs, const char *path,
-                   int (*cb)(void *ud, const char *name), void *ud);
+    int (*listdir)(const struct thaw_vfs *vfs, const char *path, int (*cb)(void *ud, const char *name), void *ud);
 };
 
 /* The real system calls. Static storage: never freed. */
@@ -124,8 +123,8 @@ const struct thaw_vfs *thaw_vfs_fault_vfs(struct thaw_vfs_fault *f);
 /* Resets every counter to 0, then arms: the nth (1-based) call of `op`
  * counted from now triggers `action`; `err` is the -errno returned by the
  * FAIL actions (e.g. -ENOSPC). THAW_VFS_NONE with any n just resets. */
-void thaw_vfs_fault_arm(struct thaw_vfs_fault *f, enum thaw_vfs_op op, unsigned long nth,
-                        enum thaw_vfs_action action, int err);
+void thaw_vfs_fault_arm(struct thaw_vfs_fault *f, enum thaw_vfs_op op, unsigned long nth, enum thaw_vfs_action action,
+                        int err);
 /* Calls of `op` since the last arm (THAW_VFS_ANY: all calls). */
 unsigned long thaw_vfs_fault_calls(const struct thaw_vfs_fault *f, enum thaw_vfs_op op);
 /* How many times the armed fault fired (crashes never return to count). */
