@@ -5,10 +5,14 @@
 #include "error.h"
 #include "kvstate.h"
 
+#include <limits.h>
+#include <pthread.h>
 #include <sodium.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <xxhash.h>
 
 #define MANIFEST_MAGIC 0x31464d54u /* "TMF1" */
 #define MANIFEST_VERSION 1u
@@ -144,85 +148,336 @@ out:
     return rc;
 }
 
+static int check_end(struct thaw_blocks_check *ck);
+
 void thaw_blocks_state_free(struct thaw_blocks_state *s)
 {
     if (!s)
         return;
+    (void)check_end(s->check); /* never free what the checker reads */
     free(s->kv);
     memset(s, 0, sizeof *s);
 }
 
+/* ---- restore: blocks read straight into place ----
+ *
+ * Every block file of the state is opened first (each open asks the kernel
+ * to start reading it, so a cold disk serves them in parallel); then each
+ * is read with preadv straight into its place in the state buffer: its
+ * head into a buffer of its own, its K and V runs where they belong. No
+ * block is copied twice. The checksums run on another thread, behind the
+ * reads and then alongside libllama's copy of the state: the caller
+ * installs, then thaw_blocks_state_check() says whether to undo. */
+
+struct src {
+    void *mem; /* a block still in the writer's queue (a blob reference) */
+    size_t n_mem;
+    struct thaw_disk_kv_file f; /* else its file: f.fd >= 0 */
+    uint8_t *head;              /* the file's head as read (n_head bytes) */
+};
+
+struct thaw_blocks_check {
+    struct thaw_disk_cache *c;
+    struct thaw_kvlayout_asm *a;
+    struct src *src;
+    uint32_t n, n_src, block_tokens; /* n: blocks to check; n_src: sources to free */
+    size_t n_head;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t n_ready; /* blocks read so far */
+    int aborted;      /* the reader gave up: stop */
+    int bad;          /* index of the first block that failed its checksum, or -1 */
+    pthread_t th;
+    int threaded;
+};
+
+/* The checksum of file block k as it lies in the state: its head, then its
+ * segments in order. */
+static int block_sum_ok(struct thaw_blocks_check *ck, uint32_t k)
+{
+    struct thaw_kvlayout_cursor cur = {0};
+    struct iovec iov[256];
+    XXH3_state_t *st = XXH3_createState();
+    int m, ok;
+
+    if (!st)
+        return 0; /* cannot check: treat as bad, a miss */
+    XXH3_64bits_reset(st);
+    XXH3_64bits_update(st, ck->src[k].head, ck->n_head);
+    while ((m = thaw_kvlayout_asm_segments(ck->a, k * ck->block_tokens, ck->block_tokens, &cur, iov, 256)) > 0)
+        for (int i = 0; i < m; i++)
+            XXH3_64bits_update(st, iov[i].iov_base, iov[i].iov_len);
+    ok = XXH3_64bits_digest(st) == ck->src[k].f.xxh3;
+    XXH3_freeState(st);
+    return ok;
+}
+
+static void *check_main(void *arg)
+{
+    struct thaw_blocks_check *ck = arg;
+
+    for (uint32_t k = 0; k < ck->n; k++) {
+        if (ck->src[k].f.fd < 0)
+            continue; /* from memory: nothing to check */
+        pthread_mutex_lock(&ck->mu);
+        while (ck->n_ready <= k && !ck->aborted)
+            pthread_cond_wait(&ck->cv, &ck->mu);
+        int stop = ck->aborted;
+        pthread_mutex_unlock(&ck->mu);
+        if (stop)
+            break;
+        if (!block_sum_ok(ck, k)) {
+            ck->bad = (int)k;
+            break;
+        }
+    }
+    return NULL;
+}
+
+static void check_ready(struct thaw_blocks_check *ck, uint32_t n_ready, int aborted)
+{
+    pthread_mutex_lock(&ck->mu);
+    ck->n_ready = n_ready;
+    ck->aborted |= aborted;
+    pthread_cond_broadcast(&ck->cv);
+    pthread_mutex_unlock(&ck->mu);
+}
+
+/* Closes the files (removing block `bad`, -1 for none), drops the blobs
+ * and frees ck; the checker must be done. */
+static void ck_free(struct thaw_blocks_check *ck, int bad)
+{
+    for (uint32_t k = 0; k < ck->n_src; k++) {
+        thaw_disk_kv_close(ck->c, &ck->src[k].f, (int)k == bad);
+        thaw_blob_unref(ck->src[k].mem);
+        free(ck->src[k].head);
+    }
+    thaw_kvlayout_asm_free(ck->a);
+    pthread_cond_destroy(&ck->cv);
+    pthread_mutex_destroy(&ck->mu);
+    free(ck->src);
+    free(ck);
+}
+
+/* Waits for the checksums (or computes them here without a thread), then
+ * frees ck. Returns 0 or THAW_ECORRUPT (the bad block removed). */
+static int check_end(struct thaw_blocks_check *ck)
+{
+    int bad;
+
+    if (!ck)
+        return 0;
+    if (ck->threaded)
+        pthread_join(ck->th, NULL);
+    else
+        check_main(ck);
+    bad = ck->bad;
+    ck_free(ck, bad);
+    return bad >= 0 ? THAW_ECORRUPT : 0;
+}
+
+int thaw_blocks_state_check(struct thaw_blocks_state *s)
+{
+    int rc = check_end(s->check);
+
+    s->check = NULL;
+    return rc;
+}
+
+/* Reads file block k (B cells at kB) into place: its head and data in one
+ * preadv per IOV_MAX segments, then the head checked and its meta written. */
+static int read_block(struct thaw_blocks_check *ck, uint32_t k)
+{
+    struct src *b = &ck->src[k];
+    struct thaw_kvlayout_cursor cur = {0};
+    struct iovec iov[IOV_MAX];
+    uint64_t off = 0;
+    uint32_t pos0, cells;
+    int m, first = 1, rc;
+
+    if (!(b->head = malloc(ck->n_head)))
+        return THAW_ENOMEM;
+    do {
+        m = 0;
+        if (first)
+            iov[m++] = (struct iovec){b->head, ck->n_head};
+        m += thaw_kvlayout_asm_segments(ck->a, k * ck->block_tokens, ck->block_tokens, &cur, iov + m, IOV_MAX - m);
+        first = 0;
+        size_t want = 0;
+        for (int i = 0; i < m; i++)
+            want += iov[i].iov_len;
+        if (want == 0)
+            break;
+        /* a short read (a file cut under us) is a bad block */
+        for (int i = 0; want > 0;) {
+            ssize_t got = thaw_disk_kv_preadv(ck->c, &b->f, iov + i, m - i, off);
+            if (got < 0)
+                return (int)got;
+            if (got == 0)
+                return THAW_ECORRUPT;
+            off += (uint64_t)got;
+            want -= (size_t)got;
+            while (got > 0 && (size_t)got >= iov[i].iov_len)
+                got -= (ssize_t)iov[i++].iov_len;
+            if (got > 0) {
+                iov[i].iov_base = (uint8_t *)iov[i].iov_base + got;
+                iov[i].iov_len -= (size_t)got;
+            }
+        }
+    } while (cur.part < 2);
+    if (off != b->f.size)
+        return THAW_ECORRUPT;
+    if ((rc = thaw_kvlayout_asm_head(ck->a, b->head, ck->n_head, b->f.size, &pos0, &cells)) != 0)
+        return rc;
+    return pos0 == k * ck->block_tokens && cells == ck->block_tokens ? 0 : THAW_ECORRUPT;
+}
+
+/* The head of file block f: n_head bytes from its first 24. */
+static int file_head_size(struct thaw_disk_cache *c, const struct thaw_disk_kv_file *f, size_t *n_head)
+{
+    uint8_t hdr[24];
+    struct iovec iov = {hdr, sizeof hdr};
+    ssize_t got = thaw_disk_kv_preadv(c, f, &iov, 1, 0);
+
+    if (got < 0)
+        return (int)got;
+    if ((size_t)got != sizeof hdr)
+        return THAW_ECORRUPT;
+    int rc = thaw_kvlayout_block_head_size(hdr, sizeof hdr, n_head);
+    return rc == 0 && *n_head <= f->size ? 0 : THAW_ECORRUPT;
+}
+
 /* Reads blocks ids[0, n_ids) (block k must hold positions [kB, (k+1)B)),
  * then appends the extra block (the tail; may be NULL) and the SWA window,
- * and assembles them for frame f. */
+ * and assembles them for frame f. The checksums of the blocks read from
+ * files go on in out->check. */
 static int load_blocks(struct thaw_disk_cache *c, const uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], uint32_t n_ids,
                        uint32_t block_tokens, const void *tail, size_t tail_size, const void *swa, size_t swa_size,
                        const struct thaw_kvlayout_frame *f, const llama_token *toks, int n_toks,
                        struct thaw_blocks_state *out)
 {
-    struct thaw_disk_entry **ents = calloc((size_t)n_ids + 1, sizeof *ents);
-    void **queued = calloc((size_t)n_ids + 1, sizeof *queued); /* blocks still in the writer's queue */
-    const void **blocks = calloc((size_t)n_ids + 1, sizeof *blocks);
-    size_t *sizes = calloc((size_t)n_ids + 1, sizeof *sizes);
-    int rc = 0, nb = 0;
+    struct thaw_blocks_check *ck = calloc(1, sizeof *ck);
+    uint8_t *head0 = NULL;
+    size_t n_head0 = 0;
+    uint32_t k = 0;
+    int rc = 0;
 
-    if (!ents || !queued || !blocks || !sizes) {
-        rc = THAW_ENOMEM;
-        goto out;
+    if (!ck || !(ck->src = calloc((size_t)n_ids + 1, sizeof *ck->src))) {
+        free(ck);
+        return THAW_ENOMEM;
     }
-    for (uint32_t k = 0; k < n_ids; k++) {
-        uint32_t pos0, cells;
+    ck->c = c;
+    ck->n = ck->n_src = n_ids;
+    ck->block_tokens = block_tokens;
+    ck->bad = -1;
+    pthread_mutex_init(&ck->mu, NULL);
+    pthread_cond_init(&ck->cv, NULL);
+    for (k = 0; k < n_ids; k++)
+        ck->src[k].f.fd = -1;
+    /* open them all first: every open starts its file's read */
+    for (k = 0; k < n_ids; k++) {
         struct thaw_part_blob pend[THAW_PART_COUNT];
         if (thaw_disk_cache_pending(c, ids[k], pend) == 0) {
             for (int p = 1; p < THAW_PART_COUNT; p++)
                 thaw_blob_unref(pend[p].data);
-            queued[k] = pend[THAW_PART_KV].data;
-            blocks[nb] = queued[k];
-            sizes[nb] = pend[THAW_PART_KV].size;
-        } else if ((rc = thaw_disk_cache_lookup(c, ids[k], &ents[k])) != 0) {
-            rc = rc == THAW_ECORRUPT ? THAW_ENOTFOUND : rc; /* removed by the disk tier */
-            goto out;
-        } else {
-            blocks[nb] = thaw_disk_entry_part(ents[k], THAW_PART_KV, &sizes[nb]);
+            ck->src[k].mem = pend[THAW_PART_KV].data;
+            ck->src[k].n_mem = pend[THAW_PART_KV].size;
+        } else if ((rc = thaw_disk_cache_open_kv(c, ids[k], &ck->src[k].f)) != 0) {
+            goto fail;
         }
-        if (thaw_kvlayout_block_info(blocks[nb], sizes[nb], &pos0, &cells) != 0 || pos0 != k * block_tokens ||
-            cells != block_tokens) {
-            rc = THAW_ECORRUPT;
-            goto out;
-        }
-        nb++;
     }
-    if (tail_size) {
+    /* the shape: block 0's head; every file block has the same head size */
+    for (k = 0; k < n_ids && ck->src[k].mem; k++)
+        ;
+    if (k < n_ids && (rc = file_head_size(c, &ck->src[k].f, &ck->n_head)) != 0) {
+        thaw_disk_kv_close(c, &ck->src[k].f, 1);
+        goto fail;
+    }
+    if (n_ids && ck->src[0].mem) {
+        head0 = ck->src[0].mem;
+        n_head0 = ck->src[0].n_mem;
+    } else if (n_ids) {
+        struct iovec iov;
+        if (!(head0 = malloc(ck->n_head))) {
+            rc = THAW_ENOMEM;
+            goto fail;
+        }
+        iov = (struct iovec){head0, ck->n_head};
+        ssize_t got = thaw_disk_kv_preadv(c, &ck->src[0].f, &iov, 1, 0);
+        if (got != (ssize_t)ck->n_head) {
+            rc = got < 0 ? (int)got : THAW_ECORRUPT;
+            free(head0);
+            goto fail;
+        }
+        n_head0 = ck->n_head;
+    } else {
+        head0 = (void *)tail;
+        n_head0 = tail_size;
+    }
+    size_t headroom = thaw_kvstate_head_size(n_toks);
+    rc = thaw_kvlayout_asm_new(head0, n_head0, (uint32_t)n_toks, f, swa_size, headroom, &ck->a);
+    if (n_ids && !ck->src[0].mem)
+        free(head0);
+    if (rc != 0)
+        goto fail;
+    ck->threaded = pthread_create(&ck->th, NULL, check_main, ck) == 0;
+    for (k = 0; k < n_ids; k++) {
+        if (ck->src[k].mem) {
+            uint32_t pos0, cells;
+            if (thaw_kvlayout_block_info(ck->src[k].mem, ck->src[k].n_mem, &pos0, &cells) != 0 ||
+                pos0 != k * block_tokens || cells != block_tokens) {
+                rc = THAW_ECORRUPT;
+                break;
+            }
+            rc = thaw_kvlayout_asm_copy(ck->a, ck->src[k].mem, ck->src[k].n_mem);
+        } else {
+            rc = read_block(ck, k);
+        }
+        if (rc != 0)
+            break;
+        if (ck->threaded)
+            check_ready(ck, k + 1, 0);
+    }
+    if (rc == 0 && tail_size) {
         /* the tail must hold exactly the cells past the whole blocks: its
          * own header says how many, and assembly checks only the order */
         uint32_t pos0, cells;
         if (thaw_kvlayout_block_info(tail, tail_size, &pos0, &cells) != 0 || pos0 != n_ids * block_tokens ||
-            (int64_t)pos0 + cells != n_toks) {
+            (int64_t)pos0 + cells != n_toks)
             rc = THAW_ECORRUPT;
-            goto out;
+        else
+            rc = thaw_kvlayout_asm_copy(ck->a, tail, tail_size);
+    }
+    size_t n_state;
+    if (rc == 0)
+        rc = thaw_kvlayout_asm_finish(ck->a, swa, swa_size, &out->kv, &n_state);
+    if (rc != 0) {
+        /* a block file that reads short or whose head does not fit its
+         * place is bad: removed like a checksum mismatch */
+        int bad = (rc == THAW_ECORRUPT || rc == THAW_EMISMATCH || rc == THAW_EINVAL || rc == THAW_EVERSION) &&
+                          k < n_ids && ck->src[k].f.fd >= 0
+                      ? (int)k
+                      : -1;
+        if (ck->threaded) {
+            check_ready(ck, 0, 1);
+            pthread_join(ck->th, NULL);
         }
-        blocks[nb] = tail;
-        sizes[nb++] = tail_size;
+        ck_free(ck, bad >= 0 ? bad : ck->bad);
+        if (rc == THAW_EINVAL || rc == THAW_EMISMATCH || rc == THAW_EVERSION)
+            rc = THAW_ECORRUPT; /* blocks that do not fit together */
+        return rc;
     }
-    size_t head = thaw_kvstate_head_size(n_toks), n_state;
-    rc = thaw_kvlayout_assemble_ex(blocks, sizes, nb, f, swa, swa_size, head, &out->kv, &n_state);
-    if (rc == THAW_EINVAL || rc == THAW_EMISMATCH || rc == THAW_EVERSION)
-        rc = THAW_ECORRUPT; /* blocks that do not fit together */
-    if (rc == 0) {
-        thaw_kvstate_write_head(out->kv, toks, n_toks, n_state);
-        out->n_kv = head + n_state;
-        out->n_tokens = n_toks;
-        out->n_blocks = (int)n_ids;
-    }
-out:
-    for (uint32_t k = 0; ents && queued && k < n_ids; k++) {
-        thaw_disk_entry_release(ents[k]);
-        thaw_blob_unref(queued[k]);
-    }
-    free(ents);
-    free(queued);
-    free(blocks);
-    free(sizes);
+    thaw_kvstate_write_head(out->kv, toks, n_toks, n_state);
+    out->n_kv = headroom + n_state;
+    out->n_tokens = n_toks;
+    out->n_blocks = (int)n_ids;
+    out->check = ck;
+    return 0;
+
+fail:
+    ck_free(ck, -1);
+    if (rc == THAW_ECORRUPT)
+        rc = THAW_ENOTFOUND; /* removed by the disk tier */
     return rc;
 }
 

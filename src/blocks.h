@@ -105,12 +105,21 @@ struct thaw_blocks_state {
     size_t n_kv;
     int n_tokens;
     int n_blocks; /* blocks read from disk */
+    struct thaw_blocks_check *check; /* checksums still running; see below */
 };
 
+/* Frees s (waiting for its checksums first). */
 void thaw_blocks_state_free(struct thaw_blocks_state *s);
 
+/* The blocks of a loaded state are read straight into place and their
+ * checksums computed on another thread while the caller installs the
+ * state; this waits for them. Returns 0, or THAW_ECORRUPT: a block did not
+ * match (it has been removed), so the installed state must be undone
+ * before anything is decoded from it. Call once, before freeing. */
+int thaw_blocks_state_check(struct thaw_blocks_state *s);
+
 /* Builds the state a manifest describes, reading its blocks from the disk
- * (each verified by its checksum), for the slot of frame f.
+ * (their checksums: thaw_blocks_state_check), for the slot of frame f.
  * Returns 0, THAW_ECORRUPT (a bad manifest, or a block — the tail too —
  * whose header does not fit its place), THAW_EVERSION (a manifest of
  * another format version), THAW_ENOTFOUND (a block is gone: evicted, or found

@@ -228,6 +228,7 @@ struct ent {
     uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
     uint64_t bytes;                      /* all files, .idx included */
     uint64_t part_size[THAW_PART_COUNT]; /* 0 = absent */
+    uint64_t kv_xxh3;                    /* the .kv's checksum, from the .idx */
     uint32_t n_tokens;
     uint32_t n_meta;
     int64_t created;                 /* Unix seconds */
@@ -1294,6 +1295,8 @@ static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep, 
             r = THAW_ECORRUPT;
         if (r == 0) {
             e->part_size[p] = idx.size[p];
+            if (p == THAW_PART_KV)
+                e->kv_xxh3 = idx.xxh3[p];
             e->bytes += idx.size[p];
             keep |= 1u << p;
         } else if (p != THAW_PART_DFT) {
@@ -1816,6 +1819,7 @@ static int store_entry(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYT
     e->bytes = total;
     for (int p = 0; p < THAW_PART_COUNT; p++)
         e->part_size[p] = parts[p].size;
+    e->kv_xxh3 = idx.xxh3[THAW_PART_KV];
     e->n_tokens = n_tokens;
     e->n_meta = (uint32_t)n_meta;
     e->created = now;
@@ -2294,6 +2298,93 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
         *out = en;
     }
     return ret;
+}
+
+int thaw_disk_cache_open_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_kv_file *f)
+{
+    char hex[HEX_LEN + 1], path[PATH_MAX];
+    struct stat st;
+    struct ent *e;
+    int fd, ret;
+
+    if (!c || !key || !f)
+        return THAW_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    c->st.lookups++;
+    e = index_find(c, key);
+    if (!e || !e->live || e->busy || !e->part_size[THAW_PART_KV] ||
+        memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE) != 0) {
+        c->st.misses++;
+        pthread_mutex_unlock(&c->mu);
+        return THAW_ENOTFOUND;
+    }
+    f->size = e->part_size[THAW_PART_KV];
+    f->xxh3 = e->kv_xxh3;
+    f->gen = e->gen;
+    e->last_used = now_s(c); /* times a block's grace once nothing names it */
+    pthread_mutex_unlock(&c->mu);
+
+    thaw_hex(key, THAW_KEY_BYTES, hex);
+    entry_path(c, path, hex, part_ext[THAW_PART_KV], 0);
+    fd = c->vfs->open(c->vfs, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd == -ENOENT || fd == -ELOOP) {
+        ret = THAW_ENOTFOUND; /* removed meanwhile (another process) */
+        goto miss;
+    }
+    if (fd < 0) {
+        ret = fd;
+        goto miss;
+    }
+    ret = c->vfs->fstat(c->vfs, fd, &st);
+    if (ret == 0 && (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size)) {
+        (void)c->vfs->close(c->vfs, fd);
+        if (!(c->flags & THAW_DISK_CACHE_READONLY))
+            (void)remove_corrupt(c, key, hex, f->gen, ".kv truncated or wrong size");
+        ret = THAW_ENOTFOUND;
+        goto miss;
+    }
+    if (ret) {
+        (void)c->vfs->close(c->vfs, fd);
+        goto miss;
+    }
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED); /* advice: start reading now */
+    memcpy(f->key, key, THAW_KEY_BYTES);
+    f->fd = fd;
+    pthread_mutex_lock(&c->mu);
+    c->st.hits++;
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+
+miss:
+    pthread_mutex_lock(&c->mu);
+    c->st.misses++;
+    pthread_mutex_unlock(&c->mu);
+    return ret;
+}
+
+ssize_t thaw_disk_kv_preadv(struct thaw_disk_cache *c, const struct thaw_disk_kv_file *f, const struct iovec *iov,
+                            int n_iov, uint64_t off)
+{
+    return c->vfs->preadv(c->vfs, f->fd, iov, n_iov, (off_t)off);
+}
+
+void thaw_disk_kv_close(struct thaw_disk_cache *c, struct thaw_disk_kv_file *f, int bad)
+{
+    char hex[HEX_LEN + 1];
+
+    if (!c || !f || f->fd < 0)
+        return;
+    (void)c->vfs->close(c->vfs, f->fd);
+    f->fd = -1;
+    if (!bad)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->st.hits--; /* counted as one at open */
+    c->st.misses++;
+    pthread_mutex_unlock(&c->mu);
+    thaw_hex(f->key, THAW_KEY_BYTES, hex);
+    if (!(c->flags & THAW_DISK_CACHE_READONLY))
+        (void)remove_corrupt(c, f->key, hex, f->gen, ".kv checksum mismatch or short read");
 }
 
 void thaw_disk_cache_hold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n)

@@ -283,6 +283,33 @@ int thaw_disk_cache_queued(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
  * would be redundant. Same side effect on a block as contains. */
 int thaw_disk_cache_has(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES]);
 
+/* A committed entry's .kv opened for a caller that reads it itself (the
+ * block store's restore scatters blocks straight into their place): the
+ * size and checksum come from the index, and checking the bytes it reads
+ * against xxh3 is the caller's job. */
+struct thaw_disk_kv_file {
+    uint8_t key[THAW_KEY_BYTES];
+    int fd;
+    uint64_t size, xxh3;
+    uint64_t gen; /* which commit of key was opened */
+};
+
+/* Opens key's .kv (a committed entry of this fingerprint, no store of it
+ * in progress) and asks the kernel to start reading it (POSIX_FADV_WILLNEED),
+ * so that opening every block of a conversation first reads them all in
+ * parallel. Counts a lookup and a hit; the last use is now. Returns 0 (*f
+ * set; close it with thaw_disk_kv_close), THAW_ENOTFOUND (absent, being
+ * written, or its file gone or of the wrong size: such an entry is removed)
+ * or -errno. */
+int thaw_disk_cache_open_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_kv_file *f);
+/* preadv of f at off: bytes read or -errno (THAW_VFS_PREAD for faults). */
+ssize_t thaw_disk_kv_preadv(struct thaw_disk_cache *c, const struct thaw_disk_kv_file *f, const struct iovec *iov,
+                            int n_iov, uint64_t off);
+/* Closes f. bad: what was read did not match f->xxh3 or was short: the hit
+ * becomes a miss and the entry is removed if it is still the commit that
+ * was opened (invariant 2). */
+void thaw_disk_kv_close(struct thaw_disk_cache *c, struct thaw_disk_kv_file *f, int bad);
+
 /* Holds the n block keys at keys (n x THAW_KEY_BYTES) as if a root named
  * them: none is collected until thaw_disk_cache_unhold() of the same keys.
  * A store takes it before it looks for its blocks (contains()) and submits

@@ -228,6 +228,12 @@ static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob par
         return rc == THAW_ENOTFOUND ? THAW_ECORRUPT : rc; /* a block is gone: this manifest is no use */
     struct thaw_part_blob whole[THAW_PART_COUNT] = {{bs.kv, bs.n_kv}, parts[THAW_PART_CKPT], parts[THAW_PART_DFT]};
     rc = sink->install(sink->ud, whole);
+    /* the blocks' checksums ran alongside: a bad one undoes the install */
+    if (thaw_blocks_state_check(&bs) != 0) {
+        if (rc >= 0)
+            sink->undo(sink->ud);
+        rc = THAW_ECORRUPT;
+    }
     thaw_blocks_state_free(&bs);
     return rc;
 }
@@ -377,6 +383,11 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
     if (bs.n_tokens > n_past) {
         const struct thaw_part_blob parts[THAW_PART_COUNT] = {{bs.kv, bs.n_kv}, {NULL, 0}, {NULL, 0}};
         got = sink->install(sink->ud, parts);
+        if (thaw_blocks_state_check(&bs) != 0) { /* a bad block, removed */
+            if (got >= 0)
+                sink->undo(sink->ud);
+            got = THAW_ECORRUPT;
+        }
         if (got < 0) {
             LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(got));
             got = 0;

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define LLAMA_SEQ_MAGIC 0xaf143cd8u /* llama-context.cpp io_magic (v0.4.0) */
 #define BLOCK_MAGIC 0x31424b54u     /* "TKB1" */
@@ -397,7 +398,9 @@ struct blk {
     const uint8_t *table, *meta, *data;
 };
 
-static int block_parse(const void *block, size_t n, struct blk *k)
+/* Validates a block's head (header, layer table, cell meta) within the n
+ * bytes at block; *total is the size the whole block must have. */
+static int block_parse_head(const void *block, size_t n, struct blk *k, uint64_t *total)
 {
     struct rd r = {block, n, 0};
     uint32_t magic, ver, reserved;
@@ -447,9 +450,41 @@ static int block_parse(const void *block, size_t n, struct blk *k)
             return THAW_ECORRUPT;
     }
     k->data = r.p + r.off;
-    if ((rc = rd_skip(&r, k->n_cells, cell_bytes)) != 0)
+    if (cell_bytes != 0 && k->n_cells > (UINT64_MAX - r.off) / cell_bytes)
+        return THAW_ECORRUPT;
+    *total = r.off + (uint64_t)k->n_cells * cell_bytes;
+    return 0;
+}
+
+static int block_parse(const void *block, size_t n, struct blk *k)
+{
+    uint64_t total;
+    int rc = block_parse_head(block, n, k, &total);
+
+    if (rc != 0)
         return rc;
-    return r.off == n ? 0 : THAW_ECORRUPT;
+    return total == n ? 0 : THAW_ECORRUPT;
+}
+
+int thaw_kvlayout_block_head_size(const void *hdr, size_t n, size_t *n_head)
+{
+    uint32_t magic, ver, n_cells, n_layers;
+
+    if (!hdr || n < BLOCK_HEAD)
+        return THAW_ECORRUPT;
+    memcpy(&magic, hdr, 4);
+    memcpy(&ver, (const uint8_t *)hdr + 4, 4);
+    memcpy(&n_cells, (const uint8_t *)hdr + 12, 4);
+    memcpy(&n_layers, (const uint8_t *)hdr + 16, 4);
+    if (magic != BLOCK_MAGIC)
+        return THAW_ECORRUPT;
+    if ((ver & 0xffff) != THAW_KVLAYOUT_BLOCK_VERSION)
+        return THAW_EVERSION;
+    if (((ver >> 16) & ~(FLAG_VTRANS | FLAG_EXT)) || n_layers == 0 || n_layers > MAX_LAYERS || n_cells == 0 ||
+        n_cells > INT32_MAX)
+        return THAW_ECORRUPT;
+    *n_head = BLOCK_HEAD + (size_t)n_layers * BLOCK_LAYER + (size_t)n_cells * block_meta_stride((ver >> 16) & FLAG_EXT);
+    return 0;
 }
 
 int thaw_kvlayout_block_info(const void *block, size_t n, uint32_t *pos0, uint32_t *n_cells)
@@ -473,13 +508,256 @@ int thaw_kvlayout_assemble(const void *const *blocks, const size_t *sizes, int n
     return thaw_kvlayout_assemble_ex(blocks, sizes, n_blocks, f, tail, n_tail, 0, out, n_out);
 }
 
+struct thaw_kvlayout_asm {
+    struct thaw_kvlayout_frame f;
+    uint32_t n_layers, flags, N, next; /* next: cells placed so far */
+    int vtrans, ext;
+    uint8_t *table;        /* block 0's layer table, which every block must repeat */
+    uint64_t *krow, *vrow; /* per layer, bytes per cell */
+    uint32_t *vel;         /* per layer, transposed V: bytes per element */
+    size_t *k_off, *v_off; /* per layer, offset in the state of its first K / V byte */
+    size_t meta_off, tail_off, size, n_tail, headroom;
+    uint8_t *buf;  /* headroom + size bytes; handed out by finish */
+    uint8_t *base; /* the state in it (valid while the buffer lives) */
+};
+
+void thaw_kvlayout_asm_free(struct thaw_kvlayout_asm *a)
+{
+    if (!a)
+        return;
+    free(a->buf);
+    free(a->table);
+    free(a->krow);
+    free(a->vrow);
+    free(a->vel);
+    free(a->k_off);
+    free(a->v_off);
+    free(a);
+}
+
+/* Big states get 2 MiB-aligned memory the kernel may back with huge pages:
+ * the restore writes every byte once, and 4 KiB faults would cost more than
+ * the copy. */
+static void *alloc_state(size_t n)
+{
+    void *p = NULL;
+
+    if (n < (8u << 20))
+        return malloc(n);
+    if (posix_memalign(&p, 2u << 20, n) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, n, MADV_HUGEPAGE); /* advice only */
+#endif
+    return p;
+}
+
+int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, const struct thaw_kvlayout_frame *f,
+                          size_t n_tail, size_t headroom, struct thaw_kvlayout_asm **out)
+{
+    struct thaw_kvlayout_asm *a;
+    struct blk k;
+    uint64_t total, cell_bytes = 0;
+    uint8_t *p;
+    int rc;
+
+    *out = NULL;
+    if (!f || f->n_stream == 0 || f->stream >= f->n_stream || f->n_stream > MAX_STREAMS || n_cells == 0 ||
+        n_cells > INT32_MAX)
+        return THAW_EINVAL;
+    if ((rc = block_parse_head(head0, n_head0, &k, &total)) != 0)
+        return rc;
+    if (!(a = calloc(1, sizeof *a)))
+        return THAW_ENOMEM;
+    a->f = *f;
+    a->n_layers = k.n_layers;
+    a->flags = k.flags;
+    a->vtrans = (k.flags & FLAG_VTRANS) != 0;
+    a->ext = (k.flags & FLAG_EXT) != 0;
+    a->N = n_cells;
+    a->n_tail = n_tail;
+    a->headroom = headroom;
+    uint32_t L = k.n_layers;
+    if (!(a->table = malloc((size_t)L * BLOCK_LAYER)) || !(a->krow = calloc(L, sizeof *a->krow)) ||
+        !(a->vrow = calloc(L, sizeof *a->vrow)) || !(a->vel = calloc(L, sizeof *a->vel)) ||
+        !(a->k_off = calloc(L, sizeof *a->k_off)) || !(a->v_off = calloc(L, sizeof *a->v_off))) {
+        rc = THAW_ENOMEM;
+        goto fail;
+    }
+    memcpy(a->table, k.table, (size_t)L * BLOCK_LAYER);
+    for (uint32_t l = 0; l < L; l++) {
+        int32_t vt;
+        memcpy(&vt, a->table + (size_t)l * BLOCK_LAYER + 4, 4);
+        memcpy(&a->krow[l], a->table + (size_t)l * BLOCK_LAYER + 8, 8);
+        memcpy(&a->vrow[l], a->table + (size_t)l * BLOCK_LAYER + 16, 8);
+        a->vel[l] = a->vtrans ? (uint32_t)ggml_type_size((enum ggml_type)vt) : 0;
+        cell_bytes += a->krow[l] + a->vrow[l]; /* bounded by block_parse_head */
+    }
+    /* the state's size; the cells' bytes must fit the address space */
+    if (cell_bytes > (SIZE_MAX / 2) / n_cells) {
+        rc = THAW_ENOMEM;
+        goto fail;
+    }
+    size_t off = 8 + 4 + 4 * (size_t)f->stream + 4;
+    a->meta_off = off;
+    off += (size_t)n_cells * meta_stride(a->ext) + 8;
+    for (uint32_t l = 0; l < L; l++) {
+        a->k_off[l] = off + 12;
+        off += 12 + (size_t)n_cells * a->krow[l];
+    }
+    for (uint32_t l = 0; l < L; l++) {
+        a->v_off[l] = off + 12;
+        off += 12 + (size_t)n_cells * a->vrow[l];
+    }
+    off += 4 * (size_t)(f->n_stream - f->stream - 1);
+    a->tail_off = off;
+    a->size = off + n_tail;
+    if (a->size > SIZE_MAX - headroom || !(a->buf = alloc_state(headroom + a->size))) {
+        rc = THAW_ENOMEM;
+        goto fail;
+    }
+    a->base = a->buf + headroom;
+    /* everything but the cells' meta and data, and the tail */
+    p = a->buf + headroom;
+    put32(&p, LLAMA_SEQ_MAGIC);
+    put32(&p, (uint32_t)f->seq_id);
+    put32(&p, f->n_stream);
+    for (uint32_t st = 0; st < f->stream; st++)
+        put32(&p, 0);
+    put32(&p, n_cells);
+    p = a->buf + headroom + a->meta_off + (size_t)n_cells * meta_stride(a->ext);
+    put32(&p, (uint32_t)a->vtrans);
+    put32(&p, L);
+    for (uint32_t l = 0; l < L; l++) {
+        p = a->buf + headroom + a->k_off[l] - 12;
+        put(&p, a->table + (size_t)l * BLOCK_LAYER, 4);
+        put64(&p, a->krow[l]);
+    }
+    for (uint32_t l = 0; l < L; l++) {
+        p = a->buf + headroom + a->v_off[l] - 12;
+        put(&p, a->table + (size_t)l * BLOCK_LAYER + 4, 4);
+        if (!a->vtrans) {
+            put64(&p, a->vrow[l]);
+        } else {
+            put32(&p, a->vel[l]);
+            put32(&p, (uint32_t)(a->vrow[l] / a->vel[l]));
+        }
+    }
+    p = a->buf + headroom + a->v_off[L - 1] + (size_t)n_cells * a->vrow[L - 1];
+    for (uint32_t st = f->stream + 1; st < f->n_stream; st++)
+        put32(&p, 0);
+    *out = a;
+    return 0;
+fail:
+    thaw_kvlayout_asm_free(a);
+    return rc;
+}
+
+int thaw_kvlayout_asm_head(struct thaw_kvlayout_asm *a, const void *head, size_t n_head, uint64_t n_block,
+                           uint32_t *pos0, uint32_t *n_cells)
+{
+    struct blk k;
+    uint64_t total;
+    int rc;
+
+    if ((rc = block_parse_head(head, n_head, &k, &total)) != 0)
+        return rc;
+    if (total != n_block || (size_t)(k.data - (const uint8_t *)head) != n_head)
+        return THAW_ECORRUPT;
+    if (k.n_layers != a->n_layers || k.flags != a->flags ||
+        memcmp(k.table, a->table, (size_t)a->n_layers * BLOCK_LAYER) != 0)
+        return THAW_EMISMATCH;
+    if (k.pos0 != a->next || k.n_cells > a->N - a->next)
+        return THAW_EINVAL;
+    uint8_t *p = a->buf + a->headroom + a->meta_off + (size_t)k.pos0 * meta_stride(a->ext);
+    size_t bstride = block_meta_stride(a->ext);
+    for (uint32_t c = 0; c < k.n_cells; c++) {
+        const uint8_t *m = k.meta + (size_t)c * bstride;
+        put(&p, m, 4);
+        put32(&p, 1);
+        if (a->ext)
+            put(&p, m + 4, CELL_EXT);
+        put32(&p, (uint32_t)a->f.seq_id);
+    }
+    a->next += k.n_cells;
+    *pos0 = k.pos0;
+    *n_cells = k.n_cells;
+    return 0;
+}
+
+int thaw_kvlayout_asm_segments(const struct thaw_kvlayout_asm *a, uint32_t pos0, uint32_t n_cells,
+                               struct thaw_kvlayout_cursor *cur, struct iovec *iov, int cap)
+{
+    uint8_t *base = a->base;
+    int n = 0;
+
+    while (n < cap && cur->part < 2) {
+        uint32_t l = cur->l;
+        if (l == a->n_layers) {
+            cur->part++;
+            cur->l = cur->j = 0;
+            continue;
+        }
+        if (cur->part == 0) { /* K: the block's rows, one run per layer */
+            iov[n].iov_base = base + a->k_off[l] + (size_t)pos0 * a->krow[l];
+            iov[n++].iov_len = (size_t)n_cells * a->krow[l];
+            cur->l++;
+        } else if (!a->vtrans) {
+            iov[n].iov_base = base + a->v_off[l] + (size_t)pos0 * a->vrow[l];
+            iov[n++].iov_len = (size_t)n_cells * a->vrow[l];
+            cur->l++;
+        } else { /* transposed V: one run per embedding column */
+            size_t el = a->vel[l];
+            iov[n].iov_base = base + a->v_off[l] + ((size_t)cur->j * a->N + pos0) * el;
+            iov[n++].iov_len = (size_t)n_cells * el;
+            if (++cur->j == a->vrow[l] / el) {
+                cur->j = 0;
+                cur->l++;
+            }
+        }
+    }
+    return n;
+}
+
+int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_t n)
+{
+    struct thaw_kvlayout_cursor cur = {0};
+    struct iovec iov[64];
+    uint32_t pos0, cells;
+    struct blk k;
+    int rc, m;
+
+    if ((rc = block_parse(block, n, &k)) != 0)
+        return rc;
+    if ((rc = thaw_kvlayout_asm_head(a, block, (size_t)(k.data - k.p), n, &pos0, &cells)) != 0)
+        return rc;
+    const uint8_t *src = k.data;
+    while ((m = thaw_kvlayout_asm_segments(a, pos0, cells, &cur, iov, 64)) > 0)
+        for (int i = 0; i < m; i++) {
+            memcpy(iov[i].iov_base, src, iov[i].iov_len);
+            src += iov[i].iov_len;
+        }
+    return 0;
+}
+
+int thaw_kvlayout_asm_finish(struct thaw_kvlayout_asm *a, const void *tail, size_t n_tail, void **out, size_t *n_out)
+{
+    if (a->next != a->N || n_tail != a->n_tail || (n_tail && !tail))
+        return THAW_EINVAL;
+    if (n_tail)
+        memcpy(a->buf + a->headroom + a->tail_off, tail, n_tail);
+    *out = a->buf;
+    *n_out = a->size;
+    a->buf = NULL;
+    return 0;
+}
+
 int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, int n_blocks,
                               const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, size_t headroom,
                               void **out, size_t *n_out)
 {
-    struct blk *k = NULL;
-    uint64_t *kpre = NULL, *vpre = NULL; /* prefix sums of k_row / v_row over layers */
-    uint8_t *buf = NULL, *p;
+    struct thaw_kvlayout_asm *a = NULL;
+    struct blk k;
     uint64_t n_cells = 0;
     int rc;
 
@@ -487,110 +765,21 @@ int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, in
     *n_out = 0;
     if (n_blocks <= 0 || !f || f->n_stream == 0 || f->stream >= f->n_stream || (n_tail && !tail))
         return THAW_EINVAL;
-    if (!(k = calloc((size_t)n_blocks, sizeof *k))) {
-        rc = THAW_ENOMEM;
-        goto done;
-    }
     for (int i = 0; i < n_blocks; i++) {
-        if ((rc = block_parse(blocks[i], sizes[i], &k[i])) != 0)
-            goto done;
-        if (i > 0 && (k[i].n_layers != k[0].n_layers || k[i].flags != k[0].flags ||
-                      memcmp(k[i].table, k[0].table, (size_t)k[0].n_layers * BLOCK_LAYER) != 0)) {
-            rc = THAW_EMISMATCH;
-            goto done;
-        }
-        if (k[i].pos0 != n_cells) {
-            rc = THAW_EINVAL;
-            goto done;
-        }
-        n_cells += k[i].n_cells;
+        if ((rc = block_parse(blocks[i], sizes[i], &k)) != 0)
+            return rc;
+        n_cells += k.n_cells;
     }
-    if (n_cells > INT32_MAX) {
-        rc = THAW_EINVAL;
-        goto done;
-    }
-
-    uint32_t n_layers = k[0].n_layers, N = (uint32_t)n_cells;
-    int vtrans = (k[0].flags & FLAG_VTRANS) != 0, ext = (k[0].flags & FLAG_EXT) != 0;
-    if (!(kpre = calloc(n_layers + 1, sizeof *kpre)) || !(vpre = calloc(n_layers + 1, sizeof *vpre))) {
-        rc = THAW_ENOMEM;
-        goto done;
-    }
-    for (uint32_t i = 0; i < n_layers; i++) {
-        uint64_t kr, vr;
-        memcpy(&kr, k[0].table + (size_t)i * BLOCK_LAYER + 8, 8);
-        memcpy(&vr, k[0].table + (size_t)i * BLOCK_LAYER + 16, 8);
-        kpre[i + 1] = kpre[i] + kr;
-        vpre[i + 1] = vpre[i] + vr;
-    }
-    /* every term is bounded by the blocks' own (validated) sizes */
-    size_t size = 8 + 4 + 4 * (size_t)f->n_stream + (size_t)N * meta_stride(ext) + 8 + (size_t)n_layers * 24 +
-                  (size_t)N * (kpre[n_layers] + vpre[n_layers]) + n_tail;
-    if (size > SIZE_MAX - headroom || !(buf = malloc(headroom + size))) {
-        rc = THAW_ENOMEM;
-        goto done;
-    }
-    p = buf + headroom;
-    put32(&p, LLAMA_SEQ_MAGIC);
-    put32(&p, (uint32_t)f->seq_id);
-    put32(&p, f->n_stream);
-    for (uint32_t st = 0; st < f->stream; st++)
-        put32(&p, 0);
-    put32(&p, N);
-    for (int i = 0; i < n_blocks; i++) {
-        size_t bstride = block_meta_stride(ext);
-        for (uint32_t c = 0; c < k[i].n_cells; c++) {
-            const uint8_t *m = k[i].meta + (size_t)c * bstride;
-            put(&p, m, 4);
-            put32(&p, 1);
-            if (ext)
-                put(&p, m + 4, CELL_EXT);
-            put32(&p, (uint32_t)f->seq_id);
-        }
-    }
-    put32(&p, (uint32_t)vtrans);
-    put32(&p, n_layers);
-    for (uint32_t l = 0; l < n_layers; l++) {
-        const uint8_t *e = k[0].table + (size_t)l * BLOCK_LAYER;
-        uint64_t kr = kpre[l + 1] - kpre[l];
-        put(&p, e, 4);
-        put64(&p, kr);
-        for (int i = 0; i < n_blocks; i++)
-            put(&p, k[i].data + k[i].n_cells * kpre[l], k[i].n_cells * kr);
-    }
-    for (uint32_t l = 0; l < n_layers; l++) {
-        const uint8_t *e = k[0].table + (size_t)l * BLOCK_LAYER;
-        uint64_t vr = vpre[l + 1] - vpre[l];
-        put(&p, e + 4, 4);
-        if (!vtrans) {
-            put64(&p, vr);
-            for (int i = 0; i < n_blocks; i++)
-                put(&p, k[i].data + k[i].n_cells * (kpre[n_layers] + vpre[l]), k[i].n_cells * vr);
-            continue;
-        }
-        int32_t vt;
-        memcpy(&vt, e + 4, 4);
-        uint32_t el = (uint32_t)ggml_type_size((enum ggml_type)vt), n_embd_v = (uint32_t)(vr / el);
-        put32(&p, el);
-        put32(&p, n_embd_v);
-        for (uint32_t j = 0; j < n_embd_v; j++)
-            for (int i = 0; i < n_blocks; i++)
-                put(&p, k[i].data + k[i].n_cells * (kpre[n_layers] + vpre[l]) + (size_t)j * k[i].n_cells * el,
-                    (size_t)k[i].n_cells * el);
-    }
-    for (uint32_t st = f->stream + 1; st < f->n_stream; st++)
-        put32(&p, 0);
-    if (n_tail)
-        put(&p, tail, n_tail);
-    *out = buf;
-    *n_out = size;
-    buf = NULL;
-    rc = 0;
-done:
-    free(buf);
-    free(vpre);
-    free(kpre);
-    free(k);
+    if (n_cells > INT32_MAX)
+        return THAW_EINVAL;
+    if ((rc = block_parse(blocks[0], sizes[0], &k)) != 0 ||
+        (rc = thaw_kvlayout_asm_new(blocks[0], sizes[0], (uint32_t)n_cells, f, n_tail, headroom, &a)) != 0)
+        return rc;
+    for (int i = 0; i < n_blocks && rc == 0; i++)
+        rc = thaw_kvlayout_asm_copy(a, blocks[i], sizes[i]);
+    if (rc == 0)
+        rc = thaw_kvlayout_asm_finish(a, tail, n_tail, out, n_out);
+    thaw_kvlayout_asm_free(a);
     return rc;
 }
 

@@ -66,6 +66,7 @@
 #include <llama.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define THAW_KVLAYOUT_BLOCK_VERSION 1
 
@@ -135,6 +136,50 @@ int thaw_kvlayout_assemble(const void *const *blocks, const size_t *sizes, int n
 int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, int n_blocks,
                               const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, size_t headroom,
                               void **out, size_t *n_out);
+
+/* ---- assembly straight into place ----
+ * For a restore that reads blocks from files: the state buffer is laid out
+ * from the first block's head, then each block's head is checked and its
+ * cell meta written, and thaw_kvlayout_asm_segments() says where the
+ * block's data bytes go — in the order the block file holds them, so one
+ * preadv per block scatters it into place and a checksum of the head then
+ * the segments in order is the checksum of the file. */
+struct thaw_kvlayout_asm;
+
+/* Where a block's segments stand; start from all zero. */
+struct thaw_kvlayout_cursor {
+    uint32_t part, l, j;
+};
+
+/* From a block file's first 24 bytes (n >= 24): the size of its head
+ * (header, layer table and cell meta), read before its data. 0,
+ * THAW_ECORRUPT or THAW_EVERSION. */
+int thaw_kvlayout_block_head_size(const void *hdr, size_t n, size_t *n_head);
+
+/* Lays out a state of n_cells cells (the blocks to come cover positions
+ * 0..n_cells-1 in order) shaped as the block whose head is head0 (at least
+ * its head), for frame f, with n_tail bytes of tail (the SWA section) and
+ * `headroom` bytes before the state. 0, THAW_ECORRUPT / THAW_EVERSION,
+ * THAW_EINVAL or THAW_ENOMEM. */
+int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, const struct thaw_kvlayout_frame *f,
+                          size_t n_tail, size_t headroom, struct thaw_kvlayout_asm **out);
+/* The next block's head (n_head bytes, exactly its head) for a block file
+ * of n_block bytes: checks it (shape as block 0's: THAW_EMISMATCH; not the
+ * next position: THAW_EINVAL; damaged or not n_block long: THAW_ECORRUPT),
+ * writes its cells' meta and gives its first position and cell count. */
+int thaw_kvlayout_asm_head(struct thaw_kvlayout_asm *a, const void *head, size_t n_head, uint64_t n_block,
+                           uint32_t *pos0, uint32_t *n_cells);
+/* Up to cap destinations of the data of the block at pos0 with n_cells
+ * cells (as thaw_kvlayout_asm_head gave them), continuing from *cur, in
+ * the block's byte order. Returns how many (0: none left). */
+int thaw_kvlayout_asm_segments(const struct thaw_kvlayout_asm *a, uint32_t pos0, uint32_t n_cells,
+                               struct thaw_kvlayout_cursor *cur, struct iovec *iov, int cap);
+/* A whole block in memory: head and data put in place. */
+int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_t n);
+/* Checks every cell was placed, appends the tail; on 0 *out is the
+ * allocation (free() it: headroom, then *n_out bytes of state). */
+int thaw_kvlayout_asm_finish(struct thaw_kvlayout_asm *a, const void *tail, size_t n_tail, void **out, size_t *n_out);
+void thaw_kvlayout_asm_free(struct thaw_kvlayout_asm *a);
 
 /* Start-up check that this module understands ctx's state: decodes a few
  * tokens into seq (which must be a spare, empty sequence), captures the

@@ -51,6 +51,17 @@ static ssize_t sys_write(const struct thaw_vfs *vfs, int fd, const void *buf, si
     return r < 0 ? -errno : r;
 }
 
+static ssize_t sys_preadv(const struct thaw_vfs *vfs, int fd, const struct iovec *iov, int n_iov, off_t off)
+{
+    ssize_t r;
+
+    (void)vfs;
+    do
+        r = preadv(fd, iov, n_iov, off);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : r;
+}
+
 static ssize_t sys_pread(const struct thaw_vfs *vfs, int fd, void *buf, size_t n, off_t off)
 {
     ssize_t r;
@@ -189,6 +200,7 @@ static const struct thaw_vfs sys_vfs = {
     .close = sys_close,
     .write = sys_write,
     .pread = sys_pread,
+    .preadv = sys_preadv,
     .fsync = sys_fsync,
     .fstat = sys_fstat,
     .stat = sys_stat,
@@ -294,6 +306,15 @@ static ssize_t ft_pread(const struct thaw_vfs *vfs, int fd, void *buf, size_t n,
     return r ? r : FAULT_BASE(vfs)->pread(FAULT_BASE(vfs), fd, buf, n, off);
 }
 
+static ssize_t ft_preadv(const struct thaw_vfs *vfs, int fd, const struct iovec *iov, int n_iov, off_t off)
+{
+    int r = fault_hit(vfs, THAW_VFS_PREAD);
+
+    if (r == 1)
+        fault_crash();
+    return r ? r : FAULT_BASE(vfs)->preadv(FAULT_BASE(vfs), fd, iov, n_iov, off);
+}
+
 /* The calls below all follow one pattern. */
 #define FT_SIMPLE(name, OP, params, args)                                                                              \
     static int ft_##name params                                                                                        \
@@ -349,6 +370,7 @@ int thaw_vfs_fault_new(const struct thaw_vfs *base, struct thaw_vfs_fault **out)
         .close = ft_close,
         .write = ft_write,
         .pread = ft_pread,
+        .preadv = ft_preadv,
         .fsync = ft_fsync,
         .fstat = ft_fstat,
         .stat = ft_stat,

@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <time.h>
 
 struct thaw_vfs {
@@ -37,6 +38,9 @@ struct thaw_vfs {
     ssize_t (*write)(const struct thaw_vfs *vfs, int fd, const void *buf, size_t n);
     /* Bytes read at offset off (0 at end of file; possibly short), or -errno. */
     ssize_t (*pread)(const struct thaw_vfs *vfs, int fd, void *buf, size_t n, off_t off);
+    /* preadv(2): the same, scattered over iov[0, n_iov) (n_iov <= IOV_MAX).
+     * Counted as THAW_VFS_PREAD by the fault table. */
+    ssize_t (*preadv)(const struct thaw_vfs *vfs, int fd, const struct iovec *iov, int n_iov, off_t off);
     /* 0 or -errno. Works on directories opened O_RDONLY too. */
     int (*fsync)(const struct thaw_vfs *vfs, int fd);
     /* 0 or -errno; *st is filled on 0. stat follows symbolic links. */

@@ -35,6 +35,9 @@
 #define B 32u
 
 static char g_dir[] = "/tmp/thaw_blocks_XXXXXX";
+/* Both V layouts: per row (flash attention) and transposed, whose blocks
+ * are read back as one run per embedding column. */
+static enum llama_flash_attn_type g_fa = LLAMA_FLASH_ATTN_TYPE_ENABLED;
 static char g_model[300], g_cache[300];
 static struct llama_model *g_m;
 static struct llama_context *g_ctx;
@@ -54,6 +57,7 @@ static int group_setup(void **state)
     llama_log_set(quiet, NULL);
     llama_backend_init();
     ggml_backend_load_all_from_path(THAW_LLAMA_LIB_DIR);
+    strcpy(g_dir, "/tmp/thaw_blocks_XXXXXX");
     if (!mkdtemp(g_dir))
         return -1;
     snprintf(g_model, sizeof g_model, "%s/m.gguf", g_dir);
@@ -69,6 +73,7 @@ static int group_setup(void **state)
     cp.n_batch = cp.n_ubatch = 512;
     cp.n_seq_max = 3;
     cp.kv_unified = false;
+    cp.flash_attn_type = g_fa;
     cp.n_threads = cp.n_threads_batch = 2;
     cp.no_perf = true;
     g_ctx = llama_init_from_model(g_m, cp);
@@ -231,6 +236,7 @@ static void test_store_restore_share_prefix(void **state)
     frame(1, &f);
     struct thaw_blocks_state bs;
     assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_state_check(&bs), 0); /* every block's checksum */
     assert_int_equal(bs.n_tokens, 200);
     struct thaw_kvstate_view v;
     assert_int_equal(thaw_kvstate_parse(bs.kv, bs.n_kv, &v), 0);
@@ -273,6 +279,7 @@ static void test_store_restore_share_prefix(void **state)
     assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, 96);
     assert_int_equal(bs.n_blocks, 3);
+    assert_int_equal(thaw_blocks_state_check(&bs), 0);
     llama_memory_seq_rm(llama_get_memory(g_ctx), 0, -1, -1);
     free(decode(0, probe, 0, 96));
     want = decode(0, &probe[96], 96, 1);
@@ -331,7 +338,10 @@ static void test_corrupt_block_is_a_miss(void **state)
     corrupt_block(a, 200, 2); /* shared by a, b and the probe */
     assert_int_equal(thaw_disk_cache_lookup(c, ka, &e), 0);
     const void *man = thaw_disk_entry_part(e, THAW_PART_KV, &n_man);
-    assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), THAW_ENOTFOUND);
+    /* read into place, then its checksum (alongside the install) fails */
+    assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_state_check(&bs), THAW_ECORRUPT);
+    thaw_blocks_state_free(&bs);
     thaw_disk_entry_release(e);
     thaw_disk_cache_get_stats(c, &s);
     assert_int_equal(s.corrupt_removed, 1);
@@ -345,6 +355,9 @@ static void test_corrupt_block_is_a_miss(void **state)
     assert_int_equal(bs.n_tokens, 64);
     thaw_blocks_state_free(&bs);
     corrupt_block(probe, 150, 0);
+    assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_state_check(&bs), THAW_ECORRUPT);
+    thaw_blocks_state_free(&bs);
     assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), THAW_ENOTFOUND);
     /* kvcache.c removes a manifest that misses; then its blocks go */
     assert_int_equal(thaw_disk_cache_remove(c, ka), 0);
@@ -362,5 +375,7 @@ int main(void)
         cmocka_unit_test(test_store_restore_share_prefix),
         cmocka_unit_test(test_corrupt_block_is_a_miss),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
+    g_fa = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    return failed + cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
