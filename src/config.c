@@ -65,6 +65,10 @@ static const struct opt opts[] = {
      "(derived from the key itself: stable across reordering, gone with the key)"},
     {"--slot-prompt-similarity", "F", OPT_FLOAT, OFF(slot_prompt_similarity), 0, 1,
      "reuse the slot whose prompt shares more than this fraction with the request (0 = least recently used only)"},
+    {"--fixup-wait-ms", "MS", OPT_INT, OFF(fixup_wait_ms), 0, 1 << 20,
+     "after a reply a slot re-decodes it as the next turn will present it, then stores it; a request that needs "
+     "that slot waits for this work when it has at most this long left, else cuts it short (what is done is "
+     "stored; the conversation's next turn prefills the rest)"},
     {"--cache-prompt", NULL, OPT_TRUE, OFF(cache_prompt), 0, 0, "reuse the common prefix a slot already holds (default)"},
     {"--no-cache-prompt", NULL, OPT_FALSE, OFF(cache_prompt), 0, 0, "always prefill the whole prompt"},
     {"--max-queue", "N", OPT_INT, OFF(max_queue), 0, 1 << 20, "requests that may wait for a slot; beyond that: 503"},
@@ -127,6 +131,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->host = "127.0.0.1";
     cfg->port = 8080;
     cfg->slot_prompt_similarity = 0.1f;
+    cfg->fixup_wait_ms = 250;
     cfg->cache_prompt = true;
     cfg->max_queue = 64;
     cfg->max_body = 16u << 20;

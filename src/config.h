@@ -46,6 +46,7 @@ struct thaw_config {
     const char *api_keys[THAW_MAX_API_KEYS]; /* --api-key, repeatable or comma-separated; owned */
     int n_api_keys;
     float slot_prompt_similarity; /* --slot-prompt-similarity */
+    int fixup_wait_ms;           /* --fixup-wait-ms */
     bool cache_prompt;           /* --cache-prompt / --no-cache-prompt */
     int max_queue;               /* --max-queue: requests waiting beyond the slots */
     size_t max_body;             /* --max-body: bytes of a request body */

@@ -53,7 +53,9 @@ struct thaw_engine {
     char *model_name;
     uint8_t fingerprint[THAW_FINGERPRINT_BYTES];
     char settings[256];        /* the context settings that shape the state's bytes */
-    bool fixup_awaited;        /* a queued request waits for a FIXUP slot (admit): no throttle */
+    double fixup_us_per_tok;   /* decode cost of a FIXUP token alone (moving average), 0 = unknown */
+    bool batch_fixup_only;     /* the batch in flight holds FIXUP tokens only */
+    bool fixup_awaited;        /* a queued request waits for a FIXUP slot to finish (admit): full speed */
 
     struct thaw_slot *slots;
     int n_slots;
@@ -136,6 +138,25 @@ static int slot_rollback(struct thaw_engine *e, struct thaw_slot *s, int n)
     s->n_tokens = n;
     thaw_ckpt_truncate(&s->ckpts, n);
     return n;
+}
+
+/* ---- post-reply work (FIXUP) --------------------------------------------------- */
+
+/* FIXUP tokens a generation step carries once the FIXUP has waited
+ * THAW_FIXUP_DEFER_US for the engine to be free; a FIXUP alone runs in
+ * slices of about THAW_FIXUP_SLICE_US of decoding. */
+#define THAW_FIXUP_PIGGYBACK 2
+#define THAW_FIXUP_DEFER_US 2000000
+#define THAW_FIXUP_SLICE_US 50000.0
+
+/* FIXUP tokens for one slice, from what FIXUP batches cost so far (a
+ * small first batch measures it). */
+static int fixup_slice(const struct thaw_engine *e)
+{
+    if (e->fixup_us_per_tok <= 0)
+        return 4;
+    double n = THAW_FIXUP_SLICE_US / e->fixup_us_per_tok;
+    return n < 1 ? 1 : n > e->n_batch ? e->n_batch : (int)n;
 }
 
 /* Ends the slot's request: the task is released, the KV stays for reuse. */
@@ -300,6 +321,18 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
  * present for this conversation. If the slot's tokens differ from them, roll
  * back to the common prefix and enter FIXUP to decode the difference before
  * storing; otherwise store now. */
+/* The slot's state is final: it is stored at the next moment no other slot
+ * decodes (finish_fixups), like a FIXUP with nothing left to re-decode, so
+ * that the capture never delays another request's tokens. */
+static void slot_defer_store(struct thaw_engine *e, struct thaw_slot *s)
+{
+    free(s->fix);
+    s->fix = NULL;
+    s->n_fix = s->n_tokens;
+    s->fix_since_us = thaw_now_us();
+    thaw_slot_set_phase(s, THAW_SLOT_FIXUP, e->metrics);
+}
+
 static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const char *reply_json)
 {
     const struct thaw_task *t = s->task;
@@ -310,7 +343,7 @@ static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const
         thaw_slot_reserve(s, n_canon + 1) != 0) {
         /* no canonical form: store what the slot holds (still a prefix win) */
         free(canon);
-        slot_store(e, s);
+        slot_defer_store(e, s);
         return;
     }
     int lcp = thaw_lcp(s->tokens, s->n_tokens, canon, n_canon);
@@ -324,7 +357,7 @@ static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const
             LOG_DBG("slot %d: canonical form differs at %d, cannot roll back there: storing as generated", s->id,
                     lcp);
         free(canon);
-        slot_store(e, s);
+        slot_defer_store(e, s);
         return;
     }
     int kept = slot_rollback(e, s, lcp);
@@ -333,6 +366,7 @@ static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const
     free(s->fix);
     s->fix = canon;
     s->n_fix = n_canon;
+    s->fix_since_us = thaw_now_us();
     thaw_slot_set_phase(s, THAW_SLOT_FIXUP, e->metrics); /* stays busy until stored; see build_batch */
 }
 
@@ -445,34 +479,72 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     return 0;
 }
 
-/* Does a slot in FIXUP (same tenant) hold a longer prefix of t's prompt
- * than the idle slot `pick`? */
-static bool fixup_holds_more(const struct thaw_engine *e, const struct thaw_task *t, int pick)
+/* The FIXUP slot (same tenant) worth taking over for t rather than an
+ * idle slot holding `have` tokens of its prompt, or -1: the one holding
+ * t's conversation (t is its next turn), else one holding more of the
+ * prompt than cutting its FIXUP short costs its own conversation (the
+ * tokens it has left to re-decode, which that conversation's next turn
+ * then prefills). */
+static int fixup_worth_taking(const struct thaw_engine *e, const struct thaw_task *t, int have)
 {
-    const struct thaw_slot *p = &e->slots[pick];
-    int have = memcmp(p->ns, t->ns, THAW_KEY_BYTES) == 0 ? thaw_lcp(p->tokens, p->n_tokens, t->prompt, t->n_prompt)
-                                                         : 0;
+    int best = -1, best_gain = 0;
 
     for (int i = 0; i < e->n_slots; i++) {
         const struct thaw_slot *s = &e->slots[i];
-        if (s->phase == THAW_SLOT_FIXUP && memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0 &&
-            thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) > have)
-            return true;
+        if (s->phase != THAW_SLOT_FIXUP || memcmp(s->ns, t->ns, THAW_KEY_BYTES) != 0)
+            continue;
+        if (t->has_lookup_key && memcmp(t->lookup_key, s->store_key, THAW_KEY_BYTES) == 0)
+            return i;
+        int gain = thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) - have;
+        if (gain > s->n_fix - s->n_tokens && gain > best_gain) {
+            best_gain = gain;
+            best = i;
+        }
     }
-    return false;
+    return best;
 }
 
-/* Moves queued tasks into idle slots. `block` waits for a task when no slot
- * is busy (nothing else to do). Returns the number of busy slots. */
+/* Cuts a slot's post-reply work short for a request that needs the slot:
+ * its tokens are a prefix of the conversation as the next turn presents
+ * it, so that is what is stored (the next turn prefills the rest). Not
+ * stored when `t` is that very next turn: it continues on these tokens and
+ * stores when it is done. */
+static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const struct thaw_task *t)
+{
+    bool next_turn = t->has_lookup_key && memcmp(t->lookup_key, s->store_key, THAW_KEY_BYTES) == 0;
+
+    LOG_DBG("slot %d: post-reply work cut short at %d of %d tokens for a waiting request%s", s->id, s->n_tokens,
+            s->n_fix, next_turn ? " (its next turn)" : "");
+    atomic_fetch_add(&e->metrics->fixups_cut, 1);
+    if (next_turn) {
+        memcpy(s->held_key, s->store_key, THAW_KEY_BYTES);
+        s->holds_key = true;
+    } else {
+        slot_store(e, s);
+    }
+    free(s->fix);
+    s->fix = NULL;
+    s->n_fix = 0;
+    thaw_slot_set_phase(s, THAW_SLOT_IDLE, e->metrics);
+}
+
+/* Moves queued tasks into slots. A request never waits for another
+ * request's post-reply work (FIXUP): it takes an idle slot, or cuts short
+ * the FIXUP of the slot holding more of its prompt (it would prefill those
+ * very tokens anyway) or, with no idle slot, of the slot the usual choice
+ * picks among the FIXUP ones. `block` waits for a task when no slot is busy
+ * (nothing else to do). Returns the number of busy slots. */
 static int admit(struct thaw_engine *e, bool block)
 {
     struct thaw_slot_view *views = NULL;
-    int busy = 0;
+    int busy = 0, open = 0;
 
     e->fixup_awaited = false;
-    for (int i = 0; i < e->n_slots; i++)
+    for (int i = 0; i < e->n_slots; i++) {
         busy += e->slots[i].phase != THAW_SLOT_IDLE;
-    while (busy < e->n_slots) {
+        open += e->slots[i].phase == THAW_SLOT_IDLE || e->slots[i].phase == THAW_SLOT_FIXUP;
+    }
+    while (open > 0) {
         struct thaw_task *t = thaw_sched_pop(e->sched, block && busy == 0 && !atomic_load(&e->stop));
         if (!t)
             break;
@@ -487,31 +559,57 @@ static int admit(struct thaw_engine *e, bool block)
             thaw_task_release(t);
             break;
         }
-        for (int i = 0; i < e->n_slots; i++) {
-            struct thaw_slot *s = &e->slots[i];
-            /* another tenant's prefix is no prefix: it must not be reused,
-             * nor steer the choice (its timing would leak it) */
-            bool same_ns = memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0;
-            views[i] = (struct thaw_slot_view){
-                .idle = s->phase == THAW_SLOT_IDLE,
-                .tokens = s->tokens,
-                .n_tokens = same_ns ? s->n_tokens : 0,
-                .last_used_us = s->last_used_us,
-                .holds_key = t->has_lookup_key && s->holds_key &&
-                             memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0,
-            };
-        }
-        int pick = thaw_sched_pick_slot(views, e->n_slots, t->prompt, t->n_prompt,
+        int pick = -1;
+        /* idle slots first; with none idle, the FIXUP ones as if idle */
+        for (int pass = 0; pass < 2 && pick < 0; pass++) {
+            enum thaw_slot_phase want = pass == 0 ? THAW_SLOT_IDLE : THAW_SLOT_FIXUP;
+            for (int i = 0; i < e->n_slots; i++) {
+                struct thaw_slot *s = &e->slots[i];
+                /* another tenant's prefix is no prefix: it must not be reused,
+                 * nor steer the choice (its timing would leak it) */
+                bool same_ns = memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0;
+                views[i] = (struct thaw_slot_view){
+                    .idle = s->phase == want,
+                    .tokens = s->tokens,
+                    .n_tokens = same_ns ? s->n_tokens : 0,
+                    .last_used_us = s->last_used_us,
+                    .holds_key = t->has_lookup_key && s->holds_key &&
+                                 memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0,
+                };
+            }
+            pick = thaw_sched_pick_slot(views, e->n_slots, t->prompt, t->n_prompt,
                                         t->req.cache_prompt ? e->cfg->slot_prompt_similarity : 0);
-        if (t->req.cache_prompt && fixup_holds_more(e, t, pick)) {
-            /* the slot holding more of this prompt is only finishing its
-             * post-reply work (milliseconds): wait for it rather than
-             * prefill on a cold slot */
+        }
+        if (pick < 0) { /* cannot happen while open > 0 */
             thaw_sched_unpop(e->sched, t);
-            e->fixup_awaited = true;
             break;
         }
-        if (slot_start(e, &e->slots[pick], t) == 0)
+        if (t->req.cache_prompt && e->slots[pick].phase == THAW_SLOT_IDLE) {
+            const struct thaw_slot *p = &e->slots[pick];
+            int have = memcmp(p->ns, t->ns, THAW_KEY_BYTES) == 0
+                           ? thaw_lcp(p->tokens, p->n_tokens, t->prompt, t->n_prompt)
+                           : 0;
+            int f = fixup_worth_taking(e, t, have);
+            if (f >= 0)
+                pick = f; /* not a cold slot while a warm one only finishes post-reply work */
+        }
+        struct thaw_slot *s = &e->slots[pick];
+        if (s->phase == THAW_SLOT_FIXUP) {
+            /* what is left of it, at what FIXUP tokens cost so far */
+            double left_us = (double)(s->n_fix - s->n_tokens) * e->fixup_us_per_tok;
+            bool next_turn = t->has_lookup_key && memcmp(t->lookup_key, s->store_key, THAW_KEY_BYTES) == 0;
+            if (!next_turn && left_us <= 1000.0 * e->cfg->fixup_wait_ms) {
+                /* a short wait keeps that conversation's stored state
+                 * whole: finish it at full speed, then come back */
+                thaw_sched_unpop(e->sched, t);
+                e->fixup_awaited = true;
+                break;
+            }
+            slot_cut_fixup(e, s, t);
+            busy--;
+        }
+        open--;
+        if (slot_start(e, s, t) == 0)
             busy++;
     }
     free(views);
@@ -718,10 +816,6 @@ static void slot_verify(struct thaw_engine *e, struct thaw_slot *s)
 /* Fills e->batch: first the next token of every generating slot (so
  * generation never waits behind a long prompt), then prompt tokens, then
  * FIXUP tokens (nobody waits for those). */
-/* FIXUP tokens a generation step may carry: about free while a step's cost
- * is reading the weights. */
-#define THAW_FIXUP_PIGGYBACK 2
-
 static void build_batch(struct thaw_engine *e)
 {
     struct llama_batch *b = &e->batch;
@@ -754,39 +848,65 @@ static void build_batch(struct thaw_engine *e)
             s->n_in_batch++;
         }
     }
-    /* FIXUP is post-reply work nobody waits for (unless a queued request
-     * waits for that very slot): it must not slow a request that is. On a
-     * CPU a batch's cost grows with its tokens, so none rides along a
-     * prompt's prefill (the time to its first token), and a few ride along
-     * generation steps, whose cost is reading the weights (measured: 20
-     * re-decoded tokens batched with a 9-token prompt made that prompt
-     * take 1.6 s instead of ~0.3). Alone, it goes at full speed. */
-    int prefilling = 0, generating = 0;
+    /* FIXUP is post-reply work nobody waits for: it must not slow a
+     * request that is. A request that needs its slot cuts it short
+     * (admit). Alone, it goes in slices of about THAW_FIXUP_SLICE_US, so a
+     * request arriving meanwhile waits one slice at most. Beside a prompt
+     * or a generation step it waits: on a CPU a batch's cost grows with
+     * its tokens (measured: 20 re-decoded tokens batched with a 9-token
+     * prompt made that prompt take 1.6 s instead of ~0.3; 2 riding along
+     * each generation step halved its speed). After THAW_FIXUP_DEFER_US
+     * of waiting a few ride along generation steps, so a busy server still
+     * stores within seconds. */
+    int prefilling = 0, generating = 0, fixup_tokens = 0;
     for (int i = 0; i < e->n_slots; i++) {
         prefilling += e->slots[i].phase == THAW_SLOT_PREFILL;
         generating += e->slots[i].phase == THAW_SLOT_GEN;
     }
-    int fixup_room = e->fixup_awaited || (!prefilling && !generating) ? e->n_batch
-                     : prefilling                                     ? 0
-                                                                      : THAW_FIXUP_PIGGYBACK;
+    bool alone = !prefilling && !generating;
+    int fixup_room = e->fixup_awaited ? e->n_batch
+                     : alone          ? fixup_slice(e)
+                     : prefilling     ? 0
+                                      : THAW_FIXUP_PIGGYBACK;
+    int64_t now = thaw_now_us();
     for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch && fixup_room > 0; i++) {
         struct thaw_slot *s = &e->slots[i];
-        if (s->phase != THAW_SLOT_FIXUP)
+        if (s->phase != THAW_SLOT_FIXUP ||
+            (!alone && !e->fixup_awaited && now - s->fix_since_us < THAW_FIXUP_DEFER_US))
             continue;
         while (s->n_tokens + s->n_in_batch < s->n_fix && b->n_tokens < e->n_batch && fixup_room-- > 0) {
             int p = s->n_tokens + s->n_in_batch;
             batch_add(b, s->fix[p], p, s->id, false);
             s->n_in_batch++;
+            fixup_tokens++;
         }
     }
+    e->batch_fixup_only = fixup_tokens > 0 && fixup_tokens == b->n_tokens;
 }
 
-/* FIXUP slots whose canonical tokens are all in: store, and free the slot. */
-static void finish_fixups(struct thaw_engine *e)
+/* No slot prefilling or generating: post-reply work slows nobody. */
+static bool engine_alone(const struct thaw_engine *e)
 {
+    for (int i = 0; i < e->n_slots; i++)
+        if (e->slots[i].phase == THAW_SLOT_PREFILL || e->slots[i].phase == THAW_SLOT_GEN)
+            return false;
+    return true;
+}
+
+/* FIXUP slots whose canonical tokens are all in: store, and free the slot.
+ * The capture waits, as the re-decoding does, for a moment when no other
+ * slot decodes (or THAW_FIXUP_DEFER_US, or `force` at shutdown): its cost
+ * grows with the conversation (libllama captures a sequence only whole). */
+static void finish_fixups(struct thaw_engine *e, bool force)
+{
+    bool alone = force || e->fixup_awaited || engine_alone(e);
+    int64_t now = thaw_now_us();
+
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
         if (s->phase != THAW_SLOT_FIXUP || s->n_tokens < s->n_fix)
+            continue;
+        if (!alone && now - s->fix_since_us < THAW_FIXUP_DEFER_US)
             continue;
         slot_store(e, s);
         free(s->fix);
@@ -823,7 +943,11 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
     atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n_prompt_tokens);
     if (n_prompt_tokens > 0)
         atomic_fetch_add(&e->metrics->prompt_us, (uint64_t)(t1 - t0));
-    finish_fixups(e);
+    if (e->batch_fixup_only && t1 > t0 && e->batch.n_tokens > 0) {
+        double per = (double)(t1 - t0) / e->batch.n_tokens;
+        e->fixup_us_per_tok = e->fixup_us_per_tok > 0 ? 0.7 * e->fixup_us_per_tok + 0.3 * per : per;
+    }
+    finish_fixups(e, false);
 
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
@@ -886,7 +1010,7 @@ static void drain_fixups(struct thaw_engine *e)
         }
         after_decode(e, 0, 0);
     }
-    finish_fixups(e);
+    finish_fixups(e, true);
 }
 
 static void *engine_main(void *arg)
@@ -907,7 +1031,7 @@ static void *engine_main(void *arg)
             continue;
         build_batch(e);
         if (e->batch.n_tokens == 0) {
-            finish_fixups(e);
+            finish_fixups(e, true); /* nothing decodes */
             continue;
         }
         int64_t t0 = thaw_now_us();

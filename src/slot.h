@@ -84,6 +84,7 @@ struct thaw_slot {
     /* FIXUP: decode fix[n_tokens..n_fix) then store under store_key */
     llama_token *fix;
     int n_fix;
+    int64_t fix_since_us; /* when the slot entered FIXUP */
     uint8_t store_key[THAW_KEY_BYTES];
 };
 

@@ -147,6 +147,25 @@ def test_repeated_prompt_right_after_a_streamed_reply_lands_on_the_warm_slot(ser
     s.stop()
 
 
+def test_a_request_cuts_another_conversations_post_reply_work_short(serve, tmp_path):
+    # -np 1, back to back: every request finds the only slot re-decoding the
+    # previous reply (FIXUP). With --fixup-wait-ms 0 it does not wait for
+    # that: it cuts the work short, what was done is stored, and that
+    # conversation's next turn prefills the rest from its stored prefix.
+    s = serve("llama", "-np", "1", "-c", "8192", "--metrics", "--fixup-wait-ms", "0", *kv_flags(tmp_path))
+    convs = [conversation(i, 300) for i in range(6)]
+    r1 = [chat(s, c, max_tokens=64) for c in convs]  # long replies: long re-decodes
+    cut = s.metrics()["thaw_kv_cache_fixups_cut_total"]
+    assert cut >= 1, "no request found the slot still re-decoding"
+    drained(s)
+    r2 = [chat(s, turn2(c, r, i)) for i, (c, r) in enumerate(zip(convs, r1))]
+    # every conversation still restores all of turn 1's prompt and the part
+    # of its reply that was re-decoded before the cut
+    for r, first in zip(r2, r1):
+        assert r["timings"]["cache_n"] >= first["usage"]["prompt_tokens"], r["timings"]
+    s.stop()
+
+
 def test_restart_between_turns(serve, tmp_path):
     s, _, r2 = seed_workload(serve, "llama", kv_flags(tmp_path), restart=True)
     assert ratio(r2.values()) >= 0.98
