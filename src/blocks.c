@@ -2,6 +2,7 @@
 #include "blocks.h"
 
 #include "blob.h"
+#include "cache_ram.h"
 #include "error.h"
 #include "kvstate.h"
 
@@ -54,7 +55,8 @@ int thaw_blocks_is_manifest(const void *blob, size_t n)
     return magic == MANIFEST_MAGIC;
 }
 
-int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint32_t block_tokens,
+int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+                      uint32_t block_tokens,
                       const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
                       size_t *n_manifest, struct thaw_blocks_stats *st)
 {
@@ -96,15 +98,24 @@ int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint
         uint32_t a = k * block_tokens, b = a + block_tokens;
         size_t size = thaw_kvlayout_block_size(l, a, b);
         struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
-        if (!(parts[THAW_PART_KV].data = thaw_blob_alloc(size))) {
-            rc = THAW_ENOMEM;
-            goto out;
+        size_t held_size = 0;
+        /* the RAM tier may hold it still (the disk dropped or collected it) */
+        if ((parts[THAW_PART_KV].data = thaw_ram_cache_block(ram, ids[k], &held_size)) != NULL) {
+            size = held_size;
+        } else {
+            if (!(parts[THAW_PART_KV].data = thaw_blob_alloc(size))) {
+                rc = THAW_ENOMEM;
+                goto out;
+            }
+            if ((rc = thaw_kvlayout_cut(l, a, b, parts[THAW_PART_KV].data, size)) != 0) {
+                thaw_blob_unref(parts[THAW_PART_KV].data);
+                goto out;
+            }
+            /* one copy for both tiers: the RAM tier keeps a reference */
+            if (ram)
+                (void)thaw_ram_cache_put_block(ram, ids[k], thaw_blob_ref(parts[THAW_PART_KV].data), size);
         }
         parts[THAW_PART_KV].size = size;
-        if ((rc = thaw_kvlayout_cut(l, a, b, parts[THAW_PART_KV].data, size)) != 0) {
-            thaw_blob_unref(parts[THAW_PART_KV].data);
-            goto out;
-        }
         if ((rc = thaw_disk_cache_submit(c, ids[k], block_tokens, parts, NULL, 0)) != 0) {
             thaw_blob_unref(parts[THAW_PART_KV].data);
             st->dropped++;
@@ -351,7 +362,8 @@ static int file_head_size(struct thaw_disk_cache *c, const struct thaw_disk_kv_f
  * then appends the extra block (the tail; may be NULL) and the SWA window,
  * and assembles them for frame f. The checksums of the blocks read from
  * files go on in out->check. */
-static int load_blocks(struct thaw_disk_cache *c, const uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], uint32_t n_ids,
+static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t (*ids)[THAW_BLOCKS_ID_BYTES],
+                       uint32_t n_ids,
                        uint32_t block_tokens, const void *tail, size_t tail_size, const void *swa, size_t swa_size,
                        const struct thaw_kvlayout_frame *f, const llama_token *toks, int n_toks,
                        struct thaw_blocks_state *out)
@@ -374,10 +386,13 @@ static int load_blocks(struct thaw_disk_cache *c, const uint8_t (*ids)[THAW_BLOC
     pthread_cond_init(&ck->cv, NULL);
     for (k = 0; k < n_ids; k++)
         ck->src[k].f.fd = -1;
-    /* open them all first: every open starts its file's read */
+    /* open them all first: every open starts its file's read (blocks the
+     * RAM tier or the writer's queue holds are copied from memory) */
     for (k = 0; k < n_ids; k++) {
         struct thaw_part_blob pend[THAW_PART_COUNT];
-        if (thaw_disk_cache_pending(c, ids[k], pend) == 0) {
+        if ((ck->src[k].mem = thaw_ram_cache_block(ram, ids[k], &ck->src[k].n_mem)) != NULL) {
+            continue; /* the RAM tier's copy */
+        } else if (thaw_disk_cache_pending(c, ids[k], pend) == 0) {
             for (int p = 1; p < THAW_PART_COUNT; p++)
                 thaw_blob_unref(pend[p].data);
             ck->src[k].mem = pend[THAW_PART_KV].data;
@@ -527,7 +542,7 @@ int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **ref
     return THAW_DISK_KIND_ROOT;
 }
 
-int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_manifest,
+int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out)
 {
     struct manifest_header h;
@@ -544,7 +559,7 @@ int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_m
     if (!tokens)
         return THAW_ENOMEM;
     memcpy(tokens, toks, (size_t)h.n_tokens * sizeof(llama_token));
-    rc = load_blocks(c, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
+    rc = load_blocks(c, ram, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
                      tail + h.tail_size, h.swa_size, f, tokens, (int)h.n_tokens, out);
     free(tokens);
     if (rc != 0)
@@ -552,7 +567,8 @@ int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_m
     return rc;
 }
 
-int thaw_blocks_prefix(struct thaw_disk_cache *c, const uint8_t binding[32], uint32_t block_tokens,
+int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+                       uint32_t block_tokens,
                        const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
                        struct thaw_blocks_state *out)
 {
@@ -573,11 +589,11 @@ int thaw_blocks_prefix(struct thaw_disk_cache *c, const uint8_t binding[32], uin
     rc = THAW_ENOTFOUND;
     for (int attempt = 0; attempt < 3 && rc == THAW_ENOTFOUND; attempt++) {
         uint32_t run = 0;
-        while (run < n_blocks && thaw_disk_cache_has(c, ids[run]))
+        while (run < n_blocks && (thaw_ram_cache_has_block(ram, ids[run]) || thaw_disk_cache_has(c, ids[run])))
             run++;
         if (run == 0)
             break;
-        rc = load_blocks(c, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, run, block_tokens, NULL, 0, NULL, 0, f, toks,
+        rc = load_blocks(c, ram, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, run, block_tokens, NULL, 0, NULL, 0, f, toks,
                          (int)(run * block_tokens), out);
         if (rc != 0)
             thaw_blocks_state_free(out);

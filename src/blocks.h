@@ -44,6 +44,7 @@
 #define THAW_BLOCKS_H
 
 #include "cache_disk.h"
+#include "cache_ram.h"
 #include "kvlayout.h"
 
 #include <llama.h>
@@ -66,7 +67,9 @@ void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const lla
 
 /* Cuts a libllama sequence state of toks[0, n) (llama_state_seq_get_data
  * output, `state`, n_state bytes) into blocks, submits to the disk writer
- * those it does not hold (each an entry of one .kv part: the block), and
+ * those it does not hold (each an entry of one .kv part: the block; one the
+ * RAM tier `ram` holds is taken from there, and one cut anew is also put
+ * into `ram`, one copy shared by both; ram may be NULL), and
  * builds the manifest (a blob, blob.h: the caller submits it as the
  * conversation entry's .kv part, or drops it with thaw_blob_unref).
  * On 0 the manifest's block ids are held (thaw_disk_cache_hold), so that
@@ -78,7 +81,8 @@ void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const lla
  * layout: store the whole state instead), THAW_EINVAL (no cells, or the
  * state does not hold n cells), THAW_ENOMEM. A block the writer drops
  * makes the store fail (THAW_EBUSY): the manifest would name it. */
-int thaw_blocks_store(struct thaw_disk_cache *c, const uint8_t binding[32], uint32_t block_tokens,
+int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+                      uint32_t block_tokens,
                       const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
                       size_t *n_manifest, struct thaw_blocks_stats *st);
 
@@ -118,13 +122,14 @@ void thaw_blocks_state_free(struct thaw_blocks_state *s);
  * before anything is decoded from it. Call once, before freeing. */
 int thaw_blocks_state_check(struct thaw_blocks_state *s);
 
-/* Builds the state a manifest describes, reading its blocks from the disk
+/* Builds the state a manifest describes, taking its blocks from the RAM
+ * tier `ram` (may be NULL), the disk writer's queue or the disk
  * (their checksums: thaw_blocks_state_check), for the slot of frame f.
  * Returns 0, THAW_ECORRUPT (a bad manifest, or a block — the tail too —
  * whose header does not fit its place), THAW_EVERSION (a manifest of
  * another format version), THAW_ENOTFOUND (a block is gone: evicted, or found
  * corrupt and removed), THAW_ENOMEM, or a disk error. */
-int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_manifest,
+int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out);
 
 /* Prefix lookup: the longest run of toks' whole blocks the disk holds,
@@ -133,7 +138,8 @@ int thaw_blocks_load(struct thaw_disk_cache *c, const void *manifest, size_t n_m
  * an SWA tail (an SWA window cannot be rebuilt from blocks).
  * Returns 0 and fills out (n_blocks >= 1), THAW_ENOTFOUND (not even block
  * 0), or an error as thaw_blocks_load. */
-int thaw_blocks_prefix(struct thaw_disk_cache *c, const uint8_t binding[32], uint32_t block_tokens,
+int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+                       uint32_t block_tokens,
                        const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
                        struct thaw_blocks_state *out);
 

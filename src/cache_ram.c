@@ -1,6 +1,9 @@
-/* cache_ram.c — LRU + TTL map of key -> blobs, engine thread only.
- * A flat array: entries are tens to hundreds of MiB-sized states, so their
- * count under any sane budget is small and a linear scan is the cheap part. */
+/* cache_ram.c — LRU + TTL map of key -> blobs, and the blocks that
+ * manifests name, engine thread only.
+ * Entries: a flat array: they are tens to hundreds of MiB-sized states (or
+ * manifests), so their count under any sane budget is small and a linear
+ * scan is the cheap part. Blocks: a chained hash table by id (thousands
+ * under a budget of GiBs, each looked up per restore). */
 #include "cache_ram.h"
 
 #include "blob.h"
@@ -9,12 +12,77 @@
 #include <stdlib.h>
 #include <string.h>
 
+struct rblock {
+    uint8_t id[THAW_RAM_BLOCK_ID_BYTES];
+    void *data; /* one reference */
+    size_t size;
+    uint32_t refs; /* entries naming it; 0 = an orphan, the first to go */
+    struct rblock *next;
+};
+
+#define RBLOCK_BUCKETS 4096u
+
 struct thaw_ram_cache {
     uint64_t budget, bytes;
     int64_t ttl_s;
     struct thaw_ram_entry *v;
     int n, cap;
+    struct rblock *bucket[RBLOCK_BUCKETS];
+    uint32_t n_blocks, n_orphans;
 };
+
+static struct rblock **block_slot(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES])
+{
+    uint32_t h;
+
+    memcpy(&h, id, sizeof h); /* ids are hashes */
+    struct rblock **pp = &c->bucket[h % RBLOCK_BUCKETS];
+    while (*pp && memcmp((*pp)->id, id, THAW_RAM_BLOCK_ID_BYTES) != 0)
+        pp = &(*pp)->next;
+    return pp;
+}
+
+static void block_free(struct thaw_ram_cache *c, struct rblock **pp)
+{
+    struct rblock *b = *pp;
+
+    *pp = b->next;
+    c->bytes -= b->size;
+    c->n_blocks--;
+    if (b->refs == 0)
+        c->n_orphans--;
+    thaw_blob_unref(b->data);
+    free(b);
+}
+
+/* Frees every block no entry names. */
+static void sweep_orphans(struct thaw_ram_cache *c)
+{
+    for (uint32_t i = 0; i < RBLOCK_BUCKETS && c->n_orphans > 0; i++)
+        for (struct rblock **pp = &c->bucket[i]; *pp;) {
+            if ((*pp)->refs == 0)
+                block_free(c, pp);
+            else
+                pp = &(*pp)->next;
+        }
+}
+
+/* Counts (d = +1) or uncounts (-1) an entry's names of blocks; a block
+ * left unnamed goes. Names of blocks not held are ignored. */
+static void refs_apply(struct thaw_ram_cache *c, const uint8_t *refs, uint32_t n_refs, int d)
+{
+    for (uint32_t k = 0; k < n_refs; k++) {
+        struct rblock **pp = block_slot(c, refs + (size_t)k * THAW_RAM_BLOCK_ID_BYTES);
+        if (!*pp)
+            continue;
+        if (d > 0 && (*pp)->refs++ == 0)
+            c->n_orphans--;
+        if (d < 0 && (*pp)->refs > 0 && --(*pp)->refs == 0) {
+            c->n_orphans++;
+            block_free(c, pp);
+        }
+    }
+}
 
 int thaw_ram_cache_new(uint64_t budget_bytes, int64_t ttl_s, struct thaw_ram_cache **out)
 {
@@ -47,6 +115,8 @@ static void drop(struct thaw_ram_cache *c, int i)
 {
     c->bytes -= parts_size(c->v[i].parts);
     parts_unref(c->v[i].parts);
+    refs_apply(c, c->v[i].refs, c->v[i].n_refs, -1);
+    free(c->v[i].refs);
     c->v[i] = c->v[--c->n];
 }
 
@@ -56,8 +126,27 @@ void thaw_ram_cache_free(struct thaw_ram_cache *c)
         return;
     while (c->n > 0)
         drop(c, 0);
+    sweep_orphans(c);
     free(c->v);
     free(c);
+}
+
+/* Evicts the least recently used entries other than `keep` (-1: none)
+ * until `need` more bytes fit. Orphan blocks are not touched: between puts
+ * they are the blocks of the entry about to be put. */
+static void make_room(struct thaw_ram_cache *c, uint64_t need, int keep)
+{
+    while (c->bytes + need > c->budget) {
+        int lru = -1;
+        for (int i = 0; i < c->n; i++)
+            if (i != keep && (lru < 0 || c->v[i].last_used < c->v[lru].last_used))
+                lru = i;
+        if (lru < 0)
+            return;
+        if (keep == c->n - 1)
+            keep = lru; /* drop() moves the last entry into lru's place */
+        drop(c, lru);
+    }
 }
 
 static int find(const struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES])
@@ -71,27 +160,31 @@ static int find(const struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES
 int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
                        const struct thaw_part_blob parts[THAW_PART_COUNT], int64_t now)
 {
+    return thaw_ram_cache_put_refs(c, key, parts, NULL, 0, now);
+}
+
+int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                            const struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *refs, uint32_t n_refs,
+                            int64_t now)
+{
     uint64_t size = parts_size(parts);
+    uint8_t *own = NULL;
     int i;
 
     if ((i = find(c, key)) >= 0)
         drop(c, i);
-    if (size > c->budget) {
+    if (size > c->budget || (n_refs && !(own = malloc((size_t)n_refs * THAW_RAM_BLOCK_ID_BYTES)))) {
         parts_unref(parts);
-        return THAW_ETOOBIG;
-    }
-    while (c->bytes + size > c->budget && c->n > 0) {
-        int lru = 0;
-        for (i = 1; i < c->n; i++)
-            if (c->v[i].last_used < c->v[lru].last_used)
-                lru = i;
-        drop(c, lru);
+        sweep_orphans(c); /* blocks put for this entry */
+        return size > c->budget ? THAW_ETOOBIG : THAW_ENOMEM;
     }
     if (c->n == c->cap) {
         int cap = c->cap ? c->cap * 2 : 8;
         struct thaw_ram_entry *nv = realloc(c->v, (size_t)cap * sizeof *nv);
         if (!nv) {
             parts_unref(parts);
+            free(own);
+            sweep_orphans(c);
             return THAW_ENOMEM;
         }
         c->v = nv;
@@ -106,10 +199,66 @@ int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTE
             e->parts[p].data = NULL;
         }
     }
+    if (n_refs)
+        memcpy(own, refs, (size_t)n_refs * THAW_RAM_BLOCK_ID_BYTES);
+    e->refs = own;
+    e->n_refs = n_refs;
     e->last_used = now;
     c->bytes += size;
+    /* named before making room: its own blocks are not orphans; what is
+     * still an orphan was left by a store that never put its entry */
+    refs_apply(c, own, n_refs, +1);
+    sweep_orphans(c);
+    make_room(c, 0, c->n - 1);
+    if (c->bytes > c->budget) { /* it alone, with its blocks, does not fit */
+        drop(c, find(c, key));
+        sweep_orphans(c);
+        return THAW_ETOOBIG;
+    }
     return 0;
 }
+
+int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES], void *data,
+                             size_t size)
+{
+    struct rblock **pp = block_slot(c, id), *b;
+
+    if (*pp || size > c->budget) { /* held already / never fits */
+        thaw_blob_unref(data);
+        return *pp ? 0 : THAW_ETOOBIG;
+    }
+    make_room(c, size, -1);
+    pp = block_slot(c, id); /* the chain may have changed */
+    if (!(b = calloc(1, sizeof *b))) {
+        thaw_blob_unref(data);
+        return THAW_ENOMEM;
+    }
+    memcpy(b->id, id, THAW_RAM_BLOCK_ID_BYTES);
+    b->data = data;
+    b->size = size;
+    *pp = b;
+    c->bytes += size;
+    c->n_blocks++;
+    c->n_orphans++;
+    return 0;
+}
+
+void *thaw_ram_cache_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES], size_t *size)
+{
+    struct rblock *b;
+
+    if (!c || !(b = *block_slot(c, id)))
+        return NULL;
+    *size = b->size;
+    return thaw_blob_ref(b->data);
+}
+
+int thaw_ram_cache_has_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES])
+{
+    return c && *block_slot(c, id) != NULL;
+}
+
+uint32_t thaw_ram_cache_blocks(const struct thaw_ram_cache *c) { return c->n_blocks; }
 
 const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
                                                 int64_t now)

@@ -3,7 +3,10 @@
  * Same keys and blobs as the disk tier (kvstate.h), held in RAM under a byte
  * budget (--cache-ram), least recently used evicted first, TTL like the
  * disk. It spares a disk read when a conversation returns to a slot that
- * was reused meanwhile. Engine thread only: no locking.
+ * was reused meanwhile. With blocks (--kv-cache-block and the disk tier)
+ * an entry is a manifest and the blocks it names are held once each,
+ * shared by every entry naming them. Engine thread only: no locking (the
+ * blobs are reference-counted: a reader on another thread holds its own).
  */
 #ifndef THAW_CACHE_RAM_H
 #define THAW_CACHE_RAM_H
@@ -17,9 +20,14 @@
 
 struct thaw_ram_cache;
 
+/* Block ids (blocks.h THAW_BLOCKS_ID_BYTES). */
+#define THAW_RAM_BLOCK_ID_BYTES 32
+
 struct thaw_ram_entry {
     uint8_t key[THAW_KEY_BYTES];
     struct thaw_part_blob parts[THAW_PART_COUNT]; /* one reference owned to each present part */
+    uint8_t *refs;     /* the block ids its .kv part (a manifest) names, n_refs x 32 bytes */
+    uint32_t n_refs;
     int64_t last_used; /* Unix seconds */
 };
 
@@ -36,6 +44,30 @@ void thaw_ram_cache_free(struct thaw_ram_cache *c);
 int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
                        const struct thaw_part_blob parts[THAW_PART_COUNT], int64_t now);
 
+/* thaw_ram_cache_put of an entry whose .kv part is a manifest naming the
+ * n_refs block ids at refs (copied): each of those blocks the tier holds
+ * stays while an entry names it, and is counted once in the budget however
+ * many entries name it. When the entry with its blocks exceeds the budget
+ * alone: THAW_ETOOBIG. */
+int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                            const struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *refs, uint32_t n_refs,
+                            int64_t now);
+
+/* ---- blocks (DESIGN §9): one copy of each, shared by the manifests --------
+ * A block put here is an orphan until an entry naming it is put (put it
+ * just before its manifest's entry); orphans are the first to go when room
+ * is needed, and go at once if that entry's put fails. An entry's removal
+ * frees the blocks only it named. */
+
+/* Takes the caller's reference to data (size bytes). 0 (also when the block
+ * is held already: the reference is dropped), THAW_ETOOBIG or THAW_ENOMEM. */
+int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES], void *data,
+                             size_t size);
+/* A new reference to block id's bytes (*size set), or NULL. NULL c: NULL. */
+void *thaw_ram_cache_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES], size_t *size);
+int thaw_ram_cache_has_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES]);
+uint32_t thaw_ram_cache_blocks(const struct thaw_ram_cache *c);
+
 /* The entry or NULL; marks it used. Valid until the next put/remove/evict. */
 const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
                                                 int64_t now);
@@ -45,6 +77,7 @@ void thaw_ram_cache_remove(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_
 /* Drops entries unused for more than the TTL. Returns how many. */
 int thaw_ram_cache_evict(struct thaw_ram_cache *c, int64_t now);
 
+/* Bytes held: entries and blocks. */
 uint64_t thaw_ram_cache_bytes(const struct thaw_ram_cache *c);
 int thaw_ram_cache_count(const struct thaw_ram_cache *c);
 

@@ -597,10 +597,10 @@ static int admit(struct thaw_engine *e, bool block)
         if (s->phase == THAW_SLOT_FIXUP) {
             /* what is left of it, at what FIXUP tokens cost so far */
             double left_us = (double)(s->n_fix - s->n_tokens) * e->fixup_us_per_tok;
-            bool next_turn = t->has_lookup_key && memcmp(t->lookup_key, s->store_key, THAW_KEY_BYTES) == 0;
-            if (!next_turn && left_us <= 1000.0 * e->cfg->fixup_wait_ms) {
-                /* a short wait keeps that conversation's stored state
-                 * whole: finish it at full speed, then come back */
+            if (left_us <= 1000.0 * e->cfg->fixup_wait_ms) {
+                /* a short wait keeps that conversation's state whole (for
+                 * the store, or for its next turn, which then prefills only
+                 * its new message): finish it at full speed, then come back */
                 thaw_sched_unpop(e->sched, t);
                 e->fixup_awaited = true;
                 break;

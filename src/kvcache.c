@@ -223,7 +223,7 @@ static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob par
         return sink->install(sink->ud, parts);
     struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
     struct thaw_blocks_state bs;
-    int rc = thaw_blocks_load(c->disk, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &f, &bs);
+    int rc = thaw_blocks_load(c->disk, c->ram, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &f, &bs);
     if (rc != 0)
         return rc == THAW_ENOTFOUND ? THAW_ECORRUPT : rc; /* a block is gone: this manifest is no use */
     struct thaw_part_blob whole[THAW_PART_COUNT] = {{bs.kv, bs.n_kv}, parts[THAW_PART_CKPT], parts[THAW_PART_DFT]};
@@ -293,7 +293,7 @@ int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES
             ram_gauges(c);
         const struct thaw_ram_entry *re = thaw_ram_cache_get(c->ram, key, wall_s());
         if (re) {
-            got = sink->install(sink->ud, re->parts);
+            got = install_parts(c, re->parts, sink); /* a manifest: its blocks from RAM, else from disk */
             if (got < 0) {
                 LOG_WRN("slot %d: RAM entry %s unusable (%s): dropped", sink->slot_id, hex, thaw_strerror(got));
                 thaw_ram_cache_remove(c->ram, key);
@@ -374,7 +374,7 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
         (n_prompt - 1) / (int)c->block_tokens * (int)c->block_tokens <= n_past)
         return n_past; /* no run of blocks could beat what the slot holds */
     block_binding(c, ns, binding);
-    int rc = thaw_blocks_prefix(c->disk, binding, c->block_tokens, prompt, n_prompt, &f, &bs);
+    int rc = thaw_blocks_prefix(c->disk, c->ram, binding, c->block_tokens, prompt, n_prompt, &f, &bs);
     if (rc != 0) {
         if (rc != THAW_ENOTFOUND)
             LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(rc));
@@ -430,7 +430,7 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
     if ((rc = thaw_kvstate_parse(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &v)) != 0)
         return rc;
     block_binding(c, ns, binding);
-    rc = thaw_blocks_store(c->disk, binding, c->block_tokens, v.tokens, v.n_tokens, v.state, v.n_state, &man, &n_man,
+    rc = thaw_blocks_store(c->disk, c->ram, binding, c->block_tokens, v.tokens, v.n_tokens, v.state, v.n_state, &man, &n_man,
                            &st);
     atomic_fetch_add(&c->blocks_written, st.written);
     atomic_fetch_add(&c->blocks_skipped, st.skipped);
@@ -456,6 +456,8 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
                                struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes)
 {
     const char *where = c->disk && c->ram ? "ram+disk" : c->disk ? "disk" : c->ram ? "ram" : "none";
+    void *man_ram = NULL;
+    size_t n_man_ram = 0;
     char hex[17];
     int rc;
 
@@ -469,6 +471,12 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
                 thaw_blob_ref(parts[p].data);
         }
         rc = to_blocks(c, slot_id, ns, w);
+        /* with blocks the RAM tier keeps the manifest (its blocks are
+         * held there once each), not a second whole copy of the state */
+        if (rc == 0 && c->ram) {
+            man_ram = thaw_blob_ref(w[THAW_PART_KV].data);
+            n_man_ram = w[THAW_PART_KV].size;
+        }
         /* its blocks are held until the manifest is queued (blocks.h): the
          * ids live in the manifest, which the writer may free once it has it */
         void *held = NULL;
@@ -499,7 +507,16 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
             memset(parts, 0, THAW_PART_COUNT * sizeof *parts); /* moved to the writer, or dropped just above */
     }
     if (c->ram) {
-        if (thaw_ram_cache_put(c->ram, key, parts, wall_s()) != 0)
+        const uint8_t *ids = NULL;
+        uint32_t n_ids = 0;
+        if (man_ram) {
+            thaw_blob_unref(parts[THAW_PART_KV].data); /* the whole state: the manifest and blocks stand for it */
+            parts[THAW_PART_KV].data = man_ram;
+            parts[THAW_PART_KV].size = n_man_ram;
+            if (thaw_blocks_manifest_ids(man_ram, n_man_ram, &ids, &n_ids) != 0)
+                ids = NULL, n_ids = 0;
+        }
+        if (thaw_ram_cache_put_refs(c->ram, key, parts, ids, n_ids, wall_s()) != 0)
             LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", slot_id, hex);
         memset(parts, 0, THAW_PART_COUNT * sizeof *parts); /* the RAM tier's now */
     } else if (!c->disk) {

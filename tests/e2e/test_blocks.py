@@ -238,3 +238,36 @@ def test_budget_evicts_old_conversations_and_keeps_the_shared_prefix(serve, tmp_
     assert newest["cache_source"] == "disk", newest
     assert newest["cache_n"] > 0.8 * r["usage"]["prompt_tokens"], newest  # all but the new question
     assert s.metrics()["thaw_kv_disk_bytes"] <= 1 << 20
+
+
+def test_ram_tier_holds_each_shared_block_once_and_serves_without_the_disk(serve, tmp_path):
+    # --cache-ram on: entries are manifests and the RAM tier holds every block
+    # once, however many conversations name it (not a whole state each)
+    convs = [[shared_system(), ask(i)] for i in range(6)]
+    ref = reference(serve, convs)
+    s = serve("llama", "-np", "1", "-c", "8192", "--kv-cache-dir", str(tmp_path), "--cache-ram", "64",
+              "--kv-cache-min-tokens", "16", "--kv-cache-block", str(B))
+    r1 = []
+    for i, c in enumerate(convs):
+        r = chat(s, c)
+        assert reply(r) == ref[i], f"conversation {i}"
+        r1.append(r)
+    drained(s)
+    ram = metric(s, "thaw_kv_cache_ram_bytes")
+    # KV bytes per token, from the blocks the disk tier wrote (B tokens each)
+    per_token = metric(s, "thaw_kv_disk_store_bytes_total") / (B * metric(s, "thaw_kv_disk_blocks_written_total"))
+    stored = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in r1)
+    # a whole state each would be every conversation's tokens; blocks: the
+    # shared prefix once, each one's own blocks and its tail (< B tokens)
+    assert ram < 0.5 * stored * per_token, (ram, stored * per_token)
+    # the blocks' files gone: turn 2 still comes from the RAM tier, whole
+    for f in glob.glob(str(tmp_path / "*.kv")):
+        with open(f, "rb") as fh:
+            if fh.read(4) == b"TKB1":
+                os.remove(f)
+    for i in (5, 2):
+        msgs = convs[i] + [{"role": "assistant", "content": reply(r1[i])}, ask(50 + i)]
+        t = chat(s, msgs)["timings"]
+        assert t["cache_source"] in ("slot", "ram"), t
+        assert t["cache_n"] >= r1[i]["usage"]["prompt_tokens"], t
+    s.stop()

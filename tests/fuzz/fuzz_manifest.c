@@ -140,7 +140,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         return 0;
     struct thaw_kvlayout_frame f = {0, 1, 0};
     struct thaw_blocks_state st;
-    rc = thaw_blocks_load(c, data, n, &f, &st);
+    rc = thaw_blocks_load(c, NULL, data, n, &f, &st);
     check(rc == 0 || rc == THAW_ECORRUPT || rc == THAW_EVERSION || rc == THAW_ENOTFOUND || rc == THAW_ENOMEM);
     check(rc_ids == 0 || rc == rc_ids);
     if (rc != 0) {

@@ -159,7 +159,7 @@ static void store(struct thaw_disk_cache *c, const llama_token *t, int n, const 
     llama_memory_seq_rm(llama_get_memory(g_ctx), 0, -1, -1);
     free(decode(0, t, 0, n));
     uint8_t *s = state_of(0, &n_state);
-    assert_int_equal(thaw_blocks_store(c, g_binding, B, t, n, s, n_state, &man, &n_man, st), 0);
+    assert_int_equal(thaw_blocks_store(c, NULL, g_binding, B, t, n, s, n_state, &man, &n_man, st), 0);
     assert_true(thaw_blocks_is_manifest(man, n_man));
     /* its blocks are written and nothing names them yet, but they are held
      * (blocks.h): a pass with no grace takes none */
@@ -235,7 +235,7 @@ static void test_store_restore_share_prefix(void **state)
     struct thaw_kvlayout_frame f;
     frame(1, &f);
     struct thaw_blocks_state bs;
-    assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), 0);
     assert_int_equal(thaw_blocks_state_check(&bs), 0); /* every block's checksum */
     assert_int_equal(bs.n_tokens, 200);
     struct thaw_kvstate_view v;
@@ -254,9 +254,9 @@ static void test_store_restore_share_prefix(void **state)
     uint8_t *copy = malloc(n_man);
     memcpy(copy, man, n_man);
     for (size_t cut = 0; cut < n_man; cut += n_man / 17 + 1)
-        assert_int_not_equal(thaw_blocks_load(c, copy, cut, &f, &bs), 0);
+        assert_int_not_equal(thaw_blocks_load(c, NULL, copy, cut, &f, &bs), 0);
     copy[12] ^= 0xff; /* block size */
-    assert_int_not_equal(thaw_blocks_load(c, copy, n_man, &f, &bs), 0);
+    assert_int_not_equal(thaw_blocks_load(c, NULL, copy, n_man, &f, &bs), 0);
     free(copy);
     /* a manifest whose lengths add up but whose tail holds more or fewer
      * cells than its tokens need (found by fuzz_manifest: it loaded, a
@@ -269,14 +269,14 @@ static void test_store_restore_share_prefix(void **state)
         memcpy(bad + 8, &n_bad_tokens, 4);
         memcpy(bad + toks_end + 4 * d, (const uint8_t *)man + toks_end, n_man - toks_end);
         assert_int_equal(thaw_blocks_manifest_ids(bad, n_bad, &(const uint8_t *){NULL}, &(uint32_t){0}), 0);
-        assert_int_equal(thaw_blocks_load(c, bad, n_bad, &f, &bs), THAW_ECORRUPT);
+        assert_int_equal(thaw_blocks_load(c, NULL, bad, n_bad, &f, &bs), THAW_ECORRUPT);
         free(bad);
     }
     thaw_disk_entry_release(e);
 
     /* prefix lookup: a new prompt sharing 100 tokens finds 3 blocks (96) */
     tokens(probe, 150, 100, 3);
-    assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_prefix(c, NULL, g_binding, B, probe, 150, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, 96);
     assert_int_equal(bs.n_blocks, 3);
     assert_int_equal(thaw_blocks_state_check(&bs), 0);
@@ -288,9 +288,9 @@ static void test_store_restore_share_prefix(void **state)
     thaw_blocks_state_free(&bs);
     /* another binding (model, tenant) shares nothing */
     uint8_t other[32] = {9};
-    assert_int_equal(thaw_blocks_prefix(c, other, B, probe, 150, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(thaw_blocks_prefix(c, NULL, other, B, probe, 150, &f, &bs), THAW_ENOTFOUND);
     /* a whole stored conversation as a prompt: all but the last block's worth */
-    assert_int_equal(thaw_blocks_prefix(c, g_binding, B, a, 200, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_prefix(c, NULL, g_binding, B, a, 200, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, 192);
     thaw_blocks_state_free(&bs);
     thaw_disk_cache_close(c);
@@ -339,7 +339,7 @@ static void test_corrupt_block_is_a_miss(void **state)
     assert_int_equal(thaw_disk_cache_lookup(c, ka, &e), 0);
     const void *man = thaw_disk_entry_part(e, THAW_PART_KV, &n_man);
     /* read into place, then its checksum (alongside the install) fails */
-    assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), 0);
     assert_int_equal(thaw_blocks_state_check(&bs), THAW_ECORRUPT);
     thaw_blocks_state_free(&bs);
     thaw_disk_entry_release(e);
@@ -348,17 +348,17 @@ static void test_corrupt_block_is_a_miss(void **state)
     /* every manifest that names it misses */
     assert_int_equal(thaw_disk_cache_lookup(c, kb, &e), 0);
     man = thaw_disk_entry_part(e, THAW_PART_KV, &n_man);
-    assert_int_equal(thaw_blocks_load(c, man, n_man, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
     thaw_disk_entry_release(e);
     /* the bad block is gone; the prefix run now ends before it */
-    assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_prefix(c, NULL, g_binding, B, probe, 150, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, 64);
     thaw_blocks_state_free(&bs);
     corrupt_block(probe, 150, 0);
-    assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_prefix(c, NULL, g_binding, B, probe, 150, &f, &bs), 0);
     assert_int_equal(thaw_blocks_state_check(&bs), THAW_ECORRUPT);
     thaw_blocks_state_free(&bs);
-    assert_int_equal(thaw_blocks_prefix(c, g_binding, B, probe, 150, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(thaw_blocks_prefix(c, NULL, g_binding, B, probe, 150, &f, &bs), THAW_ENOTFOUND);
     /* kvcache.c removes a manifest that misses; then its blocks go */
     assert_int_equal(thaw_disk_cache_remove(c, ka), 0);
     assert_int_equal(thaw_disk_cache_remove(c, kb), 0);

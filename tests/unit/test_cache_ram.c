@@ -1,4 +1,5 @@
-/* test_cache_ram.c — the RAM tier: budget, LRU order, TTL, replacement. */
+/* test_cache_ram.c — the RAM tier: budget, LRU order, TTL, replacement,
+ * blocks held once for every manifest that names them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -96,12 +97,120 @@ static void test_off(void **state)
     thaw_ram_cache_free(c);
 }
 
+static void bid(uint8_t id[THAW_RAM_BLOCK_ID_BYTES], int i)
+{
+    memset(id, 0, THAW_RAM_BLOCK_ID_BYTES);
+    id[0] = (uint8_t)i;
+    id[5] = (uint8_t)(i * 7); /* spread over the buckets */
+}
+
+/* An entry naming blocks ids[0..n) (their numbers) with a manifest of m bytes. */
+static int put_man(struct thaw_ram_cache *c, int k_i, size_t m, const int *blocks, int n, int64_t now)
+{
+    uint8_t k[THAW_KEY_BYTES], refs[8][THAW_RAM_BLOCK_ID_BYTES];
+    const struct thaw_part_blob parts[THAW_PART_COUNT] = {{blob(m), m}, {NULL, 0}, {NULL, 0}};
+
+    key(k, k_i);
+    for (int i = 0; i < n; i++)
+        bid(refs[i], blocks[i]);
+    return thaw_ram_cache_put_refs(c, k, parts, refs[0], (uint32_t)n, now);
+}
+
+static int has(struct thaw_ram_cache *c, int i)
+{
+    uint8_t id[THAW_RAM_BLOCK_ID_BYTES];
+
+    bid(id, i);
+    return thaw_ram_cache_has_block(c, id);
+}
+
+static void put_blk(struct thaw_ram_cache *c, int i, size_t n)
+{
+    uint8_t id[THAW_RAM_BLOCK_ID_BYTES];
+
+    bid(id, i);
+    assert_int_equal(thaw_ram_cache_put_block(c, id, blob(n), n), 0);
+}
+
+static void test_blocks_held_once(void **state)
+{
+    struct thaw_ram_cache *c;
+    uint8_t k[THAW_KEY_BYTES], id[THAW_RAM_BLOCK_ID_BYTES];
+
+    (void)state;
+    assert_int_equal(thaw_ram_cache_new(1000, 0, &c), 0);
+    /* two conversations sharing block 1: it counts once */
+    put_blk(c, 1, 100);
+    put_blk(c, 2, 100);
+    assert_int_equal(put_man(c, 1, 10, (int[]){1, 2}, 2, 1), 0);
+    put_blk(c, 1, 100); /* held already: the new copy is dropped */
+    put_blk(c, 3, 100);
+    assert_int_equal(put_man(c, 2, 10, (int[]){1, 3}, 2, 2), 0);
+    assert_int_equal(thaw_ram_cache_bytes(c), 3 * 100 + 2 * 10);
+    assert_int_equal(thaw_ram_cache_blocks(c), 3);
+    /* a reader's reference outlives the block */
+    size_t n;
+    bid(id, 2);
+    void *two = thaw_ram_cache_block(c, id, &n);
+    assert_non_null(two);
+    assert_int_equal(n, 100);
+    /* removing conversation 1 frees the block only it named */
+    thaw_ram_cache_remove(c, (key(k, 1), k));
+    assert_false(has(c, 2));
+    assert_true(has(c, 1) && has(c, 3));
+    assert_int_equal(thaw_ram_cache_bytes(c), 2 * 100 + 10);
+    memset(two, 0xab, 100); /* still ours */
+    thaw_blob_unref(two);
+    /* blocks put for an entry that does not fit go with it */
+    put_blk(c, 4, 100);
+    assert_int_equal(put_man(c, 3, 2000, (int[]){4}, 1, 3), THAW_ETOOBIG);
+    assert_false(has(c, 4));
+    assert_int_equal(thaw_ram_cache_bytes(c), 2 * 100 + 10);
+    /* left over by a store that never put its entry: gone at the next put */
+    put_blk(c, 5, 100);
+    assert_int_equal(put_man(c, 4, 10, (int[]){1}, 1, 4), 0);
+    assert_false(has(c, 5));
+    thaw_ram_cache_free(c);
+}
+
+static void test_blocks_evicted_with_their_last_entry(void **state)
+{
+    struct thaw_ram_cache *c;
+
+    (void)state;
+    assert_int_equal(thaw_ram_cache_new(400, 0, &c), 0);
+    put_blk(c, 1, 100); /* a shared prefix */
+    put_blk(c, 2, 100);
+    assert_int_equal(put_man(c, 1, 10, (int[]){1, 2}, 2, 1), 0);
+    put_blk(c, 3, 100);
+    assert_int_equal(put_man(c, 2, 10, (int[]){1, 3}, 2, 2), 0); /* 320 bytes */
+    /* a third conversation needs room: the least recently used goes, with
+     * the block only it named; the shared one stays */
+    put_blk(c, 4, 100);
+    assert_int_equal(put_man(c, 3, 10, (int[]){1, 4}, 2, 3), 0);
+    assert_false(has(c, 2));
+    assert_true(has(c, 1) && has(c, 3) && has(c, 4));
+    assert_int_equal(thaw_ram_cache_bytes(c), 3 * 100 + 2 * 10);
+    assert_int_equal(thaw_ram_cache_count(c), 2);
+    /* TTL eviction frees blocks too */
+    thaw_ram_cache_free(c);
+    assert_int_equal(thaw_ram_cache_new(1000, 5, &c), 0);
+    put_blk(c, 1, 100);
+    assert_int_equal(put_man(c, 1, 10, (int[]){1}, 1, 100), 0);
+    assert_int_equal(thaw_ram_cache_evict(c, 200), 1);
+    assert_false(has(c, 1));
+    assert_int_equal(thaw_ram_cache_bytes(c), 0);
+    thaw_ram_cache_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lru_and_budget),
         cmocka_unit_test(test_ttl),
         cmocka_unit_test(test_off),
+        cmocka_unit_test(test_blocks_held_once),
+        cmocka_unit_test(test_blocks_evicted_with_their_last_entry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
