@@ -140,6 +140,13 @@ void *thaw_blob_ref(void *p)
     return p;
 }
 
+int thaw_blob_unique(void *p)
+{
+    struct blob_head *h = (struct blob_head *)p - 1;
+
+    return atomic_load_explicit(&h->refs, memory_order_acquire) == 1;
+}
+
 void thaw_blob_unref(void *p)
 {
     if (!p)

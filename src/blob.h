@@ -48,6 +48,10 @@ void *thaw_blob_ref(void *p);
  * pool). NULL is a no-op. */
 void thaw_blob_unref(void *p);
 
+/* 1 when the caller's reference to p is the only one (p may be reused for
+ * new contents), else 0. */
+int thaw_blob_unique(void *p);
+
 /* Unmaps every pooled mapping (memory back to the system). */
 void thaw_blob_pool_drain(void);
 

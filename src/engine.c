@@ -56,6 +56,8 @@ struct thaw_engine {
     double fixup_us_per_tok;   /* decode cost of a FIXUP token alone (moving average), 0 = unknown */
     bool batch_fixup_only;     /* the batch in flight holds FIXUP tokens only */
     bool fixup_awaited;        /* a queued request waits for a FIXUP slot to finish (admit): full speed */
+    void *capture;             /* the last capture's buffer, reused once the tiers let go of it (kvstate.h) */
+    size_t capture_cap;
 
     struct thaw_slot *slots;
     int n_slots;
@@ -286,8 +288,8 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
         return;
     thaw_keys_short(s->store_key, hex);
     int64_t t0 = thaw_now_us();
-    if ((rc = thaw_kvstate_capture(e->ctx, s->id, s->tokens, s->n_tokens, &parts[THAW_PART_KV].data,
-                                   &parts[THAW_PART_KV].size)) != 0 ||
+    if ((rc = thaw_kvstate_capture_reuse(e->ctx, s->id, s->tokens, s->n_tokens, &e->capture, &e->capture_cap,
+                                         &parts[THAW_PART_KV].data, &parts[THAW_PART_KV].size)) != 0 ||
         (e->partial &&
          (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)) {
         LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
@@ -1376,6 +1378,7 @@ void thaw_engine_free(struct thaw_engine *e)
     thaw_engine_stop(e);
     thaw_sched_free(e->sched);
     thaw_kvcache_close(e->kv); /* writes what is still queued */
+    thaw_blob_unref(e->capture);
     for (int i = 0; i < e->n_slots; i++)
         thaw_slot_free(&e->slots[i]);
     thaw_draft_free(e->draft);

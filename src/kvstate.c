@@ -52,6 +52,33 @@ int thaw_kvstate_capture(struct llama_context *ctx, llama_seq_id seq, const llam
     return 0;
 }
 
+int thaw_kvstate_capture_reuse(struct llama_context *ctx, llama_seq_id seq, const llama_token *tokens, int n_tokens,
+                               void **keep, size_t *keep_cap, void **out, size_t *n_out)
+{
+    size_t n_state = llama_state_seq_get_size(ctx, seq);
+    size_t head = sizeof(struct kv_header) + (size_t)n_tokens * sizeof(int32_t);
+    uint8_t *blob = *keep;
+
+    if (n_state == 0)
+        return THAW_ELLAMA;
+    if (!blob || !thaw_blob_unique(blob) || *keep_cap < head + n_state) {
+        size_t cap = head + n_state + (head + n_state) / 4;
+        thaw_blob_unref(blob);
+        *keep = NULL;
+        *keep_cap = 0;
+        if (!(blob = thaw_blob_alloc(cap)))
+            return THAW_ENOMEM;
+        *keep = blob;
+        *keep_cap = cap;
+    }
+    thaw_kvstate_write_head(blob, tokens, n_tokens, n_state);
+    if (llama_state_seq_get_data(ctx, blob + head, n_state, seq) != n_state)
+        return THAW_ELLAMA;
+    *out = thaw_blob_ref(blob);
+    *n_out = head + n_state;
+    return 0;
+}
+
 size_t thaw_kvstate_head_size(int n_tokens)
 {
     return sizeof(struct kv_header) + (size_t)n_tokens * sizeof(int32_t);
