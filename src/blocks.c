@@ -166,7 +166,7 @@ void thaw_blocks_state_free(struct thaw_blocks_state *s)
     if (!s)
         return;
     (void)check_end(s->check); /* never free what the checker reads */
-    free(s->kv);
+    thaw_blob_unref(s->kv);
     memset(s, 0, sizeof *s);
 }
 
@@ -430,7 +430,8 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, co
         n_head0 = tail_size;
     }
     size_t headroom = thaw_kvstate_head_size(n_toks);
-    rc = thaw_kvlayout_asm_new(head0, n_head0, (uint32_t)n_toks, f, swa_size, headroom, &ck->a);
+    rc = thaw_kvlayout_asm_new(head0, n_head0, (uint32_t)n_toks, f, swa_size, headroom, THAW_KVLAYOUT_ASM_BLOB,
+                               &ck->a);
     if (n_ids && !ck->src[0].mem)
         free(head0);
     if (rc != 0)

@@ -105,7 +105,7 @@ int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **ref
  * then what llama_state_seq_set_data takes), built in place. Free with
  * thaw_blocks_state_free. */
 struct thaw_blocks_state {
-    void *kv; /* malloc'd */
+    void *kv; /* a blob (blob.h) */
     size_t n_kv;
     int n_tokens;
     int n_blocks; /* blocks read from disk */

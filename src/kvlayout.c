@@ -19,6 +19,7 @@
  */
 #include "kvlayout.h"
 
+#include "blob.h"
 #include "error.h"
 
 #include <ggml.h>
@@ -518,6 +519,7 @@ struct thaw_kvlayout_asm {
     size_t *k_off, *v_off; /* per layer, offset in the state of its first K / V byte */
     size_t meta_off, tail_off, size, n_tail, headroom;
     uint8_t *buf;  /* headroom + size bytes; handed out by finish */
+    int blob;      /* buf is a blob (blob.h), not malloc'd */
     uint8_t *base; /* the state in it (valid while the buffer lives) */
 };
 
@@ -525,7 +527,10 @@ void thaw_kvlayout_asm_free(struct thaw_kvlayout_asm *a)
 {
     if (!a)
         return;
-    free(a->buf);
+    if (a->blob)
+        thaw_blob_unref(a->buf);
+    else
+        free(a->buf);
     free(a->table);
     free(a->krow);
     free(a->vrow);
@@ -553,7 +558,7 @@ static void *alloc_state(size_t n)
 }
 
 int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, const struct thaw_kvlayout_frame *f,
-                          size_t n_tail, size_t headroom, struct thaw_kvlayout_asm **out)
+                          size_t n_tail, size_t headroom, unsigned flags, struct thaw_kvlayout_asm **out)
 {
     struct thaw_kvlayout_asm *a;
     struct blk k;
@@ -612,7 +617,9 @@ int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, c
     off += 4 * (size_t)(f->n_stream - f->stream - 1);
     a->tail_off = off;
     a->size = off + n_tail;
-    if (a->size > SIZE_MAX - headroom || !(a->buf = alloc_state(headroom + a->size))) {
+    a->blob = (flags & THAW_KVLAYOUT_ASM_BLOB) != 0;
+    if (a->size > SIZE_MAX - headroom ||
+        !(a->buf = a->blob ? thaw_blob_alloc(headroom + a->size) : alloc_state(headroom + a->size))) {
         rc = THAW_ENOMEM;
         goto fail;
     }
@@ -773,7 +780,7 @@ int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, in
     if (n_cells > INT32_MAX)
         return THAW_EINVAL;
     if ((rc = block_parse(blocks[0], sizes[0], &k)) != 0 ||
-        (rc = thaw_kvlayout_asm_new(blocks[0], sizes[0], (uint32_t)n_cells, f, n_tail, headroom, &a)) != 0)
+        (rc = thaw_kvlayout_asm_new(blocks[0], sizes[0], (uint32_t)n_cells, f, n_tail, headroom, 0, &a)) != 0)
         return rc;
     for (int i = 0; i < n_blocks && rc == 0; i++)
         rc = thaw_kvlayout_asm_copy(a, blocks[i], sizes[i]);

@@ -162,7 +162,11 @@ int thaw_kvlayout_block_head_size(const void *hdr, size_t n, size_t *n_head);
  * `headroom` bytes before the state. 0, THAW_ECORRUPT / THAW_EVERSION,
  * THAW_EINVAL or THAW_ENOMEM. */
 int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, const struct thaw_kvlayout_frame *f,
-                          size_t n_tail, size_t headroom, struct thaw_kvlayout_asm **out);
+                          size_t n_tail, size_t headroom, unsigned flags, struct thaw_kvlayout_asm **out);
+/* flags: the state goes into a blob (blob.h: release it with
+ * thaw_blob_unref), whose pool hands back memory written before; fresh
+ * pages cost more than the copy on some VMs */
+#define THAW_KVLAYOUT_ASM_BLOB 1u
 /* The next block's head (n_head bytes, exactly its head) for a block file
  * of n_block bytes: checks it (shape as block 0's: THAW_EMISMATCH; not the
  * next position: THAW_EINVAL; damaged or not n_block long: THAW_ECORRUPT),
@@ -177,7 +181,8 @@ int thaw_kvlayout_asm_segments(const struct thaw_kvlayout_asm *a, uint32_t pos0,
 /* A whole block in memory: head and data put in place. */
 int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_t n);
 /* Checks every cell was placed, appends the tail; on 0 *out is the
- * allocation (free() it: headroom, then *n_out bytes of state). */
+ * allocation (free() it, or thaw_blob_unref() with THAW_KVLAYOUT_ASM_BLOB:
+ * headroom, then *n_out bytes of state). */
 int thaw_kvlayout_asm_finish(struct thaw_kvlayout_asm *a, const void *tail, size_t n_tail, void **out, size_t *n_out);
 void thaw_kvlayout_asm_free(struct thaw_kvlayout_asm *a);
 
