@@ -56,9 +56,8 @@ int thaw_blocks_is_manifest(const void *blob, size_t n)
 }
 
 int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
-                      uint32_t block_tokens,
-                      const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
-                      size_t *n_manifest, struct thaw_blocks_stats *st)
+                      uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
+                      void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
 {
     struct thaw_blocks_stats local = {0};
     struct thaw_kvlayout *l = NULL;
@@ -362,9 +361,9 @@ static int file_head_size(struct thaw_disk_cache *c, const struct thaw_disk_kv_f
  * then appends the extra block (the tail; may be NULL) and the SWA window,
  * and assembles them for frame f. The checksums of the blocks read from
  * files go on in out->check. */
-static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t (*ids)[THAW_BLOCKS_ID_BYTES],
-                       uint32_t n_ids,
-                       uint32_t block_tokens, const void *tail, size_t tail_size, const void *swa, size_t swa_size,
+static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
+                       const uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], uint32_t n_ids, uint32_t block_tokens,
+                       const void *tail, size_t tail_size, const void *swa, size_t swa_size,
                        const struct thaw_kvlayout_frame *f, const llama_token *toks, int n_toks,
                        struct thaw_blocks_state *out)
 {
@@ -430,8 +429,7 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, co
         n_head0 = tail_size;
     }
     size_t headroom = thaw_kvstate_head_size(n_toks);
-    rc = thaw_kvlayout_asm_new(head0, n_head0, (uint32_t)n_toks, f, swa_size, headroom, THAW_KVLAYOUT_ASM_BLOB,
-                               &ck->a);
+    rc = thaw_kvlayout_asm_new(head0, n_head0, (uint32_t)n_toks, f, swa_size, headroom, THAW_KVLAYOUT_ASM_BLOB, &ck->a);
     if (n_ids && !ck->src[0].mem)
         free(head0);
     if (rc != 0)
@@ -439,13 +437,11 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, co
     ck->threaded = pthread_create(&ck->th, NULL, check_main, ck) == 0;
     for (k = 0; k < n_ids; k++) {
         if (ck->src[k].mem) {
-            uint32_t pos0, cells;
-            if (thaw_kvlayout_block_info(ck->src[k].mem, ck->src[k].n_mem, &pos0, &cells) != 0 ||
-                pos0 != k * block_tokens || cells != block_tokens) {
+            /* placed at the next position (kB: every block before it held B) */
+            uint32_t cells;
+            rc = thaw_kvlayout_asm_copy(ck->a, ck->src[k].mem, ck->src[k].n_mem, &cells);
+            if (rc == 0 && cells != block_tokens)
                 rc = THAW_ECORRUPT;
-                break;
-            }
-            rc = thaw_kvlayout_asm_copy(ck->a, ck->src[k].mem, ck->src[k].n_mem);
         } else {
             rc = read_block(ck, k);
         }
@@ -454,16 +450,10 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, co
         if (ck->threaded)
             check_ready(ck, k + 1, 0);
     }
-    if (rc == 0 && tail_size) {
-        /* the tail must hold exactly the cells past the whole blocks: its
-         * own header says how many, and assembly checks only the order */
-        uint32_t pos0, cells;
-        if (thaw_kvlayout_block_info(tail, tail_size, &pos0, &cells) != 0 || pos0 != n_ids * block_tokens ||
-            (int64_t)pos0 + cells != n_toks)
-            rc = THAW_ECORRUPT;
-        else
-            rc = thaw_kvlayout_asm_copy(ck->a, tail, tail_size);
-    }
+    /* the tail must hold exactly the cells past the whole blocks: placed at
+     * the next position, and finish checks that every cell is there */
+    if (rc == 0 && tail_size)
+        rc = thaw_kvlayout_asm_copy(ck->a, tail, tail_size, NULL);
     size_t n_state;
     if (rc == 0)
         rc = thaw_kvlayout_asm_finish(ck->a, swa, swa_size, &out->kv, &n_state);
@@ -569,8 +559,7 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
 }
 
 int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
-                       uint32_t block_tokens,
-                       const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                       uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
                        struct thaw_blocks_state *out)
 {
     uint8_t(*ids)[THAW_BLOCKS_ID_BYTES];
@@ -594,8 +583,8 @@ int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, co
             run++;
         if (run == 0)
             break;
-        rc = load_blocks(c, ram, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, run, block_tokens, NULL, 0, NULL, 0, f, toks,
-                         (int)(run * block_tokens), out);
+        rc = load_blocks(c, ram, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, run, block_tokens, NULL, 0, NULL, 0, f,
+                         toks, (int)(run * block_tokens), out);
         if (rc != 0)
             thaw_blocks_state_free(out);
     }

@@ -82,9 +82,8 @@ void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const lla
  * state does not hold n cells), THAW_ENOMEM. A block the writer drops
  * makes the store fail (THAW_EBUSY): the manifest would name it. */
 int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
-                      uint32_t block_tokens,
-                      const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
-                      size_t *n_manifest, struct thaw_blocks_stats *st);
+                      uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
+                      void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
 
 /* 1 if blob starts like a manifest (magic), else 0. */
 int thaw_blocks_is_manifest(const void *blob, size_t n);
@@ -108,7 +107,7 @@ struct thaw_blocks_state {
     void *kv; /* a blob (blob.h) */
     size_t n_kv;
     int n_tokens;
-    int n_blocks; /* blocks read from disk */
+    int n_blocks;                    /* blocks read from disk */
     struct thaw_blocks_check *check; /* checksums still running; see below */
 };
 
@@ -139,8 +138,7 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
  * Returns 0 and fills out (n_blocks >= 1), THAW_ENOTFOUND (not even block
  * 0), or an error as thaw_blocks_load. */
 int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
-                       uint32_t block_tokens,
-                       const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                       uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
                        struct thaw_blocks_state *out);
 
 #endif

@@ -988,6 +988,33 @@ out_close:
     return ret;
 }
 
+/* Opens part p of <hex> for reading: 0 (*fd_out open: a regular file of
+ * `size` bytes), THAW_ENOTFOUND (no such file), THAW_ECORRUPT (not regular,
+ * wrong size) or -errno. */
+static int open_part(struct thaw_disk_cache *c, const char *hex, int p, uint64_t size, int *fd_out)
+{
+    const struct thaw_vfs *v = c->vfs;
+    char path[PATH_MAX];
+    struct stat st;
+    int fd, ret;
+
+    entry_path(c, path, hex, part_ext[p], 0);
+    fd = v->open(v, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd == -ENOENT || fd == -ELOOP)
+        return THAW_ENOTFOUND;
+    if (fd < 0)
+        return fd;
+    ret = v->fstat(v, fd, &st);
+    if (ret == 0 && (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != size))
+        ret = THAW_ECORRUPT;
+    if (ret) {
+        (void)v->close(v, fd);
+        return ret;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
 /* Maps part p of <hex> and checks it against size and (with verify)
  * checksum.
  * 0 (*map set), THAW_ECORRUPT (missing, not regular, wrong size, checksum
@@ -996,27 +1023,16 @@ static int map_part(struct thaw_disk_cache *c, const char *hex, int p, uint64_t 
                     void **map, const char **why)
 {
     const struct thaw_vfs *v = c->vfs;
-    char path[PATH_MAX];
-    struct stat st;
     void *m = NULL;
     int fd, ret;
 
-    entry_path(c, path, hex, part_ext[p], 0);
-    fd = v->open(v, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd == -ENOENT || fd == -ELOOP) {
-        *why = "missing";
+    ret = open_part(c, hex, p, size, &fd);
+    if (ret == THAW_ENOTFOUND || ret == THAW_ECORRUPT) {
+        *why = ret == THAW_ENOTFOUND ? "missing" : "truncated or wrong size";
         return THAW_ECORRUPT;
     }
-    if (fd < 0)
-        return fd;
-    ret = v->fstat(v, fd, &st);
     if (ret)
-        goto out_close;
-    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != size) {
-        *why = "truncated or wrong size";
-        ret = THAW_ECORRUPT;
-        goto out_close;
-    }
+        return ret;
     ret = v->mmap(v, fd, (size_t)size, &m);
     if (ret)
         goto out_close;
@@ -2302,8 +2318,7 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
 
 int thaw_disk_cache_open_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_kv_file *f)
 {
-    char hex[HEX_LEN + 1], path[PATH_MAX];
-    struct stat st;
+    char hex[HEX_LEN + 1];
     struct ent *e;
     int fd, ret;
 
@@ -2325,26 +2340,12 @@ int thaw_disk_cache_open_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KE
     pthread_mutex_unlock(&c->mu);
 
     thaw_hex(key, THAW_KEY_BYTES, hex);
-    entry_path(c, path, hex, part_ext[THAW_PART_KV], 0);
-    fd = c->vfs->open(c->vfs, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd == -ENOENT || fd == -ELOOP) {
-        ret = THAW_ENOTFOUND; /* removed meanwhile (another process) */
-        goto miss;
-    }
-    if (fd < 0) {
-        ret = fd;
-        goto miss;
-    }
-    ret = c->vfs->fstat(c->vfs, fd, &st);
-    if (ret == 0 && (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size)) {
-        (void)c->vfs->close(c->vfs, fd);
-        if (!(c->flags & THAW_DISK_CACHE_READONLY))
-            (void)remove_corrupt(c, key, hex, f->gen, ".kv truncated or wrong size");
-        ret = THAW_ENOTFOUND;
-        goto miss;
-    }
+    ret = open_part(c, hex, THAW_PART_KV, f->size, &fd);
+    if (ret == THAW_ECORRUPT && !(c->flags & THAW_DISK_CACHE_READONLY))
+        (void)remove_corrupt(c, key, hex, f->gen, ".kv truncated or wrong size");
     if (ret) {
-        (void)c->vfs->close(c->vfs, fd);
+        /* missing: removed meanwhile (another process) */
+        ret = ret == THAW_ECORRUPT ? THAW_ENOTFOUND : ret;
         goto miss;
     }
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED); /* advice: start reading now */

@@ -660,6 +660,29 @@ fail:
     return rc;
 }
 
+/* Block k (parsed) is the next one: same shape as block 0, at the next
+ * position; its cells' meta written. */
+static int asm_place(struct thaw_kvlayout_asm *a, const struct blk *k)
+{
+    if (k->n_layers != a->n_layers || k->flags != a->flags ||
+        memcmp(k->table, a->table, (size_t)a->n_layers * BLOCK_LAYER) != 0)
+        return THAW_EMISMATCH;
+    if (k->pos0 != a->next || k->n_cells > a->N - a->next)
+        return THAW_EINVAL;
+    uint8_t *p = a->base + a->meta_off + (size_t)k->pos0 * meta_stride(a->ext);
+    size_t bstride = block_meta_stride(a->ext);
+    for (uint32_t c = 0; c < k->n_cells; c++) {
+        const uint8_t *m = k->meta + (size_t)c * bstride;
+        put(&p, m, 4);
+        put32(&p, 1);
+        if (a->ext)
+            put(&p, m + 4, CELL_EXT);
+        put32(&p, (uint32_t)a->f.seq_id);
+    }
+    a->next += k->n_cells;
+    return 0;
+}
+
 int thaw_kvlayout_asm_head(struct thaw_kvlayout_asm *a, const void *head, size_t n_head, uint64_t n_block,
                            uint32_t *pos0, uint32_t *n_cells)
 {
@@ -671,22 +694,8 @@ int thaw_kvlayout_asm_head(struct thaw_kvlayout_asm *a, const void *head, size_t
         return rc;
     if (total != n_block || (size_t)(k.data - (const uint8_t *)head) != n_head)
         return THAW_ECORRUPT;
-    if (k.n_layers != a->n_layers || k.flags != a->flags ||
-        memcmp(k.table, a->table, (size_t)a->n_layers * BLOCK_LAYER) != 0)
-        return THAW_EMISMATCH;
-    if (k.pos0 != a->next || k.n_cells > a->N - a->next)
-        return THAW_EINVAL;
-    uint8_t *p = a->buf + a->headroom + a->meta_off + (size_t)k.pos0 * meta_stride(a->ext);
-    size_t bstride = block_meta_stride(a->ext);
-    for (uint32_t c = 0; c < k.n_cells; c++) {
-        const uint8_t *m = k.meta + (size_t)c * bstride;
-        put(&p, m, 4);
-        put32(&p, 1);
-        if (a->ext)
-            put(&p, m + 4, CELL_EXT);
-        put32(&p, (uint32_t)a->f.seq_id);
-    }
-    a->next += k.n_cells;
+    if ((rc = asm_place(a, &k)) != 0)
+        return rc;
     *pos0 = k.pos0;
     *n_cells = k.n_cells;
     return 0;
@@ -726,24 +735,23 @@ int thaw_kvlayout_asm_segments(const struct thaw_kvlayout_asm *a, uint32_t pos0,
     return n;
 }
 
-int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_t n)
+int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_t n, uint32_t *n_cells)
 {
     struct thaw_kvlayout_cursor cur = {0};
     struct iovec iov[64];
-    uint32_t pos0, cells;
     struct blk k;
     int rc, m;
 
-    if ((rc = block_parse(block, n, &k)) != 0)
-        return rc;
-    if ((rc = thaw_kvlayout_asm_head(a, block, (size_t)(k.data - k.p), n, &pos0, &cells)) != 0)
+    if ((rc = block_parse(block, n, &k)) != 0 || (rc = asm_place(a, &k)) != 0)
         return rc;
     const uint8_t *src = k.data;
-    while ((m = thaw_kvlayout_asm_segments(a, pos0, cells, &cur, iov, 64)) > 0)
+    while ((m = thaw_kvlayout_asm_segments(a, k.pos0, k.n_cells, &cur, iov, 64)) > 0)
         for (int i = 0; i < m; i++) {
             memcpy(iov[i].iov_base, src, iov[i].iov_len);
             src += iov[i].iov_len;
         }
+    if (n_cells)
+        *n_cells = k.n_cells;
     return 0;
 }
 
@@ -779,11 +787,10 @@ int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, in
     }
     if (n_cells > INT32_MAX)
         return THAW_EINVAL;
-    if ((rc = block_parse(blocks[0], sizes[0], &k)) != 0 ||
-        (rc = thaw_kvlayout_asm_new(blocks[0], sizes[0], (uint32_t)n_cells, f, n_tail, headroom, 0, &a)) != 0)
+    if ((rc = thaw_kvlayout_asm_new(blocks[0], sizes[0], (uint32_t)n_cells, f, n_tail, headroom, 0, &a)) != 0)
         return rc;
     for (int i = 0; i < n_blocks && rc == 0; i++)
-        rc = thaw_kvlayout_asm_copy(a, blocks[i], sizes[i]);
+        rc = thaw_kvlayout_asm_copy(a, blocks[i], sizes[i], NULL);
     if (rc == 0)
         rc = thaw_kvlayout_asm_finish(a, tail, n_tail, out, n_out);
     thaw_kvlayout_asm_free(a);

@@ -178,8 +178,9 @@ int thaw_kvlayout_asm_head(struct thaw_kvlayout_asm *a, const void *head, size_t
  * the block's byte order. Returns how many (0: none left). */
 int thaw_kvlayout_asm_segments(const struct thaw_kvlayout_asm *a, uint32_t pos0, uint32_t n_cells,
                                struct thaw_kvlayout_cursor *cur, struct iovec *iov, int cap);
-/* A whole block in memory: head and data put in place. */
-int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_t n);
+/* A whole block in memory, checked as thaw_kvlayout_asm_head checks a
+ * head, put in place; *n_cells (may be NULL) gets its cell count. */
+int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_t n, uint32_t *n_cells);
 /* Checks every cell was placed, appends the tail; on 0 *out is the
  * allocation (free() it, or thaw_blob_unref() with THAW_KVLAYOUT_ASM_BLOB:
  * headroom, then *n_out bytes of state). */

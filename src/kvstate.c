@@ -31,25 +31,12 @@ struct ckpt_record {
 int thaw_kvstate_capture(struct llama_context *ctx, llama_seq_id seq, const llama_token *tokens, int n_tokens,
                          void **out, size_t *n_out)
 {
-    size_t n_state = llama_state_seq_get_size(ctx, seq);
-    size_t head = sizeof(struct kv_header) + (size_t)n_tokens * sizeof(int32_t);
-    uint8_t *blob;
+    void *keep = NULL;
+    size_t cap = 0;
+    int rc = thaw_kvstate_capture_reuse(ctx, seq, tokens, n_tokens, &keep, &cap, out, n_out);
 
-    if (n_state == 0)
-        return THAW_ELLAMA;
-    blob = thaw_blob_alloc(head + n_state);
-    if (!blob)
-        return THAW_ENOMEM;
-    struct kv_header h = {KV_MAGIC, FORMAT_VERSION, (uint32_t)n_tokens, 0, n_state};
-    memcpy(blob, &h, sizeof h);
-    memcpy(blob + sizeof h, tokens, (size_t)n_tokens * sizeof(int32_t));
-    if (llama_state_seq_get_data(ctx, blob + head, n_state, seq) != n_state) {
-        thaw_blob_unref(blob);
-        return THAW_ELLAMA;
-    }
-    *out = blob;
-    *n_out = head + n_state;
-    return 0;
+    thaw_blob_unref(keep); /* *out holds the other reference */
+    return rc;
 }
 
 int thaw_kvstate_capture_reuse(struct llama_context *ctx, llama_seq_id seq, const llama_token *tokens, int n_tokens,
