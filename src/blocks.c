@@ -55,13 +55,46 @@ int thaw_blocks_is_manifest(const void *blob, size_t n)
     return magic == MANIFEST_MAGIC;
 }
 
+/* A parsed capture as a store's source. */
+static size_t layout_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvlayout_block_size(ud, a, b);
+}
+
+static int layout_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    return thaw_kvlayout_cut(ud, a, b, dst, cap);
+}
+
 int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
                       uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
                       void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
 {
-    struct thaw_blocks_stats local = {0};
     struct thaw_kvlayout *l = NULL;
+    int rc;
+
+    *manifest = NULL;
+    *n_manifest = 0;
+    if (st)
+        memset(st, 0, sizeof *st);
+    if (n <= 0 || block_tokens == 0)
+        return THAW_EINVAL;
+    if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0)
+        return rc == THAW_ECORRUPT ? THAW_ELAYOUT : rc; /* fresh from libllama: not damage */
+    struct thaw_blocks_src src = {thaw_kvlayout_n_cells(l), layout_size, layout_cut, NULL, l, NULL, 0};
+    thaw_kvlayout_tail(l, &src.swa, &src.n_swa);
+    rc = thaw_blocks_store_src(c, ram, binding, block_tokens, toks, n, &src, manifest, n_manifest, st);
+    thaw_kvlayout_free(l);
+    return rc;
+}
+
+int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
+                          void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
+{
+    struct thaw_blocks_stats local = {0};
     uint8_t(*ids)[THAW_BLOCKS_ID_BYTES] = NULL;
+    uint8_t *todo = NULL; /* per block: 0 held, 1 in the RAM tier, 2 to cut */
     uint32_t n_blocks = 0;
     bool held = false;
     int rc;
@@ -73,14 +106,10 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
     memset(st, 0, sizeof *st);
     if (n <= 0 || block_tokens == 0)
         return THAW_EINVAL;
-    if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0)
-        return rc == THAW_ECORRUPT ? THAW_ELAYOUT : rc; /* fresh from libllama: not damage */
-    if (thaw_kvlayout_n_cells(l) != (uint32_t)n) {
-        rc = THAW_EINVAL;
-        goto out;
-    }
+    if (src->n_cells != (uint32_t)n)
+        return THAW_EINVAL;
     n_blocks = (uint32_t)n / block_tokens;
-    if (!(ids = malloc(((size_t)n_blocks + 1) * sizeof *ids))) {
+    if (!(ids = malloc(((size_t)n_blocks + 1) * sizeof *ids)) || !(todo = calloc((size_t)n_blocks + 1, 1))) {
         rc = THAW_ENOMEM;
         goto out;
     }
@@ -89,13 +118,29 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
      * the manifest that names it is queued (blocks.h: the caller unholds) */
     thaw_disk_cache_hold(c, ids[0], n_blocks);
     held = true;
+    /* what to write, and whether the source can give it all, before any
+     * of it is submitted */
+    uint32_t a = n_blocks * block_tokens;
+    if (src->known && a < (uint32_t)n && !src->known(src->ud, a, (uint32_t)n)) {
+        rc = THAW_ENOTFOUND;
+        goto out;
+    }
     for (uint32_t k = 0; k < n_blocks; k++) {
-        if (thaw_disk_cache_has(c, ids[k])) {
+        if (thaw_disk_cache_has(c, ids[k]))
+            continue;
+        todo[k] = thaw_ram_cache_has_block(ram, ids[k]) ? 1 : 2;
+        if (todo[k] == 2 && src->known && !src->known(src->ud, k * block_tokens, (k + 1) * block_tokens)) {
+            rc = THAW_ENOTFOUND;
+            goto out;
+        }
+    }
+    for (uint32_t k = 0; k < n_blocks; k++) {
+        if (!todo[k]) {
             st->skipped++;
             continue;
         }
-        uint32_t a = k * block_tokens, b = a + block_tokens;
-        size_t size = thaw_kvlayout_block_size(l, a, b);
+        uint32_t ka = k * block_tokens, kb = ka + block_tokens;
+        size_t size = src->size(src->ud, ka, kb);
         struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
         size_t held_size = 0;
         /* the RAM tier may hold it still (the disk dropped or collected it) */
@@ -106,7 +151,7 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
                 rc = THAW_ENOMEM;
                 goto out;
             }
-            if ((rc = thaw_kvlayout_cut(l, a, b, parts[THAW_PART_KV].data, size)) != 0) {
+            if ((rc = src->cut(src->ud, ka, kb, parts[THAW_PART_KV].data, size)) != 0) {
                 thaw_blob_unref(parts[THAW_PART_KV].data);
                 goto out;
             }
@@ -124,37 +169,33 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
         st->bytes_written += size;
     }
     /* the manifest: tokens, ids, the cells past the last whole block, the SWA window */
-    uint32_t a = n_blocks * block_tokens;
-    size_t tail_size = a < (uint32_t)n ? thaw_kvlayout_block_size(l, a, (uint32_t)n) : 0;
-    const void *swa;
-    size_t swa_size;
-    thaw_kvlayout_tail(l, &swa, &swa_size);
+    size_t tail_size = a < (uint32_t)n ? src->size(src->ud, a, (uint32_t)n) : 0;
     size_t head = sizeof(struct manifest_header) + (size_t)n * sizeof(int32_t) + (size_t)n_blocks * sizeof *ids;
-    size_t total = head + tail_size + swa_size;
+    size_t total = head + tail_size + src->n_swa;
     uint8_t *m = thaw_blob_alloc(total);
     if (!m) {
         rc = THAW_ENOMEM;
         goto out;
     }
     struct manifest_header h = {MANIFEST_MAGIC, MANIFEST_VERSION, (uint32_t)n, block_tokens, n_blocks, 0,
-                                tail_size,      swa_size};
+                                tail_size,      src->n_swa};
     memcpy(m, &h, sizeof h);
     memcpy(m + sizeof h, toks, (size_t)n * sizeof(int32_t));
     memcpy(m + sizeof h + (size_t)n * sizeof(int32_t), ids, (size_t)n_blocks * sizeof *ids);
-    if (tail_size && (rc = thaw_kvlayout_cut(l, a, (uint32_t)n, m + head, tail_size)) != 0) {
+    if (tail_size && (rc = src->cut(src->ud, a, (uint32_t)n, m + head, tail_size)) != 0) {
         thaw_blob_unref(m);
         goto out;
     }
-    if (swa_size)
-        memcpy(m + head + tail_size, swa, swa_size);
+    if (src->n_swa)
+        memcpy(m + head + tail_size, src->swa, src->n_swa);
     *manifest = m;
     *n_manifest = total;
     rc = 0;
 out:
     if (rc != 0 && held)
         thaw_disk_cache_unhold(c, ids[0], n_blocks);
+    free(todo);
     free(ids);
-    thaw_kvlayout_free(l);
     return rc;
 }
 

@@ -85,6 +85,25 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
                       uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
                       void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
 
+/* Where a store cuts its blocks from: a parsed capture (thaw_blocks_store)
+ * or the KV cache's own memory (kvtap.h). */
+struct thaw_blocks_src {
+    uint32_t n_cells;
+    size_t (*size)(const void *ud, uint32_t a, uint32_t b);                 /* of the block of [a, b) */
+    int (*cut)(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap); /* 0 or an error */
+    int (*known)(const void *ud, uint32_t a, uint32_t b); /* can cut [a, b)? NULL: all */
+    const void *ud;
+    const void *swa; /* the uncut SWA section, or NULL */
+    size_t n_swa;
+};
+
+/* thaw_blocks_store from src: what it does not know of the cells the store
+ * needs (blocks neither tier holds, the tail) is THAW_ENOTFOUND, with
+ * nothing submitted and nothing held: capture the whole state instead. */
+int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
+                          void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
+
 /* 1 if blob starts like a manifest (magic), else 0. */
 int thaw_blocks_is_manifest(const void *blob, size_t n);
 

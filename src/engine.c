@@ -21,12 +21,14 @@
 #include "engine.h"
 
 #include "blob.h"
+#include "blocks.h"
 #include "draft.h"
 #include "error.h"
 #include "fingerprint.h"
 #include "kvcache.h"
 #include "kvlayout.h"
 #include "kvstate.h"
+#include "kvtap.h"
 #include "log.h"
 #include "scheduler.h"
 #include "slot.h"
@@ -58,6 +60,8 @@ struct thaw_engine {
     bool fixup_awaited;        /* a queued request waits for a FIXUP slot to finish (admit): full speed */
     void *capture;             /* the last capture's buffer, reused once the tiers let go of it (kvstate.h) */
     size_t capture_cap;
+    struct thaw_kvtap *tap;    /* where the KV cache's cells are: stores cut blocks from it (kvtap.h); NULL = off */
+    bool tap_verify;           /* THAW_KVTAP_VERIFY: check every cut against a capture */
 
     struct thaw_slot *slots;
     int n_slots;
@@ -80,6 +84,7 @@ struct thaw_engine {
 static void slot_clear_kv(struct thaw_engine *e, struct thaw_slot *s)
 {
     llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, -1, -1);
+    thaw_kvtap_forget(e->tap, s->id, 0);
     s->n_tokens = 0;
     s->holds_key = false;
     thaw_ckpt_clear(&s->ckpts);
@@ -135,6 +140,7 @@ static int slot_rollback(struct thaw_engine *e, struct thaw_slot *s, int n)
         slot_clear_kv(e, s);
         return 0;
     }
+    thaw_kvtap_forget(e->tap, s->id, n);
     if (n < s->n_tokens)
         s->holds_key = false; /* it now holds a prefix of that conversation only */
     s->n_tokens = n;
@@ -211,6 +217,7 @@ static int slot_install(struct thaw_engine *e, struct thaw_slot *s, const struct
     slot_clear_kv(e, s);
     if ((rc = thaw_kvstate_restore(e->ctx, s->id, &v)) != 0)
         return rc;
+    thaw_kvtap_restored(e->tap, s->id, v.state, v.n_state);
     memcpy(s->tokens, v.tokens, (size_t)v.n_tokens * sizeof(llama_token));
     s->n_tokens = v.n_tokens;
     if ((rc = thaw_ckpt_parse(parts[THAW_PART_CKPT].data, parts[THAW_PART_CKPT].size, &s->ckpts)) != 0) {
@@ -276,6 +283,29 @@ static int slot_restore(struct thaw_engine *e, struct thaw_slot *s, const struct
     return got;
 }
 
+/* The tap as a store's source (blocks.h) for one slot. */
+struct tap_ud {
+    struct thaw_kvtap *tap;
+    llama_seq_id seq;
+};
+
+static size_t tap_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvtap_block_size(((const struct tap_ud *)ud)->tap, a, b);
+}
+
+static int tap_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_cut(u->tap, u->seq, a, b, dst, cap);
+}
+
+static int tap_known(const void *ud, uint32_t a, uint32_t b)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_known(u->tap, u->seq, a, b);
+}
+
 /* Serialises the slot's state (and its draft's) and hands it to the RAM
  * tier and the disk writer under s->store_key. Never waits for I/O. */
 static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
@@ -288,12 +318,9 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
         return;
     thaw_keys_short(s->store_key, hex);
     int64_t t0 = thaw_now_us();
-    if ((rc = thaw_kvstate_capture_reuse(e->ctx, s->id, s->tokens, s->n_tokens, &e->capture, &e->capture_cap,
-                                         &parts[THAW_PART_KV].data, &parts[THAW_PART_KV].size)) != 0 ||
-        (e->partial &&
-         (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)) {
+    if (e->partial &&
+        (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0) {
         LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
-        thaw_blob_unref(parts[THAW_PART_KV].data);
         return;
     }
     /* the draft catches up with the stored tokens first, so the next turn
@@ -301,22 +328,49 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
     if (e->draft && (thaw_draft_sync(e->draft, s->id, s->tokens, s->n_tokens) < 0 ||
                      thaw_draft_capture(e->draft, s->id, &parts[THAW_PART_DFT].data, &parts[THAW_PART_DFT].size) != 0))
         LOG_WRN("slot %d: draft state not stored with %s: the next turn prefills the draft", s->id, hex);
+    const uint8_t *supersedes = s->has_prev_key ? s->prev_key : NULL;
+    size_t sizes[THAW_PART_COUNT];
+    const char *where = NULL, *how = "state";
+    /* the blocks straight from the cache's memory: as much work on a 16k
+     * history as on a 2k one (kvtap.h) */
+    if (thaw_kvtap_ready(e->tap) && thaw_kvcache_cuts_blocks(e->kv)) {
+        if (e->tap_verify)
+            (void)thaw_kvtap_verify(e->tap, e->ctx, s->id, s->n_tokens, thaw_kvcache_block_tokens(e->kv));
+        struct thaw_blocks_src src = {(uint32_t)s->n_tokens, tap_size, tap_cut, tap_known, &(struct tap_ud){e->tap, s->id},
+                                      NULL, 0};
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            sizes[p] = parts[p].size;
+        where = thaw_kvcache_store_src(e->kv, s->id, s->store_key, s->ns, s->tokens, s->n_tokens, &src, parts,
+                                       supersedes);
+        atomic_fetch_add(where ? &e->metrics->stores_cut : &e->metrics->stores_captured, 1);
+        how = "blocks cut from the cache";
+    }
+    if (!where) {
+        how = "state";
+        if ((rc = thaw_kvstate_capture_reuse(e->ctx, s->id, s->tokens, s->n_tokens, &e->capture, &e->capture_cap,
+                                             &parts[THAW_PART_KV].data, &parts[THAW_PART_KV].size)) != 0) {
+            LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                thaw_blob_unref(parts[p].data);
+            return;
+        }
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            sizes[p] = parts[p].size;
+        where = thaw_kvcache_store(e->kv, s->id, s->store_key, s->ns, s->n_tokens, parts, supersedes);
+    }
     memcpy(s->held_key, s->store_key, THAW_KEY_BYTES);
     s->holds_key = true;
-
-    size_t sizes[THAW_PART_COUNT];
-    for (int p = 0; p < THAW_PART_COUNT; p++)
-        sizes[p] = parts[p].size;
-    const char *where =
-        thaw_kvcache_store(e->kv, s->id, s->store_key, s->ns, s->n_tokens, parts,
-                           s->has_prev_key ? s->prev_key : NULL);
     s->has_prev_key = false;
     int64_t took = thaw_now_us() - t0;
     atomic_fetch_add(&e->metrics->stores, 1);
     atomic_fetch_add(&e->metrics->store_us, (uint64_t)took);
-    LOG_INF("slot %d: stored %s: %d tokens, %.1f MiB state%s%s -> %s in %.1f ms", s->id, hex, s->n_tokens,
-            (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
-            (double)took / 1000.0);
+    if (sizes[0])
+        LOG_INF("slot %d: stored %s: %d tokens, %.1f MiB state%s%s -> %s in %.1f ms", s->id, hex, s->n_tokens,
+                (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
+                (double)took / 1000.0);
+    else
+        LOG_INF("slot %d: stored %s: %d tokens, %s%s -> %s in %.1f ms", s->id, hex, s->n_tokens, how,
+                sizes[2] ? " + draft" : "", where, (double)took / 1000.0);
 }
 
 /* After a reply (s->store_key derived): the tokens the next turn will
@@ -678,6 +732,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
             s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
     /* a verified draft may have left positions past the finish in the KV */
     llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, s->n_tokens, -1);
+    thaw_kvtap_forget(e->tap, s->id, s->n_tokens);
     if (will_store)
         slot_prepare_store(e, s, stored_msg);
     free(stored_msg);
@@ -804,6 +859,7 @@ static void slot_verify(struct thaw_engine *e, struct thaw_slot *s)
     atomic_fetch_add(&e->metrics->draft_accepted, (uint64_t)accepted);
     /* the KV holds next_token and every draft: keep next_token + accepted */
     llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, base + 1 + accepted, -1);
+    thaw_kvtap_forget(e->tap, s->id, base + 1 + accepted);
     s->tokens[base] = s->next_token;
     memcpy(s->tokens + base + 1, s->drafts, (size_t)accepted * sizeof(llama_token));
     s->n_drafts = 0;
@@ -1007,6 +1063,8 @@ static void drain_fixups(struct thaw_engine *e)
         if (e->batch.n_tokens == 0)
             break;
         if (llama_decode(e->ctx, e->batch) != 0) {
+            for (int i = 0; i < e->n_slots; i++)
+                thaw_kvtap_forget(e->tap, e->slots[i].id, 0);
             fail_batch(e, -1);
             break;
         }
@@ -1041,6 +1099,8 @@ static void *engine_main(void *arg)
         int64_t t1 = thaw_now_us();
         atomic_fetch_add(&e->metrics->decode_calls, 1);
         if (rc != 0) {
+            for (int i = 0; i < e->n_slots; i++)
+                thaw_kvtap_forget(e->tap, e->slots[i].id, 0); /* what a failed decode left is unknown */
             fail_batch(e, rc);
             continue;
         }
@@ -1208,6 +1268,19 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     cp.kv_unified = false; /* each slot its own cells: a slot's state is its own to save and restore */
     cp.swa_full = cfg->swa_full;
     cp.no_perf = true;
+    /* the tap watches the graphs for where the KV cache's cells are
+     * (kvtap.h): host memory only, so not with a GPU device */
+    bool gpu = false;
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++)
+        gpu |= ggml_backend_dev_type(ggml_backend_dev_get(i)) != GGML_BACKEND_DEVICE_TYPE_CPU;
+    const char *tap_env = getenv("THAW_KVTAP");
+    if (cfg->kv_cache_dir && !gpu && !(tap_env && strcmp(tap_env, "0") == 0)) {
+        if ((rc = thaw_kvtap_new(&e->tap)) != 0)
+            goto error;
+        cp.cb_eval = thaw_kvtap_eval_cb;
+        cp.cb_eval_user_data = e->tap;
+        e->tap_verify = getenv("THAW_KVTAP_VERIFY") && strcmp(getenv("THAW_KVTAP_VERIFY"), "0") != 0;
+    }
     e->ctx = llama_init_from_model(e->model, cp);
     if (!e->ctx) {
         LOG_ERR("llama.cpp could not create a context (-c %d, -np %d): too little memory?", cfg->n_ctx,
@@ -1305,6 +1378,14 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
             kp.block_tokens = 0;
         }
     }
+    if (e->tap) {
+        char why[200] = "";
+        int trc = kp.block_tokens && !e->partial ? thaw_kvtap_selftest(e->tap, e->ctx, 0, why, sizeof why) : THAW_ELAYOUT;
+        if (trc == 0)
+            LOG_INF("kv-cache: stores cut their new blocks straight from the KV cache");
+        else if (kp.block_tokens)
+            LOG_INF("kv-cache: stores capture whole states: %s", why[0] ? why : thaw_strerror(trc));
+    }
     memcpy(kp.identity, e->identity, THAW_KEY_BYTES);
     if ((rc = thaw_kvcache_open(&kp, &e->kv)) != 0)
         goto error;
@@ -1350,6 +1431,7 @@ error:
     thaw_chat_free(e->chat);
     if (e->ctx)
         llama_free(e->ctx);
+    thaw_kvtap_free(e->tap); /* after the context that calls it */
     if (e->model)
         llama_model_free(e->model);
     free(e);
@@ -1387,6 +1469,7 @@ void thaw_engine_free(struct thaw_engine *e)
     thaw_chat_free(e->chat);
     free(e->model_name);
     llama_free(e->ctx);
+    thaw_kvtap_free(e->tap);
     llama_model_free(e->model);
     llama_backend_free();
     free(e);

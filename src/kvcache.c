@@ -410,6 +410,14 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
 /* ---- store
  * ------------------------------------------------------------------------- */
 
+static void count_blocks(struct thaw_kvcache *c, const struct thaw_blocks_stats *st)
+{
+    atomic_fetch_add(&c->blocks_written, st->written);
+    atomic_fetch_add(&c->blocks_skipped, st->skipped);
+    atomic_fetch_add(&c->blocks_dropped, st->dropped);
+    atomic_fetch_add(&c->store_bytes, st->bytes_written);
+}
+
 /* The disk's copy of a capture: its blocks (those the disk does not hold)
  * go to the writer now, and the manifest replaces the .kv part. Returns 0
  * (w[THAW_PART_KV] is the manifest, the caller's reference to the .kv
@@ -432,10 +440,7 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
     block_binding(c, ns, binding);
     rc = thaw_blocks_store(c->disk, c->ram, binding, c->block_tokens, v.tokens, v.n_tokens, v.state, v.n_state, &man, &n_man,
                            &st);
-    atomic_fetch_add(&c->blocks_written, st.written);
-    atomic_fetch_add(&c->blocks_skipped, st.skipped);
-    atomic_fetch_add(&c->blocks_dropped, st.dropped);
-    atomic_fetch_add(&c->store_bytes, st.bytes_written);
+    count_blocks(c, &st);
     if (rc == THAW_ELAYOUT) {
         LOG_WRN("kv-cache: this model's state layout cannot be cut into blocks: whole states from now on");
         c->block_tokens = 0;
@@ -451,9 +456,58 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
     return 0;
 }
 
+int thaw_kvcache_cuts_blocks(const struct thaw_kvcache *c)
+{
+    return c->disk && c->block_tokens;
+}
+
+uint32_t thaw_kvcache_block_tokens(const struct thaw_kvcache *c)
+{
+    return c->disk ? c->block_tokens : 0;
+}
+
+static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                         const uint8_t ns[THAW_KEY_BYTES], int n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
+                         const uint8_t *supersedes, bool cut);
+
 const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
                                const uint8_t ns[THAW_KEY_BYTES], int n_tokens,
                                struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes)
+{
+    return store(c, slot_id, key, ns, n_tokens, parts, supersedes, false);
+}
+
+const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                                   const uint8_t ns[THAW_KEY_BYTES], const llama_token *toks, int n_tokens,
+                                   const struct thaw_blocks_src *src, struct thaw_part_blob parts[THAW_PART_COUNT],
+                                   const uint8_t *supersedes)
+{
+    struct thaw_blocks_stats st;
+    uint8_t binding[32];
+    void *man;
+    size_t n_man;
+
+    if (!thaw_kvcache_cuts_blocks(c) || parts[THAW_PART_KV].data)
+        return NULL;
+    block_binding(c, ns, binding);
+    int rc = thaw_blocks_store_src(c->disk, c->ram, binding, c->block_tokens, toks, n_tokens, src, &man, &n_man, &st);
+    count_blocks(c, &st);
+    if (rc != 0) {
+        if (rc != THAW_ENOTFOUND)
+            LOG_DBG("slot %d: blocks from the cache's memory failed (%s): capturing", slot_id, thaw_strerror(rc));
+        return NULL;
+    }
+    LOG_DBG("slot %d: %u blocks cut from the cache's memory, %u already stored, manifest %.1f KiB", slot_id,
+            st.written, st.skipped, (double)n_man / 1024.0);
+    parts[THAW_PART_KV].data = man;
+    parts[THAW_PART_KV].size = n_man;
+    return store(c, slot_id, key, ns, n_tokens, parts, supersedes, true);
+}
+
+/* cut: parts[THAW_PART_KV] is a manifest already (its blocks are queued) */
+static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                         const uint8_t ns[THAW_KEY_BYTES], int n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
+                         const uint8_t *supersedes, bool cut)
 {
     const char *where = c->disk && c->ram ? "ram+disk" : c->disk ? "disk" : c->ram ? "ram" : "none";
     void *man_ram = NULL;
@@ -470,7 +524,7 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
             if (c->ram && parts[p].data)
                 thaw_blob_ref(parts[p].data);
         }
-        rc = to_blocks(c, slot_id, ns, w);
+        rc = cut ? 0 : to_blocks(c, slot_id, ns, w);
         /* with blocks the RAM tier keeps the manifest (its blocks are
          * held there once each), not a second whole copy of the state */
         if (rc == 0 && c->ram) {

@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct thaw_blocks_src; /* blocks.h */
+
 struct thaw_kvcache;
 
 struct thaw_kvcache_params {
@@ -100,6 +102,22 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
 const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
                                const uint8_t ns[THAW_KEY_BYTES], int n_tokens,
                                struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes);
+
+/* 1 when stores go to the disk as blocks (thaw_kvcache_store_src can
+ * serve them). */
+int thaw_kvcache_cuts_blocks(const struct thaw_kvcache *c);
+/* Tokens per block of the disk's stores (0: whole states). */
+uint32_t thaw_kvcache_block_tokens(const struct thaw_kvcache *c);
+
+/* thaw_kvcache_store with the attention KV cut from src (kvtap.h: the
+ * cache's memory) instead of a captured state: parts[THAW_PART_KV] must be
+ * empty; the other parts as there. NULL when src cannot give the cells the
+ * store needs, or blocks are off: nothing was stored and parts are
+ * untouched — capture and call thaw_kvcache_store. */
+const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                                   const uint8_t ns[THAW_KEY_BYTES], const llama_token *toks, int n_tokens,
+                                   const struct thaw_blocks_src *src, struct thaw_part_blob parts[THAW_PART_COUNT],
+                                   const uint8_t *supersedes);
 
 /* Starts reading key's disk entry into memory while its request waits for
  * a slot (any thread). Counts a prefetch when it did. */

@@ -347,6 +347,24 @@ static void put(uint8_t **p, const void *src, size_t n)
     *p += n;
 }
 
+/* A block's header and layer table for cells [a, b) shaped as `ly`. */
+static void put_head(uint8_t **p, uint32_t a, uint32_t b, uint32_t n_layers, const struct layer *ly, int v_trans,
+                     int ext)
+{
+    put32(p, BLOCK_MAGIC);
+    put32(p, THAW_KVLAYOUT_BLOCK_VERSION | (uint32_t)((v_trans ? FLAG_VTRANS : 0) | (ext ? FLAG_EXT : 0)) << 16);
+    put32(p, a); /* positions are the cell indices */
+    put32(p, b - a);
+    put32(p, n_layers);
+    put32(p, 0);
+    for (uint32_t i = 0; i < n_layers; i++) {
+        put32(p, (uint32_t)ly[i].k_type);
+        put32(p, (uint32_t)ly[i].v_type);
+        put64(p, ly[i].k_row);
+        put64(p, ly[i].v_row);
+    }
+}
+
 int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, void *dst, size_t cap)
 {
     const struct section *s = &l->s0;
@@ -358,18 +376,7 @@ int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, voi
         return THAW_EINVAL;
     if (cap < need)
         return THAW_ETOOBIG;
-    put32(&p, BLOCK_MAGIC);
-    put32(&p, THAW_KVLAYOUT_BLOCK_VERSION | (uint32_t)((s->v_trans ? FLAG_VTRANS : 0) | (l->ext ? FLAG_EXT : 0)) << 16);
-    put32(&p, a); /* positions are the cell indices (parse checked) */
-    put32(&p, (uint32_t)m);
-    put32(&p, s->n_layers);
-    put32(&p, 0);
-    for (uint32_t i = 0; i < s->n_layers; i++) {
-        put32(&p, (uint32_t)s->layers[i].k_type);
-        put32(&p, (uint32_t)s->layers[i].v_type);
-        put64(&p, s->layers[i].k_row);
-        put64(&p, s->layers[i].v_row);
-    }
+    put_head(&p, a, b, s->n_layers, s->layers, (int)s->v_trans, l->ext);
     for (uint32_t c = a; c < b; c++) {
         const uint8_t *cell = l->buf + s->meta_off + (size_t)c * stride;
         put(&p, cell, 4); /* pos */
@@ -388,6 +395,142 @@ int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, voi
         size_t n_embd_v = ly->v_row / ly->v_el;
         for (size_t j = 0; j < n_embd_v; j++)
             put(&p, l->buf + ly->v_off + (j * s->n_cells + a) * ly->v_el, m * ly->v_el);
+    }
+    return 0;
+}
+
+/* ---- blocks cut from the cache's memory ---------------------------------------- */
+
+struct thaw_kvlayout_mem {
+    uint32_t n_layers;
+    int v_trans;
+    size_t cell_bytes;
+    struct layer *layers;  /* the shape, from a parsed capture */
+    const uint8_t **k, **v; /* each layer's stream 0 */
+    size_t *ss;             /* bytes from one stream to the next (K and V alike) */
+    size_t *v_stride;
+};
+
+void thaw_kvlayout_mem_free(struct thaw_kvlayout_mem *m)
+{
+    if (!m)
+        return;
+    free(m->layers);
+    free(m->k);
+    free(m->v);
+    free(m->v_stride);
+    free(m->ss);
+    free(m);
+}
+
+int thaw_kvlayout_mem_new(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
+{
+    struct thaw_kvlayout_mem *m;
+    uint32_t n = l->s0.n_layers;
+
+    *out = NULL;
+    if (l->ext || l->tail_off != l->n)
+        return THAW_ELAYOUT; /* cells with ext, or an SWA section: not cut from memory */
+    if (!(m = calloc(1, sizeof *m)) || !(m->layers = malloc(n * sizeof *m->layers)) ||
+        !(m->k = calloc(n, sizeof *m->k)) || !(m->v = calloc(n, sizeof *m->v)) ||
+        !(m->v_stride = calloc(n, sizeof *m->v_stride)) || !(m->ss = calloc(2 * (size_t)n, sizeof *m->ss))) {
+        thaw_kvlayout_mem_free(m);
+        return THAW_ENOMEM;
+    }
+    memcpy(m->layers, l->s0.layers, n * sizeof *m->layers);
+    m->n_layers = n;
+    m->v_trans = (int)l->s0.v_trans;
+    m->cell_bytes = l->cell_bytes;
+    *out = m;
+    return 0;
+}
+
+uint32_t thaw_kvlayout_mem_n_layers(const struct thaw_kvlayout_mem *m)
+{
+    return m->n_layers;
+}
+
+void thaw_kvlayout_mem_rows(const struct thaw_kvlayout_mem *m, uint32_t layer, uint64_t *k_row, uint64_t *v_row,
+                            uint32_t *v_el)
+{
+    *k_row = m->layers[layer].k_row;
+    *v_row = m->layers[layer].v_row;
+    *v_el = m->layers[layer].v_el;
+}
+
+void thaw_kvlayout_mem_set(struct thaw_kvlayout_mem *m, uint32_t layer, const void *k, size_t k_ss, const void *v,
+                           size_t v_ss, size_t v_stride)
+{
+    m->k[layer] = k;
+    m->v[layer] = v;
+    m->ss[2 * layer] = k_ss;
+    m->ss[2 * layer + 1] = v_ss;
+    m->v_stride[layer] = v_stride;
+}
+
+size_t thaw_kvlayout_mem_block_size(const struct thaw_kvlayout_mem *m, uint32_t a, uint32_t b)
+{
+    if (a >= b)
+        return 0;
+    size_t c = b - a;
+    return BLOCK_HEAD + (size_t)m->n_layers * BLOCK_LAYER + c * block_meta_stride(0) + c * m->cell_bytes;
+}
+
+int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m, uint32_t stream, uint32_t a, uint32_t b,
+                          const int32_t *cell, void *dst, size_t cap)
+{
+    size_t need = thaw_kvlayout_mem_block_size(m, a, b), n = (size_t)b - a;
+    uint8_t *p = dst;
+    int run = 1; /* the cells lie side by side: one copy per row run */
+
+    if (need == 0)
+        return THAW_EINVAL;
+    if (cap < need)
+        return THAW_ETOOBIG;
+    for (size_t i = 0; i < n; i++) {
+        if (cell[i] < 0)
+            return THAW_ENOTFOUND;
+        if (cell[i] != cell[0] + (int32_t)i)
+            run = 0;
+    }
+    for (uint32_t i = 0; i < m->n_layers; i++)
+        if (!m->k[i] || !m->v[i])
+            return THAW_ENOTFOUND;
+    put_head(&p, a, b, m->n_layers, m->layers, m->v_trans, 0);
+    for (uint32_t c = a; c < b; c++)
+        put32(&p, c);
+    for (uint32_t i = 0; i < m->n_layers; i++) {
+        size_t row = m->layers[i].k_row;
+        const uint8_t *k = m->k[i] + stream * m->ss[2 * i];
+        if (run) {
+            put(&p, k + (size_t)cell[0] * row, n * row);
+            continue;
+        }
+        for (size_t j = 0; j < n; j++)
+            put(&p, k + (size_t)cell[j] * row, row);
+    }
+    for (uint32_t i = 0; i < m->n_layers; i++) {
+        const struct layer *ly = &m->layers[i];
+        const uint8_t *v = m->v[i] + stream * m->ss[2 * i + 1];
+        if (!m->v_trans) {
+            if (run) {
+                put(&p, v + (size_t)cell[0] * ly->v_row, n * ly->v_row);
+                continue;
+            }
+            for (size_t j = 0; j < n; j++)
+                put(&p, v + (size_t)cell[j] * ly->v_row, ly->v_row);
+            continue;
+        }
+        size_t n_embd_v = ly->v_row / ly->v_el, el = ly->v_el;
+        for (size_t e = 0; e < n_embd_v; e++) {
+            const uint8_t *col = v + e * m->v_stride[i];
+            if (run) {
+                put(&p, col + (size_t)cell[0] * el, n * el);
+                continue;
+            }
+            for (size_t j = 0; j < n; j++)
+                put(&p, col + (size_t)cell[j] * el, el);
+        }
     }
     return 0;
 }

@@ -112,6 +112,36 @@ size_t thaw_kvlayout_block_size(const struct thaw_kvlayout *l, uint32_t a, uint3
  * THAW_ETOOBIG (cap too small). */
 int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, void *dst, size_t cap);
 
+/* ---- blocks cut straight from the KV cache's memory ----
+ * kvtap.c finds where libllama keeps each layer's K and V cells; this
+ * writes the same block bytes thaw_kvlayout_cut() would cut from a capture,
+ * without capturing the rest of the sequence. The shape (types, row sizes,
+ * V transposed or not) comes from a parsed capture of the same context. */
+struct thaw_kvlayout_mem;
+
+/* A cutter shaped as l (cells without ext, no SWA section: THAW_ELAYOUT
+ * otherwise). Its layers' memory is unset until thaw_kvlayout_mem_set.
+ * 0, THAW_ELAYOUT or THAW_ENOMEM. */
+int thaw_kvlayout_mem_new(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out);
+void thaw_kvlayout_mem_free(struct thaw_kvlayout_mem *m);
+uint32_t thaw_kvlayout_mem_n_layers(const struct thaw_kvlayout_mem *m);
+/* Layer `layer`'s bytes per cell (transposed V: n_embd_v * el) and V's
+ * element size (transposed V only, else 0). */
+void thaw_kvlayout_mem_rows(const struct thaw_kvlayout_mem *m, uint32_t layer, uint64_t *k_row, uint64_t *v_row,
+                            uint32_t *v_el);
+/* Where layer `layer`'s cells are: in stream s, cell c's K row at
+ * k + s * k_ss + c * k_row; V's at v + s * v_ss + c * v_row, or, transposed,
+ * element e of cell c at v + s * v_ss + e * v_stride + c * el. */
+void thaw_kvlayout_mem_set(struct thaw_kvlayout_mem *m, uint32_t layer, const void *k, size_t k_ss, const void *v,
+                           size_t v_ss, size_t v_stride);
+size_t thaw_kvlayout_mem_block_size(const struct thaw_kvlayout_mem *m, uint32_t a, uint32_t b);
+/* The block of positions [a, b), position a + i in cell cell[i] of stream
+ * `stream`.
+ * 0, THAW_EINVAL, THAW_ETOOBIG, THAW_ENOTFOUND (a cell is -1: unknown, or a
+ * layer's memory unset). */
+int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m, uint32_t stream, uint32_t a, uint32_t b,
+                          const int32_t *cell, void *dst, size_t cap);
+
 /* Reads a block's header: its first position and cell count. Returns 0 or
  * THAW_ECORRUPT / THAW_EVERSION (the whole block is validated). */
 int thaw_kvlayout_block_info(const void *block, size_t n, uint32_t *pos0, uint32_t *n_cells);

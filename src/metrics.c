@@ -52,6 +52,10 @@ char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn ex
       atomic_load(&m->cache_prefetches));
     C("kv_cache_stores_total", "states captured after a reply (for the RAM and disk tiers)", atomic_load(&m->stores));
     C("kv_cache_store_seconds_total", "engine time spent capturing states", atomic_load(&m->store_us) / 1e6);
+    C("kv_cache_stores_cut_total", "stores whose new blocks were cut straight from the KV cache",
+      atomic_load(&m->stores_cut));
+    C("kv_cache_stores_captured_total", "stores the KV cache tap could not serve (a whole capture instead)",
+      atomic_load(&m->stores_captured));
     C("kv_cache_fixups_cut_total",
       "post-reply re-decodes cut short for a request that needed the slot (the next turn prefills the rest)",
       atomic_load(&m->fixups_cut));

@@ -37,6 +37,8 @@ struct thaw_metrics {
     atomic_uint_fast64_t cache_prefetches;   /* disk entries whose reads started while queued */
     atomic_uint_fast64_t stores;             /* states captured after a reply */
     atomic_uint_fast64_t store_us;           /* engine time spent capturing them, microseconds */
+    atomic_uint_fast64_t stores_cut;         /* stores whose blocks were cut from the KV cache (kvtap.h) */
+    atomic_uint_fast64_t stores_captured;    /* stores the tap could not serve: whole capture */
     atomic_uint_fast64_t fixups_cut;         /* post-reply re-decodes cut short for a request needing the slot */
     atomic_uint_fast64_t ram_bytes;          /* gauge: bytes held by the RAM tier */
     atomic_int ram_entries;                  /* gauge: conversations held by the RAM tier */

@@ -19,14 +19,21 @@ def serve(models):
     """serve(arch_or_path, *args) -> Server, stopped after the test."""
     started = []
 
-    def start(model="llama", *args, **kw):
-        s = Server(models.get(model, model), *args, **kw)
+    def start(model="llama", *args, env=None, **kw):
+        # every store whose blocks are cut from the KV cache (kvtap.h) is
+        # also checked against a whole capture; a difference fails the test
+        env = {"THAW_KVTAP_VERIFY": "1", **(env or {})}
+        s = Server(models.get(model, model), *args, env=env, **kw)
         started.append(s)
         return s
 
     yield start
     for s in started:
         s.kill()
+    # every store cut from the KV cache was checked against a capture
+    # (THAW_KVTAP_VERIFY, harness.py): none may have differed
+    for s in started:
+        assert "cut from the KV cache differ" not in s.log(), s.log()
 
 
 def user(text):

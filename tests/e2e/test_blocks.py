@@ -271,3 +271,36 @@ def test_ram_tier_holds_each_shared_block_once_and_serves_without_the_disk(serve
         assert t["cache_source"] in ("slot", "ram"), t
         assert t["cache_n"] >= r1[i]["usage"]["prompt_tokens"], t
     s.stop()
+
+
+def test_stores_cut_their_blocks_from_the_kv_cache_and_restore_the_same(serve, tmp_path):
+    """kvtap.h: a store takes the blocks a turn added straight from the KV
+    cache instead of capturing the whole conversation. Three conversations
+    take turns on one slot (every turn restores from disk, then stores), and
+    a restart: every store is cut from the cache (each checked against a
+    capture, THAW_KVTAP_VERIFY), and the replies equal those of a server
+    that captures whole states (THAW_KVTAP=0)."""
+    def run(d, env):
+        convs = [[shared_system(), ask(i)] for i in range(3)]
+        out, sources = [], []
+        s = serve("llama", "-np", "1", "-c", "4096", *flags(d), env=env)
+        for turn in range(4):
+            if turn == 3:  # after a restart
+                s.stop()
+                s = serve("llama", "-np", "1", "-c", "4096", *flags(d), env=env)
+            for i, c in enumerate(convs):
+                r = chat(s, c)
+                out.append(reply(r))
+                sources.append(r["timings"]["cache_source"])
+                c += [{"role": "assistant", "content": reply(r)},
+                      {"role": "user", "content": f"Turn {turn}: " + text(20, 200 + 10 * i + turn)}]
+        return out, sources, drained(s)
+
+    cut, cut_sources, m = run(tmp_path / "tap", {})
+    assert m["thaw_kv_cache_stores_cut_total"] >= 3  # the turns after the restart
+    assert m["thaw_kv_cache_stores_captured_total"] == 0
+    whole, whole_sources, m0 = run(tmp_path / "capture", {"THAW_KVTAP": "0"})
+    assert m0["thaw_kv_cache_stores_cut_total"] == 0 and m0["thaw_kv_cache_stores_total"] >= 3
+    assert cut == whole
+    # from the second turn on, each conversation came back from the disk
+    assert cut_sources[3:] == ["disk"] * 9 and whole_sources[3:] == ["disk"] * 9, (cut_sources, whole_sources)
