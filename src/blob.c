@@ -47,18 +47,33 @@ static void *pool_take(size_t len, size_t *map_len)
     return base;
 }
 
-/* Keeps a freed mapping for reuse, or unmaps it when the pool is full. */
+/* Keeps a freed mapping for reuse. When the pool is full, the smallest
+ * mapping goes (this one, or a smaller one kept before): the larger the
+ * mapping, the more its first touch would cost again. */
 static void pool_give(void *base, size_t len)
 {
     bool kept = false;
 
     pthread_mutex_lock(&pool.mu);
-    if (pool.n < POOL_SLOTS && pool.bytes + len <= POOL_MAX_BYTES) {
-        pool.v[pool.n].base = base;
-        pool.v[pool.n].len = len;
-        pool.n++;
-        pool.bytes += len;
-        kept = true;
+    if (len <= POOL_MAX_BYTES) {
+        while (pool.n > 0 && (pool.n == POOL_SLOTS || pool.bytes + len > POOL_MAX_BYTES)) {
+            int small = 0;
+            for (int i = 1; i < pool.n; i++)
+                if (pool.v[i].len < pool.v[small].len)
+                    small = i;
+            if (pool.v[small].len >= len)
+                break;
+            munmap(pool.v[small].base, pool.v[small].len);
+            pool.bytes -= pool.v[small].len;
+            pool.v[small] = pool.v[--pool.n];
+        }
+        if (pool.n < POOL_SLOTS && pool.bytes + len <= POOL_MAX_BYTES) {
+            pool.v[pool.n].base = base;
+            pool.v[pool.n].len = len;
+            pool.n++;
+            pool.bytes += len;
+            kept = true;
+        }
     }
     pthread_mutex_unlock(&pool.mu);
     if (!kept)
@@ -107,6 +122,19 @@ void thaw_blob_pool_drain(void)
     pool.n = 0;
     pool.bytes = 0;
     pthread_mutex_unlock(&pool.mu);
+}
+
+size_t thaw_blob_pool_warm(size_t n)
+{
+    if (n + sizeof(struct blob_head) < MAP_MIN)
+        return 0;
+    volatile uint8_t *p = thaw_blob_alloc(n);
+    if (!p)
+        return 0;
+    for (size_t off = 0; off < n; off += 4096)
+        p[off] = 0;
+    thaw_blob_unref((void *)p);
+    return n;
 }
 
 void *thaw_blob_alloc(size_t n)

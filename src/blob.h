@@ -9,9 +9,9 @@
  * huge pages: faulting in 18 MiB page by page cost ~50 ms on the engine
  * thread (measured on a 2-core VM, where a page's first touch traps to the
  * host), 2 MiB pages make it a few on bare metal. A freed mapping is kept
- * (up to 4, 512 MiB) and handed to the next large alloc it fits without
- * being over twice its size: its pages are already in, so a capture into
- * it costs only the copy. Mappings carry a quarter of untouched headroom,
+ * (up to 4, 512 MiB; when full, the smallest goes) and handed to the next
+ * large alloc it fits without being over twice its size: its pages are
+ * already in, so a capture into it costs only the copy. Mappings carry a quarter of untouched headroom,
  * so one freed by a conversation's turn fits its next, longer turn. Small
  * buffers come from malloc.
  *
@@ -51,6 +51,12 @@ void thaw_blob_unref(void *p);
 /* 1 when the caller's reference to p is the only one (p may be reused for
  * new contents), else 0. */
 int thaw_blob_unique(void *p);
+
+/* Puts into the pool a mapping for n bytes whose pages are already in
+ * (each touched once), so that the first large alloc of that size after a
+ * start (a restore from blocks, blocks.c) costs only its copy. Returns n,
+ * or 0 (too small to be pooled, out of memory). */
+size_t thaw_blob_pool_warm(size_t n);
 
 /* Unmaps every pooled mapping (memory back to the system). */
 void thaw_blob_pool_drain(void);

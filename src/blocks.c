@@ -337,6 +337,12 @@ int thaw_blocks_state_check(struct thaw_blocks_state *s)
 
 /* Reads file block k (B cells at kB) into place: its head and data in one
  * preadv per IOV_MAX segments, then the head checked and its meta written. */
+/* Bytes of block files the kernel is asked to read ahead of the one being
+ * read (load_blocks). All of a conversation's at once queued the next
+ * block behind the others: 8 MiB blocks read ~1.4x slower than one at a
+ * time (a 2-core VM's virtual disk); 16 MiB ahead read fastest. */
+#define READ_AHEAD ((uint64_t)16 << 20)
+
 static int read_block(struct thaw_blocks_check *ck, uint32_t k)
 {
     struct src *b = &ck->src[k];
@@ -426,8 +432,8 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
     pthread_cond_init(&ck->cv, NULL);
     for (k = 0; k < n_ids; k++)
         ck->src[k].f.fd = -1;
-    /* open them all first: every open starts its file's read (blocks the
-     * RAM tier or the writer's queue holds are copied from memory) */
+    /* open them all first (blocks the RAM tier or the writer's queue holds
+     * are copied from memory) */
     for (k = 0; k < n_ids; k++) {
         struct thaw_part_blob pend[THAW_PART_COUNT];
         if ((ck->src[k].mem = thaw_ram_cache_block(ram, ids[k], &ck->src[k].n_mem)) != NULL) {
@@ -476,7 +482,24 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
     if (rc != 0)
         goto fail;
     ck->threaded = pthread_create(&ck->th, NULL, check_main, ck) == 0;
+    uint32_t ahead = 0; /* files asked for up to here */
+    uint64_t asked = 0; /* their bytes past the file being read */
     for (k = 0; k < n_ids; k++) {
+        /* the kernel reads READ_AHEAD bytes of the next files while this
+         * one is copied: a cold disk serves several files at once, and the
+         * one needed next is not queued behind all the others */
+        if (ahead <= k) {
+            ahead = k;
+            asked = 0;
+        } else if (!ck->src[k].mem) {
+            asked -= ck->src[k].f.size;
+        }
+        for (; ahead < n_ids && (ahead == k || asked < READ_AHEAD); ahead++)
+            if (!ck->src[ahead].mem) {
+                thaw_disk_kv_willneed(&ck->src[ahead].f);
+                if (ahead > k)
+                    asked += ck->src[ahead].f.size;
+            }
         if (ck->src[k].mem) {
             /* placed at the next position (kB: every block before it held B) */
             uint32_t cells;

@@ -2316,6 +2316,12 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
     return ret;
 }
 
+void thaw_disk_kv_willneed(const struct thaw_disk_kv_file *f)
+{
+    if (f->fd >= 0)
+        (void)posix_fadvise(f->fd, 0, 0, POSIX_FADV_WILLNEED); /* advice only */
+}
+
 int thaw_disk_cache_open_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_kv_file *f)
 {
     char hex[HEX_LEN + 1];
@@ -2348,7 +2354,6 @@ int thaw_disk_cache_open_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KE
         ret = ret == THAW_ECORRUPT ? THAW_ENOTFOUND : ret;
         goto miss;
     }
-    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED); /* advice: start reading now */
     memcpy(f->key, key, THAW_KEY_BYTES);
     f->fd = fd;
     pthread_mutex_lock(&c->mu);

@@ -295,13 +295,14 @@ struct thaw_disk_kv_file {
 };
 
 /* Opens key's .kv (a committed entry of this fingerprint, no store of it
- * in progress) and asks the kernel to start reading it (POSIX_FADV_WILLNEED),
- * so that opening every block of a conversation first reads them all in
- * parallel. Counts a lookup and a hit; the last use is now. Returns 0 (*f
- * set; close it with thaw_disk_kv_close), THAW_ENOTFOUND (absent, being
+ * in progress). Counts a lookup and a hit; the last use is now. Returns 0
+ * (*f set; close it with thaw_disk_kv_close), THAW_ENOTFOUND (absent, being
  * written, or its file gone or of the wrong size: such an entry is removed)
  * or -errno. */
 int thaw_disk_cache_open_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_kv_file *f);
+/* Asks the kernel to start reading f (POSIX_FADV_WILLNEED) while the
+ * caller reads the files before it. */
+void thaw_disk_kv_willneed(const struct thaw_disk_kv_file *f);
 /* preadv of f at off: bytes read or -errno (THAW_VFS_PREAD for faults). */
 ssize_t thaw_disk_kv_preadv(struct thaw_disk_cache *c, const struct thaw_disk_kv_file *f, const struct iovec *iov,
                             int n_iov, uint64_t off);
