@@ -1270,9 +1270,11 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     cp.no_perf = true;
     /* the tap watches the graphs for where the KV cache's cells are
      * (kvtap.h): host memory only, so not with a GPU device */
-    bool gpu = false;
-    for (size_t i = 0; i < ggml_backend_dev_count(); i++)
-        gpu |= ggml_backend_dev_type(ggml_backend_dev_get(i)) != GGML_BACKEND_DEVICE_TYPE_CPU;
+    bool gpu = false; /* BLAS / AMX accelerators work beside the CPU backend: the cache stays in host memory */
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        enum ggml_backend_dev_type ty = ggml_backend_dev_type(ggml_backend_dev_get(i));
+        gpu |= ty != GGML_BACKEND_DEVICE_TYPE_CPU && ty != GGML_BACKEND_DEVICE_TYPE_ACCEL;
+    }
     const char *tap_env = getenv("THAW_KVTAP");
     if (cfg->kv_cache_dir && !gpu && !(tap_env && strcmp(tap_env, "0") == 0)) {
         if ((rc = thaw_kvtap_new(&e->tap)) != 0)
