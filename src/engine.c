@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- slots --------------------------------------------------------------------- */
 
@@ -61,6 +62,7 @@ struct thaw_engine {
     void *capture;             /* the last capture's buffer, reused once the tiers let go of it (kvstate.h) */
     size_t capture_cap;
     struct thaw_kvtap *tap;    /* where the KV cache's cells are: stores cut blocks from it (kvtap.h); NULL = off */
+    int64_t test_fixup_delay_us; /* THAW_TEST_FIXUP_DELAY_MS (test_fixup_held) */
     bool tap_verify;           /* THAW_KVTAP_VERIFY: check every cut against a capture */
 
     struct thaw_slot *slots;
@@ -1073,6 +1075,28 @@ static void drain_fixups(struct thaw_engine *e)
     finish_fixups(e, true);
 }
 
+/* THAW_TEST_FIXUP_DELAY_MS (a test setting): a slot's post-reply
+ * re-decoding starts that long after the reply, as on a model whose decode
+ * is that slow, so that a test's next request finds it unfinished however
+ * fast the test model decodes. True while the engine has nothing else to
+ * do and such a slot still waits. */
+static bool test_fixup_held(const struct thaw_engine *e)
+{
+    bool held = false;
+
+    if (!e->test_fixup_delay_us)
+        return false;
+    int64_t now = thaw_now_us();
+    for (int i = 0; i < e->n_slots; i++) {
+        const struct thaw_slot *s = &e->slots[i];
+        if (s->phase == THAW_SLOT_PREFILL || s->phase == THAW_SLOT_GEN)
+            return false;
+        if (s->phase == THAW_SLOT_FIXUP && s->n_tokens < s->n_fix && now - s->fix_since_us < e->test_fixup_delay_us)
+            held = true;
+    }
+    return held;
+}
+
 static void *engine_main(void *arg)
 {
     struct thaw_engine *e = arg;
@@ -1089,6 +1113,10 @@ static void *engine_main(void *arg)
         }
         if (admit(e, true) == 0)
             continue;
+        if (test_fixup_held(e)) {
+            usleep(1000);
+            continue;
+        }
         build_batch(e);
         if (e->batch.n_tokens == 0) {
             finish_fixups(e, true); /* nothing decodes */
@@ -1282,6 +1310,12 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         cp.cb_eval = thaw_kvtap_eval_cb;
         cp.cb_eval_user_data = e->tap;
         e->tap_verify = getenv("THAW_KVTAP_VERIFY") && strcmp(getenv("THAW_KVTAP_VERIFY"), "0") != 0;
+    }
+    const char *fixup_delay = getenv("THAW_TEST_FIXUP_DELAY_MS");
+    if (fixup_delay && atol(fixup_delay) > 0) {
+        e->test_fixup_delay_us = 1000 * (int64_t)atol(fixup_delay);
+        LOG_WRN("THAW_TEST_FIXUP_DELAY_MS: post-reply re-decoding starts %ld ms after each reply (a test setting)",
+                atol(fixup_delay));
     }
     e->ctx = llama_init_from_model(e->model, cp);
     if (!e->ctx) {

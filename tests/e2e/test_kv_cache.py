@@ -152,7 +152,11 @@ def test_a_request_cuts_another_conversations_post_reply_work_short(serve, tmp_p
     # previous reply (FIXUP). With --fixup-wait-ms 0 it does not wait for
     # that: it cuts the work short, what was done is stored, and that
     # conversation's next turn prefills the rest from its stored prefix.
-    s = serve("llama", "-np", "1", "-c", "8192", "--metrics", "--fixup-wait-ms", "0", *kv_flags(tmp_path))
+    # THAW_TEST_FIXUP_DELAY_MS starts each re-decode 300 ms after its reply,
+    # as on a slower model: the tiny test model would otherwise finish it
+    # before the next request arrives (a race this test lost 1 time in 4).
+    s = serve("llama", "-np", "1", "-c", "8192", "--metrics", "--fixup-wait-ms", "0", *kv_flags(tmp_path),
+              env={"THAW_TEST_FIXUP_DELAY_MS": "300"})
     convs = [conversation(i, 300) for i in range(6)]
     r1 = [chat(s, c, max_tokens=64) for c in convs]  # long replies: long re-decodes
     cut = s.metrics()["thaw_kv_cache_fixups_cut_total"]
