@@ -335,14 +335,14 @@ int thaw_blocks_state_check(struct thaw_blocks_state *s)
     return rc;
 }
 
-/* Reads file block k (B cells at kB) into place: its head and data in one
- * preadv per IOV_MAX segments, then the head checked and its meta written. */
 /* Bytes of block files the kernel is asked to read ahead of the one being
  * read (load_blocks). All of a conversation's at once queued the next
  * block behind the others: 8 MiB blocks read ~1.4x slower than one at a
  * time (a 2-core VM's virtual disk); 16 MiB ahead read fastest. */
 #define READ_AHEAD ((uint64_t)16 << 20)
 
+/* Reads file block k (B cells at kB) into place: its head and data in one
+ * preadv per IOV_MAX segments, then the head checked and its meta written. */
 static int read_block(struct thaw_blocks_check *ck, uint32_t k)
 {
     struct src *b = &ck->src[k];

@@ -83,10 +83,18 @@ struct thaw_engine {
     atomic_bool stop;
 };
 
+/* Removes the slot's positions >= p (0: all) from its sequence, and from
+ * what the tap knows of it (kvtap.h): every removal goes through here. */
+static bool slot_kv_rm(struct thaw_engine *e, const struct thaw_slot *s, int p)
+{
+    bool ok = llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, p > 0 ? p : -1, -1);
+    thaw_kvtap_forget(e->tap, s->id, p);
+    return ok;
+}
+
 static void slot_clear_kv(struct thaw_engine *e, struct thaw_slot *s)
 {
-    llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, -1, -1);
-    thaw_kvtap_forget(e->tap, s->id, 0);
+    slot_kv_rm(e, s, 0);
     s->n_tokens = 0;
     s->holds_key = false;
     thaw_ckpt_clear(&s->ckpts);
@@ -138,11 +146,10 @@ static int slot_rollback(struct thaw_engine *e, struct thaw_slot *s, int n)
             n = 0;
         }
     }
-    if (n == 0 || !llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, n, -1)) {
+    if (n == 0 || !slot_kv_rm(e, s, n)) {
         slot_clear_kv(e, s);
         return 0;
     }
-    thaw_kvtap_forget(e->tap, s->id, n);
     if (n < s->n_tokens)
         s->holds_key = false; /* it now holds a prefix of that conversation only */
     s->n_tokens = n;
@@ -332,7 +339,7 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
         LOG_WRN("slot %d: draft state not stored with %s: the next turn prefills the draft", s->id, hex);
     const uint8_t *supersedes = s->has_prev_key ? s->prev_key : NULL;
     size_t sizes[THAW_PART_COUNT];
-    const char *where = NULL, *how = "state";
+    const char *where = NULL;
     /* the blocks straight from the cache's memory: as much work on a 16k
      * history as on a 2k one (kvtap.h) */
     if (thaw_kvtap_ready(e->tap) && thaw_kvcache_cuts_blocks(e->kv)) {
@@ -345,10 +352,8 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
         where = thaw_kvcache_store_src(e->kv, s->id, s->store_key, s->ns, s->tokens, s->n_tokens, &src, parts,
                                        supersedes);
         atomic_fetch_add(where ? &e->metrics->stores_cut : &e->metrics->stores_captured, 1);
-        how = "blocks cut from the cache";
     }
     if (!where) {
-        how = "state";
         if ((rc = thaw_kvstate_capture_reuse(e->ctx, s->id, s->tokens, s->n_tokens, &e->capture, &e->capture_cap,
                                              &parts[THAW_PART_KV].data, &parts[THAW_PART_KV].size)) != 0) {
             LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
@@ -371,8 +376,8 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
                 (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
                 (double)took / 1000.0);
     else
-        LOG_INF("slot %d: stored %s: %d tokens, %s%s -> %s in %.1f ms", s->id, hex, s->n_tokens, how,
-                sizes[2] ? " + draft" : "", where, (double)took / 1000.0);
+        LOG_INF("slot %d: stored %s: %d tokens, blocks cut from the cache%s -> %s in %.1f ms", s->id, hex,
+                s->n_tokens, sizes[2] ? " + draft" : "", where, (double)took / 1000.0);
 }
 
 /* After a reply (s->store_key derived): the tokens the next turn will
@@ -733,8 +738,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
             s->timings.predicted_n,
             s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
     /* a verified draft may have left positions past the finish in the KV */
-    llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, s->n_tokens, -1);
-    thaw_kvtap_forget(e->tap, s->id, s->n_tokens);
+    slot_kv_rm(e, s, s->n_tokens);
     if (will_store)
         slot_prepare_store(e, s, stored_msg);
     free(stored_msg);
@@ -860,8 +864,7 @@ static void slot_verify(struct thaw_engine *e, struct thaw_slot *s)
     atomic_fetch_add(&e->metrics->draft_tokens, (uint64_t)s->n_drafts);
     atomic_fetch_add(&e->metrics->draft_accepted, (uint64_t)accepted);
     /* the KV holds next_token and every draft: keep next_token + accepted */
-    llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, base + 1 + accepted, -1);
-    thaw_kvtap_forget(e->tap, s->id, base + 1 + accepted);
+    slot_kv_rm(e, s, base + 1 + accepted);
     s->tokens[base] = s->next_token;
     memcpy(s->tokens + base + 1, s->drafts, (size_t)accepted * sizeof(llama_token));
     s->n_drafts = 0;
@@ -1065,8 +1068,6 @@ static void drain_fixups(struct thaw_engine *e)
         if (e->batch.n_tokens == 0)
             break;
         if (llama_decode(e->ctx, e->batch) != 0) {
-            for (int i = 0; i < e->n_slots; i++)
-                thaw_kvtap_forget(e->tap, e->slots[i].id, 0);
             fail_batch(e, -1);
             break;
         }
@@ -1127,8 +1128,6 @@ static void *engine_main(void *arg)
         int64_t t1 = thaw_now_us();
         atomic_fetch_add(&e->metrics->decode_calls, 1);
         if (rc != 0) {
-            for (int i = 0; i < e->n_slots; i++)
-                thaw_kvtap_forget(e->tap, e->slots[i].id, 0); /* what a failed decode left is unknown */
             fail_batch(e, rc);
             continue;
         }

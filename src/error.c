@@ -1,7 +1,20 @@
 /* error.c — thaw_strerror(): text for thaw codes and -errno values. */
 #include "error.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
+
+int thaw_why(char *why, size_t n_why, int rc, const char *fmt, ...)
+{
+    if (why && n_why) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, n_why, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
 
 const char *thaw_strerror(int err)
 {

@@ -8,6 +8,8 @@
 #ifndef THAW_ERROR_H
 #define THAW_ERROR_H
 
+#include <stddef.h>
+
 #define THAW_ERRNO_MAP(X)                                                    \
     X(NOTFOUND, "not found")                                                 \
     X(CORRUPT, "corrupt data (checksum or format mismatch)")                 \
@@ -38,5 +40,9 @@ enum thaw_error {
 /* Human-readable text for 0, a thaw code or a -errno value. Never NULL; the
  * string is static (or thread-local for errno texts) and must not be freed. */
 const char *thaw_strerror(int err);
+
+/* Writes a one-line reason (printf format) into why (n_why bytes; NULL or 0:
+ * nothing) and returns rc: `return thaw_why(why, n, THAW_ELAYOUT, "...")`. */
+int thaw_why(char *why, size_t n_why, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 #endif

@@ -23,7 +23,6 @@
 #include "error.h"
 
 #include <ggml.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -945,17 +944,6 @@ int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, in
 #define SELFTEST_TOKENS 8
 #define SELFTEST_BLOCK 2
 
-static int fail(char *why, size_t n_why, int rc, const char *fmt, ...)
-{
-    if (why && n_why) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, n_why, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n)
 {
     size_t i = 0;
@@ -989,12 +977,12 @@ int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *wh
     }
     batch.n_tokens = SELFTEST_TOKENS;
     if (llama_decode(ctx, batch) != 0) {
-        rc = fail(why, n_why, THAW_ELLAMA, "llama_decode failed");
+        rc = thaw_why(why, n_why, THAW_ELLAMA, "llama_decode failed");
         goto done;
     }
     n_state = llama_state_seq_get_size(ctx, seq);
     if (n_state == 0) {
-        rc = fail(why, n_why, THAW_ELLAMA, "llama_state_seq_get_size returned 0");
+        rc = thaw_why(why, n_why, THAW_ELLAMA, "llama_state_seq_get_size returned 0");
         goto done;
     }
     if (!(state = malloc(n_state)) || !(again = malloc(n_state))) {
@@ -1002,18 +990,18 @@ int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *wh
         goto done;
     }
     if (llama_state_seq_get_data(ctx, state, n_state, seq) != n_state) {
-        rc = fail(why, n_why, THAW_ELLAMA, "llama_state_seq_get_data failed");
+        rc = thaw_why(why, n_why, THAW_ELLAMA, "llama_state_seq_get_data failed");
         goto done;
     }
     if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0) {
         const struct llama_model *m = llama_get_model(ctx);
         rc =
-            fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "the state does not parse: %s%s", thaw_strerror(rc),
+            thaw_why(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "the state does not parse: %s%s", thaw_strerror(rc),
                  llama_model_is_recurrent(m) || llama_model_is_hybrid(m) ? " (the model has recurrent memory)" : "");
         goto done;
     }
     if (thaw_kvlayout_n_cells(l) != SELFTEST_TOKENS) {
-        rc = fail(why, n_why, THAW_ELAYOUT, "the state holds %u cells for %d tokens", thaw_kvlayout_n_cells(l),
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "the state holds %u cells for %d tokens", thaw_kvlayout_n_cells(l),
                   SELFTEST_TOKENS);
         goto done;
     }
@@ -1024,7 +1012,7 @@ int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *wh
             goto done;
         }
         if ((rc = thaw_kvlayout_cut(l, a, a + SELFTEST_BLOCK, blk[nb], sizes[nb])) != 0) {
-            rc = fail(why, n_why, THAW_ELAYOUT, "cutting cells %u..%u: %s", a, a + SELFTEST_BLOCK, thaw_strerror(rc));
+            rc = thaw_why(why, n_why, THAW_ELAYOUT, "cutting cells %u..%u: %s", a, a + SELFTEST_BLOCK, thaw_strerror(rc));
             goto done;
         }
     }
@@ -1034,22 +1022,22 @@ int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *wh
     thaw_kvlayout_frame(l, &fr);
     thaw_kvlayout_tail(l, &tail, &n_tail);
     if ((rc = thaw_kvlayout_assemble((const void *const *)blk, sizes, nb, &fr, tail, n_tail, &asm_buf, &n_asm)) != 0) {
-        rc = fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "assembly: %s", thaw_strerror(rc));
+        rc = thaw_why(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "assembly: %s", thaw_strerror(rc));
         goto done;
     }
     if (n_asm != n_state || memcmp(asm_buf, state, n_state) != 0) {
-        rc = fail(why, n_why, THAW_ELAYOUT,
+        rc = thaw_why(why, n_why, THAW_ELAYOUT,
                   "the assembled state (%zu bytes) differs from the captured one (%zu) at byte %zu", n_asm, n_state,
                   first_diff(asm_buf, state, n_asm < n_state ? n_asm : n_state));
         goto done;
     }
     if (llama_state_seq_set_data(ctx, asm_buf, n_asm, seq) != n_asm) {
-        rc = fail(why, n_why, THAW_ELAYOUT, "llama_state_seq_set_data refused the assembled state");
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "llama_state_seq_set_data refused the assembled state");
         goto done;
     }
     if (llama_state_seq_get_size(ctx, seq) != n_state ||
         llama_state_seq_get_data(ctx, again, n_state, seq) != n_state || memcmp(again, state, n_state) != 0) {
-        rc = fail(why, n_why, THAW_ELAYOUT, "the restored sequence's state differs from the captured one");
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "the restored sequence's state differs from the captured one");
         goto done;
     }
     rc = 0;

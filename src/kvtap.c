@@ -276,17 +276,6 @@ void thaw_kvtap_restored(struct thaw_kvtap *t, llama_seq_id seq, const void *sta
 
 /* ---- checks ---------------------------------------------------------------------- */
 
-static int fail(char *why, size_t n_why, int rc, const char *fmt, ...)
-{
-    if (why && n_why) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, n_why, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 static int capture(struct llama_context *ctx, llama_seq_id seq, uint8_t **out, size_t *n)
 {
     *n = llama_state_seq_get_size(ctx, seq);
@@ -313,19 +302,19 @@ static int bind_layers(struct thaw_kvtap *t, char *why, size_t n_why)
         if (!k && !v)
             continue;
         if (!k || !v || i >= n)
-            return fail(why, n_why, THAW_ELAYOUT, "the graph's cache layers do not match the state's");
+            return thaw_why(why, n_why, THAW_ELAYOUT, "the graph's cache layers do not match the state's");
         uint64_t k_row, v_row;
         uint32_t v_el;
         thaw_kvlayout_mem_rows(t->mem, i, &k_row, &v_row, &v_el);
         if (!ggml_is_contiguous(k) || !ggml_is_contiguous(v) || (uint64_t)k->nb[1] != k_row ||
             (v_el == 0 && (uint64_t)v->nb[1] != v_row))
-            return fail(why, n_why, THAW_ELAYOUT, "layer %d's cache rows are not the state's rows", il);
+            return thaw_why(why, n_why, THAW_ELAYOUT, "layer %d's cache rows are not the state's rows", il);
         size_t v_stride = v_el ? (size_t)v->ne[1] * v_el : 0; /* transposed: one element of every cell */
         thaw_kvlayout_mem_set(t->mem, i, k->data, k->nb[2], v->data, v->nb[2], v_stride);
         i++;
     }
     if (i != n)
-        return fail(why, n_why, THAW_ELAYOUT, "the graph showed %u cache layers, the state holds %u", i, n);
+        return thaw_why(why, n_why, THAW_ELAYOUT, "the graph showed %u cache layers, the state holds %u", i, n);
     return 0;
 }
 
@@ -359,30 +348,30 @@ int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_s
         }
         batch.n_tokens = b - a;
         if (llama_decode(ctx, batch) != 0) {
-            rc = fail(why, n_why, THAW_ELLAMA, "llama_decode failed");
+            rc = thaw_why(why, n_why, THAW_ELLAMA, "llama_decode failed");
             goto done;
         }
     }
     if (t->off) {
-        rc = fail(why, n_why, THAW_ELAYOUT, "the graph is not one the tap knows");
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "the graph is not one the tap knows");
         goto done;
     }
     if (!t->cell) {
-        rc = fail(why, n_why, THAW_ELAYOUT, "the graph wrote no KV cache the tap knows");
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "the graph wrote no KV cache the tap knows");
         goto done;
     }
     if ((rc = capture(ctx, seq, &state, &n_state)) != 0) {
-        rc = fail(why, n_why, rc, "llama_state_seq_get_data failed");
+        rc = thaw_why(why, n_why, rc, "llama_state_seq_get_data failed");
         goto done;
     }
     if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0 || thaw_kvlayout_n_cells(l) != SELFTEST_TOKENS) {
-        rc = fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "the state does not parse as cells");
+        rc = thaw_why(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "the state does not parse as cells");
         goto done;
     }
     thaw_kvlayout_mem_free(t->mem);
     t->mem = NULL;
     if ((rc = thaw_kvlayout_mem_new(l, &t->mem)) != 0) {
-        rc = fail(why, n_why, rc, "cells with extra position data, or an SWA cache");
+        rc = thaw_why(why, n_why, rc, "cells with extra position data, or an SWA cache");
         goto done;
     }
     if ((rc = bind_layers(t, why, n_why)) != 0)
@@ -393,20 +382,20 @@ int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_s
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++)
         if ((rc = same_block(t, l, seq, cuts[i][0], cuts[i][1])) != 0) {
             t->ready = 0;
-            rc = fail(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT,
+            rc = thaw_why(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT,
                       "cells %u..%u cut from the cache differ from the captured ones", cuts[i][0], cuts[i][1]);
             goto done;
         }
     /* and a state installed anew is found where libllama puts it */
     if (llama_state_seq_set_data(ctx, state, n_state, seq) != n_state) {
         t->ready = 0;
-        rc = fail(why, n_why, THAW_ELLAMA, "llama_state_seq_set_data failed");
+        rc = thaw_why(why, n_why, THAW_ELLAMA, "llama_state_seq_set_data failed");
         goto done;
     }
     thaw_kvtap_restored(t, seq, state, n_state);
     if (!thaw_kvtap_known(t, seq, 0, SELFTEST_TOKENS)) {
         t->ready = 0;
-        rc = fail(why, n_why, THAW_ELAYOUT, "a restored state's cells are not where the tap expects them");
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "a restored state's cells are not where the tap expects them");
         goto done;
     }
     rc = 0;
