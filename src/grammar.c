@@ -58,11 +58,38 @@ static void single_call(char *grammar, const char *name, size_t n)
     }
 }
 
+/* An until-rule's definition, `until-N ::= | [C] until-N-01 | [^C] until-N`
+ * (any text that does not contain the delimiter that follows it, Mistral's
+ * call id before "[ARGS]"): the length of its name, with *cls at its last
+ * alternative's class `[^...]`; 0 for any other line. */
+static size_t until_definition(const char *line, const char *eol, const char **cls)
+{
+    const char *sep = strstr(line, " ::= ");
+    if (strncmp(line, "until-", 6) != 0 || !sep || sep > eol)
+        return 0;
+    size_t n = (size_t)(sep - line);
+    for (size_t k = 6; k < n; k++)
+        if (line[k] < '0' || line[k] > '9')
+            return 0; /* a helper (until-N-01): unreachable once its root is bounded */
+    /* the line ends with ` | [^...] until-N` */
+    const char *tail = eol - n;
+    if (tail <= sep + 5 || strncmp(tail, line, n) != 0 || tail[-1] != ' ' || tail[-2] != ']')
+        return 0;
+    for (const char *c = tail - 2; c > sep + 5; c--)
+        if (c[0] == '[' && c[1] == '^' && c[-1] == ' ' && c[-2] == '|') {
+            *cls = c;
+            return n;
+        }
+    return 0;
+}
+
 /* A character class repeated without bound (`[A-Za-z0-9_-]+`, gpt-oss's
- * constraint name) lets a model that never picks the closing symbol write
- * forever inside a required call. Bounded at 64 in place of `+`/`*`: more
- * than any name or number a trained model writes there. Returns a new
- * grammar (malloc'd) or NULL. */
+ * constraint name) or an until-rule (Mistral's call id) lets a model that
+ * never picks the closing symbol write forever inside a required call.
+ * Classes get 64 in place of `+`/`*`; an until-rule becomes at most 64
+ * characters that are not its delimiter's first (the delimiter follows it
+ * wherever it is used): more than any name, id or number a trained model
+ * writes there. Returns a new grammar (malloc'd) or NULL. */
 char *thaw_grammar_bound_repeats(const char *g)
 {
     static const char plus[] = "{1,64}", star[] = "{0,64}";
@@ -72,6 +99,25 @@ char *thaw_grammar_bound_repeats(const char *g)
     if (!out)
         return NULL;
     for (const char *p = g; *p; p++) {
+        const char *eol = NULL, *cls = NULL;
+        size_t n = 0;
+        if ((p == g || p[-1] == '\n') && strncmp(p, "until-", 6) == 0) {
+            eol = strchr(p, '\n');
+            n = until_definition(p, eol ? eol : p + strlen(p), &cls);
+        }
+        if (n > 0) {
+            if (!eol)
+                eol = p + strlen(p);
+            /* `until-N ::= [^C]{0,64}` */
+            size_t n_cls = (size_t)(eol - n - 1 - cls);
+            memcpy(o, p, n);
+            memcpy(o + n, " ::= ", 5);
+            memcpy(o + n + 5, cls, n_cls);
+            memcpy(o + n + 5 + n_cls, star, 6);
+            o += n + 5 + n_cls + 6;
+            p = eol - 1;
+            continue;
+        }
         *o++ = *p;
         if (*p == '\\' && (quoted || in_class) && p[1]) {
             *o++ = *++p;

@@ -21,7 +21,10 @@
 char *thaw_grammar_force_call(const char *grammar, bool parallel);
 
 /* Every character class repeated without bound (`[...]+`, `[...]*`)
- * bounded at 64, so no run inside a required call can go on forever. */
+ * bounded at 64, and every until-rule (`until-N`: text up to a delimiter)
+ * made at most 64 characters without the delimiter's first, so no run
+ * inside a required call can go on forever. Returns a new grammar
+ * (malloc'd; the caller frees it) or NULL when out of memory. */
 char *thaw_grammar_bound_repeats(const char *grammar);
 
 /* Gemma 4 (rules `tool-NAME ::= ("NAME") gemma4-dict`): each tool's

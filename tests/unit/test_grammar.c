@@ -61,6 +61,17 @@ static void test_bound_repeats(void **state)
     char *o = thaw_grammar_bound_repeats("x ::= \"a]+\" [A-Za-z0-9_-]+ [^\\]]* (\"b\")+ [0-9]{1,3}\n");
     assert_string_equal(o, "x ::= \"a]+\" [A-Za-z0-9_-]{1,64} [^\\]]{0,64} (\"b\")+ [0-9]{1,3}\n");
     free(o);
+    /* Mistral's call id: text until "[ARGS]", bounded; its helpers and
+     * rules of other shapes stay as they are */
+    o = thaw_grammar_bound_repeats("call ::= \"[CALL_ID]\" until-5 \"[ARGS]\"\n"
+                                   "until-5 ::= | [\\[] until-5-01 | [^\\[] until-5\n"
+                                   "until-5-01 ::= | [\\[] until-5-01 | [A] until-5-02 | [^A\\[] until-5\n"
+                                   "until-7 ::= \"x\" until-7\n");
+    assert_string_equal(o, "call ::= \"[CALL_ID]\" until-5 \"[ARGS]\"\n"
+                           "until-5 ::= [^\\[]{0,64}\n"
+                           "until-5-01 ::= | [\\[] until-5-01 | [A] until-5-02 | [^A\\[] until-5\n"
+                           "until-7 ::= \"x\" until-7\n");
+    free(o);
 }
 
 static const char GEMMA4[] = "root ::= start tool-call\n"
