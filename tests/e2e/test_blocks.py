@@ -36,7 +36,9 @@ def reference(serve, prompts, n=16):
 
 
 def metric(s, name):
-    return s.metrics().get(name, 0)
+    m = s.metrics()
+    assert name in m, f"{name} is not in /metrics"  # a renamed metric must not read as 0
+    return m[name]
 
 
 def test_shared_prefix_is_written_once_and_serves_new_conversations_after_a_restart(serve, tmp_path):

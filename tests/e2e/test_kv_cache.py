@@ -57,7 +57,7 @@ def drained(s, timeout=60):
     deadline = time.time() + timeout
     while True:
         m = s.metrics()
-        if m["thaw_slots_busy"] == 0 and m.get("thaw_kv_disk_queue_bytes", 0) == 0:
+        if m["thaw_slots_busy"] == 0 and m["thaw_kv_disk_queue_bytes"] == 0:
             return m
         assert time.time() < deadline, "the disk writer did not drain"
         time.sleep(0.05)
