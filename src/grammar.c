@@ -64,8 +64,8 @@ static void single_call(char *grammar, const char *name, size_t n)
  * alternative's class `[^...]`; 0 for any other line. */
 static size_t until_definition(const char *line, const char *eol, const char **cls)
 {
-    const char *sep = strstr(line, " ::= ");
-    if (strncmp(line, "until-", 6) != 0 || !sep || sep > eol)
+    const char *sep;
+    if (strncmp(line, "until-", 6) != 0 || !(sep = strstr(line, " ::= ")) || sep > eol)
         return 0;
     size_t n = (size_t)(sep - line);
     for (size_t k = 6; k < n; k++)
@@ -101,14 +101,11 @@ char *thaw_grammar_bound_repeats(const char *g)
     for (const char *p = g; *p; p++) {
         const char *eol = NULL, *cls = NULL;
         size_t n = 0;
-        if ((p == g || p[-1] == '\n') && strncmp(p, "until-", 6) == 0) {
-            eol = strchr(p, '\n');
-            n = until_definition(p, eol ? eol : p + strlen(p), &cls);
+        if (p == g || p[-1] == '\n') {
+            eol = p + strcspn(p, "\n");
+            n = until_definition(p, eol, &cls);
         }
-        if (n > 0) {
-            if (!eol)
-                eol = p + strlen(p);
-            /* `until-N ::= [^C]{0,64}` */
+        if (n > 0) { /* `until-N ::= [^C]{0,64}` */
             size_t n_cls = (size_t)(eol - n - 1 - cls);
             memcpy(o, p, n);
             memcpy(o + n, " ::= ", 5);
