@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -60,7 +61,8 @@ struct thaw_http_conn {
     /* request body, collected by the HTTP thread alone */
     char *body;
     size_t n_body, cap_body;
-    bool too_big;
+    size_t n_read;             /* body bytes taken so far, kept or discarded */
+    bool too_big;              /* over --max-body: the rest is discarded, then 413 */
     int64_t t_start_us;        /* headers complete: the body deadline runs from here */
 
     /* a deferred request: resume() fills the response after a wake */
@@ -234,6 +236,42 @@ static enum MHD_Result answer_error(struct thaw_http_conn *hc, struct MHD_Connec
 
 /* ---- requests -------------------------------------------------------------------- */
 
+/* How much of a refused body is read and thrown away, past --max-body, before
+ * the 413. Most clients (urllib, requests, the OpenAI SDKs) send the whole
+ * body before they read: answered from Content-Length and closed with the
+ * rest unread, the connection is reset by the kernel and the client sees
+ * ECONNRESET, never the 413. (A lingering close after an early 413 is not an
+ * option: MHD closes the socket itself once that response is out, and cannot
+ * queue one mid-body.) Reading the body costs no more than accepting it: the
+ * connection stays in MHD's connection limits and under the same --timeout
+ * deadline as an accepted body, on its event-loop thread. 64 MiB is a fraction
+ * of a second on loopback and ~5 s at 100 Mbit/s; a body declared larger is
+ * answered at once, which spares the upload to a client that reads while it
+ * sends, and a chunked one is dropped when it passes the bound. */
+#define DISCARD_MAX ((size_t)64 << 20)
+
+static enum MHD_Result answer_413(struct thaw_http_conn *hc, struct MHD_Connection *c)
+{
+    char msg[96];
+
+    snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes (--max-body)", hc->h->p.max_body);
+    return answer_error(hc, c, 413, msg);
+}
+
+/* For a Content-Length over --max-body: true when the 413 goes out now,
+ * before the body (MHD then closes), false when the body is to be read and
+ * discarded first. */
+static bool refuse_before_body(struct MHD_Connection *c, uint64_t n_declared, size_t max_body)
+{
+    const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+
+    /* the client waits for a 100 Continue before it sends: the 413 instead
+     * of the 100 means the body never comes */
+    if (expect && strcasecmp(expect, "100-continue") == 0)
+        return true;
+    return n_declared - max_body > DISCARD_MAX;
+}
+
 static struct thaw_http_conn *conn_new(struct thaw_http *h, struct MHD_Connection *c)
 {
     struct thaw_http_conn *hc = calloc(1, sizeof *hc);
@@ -269,10 +307,15 @@ static bool take_upload(struct thaw_http_conn *hc, const char *upload, size_t n)
                 h->p.timeout_s);
         return false;
     }
+    hc->n_read += n;
     if (!hc->too_big && n > h->p.max_body - hc->n_body)
         hc->too_big = true;
-    if (hc->too_big)
-        return true; /* discarded; answered with 413 at the end */
+    if (hc->too_big) {
+        if (hc->n_read <= h->p.max_body + DISCARD_MAX) /* no overflow: --max-body <= 4 GiB */
+            return true; /* discarded; answered with 413 at the end */
+        LOG_INF("http: dropping a client that sent over %zu MiB past --max-body", DISCARD_MAX >> 20);
+        return false;
+    }
     if (hc->n_body + n + 1 > hc->cap_body) {
         size_t cap = hc->cap_body ? hc->cap_body : 4096;
         while (cap < hc->n_body + n + 1)
@@ -327,11 +370,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         *con_cls = hc;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > h->p.max_body) {
-            /* answered before a byte of the body is read; MHD then closes */
-            char msg[96];
-            snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes (--max-body)", h->p.max_body);
-            return answer_error(hc, c, 413, msg);
+        uint64_t n_declared = cl ? strtoull(cl, NULL, 10) : 0;
+        if (n_declared > h->p.max_body) {
+            hc->too_big = true; /* none of it is kept */
+            if (refuse_before_body(c, n_declared, h->p.max_body))
+                return answer_413(hc, c);
         }
         return MHD_YES;
     }
@@ -349,11 +392,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         hc->resume(hc->defer_ud, &resp);
         return respond(hc, c, &resp, seen);
     }
-    if (hc->too_big) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes (--max-body)", h->p.max_body);
-        return answer_error(hc, c, 413, msg);
-    }
+    if (hc->too_big)
+        return answer_413(hc, c);
     if (hc->body)
         hc->body[hc->n_body] = '\0';
     struct thaw_http_request req = {

@@ -10,7 +10,10 @@
  *
  * Limits enforced here, before any handler runs: connections in all and per
  * client address, an idle timeout, a deadline for receiving a request's
- * body, and the body size (413 as soon as Content-Length says so).
+ * body, and the body size: 413 before the body when the client waits for it
+ * (Expect: 100-continue) or declares far more than the limit, otherwise after
+ * the body is read and discarded (bounded in bytes, and by the deadline), so
+ * that a client that sends before it reads sees the 413 and not a reset.
  */
 #ifndef THAW_HTTP_H
 #define THAW_HTTP_H

@@ -7,8 +7,11 @@ import os
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import pytest
+import requests
 
 from conftest import THAW, user
 from test_kv_cache import chat, conversation, kv_flags, reply, turn2
@@ -136,6 +139,111 @@ def test_oversized_body_gets_json_413_before_it_is_sent(serve):
     body = head.split("\r\n\r\n", 1)[1]
     assert json.loads(body)["error"]["code"] == 413
 
+
+
+# ---- a 413 the client can read -----------------------------------------------------
+# Most clients send their whole body before they read a byte of the answer. A
+# server that answers from Content-Length and closes leaves that body unread,
+# and the kernel resets the connection: the client sees ECONNRESET, never the
+# 413. thaw reads and discards a refused body (bounded) before it answers.
+
+MAX_BODY = 1 << 20
+UPLOAD = 64 << 20  # 64x --max-body, what a client sends before it reads
+URL = "/v1/chat/completions"
+
+
+def assert_json_413(body):
+    err = json.loads(body)["error"]
+    assert err["code"] == 413 and "--max-body" in err["message"] and err["type"], err
+
+
+def test_urllib_reads_the_413_of_a_body_it_sent_whole(serve):
+    s = serve("llama", "--max-body", str(MAX_BODY))
+    req = urllib.request.Request(s.url + URL, data=bytes(UPLOAD), headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:  # a reset raises URLError instead
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 413
+    assert_json_413(e.value.read())
+    assert s.get("/health").status_code == 200
+
+
+def test_requests_reads_the_413_of_a_body_it_sent_whole(serve):
+    s = serve("llama", "--max-body", str(MAX_BODY))
+    r = requests.post(s.url + URL, data=bytes(UPLOAD), headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413, r.text
+    assert_json_413(r.content)
+
+
+@pytest.mark.parametrize("expect", ["100-continue", "none"])
+def test_curl_reads_the_413_with_and_without_expect(serve, tmp_path, expect):
+    # curl asks "Expect: 100-continue" for a big body: the 413 must come
+    # instead of the 100, so the body is never sent; without Expect it sends
+    # the body and reads the 413 after
+    s = serve("llama", "--max-body", str(MAX_BODY))
+    f = tmp_path / "body.json"
+    f.write_bytes(bytes(UPLOAD))
+    out = tmp_path / "out.json"
+    args = ["curl", "-sS", "-o", str(out), "-w", "%{http_code} %{size_upload}", "--max-time", "60",
+            "-H", "Content-Type: application/json", "--data-binary", f"@{f}", s.url + URL]
+    if expect == "none":
+        args[1:1] = ["-H", "Expect:"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    code, sent = p.stdout.split()
+    assert code == "413"
+    assert_json_413(out.read_bytes())
+    # without Expect the whole body is read, not cut off (curl, which reads
+    # while it sends, used to get the 413 through a broken pipe)
+    assert int(sent) == (0 if expect == "100-continue" else UPLOAD)
+
+
+def test_expect_100_continue_gets_the_413_instead_of_the_100(serve):
+    s = serve("llama", "--max-body", str(MAX_BODY))
+    c = socket.create_connection(("127.0.0.1", s.port), timeout=20)
+    c.sendall(f"POST {URL} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+              f"Content-Length: {UPLOAD}\r\n\r\n".encode())
+    head = c.recv(65536).decode(errors="replace")  # at once: the client waits for it
+    assert head.startswith("HTTP/1.1 413"), head
+
+
+def send_until_closed(c, chunk, pause, seconds):
+    """Sends `chunk` every `pause` s, never reading, until the server drops the
+    connection (a send fails). Returns the seconds that took, None if longer."""
+    t0 = time.monotonic()
+    c.settimeout(seconds)  # a server that stops reading but holds on blocks sendall
+    while time.monotonic() - t0 < seconds:
+        try:
+            c.sendall(chunk)
+        except socket.timeout:
+            return None
+        except OSError:
+            return time.monotonic() - t0
+        time.sleep(pause)
+    return None
+
+
+@pytest.mark.parametrize("how", ["huge-length", "trickled-body", "endless-chunks"])
+def test_a_refused_body_cannot_hold_the_connection(serve, how):
+    # the discard is bounded: a Content-Length beyond what is worth reading is
+    # answered at once, a body still arriving at --timeout is dropped like an
+    # accepted one, and a chunked body is read at most a fixed amount past
+    # --max-body (the default --timeout of 30 s is far off: the byte bound ends it)
+    timeout = ["--timeout", "3"] if how == "trickled-body" else []
+    s = serve("llama", "--max-body", str(MAX_BODY), *timeout)
+    c = socket.create_connection(("127.0.0.1", s.port), timeout=20)
+    head = f"POST {URL} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if how == "huge-length":
+        c.sendall(f"{head}Content-Length: {1 << 40}\r\n\r\n".encode())
+        took = send_until_closed(c, bytes(1 << 20), 0, 10)
+    elif how == "trickled-body":
+        c.sendall(f"{head}Content-Length: {UPLOAD // 2}\r\n\r\n".encode())
+        took = send_until_closed(c, b" ", 0.25, 10)  # never idle, never done
+    else:
+        c.sendall(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode())
+        took = send_until_closed(c, b"%x\r\n" % (1 << 20) + bytes(1 << 20) + b"\r\n", 0, 10)
+    c.close()
+    assert took is not None, f"{how}: the server held the connection past 10 s"
+    assert s.get("/health").status_code == 200
 
 # ---- F4: admission before work -----------------------------------------------------
 
