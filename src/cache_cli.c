@@ -14,6 +14,7 @@
 #include "config.h"
 #include "error.h"
 #include "log.h"
+#include "testhooks.h"
 #ifdef THAW_HAVE_S3
 #include "s3.h"
 #endif
@@ -871,7 +872,7 @@ static int cmd_gc_shared(const char *url, const char *endpoint_opt, int64_t ttl_
     const char *region = env_nonempty("AWS_REGION") ? env_nonempty("AWS_REGION") : env_nonempty("AWS_DEFAULT_REGION");
     /* tests only: a clock that has moved on (LastModified cannot be set
      * back), pages of a few keys (deleting while listing across pages) */
-    const char *test_now = getenv("THAW_TEST_NOW_S"), *test_page = getenv("THAW_TEST_LIST_PAGE");
+    long test_now = thaw_test_hook(THAW_HOOK_NOW_S), test_page = thaw_test_hook(THAW_HOOK_LIST_PAGE);
     size_t n;
 
     if (parse_shared_url(url, bucket, sizeof bucket, prefix, sizeof prefix)) {
@@ -924,11 +925,11 @@ static int cmd_gc_shared(const char *url, const char *endpoint_opt, int64_t ttl_
         return 2;
     }
     if (test_page)
-        thaw_s3_set_list_page(g.s3, atoi(test_page));
+        thaw_s3_set_list_page(g.s3, (int)test_page);
     g.url = where;
     g.dry_run = dry_run;
     g.verbose = verbose;
-    g.now = test_now && *test_now ? (int64_t)strtoll(test_now, NULL, 10) : (int64_t)time(NULL);
+    g.now = test_now ? (int64_t)test_now : (int64_t)time(NULL);
     g.cut = g.now - ttl_s;
     snprintf(list_prefix, sizeof list_prefix, "%s/", prefix);
     {

@@ -15,6 +15,7 @@
 #include "error.h"
 #include "le.h"
 #include "log.h"
+#include "testhooks.h"
 #include "metrics.h"
 #include "s3.h"
 #include "task.h" /* thaw_now_us */
@@ -764,15 +765,15 @@ static void entry_parts(const struct thaw_disk_entry *de, struct thaw_part_blob 
         parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_part)p, &parts[p].size);
 }
 
-/* Fault injection for the end-to-end tests (STYLE 8): with
- * THAW_TEST_SHARED_UPLOAD_DELAY_MS, the uploader sleeps that long before
- * the entry's PUT (after its blocks): a window to kill the replica in. */
+/* THAW_HOOK_SHARED_UPLOAD_DELAY_MS (testhooks.h): the uploader sleeps that
+ * long before the entry's PUT (after its blocks): a window to kill the
+ * replica in. */
 static void test_delay(void)
 {
-    const char *ms = getenv("THAW_TEST_SHARED_UPLOAD_DELAY_MS");
+    long ms = thaw_test_hook(THAW_HOOK_SHARED_UPLOAD_DELAY_MS);
 
-    if (ms && atol(ms) > 0) {
-        struct timespec ts = {atol(ms) / 1000, (atol(ms) % 1000) * 1000000L};
+    if (ms > 0) {
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
 }

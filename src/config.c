@@ -51,6 +51,9 @@ static const struct opt opts[] = {
     {"-ub,--ubatch-size", "N", OPT_INT, OFF(n_ubatch), 1, 1 << 20, "physical batch size"},
     {"-n,--n-predict", "N", OPT_INT, OFF(n_predict), -1, INT_MAX, "default max tokens per reply (-1 = until the slot's context is full)"},
     {"--swa-full", NULL, OPT_TRUE, OFF(swa_full), 0, 0, "keep a full-size SWA cache (more memory, no checkpoints needed)"},
+    {"--backend-dir", "DIR", OPT_STR, OFF(backend_dir), 0, 0,
+     "load ggml's backends (CPU variants, GPU) from DIR: a folder holding only libggml-cpu-x64.so runs the "
+     "portable CPU code on any x86 machine (default: $THAW_BACKEND_DIR, else the llama.cpp thaw was built with)"},
     {"-md,--model-draft", "FILE", OPT_STR, OFF(draft_path), 0, 0,
      "draft model for speculative decoding (same vocabulary as -m)"},
     {"-cd,--ctx-size-draft", "N", OPT_INT, OFF(n_ctx_draft), 0, 1 << 24, "draft context, total (0 = same as -c)"},
@@ -111,6 +114,12 @@ static const struct opt opts[] = {
      "after 3 failures in a row, leave the store alone this long (circuit breaker)"},
     {"--kv-shared-queue", "N", OPT_INT, OFF(kv_shared_queue), 1, 1 << 20,
      "uploads that may wait; beyond that they are dropped and counted"},
+    {"--kv-tap", NULL, OPT_TRUE, OFF(kv_tap), 0, 0,
+     "stores cut each new block straight from the KV cache's memory: as much work on a long conversation as on "
+     "a short one (default; CPU only)"},
+    {"--no-kv-tap", NULL, OPT_FALSE, OFF(kv_tap), 0, 0,
+     "stores capture each state whole through libllama, then split it (slower on long conversations; a "
+     "diagnostic)"},
     {"--ctx-checkpoints", "N", OPT_INT, OFF(ctx_checkpoints), 0, 1024, "context checkpoints kept per slot (SWA / recurrent models)"},
     {"-v,--verbose", NULL, OPT_VERBOSE, 0, 0, 0, "more log output (repeatable)"},
     {"--log-quiet", NULL, OPT_QUIET, 0, 0, 0, "only warnings and errors"},
@@ -150,6 +159,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->kv_shared_queue = 64;
     cfg->verbosity = 1;
     cfg->jinja = true;
+    cfg->kv_tap = true;
     cfg->reasoning_format = "auto";
     cfg->draft_max = 16;
     cfg->draft_min = 0;

@@ -32,6 +32,8 @@ struct thaw_config {
     int n_ubatch;                /* -ub: physical batch */
     int n_predict;               /* -n: default max tokens per reply, -1 = until context is full */
     bool swa_full;               /* --swa-full: full-size SWA cache (no checkpoints needed) */
+    const char *backend_dir;     /* --backend-dir; NULL = $THAW_BACKEND_DIR, else llama.cpp's lib dir */
+    bool kv_tap;                 /* --kv-tap (default) / --no-kv-tap: stores cut blocks from the KV cache */
 
     /* speculative decoding */
     const char *draft_path;      /* -md: draft model; NULL = off */

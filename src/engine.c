@@ -33,6 +33,7 @@
 #include "scheduler.h"
 #include "slot.h"
 #include "template.h"
+#include "testhooks.h"
 #include "utf8.h"
 
 #include <ggml-backend.h>
@@ -62,8 +63,7 @@ struct thaw_engine {
     void *capture;             /* the last capture's buffer, reused once the tiers let go of it (kvstate.h) */
     size_t capture_cap;
     struct thaw_kvtap *tap;    /* where the KV cache's cells are: stores cut blocks from it (kvtap.h); NULL = off */
-    int64_t test_fixup_delay_us; /* THAW_TEST_FIXUP_DELAY_MS (test_fixup_held) */
-    bool tap_verify;           /* THAW_KVTAP_VERIFY: check every cut against a capture */
+    bool tap_verify;           /* THAW_TEST_KVTAP_VERIFY: check every cut against a capture */
 
     struct thaw_slot *slots;
     int n_slots;
@@ -165,6 +165,8 @@ static int slot_rollback(struct thaw_engine *e, struct thaw_slot *s, int n)
 #define THAW_FIXUP_PIGGYBACK 2
 #define THAW_FIXUP_DEFER_US 2000000
 #define THAW_FIXUP_SLICE_US 50000.0
+/* At shutdown the re-decoding left gets this long, at full speed. */
+#define THAW_SHUTDOWN_FIXUP_S 10
 
 /* FIXUP tokens for one slice, from what FIXUP batches cost so far (a
  * small first batch measures it). */
@@ -267,6 +269,23 @@ static void undo_cb(void *ud)
     slot_clear_kv(ic->e, ic->s);
 }
 
+/* One lookup, one outcome: the source that served it ("slot" when the slot
+ * already held the conversation), or NULL for a miss. The outcomes sum to
+ * thaw_kv_cache_lookups_total (a keyed miss that stored blocks rescue is a
+ * blocks hit, not also a miss). */
+static void count_lookup(struct thaw_metrics *m, const char *source)
+{
+    atomic_uint_fast64_t *c = !source                         ? &m->cache_misses
+                              : strcmp(source, "slot") == 0   ? &m->cache_hits_slot
+                              : strcmp(source, "ram") == 0    ? &m->cache_hits_ram
+                              : strcmp(source, "shared") == 0 ? &m->cache_hits_shared
+                              : strcmp(source, "blocks") == 0 ? &m->cache_hits_blocks
+                                                              : &m->cache_hits_disk;
+
+    atomic_fetch_add(&m->cache_lookups, 1);
+    atomic_fetch_add(c, 1);
+}
+
 /* The lookup at the start of a request: the slot itself, then the cache
  * tiers (kvcache.h). Returns the number of prompt tokens the slot holds
  * afterwards. */
@@ -277,10 +296,9 @@ static int slot_restore(struct thaw_engine *e, struct thaw_slot *s, const struct
 
     int got = n_past;
     if (t->has_lookup_key) {
-        atomic_fetch_add(&e->metrics->cache_lookups, 1);
         if (s->holds_key && memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0) {
             /* the slot still holds this conversation: the prefix path serves it */
-            atomic_fetch_add(&e->metrics->cache_hits_slot, 1);
+            count_lookup(e->metrics, "slot");
             return n_past;
         }
         got = thaw_kvcache_lookup(e->kv, t->lookup_key, n_past, &sink, &s->timings.cache_source,
@@ -289,6 +307,7 @@ static int slot_restore(struct thaw_engine *e, struct thaw_slot *s, const struct
     if (got <= n_past) /* no entry (a first turn, an edit, a fork): stored blocks may still serve it */
         got = thaw_kvcache_lookup_prefix(e->kv, t->ns, t->prompt, t->n_prompt, got, &sink, &s->timings.cache_source,
                                          &s->timings.restore_ms);
+    count_lookup(e->metrics, got > n_past ? s->timings.cache_source : NULL);
     return got;
 }
 
@@ -567,17 +586,30 @@ static int fixup_worth_taking(const struct thaw_engine *e, const struct thaw_tas
     return best;
 }
 
-/* Cuts a slot's post-reply work short for a request that needs the slot:
+/* THAW_TEST_FIXUP_HOLD (testhooks.h): the slot's re-decoding waits for a
+ * request that needs the slot, or for shutdown. */
+static bool fixup_held(const struct thaw_engine *e, const struct thaw_slot *s)
+{
+    return s->phase == THAW_SLOT_FIXUP && s->n_tokens < s->n_fix && !e->fixup_awaited && !atomic_load(&e->stop) &&
+           thaw_test_hook(THAW_HOOK_FIXUP_HOLD);
+}
+
+/* Cuts a slot's post-reply work short for a request that needs the slot
+ * (t; NULL at shutdown):
  * its tokens are a prefix of the conversation as the next turn presents
  * it, so that is what is stored (the next turn prefills the rest). Not
  * stored when `t` is that very next turn: it continues on these tokens and
  * stores when it is done. */
 static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const struct thaw_task *t)
 {
-    bool next_turn = t->has_lookup_key && memcmp(t->lookup_key, s->store_key, THAW_KEY_BYTES) == 0;
+    bool next_turn = t && t->has_lookup_key && memcmp(t->lookup_key, s->store_key, THAW_KEY_BYTES) == 0;
 
-    LOG_DBG("slot %d: post-reply work cut short at %d of %d tokens for a waiting request%s", s->id, s->n_tokens,
-            s->n_fix, next_turn ? " (its next turn)" : "");
+    if (t)
+        LOG_DBG("slot %d: post-reply work cut short at %d of %d tokens for a waiting request%s", s->id,
+                s->n_tokens, s->n_fix, next_turn ? " (its next turn)" : "");
+    else
+        LOG_WRN("slot %d: shutdown: post-reply work stopped at %d of %d tokens after %d s; storing those", s->id,
+                s->n_tokens, s->n_fix, THAW_SHUTDOWN_FIXUP_S);
     atomic_fetch_add(&e->metrics->fixups_cut, 1);
     if (next_turn) {
         memcpy(s->held_key, s->store_key, THAW_KEY_BYTES);
@@ -600,15 +632,16 @@ static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const str
 static int admit(struct thaw_engine *e, bool block)
 {
     struct thaw_slot_view *views = NULL;
-    int busy = 0, open = 0;
+    int busy = 0, open = 0, working = 0;
 
     e->fixup_awaited = false;
     for (int i = 0; i < e->n_slots; i++) {
         busy += e->slots[i].phase != THAW_SLOT_IDLE;
+        working += e->slots[i].phase != THAW_SLOT_IDLE && !fixup_held(e, &e->slots[i]);
         open += e->slots[i].phase == THAW_SLOT_IDLE || e->slots[i].phase == THAW_SLOT_FIXUP;
     }
     while (open > 0) {
-        struct thaw_task *t = thaw_sched_pop(e->sched, block && busy == 0 && !atomic_load(&e->stop));
+        struct thaw_task *t = thaw_sched_pop(e->sched, block && working == 0 && !atomic_load(&e->stop));
         if (!t)
             break;
         atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));
@@ -668,12 +701,16 @@ static int admit(struct thaw_engine *e, bool block)
                 e->fixup_awaited = true;
                 break;
             }
+            bool held = fixup_held(e, s);
             slot_cut_fixup(e, s, t);
             busy--;
+            working -= !held;
         }
         open--;
-        if (slot_start(e, s, t) == 0)
+        if (slot_start(e, s, t) == 0) {
             busy++;
+            working++;
+        }
     }
     free(views);
     return busy;
@@ -934,7 +971,7 @@ static void build_batch(struct thaw_engine *e)
     int64_t now = thaw_now_us();
     for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch && fixup_room > 0; i++) {
         struct thaw_slot *s = &e->slots[i];
-        if (s->phase != THAW_SLOT_FIXUP ||
+        if (s->phase != THAW_SLOT_FIXUP || fixup_held(e, s) ||
             (!alone && !e->fixup_awaited && now - s->fix_since_us < THAW_FIXUP_DEFER_US))
             continue;
         while (s->n_tokens + s->n_in_batch < s->n_fix && b->n_tokens < e->n_batch && fixup_room-- > 0) {
@@ -1057,12 +1094,16 @@ static void fail_batch(struct thaw_engine *e, int rc)
     }
 }
 
-/* At shutdown: finish the FIXUP slots (their replies are out; their state
- * is what the next turn wants from disk), for at most 10 s. */
+/* At shutdown: every FIXUP slot's re-decoding is finished and stored (the
+ * replies are out; these states are what the next turns want from disk).
+ * Nobody waits for a decode any more, so in full batches; bounded: what is
+ * not done after THAW_SHUTDOWN_FIXUP_S is stored as far as it got, as when
+ * a request cuts the work short. */
 static void drain_fixups(struct thaw_engine *e)
 {
-    int64_t deadline = thaw_now_us() + 10 * 1000000;
+    int64_t deadline = thaw_now_us() + THAW_SHUTDOWN_FIXUP_S * (int64_t)1000000;
 
+    e->fixup_awaited = true;
     while (thaw_now_us() < deadline) {
         build_batch(e);
         if (e->batch.n_tokens == 0)
@@ -1074,28 +1115,9 @@ static void drain_fixups(struct thaw_engine *e)
         after_decode(e, 0, 0);
     }
     finish_fixups(e, true);
-}
-
-/* THAW_TEST_FIXUP_DELAY_MS (a test setting): a slot's post-reply
- * re-decoding starts that long after the reply, as on a model whose decode
- * is that slow, so that a test's next request finds it unfinished however
- * fast the test model decodes. True while the engine has nothing else to
- * do and such a slot still waits. */
-static bool test_fixup_held(const struct thaw_engine *e)
-{
-    bool held = false;
-
-    if (!e->test_fixup_delay_us)
-        return false;
-    int64_t now = thaw_now_us();
-    for (int i = 0; i < e->n_slots; i++) {
-        const struct thaw_slot *s = &e->slots[i];
-        if (s->phase == THAW_SLOT_PREFILL || s->phase == THAW_SLOT_GEN)
-            return false;
-        if (s->phase == THAW_SLOT_FIXUP && s->n_tokens < s->n_fix && now - s->fix_since_us < e->test_fixup_delay_us)
-            held = true;
-    }
-    return held;
+    for (int i = 0; i < e->n_slots; i++)
+        if (e->slots[i].phase == THAW_SLOT_FIXUP)
+            slot_cut_fixup(e, &e->slots[i], NULL);
 }
 
 static void *engine_main(void *arg)
@@ -1114,10 +1136,6 @@ static void *engine_main(void *arg)
         }
         if (admit(e, true) == 0)
             continue;
-        if (test_fixup_held(e)) {
-            usleep(1000);
-            continue;
-        }
         build_batch(e);
         if (e->batch.n_tokens == 0) {
             finish_fixups(e, true); /* nothing decodes */
@@ -1266,8 +1284,10 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
 
     llama_log_set(llama_log_cb, NULL);
     llama_backend_init();
-    const char *bdir = getenv("THAW_BACKEND_DIR");
-    ggml_backend_load_all_from_path(bdir ? bdir : THAW_LLAMA_LIB_DIR);
+    const char *bdir = cfg->backend_dir ? cfg->backend_dir : getenv("THAW_BACKEND_DIR");
+    if (bdir && *bdir)
+        LOG_INF("backends from %s (--backend-dir)", bdir);
+    ggml_backend_load_all_from_path(bdir && *bdir ? bdir : THAW_LLAMA_LIB_DIR);
 
     if ((rc = thaw_fingerprint_file(cfg->model_path, e->fingerprint)) != 0) {
         LOG_ERR("cannot read model %s: %s", cfg->model_path, thaw_strerror(rc));
@@ -1302,19 +1322,12 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         enum ggml_backend_dev_type ty = ggml_backend_dev_type(ggml_backend_dev_get(i));
         gpu |= ty != GGML_BACKEND_DEVICE_TYPE_CPU && ty != GGML_BACKEND_DEVICE_TYPE_ACCEL;
     }
-    const char *tap_env = getenv("THAW_KVTAP");
-    if (cfg->kv_cache_dir && !gpu && !(tap_env && strcmp(tap_env, "0") == 0)) {
+    if (cfg->kv_cache_dir && !gpu && cfg->kv_tap) {
         if ((rc = thaw_kvtap_new(&e->tap)) != 0)
             goto error;
         cp.cb_eval = thaw_kvtap_eval_cb;
         cp.cb_eval_user_data = e->tap;
-        e->tap_verify = getenv("THAW_KVTAP_VERIFY") && strcmp(getenv("THAW_KVTAP_VERIFY"), "0") != 0;
-    }
-    const char *fixup_delay = getenv("THAW_TEST_FIXUP_DELAY_MS");
-    if (fixup_delay && atol(fixup_delay) > 0) {
-        e->test_fixup_delay_us = 1000 * (int64_t)atol(fixup_delay);
-        LOG_WRN("THAW_TEST_FIXUP_DELAY_MS: post-reply re-decoding starts %ld ms after each reply (a test setting)",
-                atol(fixup_delay));
+        e->tap_verify = thaw_test_hook(THAW_HOOK_KVTAP_VERIFY) != 0;
     }
     e->ctx = llama_init_from_model(e->model, cp);
     if (!e->ctx) {

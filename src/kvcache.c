@@ -14,6 +14,7 @@
 #include "cache_ram.h"
 #include "error.h"
 #include "log.h"
+#include "testhooks.h"
 #include "kvstate.h"
 #include "task.h" /* thaw_now_us */
 
@@ -66,10 +67,9 @@ static void disk_log(void *ud, int level, const char *msg)
     thaw_log((enum thaw_log_level)level, "kv-cache: %s", msg);
 }
 
-/* Fault injection for the end-to-end tests (STYLE 8): with
- * THAW_TEST_DISK_FSYNC_DELAY_MS set, every fsync of the disk tier first
- * sleeps that long, a slow disk on demand (the writer falls behind the
- * replies). Unset, the default table is used as is. */
+/* THAW_HOOK_DISK_FSYNC_DELAY_MS (testhooks.h): every fsync of the disk
+ * tier first sleeps that long, a slow disk on demand. Unset, the default
+ * table is used as is. */
 static struct thaw_vfs slow_vfs;
 static long slow_fsync_ms;
 
@@ -84,14 +84,10 @@ static int slow_fsync(const struct thaw_vfs *v, int fd)
 
 static const struct thaw_vfs *disk_vfs(void)
 {
-    const char *ms = getenv("THAW_TEST_DISK_FSYNC_DELAY_MS");
-
-    if (!ms || atol(ms) <= 0)
+    if (!(slow_fsync_ms = thaw_test_hook(THAW_HOOK_DISK_FSYNC_DELAY_MS)))
         return NULL;
-    slow_fsync_ms = atol(ms);
     slow_vfs = *thaw_vfs_default();
     slow_vfs.fsync = slow_fsync;
-    LOG_WRN("kv-cache: THAW_TEST_DISK_FSYNC_DELAY_MS: every fsync sleeps %ld ms first (a test setting)", slow_fsync_ms);
     return &slow_vfs;
 }
 
@@ -398,16 +394,10 @@ out:
     if (from && from[0] == 'd' && thaw_shared_taken(c->shared, key) && got > n_past)
         from = "shared";
 #endif
-    if (from && got > n_past) {
-        atomic_fetch_add(from[0] == 'r'   ? &c->metrics->cache_hits_ram
-                         : from[0] == 's' ? &c->metrics->cache_hits_shared
-                                          : &c->metrics->cache_hits_disk,
-                         1);
+    if (from && got > n_past) { /* the caller counts the outcome, once per request */
         *source = from;
         *restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
         atomic_fetch_add(&c->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
-    } else {
-        atomic_fetch_add(&c->metrics->cache_misses, 1);
     }
     return got;
 }
@@ -451,7 +441,6 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
                 got / (int)c->block_tokens);
         atomic_fetch_add(&c->prefix_hits, 1);
         atomic_fetch_add(&c->prefix_tokens, (uint64_t)(got - n_past));
-        atomic_fetch_add(&c->metrics->cache_hits_disk, 1);
         *source = "blocks";
         *restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
         atomic_fetch_add(&c->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));

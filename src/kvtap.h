@@ -20,7 +20,7 @@
  *   - the ROPE node before it: the same tokens' positions (inp_pos).
  * Cutting from that memory writes the same bytes as cutting a capture
  * (kvlayout.h); thaw_kvtap_selftest checks it at start-up on a real decode
- * and THAW_KVTAP_VERIFY=1 checks it on every store (the tests set it).
+ * and the test setting THAW_TEST_KVTAP_VERIFY=1 checks it on every store.
  *
  * What it cannot see it does not guess: a position is known once decoded
  * and forgotten when the engine removes it (thaw_kvtap_forget); a restored
@@ -76,7 +76,7 @@ int thaw_kvtap_known(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, u
 size_t thaw_kvtap_block_size(const struct thaw_kvtap *t, uint32_t a, uint32_t b);
 int thaw_kvtap_cut(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, uint32_t b, void *dst, size_t cap);
 
-/* THAW_KVTAP_VERIFY: captures seq's whole state (n_tokens cells) and
+/* THAW_TEST_KVTAP_VERIFY (testhooks.h): captures seq's whole state (n_tokens cells) and
  * compares the tap's cut of every known block of block_tokens cells, and
  * of the rest, with the capture's. 0 when all match (or nothing was
  * known); THAW_EMISMATCH (logged, and the tap is disabled) otherwise. */

@@ -2,6 +2,7 @@
 #include "cache_cli.h"
 #include "mkmodel.h"
 #include "server.h"
+#include "testhooks.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -21,6 +22,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    thaw_test_hooks_load(); /* before any thread; each one set is logged */
     if (strcmp(argv[1], "serve") == 0)
         return thaw_serve_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "mkmodel") == 0)

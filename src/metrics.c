@@ -40,12 +40,16 @@ char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn ex
     G("slots_busy", "slots serving a request", atomic_load(&m->slots_busy));
     G("slots_total", "slots configured (-np)", m->slots_total);
     G("queue_depth", "requests waiting for a slot", atomic_load(&m->queue_depth));
-    C("kv_cache_lookups_total", "conversation cache lookups", atomic_load(&m->cache_lookups));
+    C("kv_cache_lookups_total",
+      "requests looked up in the cache tiers; each counts once below, under what served it or as a miss",
+      atomic_load(&m->cache_lookups));
     C("kv_cache_hits_slot_total", "lookups served by the state a slot already held", atomic_load(&m->cache_hits_slot));
     C("kv_cache_hits_ram_total", "lookups served by the RAM tier", atomic_load(&m->cache_hits_ram));
     C("kv_cache_hits_disk_total", "lookups served by the disk tier", atomic_load(&m->cache_hits_disk));
     C("kv_cache_hits_shared_total", "lookups served by state fetched from the shared tier (--kv-shared)",
       atomic_load(&m->cache_hits_shared));
+    C("kv_cache_hits_blocks_total", "lookups with no entry whose prompt prefix a run of stored blocks served",
+      atomic_load(&m->cache_hits_blocks));
     C("kv_cache_misses_total", "lookups that found nothing", atomic_load(&m->cache_misses));
     C("kv_cache_restore_seconds_total", "time spent restoring state", atomic_load(&m->restore_us) / 1e6);
     C("kv_cache_prefetches_total", "disk entries read ahead while their request waited",

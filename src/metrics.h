@@ -32,6 +32,7 @@ struct thaw_metrics {
     atomic_uint_fast64_t cache_hits_ram;
     atomic_uint_fast64_t cache_hits_disk;
     atomic_uint_fast64_t cache_hits_shared;  /* restored from state just fetched from the shared tier */
+    atomic_uint_fast64_t cache_hits_blocks;  /* no entry: a run of stored blocks served the prompt's prefix */
     atomic_uint_fast64_t cache_misses;
     atomic_uint_fast64_t restore_us;         /* time spent restoring, microseconds */
     atomic_uint_fast64_t cache_prefetches;   /* disk entries whose reads started while queued */

@@ -22,7 +22,7 @@ def serve(models):
     def start(model="llama", *args, env=None, **kw):
         # every store whose blocks are cut from the KV cache (kvtap.h) is
         # also checked against a whole capture; a difference fails the test
-        env = {"THAW_KVTAP_VERIFY": "1", **(env or {})}
+        env = {"THAW_TEST_KVTAP_VERIFY": "1", **(env or {})}
         s = Server(models.get(model, model), *args, env=env, **kw)
         started.append(s)
         return s
@@ -31,7 +31,7 @@ def serve(models):
     for s in started:
         s.kill()
     # every store cut from the KV cache was checked against a capture
-    # (THAW_KVTAP_VERIFY, harness.py): none may have differed
+    # (THAW_TEST_KVTAP_VERIFY, src/testhooks.h): none may have differed
     for s in started:
         assert "cut from the KV cache differ" not in s.log(), s.log()
 

@@ -60,6 +60,54 @@ def test_shared_prefix_is_written_once_and_serves_new_conversations_after_a_rest
     assert metric(s, "thaw_kv_disk_prefix_hits_total") >= 1
 
 
+OUTCOMES = ("slot", "ram", "disk", "shared", "blocks")
+
+
+def lookups(s):
+    """(lookups, {outcome: count}, misses) from /metrics; none may be missing."""
+    m = s.metrics()
+    names = [f"thaw_kv_cache_hits_{o}_total" for o in OUTCOMES] + ["thaw_kv_cache_misses_total",
+                                                                    "thaw_kv_cache_lookups_total"]
+    for n in names:
+        assert n in m, f"{n} is not in /metrics"
+    return (m["thaw_kv_cache_lookups_total"], {o: m[f"thaw_kv_cache_hits_{o}_total"] for o in OUTCOMES},
+            m["thaw_kv_cache_misses_total"])
+
+
+def test_every_lookup_counts_once_under_its_outcome(serve, tmp_path):
+    # one request of each kind; after each, the outcomes sum to the lookups
+    # and exactly one outcome moved. The edited history is the case that
+    # used to count twice: a keyed miss (no entry has that history) that a
+    # run of stored blocks then served.
+    a = [shared_system(), ask(1)]
+    s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path))
+    steps = []
+
+    def step(s, messages, want):
+        before = lookups(s)
+        r = chat(s, messages)
+        n, hits, misses = lookups(s)
+        assert n == before[0] + 1, (want, n, before)
+        assert n == sum(hits.values()) + misses, (want, n, hits, misses)
+        moved = [o for o in OUTCOMES if hits[o] != before[1][o]] + (["miss"] if misses != before[2] else [])
+        assert moved == [want], (want, moved, r["timings"])
+        steps.append(r)
+        return r
+
+    # (each blocks case on a fresh server: a slot already holding the
+    # shared system prompt serves that much itself, and the lookup is a miss)
+    r1 = step(s, a, "miss")  # nothing stored yet
+    a2 = a + [{"role": "assistant", "content": reply(r1)}, ask(2)]
+    r2 = step(s, a2, "slot")  # the slot still holds turn 1
+    s.stop()
+    s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path))
+    step(s, [shared_system(), ask(4)] + a2[2:], "blocks")  # an edited history: keyed miss, blocks serve it
+    step(s, a2 + [{"role": "assistant", "content": reply(r2)}, ask(5)], "disk")  # turn 3
+    s.stop()
+    s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path))
+    step(s, [shared_system(), ask(3)], "blocks")  # a new conversation, same system prompt
+
+
 def test_edited_history_restores_up_to_the_edit(serve, tmp_path):
     first = [shared_system(), ask(1)]
     s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path))
@@ -280,16 +328,16 @@ def test_stores_cut_their_blocks_from_the_kv_cache_and_restore_the_same(serve, t
     cache instead of capturing the whole conversation. Three conversations
     take turns on one slot (every turn restores from disk, then stores), and
     a restart: every store is cut from the cache (each checked against a
-    capture, THAW_KVTAP_VERIFY), and the replies equal those of a server
-    that captures whole states (THAW_KVTAP=0)."""
-    def run(d, env):
+    capture, THAW_TEST_KVTAP_VERIFY), and the replies equal those of a
+    server that captures whole states (--no-kv-tap)."""
+    def run(d, *extra):
         convs = [[shared_system(), ask(i)] for i in range(3)]
         out, sources = [], []
-        s = serve("llama", "-np", "1", "-c", "4096", *flags(d), env=env)
+        s = serve("llama", "-np", "1", "-c", "4096", *flags(d), *extra)
         for turn in range(4):
             if turn == 3:  # after a restart
                 s.stop()
-                s = serve("llama", "-np", "1", "-c", "4096", *flags(d), env=env)
+                s = serve("llama", "-np", "1", "-c", "4096", *flags(d), *extra)
             for i, c in enumerate(convs):
                 r = chat(s, c)
                 out.append(reply(r))
@@ -298,10 +346,10 @@ def test_stores_cut_their_blocks_from_the_kv_cache_and_restore_the_same(serve, t
                       {"role": "user", "content": f"Turn {turn}: " + text(20, 200 + 10 * i + turn)}]
         return out, sources, drained(s)
 
-    cut, cut_sources, m = run(tmp_path / "tap", {})
+    cut, cut_sources, m = run(tmp_path / "tap")
     assert m["thaw_kv_cache_stores_cut_total"] >= 3  # the turns after the restart
     assert m["thaw_kv_cache_stores_captured_total"] == 0
-    whole, whole_sources, m0 = run(tmp_path / "capture", {"THAW_KVTAP": "0"})
+    whole, whole_sources, m0 = run(tmp_path / "capture", "--no-kv-tap")
     assert m0["thaw_kv_cache_stores_cut_total"] == 0 and m0["thaw_kv_cache_stores_total"] >= 3
     assert cut == whole
     # from the second turn on, each conversation came back from the disk

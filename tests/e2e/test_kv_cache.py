@@ -4,6 +4,7 @@ eviction, and a full disk. Real binary, real files, real HTTP."""
 import glob
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -152,21 +153,52 @@ def test_a_request_cuts_another_conversations_post_reply_work_short(serve, tmp_p
     # previous reply (FIXUP). With --fixup-wait-ms 0 it does not wait for
     # that: it cuts the work short, what was done is stored, and that
     # conversation's next turn prefills the rest from its stored prefix.
-    # THAW_TEST_FIXUP_DELAY_MS starts each re-decode 300 ms after its reply,
-    # as on a slower model: the tiny test model would otherwise finish it
-    # before the next request arrives (a race this test lost 1 time in 4).
+    # THAW_TEST_FIXUP_HOLD holds each re-decode until a request needs the
+    # slot, as on a model too slow to finish it between two requests: the
+    # tiny test model would otherwise finish it before the next request
+    # arrives (a race this test lost 1 time in 4 without a hold).
     s = serve("llama", "-np", "1", "-c", "8192", "--metrics", "--fixup-wait-ms", "0", *kv_flags(tmp_path),
-              env={"THAW_TEST_FIXUP_DELAY_MS": "300"})
+              env={"THAW_TEST_FIXUP_HOLD": "1"})
     convs = [conversation(i, 300) for i in range(6)]
     r1 = [chat(s, c, max_tokens=64) for c in convs]  # long replies: long re-decodes
     cut = s.metrics()["thaw_kv_cache_fixups_cut_total"]
     assert cut >= 1, "no request found the slot still re-decoding"
-    drained(s)
+    # (the last reply's re-decode stays held: the first turn 2 cuts it)
     r2 = [chat(s, turn2(c, r, i)) for i, (c, r) in enumerate(zip(convs, r1))]
     # every conversation still restores all of turn 1's prompt and the part
     # of its reply that was re-decoded before the cut
     for r, first in zip(r2, r1):
         assert r["timings"]["cache_n"] >= first["usage"]["prompt_tokens"], r["timings"]
+    s.stop()
+
+
+def test_a_restart_right_after_each_reply_loses_no_turn(serve, tmp_path):
+    # What a `systemctl restart` does, 20 times in a row: a reply, SIGTERM
+    # the moment the client has it, start again, the next turn. Every
+    # reply's post-reply work is still undone when the signal arrives
+    # (THAW_TEST_FIXUP_HOLD holds the re-decode of its canonical form until
+    # shutdown), and the disk is slow (every fsync 20 ms), so its blocks
+    # are still queued: shutdown must finish the re-decode, store, and
+    # write every queued store before it exits. Each next turn then
+    # restores all that was stored, from disk.
+    env = {"THAW_TEST_FIXUP_HOLD": "1", "THAW_TEST_DISK_FSYNC_DELAY_MS": "20"}
+    args = ["-np", "2", "-c", "4096", *kv_flags(tmp_path), "--kv-cache-min-tokens", "16"]
+    conv = [{"role": "system", "content": "restart persona. " + text(150, 77)},
+            {"role": "user", "content": "Question 0: what about the river?"}]
+    s = serve("llama", *args, env=env)
+    r = chat(s, conv)
+    for i in range(1, 21):
+        assert s.stop() == 0
+        log = s.log()
+        stored = re.findall(r"slot \d+: stored [0-9a-f]+: (\d+) tokens", log)
+        assert stored, log
+        assert "shutdown: post-reply work stopped" not in log, log
+        s = serve("llama", *args, env=env)
+        conv += [{"role": "assistant", "content": reply(r)},
+                 {"role": "user", "content": f"Question {i}: and the {WORDS[i % len(WORDS)]}?"}]
+        r = chat(s, conv)
+        t = r["timings"]
+        assert t["cache_source"] == "disk" and t["cache_n"] == int(stored[-1]), (i, t, stored)
     s.stop()
 
 
