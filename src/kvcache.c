@@ -228,6 +228,16 @@ void thaw_kvcache_close(struct thaw_kvcache *c)
     }
     thaw_shared_close(c->shared); /* before the disk tier it reads and writes */
 #endif
+    if (c->disk) {
+        struct thaw_disk_cache_stats st;
+        char size[24];
+        thaw_disk_cache_get_stats(c->disk, &st);
+        if (st.queue_len) {
+            thaw_fmt_bytes(st.queue_bytes, size);
+            LOG_INF("kv-cache: writing the %llu stores still queued (%s) before exit", (unsigned long long)st.queue_len,
+                    size);
+        }
+    }
     thaw_disk_cache_close(c->disk); /* writes what is still queued */
     thaw_ram_cache_free(c->ram);
     free(c);
