@@ -26,7 +26,7 @@ const mark = (what) => { out.ms[what] = Date.now() - t0; };
 const ctx = await chromium.launchPersistentContext(profile, {
   executablePath: process.env.THAW_CHROMIUM || '/usr/bin/chromium',
   headless: true,
-  viewport: { width: 1200, height: 800 },
+  viewport: { width: 1200, height: phase === 'cache' ? 1000 : 800 },
   args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run',
     '--disable-background-networking', '--disable-component-update', '--disable-sync'],
 });
@@ -84,7 +84,7 @@ try {
     return {
       reply: await last.locator('.content').innerText(),
       stats: await last.locator('.stats').innerText(),
-      source: await last.locator('.stats .src').textContent().catch(() => null),
+      source: (await last.locator('.stats .src').count()) ? await last.locator('.stats .src').textContent() : null,
       n_messages: await page.locator('#messages .msg').count(),
     };
   }
@@ -116,6 +116,7 @@ try {
     out.stored_key = await page.evaluate(() => localStorage.getItem('thaw.apiKey'));
   }
   out.sse = sse;
+  mark('done');
 } catch (e) {
   out.failure = String(e.stack || e);
 } finally {
