@@ -17,7 +17,7 @@
 #      With LLAMA_PREFIX=/path set, the build links that install instead
 #      (the source tree is still fetched: tests need its vocab GGUFs).
 #   3. The `openai` npm SDK for the compatibility test, into .deps/npm.
-#   4. The chat page's libraries (marked, DOMPurify, uPlot; the build embeds
+#   4. The chat page's libraries (marked, DOMPurify, uPlot, highlight.js; the build embeds
 #      them into the binary) and playwright-core (the browser tests drive
 #      Debian's chromium with it), pinned, into .deps/webui.
 set -euo pipefail
@@ -94,7 +94,7 @@ else
   log "openai npm SDK: present"
 fi
 # ---- 4. the chat page's libraries and the browser tests' driver --------------
-webui_pkgs=(marked@18.2.1 dompurify@3.4.18 uplot@1.6.32 playwright-core@1.65.1)
+webui_pkgs=(marked@18.2.1 dompurify@3.4.18 uplot@1.6.32 @highlightjs/cdn-assets@11.12.0 playwright-core@1.65.1)
 webui_stamp="$deps/webui/.complete-$(printf '%s_' "${webui_pkgs[@]}" | tr '@/' '-_')"
 if [ ! -f "$webui_stamp" ]; then
   log "installing the chat page's libraries into .deps/webui: ${webui_pkgs[*]}"

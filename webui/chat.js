@@ -2,6 +2,7 @@
 // under each reply where its prompt came from and what that saved.
 import { marked } from './vendor/marked.js';
 import DOMPurify from './vendor/purify.js';
+import hljs from './vendor/highlight.js';
 import { apiFetch, readSSE, forgetKey } from './api.js';
 
 const STORE = 'thaw.conversations';
@@ -108,6 +109,8 @@ function renderMessage(m, el) {
   const c = document.createElement('div');
   c.className = 'content';
   c.innerHTML = markdown(m.content);
+  // highlight.js escapes what it colours: the sanitized text stays text
+  for (const code of c.querySelectorAll('pre code')) hljs.highlightElement(code);
   el.append(c);
   for (const tc of m.tool_calls || []) {
     const d = document.createElement('div');

@@ -77,7 +77,7 @@ def test_page_is_served_with_a_strict_csp(serve):
     html = r.text
     assert html.count("<script") == html.count('<script type="module" src=')
     for path in ("/webui/app.js", "/webui/chat.js", "/webui/cacheview.js", "/webui/vendor/marked.js",
-                 "/webui/vendor/purify.js", "/webui/vendor/uPlot.js"):
+                 "/webui/vendor/purify.js", "/webui/vendor/uPlot.js", "/webui/vendor/highlight.js"):
         a = s.get(path)
         assert a.status_code == 200, path
         assert a.headers["Content-Type"].startswith("text/javascript"), path
@@ -181,3 +181,30 @@ def test_browser_asks_for_the_key_on_401(serve, browser, tmp_path):
     assert res["reply"].strip(), res
     assert res["stored_key"] == "sesame"
     assert (tmp_path / "key.png").exists()
+
+
+def test_browser_stop_regenerate_edit(serve, browser, tmp_path):
+    s = serve("llama", "-c", "8192")
+    res = drive("controls", s.url + "/", tmp_path / "profile", tmp_path)
+    # stop: the partial reply stays, the page is ready for the next message
+    assert res["stopped"]["send_enabled"] and res["stopped"]["n"] == 2 and res["stopped"]["partial"] > 0, res
+    # regenerate: the reply is replaced, not added to
+    assert res["regenerated"]["n"] == 2 and "prompt " in res["regenerated"]["stats"], res
+    # edit last: the message comes back into the box and leaves the history
+    assert res["edit"] == {"input": "Write at length.", "n": 0}, res
+    assert res["user_texts"] == ["Write briefly instead."] and res["n_messages"] == 2, res
+    assert "client went away, request cancelled" in s.log()  # Stop reached the server
+
+
+def test_browser_renders_markdown_sanitized_reasoning_and_tool_calls(serve, browser, tmp_path):
+    s = serve("llama")
+    res = drive("render", s.url + "/", tmp_path / "profile", tmp_path)
+    r = res["render"]
+    assert r["h1"] == "Title" and r["bold"] == "bold" and r["items"] == 2, r
+    assert r["highlighted"], r  # the python block went through highlight.js
+    assert r["scripts"] == 0 and r["handlers"] == [] and r["js_links"] == 0 and r["pwned"] is None, r
+    assert res.get("csp_refused", 0) >= 1, res  # and the CSP refused the handler before DOMPurify dropped it
+    assert "The user wants a list. Keep it short." in res["reasoning"] and not res["reasoning_open"], res
+    assert "get_weather" in res["tool"] and '{"city":"Paris"}' in res["tool"], res
+    assert "cached 900 from blocks" in res["stats"] and "restore 12.5 ms" in res["stats"], res
+    assert "prompt 920 tok" in res["stats"] and "gen 30 tok, 100.0 tok/s" in res["stats"], res
