@@ -39,7 +39,7 @@ function markdown(text) {
 
 function fmtMs(ms) {
   if (ms == null || !isFinite(ms)) return '?';
-  return ms >= 1000 ? (ms / 1000).toFixed(2) + ' s' : ms >= 10 ? ms.toFixed(0) + ' ms' : ms.toFixed(1) + ' ms';
+  return ms >= 1000 ? (ms / 1000).toFixed(2) + ' s' : ms >= 100 ? ms.toFixed(0) + ' ms' : ms.toFixed(1) + ' ms';
 }
 
 // The line under a reply, from its timings (llama-server's object plus
