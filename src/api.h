@@ -61,7 +61,7 @@ struct thaw_timings {
     double prompt_ms;       /* prefill time, restore excluded */
     int predicted_n;        /* tokens generated */
     double predicted_ms;
-    const char *cache_source; /* "slot" | "ram" | "disk" | "none" (static string) */
+    const char *cache_source; /* "slot" | "ram" | "disk" | "blocks" | "shared" | "none" (static string) */
     double restore_ms;      /* time to install restored state, 0 when none */
     int draft_n;            /* speculative tokens proposed (0 without -md) */
     int draft_n_accepted;
