@@ -737,7 +737,7 @@ char *thaw_api_cache_json(const char *text)
             /* counters and byte gauges are integers: keep them exact */
             json_object_set_new(m, name,
                                 isfinite(v) && v == floor(v) && fabs(v) < 9e15 ? json_integer((json_int_t)v)
-                                                                                : json_real(isfinite(v) ? v : 0));
+                                                                               : json_real(isfinite(v) ? v : 0));
         }
         p += n;
         if (*p == '\n')

@@ -509,8 +509,9 @@ static void route_webui(struct server *srv, const struct thaw_http_request *hr, 
     (void)ns;
     if (!f) {
         if (srv->cfg.webui && thaw_webui_n_files == 0)
-            snprintf(msg, sizeof msg, "this thaw was built without its page: scripts/setup.sh installs its "
-                                      "libraries, then rebuild");
+            snprintf(msg, sizeof msg,
+                     "this thaw was built without its page: scripts/setup.sh installs its "
+                     "libraries, then rebuild");
         else
             snprintf(msg, sizeof msg, "no route for %s %.80s", hr->method, hr->url);
         set_error(srv, r, 404, msg);

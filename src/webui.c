@@ -10,6 +10,7 @@
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "              \
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
+/* clang-format off: name, value pairs */
 const char *const thaw_webui_headers[] = {
     "Content-Security-Policy", WEBUI_CSP,
     "X-Content-Type-Options", "nosniff",
@@ -17,6 +18,7 @@ const char *const thaw_webui_headers[] = {
     "Cache-Control", "no-cache", /* revalidate: a rebuilt thaw serves its new page at once */
     NULL,
 };
+/* clang-format on */
 
 const struct thaw_webui_file *thaw_webui_find(const char *path)
 {

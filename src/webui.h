@@ -17,7 +17,7 @@ struct thaw_webui_file {
     const char *path;         /* URL path: "/" (index.html) or "/webui/..." */
     const char *content_type; /* static string */
     const unsigned char *data;
-    size_t n_data;            /* bytes of data */
+    size_t n_data; /* bytes of data */
 };
 
 /* The generated table (build/webui_files.c); empty when the build found no

@@ -11,7 +11,7 @@ const COLORS = { slot: '#9333ea', ram: '#0284c7', disk: '#16a34a', blocks: '#ca8
 
 const $ = (id) => document.getElementById(id);
 const hist = { t: [], hits: Object.fromEntries([...TIERS, 'miss'].map((k) => [k, []])), disk: [], ram: [], queue: [] };
-let timer = null, hitsPlot = null, bytesPlot = null, last = null;
+let timer = null, hitsPlot = null, bytesPlot = null;
 
 function bytes(n) {
   if (n == null) return '–';
@@ -89,7 +89,6 @@ async function poll() {
     const r = await apiFetch('cache');
     if (!r.ok) throw new Error(`GET /cache: ${r.status}`);
     const m = (await r.json()).metrics;
-    last = m;
     $('cache-error').hidden = true;
     hist.t.push(Date.now() / 1000);
     for (const k of TIERS) hist.hits[k].push(m[`kv_cache_hits_${k}_total`] || 0);
@@ -119,5 +118,3 @@ export function showCache(on) {
   poll();
   timer = setInterval(poll, POLL_MS);
 }
-
-export function lastCache() { return last; }
