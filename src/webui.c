@@ -10,7 +10,8 @@
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "              \
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-/* clang-format off: name, value pairs */
+/* name, value pairs, one a line */
+/* clang-format off */
 const char *const thaw_webui_headers[] = {
     "Content-Security-Policy", WEBUI_CSP,
     "X-Content-Type-Options", "nosniff",
