@@ -238,9 +238,11 @@ async function complete(c) {
     messages: apiMessages({ messages: c.messages.slice(0, -1) }),
     stream: true,
     stream_options: { include_usage: true },
-    temperature: Number(settings.temperature),
-    max_tokens: Number(settings.max_tokens),
   };
+  // an empty or nonsense setting is left to the server's default
+  const temp = parseFloat(settings.temperature), max = parseInt(settings.max_tokens, 10);
+  if (isFinite(temp) && temp >= 0) body.temperature = temp;
+  if (max > 0) body.max_tokens = max;
   let timings = null, usage = null;
   try {
     const r = await apiFetch('v1/chat/completions', {
