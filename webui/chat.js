@@ -23,8 +23,14 @@ function save() {
   if (current) localStorage.setItem(CURRENT, current);
 }
 function conv() { return convs.find((c) => c.id === current); }
+// crypto.randomUUID exists only in secure contexts (https, localhost); a
+// page opened as http://host:8080/ from another machine has getRandomValues.
+function newId() {
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
+}
 function newConv() {
-  const c = { id: crypto.randomUUID(), title: 'New chat', messages: [], updated: Date.now() };
+  const c = { id: newId(), title: 'New chat', messages: [], updated: Date.now() };
   convs.unshift(c);
   current = c.id;
   save();
