@@ -7,6 +7,8 @@
 4. Send each conversation's second turn: its state is restored from disk.
 5. Send the same second turns to a server with the cache off, to measure the
    prefill the restore saved.
+6. In a terminal: serve the chat page (/) on the same cache until Ctrl-C, and
+   print its address; otherwise print the command that does.
 """
 import os
 import shutil
@@ -14,7 +16,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
-from benchlib import Server, bench_model, table, words  # noqa: E402
+from benchlib import THAW, Server, bench_model, table, words  # noqa: E402
 
 TOPICS = ["the harbor at dawn", "a winter garden", "the old silver market"]
 
@@ -55,9 +57,31 @@ def main():
         s = Server(model, "-np", "2", "-c", "8192")
         control = [chat(s, m)["timings"] for m in turns2]
         s.stop()
+        report(restored, control)
+        page(model, flags)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
+
+def page(model, flags):
+    """The chat page and its cache view on the demo's cache, while a person
+    looks (a terminal); otherwise how to start it."""
+    port = os.environ.get("THAW_DEMO_PORT", "8080")
+    if not sys.stdin.isatty():
+        print(f"\nthe chat page, with a live cache view: {os.path.relpath(THAW)} serve -m {model} "
+              f"--kv-cache-dir DIR --port {port}, then open http://127.0.0.1:{port}/", flush=True)
+        return
+    s = Server(model, *flags, "--port", port)
+    print(f"\n[demo] the chat page, with a live cache view (Cache tab): {s.url}/  (Ctrl-C stops)", flush=True)
+    try:
+        s.proc.wait()  # Ctrl-C reaches thaw too (one process group): it shuts down
+    except KeyboardInterrupt:
+        pass
+    finally:
+        s.stop()
+
+
+def report(restored, control):
     rows = []
     for i, (r, c) in enumerate(zip(restored, control)):
         total = r["cache_n"] + r["prompt_n"]

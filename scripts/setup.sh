@@ -17,6 +17,9 @@
 #      With LLAMA_PREFIX=/path set, the build links that install instead
 #      (the source tree is still fetched: tests need its vocab GGUFs).
 #   3. The `openai` npm SDK for the compatibility test, into .deps/npm.
+#   4. The chat page's libraries (marked, DOMPurify, uPlot, highlight.js; the build embeds
+#      them into the binary) and playwright-core (the browser tests drive
+#      Debian's chromium with it), pinned, into .deps/webui.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,7 +31,7 @@ log() { printf '[setup] %s\n' "$*"; }
 pkgs=(build-essential cmake pkg-config git ca-certificates curl nodejs npm
       libmicrohttpd-dev libjansson-dev libsodium-dev libxxhash-dev
       libcmocka-dev libcurl4-openssl-dev python3 python3-pytest python3-requests
-      ceph-mon ceph-osd radosgw ceph-common haproxy)
+      ceph-mon ceph-osd radosgw ceph-common haproxy chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   if [ "$p" = nodejs ] || [ "$p" = npm ]; then
@@ -89,5 +92,17 @@ if [ ! -f "$deps/npm/node_modules/openai/package.json" ]; then
   (cd "$deps/npm" && npm install --silent --no-audit --no-fund --prefix . openai@4 >/dev/null)
 else
   log "openai npm SDK: present"
+fi
+# ---- 4. the chat page's libraries and the browser tests' driver --------------
+webui_pkgs=(marked@18.2.1 dompurify@3.4.18 uplot@1.6.32 @highlightjs/cdn-assets@11.12.0 playwright-core@1.65.1)
+webui_stamp="$deps/webui/.complete-$(printf '%s_' "${webui_pkgs[@]}" | tr '@/' '-_')"
+if [ ! -f "$webui_stamp" ]; then
+  log "installing the chat page's libraries into .deps/webui: ${webui_pkgs[*]}"
+  mkdir -p "$deps/webui"
+  (cd "$deps/webui" && npm install --silent --no-audit --no-fund --save-exact --prefix . "${webui_pkgs[@]}" >/dev/null)
+  rm -f "$deps/webui"/.complete-*
+  touch "$webui_stamp"
+else
+  log "chat page libraries: present"
 fi
 log "done"

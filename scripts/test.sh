@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh — set up, build and run every test: cmocka unit tests
 # (ctest), end-to-end tests against the real build/thaw over HTTP (pytest),
-# including the openai npm SDK compatibility test.
+# including the openai npm SDK compatibility test and the chat page in
+# headless Chromium (tests/e2e/test_webui.py).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -722,6 +722,30 @@ char *thaw_api_string_json(const char *key, const char *text)
     return out;
 }
 
+char *thaw_api_cache_json(const char *text)
+{
+    json_t *m = json_object();
+
+    for (const char *p = text; m && *p;) {
+        size_t n = strcspn(p, "\n");
+        const char *sp = memchr(p, ' ', n);
+        if (*p != '#' && sp && n > 5 && strncmp(p, "thaw_", 5) == 0 && (size_t)(sp - p) < 128) {
+            char name[128];
+            memcpy(name, p + 5, (size_t)(sp - p) - 5);
+            name[sp - p - 5] = '\0';
+            double v = strtod(sp + 1, NULL);
+            /* counters and byte gauges are integers: keep them exact */
+            json_object_set_new(m, name,
+                                isfinite(v) && v == floor(v) && fabs(v) < 9e15 ? json_integer((json_int_t)v)
+                                                                               : json_real(isfinite(v) ? v : 0));
+        }
+        p += n;
+        if (*p == '\n')
+            p++;
+    }
+    return m ? dump(json_pack("{s:s, s:o}", "object", "thaw.cache", "metrics", m)) : NULL;
+}
+
 char *thaw_api_props_json(const char *model, const char *chat_template, int total_slots, int n_ctx_slot,
                           bool jinja, bool kv_cache)
 {

@@ -61,7 +61,7 @@ struct thaw_timings {
     double prompt_ms;       /* prefill time, restore excluded */
     int predicted_n;        /* tokens generated */
     double predicted_ms;
-    const char *cache_source; /* "slot" | "ram" | "disk" | "none" (static string) */
+    const char *cache_source; /* "slot" | "ram" | "disk" | "blocks" | "shared" | "none" (static string) */
     double restore_ms;      /* time to install restored state, 0 when none */
     int draft_n;            /* speculative tokens proposed (0 without -md) */
     int draft_n_accepted;
@@ -106,6 +106,11 @@ char *thaw_api_string_json(const char *key, const char *text);
 /* GET /props, llama-server's shape (the fields clients read). */
 char *thaw_api_props_json(const char *model, const char *chat_template, int total_slots, int n_ctx_slot,
                           bool jinja, bool kv_cache);
+/* GET /cache: {"object":"thaw.cache","metrics":{name: number}} from the
+ * Prometheus text of thaw_metrics_render (its sample lines, "thaw_" cut from
+ * each name), so the page and /metrics can never disagree: counts and sizes
+ * only, no text of any conversation. NULL only on ENOMEM. */
+char *thaw_api_cache_json(const char *prometheus_text);
 
 /* {"error":{"message","type","code"}} for an HTTP status. Invalid UTF-8 in
  * `message` (a quoted client byte, a cut character) becomes U+FFFD. NULL

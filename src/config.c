@@ -86,6 +86,9 @@ static const struct opt opts[] = {
      "let browser pages from these origins call the API (CORS); '*' for any, refused with --api-key"},
     {"-to,--timeout", "SECONDS", OPT_INT, OFF(timeout_s), 1, 86400,
      "drop a connection idle this long, or a client that takes longer to send its request body"},
+    {"--webui", NULL, OPT_TRUE, OFF(webui), 0, 0,
+     "serve the chat page with its cache view at / (default; the API it calls needs the key as usual)"},
+    {"--no-webui", NULL, OPT_FALSE, OFF(webui), 0, 0, "no page: / and /webui/ answer 404"},
     {"--metrics", NULL, OPT_TRUE, 0, 0, 0, "accepted for llama-server compatibility: /metrics is always on"},
     {"--kv-cache-dir", "PATH", OPT_STR, OFF(kv_cache_dir), 0, 0, "enable the on-disk KV cache in PATH (created 0700)"},
     {"--kv-cache-max", "MiB", OPT_U64, OFF(kv_cache_max_mib), 0, (double)(1ull << 40),
@@ -142,6 +145,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->slot_prompt_similarity = 0.1f;
     cfg->fixup_wait_ms = 250;
     cfg->cache_prompt = true;
+    cfg->webui = true;
     cfg->max_queue = 64;
     cfg->max_body = 16u << 20;
     cfg->threads_http = 4;

@@ -50,6 +50,7 @@ struct thaw_config {
     float slot_prompt_similarity; /* --slot-prompt-similarity */
     int fixup_wait_ms;           /* --fixup-wait-ms */
     bool cache_prompt;           /* --cache-prompt / --no-cache-prompt */
+    bool webui;                  /* --webui (default) / --no-webui: the chat page at / */
     int max_queue;               /* --max-queue: requests waiting beyond the slots */
     size_t max_body;             /* --max-body: bytes of a request body */
     int threads_http;            /* --threads-http: event-loop threads */

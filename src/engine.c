@@ -1390,6 +1390,8 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     for (int i = 0; i < e->n_slots; i++)
         thaw_slot_init(&e->slots[i], i);
     metrics->slots_total = e->n_slots;
+    metrics->ram_budget_bytes = cfg->cache_ram_mib << 20;
+    metrics->disk_budget_bytes = cfg->kv_cache_dir ? cfg->kv_cache_max_mib << 20 : 0;
     if ((rc = thaw_sched_new(cfg->max_queue, &e->sched)) != 0)
         goto error;
     thaw_keys_binding(e->fingerprint, e->settings, NULL, e->identity);

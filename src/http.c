@@ -219,6 +219,8 @@ static enum MHD_Result queue(struct thaw_http_conn *hc, struct MHD_Connection *c
         MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
         MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
     }
+    for (const char *const *h = r->headers; h && h[0] && h[1]; h += 2)
+        MHD_add_response_header(resp, h[0], h[1]);
     ret = MHD_queue_response(c, (unsigned)r->status, resp);
     MHD_destroy_response(resp);
     return ret;

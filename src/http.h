@@ -62,6 +62,7 @@ struct thaw_http_response {
     const char *allow;         /* Allow header for 405 */
     const char *allow_origin;  /* Access-Control-Allow-Origin (+ Vary: Origin); NULL = none */
     bool cors_preflight;       /* + the preflight's Allow-Methods / Allow-Headers / Max-Age */
+    const char *const *headers; /* more headers: name, value, ..., NULL (static strings); NULL = none */
     /* deferred: no response yet; `resume` fills it after thaw_http_wake().
      * `defer_free(defer_ud)` runs once when the connection is done. */
     bool defer;

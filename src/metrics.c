@@ -65,6 +65,8 @@ char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn ex
       atomic_load(&m->fixups_cut));
     G("kv_cache_ram_bytes", "bytes held by the RAM tier", atomic_load(&m->ram_bytes));
     G("kv_cache_ram_entries", "conversations held by the RAM tier", atomic_load(&m->ram_entries));
+    G("kv_cache_ram_budget_bytes", "the RAM tier's budget, --cache-ram (0 = off)", m->ram_budget_bytes);
+    G("kv_disk_budget_bytes", "the disk tier's budget, --kv-cache-max (0 = no limit)", m->disk_budget_bytes);
     uint64_t drafted = atomic_load(&m->draft_tokens), accepted = atomic_load(&m->draft_accepted);
     C("draft_tokens_total", "tokens proposed by the draft model", drafted);
     C("draft_accepted_total", "drafted tokens the target accepted", accepted);

@@ -43,6 +43,8 @@ struct thaw_metrics {
     atomic_uint_fast64_t fixups_cut;         /* post-reply re-decodes cut short for a request needing the slot */
     atomic_uint_fast64_t ram_bytes;          /* gauge: bytes held by the RAM tier */
     atomic_int ram_entries;                  /* gauge: conversations held by the RAM tier */
+    uint64_t ram_budget_bytes;               /* --cache-ram in bytes (0 = tier off); set once at start */
+    uint64_t disk_budget_bytes;              /* --kv-cache-max in bytes (0 = no limit); set once at start */
     /* speculative decoding */
     atomic_uint_fast64_t draft_tokens;       /* tokens proposed by the draft */
     atomic_uint_fast64_t draft_accepted;     /* of those, accepted by the target */

@@ -3,7 +3,7 @@
  * Map:
  *   ---- auth ----          Bearer keys -> namespace
  *   ---- chat route ----    parse, template, keys, submit, answer or stream
- *   ---- other routes ----  /v1/models, /health, /metrics
+ *   ---- other routes ----  /v1/models, /health, /metrics, /cache, the page (/, /webui/)
  *   ---- serve ----         start-up, signal wait, orderly shutdown
  */
 #include "server.h"
@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "template.h"
 #include "utf8.h"
+#include "webui.h"
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -482,6 +483,51 @@ static void route_metrics(struct server *srv, const struct thaw_http_request *hr
         set_error(srv, r, 500, "out of memory");
 }
 
+/* The cache's counts and sizes as JSON for the page's cache view: the very
+ * numbers /metrics renders (one place computes them), never text or keys. */
+static void route_cache(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                        struct thaw_http_response *r)
+{
+    char *text = thaw_metrics_render(&srv->metrics, thaw_engine_metrics, srv->engine);
+
+    (void)hr;
+    (void)ns;
+    set_json(r, 200, text ? thaw_api_cache_json(text) : NULL);
+    free(text);
+    if (!r->body)
+        set_error(srv, r, 500, "out of memory");
+}
+
+/* The chat page and its files (webui.h), public like /health: the page asks
+ * for the key when the API answers 401. --no-webui: 404, as before it existed. */
+static void route_webui(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                        struct thaw_http_response *r)
+{
+    const struct thaw_webui_file *f = srv->cfg.webui ? thaw_webui_find(hr->url) : NULL;
+    char msg[160];
+
+    (void)ns;
+    if (!f) {
+        if (srv->cfg.webui && thaw_webui_n_files == 0)
+            snprintf(msg, sizeof msg,
+                     "this thaw was built without its page: scripts/setup.sh installs its "
+                     "libraries, then rebuild");
+        else
+            snprintf(msg, sizeof msg, "no route for %s %.80s", hr->method, hr->url);
+        set_error(srv, r, 404, msg);
+        return;
+    }
+    if (!(r->body = malloc(f->n_data ? f->n_data : 1))) {
+        set_error(srv, r, 500, "out of memory");
+        return;
+    }
+    memcpy(r->body, f->data, f->n_data);
+    r->n_body = f->n_data;
+    r->status = 200;
+    r->content_type = f->content_type;
+    r->headers = thaw_webui_headers;
+}
+
 static void route_tokenize(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
                            struct thaw_http_response *r)
 {
@@ -576,21 +622,25 @@ static void route_props(struct server *srv, const struct thaw_http_request *hr, 
 typedef void (*route_fn)(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
                          struct thaw_http_response *r);
 
-/* Every route: its paths, its one method, and whether it needs a key. */
+/* Every route: its paths, its one method, whether it needs a key, and
+ * whether `path` is a prefix (the page's files). */
 static const struct route {
     const char *path, *alias;
     const char *method;
     route_fn fn;
-    bool public;
+    bool public, prefix;
 } routes[] = {
-    {"/health", "/v1/health", "GET", route_health, true},
-    {"/v1/chat/completions", "/chat/completions", "POST", route_chat, false},
-    {"/v1/models", "/models", "GET", route_models, false},
-    {"/metrics", NULL, "GET", route_metrics, false},
-    {"/tokenize", NULL, "POST", route_tokenize, false},
-    {"/detokenize", NULL, "POST", route_detokenize, false},
-    {"/apply-template", NULL, "POST", route_apply_template, false},
-    {"/props", NULL, "GET", route_props, false},
+    {"/health", "/v1/health", "GET", route_health, true, false},
+    {"/v1/chat/completions", "/chat/completions", "POST", route_chat, false, false},
+    {"/v1/models", "/models", "GET", route_models, false, false},
+    {"/metrics", NULL, "GET", route_metrics, false, false},
+    {"/tokenize", NULL, "POST", route_tokenize, false, false},
+    {"/detokenize", NULL, "POST", route_detokenize, false, false},
+    {"/apply-template", NULL, "POST", route_apply_template, false, false},
+    {"/props", NULL, "GET", route_props, false, false},
+    {"/cache", NULL, "GET", route_cache, false, false},
+    {"/", NULL, "GET", route_webui, true, false},
+    {"/webui/", NULL, "GET", route_webui, true, true},
 };
 
 /* The origin to allow for a browser's request, or NULL (--cors-origin). */
@@ -622,7 +672,8 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
 
     atomic_fetch_add(&srv->metrics.requests_total, 1);
     for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !rt; i++)
-        if (strcmp(hr->url, routes[i].path) == 0 || (routes[i].alias && strcmp(hr->url, routes[i].alias) == 0))
+        if (strcmp(hr->url, routes[i].path) == 0 || (routes[i].alias && strcmp(hr->url, routes[i].alias) == 0) ||
+            (routes[i].prefix && strncmp(hr->url, routes[i].path, strlen(routes[i].path)) == 0))
             rt = &routes[i];
     r->allow_origin = cors_allow(srv, hr->origin);
     if (!rt) {
@@ -726,6 +777,8 @@ int thaw_serve_main(int argc, char **argv)
         goto out_engine;
     LOG_INF("listening on http://%s:%d (%d slots, %s)", srv->cfg.host, thaw_http_port(srv->http),
             srv->cfg.n_parallel, srv->cfg.n_api_keys ? "API key required" : "no API key");
+    if (srv->cfg.webui && thaw_webui_n_files > 0)
+        LOG_INF("chat page: http://%s:%d/", srv->cfg.host, thaw_http_port(srv->http));
 
     sigwait(&sigs, &sig);
     LOG_INF("%s: shutting down (in-flight requests get an error, nothing new is accepted)",

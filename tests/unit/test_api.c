@@ -277,6 +277,26 @@ static void test_prompt_cache_key(void **state)
     }
 }
 
+/* GET /cache: every sample line of the Prometheus text, "thaw_" cut, integers
+ * exact; HELP/TYPE lines and anything not thaw's are not carried over. */
+static void test_cache_json_from_metrics_text(void **state)
+{
+    const char *text = "# HELP thaw_kv_cache_hits_disk_total lookups served by the disk tier\n"
+                       "# TYPE thaw_kv_cache_hits_disk_total counter\n"
+                       "thaw_kv_cache_hits_disk_total 3\n"
+                       "thaw_kv_disk_bytes 1234567890123\n"
+                       "thaw_prompt_seconds_total 0.25\n"
+                       "other_metric 7\n"
+                       "thaw_no_value\n";
+    char *j = thaw_api_cache_json(text);
+
+    (void)state;
+    assert_non_null(j);
+    assert_string_equal(j, "{\"object\":\"thaw.cache\",\"metrics\":{\"kv_cache_hits_disk_total\":3,"
+                           "\"kv_disk_bytes\":1234567890123,\"prompt_seconds_total\":0.25}}");
+    free(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +308,7 @@ int main(void)
         cmocka_unit_test(test_error_body_with_client_bytes_is_json),
         cmocka_unit_test(test_agent_fields),
         cmocka_unit_test(test_prompt_cache_key),
+        cmocka_unit_test(test_cache_json_from_metrics_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
