@@ -129,13 +129,10 @@
  * (counted, logged); the others commit. A shared directory fsync that
  * fails leaves unknown which renames it covered: every job it covered is
  * scrubbed and stored by itself, from scratch. Claims, held refs, stats
- * and the debug line are per job, as alone; lookups find each job of
- * the group through pending()/queued() until its own commit (or
- * failure), and the index from then on; its buffers go then too. An
- * eviction pass follows the blocks' commit and the roots'; a job's bytes
- * leave queue_bytes after the pass that follows its commit, so a queue at
- * 0 bytes still means the writer is done. thaw_disk_cache_store() stores
- * alone, synchronously.
+ * and the debug line are per job, as alone; lookups find every job of
+ * the group through pending()/queued() until the group is done, and the
+ * index has each from its commit on. One eviction pass follows the group.
+ * thaw_disk_cache_store() stores alone, synchronously.
  *
  * Disk full. A store whose I/O fails with ENOSPC/EDQUOT removes what it
  * wrote (invariant 3), evicts least recently used entries of other keys
@@ -366,12 +363,11 @@ struct job {
     struct job *next;   /* FIFO; the group being written keeps the order */
     /* the writer's, once the job is in a group */
     struct staged s;
-    int state;   /* enum job_state */
-    int err;     /* JOB_ALONE: the -errno of its own step that failed in the
-                  * group, 0 when a directory fsync of the group failed */
-    int ended;   /* under mu: committed or failed, its buffers gone;
-                  * pending() and queued() skip it */
-    int counted; /* out of q_bytes and q_active (the writer's) */
+    int state; /* enum job_state */
+    int err;   /* JOB_ALONE: the -errno of its own step that failed in the
+                * group, 0 when a directory fsync of the group failed */
+    int ended; /* under mu: committed or failed, its buffers gone, out of
+                * q_bytes and q_active; pending() and queued() skip it */
 };
 
 struct thaw_disk_cache {
@@ -413,10 +409,10 @@ struct thaw_disk_cache {
     unsigned q_len;                /* jobs waiting */
     uint64_t q_bytes;              /* of the jobs waiting and q_active's */
     uint64_t q_max_bytes;          /* 0 = no limit */
-    unsigned q_active;             /* jobs of the group being written not yet counted out */
+    unsigned q_active;             /* jobs of the group being written not yet ended */
     struct job *q_group;           /* that group (FIFO), while thaw_disk_cache_pending may ref
                                     * its parts; cleared under mu before it is freed */
-    int q_writing;                 /* the writer holds a group */
+    int q_writing;                 /* the writer holds a group (until its eviction pass is done) */
     int q_paused;                  /* thaw_disk_cache_pause: take no new group */
     pthread_cond_t q_cond;         /* a job arrived, unpaused, or stopping */
     pthread_cond_t q_idle;         /* a group finished */
@@ -2003,9 +1999,10 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
 
 /* ---- store: the writer's group commit ---- */
 
-/* Ends job j of a group (store_end) and lets go of it at once, as of a
- * store written alone: lookups find it in the index if it committed, no
- * longer through pending(), and its buffers are released. */
+/* Ends job j of a group (store_end) and lets it go at once, as a store
+ * written alone was: lookups find it in the index if it committed, no
+ * longer through pending(); its buffers are released, then its bytes
+ * leave the queue's count (never counted out while still held). */
 static void job_end(struct thaw_disk_cache *c, struct job *j, int ret)
 {
     void *bufs[THAW_PART_COUNT];
@@ -2021,22 +2018,9 @@ static void job_end(struct thaw_disk_cache *c, struct job *j, int ret)
     pthread_mutex_unlock(&c->mu);
     for (int p = 0; p < THAW_PART_COUNT; p++)
         thaw_blob_unref(bufs[p]);
-}
-
-/* Takes the ended jobs of g not yet counted out (of one kind, or any kind
- * with blocks -1) out of q_bytes and q_active: after their buffers went,
- * and after the eviction pass that follows their commit, so that a queue
- * at 0 bytes means the writer is done (tests and benches wait for it). */
-static void jobs_count_out(struct thaw_disk_cache *c, struct job *g, int blocks)
-{
     pthread_mutex_lock(&c->mu);
-    for (struct job *j = g; j; j = j->next) {
-        if (j->state != JOB_DONE || j->counted || (blocks >= 0 && j->s.ln.is_block != blocks))
-            continue;
-        j->counted = 1;
-        c->q_bytes -= j->bytes;
-        c->q_active--;
-    }
+    c->q_bytes -= j->bytes;
+    c->q_active--;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -2052,10 +2036,9 @@ static void job_alone(struct thaw_disk_cache *c, struct job *j, int err)
 /* Commits the group's entries of one kind (blocks, then roots: invariant
  * 7): the .idx of each, then ONE directory fsync for them all; then the
  * jobs of that kind that failed in the group, each by itself, with its
- * disk-full rounds; then an eviction pass if any committed (the budget
- * holds between lookups too). Every job of the kind ends here and leaves
- * the queue's count. */
-static void group_commit(struct thaw_disk_cache *c, struct job *g, int blocks)
+ * disk-full rounds. Every job of the kind ends here. Returns how many
+ * committed. */
+static unsigned group_commit(struct thaw_disk_cache *c, struct job *g, int blocks)
 {
     unsigned n = 0, n_ok = 0;
     struct job *j;
@@ -2087,17 +2070,15 @@ static void group_commit(struct thaw_disk_cache *c, struct job *g, int blocks)
         n_ok += r == 0;
         job_end(c, j, r);
     }
-    if (n_ok && c->max_bytes)
-        (void)thaw_disk_cache_evict(c);
-    jobs_count_out(c, g, blocks);
+    return n_ok;
 }
 
 /* Stores the group g (FIFO, distinct keys) as one commit: every job's
  * parts, one directory fsync, then group_commit() for the blocks and then
  * for the roots (the notes: "Group commit"). Each job ends committed or
  * failed exactly as a store of its own would: its claim, its held refs,
- * its stats. */
-static void store_group(struct thaw_disk_cache *c, struct job *g)
+ * its stats. Returns how many committed. */
+static unsigned store_group(struct thaw_disk_cache *c, struct job *g)
 {
     unsigned n = 0;
     struct job *j;
@@ -2115,14 +2096,10 @@ static void store_group(struct thaw_disk_cache *c, struct job *g)
         if (!j->err)
             j->err = stage_claim(c, j->key, &j->s);
     pthread_mutex_unlock(&c->mu);
-    for (j = g; j; j = j->next)
+    for (j = g; j; j = j->next) {
         if (j->err)
             job_end(c, j, j->err);
-    jobs_count_out(c, g, -1); /* those failed: nothing to evict for them */
-    for (j = g; j; j = j->next) {
-        if (j->state != JOB_GROUP)
-            continue;
-        if ((r = write_parts(c, j->s.hex, j->parts)) != 0)
+        else if ((r = write_parts(c, j->s.hex, j->parts)) != 0)
             job_alone(c, j, r);
         else
             n++;
@@ -2131,8 +2108,8 @@ static void store_group(struct thaw_disk_cache *c, struct job *g)
         for (j = g; j; j = j->next)
             if (j->state == JOB_GROUP)
                 job_alone(c, j, 0);
-    group_commit(c, g, 1);
-    group_commit(c, g, 0);
+    n = group_commit(c, g, 1);
+    return n + group_commit(c, g, 0);
 }
 
 /* The next group, off the head of the queue: up to GROUP_MAX_JOBS jobs and
@@ -2187,7 +2164,9 @@ static void *writer_main(void *arg)
         g = group_take(c);
         pthread_mutex_unlock(&c->mu);
 
-        store_group(c, g); /* every job ends in it, out of q_bytes and q_active */
+        /* every job ends in it (job_end): out of q_bytes, q_active */
+        if (store_group(c, g) > 0 && c->max_bytes)
+            (void)thaw_disk_cache_evict(c); /* keep the directory within budget between lookups too */
         pthread_mutex_lock(&c->mu);
         c->q_group = NULL;
         pthread_mutex_unlock(&c->mu);
