@@ -590,8 +590,8 @@ static int fixup_worth_taking(const struct thaw_engine *e, const struct thaw_tas
  * request that needs the slot, or for shutdown. */
 static bool fixup_held(const struct thaw_engine *e, const struct thaw_slot *s)
 {
-    return s->phase == THAW_SLOT_FIXUP && s->n_tokens < s->n_fix && !e->fixup_awaited && !atomic_load(&e->stop) &&
-           thaw_test_hook(THAW_HOOK_FIXUP_HOLD);
+    return thaw_test_hook(THAW_HOOK_FIXUP_HOLD) && s->phase == THAW_SLOT_FIXUP && s->n_tokens < s->n_fix &&
+           !e->fixup_awaited && !atomic_load(&e->stop);
 }
 
 /* Cuts a slot's post-reply work short for a request that needs the slot
