@@ -14,14 +14,20 @@
  * invariants hold after a crash at any point (tests/unit/test_cache_disk.c
  * crashes a store at every one of its system calls and checks them;
  * tests/unit/test_cache_disk_gc.c does the same across a store of blocks
- * then their manifest, and across an eviction with its collection):
+ * then their manifest, across the writer's group commit of several
+ * conversations, and across an eviction with its collection):
  *
  *   1. A part is written as <name>.tmp, fsynced, closed and renamed into
  *      place; after all parts, the directory is fsynced; then the .idx is
  *      written the same way; then the directory is fsynced again. The rename
  *      of the .idx is the commit. (The first directory fsync is not needed
  *      for correctness — invariant 2 catches a part whose rename was lost —
- *      but without it a power cut could cost a committed entry.)
+ *      but without it a power cut could cost a committed entry.) The writer
+ *      does this for a group of entries at once (Group commit, below): the
+ *      parts of all, one directory fsync, the .idx of all, one directory
+ *      fsync — every file is still fsynced before its rename, and every
+ *      .idx rename still comes after a directory fsync that followed all of
+ *      its entry's part renames.
  *   2. An entry exists if and only if its .idx exists, parses, names its own
  *      key, and the checksums of its parts match. Nothing else is trusted:
  *      a file of any content is at worst a miss.
@@ -52,9 +58,11 @@
  *   6. Files are created 0600 (O_EXCL|O_NOFOLLOW) in a 0700 directory; a
  *      looser directory is chmod()ed to 0700 at open, or open fails.
  *   7. Blocks commit before the root that names them: the caller submits
- *      them first to the one FIFO writer, so a crash between leaves blocks
- *      that nothing names (collected, 8), never a committed manifest naming
- *      a block that was not yet written. A root naming a block that is
+ *      them first to the one FIFO writer, and within a group the writer
+ *      renames every block's .idx and fsyncs the directory before it
+ *      writes any root's .idx, so a crash between leaves blocks that
+ *      nothing names (collected, 8), never a committed manifest naming a
+ *      block whose commit was not yet durable. A root naming a block that is
  *      missing or bad (evicted by another process, corrupt, removed) is not
  *      this file's to judge: the block's own lookup misses or removes it
  *      (5), and the caller serves that root as a miss — never a wrong state.
@@ -89,10 +97,45 @@
  * The queue is bounded by bytes, not by a count: what it costs is the memory
  * of the states it holds, and a count either drops ordinary traffic (a few
  * conversations finishing together) or lets a few huge states through.
- * queue_bytes covers the waiting stores and the one being written; a submit
- * that would take it past queue_max_bytes is dropped (logged with the
- * numbers, counted), except when the writer holds nothing — one store larger
- * than the whole budget must still be possible.
+ * queue_bytes covers the waiting stores and the group being written; a
+ * submit that would take it past queue_max_bytes is dropped (logged with
+ * the numbers, counted), except when the writer holds nothing — one store
+ * larger than the whole budget must still be possible.
+ *
+ * Group commit. A store alone costs four fsyncs (part, directory, .idx,
+ * directory), and a turn is ~7 blocks and a manifest: 32 fsyncs, seconds
+ * on a disk that other writers keep busy. So the writer takes everything
+ * queued when it looks, up to GROUP_MAX_JOBS / GROUP_MAX_BYTES and never
+ * two stores of one key (the second waits for the next group), and
+ * commits it with shared directory fsyncs (store_group):
+ *   a. stage every job (checks, checksums, .idx record) and claim its key;
+ *   b. per job: unlink its old .idx (invariant 3), install its parts
+ *      (write, fsync, rename each); then ONE directory fsync;
+ *   c. the blocks' .idx (write, fsync, rename each); ONE directory fsync;
+ *      then they are live;
+ *   d. the roots' .idx the same way, ONE directory fsync; then they are
+ *      live.
+ * N blocks and a manifest of one part each: 2(N+1) + 3 fsyncs, not
+ * 4(N+1). A crash in b leaves no new .idx of the group (old ones already
+ * gone): parts without an .idx, swept at open (4). In c: committed blocks
+ * that nothing names yet (8) and the roots' parts, swept. In d: every
+ * block's commit is durable (c's fsync), some roots committed — each
+ * names only blocks of this or an earlier group (FIFO); a block that
+ * failed is missing, as when it failed alone (7). A job whose own
+ * step fails is scrubbed at once (.idx first, temporaries too) and,
+ * after the group's entries of its kind (a block's before any root's
+ * .idx, a root's after), stored by itself as a store outside a group is:
+ * ENOSPC/EDQUOT runs its make_room rounds, another error fails it alone
+ * (counted, logged); the others commit. A shared directory fsync that
+ * fails leaves unknown which renames it covered: every job it covered is
+ * scrubbed and stored by itself, from scratch. Claims, held refs, stats
+ * and the debug line are per job, as alone; lookups find each job of
+ * the group through pending()/queued() until its own commit (or
+ * failure), and the index from then on; its buffers go then too. An
+ * eviction pass follows the blocks' commit and the roots'; a job's bytes
+ * leave queue_bytes after the pass that follows its commit, so a queue at
+ * 0 bytes still means the writer is done. thaw_disk_cache_store() stores
+ * alone, synchronously.
  *
  * Disk full. A store whose I/O fails with ENOSPC/EDQUOT removes what it
  * wrote (invariant 3), evicts least recently used entries of other keys
@@ -170,7 +213,8 @@
  *   ---- in-memory index ---- hash table, LRU and orphan lists, refcounts, claims
  *   ---- file I/O ----       durable writes, removal, reading and mapping
  *   ---- open / close ----   directory, lock, sweep, writer start/stop
- *   ---- store ----          synchronous store, writer thread, submit, flush
+ *   ---- store ----          staging, synchronous store, group commit,
+ *                            writer thread, submit, pending, flush, pause
  *   ---- lookup ----         lookup, prefetch, entry accessors, .dft drop, verify
  *   ---- evict / remove ---- TTL, unreferenced blocks, LRU, room on a full
  *                            disk, removal, listing, stats
@@ -188,6 +232,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,6 +261,12 @@
 #define IDX_SIZE_MAX IDX_SIZE(THAW_DISK_META_MAX, THAW_DISK_REFS_MAX)
 #define IDX_PART_MASK ((1u << THAW_PART_COUNT) - 1)
 #define IDX_FLAG_BLOCK (1u << 8)
+
+/* What the writer takes into one group commit (at least one job, however
+ * big): a bound on how long the first job waits for the last one's parts,
+ * and on what one crash can cost. */
+#define GROUP_MAX_JOBS 64
+#define GROUP_MAX_BYTES ((uint64_t)256 << 20)
 
 _Static_assert(IDX_OFF_PARTS + 16 * THAW_PART_COUNT == IDX_OFF_NREFS, "idx layout");
 _Static_assert(sizeof IDX_MAGIC == 8, "idx magic");
@@ -276,6 +327,32 @@ struct links {
     uint32_t n_refs;
 };
 
+/* A store made ready for its I/O: what its .idx says, encoded, and what
+ * its index entry gets at the commit. Owns rec and refs until then. */
+struct staged {
+    char hex[HEX_LEN + 1];
+    struct links ln;                     /* what it is; refs point into its .kv */
+    uint64_t total;                      /* parts + .idx */
+    uint64_t part_size[THAW_PART_COUNT]; /* 0 = absent */
+    uint64_t kv_xxh3;
+    uint32_t n_tokens;
+    uint32_t n_meta;
+    int64_t now;  /* created and last used */
+    uint8_t *rec; /* the .idx record */
+    size_t rec_len;
+    uint8_t (*refs)[THAW_KEY_BYTES]; /* the entry's copy of ln.refs */
+    struct ent *e;                   /* the claim on the key, once taken */
+    double t0;                       /* mono_ms() when staged, for the log */
+};
+
+/* Where a job of the group being written stands (store_group). */
+enum job_state {
+    JOB_GROUP, /* its files go with the group's */
+    JOB_ALONE, /* failed in the group: its files are gone, it is stored by
+                * itself after the group's entries of its kind */
+    JOB_DONE,  /* committed or failed */
+};
+
 /* A store waiting for the writer thread; owns its buffers. */
 struct job {
     uint8_t key[THAW_KEY_BYTES];
@@ -286,7 +363,15 @@ struct job {
     struct links links; /* refs point into parts[THAW_PART_KV]; counted from submit
                          * until its store commits or fails (held_release) */
     uint64_t bytes;     /* parts + .idx: what it counts in queue_bytes */
-    struct job *next;   /* FIFO */
+    struct job *next;   /* FIFO; the group being written keeps the order */
+    /* the writer's, once the job is in a group */
+    struct staged s;
+    int state;   /* enum job_state */
+    int err;     /* JOB_ALONE: the -errno of its own step that failed in the
+                  * group, 0 when a directory fsync of the group failed */
+    int ended;   /* under mu: committed or failed, its buffers gone;
+                  * pending() and queued() skip it */
+    int counted; /* out of q_bytes and q_active (the writer's) */
 };
 
 struct thaw_disk_cache {
@@ -324,15 +409,18 @@ struct thaw_disk_cache {
     pthread_t writer;
     int has_writer;
     int stopping;
-    struct job *q_head, *q_tail; /* waiting, oldest first */
-    unsigned q_len;              /* jobs waiting */
-    uint64_t q_bytes;            /* of the jobs waiting and the one active */
-    uint64_t q_max_bytes;        /* 0 = no limit */
-    int q_active;                /* the writer is storing a job */
-    struct job *q_active_job;    /* that job, while thaw_disk_cache_pending may ref its parts;
-                                  * cleared under mu before it is freed */
-    pthread_cond_t q_cond;       /* a job arrived, or stopping */
-    pthread_cond_t q_idle;       /* a job finished */
+    struct job *q_head, *q_tail;   /* waiting, oldest first */
+    unsigned q_len;                /* jobs waiting */
+    uint64_t q_bytes;              /* of the jobs waiting and q_active's */
+    uint64_t q_max_bytes;          /* 0 = no limit */
+    unsigned q_active;             /* jobs of the group being written not yet counted out */
+    struct job *q_group;           /* that group (FIFO), while thaw_disk_cache_pending may ref
+                                    * its parts; cleared under mu before it is freed */
+    int q_writing;                 /* the writer holds a group */
+    int q_paused;                  /* thaw_disk_cache_pause: take no new group */
+    pthread_cond_t q_cond;         /* a job arrived, unpaused, or stopping */
+    pthread_cond_t q_idle;         /* a group finished */
+    atomic_uint_fast64_t n_fsyncs; /* vfs fsync calls, files and directory: stats.fsyncs */
 };
 
 struct thaw_disk_entry {
@@ -851,6 +939,14 @@ static void claim_end(struct thaw_disk_cache *c, struct ent *e, int committed)
 
 /* ---- file I/O ----------------------------------------------------------- */
 
+/* Every fsync of the store, a file's or the directory's: counted
+ * (stats.fsyncs), since they are what a store waits for on a busy disk. */
+static int do_fsync(struct thaw_disk_cache *c, int fd)
+{
+    atomic_fetch_add_explicit(&c->n_fsyncs, 1, memory_order_relaxed);
+    return c->vfs->fsync(c->vfs, fd);
+}
+
 static int fsync_dir(struct thaw_disk_cache *c)
 {
     const struct thaw_vfs *v = c->vfs;
@@ -859,7 +955,7 @@ static int fsync_dir(struct thaw_disk_cache *c)
     fd = v->open(v, c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (fd < 0)
         return fd;
-    ret = v->fsync(v, fd);
+    ret = do_fsync(c, fd);
     r = v->close(v, fd);
     return ret ? ret : r;
 }
@@ -905,7 +1001,7 @@ static int write_file(struct thaw_disk_cache *c, const char *path, const void *d
         if (ret)
             goto out_close;
     }
-    ret = v->fsync(v, fd);
+    ret = do_fsync(c, fd);
 out_close:
     r = v->close(v, fd);
     return ret ? ret : r;
@@ -1485,6 +1581,7 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     if (!c)
         return THAW_ENOMEM;
     c->lock_fd = -1;
+    atomic_init(&c->n_fsyncs, 0);
     c->dir = strndup(p->dir, len);
     c->n_buckets = 64;
     c->buckets = calloc(c->n_buckets, sizeof *c->buckets);
@@ -1675,13 +1772,11 @@ static int install_file(struct thaw_disk_cache *c, const char *tmp, const char *
     return ret ? ret : c->vfs->rename(c->vfs, tmp, path);
 }
 
-/* Writes key's files from scratch: the old .idx goes first (invariant 3),
- * then the parts, the directory, the .idx (the commit) and the directory
- * again (invariant 1). idx is complete (sizes, checksums) and its record
- * rec/rec_len encoded; mtime_s is the entry's last use. 0, or -errno with
- * every file of the key removed again (.idx first), temporaries included. */
-static int store_files(struct thaw_disk_cache *c, const char *hex, const struct thaw_part_blob parts[THAW_PART_COUNT],
-                       const uint8_t *rec, size_t rec_len, int64_t mtime_s)
+/* The first half of a store of <hex>: the old .idx goes first (invariant
+ * 3), then every part is installed and a part the new entry lacks is
+ * unlinked. The directory is not fsynced. 0 or -errno (what was written
+ * stays: the caller scrubs it). */
+static int write_parts(struct thaw_disk_cache *c, const char *hex, const struct thaw_part_blob parts[THAW_PART_COUNT])
 {
     const struct thaw_vfs *v = c->vfs;
     char tmp[PATH_MAX], path[PATH_MAX];
@@ -1690,42 +1785,65 @@ static int store_files(struct thaw_disk_cache *c, const char *hex, const struct 
     entry_path(c, path, hex, ".idx", 0);
     ret = v->unlink(v, path);
     if (ret && ret != -ENOENT)
-        goto err_remove;
+        return ret;
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         entry_path(c, path, hex, part_ext[p], 0);
         if (parts[p].size == 0) {
             /* A part the old entry had must not outlive it. */
             ret = v->unlink(v, path);
             if (ret && ret != -ENOENT)
-                goto err_remove;
+                return ret;
             continue;
         }
         entry_path(c, tmp, hex, part_ext[p], 1);
         ret = install_file(c, tmp, path, parts[p].data, parts[p].size, -1);
         if (ret)
-            goto err_remove;
+            return ret;
     }
-    ret = fsync_dir(c);
-    if (ret)
-        goto err_remove;
-    entry_path(c, tmp, hex, ".idx", 1);
-    entry_path(c, path, hex, ".idx", 0);
-    ret = install_file(c, tmp, path, rec, rec_len, mtime_s);
-    if (ret)
-        goto err_remove;
-    ret = fsync_dir(c);
-    if (ret)
-        goto err_remove;
     return 0;
+}
 
-err_remove:
-    /* Whatever got written goes, .idx first (it can only be there if the
-     * failure came after its rename). */
+/* The second half: the .idx, whose rename is the commit (durable once the
+ * directory is fsynced). 0 or -errno. */
+static int write_idx(struct thaw_disk_cache *c, const struct staged *s)
+{
+    char tmp[PATH_MAX], path[PATH_MAX];
+
+    entry_path(c, tmp, s->hex, ".idx", 1);
+    entry_path(c, path, s->hex, ".idx", 0);
+    return install_file(c, tmp, path, s->rec, s->rec_len, s->now);
+}
+
+/* Whatever a failed store of <hex> wrote goes, .idx first (it can only be
+ * there if the failure came after its rename), temporaries included
+ * (invariant 3). */
+static void scrub_files(struct thaw_disk_cache *c, const char *hex)
+{
+    char tmp[PATH_MAX];
+
     (void)remove_files(c, hex);
     for (int p = 0; p <= THAW_PART_COUNT; p++) {
         entry_path(c, tmp, hex, idx_or_part_ext(p), 1);
-        (void)v->unlink(v, tmp);
+        (void)c->vfs->unlink(c->vfs, tmp);
     }
+}
+
+/* Writes one staged store's files from scratch, alone: the parts, the
+ * directory, the .idx (the commit) and the directory again (invariants 1,
+ * 3). 0, or -errno with every file of the key scrubbed. */
+static int store_files(struct thaw_disk_cache *c, const struct staged *s,
+                       const struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    int ret = write_parts(c, s->hex, parts);
+
+    if (ret == 0)
+        ret = fsync_dir(c);
+    if (ret == 0)
+        ret = write_idx(c, s);
+    if (ret == 0)
+        ret = fsync_dir(c);
+    if (ret)
+        scrub_files(c, s->hex);
     return ret;
 }
 
@@ -1741,143 +1859,319 @@ static void held_release(struct thaw_disk_cache *c, const struct links *held)
         refs_drop(c, held->refs, held->n_refs);
 }
 
-/* A store. held NULL: thaw_disk_cache_store, classified here; otherwise the
- * writer's job, classified and its refs counted at submit (held_release). */
-static int store_entry(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
-                       const struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta,
-                       const struct links *held)
+/* Checks a store and makes its .idx record (no I/O, no lock). held NULL:
+ * thaw_disk_cache_store, classified here; otherwise the writer's job,
+ * classified at submit. 0, or what store_check says, or THAW_ENOMEM; *s is
+ * ready for store_end() either way. */
+static int stage(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                 const struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta,
+                 const struct links *held, struct staged *s)
 {
-    char hex[HEX_LEN + 1], bytes[24];
     struct thaw_disk_idx idx;
-    struct links ln;
-    uint8_t *rec = NULL;
-    uint8_t(*refs)[THAW_KEY_BYTES] = NULL; /* the entry's copy, once committed */
-    size_t rec_len = 0;
-    uint64_t total = 0;
-    struct ent *e;
-    double t0 = mono_ms();
-    int64_t now;
     int ret;
 
-    ret = store_check(c, key, parts, meta, n_meta, held, &ln, &total);
-    if (ret == 0 && ln.n_refs && !(refs = malloc((size_t)ln.n_refs * THAW_KEY_BYTES)))
-        ret = THAW_ENOMEM;
-    if (ret) {
-        if (c) {
-            pthread_mutex_lock(&c->mu);
-            c->st.store_failures++;
-            held_release(c, held);
-            pthread_mutex_unlock(&c->mu);
-        }
+    memset(s, 0, sizeof *s);
+    s->t0 = mono_ms();
+    ret = store_check(c, key, parts, meta, n_meta, held, &s->ln, &s->total);
+    if (ret)
         return ret;
-    }
-    now = now_s(c);
-    thaw_hex(key, THAW_KEY_BYTES, hex);
+    if (s->ln.n_refs && !(s->refs = malloc((size_t)s->ln.n_refs * THAW_KEY_BYTES)))
+        return THAW_ENOMEM;
+    s->now = now_s(c);
+    s->n_tokens = n_tokens;
+    s->n_meta = (uint32_t)n_meta;
+    thaw_hex(key, THAW_KEY_BYTES, s->hex);
 
     memset(&idx, 0, sizeof idx);
     memcpy(idx.key, key, THAW_KEY_BYTES);
     memcpy(idx.fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
     idx.n_tokens = n_tokens;
-    idx.created = now;
+    idx.created = s->now;
     idx.n_meta = (uint32_t)n_meta;
     idx.meta = meta;
-    idx.is_block = ln.is_block;
-    idx.n_refs = ln.n_refs;
-    idx.refs = ln.refs;
-    if (ln.n_refs)
-        memcpy(refs, ln.refs, (size_t)ln.n_refs * THAW_KEY_BYTES);
+    idx.is_block = s->ln.is_block;
+    idx.n_refs = s->ln.n_refs;
+    idx.refs = s->ln.refs;
+    if (s->ln.n_refs)
+        memcpy(s->refs, s->ln.refs, (size_t)s->ln.n_refs * THAW_KEY_BYTES);
     for (int p = 0; p < THAW_PART_COUNT; p++) {
+        s->part_size[p] = parts[p].size;
         if (!parts[p].size)
             continue;
         idx.size[p] = parts[p].size;
         idx.xxh3[p] = XXH3_64bits(parts[p].data, parts[p].size);
     }
-    ret = idx_encode(&idx, &rec, &rec_len);
-    if (ret) {
-        pthread_mutex_lock(&c->mu);
-        c->st.store_failures++;
-        held_release(c, held);
-        pthread_mutex_unlock(&c->mu);
-        free(refs);
-        return ret;
-    }
+    s->kv_xxh3 = idx.xxh3[THAW_PART_KV];
+    return idx_encode(&idx, &s->rec, &s->rec_len);
+}
+
+/* Claims the key of a staged store (waiting for another claim of it to
+ * end). 0 or THAW_ENOMEM. With c->mu held. */
+static int stage_claim(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], struct staged *s)
+{
+    s->e = claim_wait(c, key, 1);
+    return s->e ? 0 : THAW_ENOMEM;
+}
+
+/* Ends a staged store whose files are committed (ret 0) or scrubbed (ret
+ * -errno or the project's error): the entry goes live, or the claim ends
+ * with nothing; either way its held refs are released and the outcome
+ * counted (stores_ok / store_failures) and logged. Frees what s owns.
+ * Returns ret. */
+static int store_end(struct thaw_disk_cache *c, struct staged *s, const struct links *held, int ret)
+{
+    struct ent *e = s->e;
+    char bytes[24];
 
     pthread_mutex_lock(&c->mu);
-    e = claim_wait(c, key, 1);
-    if (!e) {
-        c->st.store_failures++;
+    if (ret == 0) {
+        memcpy(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+        e->bytes = s->total;
+        memcpy(e->part_size, s->part_size, sizeof e->part_size);
+        e->kv_xxh3 = s->kv_xxh3;
+        e->n_tokens = s->n_tokens;
+        e->n_meta = s->n_meta;
+        e->created = s->now;
+        e->last_used = s->now;
+        e->is_block = s->ln.is_block;
+        ent_set_refs(c, e, s->refs, s->ln.n_refs); /* before the commit: a block named here is never an orphan */
+        s->refs = NULL;
         held_release(c, held);
+        claim_end(c, e, 1);
+        c->st.stores_ok++;
+    } else {
+        if (e)
+            claim_end(c, e, 0);
+        held_release(c, held);
+        c->st.store_failures++;
     }
     pthread_mutex_unlock(&c->mu);
-    if (!e) {
-        free(rec);
-        free(refs);
-        return THAW_ENOMEM;
+    if (ret == 0) {
+        thaw_fmt_bytes(s->total, bytes);
+        /* debug: the engine logs the one INFO line per store (what, how big, where) */
+        logf_(c, THAW_LOG_DEBUG, "disk cache: stored %.16s: %u tokens, %s in %.0f ms", s->hex, s->n_tokens, bytes,
+              mono_ms() - s->t0);
+    } else if (e) { /* an I/O error: the others are the caller's mistakes or memory */
+        logf_(c, THAW_LOG_ERROR, "disk cache: store of %.16s failed: %s", s->hex, thaw_strerror(ret));
     }
+    free(s->rec);
+    free(s->refs);
+    s->rec = NULL;
+    s->refs = NULL;
+    s->e = NULL;
+    return ret;
+}
 
-    /* A full disk costs the least recently used entries, not this one: the
-     * newest state is the one the next turn asks for. Each round starts
-     * from nothing on disk (store_files removed it), so a file whose fsync
-     * failed is never trusted again. The key itself is claimed, hence off
-     * the LRU list: never its own victim. */
-    for (int round = 0;; round++) {
-        ret = store_files(c, hex, parts, rec, rec_len, now);
-        if ((ret != -ENOSPC && ret != -EDQUOT) || round == THAW_DISK_ENOSPC_ROUNDS)
-            break;
-        if (make_room(c, hex, total, ret, round + 1) == 0)
+/* Stores a claimed, staged store by itself. err is what an attempt already
+ * made (in a group) ended with: 0 for none, then it starts with one.
+ * A full disk costs the least recently used entries, not this one: the
+ * newest state is the one the next turn asks for. Each round starts from
+ * nothing on disk (the attempt before scrubbed it), so a file whose fsync
+ * failed is never trusted again. The key itself is claimed, hence off the
+ * LRU list: never its own victim. 0 or -errno (files scrubbed). */
+static int store_alone(struct thaw_disk_cache *c, const struct staged *s,
+                       const struct thaw_part_blob parts[THAW_PART_COUNT], int err)
+{
+    int ret = err ? err : store_files(c, s, parts);
+
+    for (int round = 1; (ret == -ENOSPC || ret == -EDQUOT) && round <= THAW_DISK_ENOSPC_ROUNDS; round++) {
+        if (make_room(c, s->hex, s->total, ret, round) == 0)
             break; /* nothing left to evict: full of something else */
+        ret = store_files(c, s, parts);
     }
-    if (ret)
-        goto err_claim;
-
-    pthread_mutex_lock(&c->mu);
-    memcpy(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
-    e->bytes = total;
-    for (int p = 0; p < THAW_PART_COUNT; p++)
-        e->part_size[p] = parts[p].size;
-    e->kv_xxh3 = idx.xxh3[THAW_PART_KV];
-    e->n_tokens = n_tokens;
-    e->n_meta = (uint32_t)n_meta;
-    e->created = now;
-    e->last_used = now;
-    e->is_block = ln.is_block;
-    ent_set_refs(c, e, refs, ln.n_refs); /* before the commit: a block named here is never an orphan */
-    refs = NULL;
-    held_release(c, held);
-    claim_end(c, e, 1);
-    c->st.stores_ok++;
-    pthread_mutex_unlock(&c->mu);
-    thaw_fmt_bytes(total, bytes);
-    /* debug: the engine logs the one INFO line per store (what, how big, where) */
-    logf_(c, THAW_LOG_DEBUG, "disk cache: stored %.16s: %u tokens, %s in %.0f ms", hex, n_tokens, bytes,
-          mono_ms() - t0);
-    free(rec);
-    return 0;
-
-err_claim:
-    pthread_mutex_lock(&c->mu);
-    claim_end(c, e, 0);
-    held_release(c, held);
-    c->st.store_failures++;
-    pthread_mutex_unlock(&c->mu);
-    logf_(c, THAW_LOG_ERROR, "disk cache: store of %.16s failed: %s", hex, thaw_strerror(ret));
-    free(rec);
-    free(refs);
     return ret;
 }
 
 int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
                           const struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta)
 {
-    return store_entry(c, key, n_tokens, parts, meta, n_meta, NULL);
+    struct staged s;
+    int ret;
+
+    if (!c)
+        return THAW_EINVAL;
+    ret = stage(c, key, n_tokens, parts, meta, n_meta, NULL, &s);
+    if (ret == 0) {
+        pthread_mutex_lock(&c->mu);
+        ret = stage_claim(c, key, &s);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (ret == 0)
+        ret = store_alone(c, &s, parts, 0);
+    return store_end(c, &s, NULL, ret);
+}
+
+/* ---- store: the writer's group commit ---- */
+
+/* Ends job j of a group (store_end) and lets go of it at once, as of a
+ * store written alone: lookups find it in the index if it committed, no
+ * longer through pending(), and its buffers are released. */
+static void job_end(struct thaw_disk_cache *c, struct job *j, int ret)
+{
+    void *bufs[THAW_PART_COUNT];
+
+    (void)store_end(c, &j->s, &j->links, ret); /* the last use of links.refs, which point into the .kv */
+    j->state = JOB_DONE;
+    pthread_mutex_lock(&c->mu);
+    j->ended = 1;
+    for (int p = 0; p < THAW_PART_COUNT; p++) {
+        bufs[p] = j->parts[p].data;
+        j->parts[p].data = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        thaw_blob_unref(bufs[p]);
+}
+
+/* Takes the ended jobs of g not yet counted out (of one kind, or any kind
+ * with blocks -1) out of q_bytes and q_active: after their buffers went,
+ * and after the eviction pass that follows their commit, so that a queue
+ * at 0 bytes means the writer is done (tests and benches wait for it). */
+static void jobs_count_out(struct thaw_disk_cache *c, struct job *g, int blocks)
+{
+    pthread_mutex_lock(&c->mu);
+    for (struct job *j = g; j; j = j->next) {
+        if (j->state != JOB_DONE || j->counted || (blocks >= 0 && j->s.ln.is_block != blocks))
+            continue;
+        j->counted = 1;
+        c->q_bytes -= j->bytes;
+        c->q_active--;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Job j failed in its group with err (0: a directory fsync it shared):
+ * what it wrote goes now, and it is stored by itself later. */
+static void job_alone(struct thaw_disk_cache *c, struct job *j, int err)
+{
+    scrub_files(c, j->s.hex);
+    j->state = JOB_ALONE;
+    j->err = err;
+}
+
+/* Commits the group's entries of one kind (blocks, then roots: invariant
+ * 7): the .idx of each, then ONE directory fsync for them all; then the
+ * jobs of that kind that failed in the group, each by itself, with its
+ * disk-full rounds; then an eviction pass if any committed (the budget
+ * holds between lookups too). Every job of the kind ends here and leaves
+ * the queue's count. */
+static void group_commit(struct thaw_disk_cache *c, struct job *g, int blocks)
+{
+    unsigned n = 0, n_ok = 0;
+    struct job *j;
+    int r = 0;
+
+    for (j = g; j; j = j->next) {
+        if (j->state != JOB_GROUP || j->s.ln.is_block != blocks)
+            continue;
+        if ((r = write_idx(c, &j->s)) != 0)
+            job_alone(c, j, r);
+        else
+            n++;
+    }
+    r = n ? fsync_dir(c) : 0;
+    for (j = g; j; j = j->next) {
+        if (j->state != JOB_GROUP || j->s.ln.is_block != blocks)
+            continue;
+        if (r) { /* which of the renames it covered are durable is unknown */
+            job_alone(c, j, 0);
+            continue;
+        }
+        job_end(c, j, 0);
+        n_ok++;
+    }
+    for (j = g; j; j = j->next) {
+        if (j->state != JOB_ALONE || j->s.ln.is_block != blocks)
+            continue;
+        r = store_alone(c, &j->s, j->parts, j->err);
+        n_ok += r == 0;
+        job_end(c, j, r);
+    }
+    if (n_ok && c->max_bytes)
+        (void)thaw_disk_cache_evict(c);
+    jobs_count_out(c, g, blocks);
+}
+
+/* Stores the group g (FIFO, distinct keys) as one commit: every job's
+ * parts, one directory fsync, then group_commit() for the blocks and then
+ * for the roots (the notes: "Group commit"). Each job ends committed or
+ * failed exactly as a store of its own would: its claim, its held refs,
+ * its stats. */
+static void store_group(struct thaw_disk_cache *c, struct job *g)
+{
+    unsigned n = 0;
+    struct job *j;
+    int r;
+
+    for (j = g; j; j = j->next) {
+        j->state = JOB_GROUP;
+        j->err = stage(c, j->key, j->n_tokens, j->parts, j->meta, j->n_meta, &j->links, &j->s);
+    }
+    /* No claim is waited for while another is held, except here: nothing
+     * that holds a claim ever waits for one (evictions take only unclaimed
+     * entries), so this cannot deadlock. */
+    pthread_mutex_lock(&c->mu);
+    for (j = g; j; j = j->next)
+        if (!j->err)
+            j->err = stage_claim(c, j->key, &j->s);
+    pthread_mutex_unlock(&c->mu);
+    for (j = g; j; j = j->next)
+        if (j->err)
+            job_end(c, j, j->err);
+    jobs_count_out(c, g, -1); /* those failed: nothing to evict for them */
+    for (j = g; j; j = j->next) {
+        if (j->state != JOB_GROUP)
+            continue;
+        if ((r = write_parts(c, j->s.hex, j->parts)) != 0)
+            job_alone(c, j, r);
+        else
+            n++;
+    }
+    if (n && fsync_dir(c) != 0)
+        for (j = g; j; j = j->next)
+            if (j->state == JOB_GROUP)
+                job_alone(c, j, 0);
+    group_commit(c, g, 1);
+    group_commit(c, g, 0);
+}
+
+/* The next group, off the head of the queue: up to GROUP_MAX_JOBS jobs and
+ * GROUP_MAX_BYTES (at least one job), ending before a key already in it (a
+ * second store of a key waits for the first to commit). With c->mu held;
+ * the queue is not empty. */
+static struct job *group_take(struct thaw_disk_cache *c)
+{
+    struct job *g = c->q_head, *j = g, *last = NULL;
+    uint64_t sum = 0;
+    unsigned n = 0;
+
+    for (; j && n < GROUP_MAX_JOBS && (n == 0 || sum + j->bytes <= GROUP_MAX_BYTES); j = j->next) {
+        const struct job *k = g;
+
+        for (; k != j && memcmp(k->key, j->key, THAW_KEY_BYTES); k = k->next)
+            ;
+        if (k != j)
+            break;
+        sum += j->bytes;
+        n++;
+        last = j;
+    }
+    last->next = NULL;
+    c->q_head = j;
+    if (!j)
+        c->q_tail = NULL;
+    c->q_len -= n;
+    c->q_active = n;
+    c->q_group = g;
+    c->q_writing = 1;
+    return g;
 }
 
 static void *writer_main(void *arg)
 {
     struct thaw_disk_cache *c = arg;
     struct sched_param idle = {0};
-    struct job *j;
-    uint64_t bytes;
+    struct job *g, *next;
 
     /* Stores must never slow a decode: on a machine whose cores all decode,
      * the writer's hashing and copying run only when a core is idle.
@@ -1886,30 +2180,24 @@ static void *writer_main(void *arg)
 
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (!c->q_head && !c->stopping)
+        while ((!c->q_head || c->q_paused) && !c->stopping)
             pthread_cond_wait(&c->q_cond, &c->mu);
         if (!c->q_head)
             break; /* stopping, and drained */
-        j = c->q_head;
-        c->q_head = j->next;
-        if (!c->q_head)
-            c->q_tail = NULL;
-        c->q_len--;
-        c->q_active = 1;
-        c->q_active_job = j;
+        g = group_take(c);
         pthread_mutex_unlock(&c->mu);
 
-        if (store_entry(c, j->key, j->n_tokens, j->parts, j->meta, j->n_meta, &j->links) == 0 && c->max_bytes)
-            (void)thaw_disk_cache_evict(c); /* keep the directory within budget between lookups too */
-        bytes = j->bytes;
+        store_group(c, g); /* every job ends in it, out of q_bytes and q_active */
         pthread_mutex_lock(&c->mu);
-        c->q_active_job = NULL; /* written (or failed): lookups go to the index from now on */
+        c->q_group = NULL;
         pthread_mutex_unlock(&c->mu);
-        job_free(j); /* its buffers are released before its bytes leave the count */
+        for (; g; g = next) { /* their buffers are gone already */
+            next = g->next;
+            job_free(g);
+        }
 
         pthread_mutex_lock(&c->mu);
-        c->q_bytes -= bytes;
-        c->q_active = 0;
+        c->q_writing = 0;
         pthread_cond_broadcast(&c->q_idle);
     }
     pthread_mutex_unlock(&c->mu);
@@ -2018,10 +2306,11 @@ int thaw_disk_cache_pending(struct thaw_disk_cache *c, const uint8_t key[THAW_KE
     if (!c || !key || !out)
         return THAW_EINVAL;
     pthread_mutex_lock(&c->mu);
-    /* the newest store of the key wins: the active job is older than any
-     * waiting one */
-    if (c->q_active_job && memcmp(c->q_active_job->key, key, THAW_KEY_BYTES) == 0)
-        found = c->q_active_job;
+    /* the newest store of the key wins: the group being written is older
+     * than any waiting job, and holds a key once */
+    for (const struct job *j = c->q_group; j; j = j->next)
+        if (!j->ended && memcmp(j->key, key, THAW_KEY_BYTES) == 0)
+            found = j;
     for (const struct job *j = c->q_head; j; j = j->next)
         if (memcmp(j->key, key, THAW_KEY_BYTES) == 0)
             found = j;
@@ -2038,8 +2327,20 @@ void thaw_disk_cache_flush(struct thaw_disk_cache *c)
     if (!c || !c->has_writer)
         return;
     pthread_mutex_lock(&c->mu);
-    while (c->q_head || c->q_active)
+    c->q_paused = 0;
+    pthread_cond_signal(&c->q_cond);
+    while (c->q_head || c->q_writing)
         pthread_cond_wait(&c->q_idle, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void thaw_disk_cache_pause(struct thaw_disk_cache *c, int paused)
+{
+    if (!c || !c->has_writer)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->q_paused = paused != 0;
+    pthread_cond_signal(&c->q_cond);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -2425,8 +2726,9 @@ static int contains_locked(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
 /* queued(), with c->mu held. */
 static int queued_locked(const struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
-    if (c->q_active_job && memcmp(c->q_active_job->key, key, THAW_KEY_BYTES) == 0)
-        return 1;
+    for (const struct job *j = c->q_group; j; j = j->next)
+        if (!j->ended && memcmp(j->key, key, THAW_KEY_BYTES) == 0)
+            return 1;
     for (const struct job *j = c->q_head; j; j = j->next)
         if (memcmp(j->key, key, THAW_KEY_BYTES) == 0)
             return 1;
@@ -2854,6 +3156,7 @@ void thaw_disk_cache_get_stats(struct thaw_disk_cache *c, struct thaw_disk_cache
     *out = c->st;
     out->queue_bytes = c->q_bytes;
     out->queue_len = c->q_len + (uint64_t)c->q_active;
+    out->fsyncs = atomic_load_explicit(&c->n_fsyncs, memory_order_relaxed);
     out->entries = c->n_live;
     out->bytes = c->bytes;
     out->blocks = c->n_blocks;

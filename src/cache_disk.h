@@ -87,7 +87,7 @@ struct thaw_disk_cache_params {
                                                       * identity, written into every .idx; entries
                                                       * with another one are misses */
     uint64_t queue_max_bytes;                        /* bytes of submitted stores the writer may
-                                                      * hold (waiting, and the one being written:
+                                                      * hold (waiting, and the group being written:
                                                       * the sum of their parts and .idx); a submit
                                                       * that would go over is dropped. A store larger
                                                       * than this alone is still taken when the
@@ -193,8 +193,9 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
  * to every parts[i].data moves to the cache (dropped after the write,
  * whatever its outcome) and parts[i].data is set to NULL; meta is copied,
  * the caller keeps it. The store's bytes (parts + .idx) count in
- * queue_bytes until the writer is done with it. The write's own outcome
- * shows only in the stats and the log.
+ * queue_bytes until the writer is done with it (with the group it is
+ * committed in: thaw_disk_cache_pause). The write's own outcome shows only
+ * in the stats and the log.
  * Otherwise the store is dropped: the caller keeps its references, it counts
  * in stores_dropped (c NULL aside), and one WARN line says why:
  *   THAW_EBUSY     the writer holds queue_bytes > 0 already and this store's
@@ -207,7 +208,8 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
 int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
                            struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta);
 
-/* A store of key the writer still holds (waiting, or being written): the
+/* A store of key the writer still holds (waiting, or in the group being
+ * written, until that group is done): the
  * bytes a lookup right after submit() would otherwise miss until the write
  * lands. Takes a reference to each of its present parts' blobs into out[]
  * (absent parts: NULL, 0); the caller drops them with thaw_blob_unref. The
@@ -220,8 +222,18 @@ int thaw_disk_cache_pending(struct thaw_disk_cache *c, const uint8_t key[THAW_KE
                             struct thaw_part_blob out[THAW_PART_COUNT]);
 
 /* Blocks until every store submitted before the call has been written (or
- * has failed). Returns at once without a writer thread. */
+ * has failed). Ends a pause (below). Returns at once without a writer
+ * thread. */
 void thaw_disk_cache_flush(struct thaw_disk_cache *c);
+
+/* The writer commits what is queued when it looks as one group (at most 64
+ * stores or 256 MiB), sharing the directory fsyncs (cache_disk.c, "Group
+ * commit"). paused 1: it finishes the group it is writing but takes no new
+ * one, so the stores submitted meanwhile go as one group once paused 0 (or
+ * flush(), or close(), which end a pause). Submit, pending and the queue's
+ * budget work as ever meanwhile. For tests, which need a group of their
+ * choosing. No-op for NULL or without a writer thread. */
+void thaw_disk_cache_pause(struct thaw_disk_cache *c, int paused);
 
 /* Looks key up, maps its parts read-only and verifies every checksum.
  * Returns 0 and sets *out: a hit, to be released with
@@ -428,6 +440,8 @@ struct thaw_disk_cache_stats {
     uint64_t skipped_entries; /* found unusable at open and left in place:
                                * corrupt under READONLY, or an .idx that
                                * could not be read (EACCES, EIO) */
+    uint64_t fsyncs;          /* fsync calls made, of files and of the
+                               * directory (whatever their outcome) */
 };
 
 /* Counters since open (entries, bytes, oldest_*, queue_*: now). c NULL

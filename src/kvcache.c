@@ -698,6 +698,10 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
     G("bytes", "bytes on disk in --kv-cache-dir", st.bytes);
     C("stores_total", "entries written", st.stores_ok);
     C("store_failures_total", "stores that failed (I/O error, disk full)", st.store_failures);
+    C("fsyncs_total",
+      "fsync calls of the disk tier, files and directory (a store waits for them; the writer shares the directory's "
+      "among the stores it commits together)",
+      st.fsyncs);
     C("stores_dropped_total",
       "stores not queued for disk (writer queue bytes full, too big, shutting "
       "down)",

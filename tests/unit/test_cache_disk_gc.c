@@ -10,16 +10,24 @@
  *     while there is room, none over budget; contains() restarts a block's
  *     grace; orphans of a crash go one grace later, also after a restart;
  *   - a reopen rebuilds the refcounts from the .idx records;
- *   - a crash at every system call of a store of blocks + manifest, and of
- *     an eviction with its collection: the directory opens clean, never a
- *     manifest naming a missing block, and nothing is left unnamed after
- *     one pass.
+ *   - a crash at every system call of a store of blocks + manifest, of
+ *     the writer's group commit of two conversations and a replaced whole
+ *     state, and of an eviction with its collection: the directory opens
+ *     clean, never a manifest naming a missing block, and nothing is left
+ *     unnamed after one pass;
+ *   - group commit: the fsyncs of a group (2 per entry + 3, not 4 per
+ *     entry), one failure inside a group (a job's own write or fsync, a
+ *     full disk, the shared directory fsync) and how each job ends, every
+ *     job of the group being written found by pending() and queued() until
+ *     its own commit.
  *
  * Map:
  *   ---- fixtures ----   temp dir, fake clock, toy entries, file checks
  *   ---- eviction ----   LRU, TTL, corrupt block, reopen
  *   ---- in progress ---- queued manifest, grace, contains(), orphans
  *   ---- crashes ----    store of blocks + manifest, eviction + GC
+ *   ---- group commit ---- crash across a group, fsync count, failures
+ *                         inside a group, pending() of a group
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,6 +41,7 @@
 #include "vfs.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
@@ -246,7 +255,7 @@ static int has_man(const struct fx *f, unsigned m)
 static int lookup_ok(struct fx *f, unsigned n)
 {
     uint8_t key[THAW_KEY_BYTES];
-    struct thaw_disk_entry *e;
+    struct thaw_disk_entry *e = NULL; /* a miss leaves it untouched */
     int r;
 
     key_make(key, n);
@@ -463,30 +472,51 @@ static void test_reopen_rebuilds_refcounts(void **state)
 
 /* ---- in progress -------------------------------------------------------- */
 
-/* A vfs that holds the creation of one key's temporaries at a gate: the
- * writer stops inside that store while the test looks at the index. */
+/* A vfs that holds the creation of one key's temporaries (those ending in
+ * ext, if set: one of them) at a gate: the writer stops inside that store
+ * while the test looks at the index. Changing ext lets a held writer on
+ * to the next temporary that matches. */
 struct gate {
     struct thaw_vfs vfs;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     char hex[65];
+    const char *ext; /* NULL: any .tmp */
     int closed, waiting;
+    int arrived; /* times a temporary was held */
 };
+
+static int gate_holds(const struct gate *g, const char *path)
+{
+    return g->closed && strstr(path, g->ext ? g->ext : ".tmp");
+}
 
 static int gate_open(const struct thaw_vfs *v, const char *path, int flags, mode_t mode)
 {
     struct gate *g = (struct gate *)v;
 
-    if ((flags & O_CREAT) && strstr(path, g->hex) && strstr(path, ".tmp")) {
+    if ((flags & O_CREAT) && strstr(path, g->hex)) {
         pthread_mutex_lock(&g->mu);
-        g->waiting++;
-        pthread_cond_broadcast(&g->cv);
-        while (g->closed)
-            pthread_cond_wait(&g->cv, &g->mu);
-        g->waiting--;
+        if (gate_holds(g, path)) {
+            g->waiting++;
+            g->arrived++;
+            pthread_cond_broadcast(&g->cv);
+            while (gate_holds(g, path))
+                pthread_cond_wait(&g->cv, &g->mu);
+            g->waiting--;
+        }
         pthread_mutex_unlock(&g->mu);
     }
     return thaw_vfs_default()->open(thaw_vfs_default(), path, flags, mode);
+}
+
+/* Until the gate has held a temporary n times. */
+static void gate_wait_arrived(struct gate *g, int n)
+{
+    pthread_mutex_lock(&g->mu);
+    while (g->arrived < n)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
 }
 
 static void gate_set(struct gate *g, int closed)
@@ -789,6 +819,406 @@ static void test_crash_evict_and_collect(void **state)
     }
 }
 
+/* ---- group commit ------------------------------------------------------- */
+
+/* What the writer takes as one group: everything submitted while it is
+ * paused (thaw_disk_cache_pause), committed at the flush. */
+static int submit_blob(struct thaw_disk_cache *c, unsigned key_n, const uint8_t *kv, size_t size, uint32_t n_tokens)
+{
+    uint8_t key[THAW_KEY_BYTES];
+    struct thaw_part_blob parts[THAW_PART_COUNT] = {{thaw_blob_alloc(size), size}, {NULL, 0}, {NULL, 0}};
+    int r;
+
+    assert_non_null(parts[0].data);
+    memcpy(parts[0].data, kv, size);
+    key_make(key, key_n);
+    r = thaw_disk_cache_submit(c, key, n_tokens, parts, NULL, 0);
+    if (r)
+        thaw_blob_unref(parts[0].data);
+    return r;
+}
+
+static int submit_block(struct thaw_disk_cache *c, unsigned n)
+{
+    uint8_t *kv = block_kv(n);
+    int r = submit_blob(c, n, kv, BLOCK_SIZE, 32);
+
+    free(kv);
+    return r;
+}
+
+/* A whole state (a root naming nothing): 'W' and bytes of seed. Keyed
+ * 2000 + n. */
+static uint8_t *whole_kv(unsigned seed)
+{
+    uint8_t *b = block_kv(seed + 100);
+
+    b[0] = 'W';
+    return b;
+}
+
+static int submit_whole(struct thaw_disk_cache *c, unsigned n, unsigned seed)
+{
+    uint8_t *kv = whole_kv(seed);
+    int r = submit_blob(c, 2000 + n, kv, BLOCK_SIZE, 50);
+
+    free(kv);
+    return r;
+}
+
+static int store_whole(struct thaw_disk_cache *c, unsigned n, unsigned seed)
+{
+    uint8_t key[THAW_KEY_BYTES], *kv = whole_kv(seed);
+    struct thaw_part_blob parts[THAW_PART_COUNT] = {{kv, BLOCK_SIZE}, {NULL, 0}, {NULL, 0}};
+    int r;
+
+    key_make(key, 2000 + n);
+    r = thaw_disk_cache_store(c, key, 50, parts, NULL, 0);
+    free(kv);
+    return r;
+}
+
+/* Which seed the whole state 2000 + n holds: the seed, 0 for a miss, -1 for
+ * anything else. */
+static int whole_seed(struct fx *f, unsigned n, unsigned seed_a, unsigned seed_b)
+{
+    uint8_t key[THAW_KEY_BYTES], *a = whole_kv(seed_a), *b = whole_kv(seed_b);
+    struct thaw_disk_entry *e;
+    const void *kv;
+    size_t size;
+    int r;
+
+    key_make(key, 2000 + n);
+    if (thaw_disk_cache_lookup(f->c, key, &e) != 0) {
+        r = 0;
+        goto out;
+    }
+    kv = thaw_disk_entry_part(e, THAW_PART_KV, &size);
+    r = size != BLOCK_SIZE ? -1 : !memcmp(kv, a, size) ? (int)seed_a : !memcmp(kv, b, size) ? (int)seed_b : -1;
+    thaw_disk_entry_release(e);
+out:
+    free(a);
+    free(b);
+    return r;
+}
+
+/* Two conversations and a whole state replacing an older one, in one
+ * group: A = blocks {0, 1} + manifest 0, B = block 2 + manifest 1 naming
+ * {0, 2} (block 0 still queued: blocks.c does not submit it twice), and
+ * whole state 0 at seed 2 over the seed 1 already on disk. */
+static const unsigned ids_g[] = {0, 2};
+
+static void submit_group(struct thaw_disk_cache *c)
+{
+    thaw_disk_cache_pause(c, 1);
+    (void)submit_block(c, 0);
+    (void)submit_block(c, 1);
+    (void)submit_man(c, 0, ids_a, 2);
+    (void)submit_block(c, 2);
+    (void)submit_man(c, 1, ids_g, 2);
+    (void)submit_whole(c, 0, 2);
+    thaw_disk_cache_flush(c); /* ends the pause: one group of six */
+}
+
+static void run_group(struct fx *f, struct thaw_disk_cache *c)
+{
+    (void)f;
+    submit_group(c);
+}
+
+/* A crash at every system call of the writer's group commit: the directory
+ * opens clean; no root of the group is committed before every block of it
+ * is (the blocks' .idx and their directory fsync come first: invariant 7),
+ * so a committed manifest always has its blocks; the replaced whole state
+ * is the old one up to its .idx unlink, then nothing, then the new one
+ * (invariant 3); a commit is never lost at a later point; the last commit
+ * is the last .idx rename (only the directory fsync follows); and after
+ * one pass no block is left that nothing names. */
+static void test_crash_group_commit(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    unsigned long n_calls, first_new = 0, last_old = 0, first_all = 0;
+    unsigned long first_man[2] = {0, 0};
+
+    fx_open_p(f, &p);
+    assert_int_equal(store_whole(f->c, 0, 1), 0);
+    fx_close(f);
+    n_calls = count_calls(f, run_group, &p);
+    assert_true(n_calls >= 80);
+    for (unsigned long n = 1; n <= n_calls; n++) {
+        int man[2], blocks, w;
+
+        empty_dir(f->dir);
+        fx_open_p(f, &p);
+        assert_int_equal(store_whole(f->c, 0, 1), 0);
+        fx_close(f);
+        crash_at(f, run_group, &p, n);
+        fx_open_p(f, &p);
+        assert_dir_clean(f->dir);
+        blocks = has_block(f, 0) + has_block(f, 1) + has_block(f, 2);
+        for (int m = 0; m < 2; m++) {
+            man[m] = has_man(f, (unsigned)m);
+            if (man[m] && !first_man[m])
+                first_man[m] = n;
+            if (!man[m] && first_man[m])
+                fail_msg("crash at call %lu: manifest %d lost after its commit at %lu", n, m, first_man[m]);
+        }
+        w = whole_seed(f, 0, 1, 2);
+        if (w < 0)
+            fail_msg("crash at call %lu: the whole state is neither the old one nor the new one", n);
+        if (w == 1) {
+            if (last_old + 1 != n)
+                fail_msg("crash at call %lu: the old whole state is back after its .idx went", n);
+            last_old = n;
+        }
+        if (w == 2 && !first_new)
+            first_new = n;
+        if (w != 2 && first_new)
+            fail_msg("crash at call %lu: the new whole state lost after its commit at %lu", n, first_new);
+        if ((man[0] || man[1] || w == 2) && blocks != 3)
+            fail_msg("crash at call %lu: a root committed before every block of its group", n);
+        if (man[0])
+            assert_true(lookup_ok(f, 1000) && lookup_ok(f, 0) && lookup_ok(f, 1));
+        if (man[1])
+            assert_true(lookup_ok(f, 1001) && lookup_ok(f, 0) && lookup_ok(f, 2));
+        if (man[0] && man[1] && w == 2 && !first_all)
+            first_all = n;
+        assert_int_equal(stats(f->c).corrupt_removed, 0);
+        (void)thaw_disk_cache_evict(f->c);
+        /* no block outlives its store: what nothing names is collected */
+        assert_int_equal(stats(f->c).blocks_unreferenced, 0);
+        assert_int_equal(has_block(f, 1), man[0]);
+        assert_int_equal(has_block(f, 2), man[1]);
+        assert_int_equal(has_block(f, 0), man[0] || man[1]);
+        /* roots, and blocks: 1 and 2 with their manifest, 0 with either */
+        assert_int_equal(stats(f->c).entries,
+                         (uint64_t)(man[0] + man[1] + (w != 0) + man[0] + man[1] + (man[0] || man[1])));
+        assert_dir_clean(f->dir);
+        fx_close(f);
+    }
+    assert_true(last_old >= 1); /* the store began with the old .idx's unlink, not before */
+    assert_true(first_new > last_old + 1);
+    assert_true(first_man[0] && first_man[1]);
+    /* only the directory fsync (open, fsync, close) follows the last commit */
+    assert_int_equal(first_all, n_calls - 2);
+}
+
+/* fsyncs of one group of N blocks and their manifest (one part each): a
+ * file fsync per part and per .idx, and three of the directory (after the
+ * parts, after the blocks' .idx, after the manifest's) — 2(N+1) + 3, where
+ * one store at a time took 4(N+1). Counted by the vfs and in the stats
+ * (thaw_kv_disk_fsyncs_total). */
+static void test_group_fsyncs(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    enum { N = 7 };
+    static const unsigned ids[N] = {0, 1, 2, 3, 4, 5, 6};
+    struct thaw_vfs_fault *ft;
+    uint64_t before;
+
+    assert_int_equal(thaw_vfs_fault_new(NULL, &ft), 0);
+    p.vfs = thaw_vfs_fault_vfs(ft);
+    fx_open_p(f, &p);
+    before = stats(f->c).fsyncs;
+    thaw_vfs_fault_arm(ft, THAW_VFS_ANY, 0, THAW_VFS_NONE, 0);
+    thaw_disk_cache_pause(f->c, 1);
+    for (unsigned i = 0; i < N; i++)
+        assert_int_equal(submit_block(f->c, ids[i]), 0);
+    assert_int_equal(submit_man(f->c, 0, ids, N), 0);
+    thaw_disk_cache_flush(f->c);
+    assert_int_equal(stats(f->c).stores_ok, N + 1);
+    assert_int_equal(thaw_vfs_fault_calls(ft, THAW_VFS_FSYNC), 2 * (N + 1) + 3);
+    assert_int_equal(stats(f->c).fsyncs - before, 2 * (N + 1) + 3);
+    assert_true(stats(f->c).fsyncs - before < 4 * (N + 1));
+    assert_true(lookup_ok(f, 1000) && lookup_ok(f, 0) && lookup_ok(f, N - 1));
+
+    /* a store alone still costs four: the synchronous one, and a group of one */
+    before = stats(f->c).fsyncs;
+    assert_int_equal(store_block(f->c, 20), 0);
+    assert_int_equal(stats(f->c).fsyncs - before, 4);
+    before = stats(f->c).fsyncs;
+    assert_int_equal(submit_block(f->c, 21), 0);
+    thaw_disk_cache_flush(f->c);
+    assert_int_equal(stats(f->c).fsyncs - before, 4);
+    fx_close(f);
+    thaw_vfs_fault_free(ft);
+}
+
+/* One failure inside a group of blocks 0, 1, 2 and manifest 0 naming them,
+ * then how the group ends. */
+struct group_fault {
+    const char *what;
+    enum thaw_vfs_op op;
+    unsigned long nth;
+    int err;
+    int ok, failed;      /* the group's stores that commit / fail */
+    int enospc;          /* entries evicted for room */
+    int lost;            /* the store that fails: 1 = block 1, 1000 = the manifest, -1 none */
+    unsigned long syncs; /* fsyncs of the whole group, retries included */
+};
+
+/* Four entries of one part: writes 1-4 are the parts (B0 B1 B2 M), 5-7 the
+ * blocks' .idx, 8 the manifest's; fsyncs 1-4 the parts, 5 the directory,
+ * 6-8 the blocks' .idx, 9 the directory, 10 the manifest's .idx, 11 the
+ * directory. A store by itself takes 4. */
+static const struct group_fault group_faults[] = {
+    /* block 1's .kv: it fails alone, the rest commit (its manifest names a
+     * missing block: the caller's miss, invariant 7) */
+    {"EIO writing a block", THAW_VFS_WRITE, 2, -EIO, 3, 1, 0, 1, 11 - 2},
+    /* disk full at block 1's .kv: it is scrubbed, then stored by itself
+     * after the other blocks' commit, once an old root made room */
+    {"ENOSPC writing a block", THAW_VFS_WRITE, 2, -ENOSPC, 4, 0, 1, -1, 11 - 2 + 4},
+    /* the manifest's .idx: blocks committed, the manifest fails alone */
+    {"EIO writing the manifest's .idx", THAW_VFS_WRITE, 8, -EIO, 3, 1, 0, 1000, 11 - 2},
+    /* the shared directory fsync after the parts: every job by itself */
+    {"EIO fsyncing the directory after the parts", THAW_VFS_FSYNC, 5, -EIO, 4, 0, 0, -1, 5 + 4 * 4},
+    /* after the blocks' .idx: the blocks by themselves, the manifest after */
+    {"EIO fsyncing the directory after the blocks' .idx", THAW_VFS_FSYNC, 9, -EIO, 4, 0, 0, -1, 9 + 3 * 4 + 2},
+    /* a part's own fsync */
+    {"EIO fsyncing a block's part", THAW_VFS_FSYNC, 2, -EIO, 3, 1, 0, 1, 11 - 1},
+};
+
+static void test_group_errors(void **state)
+{
+    struct fx *f = *state;
+    static const unsigned ids[] = {0, 1, 2};
+
+    for (size_t t = 0; t < sizeof group_faults / sizeof *group_faults; t++) {
+        const struct group_fault *g = &group_faults[t];
+        struct thaw_disk_cache_params p = fx_params(f);
+        struct thaw_disk_cache_stats st;
+        struct thaw_vfs_fault *ft;
+
+        print_message("  %s\n", g->what);
+        empty_dir(f->dir);
+        assert_int_equal(thaw_vfs_fault_new(NULL, &ft), 0);
+        p.vfs = thaw_vfs_fault_vfs(ft);
+        fx_open_p(f, &p);
+        assert_int_equal(store_whole(f->c, 9, 1), 0); /* the LRU root a full disk costs */
+        thaw_disk_cache_pause(f->c, 1);
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(submit_block(f->c, ids[i]), 0);
+        assert_int_equal(submit_man(f->c, 0, ids, 3), 0);
+        thaw_vfs_fault_arm(ft, g->op, g->nth, THAW_VFS_FAIL_ONCE, g->err);
+        thaw_disk_cache_flush(f->c);
+        assert_int_equal(thaw_vfs_fault_fired(ft), 1);
+        assert_int_equal(thaw_vfs_fault_calls(ft, THAW_VFS_FSYNC), g->syncs);
+        st = stats(f->c);
+        thaw_vfs_fault_arm(ft, THAW_VFS_ANY, 0, THAW_VFS_NONE, 0);
+        assert_int_equal(st.stores_ok, 1 + g->ok);
+        assert_int_equal(st.store_failures, g->failed);
+        assert_int_equal(st.evictions_enospc, g->enospc);
+        assert_int_equal(st.queue_len, 0);
+        assert_int_equal(st.queue_bytes, 0);
+        assert_int_equal(has_file(f, 2009, ".idx"), !g->enospc);
+        for (unsigned n = 0; n < 3; n++)
+            assert_int_equal(lookup_ok(f, n), g->lost != (int)n);
+        assert_int_equal(lookup_ok(f, 1000), g->lost != 1000);
+        if (g->lost >= 0) /* scrubbed: .idx, parts, temporaries */
+            for (int e = 0; e < 2; e++)
+                assert_false(has_file(f, (unsigned)g->lost, e ? ".kv" : ".idx"));
+        assert_dir_clean(f->dir);
+        /* a failed manifest leaves its blocks unnamed: collected */
+        (void)thaw_disk_cache_evict(f->c);
+        assert_int_equal(stats(f->c).blocks_unreferenced, 0);
+        assert_int_equal(stats(f->c).blocks, g->lost == 1000 ? 0 : g->lost >= 0 ? 2 : 3);
+        fx_close(f);
+        /* what committed survives a restart, with nothing to sweep */
+        fx_open_p(f, &p);
+        assert_int_equal(stats(f->c).swept_files, 0);
+        assert_int_equal(lookup_ok(f, 1000), g->lost != 1000);
+        fx_close(f);
+        thaw_vfs_fault_free(ft);
+    }
+}
+
+/* Every store of the group being written stays findable until it is
+ * committed or failed — pending() and queued() have its bytes, lookups
+ * miss (busy) — and leaves the queue's count then, not when the group is
+ * done. Held at the manifest's .kv (blocks 0 and 1 written, nothing
+ * committed), then at its .idx (the blocks committed: the index has them). */
+static void test_group_pending(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    static struct gate g; /* outlives a failed assertion: teardown closes */
+    struct thaw_part_blob got[2][3][THAW_PART_COUNT];
+    struct thaw_disk_cache_stats held[2];
+    uint8_t key[3][THAW_KEY_BYTES], *want;
+    int pend[2][3], queued[2][3], found[2][3], r[3];
+
+    g.vfs = *thaw_vfs_default();
+    g.vfs.open = gate_open;
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    key_make(key[0], 0);
+    key_make(key[1], 1);
+    key_make(key[2], 1000);
+    thaw_hex(key[2], THAW_KEY_BYTES, g.hex);
+    g.ext = ".kv.tmp";
+    g.closed = 1;
+    p.vfs = &g.vfs;
+    fx_open_p(f, &p);
+    thaw_disk_cache_pause(f->c, 1);
+    r[0] = submit_block(f->c, 0);
+    r[1] = submit_block(f->c, 1);
+    r[2] = submit_man(f->c, 0, ids_a, 2);
+    thaw_disk_cache_pause(f->c, 0);
+    for (int stop = 0; stop < 2; stop++) {
+        gate_wait_arrived(&g, stop + 1);
+        held[stop] = stats(f->c);
+        for (int i = 0; i < 3; i++) {
+            pend[stop][i] = thaw_disk_cache_pending(f->c, key[i], got[stop][i]);
+            queued[stop][i] = thaw_disk_cache_queued(f->c, key[i]);
+            found[stop][i] = lookup_ok(f, i < 2 ? (unsigned)i : 1000);
+        }
+        pthread_mutex_lock(&g.mu);
+        g.ext = ".idx.tmp"; /* on to the manifest's .idx; the second time, open */
+        g.closed = stop == 0;
+        pthread_cond_broadcast(&g.cv);
+        pthread_mutex_unlock(&g.mu);
+    }
+    thaw_disk_cache_flush(f->c);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(r[i], 0);
+        /* at the manifest's parts: all three held, none committed */
+        assert_int_equal(pend[0][i], 0);
+        assert_int_equal(queued[0][i], 1);
+        assert_int_equal(found[0][i], 0);
+        /* at its .idx: the blocks went to the index, the manifest is held */
+        assert_int_equal(pend[1][i], i < 2 ? THAW_ENOTFOUND : 0);
+        assert_int_equal(queued[1][i], i == 2);
+        assert_int_equal(found[1][i], i < 2);
+    }
+    assert_int_equal(held[0].queue_len, 3);
+    assert_int_equal(held[0].queue_bytes, 2 * block_bytes() + man_bytes(2));
+    assert_int_equal(held[0].stores_ok, 0);
+    assert_int_equal(held[1].queue_len, 1);
+    assert_int_equal(held[1].queue_bytes, man_bytes(2));
+    assert_int_equal(held[1].stores_ok, 2);
+    want = block_kv(1);
+    assert_int_equal(got[0][1][0].size, BLOCK_SIZE);
+    assert_memory_equal(got[0][1][0].data, want, BLOCK_SIZE);
+    free(want);
+    assert_non_null(got[1][2][0].data); /* the manifest's, still held */
+    for (int stop = 0; stop < 2; stop++)
+        for (int i = 0; i < 3; i++)
+            for (int q = 0; q < THAW_PART_COUNT; q++)
+                thaw_blob_unref(got[stop][i][q].data);
+    assert_int_equal(stats(f->c).stores_ok, 3);
+    assert_int_equal(stats(f->c).queue_len, 0);
+    assert_int_equal(stats(f->c).queue_bytes, 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(thaw_disk_cache_pending(f->c, key[i], got[0][i]), THAW_ENOTFOUND);
+        assert_int_equal(thaw_disk_cache_contains(f->c, key[i]), 1);
+    }
+    fx_close(f);
+    pthread_cond_destroy(&g.cv);
+    pthread_mutex_destroy(&g.mu);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -801,6 +1231,10 @@ int main(void)
         T(test_grace_keeps_store_in_progress),
         T(test_crash_store_blocks_then_manifest),
         T(test_crash_evict_and_collect),
+        T(test_crash_group_commit),
+        T(test_group_fsyncs),
+        T(test_group_errors),
+        T(test_group_pending),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
