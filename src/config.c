@@ -580,10 +580,14 @@ static int fn_ngl(struct thaw_config *cfg, const char *flag, const char *v)
         cfg->n_gpu_layers = -1;
     else if (!strcmp(v, "all"))
         cfg->n_gpu_layers = -2;
-    else if (whole(flag, v, -2, INT_MAX, &n) == 0)
+    else {
+        char *end = NULL;
+        errno = 0;
+        n = strtoll(v, &end, 10);
+        if (errno || end == v || *end || n < -2 || n > INT_MAX)
+            return bad_value(flag, v, "a number of layers, auto or all");
         cfg->n_gpu_layers = (int)n;
-    else
-        return THAW_EINVAL;
+    }
     return 0;
 }
 

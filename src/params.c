@@ -227,7 +227,7 @@ static void log_no_gpu(const struct thaw_config *cfg)
         if (flags[i].given)
             snprintf(given + strlen(given), sizeof given - strlen(given), "%s%s", given[0] ? ", " : "", flags[i].flag);
     if (given[0])
-        LOG_INF("no GPU device: %s have no effect (everything runs on the CPU)", given);
+        LOG_INF("no GPU device: no effect from %s (everything runs on the CPU)", given);
 }
 
 int thaw_params_model(const struct thaw_config *cfg, struct thaw_params *p, struct llama_model_params *mp)
