@@ -94,7 +94,7 @@ static int fn_cache_ram(struct thaw_config *cfg, const char *flag, const char *v
 #define WHY_NGRAM "thaw speculates with a draft model only (-md)"
 #define WHY_PRESET "presets download their models: " WHY_DOWNLOAD
 #define WHY_DRAFT_PLACE "the draft model is placed with llama.cpp's defaults (all its layers on the GPU)"
-#define WHY_NOT_YET "not implemented in thaw yet (issue 25)"
+#define WHY_NOT_YET "not implemented in thaw yet"
 #define WHY_AGENT "thaw runs no tools or MCP servers itself: the client does"
 
 static const struct opt opts[] = {
@@ -354,7 +354,7 @@ static const struct opt opts[] = {
            "thaw keeps each slot's KV cells apart: a slot's state must be its own to store and restore"),
     REFUSE("--no-cache-idle-slots", NULL, "thaw always stores a slot's conversation (use --cache-ram 0 for no RAM tier)"),
     REFUSE("--context-shift", NULL, "thaw never shifts the context: a reply ends with finish_reason length when its slot is full"),
-    REFUSE("-r,--reverse-prompt", "PROMPT", "send 'stop' with the request"),
+    REFUSE("-r,--reverse-prompt", "PROMPT", "thaw takes stop strings per request (the request's 'stop')"),
     REFUSE("-sp,--special", NULL, "thaw renders special tokens as the chat parser needs them"),
     REFUSE("--spm-infill", NULL, "thaw has no /infill endpoint"),
     REFUSE("-l,--logit-bias", "TOKEN(+|-)BIAS", WHY_NOT_YET),
@@ -1265,7 +1265,7 @@ static void usage_section(FILE *f, const char *title, bool (*pick)(const struct 
         if (!pick(&opts[i]))
             continue;
         snprintf(left, sizeof left, "%s%s%s", opts[i].names, opts[i].arg ? " " : "", opts[i].arg ? opts[i].arg : "");
-        fprintf(f, "  %-34s %s", left, opts[i].help);
+        fprintf(f, "  %-34s  %s", left, opts[i].help);
         print_default(f, &opts[i]);
         fputc('\n', f);
     }
@@ -1282,7 +1282,7 @@ void thaw_config_usage(FILE *f)
                "/health, /metrics) that keeps conversations' KV state so a returning chat is\n"
                "restored instead of prefilled again. Flags are llama-server's wherever it has one.\n");
     usage_section(f, "flags", pick_flag);
-    fprintf(f, "  %-34s %s\n", "-h,--help,--usage", "this text");
+    fprintf(f, "  %-34s  %s\n", "-h,--help,--usage", "this text");
     usage_section(f, "llama-server flags accepted with no effect (why)", pick_noop);
     usage_section(f, "llama-server flags thaw refuses (why)", pick_refused);
     fprintf(f, "\nEvery flag also accepts --flag=value. On a build without a GPU the placement flags\n"

@@ -87,3 +87,64 @@ def server_options(path):
         is_int = bool(lam) and re.search(r",\s*int\b", lam.group(1)) is not None
         out.append({"args": args, "neg": neg, "value": takes_value, "hint": hint, "int": is_int})
     return out
+
+
+def _help_sections(helptext):
+    """{flag name: (section, help text)} from `thaw serve --help`."""
+    out, section = {}, None
+    for line in helptext.splitlines():
+        if line and not line.startswith(" "):
+            section = "refused" if "refuses" in line else "no effect" if "no effect" in line else "flags"
+            continue
+        m = re.match(r"  (\S+)(?: \S+)?\s{2,}(.*)", line)
+        if m and m.group(1).startswith("-"):
+            for n in m.group(1).split(","):
+                out[n] = (section, m.group(2))
+    return out
+
+
+GPU_ONLY = {"-ngl", "-dev", "-ot", "-cmoe", "-ncmoe", "-ncffn", "-sm", "-ts", "-mg", "-kvo", "--op-offload",
+            "-fit", "-fitt", "-fitc"}
+
+
+def readme_table(arg_cpp, helptext):
+    """The README's table: each arg.cpp server option, what thaw does with it."""
+    sec = _help_sections(helptext)
+    rows = {"implemented": [], "implemented (no effect without a GPU)": [], "accepted, no effect": [],
+            "refused": []}
+    mixed = []
+    for o in server_options(arg_cpp):
+        names = o["args"] + o["neg"]
+        kinds = [sec.get(n, ("?", ""))[0] for n in names]
+        first = o["args"][0]
+        if "flags" in kinds or first in ("-h", "--help"):
+            rows["implemented (no effect without a GPU)" if first in GPU_ONLY else "implemented"].append(
+                "`%s`" % first)
+        elif "no effect" in kinds:
+            rows["accepted, no effect"].append("`%s` (%s)" % (names[kinds.index("no effect")],
+                                                             sec[names[kinds.index("no effect")]][1]))
+        else:
+            rows["refused"].append((sec.get(first, ("", "?"))[1], "`%s`" % first))
+        if kinds[0] == "refused" and "refused" in kinds and kinds.count("refused") < len(kinds) and \
+                "flags" not in kinds:
+            mixed.append((sec[first][1], "`%s`" % first))  # its --no- form is accepted
+    lines = ["| what thaw does | n | options |", "|---|---|---|"]
+    for k in ("implemented", "implemented (no effect without a GPU)", "accepted, no effect"):
+        lines.append("| %s | %d | %s |" % (k, len(rows[k]), " ".join(rows[k])))
+    by_reason = {}
+    for why, name in rows["refused"] + mixed:
+        by_reason.setdefault(why, []).append(name)
+    lines.append("| refused | %d | (by reason, below; with %d whose `--no-` form is accepted) |"
+                 % (len(rows["refused"]), len(mixed)))
+    lines += ["", "| refused because | options |", "|---|---|"]
+    for why, names in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        lines.append("| %s | %s |" % (why, " ".join(names)))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import subprocess
+    import sys
+    arg_cpp = sys.argv[1] if len(sys.argv) > 1 else ".deps/llama.cpp/common/arg.cpp"
+    thaw = sys.argv[2] if len(sys.argv) > 2 else "build/thaw"
+    print(readme_table(arg_cpp, subprocess.run([thaw, "serve", "--help"], capture_output=True, text=True).stdout))
