@@ -501,7 +501,7 @@ static struct llama_sampler *make_sampler(const struct thaw_engine *e, const str
         sp.top_k = req->top_k;
     if (req->has_seed)
         sp.seed = req->seed;
-    if (thaw_sampling_build(&sp, e->vocab, e->n_ctx_slot, c) != 0) {
+    if (thaw_sampling_build(&sp, e->vocab, e->n_ctx_slot, t->prompt, t->n_prompt, c) != 0) {
         llama_sampler_free(c);
         return NULL;
     }

@@ -164,7 +164,8 @@ int thaw_sampling_add_breaker(struct thaw_sampling *s, bool first, const char *v
         s->n_dry_breakers = 0;
         return 0;
     }
-    for (const char *p = value; *p && n < sizeof buf - 1; p++) {
+    const char *p = value;
+    for (; *p && n < sizeof buf - 1; p++) {
         if (*p == '\\' && p[1]) {
             p++;
             buf[n++] = *p == 'n' ? '\n' : *p == 't' ? '\t' : *p == 'r' ? '\r' : *p;
@@ -172,7 +173,7 @@ int thaw_sampling_add_breaker(struct thaw_sampling *s, bool first, const char *v
             buf[n++] = *p;
         }
     }
-    if (n == 0 || used + n + 1 > sizeof s->dry_breakers) {
+    if (n == 0 || *p || used + n + 1 > sizeof s->dry_breakers) {
         snprintf(err, errlen, n == 0 ? "an empty sequence breaker" : "sequence breakers longer than %zu bytes in all",
                  sizeof s->dry_breakers);
         return THAW_EINVAL;
@@ -230,7 +231,7 @@ static int add_ignore_eos(struct llama_sampler *chain, const struct llama_vocab 
     return rc;
 }
 
-int thaw_sampling_build(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
+static int build_stages(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
                         struct llama_sampler *chain)
 {
     int32_t n_vocab = llama_vocab_n_tokens(vocab);
@@ -297,4 +298,24 @@ int thaw_sampling_build(const struct thaw_sampling *s, const struct llama_vocab 
         return rc;
     return add(chain, adaptive ? llama_sampler_init_adaptive_p(s->adaptive_target, s->adaptive_decay, s->seed)
                                : llama_sampler_init_dist(s->seed));
+}
+
+int thaw_sampling_build(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
+                        const int32_t *history, int n_history, struct llama_sampler *chain)
+{
+    /* its own chain, so the history reaches these samplers and not a
+     * grammar ahead of them in `chain` */
+    struct llama_sampler *sub = llama_sampler_chain_init(llama_sampler_chain_default_params());
+    int rc;
+
+    if (!sub)
+        return THAW_ENOMEM;
+    if ((rc = build_stages(s, vocab, n_ctx_slot, sub)) != 0) {
+        llama_sampler_free(sub);
+        return rc;
+    }
+    for (int i = 0; i < n_history; i++)
+        llama_sampler_accept(sub, history[i]);
+    llama_sampler_chain_add(chain, sub);
+    return 0;
 }

@@ -81,12 +81,15 @@ int thaw_sampling_set_seq(struct thaw_sampling *s, const char *letters, char *er
  * or THAW_EINVAL (too many bytes) with the reason in err. */
 int thaw_sampling_add_breaker(struct thaw_sampling *s, bool first, const char *value, char *err, size_t errlen);
 
-/* Appends the stages to `chain` (a llama_sampler_chain), ending with the
- * sampler that picks the token: greedy when temp <= 0, else dist (or
- * Mirostat / adaptive-p). `n_ctx_slot` resolves the -1 look-backs. Returns
- * 0, or THAW_ENOMEM (what was added stays in the chain, which the caller frees). */
+/* Appends the stages to `chain` (a llama_sampler_chain) as one sampler,
+ * ending with the one that picks the token: greedy when temp <= 0, else
+ * dist (or Mirostat / adaptive-p). `n_ctx_slot` resolves the -1
+ * look-backs. The `n_history` tokens of `history` (the prompt) are accepted
+ * first, so the penalties and DRY see them as llama-server's do; a grammar
+ * already in `chain` does not. Returns 0, or THAW_ENOMEM (`chain` is then
+ * unchanged; the caller frees it either way). */
 int thaw_sampling_build(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
-                        struct llama_sampler *chain);
+                        const int32_t *history, int n_history, struct llama_sampler *chain);
 
 /* The stage names in order, ';'-separated, for --help and the start-up log. */
 void thaw_sampling_stages_str(const struct thaw_sampling *s, char *out, size_t outlen);
