@@ -80,6 +80,7 @@ static int fn_rope_scale(struct thaw_config *cfg, const char *flag, const char *
 static int fn_seed(struct thaw_config *cfg, const char *flag, const char *v);
 static int fn_samplers(struct thaw_config *cfg, const char *flag, const char *v);
 static int fn_dry_breaker(struct thaw_config *cfg, const char *flag, const char *v);
+static int fn_logit_bias(struct thaw_config *cfg, const char *flag, const char *v);
 static int fn_log_colors(struct thaw_config *cfg, const char *flag, const char *v);
 static int fn_log_verbosity(struct thaw_config *cfg, const char *flag, const char *v);
 static int fn_api_key_file(struct thaw_config *cfg, const char *flag, const char *v);
@@ -184,6 +185,8 @@ static const struct opt opts[] = {
     FN("--sampler-seq,--sampling-seq", "LETTERS", fn_samplers, "sampler order, one letter each (default: edskypmxt)"),
     FN("-s,--seed", "SEED", fn_seed, "sampling seed for requests without one (-1 = random each request)"),
     {"--ignore-eos", NULL, OPT_TRUE, SMP(ignore_eos), 0, 0, "never end a reply at an end-of-generation token", NULL},
+    FN("-l,--logit-bias", "TOKEN_ID(+|-)BIAS", fn_logit_bias,
+       "add BIAS to a token's logit for every request, e.g. 15043+1, 15043-1, 2-inf (bans it); repeatable"),
     {"--temp,--temperature", "N", OPT_FLOAT, SMP(temp), -1e6, 1e6, "temperature (<= 0: greedy)", NULL},
     {"--top-k", "N", OPT_INT, SMP(top_k), -1, 1 << 30, "top-k (0 = off)", NULL},
     {"--top-p", "N", OPT_FLOAT, SMP(top_p), 0, 1, "top-p (1 = off)", NULL},
@@ -357,7 +360,6 @@ static const struct opt opts[] = {
     REFUSE("-r,--reverse-prompt", "PROMPT", "thaw takes stop strings per request (the request's 'stop')"),
     REFUSE("-sp,--special", NULL, "thaw renders special tokens as the chat parser needs them"),
     REFUSE("--spm-infill", NULL, "thaw has no /infill endpoint"),
-    REFUSE("-l,--logit-bias", "TOKEN(+|-)BIAS", WHY_NOT_YET),
     REFUSE("--grammar", "GRAMMAR", WHY_NOT_YET " (response_format and tools constrain replies per request)"),
     REFUSE("--grammar-file", "FILE", WHY_NOT_YET " (response_format and tools constrain replies per request)"),
     REFUSE("-j,--json-schema", "SCHEMA", WHY_NOT_YET " (response_format constrains replies per request)"),
@@ -877,6 +879,16 @@ static int fn_dry_breaker(struct thaw_config *cfg, const char *flag, const char 
     if (rc != 0)
         fprintf(stderr, "thaw: %s: %s\n", flag, err);
     cfg->dry_breakers_set = true;
+    return rc;
+}
+
+static int fn_logit_bias(struct thaw_config *cfg, const char *flag, const char *v)
+{
+    char err[200];
+    int rc = thaw_sampling_add_bias(&cfg->sampling, v, err, sizeof err);
+
+    if (rc != 0)
+        fprintf(stderr, "thaw: %s %s\n", flag, err);
     return rc;
 }
 

@@ -198,6 +198,32 @@ void thaw_sampling_stages_str(const struct thaw_sampling *s, char *out, size_t o
             }
 }
 
+int thaw_sampling_add_bias(struct thaw_sampling *s, const char *value, char *err, size_t errlen)
+{
+    char *end = NULL;
+    long tok = strtol(value, &end, 10);
+    float b;
+
+    if (end == value || tok < 0 || tok > INT32_MAX || (*end != '+' && *end != '-')) {
+        snprintf(err, errlen, "expects TOKEN_ID(+|-)BIAS, e.g. 15043+1, got '%s'", value);
+        return THAW_EINVAL;
+    }
+    char sign = *end;
+    const char *num = end + 1;
+    b = strtof(num, &end);
+    if (end == num || *end || isnan(b)) {
+        snprintf(err, errlen, "expects TOKEN_ID(+|-)BIAS, e.g. 15043+1, got '%s'", value);
+        return THAW_EINVAL;
+    }
+    if (s->n_logit_bias == THAW_SAMPLING_MAX_BIAS) {
+        snprintf(err, errlen, "at most %d biases", THAW_SAMPLING_MAX_BIAS);
+        return THAW_EINVAL;
+    }
+    s->logit_bias[s->n_logit_bias].token = (int32_t)tok;
+    s->logit_bias[s->n_logit_bias++].bias = sign == '-' ? -b : b;
+    return 0;
+}
+
 /* ---- the chain ----------------------------------------------------------------- */
 
 static int add(struct llama_sampler *chain, struct llama_sampler *s)
@@ -208,25 +234,34 @@ static int add(struct llama_sampler *chain, struct llama_sampler *s)
     return 0;
 }
 
-static int add_ignore_eos(struct llama_sampler *chain, const struct llama_vocab *vocab)
+/* --logit-bias, the model's suppressed tokens and, with --ignore-eos, every
+ * end-of-generation token at -inf: one logit-bias sampler, as llama-server
+ * merges them (ids outside the vocabulary are skipped) */
+static int add_biases(const struct thaw_sampling *s, struct llama_sampler *chain, const struct llama_vocab *vocab)
 {
-    int32_t n_vocab = llama_vocab_n_tokens(vocab);
-    llama_logit_bias *bias = NULL;
-    int32_t n = 0;
+    int32_t n_vocab = llama_vocab_n_tokens(vocab), n_supp = 0, n = 0, cap;
+    const llama_token *supp = llama_vocab_get_suppress_tokens(vocab, &n_supp);
+    llama_logit_bias *bias;
     int rc;
 
-    for (llama_token t = 0; t < n_vocab; t++)
-        if (llama_vocab_is_eog(vocab, t))
-            n++;
-    if (n == 0)
+    cap = s->n_logit_bias + n_supp;
+    if (s->ignore_eos)
+        for (llama_token t = 0; t < n_vocab; t++)
+            cap += llama_vocab_is_eog(vocab, t);
+    if (cap == 0)
         return 0;
-    if (!(bias = malloc((size_t)n * sizeof *bias)))
+    if (!(bias = malloc((size_t)cap * sizeof *bias)))
         return THAW_ENOMEM;
-    n = 0;
-    for (llama_token t = 0; t < n_vocab; t++)
-        if (llama_vocab_is_eog(vocab, t))
-            bias[n++] = (llama_logit_bias){t, -INFINITY};
-    rc = add(chain, llama_sampler_init_logit_bias(n_vocab, n, bias)); /* copies the biases */
+    for (int i = 0; i < s->n_logit_bias; i++)
+        if (s->logit_bias[i].token < n_vocab)
+            bias[n++] = (llama_logit_bias){s->logit_bias[i].token, s->logit_bias[i].bias};
+    for (int32_t i = 0; i < n_supp; i++)
+        bias[n++] = (llama_logit_bias){supp[i], -INFINITY};
+    if (s->ignore_eos)
+        for (llama_token t = 0; t < n_vocab; t++)
+            if (llama_vocab_is_eog(vocab, t))
+                bias[n++] = (llama_logit_bias){t, -INFINITY};
+    rc = n ? add(chain, llama_sampler_init_logit_bias(n_vocab, n, bias)) : 0; /* it copies the biases */
     free(bias);
     return rc;
 }
@@ -240,7 +275,7 @@ static int build_stages(const struct thaw_sampling *s, const struct llama_vocab 
     bool adaptive = false;
     int rc = 0;
 
-    if (s->ignore_eos && (rc = add_ignore_eos(chain, vocab)) != 0)
+    if ((rc = add_biases(s, chain, vocab)) != 0)
         return rc;
     if (s->temp <= 0.0f)
         return add(chain, llama_sampler_init_greedy());

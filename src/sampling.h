@@ -18,6 +18,7 @@ struct llama_vocab;
 
 #define THAW_SAMPLING_MAX_STAGES 16
 #define THAW_SAMPLING_BREAKERS_BYTES 256
+#define THAW_SAMPLING_MAX_BIAS 64
 
 /* One stage of the chain, in --samplers order. */
 enum thaw_sampler_stage {
@@ -61,6 +62,11 @@ struct thaw_sampling {
     float adaptive_decay;
     uint32_t seed;           /* LLAMA_DEFAULT_SEED (0xFFFFFFFF) = a random seed per request */
     bool ignore_eos;         /* end-of-generation tokens get a -inf logit */
+    struct {
+        int32_t token;
+        float bias;          /* added to the logit; -INFINITY bans the token */
+    } logit_bias[THAW_SAMPLING_MAX_BIAS]; /* --logit-bias, n_logit_bias of them */
+    int n_logit_bias;
     uint8_t stages[THAW_SAMPLING_MAX_STAGES]; /* enum thaw_sampler_stage, n_stages of them */
     int n_stages;
 };
@@ -80,6 +86,10 @@ int thaw_sampling_set_seq(struct thaw_sampling *s, const char *letters, char *er
  * add; "none" clears them. `value` takes \n, \t, \", \\ escapes. Returns 0,
  * or THAW_EINVAL (too many bytes) with the reason in err. */
 int thaw_sampling_add_breaker(struct thaw_sampling *s, bool first, const char *value, char *err, size_t errlen);
+
+/* --logit-bias TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 2-inf: adds one. Returns
+ * 0, or THAW_EINVAL with the reason in err. */
+int thaw_sampling_add_bias(struct thaw_sampling *s, const char *value, char *err, size_t errlen);
 
 /* Appends the stages to `chain` (a llama_sampler_chain) as one sampler,
  * ending with the one that picks the token: greedy when temp <= 0, else

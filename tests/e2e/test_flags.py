@@ -26,6 +26,7 @@ def value_for(opt, name, tmp):
         "--chat-template": "chatml", "--chat-template-kwargs": "{}", "--reasoning-format": "none",
         "--host": "127.0.0.1", "-c": "4096", "--api-key": "k", "-a": "name", "-m": str(tmp / "absent.gguf"),
         "--log-file": str(tmp / "log.txt"), "--dry-sequence-breaker": "none", "--cors-origins": "http://a",
+        "-l": "15+1",
     }
     first = opt["args"][0]
     if first in special:
@@ -232,3 +233,17 @@ def test_q8_0_conversation_restores_exactly_and_types_are_bound_into_the_keys(se
     s = serve(q8model, *flags)
     got = greedy(s, turn2)
     assert got["timings"]["cache_source"] == "none" and got["timings"]["cache_n"] == 0, got["timings"]
+
+
+def test_logit_bias_applies_to_every_request(serve):
+    s = serve("llama")
+    tok = s.post("/tokenize", {"content": "river", "add_special": False}).json()["tokens"][0]
+    piece = s.post("/detokenize", {"tokens": [tok]}).json()["content"].strip()
+    s.stop()
+    # +1000 outweighs any logit random weights give: every token is that one
+    s = serve("llama", "-l", f"{tok}+1000", "--temp", "0")
+    r = content(s, max_tokens=4)
+    assert r["usage"]["completion_tokens"] == 4 and reply(r).count(piece) == 4, reply(r)
+    # and -inf bans it, even when it is the only token left
+    s = serve("llama", "-l", f"{tok}+1000", "-l", f"{tok}-inf", "--temp", "0")
+    assert piece not in reply(content(s, max_tokens=4))
