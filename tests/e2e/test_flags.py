@@ -203,7 +203,9 @@ def reply(r):
     return r["choices"][0]["message"]["content"]
 
 
-def test_q8_0_conversation_restores_exactly_and_types_are_bound_into_the_keys(serve, q8model, tmp_path):
+@pytest.mark.parametrize("store", [[], ["--no-kv-tap"], ["--kv-cache-block", "0"]],
+                         ids=["blocks-cut-from-the-cache", "blocks-from-whole-captures", "whole-states"])
+def test_q8_0_conversation_restores_exactly_and_types_are_bound_into_the_keys(serve, q8model, tmp_path, store):
     conv = [{"role": "system", "content": "q8 persona. " + " ".join(["river stone light garden"] * 60)},
             {"role": "user", "content": "What about the river?"}]
     q8 = ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]
@@ -220,7 +222,7 @@ def test_q8_0_conversation_restores_exactly_and_types_are_bound_into_the_keys(se
     ref.stop()
 
     flags = ["-np", "2", "-c", "4096", "--cache-ram", "0", "--kv-cache-dir", str(tmp_path / "kv"),
-             "--kv-cache-min-tokens", "16"]
+             "--kv-cache-min-tokens", "16", *store]
     s = serve(q8model, *flags, *q8)
     assert reply(greedy(s, conv)) == reply(r1)
     assert s.stop() == 0
