@@ -318,6 +318,12 @@ void thaw_params_fit(const struct thaw_config *cfg, struct thaw_params *p, struc
 {
     if (!cfg->fit || !p->gpu)
         return; /* all in host memory: nothing to fit */
+    /* it only moves what was left unset, and gives up on a placement the
+     * command line chose (llama-server logs the same and loads as given) */
+    if (mp->n_gpu_layers != -1 || mp->tensor_buft_overrides || cfg->tensor_split[0] != 0) {
+        LOG_INF("-fit: nothing to fit: -ngl, -ts or tensor overrides (-ot, -cmoe, -ncmoe) place the model");
+        return;
+    }
     int32_t ngl = mp->n_gpu_layers;
     uint32_t n_ctx = cp->n_ctx;
     int rc = thaw_fit_call(cfg->model_path, mp, cp, p->tensor_split, p->overrides, p->fit_margins,
