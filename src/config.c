@@ -94,7 +94,6 @@ static int fn_cache_ram(struct thaw_config *cfg, const char *flag, const char *v
 #define WHY_PIN "thaw does not pin or prioritise its threads: run it under taskset / numactl / nice"
 #define WHY_NGRAM "thaw speculates with a draft model only (-md)"
 #define WHY_PRESET "presets download their models: " WHY_DOWNLOAD
-#define WHY_DRAFT_PLACE "the draft model is placed with llama.cpp's defaults (all its layers on the GPU)"
 #define WHY_NOT_YET "not implemented in thaw yet"
 #define WHY_AGENT "thaw runs no tools or MCP servers itself: the client does"
 
@@ -223,6 +222,14 @@ static const struct opt opts[] = {
      "drafts shorter than this are not verified", NULL},
     {"--draft-p-min,--spec-draft-p-min", "P", OPT_FLOAT, OFF(draft_p_min), 0, 1,
      "stop drafting when the draft's top token is less likely than this", NULL},
+    FN("-ngld,--spec-draft-ngl,--gpu-layers-draft,--n-gpu-layers-draft", "N|auto|all", fn_ngl,
+       "the draft model's layers in GPU memory, as -ngl (default: auto)"),
+    FN("-devd,--spec-draft-device,--device-draft", "DEV[,DEV]", fn_devices, "the draft model's devices, as -dev"),
+    FN("-otd,--spec-draft-override-tensor,--override-tensor-draft", "PATTERN=BUFT[,...]", fn_override_tensor,
+       "the draft model's tensor overrides, as -ot"),
+    FN("-cmoed,--spec-draft-cpu-moe,--cpu-moe-draft", NULL, fn_cpu_moe, "the draft model's experts in host memory, as -cmoe"),
+    FN("-ncmoed,--spec-draft-n-cpu-moe,--spec-draft-ncmoe,--n-cpu-moe-draft", "N", fn_cpu_moe,
+       "the draft model's first N layers' experts in host memory, as -ncmoe"),
 
     /* ---- serving */
     {"--host", "ADDR", OPT_STR, OFF(host), 0, 0, "address to listen on", NULL},
@@ -442,11 +449,6 @@ static const struct opt opts[] = {
     REFUSE("--spec-draft-poll-batch,--poll-batch-draft", "0|1", WHY_PIN),
     REFUSE("--spec-draft-type-k,-ctkd,--cache-type-k-draft", "TYPE", "the draft's KV cache is f16"),
     REFUSE("--spec-draft-type-v,-ctvd,--cache-type-v-draft", "TYPE", "the draft's KV cache is f16"),
-    REFUSE("--spec-draft-override-tensor,-otd,--override-tensor-draft", "PATTERN=BUFT", WHY_DRAFT_PLACE),
-    REFUSE("--spec-draft-cpu-moe,-cmoed,--cpu-moe-draft", NULL, WHY_DRAFT_PLACE),
-    REFUSE("--spec-draft-n-cpu-moe,--spec-draft-ncmoe,-ncmoed,--n-cpu-moe-draft", "N", WHY_DRAFT_PLACE),
-    REFUSE("--spec-draft-device,-devd,--device-draft", "DEV", WHY_DRAFT_PLACE),
-    REFUSE("--spec-draft-ngl,-ngld,--gpu-layers-draft,--n-gpu-layers-draft", "N", WHY_DRAFT_PLACE),
     REFUSE("--spec-synth-len", "N", WHY_NGRAM),
     REFUSE("--spec-synth-rates", "R", WHY_NGRAM),
     REFUSE("--spec-draft-p-split,--draft-p-split", "P", "thaw drafts one sequence per slot"),
@@ -522,6 +524,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->draft_p_min = 0.75f;
     /* llama-server's defaults (common/common.h) */
     cfg->n_gpu_layers = -1;
+    cfg->draft_n_gpu_layers = -1;
     cfg->split_mode = 1; /* LLAMA_SPLIT_MODE_LAYER */
     cfg->kv_offload = true;
     cfg->op_offload = true;
@@ -574,29 +577,40 @@ static int whole(const char *flag, const char *v, long long min, long long max, 
     return 0;
 }
 
+/* the draft model's flag of the same family: -ngld, -devd, -otd, -cmoed, -ncmoed */
+static bool is_draft_flag(const char *flag)
+{
+    static const char *const shorts[] = {"-ngld", "-devd", "-otd", "-cmoed", "-ncmoed"};
+
+    for (size_t i = 0; i < sizeof shorts / sizeof shorts[0]; i++)
+        if (!strcmp(flag, shorts[i]))
+            return true;
+    return strstr(flag, "draft") != NULL;
+}
+
 static int fn_ngl(struct thaw_config *cfg, const char *flag, const char *v)
 {
+    int *ngl = is_draft_flag(flag) ? &cfg->draft_n_gpu_layers : &cfg->n_gpu_layers;
     long long n;
 
     if (!strcmp(v, "auto"))
-        cfg->n_gpu_layers = -1;
+        *ngl = -1;
     else if (!strcmp(v, "all"))
-        cfg->n_gpu_layers = -2;
+        *ngl = -2;
     else {
         char *end = NULL;
         errno = 0;
         n = strtoll(v, &end, 10);
         if (errno || end == v || *end || n < -2 || n > INT_MAX)
             return bad_value(flag, v, "a number of layers, auto or all");
-        cfg->n_gpu_layers = (int)n;
+        *ngl = (int)n;
     }
     return 0;
 }
 
 static int fn_devices(struct thaw_config *cfg, const char *flag, const char *v)
 {
-    (void)flag;
-    cfg->devices = v; /* names are checked once the backends are loaded (params.c) */
+    *(is_draft_flag(flag) ? &cfg->draft_devices : &cfg->devices) = v; /* names are checked once the backends are loaded (params.c) */
     return 0;
 }
 
@@ -611,11 +625,13 @@ static int fn_override_tensor(struct thaw_config *cfg, const char *flag, const c
         if (*p == ',')
             p++;
     }
-    if (cfg->n_tensor_overrides == THAW_MAX_OVERRIDES) {
+    const char **list = is_draft_flag(flag) ? cfg->draft_tensor_overrides : cfg->tensor_overrides;
+    int *n = is_draft_flag(flag) ? &cfg->n_draft_tensor_overrides : &cfg->n_tensor_overrides;
+    if (*n == THAW_MAX_OVERRIDES) {
         fprintf(stderr, "thaw: %s given more than %d times: use commas\n", flag, THAW_MAX_OVERRIDES);
         return THAW_EINVAL;
     }
-    cfg->tensor_overrides[cfg->n_tensor_overrides++] = v;
+    list[(*n)++] = v;
     return 0;
 }
 
@@ -624,12 +640,14 @@ static int fn_cpu_moe(struct thaw_config *cfg, const char *flag, const char *v)
     long long n;
 
     if (!v) {
-        cfg->cpu_moe = true;
+        *(is_draft_flag(flag) ? &cfg->draft_cpu_moe : &cfg->cpu_moe) = true;
         return 0;
     }
     if (whole(flag, v, 0, 1 << 20, &n) != 0)
         return THAW_EINVAL;
-    if (!strcmp(flag, "-ncffn") || !strcmp(flag, "--n-cpu-ffn"))
+    if (is_draft_flag(flag))
+        cfg->draft_n_cpu_moe = (int)n;
+    else if (!strcmp(flag, "-ncffn") || !strcmp(flag, "--n-cpu-ffn"))
         cfg->n_cpu_ffn = (int)n;
     else
         cfg->n_cpu_moe = (int)n;

@@ -45,6 +45,12 @@ struct thaw_config {
     int draft_max;               /* --draft-max: tokens drafted per step */
     int draft_min;               /* --draft-min: drafts shorter than this are not verified */
     float draft_p_min;           /* --draft-p-min: stop drafting below this probability */
+    int draft_n_gpu_layers;      /* -ngld: as -ngl, for the draft model */
+    const char *draft_devices;   /* -devd: as -dev */
+    const char *draft_tensor_overrides[THAW_MAX_OVERRIDES]; /* -otd: as -ot */
+    int n_draft_tensor_overrides;
+    bool draft_cpu_moe;          /* -cmoed */
+    int draft_n_cpu_moe;         /* -ncmoed */
 
     /* serving */
     const char *host;            /* --host */

@@ -4,6 +4,7 @@
 #include "error.h"
 #include "kvstate.h"
 #include "log.h"
+#include "params.h"
 #include "tokens.h"
 
 #include <math.h>
@@ -66,7 +67,11 @@ int thaw_draft_new(const struct thaw_config *cfg, const struct llama_model *targ
     if (!d)
         return THAW_ENOMEM;
     struct llama_model_params mp = llama_model_default_params();
+    struct thaw_params pp;
+    if ((rc = thaw_params_draft_model(cfg, &pp, &mp)) != 0) /* -ngld, -devd, -otd, ... */
+        goto error;
     d->model = llama_model_load_from_file(cfg->draft_path, mp);
+    thaw_params_free(&pp);
     if (!d->model) {
         LOG_ERR("llama.cpp could not load the draft model %s", cfg->draft_path);
         rc = THAW_ELLAMA;

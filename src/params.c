@@ -106,7 +106,14 @@ static ggml_backend_buffer_type_t buft_by_name(const char *name, size_t len)
 /* Every -ot PATTERN=BUFT, then -cmoe / -ncmoe / -ncffn as llama-server
  * writes them (common.h LLM_FFN_EXPS_REGEX, LLM_FFN_DENSE_REGEX), into
  * p->overrides; the patterns live in p->patterns. */
-static int build_overrides(const struct thaw_config *cfg, struct thaw_params *p)
+struct placement {
+    const char *const *ot;
+    int n_ot;
+    bool cpu_moe;
+    int n_cpu_moe, n_cpu_ffn;
+};
+
+static int build_overrides(const struct placement *cfg, struct thaw_params *p)
 {
     static const char exps[] = "\\.ffn_(up|down|gate|gate_up)_(ch|)exps";
     static const char dense[] = "\\.ffn_(up|down|gate)\\.";
@@ -114,8 +121,8 @@ static int build_overrides(const struct thaw_config *cfg, struct thaw_params *p)
     size_t bytes = sizeof exps + 64 * (size_t)(cfg->n_cpu_moe + cfg->n_cpu_ffn), used = 0, n = 0;
     ggml_backend_buffer_type_t cpu = ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
 
-    for (int i = 0; i < cfg->n_tensor_overrides; i++)
-        bytes += strlen(cfg->tensor_overrides[i]) + 1;
+    for (int i = 0; i < cfg->n_ot; i++)
+        bytes += strlen(cfg->ot[i]) + 1;
     if (!(p->overrides = calloc(max, sizeof *p->overrides)) || !(p->patterns = malloc(bytes)))
         return THAW_ENOMEM;
 #define ADD_PATTERN(BT, ...)                                                                          \
@@ -129,8 +136,8 @@ static int build_overrides(const struct thaw_config *cfg, struct thaw_params *p)
         p->overrides[n++].buft = (BT);                                                                    \
         used += (size_t)w_ + 1;                                                                         \
     } while (0)
-    for (int i = 0; i < cfg->n_tensor_overrides; i++)
-        for (const char *c = cfg->tensor_overrides[i]; *c;) {
+    for (int i = 0; i < cfg->n_ot; i++)
+        for (const char *c = cfg->ot[i]; *c;) {
             size_t len = strcspn(c, ",");
             const char *eq = memchr(c, '=', len); /* config.c checked there is one */
             ggml_backend_buffer_type_t b = buft_by_name(eq + 1, (size_t)(c + len - eq - 1));
@@ -220,8 +227,11 @@ static void log_no_gpu(const struct thaw_config *cfg)
         {cfg->n_cpu_moe > 0, "-ncmoe"},
         {cfg->n_cpu_ffn > 0, "-ncffn"},
         {cfg->fit_ctx != 4096 || cfg->fit_target_mib[0] != 1024, "-fitt/-fitc"},
+        {cfg->draft_n_gpu_layers != -1, "-ngld"},
+        {cfg->draft_devices != NULL, "-devd"},
+        {cfg->draft_cpu_moe || cfg->draft_n_cpu_moe > 0, "-cmoed/-ncmoed"},
     };
-    char given[160] = "";
+    char given[256] = "";
 
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (flags[i].given)
@@ -244,9 +254,10 @@ int thaw_params_model(const struct thaw_config *cfg, struct thaw_params *p, stru
     if (cfg->numa)
         llama_numa_init((enum ggml_numa_strategy)cfg->numa);
 
+    struct placement pl = {cfg->tensor_overrides, cfg->n_tensor_overrides, cfg->cpu_moe, cfg->n_cpu_moe, cfg->n_cpu_ffn};
     if (cfg->devices && (rc = resolve_devices(cfg->devices, p)) != 0)
         goto error;
-    if ((rc = build_overrides(cfg, p)) != 0 || (rc = build_kv_overrides(cfg, p)) != 0)
+    if ((rc = build_overrides(&pl, p)) != 0 || (rc = build_kv_overrides(cfg, p)) != 0)
         goto error;
     size_t n_dev = llama_max_devices();
     if (!(p->tensor_split = calloc(n_dev, sizeof *p->tensor_split)) ||
@@ -278,6 +289,27 @@ int thaw_params_model(const struct thaw_config *cfg, struct thaw_params *p, stru
 error:
     thaw_params_free(p);
     return rc;
+}
+
+int thaw_params_draft_model(const struct thaw_config *cfg, struct thaw_params *p, struct llama_model_params *mp)
+{
+    struct placement pl = {cfg->draft_tensor_overrides, cfg->n_draft_tensor_overrides, cfg->draft_cpu_moe,
+                           cfg->draft_n_cpu_moe, 0};
+    int rc;
+
+    memset(p, 0, sizeof *p);
+    if ((cfg->draft_devices && (rc = resolve_devices(cfg->draft_devices, p)) != 0) ||
+        (rc = build_overrides(&pl, p)) != 0) {
+        thaw_params_free(p);
+        return rc;
+    }
+    mp->devices = p->devices;
+    mp->tensor_buft_overrides = p->overrides[0].pattern ? p->overrides : NULL;
+    mp->n_gpu_layers = cfg->draft_n_gpu_layers;
+    mp->load_mode = (enum llama_load_mode)cfg->load_mode; /* memory: as the target's */
+    mp->use_extra_bufts = cfg->repack;
+    mp->no_host = cfg->no_host;
+    return 0;
 }
 
 void thaw_params_free(struct thaw_params *p)

@@ -35,6 +35,10 @@ struct thaw_params {
  * reason logged) or THAW_ENOMEM; on error *p is freed. */
 int thaw_params_model(const struct thaw_config *cfg, struct thaw_params *p, struct llama_model_params *mp);
 
+/* The same for the draft model (-md): -ngld, -devd, -otd, -cmoed, -ncmoed,
+ * and the target's load mode and repacking. Same returns. */
+int thaw_params_draft_model(const struct thaw_config *cfg, struct thaw_params *p, struct llama_model_params *mp);
+
 /* Fills the context settings of *cp from cfg (-c, -fa, -ctk/-ctv, rope,
  * YaRN, -nkvo, --op-offload); leaves thaw's own (threads, batch, slots). */
 void thaw_params_context(const struct thaw_config *cfg, struct llama_context_params *cp);

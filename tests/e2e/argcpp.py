@@ -104,7 +104,8 @@ def _help_sections(helptext):
 
 
 GPU_ONLY = {"-ngl", "-dev", "-ot", "-cmoe", "-ncmoe", "-ncffn", "-sm", "-ts", "-mg", "-kvo", "--op-offload",
-            "-fit", "-fitt", "-fitc"}
+            "-fit", "-fitt", "-fitc", "--spec-draft-ngl", "--spec-draft-device", "--spec-draft-override-tensor",
+            "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe"}
 
 
 def readme_table(arg_cpp, helptext):

@@ -26,7 +26,7 @@ def value_for(opt, name, tmp):
         "--chat-template": "chatml", "--chat-template-kwargs": "{}", "--reasoning-format": "none",
         "--host": "127.0.0.1", "-c": "4096", "--api-key": "k", "-a": "name", "-m": str(tmp / "absent.gguf"),
         "--log-file": str(tmp / "log.txt"), "--dry-sequence-breaker": "none", "--cors-origins": "http://a",
-        "-l": "15+1",
+        "-l": "15+1", "--spec-draft-ngl": "0", "--spec-draft-device": "none", "--spec-draft-override-tensor": "exps=CPU",
     }
     first = opt["args"][0]
     if first in special:
@@ -249,3 +249,19 @@ def test_logit_bias_applies_to_every_request(serve):
     # and -inf bans it, even when it is the only token left
     s = serve("llama", "-l", f"{tok}+1000", "-l", f"{tok}-inf", "--temp", "0")
     assert piece not in reply(content(s, max_tokens=4))
+
+
+def test_draft_placement_flags_reach_the_draft(serve, models):
+    # the target as its own draft: every draft is accepted whatever the weights
+    s = serve("llama", "-md", models["llama"], "--draft-p-min", "0", "-ngld", "0", "-devd", "none", "-cmoed",
+              "-otd", "ffn=CPU", "--spec-draft-n-max", "8")
+    log = s.log()
+    if "no GPU device" in log:
+        line = next(l for l in log.splitlines() if "no GPU device" in l)
+        assert "-ngld" in line and "-devd" in line and "-cmoed" in line, line
+    r = content(s, temperature=0, max_tokens=32)
+    assert r["timings"]["draft_n"] > 0 and r["timings"]["draft_n_accepted"] >= 0.95 * r["timings"]["draft_n"]
+    s.stop()
+    p = subprocess.run([THAW, "serve", "-m", models["llama"], "-md", models["llama"], "-otd", "x=NOPE"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "no buffer type 'NOPE'" in p.stderr, p.stderr
