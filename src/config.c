@@ -222,6 +222,12 @@ static const struct opt opts[] = {
      "drafts shorter than this are not verified", NULL},
     {"--draft-p-min,--spec-draft-p-min", "P", OPT_FLOAT, OFF(draft_p_min), 0, 1,
      "stop drafting when the draft's top token is less likely than this", NULL},
+    {"-td,--threads-draft,--spec-draft-threads", "N", OPT_INT, OFF(draft_threads), 0, 1024,
+     "the draft's generation threads (0 = same as -t)", NULL},
+    {"-tbd,--threads-batch-draft,--spec-draft-threads-batch", "N", OPT_INT, OFF(draft_threads_batch), 0, 1024,
+     "the draft's prompt threads (0 = same as -tb)", NULL},
+    FN("-ctkd,--cache-type-k-draft,--spec-draft-type-k", "TYPE", fn_cache_type, "the draft's KV cache type for K, as -ctk"),
+    FN("-ctvd,--cache-type-v-draft,--spec-draft-type-v", "TYPE", fn_cache_type, "the draft's KV cache type for V, as -ctv"),
     FN("-ngld,--spec-draft-ngl,--gpu-layers-draft,--n-gpu-layers-draft", "N|auto|all", fn_ngl,
        "the draft model's layers in GPU memory, as -ngl (default: auto)"),
     FN("-devd,--spec-draft-device,--device-draft", "DEV[,DEV]", fn_devices, "the draft model's devices, as -dev"),
@@ -436,8 +442,6 @@ static const struct opt opts[] = {
     REFUSE("--sleep-idle-seconds", "N", WHY_NOT_YET),
     REFUSE("--log-prompts-dir", "DIR", "thaw never writes conversations to its logs"),
     REFUSE("--spec-draft-hf,-hfd,-hfrd,--hf-repo-draft", "REPO", WHY_DOWNLOAD),
-    REFUSE("--spec-draft-threads,-td,--threads-draft", "N", "the draft runs on -t / -tb threads"),
-    REFUSE("--spec-draft-threads-batch,-tbd,--threads-batch-draft", "N", "the draft runs on -t / -tb threads"),
     REFUSE("--spec-draft-cpu-mask,-Cd,--cpu-mask-draft", "M", WHY_PIN),
     REFUSE("--spec-draft-cpu-range,-Crd,--cpu-range-draft", "LO-HI", WHY_PIN),
     REFUSE("--spec-draft-cpu-strict,--cpu-strict-draft", "0|1", WHY_PIN),
@@ -447,8 +451,6 @@ static const struct opt opts[] = {
     REFUSE("--spec-draft-cpu-strict-batch,--cpu-strict-batch-draft", "0|1", WHY_PIN),
     REFUSE("--spec-draft-prio-batch,--prio-batch-draft", "N", WHY_PIN),
     REFUSE("--spec-draft-poll-batch,--poll-batch-draft", "0|1", WHY_PIN),
-    REFUSE("--spec-draft-type-k,-ctkd,--cache-type-k-draft", "TYPE", "the draft's KV cache is f16"),
-    REFUSE("--spec-draft-type-v,-ctvd,--cache-type-v-draft", "TYPE", "the draft's KV cache is f16"),
     REFUSE("--spec-synth-len", "N", WHY_NGRAM),
     REFUSE("--spec-synth-rates", "R", WHY_NGRAM),
     REFUSE("--spec-draft-p-split,--draft-p-split", "P", "thaw drafts one sequence per slot"),
@@ -538,6 +540,8 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->flash_attn = -1;         /* LLAMA_FLASH_ATTN_TYPE_AUTO */
     cfg->type_k = GGML_TYPE_F16;
     cfg->type_v = GGML_TYPE_F16;
+    cfg->draft_type_k = GGML_TYPE_F16;
+    cfg->draft_type_v = GGML_TYPE_F16;
     cfg->rope_scaling = -1;       /* LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED */
     cfg->yarn_ext_factor = -1.0f;
     cfg->yarn_attn_factor = -1.0f;
@@ -580,7 +584,7 @@ static int whole(const char *flag, const char *v, long long min, long long max, 
 /* the draft model's flag of the same family: -ngld, -devd, -otd, -cmoed, -ncmoed */
 static bool is_draft_flag(const char *flag)
 {
-    static const char *const shorts[] = {"-ngld", "-devd", "-otd", "-cmoed", "-ncmoed"};
+    static const char *const shorts[] = {"-ngld", "-devd", "-otd", "-cmoed", "-ncmoed", "-ctkd", "-ctvd"};
 
     for (size_t i = 0; i < sizeof shorts / sizeof shorts[0]; i++)
         if (!strcmp(flag, shorts[i]))
@@ -835,11 +839,13 @@ static int fn_cache_type(struct thaw_config *cfg, const char *flag, const char *
     static const enum ggml_type types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,    GGML_TYPE_BF16,
                                            GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,   GGML_TYPE_Q4_1,
                                            GGML_TYPE_IQ4_NL, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1};
-    bool is_k = !strcmp(flag, "-ctk") || !strcmp(flag, "--cache-type-k");
+    bool is_k = strstr(flag, "-k") || !strcmp(flag, "-ctk") || !strcmp(flag, "-ctkd"); /* --cache-type-k, --spec-draft-type-k */
+    bool draft = is_draft_flag(flag);
 
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (!strcmp(v, ggml_type_name(types[i]))) {
-            *(is_k ? &cfg->type_k : &cfg->type_v) = (int)types[i];
+            *(draft ? (is_k ? &cfg->draft_type_k : &cfg->draft_type_v) : (is_k ? &cfg->type_k : &cfg->type_v)) =
+                (int)types[i];
             return 0;
         }
     return bad_value(flag, v, "f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0 or q5_1");

@@ -46,6 +46,9 @@ struct thaw_config {
     int draft_min;               /* --draft-min: drafts shorter than this are not verified */
     float draft_p_min;           /* --draft-p-min: stop drafting below this probability */
     int draft_n_gpu_layers;      /* -ngld: as -ngl, for the draft model */
+    int draft_threads;           /* -td: 0 = -t */
+    int draft_threads_batch;     /* -tbd: 0 = -tb */
+    int draft_type_k, draft_type_v; /* -ctkd / -ctvd: enum ggml_type of the draft's KV cache */
     const char *draft_devices;   /* -devd: as -dev */
     const char *draft_tensor_overrides[THAW_MAX_OVERRIDES]; /* -otd: as -ot */
     int n_draft_tensor_overrides;

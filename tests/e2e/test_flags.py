@@ -26,7 +26,7 @@ def value_for(opt, name, tmp):
         "--chat-template": "chatml", "--chat-template-kwargs": "{}", "--reasoning-format": "none",
         "--host": "127.0.0.1", "-c": "4096", "--api-key": "k", "-a": "name", "-m": str(tmp / "absent.gguf"),
         "--log-file": str(tmp / "log.txt"), "--dry-sequence-breaker": "none", "--cors-origins": "http://a",
-        "-l": "15+1", "--spec-draft-ngl": "0", "--spec-draft-device": "none", "--spec-draft-override-tensor": "exps=CPU",
+        "-l": "15+1", "--spec-draft-type-k": "q8_0", "--spec-draft-type-v": "q8_0", "--spec-draft-ngl": "0", "--spec-draft-device": "none", "--spec-draft-override-tensor": "exps=CPU",
     }
     first = opt["args"][0]
     if first in special:
@@ -254,7 +254,7 @@ def test_logit_bias_applies_to_every_request(serve):
 def test_draft_placement_flags_reach_the_draft(serve, models):
     # the target as its own draft: every draft is accepted whatever the weights
     s = serve("llama", "-md", models["llama"], "--draft-p-min", "0", "-ngld", "0", "-devd", "none", "-cmoed",
-              "-otd", "ffn=CPU", "--spec-draft-n-max", "8")
+              "-otd", "ffn=CPU", "--spec-draft-n-max", "8", "-ctkd", "f32", "-ctvd", "f32", "-td", "1")
     log = s.log()
     if "no GPU device" in log:
         line = next(l for l in log.splitlines() if "no GPU device" in l)

@@ -126,7 +126,8 @@ static void test_llama_server_values(void **state)
                           "--rope-scale", "4", "--rope-scaling", "yarn", "--override-kv",
                           "tokenizer.ggml.add_bos_token=bool:false", "-fitt", "512", "--temp", "0", "--top_k", "7",
                           "-s", "-1", "--samplers", "top-k;temp", "--dry-sequence-breaker", "none", "-lv", "4",
-                          "-nkvo", "--numa", "distribute", "--no-warmup"};
+                          "-nkvo", "--numa", "distribute", "--no-warmup", "-ctkd", "f32",
+                          "--spec-draft-type-v", "bf16", "-ngld", "0", "-td", "3"};
 
     (void)state;
     assert_int_equal(parse(&c, sizeof argv / sizeof *argv, argv), 0);
@@ -155,6 +156,11 @@ static void test_llama_server_values(void **state)
     assert_false(c.kv_offload);
     assert_int_equal(c.numa, 1);
     assert_int_equal(c.n_no_effect, 1);
+    assert_int_equal(c.draft_type_k, 0);  /* GGML_TYPE_F32: the draft's own, the target's stays q8_0 */
+    assert_int_equal(c.draft_type_v, 30); /* GGML_TYPE_BF16 */
+    assert_int_equal(c.draft_n_gpu_layers, 0);
+    assert_int_equal(c.n_gpu_layers, -2);
+    assert_int_equal(c.draft_threads, 3);
     thaw_config_free(&c);
 }
 
