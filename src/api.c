@@ -471,10 +471,10 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
 
     memset(out, 0, sizeof *out);
     out->max_tokens = -1;
-    out->temperature = 0.8f;
-    out->top_p = 0.95f;
-    out->min_p = 0.05f;
-    out->top_k = 40;
+    out->temperature = NAN; /* not sent: the server's --temp, --top-p, --min-p, --top-k */
+    out->top_p = NAN;
+    out->min_p = NAN;
+    out->top_k = -1;
     out->cache_prompt = default_cache_prompt;
 
     root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);

@@ -35,9 +35,9 @@ struct thaw_chat_request {
     bool stream;
     bool include_usage;            /* stream_options.include_usage */
     int max_tokens;                /* -1 = server default (-n) */
-    float temperature;             /* <= 0 means greedy */
-    float top_p, min_p;
-    int top_k;
+    float temperature;             /* <= 0 means greedy; NAN = not sent (the server's --temp) */
+    float top_p, min_p;            /* NAN = not sent (--top-p, --min-p) */
+    int top_k;                     /* -1 = not sent (--top-k) */
     uint32_t seed;
     bool has_seed;
     char *stop[THAW_API_MAX_STOP]; /* n_stop, owned */

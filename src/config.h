@@ -12,7 +12,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "sampling.h"
+
 #define THAW_MAX_API_KEYS 16
+#define THAW_MAX_DEVICES 16   /* -ts / -fitt entries */
+#define THAW_MAX_OVERRIDES 32 /* -ot / --override-kv entries, each possibly a comma list */
 
 struct thaw_config {
     /* model + context */
@@ -41,6 +45,15 @@ struct thaw_config {
     int draft_max;               /* --draft-max: tokens drafted per step */
     int draft_min;               /* --draft-min: drafts shorter than this are not verified */
     float draft_p_min;           /* --draft-p-min: stop drafting below this probability */
+    int draft_n_gpu_layers;      /* -ngld: as -ngl, for the draft model */
+    int draft_threads;           /* -td: 0 = -t */
+    int draft_threads_batch;     /* -tbd: 0 = -tb */
+    int draft_type_k, draft_type_v; /* -ctkd / -ctvd: enum ggml_type of the draft's KV cache */
+    const char *draft_devices;   /* -devd: as -dev */
+    const char *draft_tensor_overrides[THAW_MAX_OVERRIDES]; /* -otd: as -ot */
+    int n_draft_tensor_overrides;
+    bool draft_cpu_moe;          /* -cmoed */
+    int draft_n_cpu_moe;         /* -ncmoed */
 
     /* serving */
     const char *host;            /* --host */
@@ -77,16 +90,69 @@ struct thaw_config {
     int kv_shared_retry_s;       /* --kv-shared-retry-s: breaker pause */
     int kv_shared_queue;         /* --kv-shared-queue: uploads waiting */
 
+    /* placement and memory: params.c turns these into llama_model_params */
+    int n_gpu_layers;            /* -ngl: N, -1 = auto (llama.cpp's default: all, unless -fit lowers it), -2 = all */
+    const char *devices;         /* -dev: comma list of device names, "none"; NULL = every device */
+    const char *tensor_overrides[THAW_MAX_OVERRIDES]; /* -ot PATTERN=BUFT[,...], as given */
+    int n_tensor_overrides;
+    bool cpu_moe;                /* -cmoe: every layer's experts in host memory */
+    int n_cpu_moe;               /* -ncmoe: the first N layers' experts in host memory */
+    int n_cpu_ffn;               /* -ncffn: the first N layers' dense FFN in host memory */
+    int split_mode;              /* -sm: enum llama_split_mode */
+    float tensor_split[THAW_MAX_DEVICES]; /* -ts: proportions, all 0 = llama.cpp decides */
+    int main_gpu;                /* -mg */
+    bool kv_offload;             /* -kvo (default) / -nkvo: KV cache and KQV ops on the GPU */
+    bool op_offload;             /* --op-offload (default) / --no-op-offload */
+    int load_mode;               /* --mlock, --mmap/--no-mmap, -dio, -lm: enum llama_load_mode */
+    int lazy_mode;               /* -lzm: enum llama_lazy_mode */
+    int numa;                    /* --numa: enum ggml_numa_strategy, 0 = off */
+    bool repack;                 /* --repack (default) / -nr: extra buffer types (weight repacking) */
+    bool no_host;                /* --no-host */
+    bool check_tensors;          /* --check-tensors */
+    const char *kv_overrides[THAW_MAX_OVERRIDES]; /* --override-kv KEY=TYPE:VALUE[,...], as given */
+    int n_kv_overrides;
+    bool fit;                    /* -fit on|off: lower unset -ngl / -c until the model fits the devices */
+    uint64_t fit_target_mib[THAW_MAX_DEVICES]; /* -fitt: MiB left free per device */
+    int fit_ctx;                 /* -fitc: -fit never lowers -c below this */
+    bool list_devices;           /* --list-devices: print them and exit */
+    bool show_version;           /* --version: print it and exit */
+    struct {
+        const char *flag, *why;  /* static strings from the flag table */
+    } no_effect[THAW_MAX_OVERRIDES]; /* llama-server flags given that do nothing on thaw (logged at start-up) */
+    int n_no_effect;
+
+    /* context (params.c -> llama_context_params) */
+    int flash_attn;              /* -fa: enum llama_flash_attn_type, -1 = auto */
+    int type_k, type_v;          /* -ctk / -ctv: enum ggml_type of the KV cache */
+    int rope_scaling;            /* --rope-scaling: enum llama_rope_scaling_type, -1 = model's */
+    float rope_freq_base;        /* 0 = model's */
+    float rope_freq_scale;       /* 0 = model's; --rope-scale N sets 1/N */
+    float yarn_ext_factor;       /* negative = model's */
+    float yarn_attn_factor;      /* negative = model's */
+    float yarn_beta_fast;        /* negative = model's */
+    float yarn_beta_slow;        /* negative = model's */
+    int yarn_orig_ctx;           /* 0 = model's training context */
+
+    /* sampling defaults for requests that do not set them */
+    struct thaw_sampling sampling;
+    bool dry_breakers_set;       /* a --dry-sequence-breaker was given: later ones add, not replace */
+
     /* logging */
-    int verbosity;               /* -v raises, --log-quiet lowers */
+    int verbosity;               /* -v raises, --log-quiet lowers, -lv sets */
+    const char *log_file;        /* --log-file: every line also goes there */
+    int log_colors;              /* --log-colors: 1 on, 0 off, -1 auto (a terminal) */
+    bool log_prefix;             /* the level on each line */
+    bool log_timestamps;         /* the time on each line */
 };
 
 /* Defaults for every field. */
 void thaw_config_init(struct thaw_config *cfg);
 
 /* Parses `argv[1..argc-1]` (argv[0] is the subcommand name) into cfg.
- * Returns 0 on success, 1 when --help was printed (caller exits 0), and a
- * negative THAW_EINVAL after printing a one-line reason to stderr. */
+ * Returns 0 on success, 1 when --help, --version or --list-devices was
+ * printed (caller exits 0), and a negative THAW_EINVAL after printing a
+ * one-line reason to stderr. Every llama-server flag is known: one thaw does
+ * not implement is refused with "thaw: FLAG: why" (see --help). */
 int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv);
 
 /* Prints the serve usage text to `f`. */

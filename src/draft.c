@@ -4,6 +4,7 @@
 #include "error.h"
 #include "kvstate.h"
 #include "log.h"
+#include "params.h"
 #include "tokens.h"
 
 #include <math.h>
@@ -66,7 +67,11 @@ int thaw_draft_new(const struct thaw_config *cfg, const struct llama_model *targ
     if (!d)
         return THAW_ENOMEM;
     struct llama_model_params mp = llama_model_default_params();
+    struct thaw_params pp;
+    if ((rc = thaw_params_draft_model(cfg, &pp, &mp)) != 0) /* -ngld, -devd, -otd, ... */
+        goto error;
     d->model = llama_model_load_from_file(cfg->draft_path, mp);
+    thaw_params_free(&pp);
     if (!d->model) {
         LOG_ERR("llama.cpp could not load the draft model %s", cfg->draft_path);
         rc = THAW_ELLAMA;
@@ -89,8 +94,14 @@ int thaw_draft_new(const struct thaw_config *cfg, const struct llama_model *targ
     cp.n_batch = (uint32_t)cfg->n_batch;
     cp.n_ubatch = (uint32_t)cfg->n_ubatch;
     cp.n_seq_max = (uint32_t)n_slots;
-    cp.n_threads = cfg->n_threads;
-    cp.n_threads_batch = cfg->n_threads_batch;
+    cp.n_threads = cfg->draft_threads ? cfg->draft_threads : cfg->n_threads;
+    cp.n_threads_batch = cfg->draft_threads_batch ? cfg->draft_threads_batch : cfg->n_threads_batch;
+    /* -ctkd / -ctvd; a stored .dft of another type fails llama's type check
+     * on restore and costs only the draft's prefill */
+    cp.type_k = (enum ggml_type)cfg->draft_type_k;
+    cp.type_v = (enum ggml_type)cfg->draft_type_v;
+    cp.flash_attn_type = (enum llama_flash_attn_type)cfg->flash_attn;
+    cp.offload_kqv = cfg->kv_offload;
     cp.kv_unified = false;
     cp.swa_full = true; /* drafts are rolled back every step: keep the whole window */
     cp.no_perf = true;

@@ -30,6 +30,8 @@
 #include "kvstate.h"
 #include "kvtap.h"
 #include "log.h"
+#include "params.h"
+#include "sampling.h"
 #include "scheduler.h"
 #include "slot.h"
 #include "template.h"
@@ -38,6 +40,7 @@
 
 #include <ggml-backend.h>
 #include <sodium.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -486,18 +489,22 @@ static struct llama_sampler *make_sampler(const struct thaw_engine *e, const str
             }
         llama_sampler_chain_add(c, gr);
     }
-    if (req->temperature <= 0.0f) {
-        llama_sampler_chain_add(c, llama_sampler_init_greedy());
-        return c;
+    /* the server's defaults (--temp, --top-k, --samplers, ...), the request's own fields over them */
+    struct thaw_sampling sp = e->cfg->sampling;
+    if (!isnan(req->temperature))
+        sp.temp = req->temperature;
+    if (!isnan(req->top_p))
+        sp.top_p = req->top_p;
+    if (!isnan(req->min_p))
+        sp.min_p = req->min_p;
+    if (req->top_k >= 0)
+        sp.top_k = req->top_k;
+    if (req->has_seed)
+        sp.seed = req->seed;
+    if (thaw_sampling_build(&sp, e->vocab, e->n_ctx_slot, t->prompt, t->n_prompt, c) != 0) {
+        llama_sampler_free(c);
+        return NULL;
     }
-    if (req->top_k > 0)
-        llama_sampler_chain_add(c, llama_sampler_init_top_k(req->top_k));
-    if (req->top_p < 1.0f)
-        llama_sampler_chain_add(c, llama_sampler_init_top_p(req->top_p, 1));
-    if (req->min_p > 0.0f)
-        llama_sampler_chain_add(c, llama_sampler_init_min_p(req->min_p, 1));
-    llama_sampler_chain_add(c, llama_sampler_init_temp(req->temperature));
-    llama_sampler_chain_add(c, llama_sampler_init_dist(req->has_seed ? req->seed : LLAMA_DEFAULT_SEED));
     return c;
 }
 
@@ -1276,6 +1283,7 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     int rc = 0;
     int64_t t0 = thaw_now_us();
     int64_t progress[2] = {t0, 1};
+    struct thaw_params pp = {0}; /* what mp points into, until the context exists */
 
     if (!e)
         return THAW_ENOMEM;
@@ -1284,16 +1292,28 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
 
     llama_log_set(llama_log_cb, NULL);
     llama_backend_init();
-    const char *bdir = cfg->backend_dir ? cfg->backend_dir : getenv("THAW_BACKEND_DIR");
-    if (bdir && *bdir)
-        LOG_INF("backends from %s (--backend-dir)", bdir);
-    ggml_backend_load_all_from_path(bdir && *bdir ? bdir : THAW_LLAMA_LIB_DIR);
+    thaw_params_load_backends(cfg);
 
     if ((rc = thaw_fingerprint_file(cfg->model_path, e->fingerprint)) != 0) {
         LOG_ERR("cannot read model %s: %s", cfg->model_path, thaw_strerror(rc));
         goto error;
     }
+    /* placement, memory, rope, KV types: params.c (llama-server's flags) */
     struct llama_model_params mp = llama_model_default_params();
+    struct llama_context_params cp = llama_context_default_params();
+    if ((rc = thaw_params_model(cfg, &pp, &mp)) != 0)
+        goto error;
+    thaw_params_context(cfg, &cp);
+    cp.n_batch = (uint32_t)cfg->n_batch;
+    cp.n_ubatch = (uint32_t)cfg->n_ubatch;
+    cp.n_seq_max = (uint32_t)cfg->n_parallel;
+    cp.n_threads = cfg->n_threads;
+    cp.n_threads_batch = cfg->n_threads_batch;
+    cp.kv_unified = false; /* each slot its own cells: a slot's state is its own to save and restore */
+    cp.swa_full = cfg->swa_full;
+    cp.no_perf = true;
+    thaw_params_fit(cfg, &pp, &mp, &cp);
+    llama_log_set(llama_log_cb, NULL); /* -fit borrows llama's logger */
     mp.progress_callback = load_progress;
     mp.progress_callback_user_data = progress;
     e->model = llama_model_load_from_file(cfg->model_path, mp);
@@ -1305,16 +1325,6 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     e->vocab = llama_model_get_vocab(e->model);
     e->max_token_bytes = max_token_bytes(e->vocab);
 
-    struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t)cfg->n_ctx;
-    cp.n_batch = (uint32_t)cfg->n_batch;
-    cp.n_ubatch = (uint32_t)cfg->n_ubatch;
-    cp.n_seq_max = (uint32_t)cfg->n_parallel;
-    cp.n_threads = cfg->n_threads;
-    cp.n_threads_batch = cfg->n_threads_batch;
-    cp.kv_unified = false; /* each slot its own cells: a slot's state is its own to save and restore */
-    cp.swa_full = cfg->swa_full;
-    cp.no_perf = true;
     /* the tap watches the graphs for where the KV cache's cells are
      * (kvtap.h): host memory only, so not with a GPU device */
     bool gpu = false; /* BLAS / AMX accelerators work beside the CPU backend: the cache stays in host memory */
@@ -1330,6 +1340,7 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         e->tap_verify = thaw_test_hook(THAW_HOOK_KVTAP_VERIFY) != 0;
     }
     e->ctx = llama_init_from_model(e->model, cp);
+    thaw_params_free(&pp);
     if (!e->ctx) {
         LOG_ERR("llama.cpp could not create a context (-c %d, -np %d): too little memory?", cfg->n_ctx,
                 cfg->n_parallel);
@@ -1468,6 +1479,7 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     return 0;
 
 error:
+    thaw_params_free(&pp);
     if (e->slots)
         for (int i = 0; i < e->n_slots; i++)
             thaw_slot_free(&e->slots[i]);

@@ -5,9 +5,17 @@
 
 enum thaw_log_level { THAW_LOG_ERROR = -1, THAW_LOG_WARN = 0, THAW_LOG_INFO = 1, THAW_LOG_DEBUG = 2 };
 
+#include <stdbool.h>
+
 /* Lines above `verbosity` are dropped. 1 (info) by default. */
 void thaw_log_set_verbosity(int verbosity);
 int thaw_log_verbosity(void);
+
+/* Once at start-up, before other threads: verbosity, a file every line is
+ * also appended to (NULL = none), colours (1, 0, -1 = when stderr is a
+ * terminal), the level prefix and the time on each line. Returns 0, or -1
+ * when the file cannot be opened (reason printed). */
+int thaw_log_setup(int verbosity, const char *file, int colors, bool prefix, bool timestamps);
 
 void thaw_log(enum thaw_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -741,7 +741,9 @@ int thaw_serve_main(int argc, char **argv)
         code = rc == 1 ? 0 : 2;
         goto out;
     }
-    thaw_log_set_verbosity(srv->cfg.verbosity);
+    if (thaw_log_setup(srv->cfg.verbosity, srv->cfg.log_file, srv->cfg.log_colors, srv->cfg.log_prefix,
+                       srv->cfg.log_timestamps) != 0)
+        goto out;
     if (sodium_init() < 0) {
         LOG_ERR("libsodium failed to initialise");
         goto out;

@@ -116,6 +116,93 @@ static void test_help_lists_every_flag(void **state)
             fail_msg("--help lacks %s", flags[i]);
 }
 
+
+/* llama-server's syntax for the flags params.c and sampling.c consume */
+static void test_llama_server_values(void **state)
+{
+    struct thaw_config c;
+    const char *argv[] = {"serve", "-m", "x.gguf", "-ngl", "all", "-fa", "on", "-ctk", "q8_0", "--cache-type-v=q4_0",
+                          "-ts", "3,1", "-sm", "row", "-ot", "exps=CPU,attn=CPU", "-ncmoe", "3", "--no-mmap",
+                          "--rope-scale", "4", "--rope-scaling", "yarn", "--override-kv",
+                          "tokenizer.ggml.add_bos_token=bool:false", "-fitt", "512", "--temp", "0", "--top_k", "7",
+                          "-s", "-1", "--samplers", "top-k;temp", "--dry-sequence-breaker", "none", "-lv", "4",
+                          "-nkvo", "--numa", "distribute", "--no-warmup", "-ctkd", "f32",
+                          "--spec-draft-type-v", "bf16", "-ngld", "0", "-td", "3"};
+
+    (void)state;
+    assert_int_equal(parse(&c, sizeof argv / sizeof *argv, argv), 0);
+    assert_int_equal(c.n_gpu_layers, -2);
+    assert_int_equal(c.flash_attn, 1);
+    assert_int_equal(c.type_k, 8); /* GGML_TYPE_Q8_0 */
+    assert_int_equal(c.type_v, 2); /* GGML_TYPE_Q4_0 */
+    assert_true(c.tensor_split[0] == 3.0f && c.tensor_split[1] == 1.0f && c.tensor_split[2] == 0.0f);
+    assert_int_equal(c.split_mode, 2);
+    assert_int_equal(c.n_tensor_overrides, 1);
+    assert_int_equal(c.n_cpu_moe, 3);
+    assert_int_equal(c.load_mode, 0);
+    assert_true(c.rope_freq_scale == 0.25f);
+    assert_int_equal(c.rope_scaling, 2);
+    assert_int_equal(c.n_kv_overrides, 1);
+    assert_int_equal(c.fit_target_mib[0], 512);
+    assert_int_equal(c.fit_target_mib[5], 512); /* one value: every device */
+    assert_true(c.sampling.temp == 0.0f);
+    assert_int_equal(c.sampling.top_k, 7); /* --top_k reads as --top-k, as in llama-server */
+    assert_int_equal(c.sampling.seed, 0xFFFFFFFFu);
+    assert_int_equal(c.sampling.n_stages, 2);
+    assert_int_equal(c.sampling.stages[0], THAW_STAGE_TOP_K);
+    assert_int_equal(c.sampling.stages[1], THAW_STAGE_TEMPERATURE);
+    assert_int_equal(c.sampling.n_dry_breakers, 0);
+    assert_int_equal(c.verbosity, 2);
+    assert_false(c.kv_offload);
+    assert_int_equal(c.numa, 1);
+    assert_int_equal(c.n_no_effect, 1);
+    assert_int_equal(c.draft_type_k, 0);  /* GGML_TYPE_F32: the draft's own, the target's stays q8_0 */
+    assert_int_equal(c.draft_type_v, 30); /* GGML_TYPE_BF16 */
+    assert_int_equal(c.draft_n_gpu_layers, 0);
+    assert_int_equal(c.n_gpu_layers, -2);
+    assert_int_equal(c.draft_threads, 3);
+    thaw_config_free(&c);
+}
+
+/* a flag thaw does not implement is refused by name, never "unknown" */
+static void test_refused_and_bad_values(void **state)
+{
+    static const char *const bad[][3] = {
+        {"--embedding", NULL}, {"-hf", "a/b"},        {"-kvu", NULL},      {"-ngl", "many"}, {"-fa", "maybe"},
+        {"-ctk", "q3_k", NULL}, {"-ot", "noequals"}, {"--override-kv", "a=long:1"}, {"-sm", "diagonal"},
+        {"--samplers", "top_q"}, {"--mirostat", "3"}, {"--sampler-seq", "kz"},
+    };
+    struct thaw_config c;
+
+    (void)state;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *argv[6] = {"serve", "-m", "x.gguf"};
+        int n = 3;
+        for (int j = 0; j < 2 && bad[i][j]; j++)
+            argv[n++] = bad[i][j];
+        if (parse(&c, n, argv) != THAW_EINVAL)
+            fail_msg("accepted: %s %s", bad[i][0], bad[i][1] ? bad[i][1] : "");
+        thaw_config_free(&c);
+    }
+}
+
+/* the default breakers are llama-server's; the first flag replaces them, later ones add */
+static void test_dry_breakers(void **state)
+{
+    struct thaw_config c;
+    const char *argv[] = {"serve", "-m", "x.gguf", "--dry-sequence-breaker", "\\n\\n", "--dry-sequence-breaker", "."};
+
+    (void)state;
+    thaw_config_init(&c);
+    assert_int_equal(c.sampling.n_dry_breakers, 4);
+    assert_string_equal(c.sampling.dry_breakers, "\n");
+    assert_int_equal(parse(&c, sizeof argv / sizeof *argv, argv), 0);
+    assert_int_equal(c.sampling.n_dry_breakers, 2);
+    assert_string_equal(c.sampling.dry_breakers, "\n\n");
+    assert_string_equal(c.sampling.dry_breakers + 3, ".");
+    thaw_config_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -124,6 +211,9 @@ int main(void)
         cmocka_unit_test(test_empty_api_keys_refused),
         cmocka_unit_test(test_http_limits),
         cmocka_unit_test(test_help_lists_every_flag),
+        cmocka_unit_test(test_llama_server_values),
+        cmocka_unit_test(test_refused_and_bad_values),
+        cmocka_unit_test(test_dry_breakers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

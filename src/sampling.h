@@ -1,0 +1,107 @@
+/* sampling.h — the sampler settings a reply is drawn with, and the chain
+ * of llama.cpp samplers they build.
+ *
+ * The server's defaults (--temp, --top-k, --samplers, ...) fill one of
+ * these at start-up; a request's own fields override them for that request
+ * (engine.c). Names, meanings and defaults are llama-server's
+ * (common_params_sampling), so the same command line samples the same way.
+ */
+#ifndef THAW_SAMPLING_H
+#define THAW_SAMPLING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct llama_sampler;
+struct llama_vocab;
+
+#define THAW_SAMPLING_MAX_STAGES 16
+#define THAW_SAMPLING_BREAKERS_BYTES 256
+#define THAW_SAMPLING_MAX_BIAS 64
+
+/* One stage of the chain, in --samplers order. */
+enum thaw_sampler_stage {
+    THAW_STAGE_PENALTIES,
+    THAW_STAGE_DRY,
+    THAW_STAGE_TOP_N_SIGMA,
+    THAW_STAGE_TOP_K,
+    THAW_STAGE_TYPICAL_P,
+    THAW_STAGE_TOP_P,
+    THAW_STAGE_MIN_P,
+    THAW_STAGE_XTC,
+    THAW_STAGE_TEMPERATURE,
+    THAW_STAGE_ADAPTIVE_P,
+};
+
+struct thaw_sampling {
+    float temp;              /* <= 0: greedy */
+    int top_k;               /* <= 0: off */
+    float top_p;             /* 1: off */
+    float min_p;             /* 0: off */
+    float top_n_sigma;       /* < 0: off */
+    float typ_p;             /* 1: off */
+    float xtc_probability;   /* 0: off */
+    float xtc_threshold;     /* > 0.5: off */
+    int penalty_last_n;      /* tokens looked back; 0 = off, -1 = the slot's context */
+    float penalty_repeat;    /* 1: off */
+    float penalty_freq;      /* 0: off */
+    float penalty_present;   /* 0: off */
+    float dry_multiplier;    /* 0: off */
+    float dry_base;
+    int dry_allowed_length;
+    int dry_penalty_last_n;  /* 0 = off, -1 = the slot's context */
+    char dry_breakers[THAW_SAMPLING_BREAKERS_BYTES]; /* n_dry_breakers NUL-terminated strings, back to back */
+    int n_dry_breakers;
+    float dynatemp_range;    /* 0: off */
+    float dynatemp_exponent;
+    int mirostat;            /* 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces the stage list) */
+    float mirostat_tau;      /* --mirostat-ent */
+    float mirostat_eta;      /* --mirostat-lr */
+    float adaptive_target;   /* < 0: off */
+    float adaptive_decay;
+    uint32_t seed;           /* LLAMA_DEFAULT_SEED (0xFFFFFFFF) = a random seed per request */
+    bool ignore_eos;         /* end-of-generation tokens get a -inf logit */
+    struct {
+        int32_t token;
+        float bias;          /* added to the logit; -INFINITY bans the token */
+    } logit_bias[THAW_SAMPLING_MAX_BIAS]; /* --logit-bias, n_logit_bias of them */
+    int n_logit_bias;
+    uint8_t stages[THAW_SAMPLING_MAX_STAGES]; /* enum thaw_sampler_stage, n_stages of them */
+    int n_stages;
+};
+
+/* llama-server's defaults. */
+void thaw_sampling_default(struct thaw_sampling *s);
+
+/* --samplers: names separated by ';' (llama-server's names and aliases:
+ * top_k, top-k, topk, temperature, temp, ...). Returns 0, or THAW_EINVAL with
+ * the offending name in err[errlen]; `s` is unchanged on error. */
+int thaw_sampling_set_stages(struct thaw_sampling *s, const char *names, char *err, size_t errlen);
+
+/* --sampler-seq: one letter a stage (e d s k y p m x t a). Same returns. */
+int thaw_sampling_set_seq(struct thaw_sampling *s, const char *letters, char *err, size_t errlen);
+
+/* --dry-sequence-breaker: the first call replaces the defaults, later ones
+ * add; "none" clears them. `value` takes \n, \t, \", \\ escapes. Returns 0,
+ * or THAW_EINVAL (too many bytes) with the reason in err. */
+int thaw_sampling_add_breaker(struct thaw_sampling *s, bool first, const char *value, char *err, size_t errlen);
+
+/* --logit-bias TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 2-inf: adds one. Returns
+ * 0, or THAW_EINVAL with the reason in err. */
+int thaw_sampling_add_bias(struct thaw_sampling *s, const char *value, char *err, size_t errlen);
+
+/* Appends the stages to `chain` (a llama_sampler_chain) as one sampler,
+ * ending with the one that picks the token: greedy when temp <= 0, else
+ * dist (or Mirostat / adaptive-p). `n_ctx_slot` resolves the -1
+ * look-backs. The `n_history` tokens of `history` (the prompt) are accepted
+ * first, so the penalties and DRY see them as llama-server's do; a grammar
+ * already in `chain` does not. Returns 0, or THAW_ENOMEM (`chain` is then
+ * unchanged; the caller frees it either way). */
+int thaw_sampling_build(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
+                        const int32_t *history, int n_history, struct llama_sampler *chain);
+
+/* The stage names in order, ';'-separated, for --help and the start-up log. */
+void thaw_sampling_stages_str(const struct thaw_sampling *s, char *out, size_t outlen);
+
+#endif
