@@ -64,6 +64,19 @@ def drained(s, timeout=60):
         time.sleep(0.05)
 
 
+def idle(s, timeout=60):
+    """Waits until no slot is busy, post-reply work (the re-decode of a
+    reply's canonical form, the store) included. Under load that work can
+    outlast the client's next request, which then cuts it short and finds
+    fewer tokens stored (by design: a request never waits for another's
+    post-reply work; test_a_request_cuts_another_conversations_post_reply_work_short
+    covers it); a test about a tier waits for it to finish instead."""
+    deadline = time.time() + timeout
+    while s.metrics()["thaw_slots_busy"] != 0:
+        assert time.time() < deadline, "the slots did not go idle"
+        time.sleep(0.05)
+
+
 def seed_workload(serve, model, flags, order2=(0, 1, 3, 2), restart=False, order1=(0, 1, 2, 3), drain=False):
     """4 conversations x 2 turns through -np 2: turn 1 in order 1 2 3 4, turn 2
     in `order2` (after the disk writer caught up, with drain). Returns
@@ -107,7 +120,7 @@ def test_seed_workload_cache_on(serve, tmp_path):
 
 
 def test_resident_order_needs_no_disk(serve, tmp_path):
-    s, _, r2 = seed_workload(serve, "llama", kv_flags(tmp_path), order1=(0, 1), order2=(0, 1))
+    s, _, r2 = seed_workload(serve, "llama", kv_flags(tmp_path), order1=(0, 1), order2=(0, 1), drain=True)
     assert ratio(r2.values()) >= 0.98
     assert s.metrics()["thaw_kv_cache_hits_disk_total"] == 0
     assert all(r["timings"]["cache_source"] == "slot" for r in r2.values())
@@ -451,7 +464,9 @@ def test_ram_tier_keeps_one_turn_per_conversation_when_the_disk_has_the_rest(ser
     def written(n):  # the writer runs behind the replies (n: the turns stored; blocks are entries too)
         drained(s)
 
-    ra1, rb1 = chat(s, a), chat(s, b)  # b takes the only slot
+    ra1 = chat(s, a)
+    idle(s)  # a's turn 1 stored whole before b takes the only slot
+    rb1 = chat(s, b)
     written(2)
     ra2 = chat(s, turn2(a, ra1, 0))  # a's turn 1 from RAM; its store supersedes it
     assert ra2["timings"]["cache_source"] == "ram"
@@ -470,7 +485,10 @@ def test_ram_tier_serves_a_conversation_whose_slot_was_reused(serve):
     # no disk tier at all: the RAM tier alone (--cache-ram) brings it back
     convs = [conversation(i, 300) for i in range(2)]
     s = serve("llama", "-np", "1", "--cache-ram", "64", "--kv-cache-min-tokens", "16")
-    r1 = [chat(s, c) for c in convs]  # the second conversation takes the only slot
+    r1 = []
+    for c in convs:  # the second conversation takes the only slot
+        r1.append(chat(s, c))
+        idle(s)  # once the first one's turn is stored whole
     r2 = chat(s, turn2(convs[0], r1[0], 0))
     assert r2["timings"]["cache_source"] == "ram"
     assert r2["timings"]["cache_n"] >= 0.95 * r2["usage"]["prompt_tokens"]
