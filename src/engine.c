@@ -10,8 +10,8 @@
  *   ---- lifecycle ----    load model, context, thread; shutdown
  *
  * A slot's life: IDLE -> PREFILL -> GEN -> (FIXUP) -> IDLE; slot.h has the
- * table of legal moves, and thaw_slot_set_phase is the only place a phase
- * (and the busy gauge) changes. FIXUP happens after the reply has been
+ * table of legal moves, and thaw_slot_move is the only place a phase (and
+ * the busy gauge, and what a move releases) changes. FIXUP happens after the reply has been
  * sent: the slot re-decodes the reply's tail as the next turn will present
  * it (the canonical rendering, DESIGN §2 "Beyond the seed") so the stored
  * state matches the next request token for token, then stores it.
@@ -34,7 +34,7 @@
 #include "slot.h"
 #include "template.h"
 #include "testhooks.h"
-#include "utf8.h"
+#include "utf8.h" /* thaw_utf8_sanitize */
 
 #include <ggml-backend.h>
 #include <sodium.h>
@@ -95,9 +95,7 @@ static bool slot_kv_rm(struct thaw_engine *e, const struct thaw_slot *s, int p)
 static void slot_clear_kv(struct thaw_engine *e, struct thaw_slot *s)
 {
     slot_kv_rm(e, s, 0);
-    s->n_tokens = 0;
-    s->holds_key = false;
-    thaw_ckpt_clear(&s->ckpts);
+    thaw_slot_forget(s);
 }
 
 /* Can a sequence whose memory starts at pos_min continue at position n?
@@ -150,10 +148,7 @@ static int slot_rollback(struct thaw_engine *e, struct thaw_slot *s, int n)
         slot_clear_kv(e, s);
         return 0;
     }
-    if (n < s->n_tokens)
-        s->holds_key = false; /* it now holds a prefix of that conversation only */
-    s->n_tokens = n;
-    thaw_ckpt_truncate(&s->ckpts, n);
+    thaw_slot_truncate(s, n);
     return n;
 }
 
@@ -178,19 +173,10 @@ static int fixup_slice(const struct thaw_engine *e)
     return n < 1 ? 1 : n > e->n_batch ? e->n_batch : (int)n;
 }
 
-/* Ends the slot's request: the task is released, the KV stays for reuse. */
-static void slot_release_task(struct thaw_engine *e, struct thaw_slot *s)
+/* Ends the slot's request or post-reply work: the slot is free again. */
+static void slot_idle(struct thaw_engine *e, struct thaw_slot *s)
 {
-    if (s->smpl) {
-        llama_sampler_free(s->smpl);
-        s->smpl = NULL;
-    }
-    thaw_task_release(s->task);
-    s->task = NULL;
-    s->i_batch = -1;
-    s->last_used_us = thaw_now_us();
-    if (s->phase != THAW_SLOT_FIXUP) /* a FIXUP slot stays busy until stored */
-        thaw_slot_set_phase(s, THAW_SLOT_IDLE, e->metrics);
+    thaw_slot_move(s, THAW_SLOT_IDLE, NULL, e->metrics);
 }
 
 static void slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, const char *msg)
@@ -198,11 +184,7 @@ static void slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, co
     if (s->task)
         thaw_task_fail(s->task, status, msg);
     slot_clear_kv(e, s); /* its KV may be half-written */
-    if (s->phase == THAW_SLOT_FIXUP) {
-        thaw_slot_set_phase(s, THAW_SLOT_IDLE, e->metrics);
-        return;
-    }
-    slot_release_task(e, s);
+    slot_idle(e, s);
 }
 
 /* ---- cache tiers ----------------------------------------------------------------- */
@@ -242,8 +224,7 @@ static int slot_install(struct thaw_engine *e, struct thaw_slot *s, const struct
         else
             s->timings.draft_restored = rc;
     }
-    memcpy(s->held_key, t->lookup_key, THAW_KEY_BYTES);
-    s->holds_key = true;
+    thaw_slot_hold(s, t->lookup_key);
     return lcp;
 }
 
@@ -296,7 +277,7 @@ static int slot_restore(struct thaw_engine *e, struct thaw_slot *s, const struct
 
     int got = n_past;
     if (t->has_lookup_key) {
-        if (s->holds_key && memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0) {
+        if (thaw_slot_holds(s, t->lookup_key)) {
             /* the slot still holds this conversation: the prefix path serves it */
             count_lookup(e->metrics, "slot");
             return n_past;
@@ -384,8 +365,7 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
             sizes[p] = parts[p].size;
         where = thaw_kvcache_store(e->kv, s->id, s->store_key, s->ns, s->n_tokens, parts, supersedes);
     }
-    memcpy(s->held_key, s->store_key, THAW_KEY_BYTES);
-    s->holds_key = true;
+    thaw_slot_hold(s, s->store_key);
     s->has_prev_key = false;
     int64_t took = thaw_now_us() - t0;
     atomic_fetch_add(&e->metrics->stores, 1);
@@ -408,11 +388,7 @@ static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
  * that the capture never delays another request's tokens. */
 static void slot_defer_store(struct thaw_engine *e, struct thaw_slot *s)
 {
-    free(s->fix);
-    s->fix = NULL;
-    s->n_fix = s->n_tokens;
-    s->fix_since_us = thaw_now_us();
-    thaw_slot_set_phase(s, THAW_SLOT_FIXUP, e->metrics);
+    thaw_slot_move(s, THAW_SLOT_FIXUP, NULL, e->metrics);
 }
 
 static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const char *reply_json)
@@ -445,11 +421,8 @@ static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const
     int kept = slot_rollback(e, s, lcp);
     LOG_DBG("slot %d: canonical form differs after %d of %d tokens; kept %d, re-decoding %d", s->id, lcp,
             n_canon, kept, n_canon - kept);
-    free(s->fix);
-    s->fix = canon;
-    s->n_fix = n_canon;
-    s->fix_since_us = thaw_now_us();
-    thaw_slot_set_phase(s, THAW_SLOT_FIXUP, e->metrics); /* stays busy until stored; see build_batch */
+    /* stays busy until stored; see build_batch */
+    thaw_slot_move(s, THAW_SLOT_FIXUP, &(struct thaw_slot_enter){.fix = canon, .n_fix = n_canon}, e->metrics);
 }
 
 /* ---- admission ---------------------------------------------------------------- */
@@ -505,11 +478,8 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
 {
     const struct thaw_chat_request *req = &t->req;
 
-    s->task = t;
-    thaw_slot_set_phase(s, THAW_SLOT_PREFILL, e->metrics);
-    memset(&s->timings, 0, sizeof s->timings);
-    s->timings.cache_source = "none";
-    s->smpl = make_sampler(e, t);
+    thaw_slot_move(s, THAW_SLOT_PREFILL, &(struct thaw_slot_enter){.task = t, .smpl = make_sampler(e, t)},
+                   e->metrics);
     if (!s->smpl && t->gen.grammar) {
         slot_fail(e, s, 400, "the grammar for this request's tools or response_format does not compile");
         return THAW_EINVAL;
@@ -518,16 +488,6 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
         slot_fail(e, s, 500, "out of memory");
         return THAW_ENOMEM;
     }
-    s->n_gen = s->n_sent = 0;
-    s->n_decoded = 0;
-    s->i_batch = -1;
-    s->stop_hold = 0;
-    for (int i = 0; i < req->n_stop + t->gen.n_stops; i++) {
-        size_t l = strlen(i < req->n_stop ? req->stop[i] : t->gen.stops[i - req->n_stop]);
-        if (l > 0 && l - 1 > s->stop_hold)
-            s->stop_hold = l - 1;
-    }
-    s->t_start_us = thaw_now_us();
 
     if (memcmp(s->ns, t->ns, THAW_KEY_BYTES) != 0) {
         slot_clear_kv(e, s); /* another tenant's tokens: never a prefix for this one */
@@ -536,9 +496,6 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     int n_past = req->cache_prompt ? thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) : 0;
     if (n_past > 0)
         s->timings.cache_source = "slot";
-    s->has_prev_key = t->has_lookup_key;
-    if (t->has_lookup_key)
-        memcpy(s->prev_key, t->lookup_key, THAW_KEY_BYTES);
     if (thaw_kvcache_enabled(e->kv))
         n_past = slot_restore(e, s, t, n_past);
     /* at least one prompt token must be decoded to get logits to sample from */
@@ -611,16 +568,11 @@ static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const str
         LOG_WRN("slot %d: shutdown: post-reply work stopped at %d of %d tokens after %d s; storing those", s->id,
                 s->n_tokens, s->n_fix, THAW_SHUTDOWN_FIXUP_S);
     atomic_fetch_add(&e->metrics->fixups_cut, 1);
-    if (next_turn) {
-        memcpy(s->held_key, s->store_key, THAW_KEY_BYTES);
-        s->holds_key = true;
-    } else {
+    if (next_turn)
+        thaw_slot_hold(s, s->store_key);
+    else
         slot_store(e, s);
-    }
-    free(s->fix);
-    s->fix = NULL;
-    s->n_fix = 0;
-    thaw_slot_set_phase(s, THAW_SLOT_IDLE, e->metrics);
+    slot_idle(e, s);
 }
 
 /* Moves queued tasks into slots. A request never waits for another
@@ -632,14 +584,15 @@ static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const str
 static int admit(struct thaw_engine *e, bool block)
 {
     struct thaw_slot_view *views = NULL;
-    int busy = 0, open = 0, working = 0;
+    int count[THAW_SLOT_PHASE_COUNT], held = 0;
 
     e->fixup_awaited = false;
-    for (int i = 0; i < e->n_slots; i++) {
-        busy += e->slots[i].phase != THAW_SLOT_IDLE;
-        working += e->slots[i].phase != THAW_SLOT_IDLE && !fixup_held(e, &e->slots[i]);
-        open += e->slots[i].phase == THAW_SLOT_IDLE || e->slots[i].phase == THAW_SLOT_FIXUP;
-    }
+    thaw_slot_count(e->slots, e->n_slots, count);
+    for (int i = 0; i < e->n_slots; i++)
+        held += fixup_held(e, &e->slots[i]);
+    int busy = e->n_slots - count[THAW_SLOT_IDLE];
+    int working = busy - held;
+    int open = count[THAW_SLOT_IDLE] + count[THAW_SLOT_FIXUP];
     while (open > 0) {
         struct thaw_task *t = thaw_sched_pop(e->sched, block && working == 0 && !atomic_load(&e->stop));
         if (!t)
@@ -669,8 +622,7 @@ static int admit(struct thaw_engine *e, bool block)
                     .tokens = s->tokens,
                     .n_tokens = same_ns ? s->n_tokens : 0,
                     .last_used_us = s->last_used_us,
-                    .holds_key = t->has_lookup_key && s->holds_key &&
-                                 memcmp(s->held_key, t->lookup_key, THAW_KEY_BYTES) == 0,
+                    .holds_key = t->has_lookup_key && thaw_slot_holds(s, t->lookup_key),
                 };
             }
             pick = thaw_sched_pick_slot(views, e->n_slots, t->prompt, t->n_prompt,
@@ -701,10 +653,10 @@ static int admit(struct thaw_engine *e, bool block)
                 e->fixup_awaited = true;
                 break;
             }
-            bool held = fixup_held(e, s);
+            bool was_held = fixup_held(e, s);
             slot_cut_fixup(e, s, t);
             busy--;
-            working -= !held;
+            working -= !was_held;
         }
         open--;
         if (slot_start(e, s, t) == 0) {
@@ -718,27 +670,11 @@ static int admit(struct thaw_engine *e, bool block)
 
 /* ---- generation --------------------------------------------------------------- */
 
-/* Hands the task every byte that can no longer change: complete UTF-8, and
- * not a possible beginning of a stop string (unless `final`). */
-static void slot_flush_text(struct thaw_slot *s, bool final)
-{
-    size_t end = s->n_gen;
-
-    if (!final) {
-        end = end > s->stop_hold ? end - s->stop_hold : 0;
-        end = thaw_utf8_complete_len(s->gen, end);
-    }
-    if (end > s->n_sent) {
-        thaw_task_emit(s->task, s->gen + s->n_sent, end - s->n_sent);
-        s->n_sent = end;
-    }
-}
-
 static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *reason)
 {
     int64_t now = thaw_now_us();
 
-    slot_flush_text(s, true);
+    thaw_slot_flush_text(s, true);
     if (!s->t_prompt_done_us)
         s->t_prompt_done_us = now;
     s->timings.prompt_n = s->task->n_prompt - s->timings.cache_n;
@@ -777,28 +713,12 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
     /* a verified draft may have left positions past the finish in the KV */
     slot_kv_rm(e, s, s->n_tokens);
     if (will_store)
-        slot_prepare_store(e, s, stored_msg);
+        slot_prepare_store(e, s, stored_msg); /* -> FIXUP */
+    else
+        slot_idle(e, s);
     free(stored_msg);
     free(norm);
     free(reply);
-    slot_release_task(e, s);
-}
-
-/* Earliest occurrence of any stop string that ends at or after `from`. */
-static const char *find_stop(const struct thaw_slot *s, size_t from)
-{
-    const struct thaw_task *t = s->task;
-    const char *best = NULL;
-
-    for (int i = 0; i < t->req.n_stop + t->gen.n_stops; i++) {
-        const char *stop = i < t->req.n_stop ? t->req.stop[i] : t->gen.stops[i - t->req.n_stop];
-        size_t l = strlen(stop);
-        size_t start = from >= l ? from - l + 1 : 0;
-        const char *hit = memmem(s->gen + start, s->n_gen - start, stop, l);
-        if (hit && (!best || hit < best))
-            best = hit;
-    }
-    return best;
 }
 
 /* Takes one sampled token: text out, stop conditions, next decode. */
@@ -825,7 +745,7 @@ static void slot_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_to
         return;
     }
     if (t->req.n_stop + t->gen.n_stops > 0) {
-        const char *hit = find_stop(s, before);
+        const char *hit = thaw_slot_find_stop(s, before);
         if (hit) {
             s->n_gen = (size_t)(hit - s->gen);
             s->gen[s->n_gen] = '\0';
@@ -837,10 +757,10 @@ static void slot_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_to
         slot_finish(e, s, "length");
         return;
     }
-    slot_flush_text(s, false);
+    thaw_slot_flush_text(s, false);
     s->next_token = tok;
     if (s->phase != THAW_SLOT_GEN)
-        thaw_slot_set_phase(s, THAW_SLOT_GEN, e->metrics);
+        thaw_slot_move(s, THAW_SLOT_GEN, NULL, e->metrics);
 }
 
 /* ---- the loop ------------------------------------------------------------------ */
@@ -958,11 +878,9 @@ static void build_batch(struct thaw_engine *e)
      * each generation step halved its speed). After THAW_FIXUP_DEFER_US
      * of waiting a few ride along generation steps, so a busy server still
      * stores within seconds. */
-    int prefilling = 0, generating = 0, fixup_tokens = 0;
-    for (int i = 0; i < e->n_slots; i++) {
-        prefilling += e->slots[i].phase == THAW_SLOT_PREFILL;
-        generating += e->slots[i].phase == THAW_SLOT_GEN;
-    }
+    int count[THAW_SLOT_PHASE_COUNT], fixup_tokens = 0;
+    thaw_slot_count(e->slots, e->n_slots, count);
+    int prefilling = count[THAW_SLOT_PREFILL], generating = count[THAW_SLOT_GEN];
     bool alone = !prefilling && !generating;
     int fixup_room = e->fixup_awaited ? e->n_batch
                      : alone          ? fixup_slice(e)
@@ -987,10 +905,10 @@ static void build_batch(struct thaw_engine *e)
 /* No slot prefilling or generating: post-reply work slows nobody. */
 static bool engine_alone(const struct thaw_engine *e)
 {
-    for (int i = 0; i < e->n_slots; i++)
-        if (e->slots[i].phase == THAW_SLOT_PREFILL || e->slots[i].phase == THAW_SLOT_GEN)
-            return false;
-    return true;
+    int count[THAW_SLOT_PHASE_COUNT];
+
+    thaw_slot_count(e->slots, e->n_slots, count);
+    return count[THAW_SLOT_PREFILL] + count[THAW_SLOT_GEN] == 0;
 }
 
 /* FIXUP slots whose canonical tokens are all in: store, and free the slot.
@@ -1009,10 +927,7 @@ static void finish_fixups(struct thaw_engine *e, bool force)
         if (!alone && now - s->fix_since_us < THAW_FIXUP_DEFER_US)
             continue;
         slot_store(e, s);
-        free(s->fix);
-        s->fix = NULL;
-        s->n_fix = 0;
-        thaw_slot_set_phase(s, THAW_SLOT_IDLE, e->metrics);
+        slot_idle(e, s);
     }
 }
 
@@ -1131,7 +1046,7 @@ static void *engine_main(void *arg)
             if (s->task && !thaw_task_client_alive(s->task)) {
                 LOG_INF("slot %d: client went away, request cancelled", s->id);
                 thaw_task_fail(s->task, 499, "cancelled");
-                slot_release_task(e, s);
+                slot_idle(e, s);
             }
         }
         if (admit(e, true) == 0)
@@ -1155,7 +1070,7 @@ static void *engine_main(void *arg)
         struct thaw_slot *s = &e->slots[i];
         if (s->task) {
             thaw_task_fail(s->task, 503, "the server is shutting down");
-            slot_release_task(e, s);
+            slot_idle(e, s);
         }
     }
     drain_fixups(e);
