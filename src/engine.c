@@ -154,24 +154,8 @@ static int slot_rollback(struct thaw_engine *e, struct thaw_slot *s, int n)
 
 /* ---- post-reply work (FIXUP) --------------------------------------------------- */
 
-/* FIXUP tokens a generation step carries once the FIXUP has waited
- * THAW_FIXUP_DEFER_US for the engine to be free; a FIXUP alone runs in
- * slices of about THAW_FIXUP_SLICE_US of decoding. */
-#define THAW_FIXUP_PIGGYBACK 2
-#define THAW_FIXUP_DEFER_US 2000000
-#define THAW_FIXUP_SLICE_US 50000.0
 /* At shutdown the re-decoding left gets this long, at full speed. */
 #define THAW_SHUTDOWN_FIXUP_S 10
-
-/* FIXUP tokens for one slice, from what FIXUP batches cost so far (a
- * small first batch measures it). */
-static int fixup_slice(const struct thaw_engine *e)
-{
-    if (e->fixup_us_per_tok <= 0)
-        return 4;
-    double n = THAW_FIXUP_SLICE_US / e->fixup_us_per_tok;
-    return n < 1 ? 1 : n > e->n_batch ? e->n_batch : (int)n;
-}
 
 /* Ends the slot's request or post-reply work: the slot is free again. */
 static void slot_idle(struct thaw_engine *e, struct thaw_slot *s)
@@ -518,31 +502,6 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     return 0;
 }
 
-/* The FIXUP slot (same tenant) worth taking over for t rather than an
- * idle slot holding `have` tokens of its prompt, or -1: the one holding
- * t's conversation (t is its next turn), else one holding more of the
- * prompt than cutting its FIXUP short costs its own conversation (the
- * tokens it has left to re-decode, which that conversation's next turn
- * then prefills). */
-static int fixup_worth_taking(const struct thaw_engine *e, const struct thaw_task *t, int have)
-{
-    int best = -1, best_gain = 0;
-
-    for (int i = 0; i < e->n_slots; i++) {
-        const struct thaw_slot *s = &e->slots[i];
-        if (s->phase != THAW_SLOT_FIXUP || memcmp(s->ns, t->ns, THAW_KEY_BYTES) != 0)
-            continue;
-        if (t->has_lookup_key && memcmp(t->lookup_key, s->store_key, THAW_KEY_BYTES) == 0)
-            return i;
-        int gain = thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) - have;
-        if (gain > s->n_fix - s->n_tokens && gain > best_gain) {
-            best_gain = gain;
-            best = i;
-        }
-    }
-    return best;
-}
-
 /* THAW_TEST_FIXUP_HOLD (testhooks.h): the slot's re-decoding waits for a
  * request that needs the slot, or for shutdown. */
 static bool fixup_held(const struct thaw_engine *e, const struct thaw_slot *s)
@@ -575,11 +534,29 @@ static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const str
     slot_idle(e, s);
 }
 
-/* Moves queued tasks into slots. A request never waits for another
- * request's post-reply work (FIXUP): it takes an idle slot, or cuts short
- * the FIXUP of the slot holding more of its prompt (it would prefill those
- * very tokens anyway) or, with no idle slot, of the slot the usual choice
- * picks among the FIXUP ones. `block` waits for a task when no slot is busy
+/* Slot s as the scheduler sees it for task t (scheduler.h). */
+static struct thaw_slot_view slot_view(const struct thaw_slot *s, const struct thaw_task *t)
+{
+    /* another tenant's prefix is no prefix: it must not be reused, nor
+     * steer the choice (its timing would leak it) */
+    bool same_ns = memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0;
+
+    return (struct thaw_slot_view){
+        .idle = s->phase == THAW_SLOT_IDLE,
+        .fixup = s->phase == THAW_SLOT_FIXUP,
+        .tokens = s->tokens,
+        .n_tokens = same_ns ? s->n_tokens : 0,
+        .last_used_us = s->last_used_us,
+        .holds_key = t->has_lookup_key && thaw_slot_holds(s, t->lookup_key),
+        .next_turn = s->phase == THAW_SLOT_FIXUP && same_ns && t->has_lookup_key &&
+                     memcmp(t->lookup_key, s->store_key, THAW_KEY_BYTES) == 0,
+        .fix_left = s->phase == THAW_SLOT_FIXUP ? s->n_fix - s->n_tokens : 0,
+    };
+}
+
+/* Moves queued tasks into slots where the scheduler says
+ * (thaw_sched_admit: an idle slot, or one whose post-reply work it cuts
+ * short or waits for). `block` waits for a task when no slot is busy
  * (nothing else to do). Returns the number of busy slots. */
 static int admit(struct thaw_engine *e, bool block)
 {
@@ -608,51 +585,21 @@ static int admit(struct thaw_engine *e, bool block)
             thaw_task_release(t);
             break;
         }
-        int pick = -1;
-        /* idle slots first; with none idle, the FIXUP ones as if idle */
-        for (int pass = 0; pass < 2 && pick < 0; pass++) {
-            enum thaw_slot_phase want = pass == 0 ? THAW_SLOT_IDLE : THAW_SLOT_FIXUP;
-            for (int i = 0; i < e->n_slots; i++) {
-                struct thaw_slot *s = &e->slots[i];
-                /* another tenant's prefix is no prefix: it must not be reused,
-                 * nor steer the choice (its timing would leak it) */
-                bool same_ns = memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0;
-                views[i] = (struct thaw_slot_view){
-                    .idle = s->phase == want,
-                    .tokens = s->tokens,
-                    .n_tokens = same_ns ? s->n_tokens : 0,
-                    .last_used_us = s->last_used_us,
-                    .holds_key = t->has_lookup_key && thaw_slot_holds(s, t->lookup_key),
-                };
-            }
-            pick = thaw_sched_pick_slot(views, e->n_slots, t->prompt, t->n_prompt,
-                                        t->req.cache_prompt ? e->cfg->slot_prompt_similarity : 0);
-        }
-        if (pick < 0) { /* cannot happen while open > 0 */
+        for (int i = 0; i < e->n_slots; i++)
+            views[i] = slot_view(&e->slots[i], t);
+        const struct thaw_sched_task_view tv = {t->prompt, t->n_prompt, t->req.cache_prompt};
+        const struct thaw_sched_params sp = {e->cfg->slot_prompt_similarity, e->cfg->fixup_wait_ms,
+                                             e->fixup_us_per_tok};
+        struct thaw_sched_admission a = thaw_sched_admit(views, e->n_slots, &tv, &sp);
+        if (a.action == THAW_SCHED_NONE || a.action == THAW_SCHED_WAIT) {
+            /* NONE cannot happen while open > 0; WAIT: finish that FIXUP at
+             * full speed, then come back */
             thaw_sched_unpop(e->sched, t);
+            e->fixup_awaited = a.action == THAW_SCHED_WAIT;
             break;
         }
-        if (t->req.cache_prompt && e->slots[pick].phase == THAW_SLOT_IDLE) {
-            const struct thaw_slot *p = &e->slots[pick];
-            int have = memcmp(p->ns, t->ns, THAW_KEY_BYTES) == 0
-                           ? thaw_lcp(p->tokens, p->n_tokens, t->prompt, t->n_prompt)
-                           : 0;
-            int f = fixup_worth_taking(e, t, have);
-            if (f >= 0)
-                pick = f; /* not a cold slot while a warm one only finishes post-reply work */
-        }
-        struct thaw_slot *s = &e->slots[pick];
-        if (s->phase == THAW_SLOT_FIXUP) {
-            /* what is left of it, at what FIXUP tokens cost so far */
-            double left_us = (double)(s->n_fix - s->n_tokens) * e->fixup_us_per_tok;
-            if (left_us <= 1000.0 * e->cfg->fixup_wait_ms) {
-                /* a short wait keeps that conversation's state whole (for
-                 * the store, or for its next turn, which then prefills only
-                 * its new message): finish it at full speed, then come back */
-                thaw_sched_unpop(e->sched, t);
-                e->fixup_awaited = true;
-                break;
-            }
+        struct thaw_slot *s = &e->slots[a.slot];
+        if (a.action == THAW_SCHED_CUT) {
             bool was_held = fixup_held(e, s);
             slot_cut_fixup(e, s, t);
             busy--;
@@ -868,29 +815,18 @@ static void build_batch(struct thaw_engine *e)
             s->n_in_batch++;
         }
     }
-    /* FIXUP is post-reply work nobody waits for: it must not slow a
-     * request that is. A request that needs its slot cuts it short
-     * (admit). Alone, it goes in slices of about THAW_FIXUP_SLICE_US, so a
-     * request arriving meanwhile waits one slice at most. Beside a prompt
-     * or a generation step it waits: on a CPU a batch's cost grows with
-     * its tokens (measured: 20 re-decoded tokens batched with a 9-token
-     * prompt made that prompt take 1.6 s instead of ~0.3; 2 riding along
-     * each generation step halved its speed). After THAW_FIXUP_DEFER_US
-     * of waiting a few ride along generation steps, so a busy server still
-     * stores within seconds. */
+    /* FIXUP: post-reply work nobody waits for, within the scheduler's
+     * budget (scheduler.h); a request that needs its slot cuts it short
+     * (admit) */
     int count[THAW_SLOT_PHASE_COUNT], fixup_tokens = 0;
     thaw_slot_count(e->slots, e->n_slots, count);
-    int prefilling = count[THAW_SLOT_PREFILL], generating = count[THAW_SLOT_GEN];
-    bool alone = !prefilling && !generating;
-    int fixup_room = e->fixup_awaited ? e->n_batch
-                     : alone          ? fixup_slice(e)
-                     : prefilling     ? 0
-                                      : THAW_FIXUP_PIGGYBACK;
+    bool free_now = e->fixup_awaited || count[THAW_SLOT_PREFILL] + count[THAW_SLOT_GEN] == 0;
+    int fixup_room = thaw_sched_fixup_room(count[THAW_SLOT_PREFILL], count[THAW_SLOT_GEN], e->fixup_awaited,
+                                           e->fixup_us_per_tok, e->n_batch);
     int64_t now = thaw_now_us();
     for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch && fixup_room > 0; i++) {
         struct thaw_slot *s = &e->slots[i];
-        if (s->phase != THAW_SLOT_FIXUP || fixup_held(e, s) ||
-            (!alone && !e->fixup_awaited && now - s->fix_since_us < THAW_FIXUP_DEFER_US))
+        if (s->phase != THAW_SLOT_FIXUP || fixup_held(e, s) || !thaw_sched_fixup_due(free_now, now - s->fix_since_us))
             continue;
         while (s->n_tokens + s->n_in_batch < s->n_fix && b->n_tokens < e->n_batch && fixup_room-- > 0) {
             int p = s->n_tokens + s->n_in_batch;
@@ -917,14 +853,13 @@ static bool engine_alone(const struct thaw_engine *e)
  * grows with the conversation (libllama captures a sequence only whole). */
 static void finish_fixups(struct thaw_engine *e, bool force)
 {
-    bool alone = force || e->fixup_awaited || engine_alone(e);
+    bool free_now = force || e->fixup_awaited || engine_alone(e);
     int64_t now = thaw_now_us();
 
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
-        if (s->phase != THAW_SLOT_FIXUP || s->n_tokens < s->n_fix)
-            continue;
-        if (!alone && now - s->fix_since_us < THAW_FIXUP_DEFER_US)
+        if (s->phase != THAW_SLOT_FIXUP || s->n_tokens < s->n_fix ||
+            !thaw_sched_fixup_due(free_now, now - s->fix_since_us))
             continue;
         slot_store(e, s);
         slot_idle(e, s);
@@ -958,10 +893,8 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
     atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n_prompt_tokens);
     if (n_prompt_tokens > 0)
         atomic_fetch_add(&e->metrics->prompt_us, (uint64_t)(t1 - t0));
-    if (e->batch_fixup_only && t1 > t0 && e->batch.n_tokens > 0) {
-        double per = (double)(t1 - t0) / e->batch.n_tokens;
-        e->fixup_us_per_tok = e->fixup_us_per_tok > 0 ? 0.7 * e->fixup_us_per_tok + 0.3 * per : per;
-    }
+    if (e->batch_fixup_only)
+        e->fixup_us_per_tok = thaw_sched_fixup_cost(e->fixup_us_per_tok, t1 - t0, e->batch.n_tokens);
     finish_fixups(e, false);
 
     for (int i = 0; i < e->n_slots; i++) {
