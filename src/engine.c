@@ -1,27 +1,28 @@
 /* engine.c — model + context, the decode loop, batching across slots.
  *
  * Map:
- *   ---- slots ----        a slot's KV: clearing, rollback (checkpoints for SWA)
- *   ---- cache tiers ----  install a cached state into a slot, capture one; the
- *                          tier policy (which tier, in what order) is kvcache.c's
- *   ---- admission ----    queued task -> idle slot, prompt-prefix reuse
+ *   ---- slots ----        the engine's state; a slot's end (idle, failed)
+ *   ---- post-reply work (FIXUP) ---- what the next turn will present
+ *   ---- admission ----    queued task -> the slot the scheduler picks
  *   ---- generation ----   sampling, stop strings, streaming text out
  *   ---- the loop ----     one llama_batch for every active slot per step
  *   ---- lifecycle ----    load model, context, thread; shutdown
  *
- * A slot's life: IDLE -> PREFILL -> GEN -> (FIXUP) -> IDLE; slot.h has the
- * table of legal moves, and thaw_slot_move is the only place a phase (and
- * the busy gauge, and what a move releases) changes. FIXUP happens after the reply has been
- * sent: the slot re-decodes the reply's tail as the next turn will present
- * it (the canonical rendering, DESIGN §2 "Beyond the seed") so the stored
- * state matches the next request token for token, then stores it.
+ * Who does what for it: slot.c moves a slot between phases (IDLE -> PREFILL
+ * -> GEN -> (FIXUP) -> IDLE; slot.h has the table, thaw_slot_move is the
+ * only place a phase, the busy gauge or what a move releases changes);
+ * scheduler.c plans each step (which slot a task gets, what post-reply work
+ * may run); slotkv.c changes what a slot's sequence holds (rollback,
+ * restore from the cache tiers, store to them). FIXUP happens after the
+ * reply has been sent: the slot re-decodes the reply's tail as the next
+ * turn will present it (the canonical rendering, DESIGN §2 "Beyond the
+ * seed") so the stored state matches the next request token for token,
+ * then stores it.
  *
  * Only engine_main() and what it calls touch e->ctx.
  */
 #include "engine.h"
 
-#include "blob.h"
-#include "blocks.h"
 #include "draft.h"
 #include "error.h"
 #include "fingerprint.h"
@@ -32,6 +33,7 @@
 #include "log.h"
 #include "scheduler.h"
 #include "slot.h"
+#include "slotkv.h"
 #include "template.h"
 #include "testhooks.h"
 #include "utf8.h" /* thaw_utf8_sanitize */
@@ -60,10 +62,9 @@ struct thaw_engine {
     double fixup_us_per_tok;   /* decode cost of a FIXUP token alone (moving average), 0 = unknown */
     bool batch_fixup_only;     /* the batch in flight holds FIXUP tokens only */
     bool fixup_awaited;        /* a queued request waits for a FIXUP slot to finish (admit): full speed */
-    void *capture;             /* the last capture's buffer, reused once the tiers let go of it (kvstate.h) */
-    size_t capture_cap;
     struct thaw_kvtap *tap;    /* where the KV cache's cells are: stores cut blocks from it (kvtap.h); NULL = off */
     bool tap_verify;           /* THAW_TEST_KVTAP_VERIFY: check every cut against a capture */
+    struct thaw_slotkv *skv;   /* the slots' sequences: rollback, restore, store (slotkv.h) */
 
     struct thaw_slot *slots;
     int n_slots;
@@ -83,75 +84,6 @@ struct thaw_engine {
     atomic_bool stop;
 };
 
-/* Removes the slot's positions >= p (0: all) from its sequence, and from
- * what the tap knows of it (kvtap.h): every removal goes through here. */
-static bool slot_kv_rm(struct thaw_engine *e, const struct thaw_slot *s, int p)
-{
-    bool ok = llama_memory_seq_rm(llama_get_memory(e->ctx), s->id, p > 0 ? p : -1, -1);
-    thaw_kvtap_forget(e->tap, s->id, p);
-    return ok;
-}
-
-static void slot_clear_kv(struct thaw_engine *e, struct thaw_slot *s)
-{
-    slot_kv_rm(e, s, 0);
-    thaw_slot_forget(s);
-}
-
-/* Can a sequence whose memory starts at pos_min continue at position n?
- * The token at n attends to the n_swa positions before it (standard SWA:
- * positions > n - n_swa); a recurrent state exists only at its end. */
-static bool can_resume_at(const struct thaw_engine *e, const struct thaw_slot *s, llama_pos pos_min, int n)
-{
-    if (e->recurrent)
-        return n == s->n_tokens;
-    if (e->n_swa == 0 || pos_min <= 0)
-        return true;
-    return pos_min <= n - e->n_swa + 1;
-}
-
-/* The longest prefix of at most n tokens the slot can resume at, and the
- * checkpoint that takes it there (*ckpt NULL: a plain truncation does). */
-static int rollback_target(const struct thaw_engine *e, const struct thaw_slot *s, int n, const struct thaw_ckpt **ckpt)
-{
-    *ckpt = NULL;
-    if (n > s->n_tokens)
-        n = s->n_tokens;
-    if (n <= 0 || !e->partial || can_resume_at(e, s, llama_memory_seq_pos_min(llama_get_memory(e->ctx), s->id), n))
-        return n > 0 ? n : 0;
-    for (int i = s->ckpts.n - 1; i >= 0; i--) {
-        if (s->ckpts.v[i].n_tokens <= n && s->ckpts.v[i].n_tokens > 0) {
-            *ckpt = &s->ckpts.v[i];
-            return s->ckpts.v[i].n_tokens;
-        }
-    }
-    return 0;
-}
-
-/* Truncates the slot's sequence to at most n tokens, as close to n as its
- * memory allows (a checkpoint when the window or recurrent state cannot roll
- * back that far; nothing when no checkpoint fits). Returns the new length. */
-static int slot_rollback(struct thaw_engine *e, struct thaw_slot *s, int n)
-{
-    const struct thaw_ckpt *c;
-
-    n = rollback_target(e, s, n, &c);
-    if (c) {
-        if (thaw_ckpt_restore(c, e->ctx, s->id) == 0) {
-            LOG_DBG("slot %d: rolled back to the checkpoint at %d tokens", s->id, n);
-        } else {
-            LOG_WRN("slot %d: checkpoint at %d tokens could not be installed: full prefill", s->id, n);
-            n = 0;
-        }
-    }
-    if (n == 0 || !slot_kv_rm(e, s, n)) {
-        slot_clear_kv(e, s);
-        return 0;
-    }
-    thaw_slot_truncate(s, n);
-    return n;
-}
-
 /* ---- post-reply work (FIXUP) --------------------------------------------------- */
 
 /* At shutdown the re-decoding left gets this long, at full speed. */
@@ -167,200 +99,8 @@ static void slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, co
 {
     if (s->task)
         thaw_task_fail(s->task, status, msg);
-    slot_clear_kv(e, s); /* its KV may be half-written */
+    thaw_slotkv_clear(e->skv, s); /* its KV may be half-written */
     slot_idle(e, s);
-}
-
-/* ---- cache tiers ----------------------------------------------------------------- */
-
-/* Installs a cached conversation (its .kv, .ckpt and .dft blobs; the last
- * two may be empty) into the slot when it holds more of the prompt than the
- * slot already does. Returns the tokens of the prompt the slot now holds
- * (>= n_past), or a negative error when the blobs are corrupt (the slot is
- * then empty). A bad .dft only costs the draft a prefill. */
-static int slot_install(struct thaw_engine *e, struct thaw_slot *s, const struct thaw_task *t,
-                        const struct thaw_part_blob parts[THAW_PART_COUNT], int n_past)
-{
-    struct thaw_kvstate_view v;
-    int rc;
-
-    if ((rc = thaw_kvstate_parse(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &v)) != 0)
-        return rc;
-    int lcp = thaw_lcp(v.tokens, v.n_tokens, t->prompt, t->n_prompt);
-    if (lcp <= n_past)
-        return n_past; /* the slot already holds as much: keep it */
-    if (thaw_slot_reserve(s, v.n_tokens + 1) != 0)
-        return THAW_ENOMEM;
-    slot_clear_kv(e, s);
-    if ((rc = thaw_kvstate_restore(e->ctx, s->id, &v)) != 0)
-        return rc;
-    thaw_kvtap_restored(e->tap, s->id, v.state, v.n_state);
-    memcpy(s->tokens, v.tokens, (size_t)v.n_tokens * sizeof(llama_token));
-    s->n_tokens = v.n_tokens;
-    if ((rc = thaw_ckpt_parse(parts[THAW_PART_CKPT].data, parts[THAW_PART_CKPT].size, &s->ckpts)) != 0) {
-        slot_clear_kv(e, s);
-        return rc;
-    }
-    if (e->draft && parts[THAW_PART_DFT].size > 0) {
-        rc = thaw_draft_restore(e->draft, s->id, parts[THAW_PART_DFT].data, parts[THAW_PART_DFT].size);
-        if (rc < 0)
-            LOG_WRN("slot %d: draft state unusable (%s): the draft prefills instead", s->id, thaw_strerror(rc));
-        else
-            s->timings.draft_restored = rc;
-    }
-    thaw_slot_hold(s, t->lookup_key);
-    return lcp;
-}
-
-/* slot_install through the kvcache's sink */
-struct install_ctx {
-    struct thaw_engine *e;
-    struct thaw_slot *s;
-    const struct thaw_task *t;
-    int n_past;
-};
-
-static int install_cb(void *ud, const struct thaw_part_blob parts[THAW_PART_COUNT])
-{
-    struct install_ctx *ic = ud;
-
-    return slot_install(ic->e, ic->s, ic->t, parts, ic->n_past);
-}
-
-static void undo_cb(void *ud)
-{
-    struct install_ctx *ic = ud;
-
-    slot_clear_kv(ic->e, ic->s);
-}
-
-/* One lookup, one outcome: the source that served it ("slot" when the slot
- * already held the conversation), or NULL for a miss. The outcomes sum to
- * thaw_kv_cache_lookups_total (a keyed miss that stored blocks rescue is a
- * blocks hit, not also a miss). */
-static void count_lookup(struct thaw_metrics *m, const char *source)
-{
-    atomic_uint_fast64_t *c = !source                         ? &m->cache_misses
-                              : strcmp(source, "slot") == 0   ? &m->cache_hits_slot
-                              : strcmp(source, "ram") == 0    ? &m->cache_hits_ram
-                              : strcmp(source, "shared") == 0 ? &m->cache_hits_shared
-                              : strcmp(source, "blocks") == 0 ? &m->cache_hits_blocks
-                                                              : &m->cache_hits_disk;
-
-    atomic_fetch_add(&m->cache_lookups, 1);
-    atomic_fetch_add(c, 1);
-}
-
-/* The lookup at the start of a request: the slot itself, then the cache
- * tiers (kvcache.h). Returns the number of prompt tokens the slot holds
- * afterwards. */
-static int slot_restore(struct thaw_engine *e, struct thaw_slot *s, const struct thaw_task *t, int n_past)
-{
-    struct install_ctx ic = {e, s, t, n_past};
-    const struct thaw_kvcache_sink sink = {install_cb, undo_cb, &ic, s->id};
-
-    int got = n_past;
-    if (t->has_lookup_key) {
-        if (thaw_slot_holds(s, t->lookup_key)) {
-            /* the slot still holds this conversation: the prefix path serves it */
-            count_lookup(e->metrics, "slot");
-            return n_past;
-        }
-        got = thaw_kvcache_lookup(e->kv, t->lookup_key, n_past, &sink, &s->timings.cache_source,
-                                  &s->timings.restore_ms);
-    }
-    if (got <= n_past) /* no entry (a first turn, an edit, a fork): stored blocks may still serve it */
-        got = thaw_kvcache_lookup_prefix(e->kv, t->ns, t->prompt, t->n_prompt, got, &sink, &s->timings.cache_source,
-                                         &s->timings.restore_ms);
-    count_lookup(e->metrics, got > n_past ? s->timings.cache_source : NULL);
-    return got;
-}
-
-/* The tap as a store's source (blocks.h) for one slot. */
-struct tap_ud {
-    struct thaw_kvtap *tap;
-    llama_seq_id seq;
-};
-
-static size_t tap_size(const void *ud, uint32_t a, uint32_t b)
-{
-    return thaw_kvtap_block_size(((const struct tap_ud *)ud)->tap, a, b);
-}
-
-static int tap_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_cut(u->tap, u->seq, a, b, dst, cap);
-}
-
-static int tap_known(const void *ud, uint32_t a, uint32_t b)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_known(u->tap, u->seq, a, b);
-}
-
-/* Serialises the slot's state (and its draft's) and hands it to the RAM
- * tier and the disk writer under s->store_key. Never waits for I/O. */
-static void slot_store(struct thaw_engine *e, struct thaw_slot *s)
-{
-    struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
-    char hex[17];
-    int rc;
-
-    if (s->n_tokens < e->cfg->kv_cache_min_tokens || s->n_tokens == 0)
-        return;
-    thaw_keys_short(s->store_key, hex);
-    int64_t t0 = thaw_now_us();
-    if (e->partial &&
-        (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0) {
-        LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
-        return;
-    }
-    /* the draft catches up with the stored tokens first, so the next turn
-     * restores it as far as the target */
-    if (e->draft && (thaw_draft_sync(e->draft, s->id, s->tokens, s->n_tokens) < 0 ||
-                     thaw_draft_capture(e->draft, s->id, &parts[THAW_PART_DFT].data, &parts[THAW_PART_DFT].size) != 0))
-        LOG_WRN("slot %d: draft state not stored with %s: the next turn prefills the draft", s->id, hex);
-    const uint8_t *supersedes = s->has_prev_key ? s->prev_key : NULL;
-    size_t sizes[THAW_PART_COUNT];
-    const char *where = NULL;
-    /* the blocks straight from the cache's memory: as much work on a 16k
-     * history as on a 2k one (kvtap.h) */
-    if (thaw_kvtap_ready(e->tap) && thaw_kvcache_cuts_blocks(e->kv)) {
-        if (e->tap_verify)
-            (void)thaw_kvtap_verify(e->tap, e->ctx, s->id, s->n_tokens, thaw_kvcache_block_tokens(e->kv));
-        struct thaw_blocks_src src = {(uint32_t)s->n_tokens, tap_size, tap_cut, tap_known, &(struct tap_ud){e->tap, s->id},
-                                      NULL, 0};
-        for (int p = 0; p < THAW_PART_COUNT; p++)
-            sizes[p] = parts[p].size;
-        where = thaw_kvcache_store_src(e->kv, s->id, s->store_key, s->ns, s->tokens, s->n_tokens, &src, parts,
-                                       supersedes);
-        atomic_fetch_add(where ? &e->metrics->stores_cut : &e->metrics->stores_captured, 1);
-    }
-    if (!where) {
-        if ((rc = thaw_kvstate_capture_reuse(e->ctx, s->id, s->tokens, s->n_tokens, &e->capture, &e->capture_cap,
-                                             &parts[THAW_PART_KV].data, &parts[THAW_PART_KV].size)) != 0) {
-            LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
-            for (int p = 0; p < THAW_PART_COUNT; p++)
-                thaw_blob_unref(parts[p].data);
-            return;
-        }
-        for (int p = 0; p < THAW_PART_COUNT; p++)
-            sizes[p] = parts[p].size;
-        where = thaw_kvcache_store(e->kv, s->id, s->store_key, s->ns, s->n_tokens, parts, supersedes);
-    }
-    thaw_slot_hold(s, s->store_key);
-    s->has_prev_key = false;
-    int64_t took = thaw_now_us() - t0;
-    atomic_fetch_add(&e->metrics->stores, 1);
-    atomic_fetch_add(&e->metrics->store_us, (uint64_t)took);
-    if (sizes[0])
-        LOG_INF("slot %d: stored %s: %d tokens, %.1f MiB state%s%s -> %s in %.1f ms", s->id, hex, s->n_tokens,
-                (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
-                (double)took / 1000.0);
-    else
-        LOG_INF("slot %d: stored %s: %d tokens, blocks cut from the cache%s -> %s in %.1f ms", s->id, hex,
-                s->n_tokens, sizes[2] ? " + draft" : "", where, (double)took / 1000.0);
 }
 
 /* After a reply (s->store_key derived): the tokens the next turn will
@@ -390,7 +130,7 @@ static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const
     }
     int lcp = thaw_lcp(s->tokens, s->n_tokens, canon, n_canon);
     const struct thaw_ckpt *c;
-    int target = rollback_target(e, s, lcp, &c);
+    int target = thaw_slotkv_rollback_target(e->skv, s, lcp, &c);
     /* Re-decode at most the reply and a little more: when the window has
      * moved past the divergence and no checkpoint reaches back, store the
      * state as generated (its checkpoints still serve the next turn). */
@@ -402,7 +142,7 @@ static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const
         slot_defer_store(e, s);
         return;
     }
-    int kept = slot_rollback(e, s, lcp);
+    int kept = thaw_slotkv_rollback(e->skv, s, lcp);
     LOG_DBG("slot %d: canonical form differs after %d of %d tokens; kept %d, re-decoding %d", s->id, lcp,
             n_canon, kept, n_canon - kept);
     /* stays busy until stored; see build_batch */
@@ -474,18 +214,18 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     }
 
     if (memcmp(s->ns, t->ns, THAW_KEY_BYTES) != 0) {
-        slot_clear_kv(e, s); /* another tenant's tokens: never a prefix for this one */
+        thaw_slotkv_clear(e->skv, s); /* another tenant's tokens: never a prefix for this one */
         memcpy(s->ns, t->ns, THAW_KEY_BYTES);
     }
     int n_past = req->cache_prompt ? thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) : 0;
     if (n_past > 0)
         s->timings.cache_source = "slot";
     if (thaw_kvcache_enabled(e->kv))
-        n_past = slot_restore(e, s, t, n_past);
+        n_past = thaw_slotkv_restore(e->skv, s, t, n_past);
     /* at least one prompt token must be decoded to get logits to sample from */
     if (n_past >= t->n_prompt)
         n_past = t->n_prompt - 1;
-    n_past = slot_rollback(e, s, n_past);
+    n_past = thaw_slotkv_rollback(e->skv, s, n_past);
     if (s->timings.restore_ms > 0) {
         char hex[17];
         thaw_keys_short(t->lookup_key, hex);
@@ -530,7 +270,7 @@ static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const str
     if (next_turn)
         thaw_slot_hold(s, s->store_key);
     else
-        slot_store(e, s);
+        thaw_slotkv_store(e->skv, s);
     slot_idle(e, s);
 }
 
@@ -658,7 +398,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
             s->timings.predicted_n,
             s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
     /* a verified draft may have left positions past the finish in the KV */
-    slot_kv_rm(e, s, s->n_tokens);
+    thaw_slotkv_rm(e->skv, s, s->n_tokens);
     if (will_store)
         slot_prepare_store(e, s, stored_msg); /* -> FIXUP */
     else
@@ -768,7 +508,7 @@ static void slot_verify(struct thaw_engine *e, struct thaw_slot *s)
     atomic_fetch_add(&e->metrics->draft_tokens, (uint64_t)s->n_drafts);
     atomic_fetch_add(&e->metrics->draft_accepted, (uint64_t)accepted);
     /* the KV holds next_token and every draft: keep next_token + accepted */
-    slot_kv_rm(e, s, base + 1 + accepted);
+    thaw_slotkv_rm(e->skv, s, base + 1 + accepted);
     s->tokens[base] = s->next_token;
     memcpy(s->tokens + base + 1, s->drafts, (size_t)accepted * sizeof(llama_token));
     s->n_drafts = 0;
@@ -861,7 +601,7 @@ static void finish_fixups(struct thaw_engine *e, bool force)
         if (s->phase != THAW_SLOT_FIXUP || s->n_tokens < s->n_fix ||
             !thaw_sched_fixup_due(free_now, now - s->fix_since_us))
             continue;
-        slot_store(e, s);
+        thaw_slotkv_store(e->skv, s);
         slot_idle(e, s);
     }
 }
@@ -1302,6 +1042,10 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
                 goto error;
             }
     }
+    struct thaw_slotkv_params skp = {e->ctx,   e->kv,        e->tap,  e->tap_verify, e->draft,
+                                     e->n_swa, e->recurrent, cfg->kv_cache_min_tokens, metrics};
+    if ((rc = thaw_slotkv_new(&skp, &e->skv)) != 0)
+        goto error;
 
     char desc[128];
     llama_model_desc(e->model, desc, sizeof desc);
@@ -1319,6 +1063,7 @@ error:
     if (e->slots)
         for (int i = 0; i < e->n_slots; i++)
             thaw_slot_free(&e->slots[i]);
+    thaw_slotkv_free(e->skv);
     thaw_draft_free(e->draft);
     thaw_kvcache_close(e->kv);
     thaw_sched_free(e->sched);
@@ -1358,7 +1103,7 @@ void thaw_engine_free(struct thaw_engine *e)
     thaw_engine_stop(e);
     thaw_sched_free(e->sched);
     thaw_kvcache_close(e->kv); /* writes what is still queued */
-    thaw_blob_unref(e->capture);
+    thaw_slotkv_free(e->skv);
     for (int i = 0; i < e->n_slots; i++)
         thaw_slot_free(&e->slots[i]);
     thaw_draft_free(e->draft);

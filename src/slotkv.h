@@ -1,0 +1,82 @@
+/* slotkv.h — a slot's sequence in the llama_context: cut back, restored
+ * from the cache tiers, captured for them.
+ *
+ * Besides the decode itself, the one place that changes what a slot's
+ * sequence holds. Every removal also tells the tap (kvtap.h), and the
+ * slot's bookkeeping (slot.h: tokens, checkpoints, held key) follows each
+ * change. Sliding-window and recurrent memory cannot simply be truncated:
+ * a rollback goes to the nearest context checkpoint that reaches back far
+ * enough, or to nothing (full prefill).
+ *
+ * A restore is the lookup at the start of a request: the slot itself (it
+ * still holds the conversation), then the tiers in kvcache.c's order;
+ * every lookup is counted once under its outcome. A store hands the slot's
+ * state to the tiers under s->store_key without waiting for I/O: blocks cut
+ * straight from the cache's memory when the tap can (kvtap.h), else one
+ * whole capture. Engine thread only.
+ */
+#ifndef THAW_SLOTKV_H
+#define THAW_SLOTKV_H
+
+#include "kvcache.h"
+#include "kvstate.h"
+#include "metrics.h"
+#include "slot.h"
+#include "task.h"
+
+#include <llama.h>
+#include <stdbool.h>
+
+struct thaw_draft; /* draft.h */
+struct thaw_kvtap; /* kvtap.h */
+
+struct thaw_slotkv;
+
+/* What the sequences live in; every pointer must outlive the handle. */
+struct thaw_slotkv_params {
+    struct llama_context *ctx;
+    struct thaw_kvcache *kv;      /* the cache tiers */
+    struct thaw_kvtap *tap;       /* NULL = off: stores capture whole states */
+    bool tap_verify;              /* THAW_TEST_KVTAP_VERIFY: check every cut against a capture */
+    struct thaw_draft *draft;     /* NULL = no speculative decoding */
+    int n_swa;                    /* sliding window, 0 = none or --swa-full */
+    bool recurrent;               /* recurrent / hybrid memory */
+    int min_tokens;               /* --kv-cache-min-tokens: shorter sequences are not stored */
+    struct thaw_metrics *metrics; /* lookups, stores */
+};
+
+/* Returns 0 or THAW_ENOMEM. */
+int thaw_slotkv_new(const struct thaw_slotkv_params *p, struct thaw_slotkv **out);
+/* Frees the handle and its reused capture buffer. NULL: no-op. */
+void thaw_slotkv_free(struct thaw_slotkv *k);
+
+/* Removes the slot's positions >= p (0: all) from its sequence and from
+ * what the tap knows of it; the slot's bookkeeping is the caller's. Returns
+ * llama_memory_seq_rm's verdict. */
+bool thaw_slotkv_rm(struct thaw_slotkv *k, const struct thaw_slot *s, int p);
+
+/* Empties the slot's sequence (thaw_slot_forget). */
+void thaw_slotkv_clear(struct thaw_slotkv *k, struct thaw_slot *s);
+
+/* The longest prefix of at most n tokens the slot can resume at, and the
+ * checkpoint that takes it there (*ckpt NULL: a plain truncation does). */
+int thaw_slotkv_rollback_target(const struct thaw_slotkv *k, const struct thaw_slot *s, int n,
+                                const struct thaw_ckpt **ckpt);
+
+/* Truncates the slot's sequence to at most n tokens, as close to n as its
+ * memory allows. Returns the new length (0: the sequence was emptied). */
+int thaw_slotkv_rollback(struct thaw_slotkv *k, struct thaw_slot *s, int n);
+
+/* The lookup at the start of t on slot s, which holds n_past tokens of its
+ * prompt: the slot itself, then the cache tiers; a hit is installed (and
+ * the slot holds t's lookup key). Sets s->timings.cache_source and
+ * restore_ms on a hit. Returns the prompt tokens the slot holds afterwards
+ * (0 when a bad entry emptied it). */
+int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past);
+
+/* Stores the slot's state (its checkpoints and draft too) under
+ * s->store_key; the slot then holds that key. Not when it holds fewer than
+ * min_tokens tokens; a failed capture is logged and dropped. */
+void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s);
+
+#endif
