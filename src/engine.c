@@ -33,6 +33,7 @@
 #include "log.h"
 #include "scheduler.h"
 #include "slot.h"
+#include "sampler.h"
 #include "slotkv.h"
 #include "template.h"
 #include "testhooks.h"
@@ -103,106 +104,29 @@ static void slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, co
     slot_idle(e, s);
 }
 
-/* After a reply (s->store_key derived): the tokens the next turn will
- * present for this conversation. If the slot's tokens differ from them, roll
- * back to the common prefix and enter FIXUP to decode the difference before
- * storing; otherwise store now. */
-/* The slot's state is final: it is stored at the next moment no other slot
- * decodes (finish_fixups), like a FIXUP with nothing left to re-decode, so
- * that the capture never delays another request's tokens. */
-static void slot_defer_store(struct thaw_engine *e, struct thaw_slot *s)
-{
-    thaw_slot_move(s, THAW_SLOT_FIXUP, NULL, e->metrics);
-}
-
+/* After a reply (s->store_key derived): the slot enters FIXUP with the
+ * tokens the next turn will present for this conversation, or with what it
+ * holds when there is no canonical form (still a prefix win); slotkv.h. */
 static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const char *reply_json)
 {
-    const struct thaw_task *t = s->task;
     llama_token *canon = NULL;
     int n_canon = 0;
 
-    if (thaw_chat_canonical(e->chat, &t->req, reply_json, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
+    if (thaw_chat_canonical(e->chat, &s->task->req, reply_json, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
         thaw_slot_reserve(s, n_canon + 1) != 0) {
-        /* no canonical form: store what the slot holds (still a prefix win) */
         free(canon);
-        slot_defer_store(e, s);
-        return;
+        canon = NULL;
     }
-    int lcp = thaw_lcp(s->tokens, s->n_tokens, canon, n_canon);
-    const struct thaw_ckpt *c;
-    int target = thaw_slotkv_rollback_target(e->skv, s, lcp, &c);
-    /* Re-decode at most the reply and a little more: when the window has
-     * moved past the divergence and no checkpoint reaches back, store the
-     * state as generated (its checkpoints still serve the next turn). */
-    if ((lcp == s->n_tokens && lcp == n_canon) || n_canon - target > n_canon - t->n_prompt + 64) {
-        if (lcp != n_canon)
-            LOG_DBG("slot %d: canonical form differs at %d, cannot roll back there: storing as generated", s->id,
-                    lcp);
-        free(canon);
-        slot_defer_store(e, s);
-        return;
-    }
-    int kept = thaw_slotkv_rollback(e->skv, s, lcp);
-    LOG_DBG("slot %d: canonical form differs after %d of %d tokens; kept %d, re-decoding %d", s->id, lcp,
-            n_canon, kept, n_canon - kept);
-    /* stays busy until stored; see build_batch */
-    thaw_slot_move(s, THAW_SLOT_FIXUP, &(struct thaw_slot_enter){.fix = canon, .n_fix = n_canon}, e->metrics);
+    thaw_slotkv_prepare_store(e->skv, s, canon, n_canon);
 }
 
 /* ---- admission ---------------------------------------------------------------- */
-
-/* The request's sampler chain. A grammar (tool calls, response_format)
- * comes first so every later sampler sees only the tokens it allows; a
- * non-lazy one first accepts the generation prompt the template already
- * wrote. NULL when the grammar does not compile (or ENOMEM). */
-static struct llama_sampler *make_sampler(const struct thaw_engine *e, const struct thaw_task *t)
-{
-    const struct thaw_chat_request *req = &t->req;
-    const struct thaw_chat_gen *g = &t->gen;
-    struct llama_sampler *c = llama_sampler_chain_init(llama_sampler_chain_default_params());
-
-    if (!c)
-        return NULL;
-    if (g->grammar) {
-        struct llama_sampler *gr =
-            g->grammar_lazy ? llama_sampler_init_grammar_lazy_patterns(e->vocab, g->grammar, "root",
-                                                                      (const char **)g->triggers, (size_t)g->n_triggers,
-                                                                      g->trigger_tokens, (size_t)g->n_trigger_tokens)
-                            : llama_sampler_init_grammar(e->vocab, g->grammar, "root");
-        if (!gr) {
-            llama_sampler_free(c);
-            return NULL;
-        }
-        char err[256];
-        for (int i = 0; i < g->n_prefill; i++)
-            if (thaw_tmpl_sampler_accept(gr, g->prefill[i], err, sizeof err) != 0) {
-                LOG_WRN("the template's grammar does not accept its own generation prompt (%s)", err);
-                llama_sampler_free(gr);
-                llama_sampler_free(c);
-                return NULL;
-            }
-        llama_sampler_chain_add(c, gr);
-    }
-    if (req->temperature <= 0.0f) {
-        llama_sampler_chain_add(c, llama_sampler_init_greedy());
-        return c;
-    }
-    if (req->top_k > 0)
-        llama_sampler_chain_add(c, llama_sampler_init_top_k(req->top_k));
-    if (req->top_p < 1.0f)
-        llama_sampler_chain_add(c, llama_sampler_init_top_p(req->top_p, 1));
-    if (req->min_p > 0.0f)
-        llama_sampler_chain_add(c, llama_sampler_init_min_p(req->min_p, 1));
-    llama_sampler_chain_add(c, llama_sampler_init_temp(req->temperature));
-    llama_sampler_chain_add(c, llama_sampler_init_dist(req->has_seed ? req->seed : LLAMA_DEFAULT_SEED));
-    return c;
-}
 
 static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_task *t)
 {
     const struct thaw_chat_request *req = &t->req;
 
-    thaw_slot_move(s, THAW_SLOT_PREFILL, &(struct thaw_slot_enter){.task = t, .smpl = make_sampler(e, t)},
+    thaw_slot_move(s, THAW_SLOT_PREFILL, &(struct thaw_slot_enter){.task = t, .smpl = thaw_sampler_new(e->vocab, t)},
                    e->metrics);
     if (!s->smpl && t->gen.grammar) {
         slot_fail(e, s, 400, "the grammar for this request's tools or response_format does not compile");

@@ -327,3 +327,40 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
                 s->n_tokens, sizes[2] ? " + draft" : "", where, (double)took / 1000.0);
 }
 
+
+/* The slot's state is final: it is stored at the next moment no other slot
+ * decodes (the engine's finish_fixups), like a FIXUP with nothing left to
+ * re-decode, so that the capture never delays another request's tokens. */
+static void defer_store(struct thaw_slotkv *k, struct thaw_slot *s)
+{
+    thaw_slot_move(s, THAW_SLOT_FIXUP, NULL, k->metrics);
+}
+
+void thaw_slotkv_prepare_store(struct thaw_slotkv *k, struct thaw_slot *s, llama_token *canon, int n_canon)
+{
+    const struct thaw_task *t = s->task;
+
+    if (!canon) {
+        defer_store(k, s);
+        return;
+    }
+    int lcp = thaw_lcp(s->tokens, s->n_tokens, canon, n_canon);
+    const struct thaw_ckpt *c;
+    int target = thaw_slotkv_rollback_target(k, s, lcp, &c);
+    /* Re-decode at most the reply and a little more: when the window has
+     * moved past the divergence and no checkpoint reaches back, store the
+     * state as generated (its checkpoints still serve the next turn). */
+    if ((lcp == s->n_tokens && lcp == n_canon) || n_canon - target > n_canon - t->n_prompt + 64) {
+        if (lcp != n_canon)
+            LOG_DBG("slot %d: canonical form differs at %d, cannot roll back there: storing as generated", s->id,
+                    lcp);
+        free(canon);
+        defer_store(k, s);
+        return;
+    }
+    int kept = thaw_slotkv_rollback(k, s, lcp);
+    LOG_DBG("slot %d: canonical form differs after %d of %d tokens; kept %d, re-decoding %d", s->id, lcp,
+            n_canon, kept, n_canon - kept);
+    /* stays busy until stored; see the engine's build_batch */
+    thaw_slot_move(s, THAW_SLOT_FIXUP, &(struct thaw_slot_enter){.fix = canon, .n_fix = n_canon}, k->metrics);
+}

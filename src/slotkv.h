@@ -79,4 +79,13 @@ int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct
  * min_tokens tokens; a failed capture is logged and dropped. */
 void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s);
 
+/* After a reply (s->store_key derived, s->task still set): moves the slot
+ * to FIXUP. canon[0..n_canon) (moved in; NULL: not known) are the tokens
+ * the next turn will present for this conversation. When the slot's tokens
+ * differ from them and the sequence can roll back to their common prefix
+ * (within the reply and a little more), it does, and FIXUP re-decodes the
+ * rest; otherwise the state is stored as generated (FIXUP with nothing to
+ * re-decode, so the store waits for a moment nobody decodes). */
+void thaw_slotkv_prepare_store(struct thaw_slotkv *k, struct thaw_slot *s, llama_token *canon, int n_canon);
+
 #endif
