@@ -12,13 +12,14 @@
 #include "cache_shared.h"
 
 #include "blocks.h"
+#include "clock.h"
 #include "error.h"
+#include "keys.h"
 #include "le.h"
 #include "log.h"
 #include "testhooks.h"
 #include "metrics.h"
 #include "s3.h"
-#include "task.h" /* thaw_now_us */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -519,8 +520,8 @@ static int fetch_blocks_of(struct thaw_shared *s, struct thaw_s3 *const clis[FET
     if (!missing)
         return THAW_ENOMEM;
     for (uint32_t k = 0; k < n_ids; k++)
-        if (!thaw_disk_cache_has(s->disk, ids + (size_t)k * THAW_BLOCKS_ID_BYTES))
-            missing[n++] = ids + (size_t)k * THAW_BLOCKS_ID_BYTES;
+        if (!thaw_disk_cache_has(s->disk, ids + (size_t)k * THAW_KEY_BYTES))
+            missing[n++] = ids + (size_t)k * THAW_KEY_BYTES;
     rc = fetch_run(s, clis, ns, missing, n, deadline_us, &installed);
     free(missing);
     /* a block the store lacks (expired): the blocks before it are installed,
@@ -601,13 +602,13 @@ static int fetch_entry(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_P
 /* The ids of the prompt's whole blocks (at least one token left to
  * decode), malloc'd into *ids; returns how many (0: none, or ENOMEM). */
 static int prefix_ids(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt, int n_prompt,
-                      uint8_t (**ids)[THAW_BLOCKS_ID_BYTES])
+                      uint8_t (**ids)[THAW_KEY_BYTES])
 {
     uint8_t binding[THAW_KEY_BYTES];
     int nb = s->block_tokens && prompt ? (n_prompt - 1) / (int)s->block_tokens : 0;
 
     *ids = NULL;
-    if (nb <= 0 || !(*ids = malloc((size_t)nb * THAW_BLOCKS_ID_BYTES)))
+    if (nb <= 0 || !(*ids = malloc((size_t)nb * THAW_KEY_BYTES)))
         return 0;
     thaw_keys_block_binding(s->identity, ns, binding);
     thaw_blocks_ids(binding, s->block_tokens, prompt, nb * (int)s->block_tokens, *ids);
@@ -617,7 +618,7 @@ static int prefix_ids(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], c
 /* The prompt's blocks (prefix fetch on) into *ids, and in *from the first
  * the local tier lacks. Returns how many (0: none to fetch). */
 static int plan_prefix(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
-                       int n_prompt, uint8_t (**ids)[THAW_BLOCKS_ID_BYTES], int *from)
+                       int n_prompt, uint8_t (**ids)[THAW_KEY_BYTES], int *from)
 {
     int nb = s->prefix_fetch ? prefix_ids(s, ns, prompt, n_prompt, ids) : 0;
 
@@ -630,7 +631,7 @@ static int plan_prefix(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], 
 /* A prompt without an entry: its run of whole blocks from block `from`
  * (the first the local tier lacks), as far as the store has them. */
 static int fetch_prefix(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PARALLEL],
-                        const uint8_t ns[THAW_KEY_BYTES], uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], int nb, int from,
+                        const uint8_t ns[THAW_KEY_BYTES], uint8_t (*ids)[THAW_KEY_BYTES], int nb, int from,
                         int64_t deadline_us)
 {
     const uint8_t **missing = malloc((size_t)(nb - from) * sizeof *missing);
@@ -652,7 +653,7 @@ static int fetch_with(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PA
                       const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt, int n_prompt)
 {
     int64_t t0 = thaw_now_us(), deadline = t0 + (int64_t)s->timeout_ms * 1000;
-    uint8_t(*ids)[THAW_BLOCKS_ID_BYTES] = NULL;
+    uint8_t(*ids)[THAW_KEY_BYTES] = NULL;
     int rc = THAW_ENOTFOUND, nb = 0, from = 0;
     char what[64] = "";
 
@@ -801,7 +802,7 @@ static int upload_one(struct thaw_shared *s, const struct upload_job *j)
         (rc = thaw_blocks_manifest_ids(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &ids, &n_ids)) != 0)
         goto out;
     for (uint32_t k = 0; k < n_ids && !s->stopping; k++) {
-        const uint8_t *id = ids + (size_t)k * THAW_BLOCKS_ID_BYTES;
+        const uint8_t *id = ids + (size_t)k * THAW_KEY_BYTES;
         struct thaw_disk_entry *be;
         struct thaw_part_blob bp[THAW_PART_COUNT];
         if (seen_has(s, id, false))

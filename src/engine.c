@@ -40,7 +40,6 @@
 #include "utf8.h" /* thaw_utf8_sanitize */
 
 #include <ggml-backend.h>
-#include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -58,7 +57,7 @@ struct thaw_engine {
     struct thaw_chat *chat;
     struct thaw_sched *sched;
     char *model_name;
-    uint8_t fingerprint[THAW_FINGERPRINT_BYTES];
+    uint8_t fingerprint[THAW_KEY_BYTES];
     char settings[256];        /* the context settings that shape the state's bytes */
     double fixup_us_per_tok;   /* decode cost of a FIXUP token alone (moving average), 0 = unknown */
     bool batch_fixup_only;     /* the batch in flight holds FIXUP tokens only */
@@ -860,31 +859,12 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
      * into any slot with room for its cells (blocks take the restoring
      * slot's frame; a whole state that does not fit fails to load and is
      * served by prefill), so changing -c or -np keeps the cache. */
-    snprintf(e->settings, sizeof e->settings, "swa_full=%d;type_k=%d;type_v=%d;tmpl=", (int)cp.swa_full,
-             (int)cp.type_k, (int)cp.type_v);
-
     struct thaw_chat_params chp = {cfg->chat_template, cfg->jinja, cfg->chat_template_kwargs, cfg->reasoning_format};
     if ((rc = thaw_chat_new(e->model, &chp, &e->chat)) != 0)
         goto error;
-    /* the template, its server-wide kwargs and the renderer shape the
-     * tokens a key stands for: bind them too */
-    {
-        uint8_t th[16];
-        char hex[33];
-        crypto_generichash_state hs;
-        crypto_generichash_init(&hs, NULL, 0, sizeof th);
-        crypto_generichash_update(&hs, (const unsigned char *)thaw_chat_template(e->chat),
-                                  strlen(thaw_chat_template(e->chat)) + 1);
-        const char *renderer = cfg->jinja ? "jinja" : "builtin";
-        crypto_generichash_update(&hs, (const unsigned char *)renderer, strlen(renderer) + 1);
-        if (cfg->chat_template_kwargs)
-            crypto_generichash_update(&hs, (const unsigned char *)cfg->chat_template_kwargs,
-                                      strlen(cfg->chat_template_kwargs));
-        crypto_generichash_final(&hs, th, sizeof th);
-        for (int i = 0; i < 16; i++)
-            snprintf(hex + 2 * i, 3, "%02x", th[i]);
-        strncat(e->settings, hex, sizeof e->settings - strlen(e->settings) - 1);
-    }
+    const struct thaw_keys_settings ks = {cp.swa_full, (int)cp.type_k, (int)cp.type_v, thaw_chat_template(e->chat),
+                                          cfg->jinja, cfg->chat_template_kwargs};
+    thaw_keys_settings(&ks, e->settings, sizeof e->settings);
 
     if (cfg->alias) {
         e->model_name = strdup(cfg->alias);
