@@ -86,7 +86,7 @@ struct fetch_job {
 struct thaw_shared {
     struct thaw_shared_names nm;
     uint8_t identity[THAW_KEY_BYTES];
-    char prefix[256]; /* "" or "PREFIX/" */
+    char prefix[256]; /* "" or "PREFIX/" (thaw_s3_location's) */
     char *bucket, *endpoint, *access_key, *secret_key, *region;
     struct thaw_disk_cache *disk;
     long timeout_ms, retry_s;
@@ -1017,47 +1017,6 @@ static int read_secret(const char *path, uint8_t *buf, size_t cap, size_t *n)
     return 0;
 }
 
-static int parse_url(struct thaw_shared *s, const char *url)
-{
-    if (!url || strncmp(url, "s3://", 5) != 0) {
-        LOG_ERR("--kv-shared %s: expected s3://BUCKET[/PREFIX]", url ? url : "(null)");
-        return THAW_EINVAL;
-    }
-    const char *b = url + 5, *slash = strchr(b, '/');
-    size_t nb = slash ? (size_t)(slash - b) : strlen(b);
-    if (nb < 3 || nb > 63 || !(s->bucket = strndup(b, nb))) {
-        LOG_ERR("--kv-shared %s: a bucket name has 3 to 63 characters", url);
-        return THAW_EINVAL;
-    }
-    for (size_t i = 0; i < nb; i++)
-        if (!((b[i] >= 'a' && b[i] <= 'z') || (b[i] >= '0' && b[i] <= '9') || b[i] == '-' || b[i] == '.')) {
-            LOG_ERR("--kv-shared %s: a bucket name has lowercase letters, digits, '-' and '.' only", url);
-            return THAW_EINVAL;
-        }
-    const char *p = slash ? slash + 1 : "";
-    size_t np = strlen(p);
-    while (np > 0 && p[np - 1] == '/')
-        np--;
-    for (size_t i = 0; i < np; i++)
-        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= '0' && p[i] <= '9') ||
-              strchr("-._~/", p[i]))) {
-            LOG_ERR("--kv-shared %s: a prefix has letters, digits and -._~/ only", url);
-            return THAW_EINVAL;
-        }
-    if (np + 2 > sizeof s->prefix) {
-        LOG_ERR("--kv-shared %s: the prefix is too long", url);
-        return THAW_EINVAL;
-    }
-    snprintf(s->prefix, sizeof s->prefix, "%.*s%s", (int)np, p, np ? "/" : "");
-    return 0;
-}
-
-static char *env_dup(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v ? strdup(v) : NULL;
-}
-
 int thaw_shared_open(const struct thaw_shared_params *p, struct thaw_shared **out)
 {
     struct thaw_shared *s = calloc(1, sizeof *s);
@@ -1082,22 +1041,32 @@ int thaw_shared_open(const struct thaw_shared_params *p, struct thaw_shared **ou
         LOG_ERR("--kv-shared needs --kv-cache-dir: fetched state is installed into the local disk tier");
         goto fail;
     }
-    if (parse_url(s, p->url) != 0)
-        goto fail;
-    s->endpoint = p->endpoint ? strdup(p->endpoint) : env_dup("AWS_ENDPOINT_URL");
-    if (!s->endpoint || (strncmp(s->endpoint, "http://", 7) != 0 && strncmp(s->endpoint, "https://", 8) != 0)) {
-        LOG_ERR("--kv-shared needs the store's address: --kv-shared-endpoint http(s)://HOST[:PORT] (or "
-                "AWS_ENDPOINT_URL)");
+    /* where the store is: s3.c's one parser, as for thaw cache gc --shared */
+    struct thaw_s3_location loc;
+    char why[128];
+    if (thaw_s3_parse_url(p->url, &loc, why, sizeof why) != 0) {
+        LOG_ERR("--kv-shared %s: %s", p->url ? p->url : "(null)", why);
         goto fail;
     }
-    size_t ne = strlen(s->endpoint);
-    while (ne > 0 && s->endpoint[ne - 1] == '/')
-        s->endpoint[--ne] = '\0';
-    s->access_key = env_dup("AWS_ACCESS_KEY_ID");
-    s->secret_key = env_dup("AWS_SECRET_ACCESS_KEY");
-    s->region = env_dup("AWS_REGION");
-    if (!s->access_key || !s->secret_key) {
+    int erc = thaw_s3_endpoint(p->endpoint, &loc, NULL);
+    if (erc != 0) {
+        LOG_ERR("--kv-shared needs the store's address: --kv-shared-endpoint http(s)://HOST[:PORT] (or "
+                "AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL)%s",
+                erc == THAW_EINVAL ? ": the one given is not one" : "");
+        goto fail;
+    }
+    if (thaw_s3_credentials(&loc) != 0) {
         LOG_ERR("--kv-shared needs the store's credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
+        goto fail;
+    }
+    if (loc.session_token)
+        LOG_WRN("--kv-shared: AWS_SESSION_TOKEN is set but not sent (temporary credentials are not supported): "
+                "use a key pair");
+    snprintf(s->prefix, sizeof s->prefix, "%s", loc.prefix);
+    if (!(s->bucket = strdup(loc.bucket)) || !(s->endpoint = strdup(loc.endpoint)) ||
+        !(s->access_key = strdup(loc.access_key)) || !(s->secret_key = strdup(loc.secret_key)) ||
+        (loc.region && !(s->region = strdup(loc.region)))) {
+        rc = THAW_ENOMEM;
         goto fail;
     }
     if (!p->secret_file) {
