@@ -27,7 +27,6 @@
 #include "error.h"
 #include "fingerprint.h"
 #include "kvcache.h"
-#include "kvlayout.h"
 #include "kvstate.h"
 #include "kvtap.h"
 #include "log.h"
@@ -37,6 +36,7 @@
 #include "slotkv.h"
 #include "template.h"
 #include "testhooks.h"
+#include "tokens.h"
 #include "utf8.h" /* thaw_utf8_sanitize */
 
 #include <ggml-backend.h>
@@ -75,7 +75,7 @@ struct thaw_engine {
     bool partial;              /* n_swa > 0 || recurrent: checkpoints needed */
 
     struct thaw_draft *draft;  /* NULL = no speculative decoding */
-    struct thaw_kvcache *kv;   /* the cache tiers (kvcache.h) */
+    struct thaw_kvcache *kv;   /* the cache tiers (kvcache.h), skv's */
     uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
     struct llama_batch batch;  /* n_batch tokens */
     int n_batch;
@@ -285,12 +285,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
     int64_t now = thaw_now_us();
 
     thaw_slot_flush_text(s, true);
-    if (!s->t_prompt_done_us)
-        s->t_prompt_done_us = now;
-    s->timings.prompt_n = s->task->n_prompt - s->timings.cache_n;
-    s->timings.prompt_ms = (double)(s->t_prompt_done_us - s->t_start_us) / 1000.0 - s->timings.restore_ms;
-    s->timings.predicted_n = s->n_decoded;
-    s->timings.predicted_ms = (double)(now - s->t_prompt_done_us) / 1000.0;
+    thaw_slot_finish_timings(s, now);
     atomic_fetch_add(&e->metrics->predicted_tokens, (uint64_t)s->n_decoded);
     atomic_fetch_add(&e->metrics->predicted_us, (uint64_t)(now - s->t_prompt_done_us));
     /* the reply as the message the client gets: content, reasoning, tool
@@ -764,23 +759,6 @@ static bool load_progress(float p, void *ud)
     return true;
 }
 
-/* Admission's bound (thaw_api_admit): the longest text of any token,
- * special ones included (a prompt may spell them out). */
-static int max_token_bytes(const struct llama_vocab *vocab)
-{
-    char piece[8];
-    int best = 1;
-
-    for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); t++) {
-        int n = llama_token_to_piece(vocab, t, piece, sizeof piece, 0, true);
-        if (n < 0)
-            n = -n; /* the size it needs */
-        if (n > best)
-            best = n;
-    }
-    return best;
-}
-
 int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_engine **out)
 {
     struct thaw_engine *e = calloc(1, sizeof *e);
@@ -814,7 +792,7 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         goto error;
     }
     e->vocab = llama_model_get_vocab(e->model);
-    e->max_token_bytes = max_token_bytes(e->vocab);
+    e->max_token_bytes = thaw_tokens_max_bytes(e->vocab); /* admission's bound (thaw_api_admit) */
 
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)cfg->n_ctx;
@@ -887,50 +865,6 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     if ((rc = thaw_sched_new(cfg->max_queue, &e->sched)) != 0)
         goto error;
     thaw_keys_binding(e->fingerprint, e->settings, NULL, e->identity);
-    struct thaw_kvcache_params kp = {
-        .ram_bytes = cfg->cache_ram_mib << 20,
-        .disk_dir = cfg->kv_cache_dir,
-        .disk_max_bytes = cfg->kv_cache_max_mib << 20,
-        .disk_queue_bytes = cfg->kv_cache_queue_mib << 20,
-        .ttl_s = (int64_t)cfg->kv_cache_ttl_s,
-        .min_tokens = cfg->kv_cache_min_tokens,
-        .metrics = metrics,
-        .block_tokens = cfg->kv_cache_dir ? (uint32_t)cfg->kv_cache_block : 0,
-        .prefix_lookup = !e->partial, /* an SWA window or a recurrent state is no run of blocks */
-        .n_stream = (uint32_t)llama_n_seq_max(e->ctx),
-    };
-    struct thaw_shared_params sp = {
-        .url = cfg->kv_shared,
-        .endpoint = cfg->kv_shared_endpoint,
-        .secret_file = cfg->kv_shared_secret_file,
-        .timeout_ms = cfg->kv_shared_timeout_ms,
-        .retry_s = cfg->kv_shared_retry_s,
-        .queue = (uint32_t)cfg->kv_shared_queue,
-        .prefix_fetch = true,
-    };
-    if (cfg->kv_shared)
-        kp.shared = &sp;
-    if (kp.block_tokens) {
-        /* blocks only for a state layout kvlayout.c knows, checked on a real
-         * round trip through slot 0's (still empty) sequence */
-        char why[200];
-        int lrc = thaw_kvlayout_selftest(e->ctx, 0, why, sizeof why);
-        if (lrc != 0) {
-            LOG_INF("kv-cache: whole states, not blocks: %s", lrc == THAW_ELAYOUT ? why : thaw_strerror(lrc));
-            kp.block_tokens = 0;
-        }
-    }
-    if (e->tap) {
-        char why[200] = "";
-        int trc = kp.block_tokens && !e->partial ? thaw_kvtap_selftest(e->tap, e->ctx, 0, why, sizeof why) : THAW_ELAYOUT;
-        if (trc == 0)
-            LOG_INF("kv-cache: stores cut their new blocks straight from the KV cache");
-        else if (kp.block_tokens)
-            LOG_INF("kv-cache: stores capture whole states: %s", why[0] ? why : thaw_strerror(trc));
-    }
-    memcpy(kp.identity, e->identity, THAW_KEY_BYTES);
-    if ((rc = thaw_kvcache_open(&kp, &e->kv)) != 0)
-        goto error;
     if (cfg->draft_path && cfg->draft_max > 0) {
         if (e->recurrent) {
             LOG_ERR("speculative decoding needs a target that can roll back rejected drafts; %s is recurrent",
@@ -946,10 +880,12 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
                 goto error;
             }
     }
-    struct thaw_slotkv_params skp = {e->ctx,   e->kv,        e->tap,  e->tap_verify, e->draft,
-                                     e->n_swa, e->recurrent, cfg->kv_cache_min_tokens, metrics};
+    struct thaw_slotkv_params skp = {cfg, e->ctx, e->tap, e->tap_verify, e->draft, e->n_swa, e->recurrent, {0},
+                                     metrics};
+    memcpy(skp.identity, e->identity, THAW_KEY_BYTES);
     if ((rc = thaw_slotkv_new(&skp, &e->skv)) != 0)
         goto error;
+    e->kv = thaw_slotkv_cache(e->skv);
 
     char desc[128];
     llama_model_desc(e->model, desc, sizeof desc);
@@ -967,9 +903,8 @@ error:
     if (e->slots)
         for (int i = 0; i < e->n_slots; i++)
             thaw_slot_free(&e->slots[i]);
-    thaw_slotkv_free(e->skv);
+    thaw_slotkv_free(e->skv); /* and the cache tiers */
     thaw_draft_free(e->draft);
-    thaw_kvcache_close(e->kv);
     thaw_sched_free(e->sched);
     if (e->batch.token)
         llama_batch_free(e->batch);
@@ -1006,8 +941,7 @@ void thaw_engine_free(struct thaw_engine *e)
         return;
     thaw_engine_stop(e);
     thaw_sched_free(e->sched);
-    thaw_kvcache_close(e->kv); /* writes what is still queued */
-    thaw_slotkv_free(e->skv);
+    thaw_slotkv_free(e->skv); /* closes the tiers: writes what is still queued */
     for (int i = 0; i < e->n_slots; i++)
         thaw_slot_free(&e->slots[i]);
     thaw_draft_free(e->draft);

@@ -168,6 +168,16 @@ bool thaw_slot_holds(const struct thaw_slot *s, const uint8_t key[THAW_KEY_BYTES
 
 /* ---- the reply's text ---- */
 
+void thaw_slot_finish_timings(struct thaw_slot *s, int64_t now_us)
+{
+    if (!s->t_prompt_done_us)
+        s->t_prompt_done_us = now_us;
+    s->timings.prompt_n = s->task->n_prompt - s->timings.cache_n;
+    s->timings.prompt_ms = (double)(s->t_prompt_done_us - s->t_start_us) / 1000.0 - s->timings.restore_ms;
+    s->timings.predicted_n = s->n_decoded;
+    s->timings.predicted_ms = (double)(now_us - s->t_prompt_done_us) / 1000.0;
+}
+
 void thaw_slot_flush_text(struct thaw_slot *s, bool final)
 {
     size_t end = s->n_gen;

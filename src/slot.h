@@ -27,8 +27,9 @@
  * change the sequence itself are engine.c's.
  *
  * The struct is open to engine.c, which drives the decode loop over its
- * fields (one module's private state, split out so the phases live in one
- * place); only slot.c writes `phase` and `holds_key`. Engine thread only.
+ * fields, and to slotkv.c, which changes what its sequence holds (one
+ * layer's private state, split out so the phases live in one place); only
+ * slot.c writes `phase` and `holds_key`. Engine thread only.
  */
 #ifndef THAW_SLOT_H
 #define THAW_SLOT_H
@@ -146,6 +147,10 @@ void thaw_slot_hold(struct thaw_slot *s, const uint8_t *key);
 bool thaw_slot_holds(const struct thaw_slot *s, const uint8_t key[THAW_KEY_BYTES]);
 
 /* ---- the reply's text ---- */
+
+/* The request's timings at its end (now_us): prompt_n, prompt_ms (restore
+ * time excluded), predicted_n and predicted_ms. */
+void thaw_slot_finish_timings(struct thaw_slot *s, int64_t now_us);
 
 /* Hands the task every byte of the reply that can no longer change:
  * complete UTF-8, and not a possible beginning of a stop string (unless

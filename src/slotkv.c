@@ -1,6 +1,8 @@
 /* slotkv.c — a slot's sequence in the llama_context (slotkv.h).
  *
  * Map:
+ *   (top)                               new/free: the cache tiers, opened after
+ *                                       the layout and tap self-tests
  *   ---- cutting back ----              removal, rollback (checkpoints for SWA /
  *                                       recurrent memory)
  *   ---- from and to the cache tiers ---- install a cached state, the lookup
@@ -14,6 +16,7 @@
 #include "draft.h"
 #include "error.h"
 #include "kvstate.h"
+#include "kvlayout.h"
 #include "kvtap.h"
 #include "log.h"
 #include "tokens.h"
@@ -36,22 +39,77 @@ struct thaw_slotkv {
     size_t capture_cap;
 };
 
+/* The cache tiers for this context: blocks only where the state layout
+ * and the tap pass their self-tests on it. */
+static int open_tiers(struct thaw_slotkv *k, const struct thaw_slotkv_params *p)
+{
+    const struct thaw_config *cfg = p->cfg;
+
+    struct thaw_kvcache_params kp = {
+        .ram_bytes = cfg->cache_ram_mib << 20,
+        .disk_dir = cfg->kv_cache_dir,
+        .disk_max_bytes = cfg->kv_cache_max_mib << 20,
+        .disk_queue_bytes = cfg->kv_cache_queue_mib << 20,
+        .ttl_s = (int64_t)cfg->kv_cache_ttl_s,
+        .min_tokens = cfg->kv_cache_min_tokens,
+        .metrics = p->metrics,
+        .block_tokens = cfg->kv_cache_dir ? (uint32_t)cfg->kv_cache_block : 0,
+        .prefix_lookup = !k->partial, /* an SWA window or a recurrent state is no run of blocks */
+        .n_stream = (uint32_t)llama_n_seq_max(p->ctx),
+    };
+    struct thaw_shared_params sp = {
+        .url = cfg->kv_shared,
+        .endpoint = cfg->kv_shared_endpoint,
+        .secret_file = cfg->kv_shared_secret_file,
+        .timeout_ms = cfg->kv_shared_timeout_ms,
+        .retry_s = cfg->kv_shared_retry_s,
+        .queue = (uint32_t)cfg->kv_shared_queue,
+        .prefix_fetch = true,
+    };
+    if (cfg->kv_shared)
+        kp.shared = &sp;
+    if (kp.block_tokens) {
+        /* blocks only for a state layout kvlayout.c knows, checked on a real
+         * round trip through slot 0's (still empty) sequence */
+        char why[200];
+        int lrc = thaw_kvlayout_selftest(p->ctx, 0, why, sizeof why);
+        if (lrc != 0) {
+            LOG_INF("kv-cache: whole states, not blocks: %s", lrc == THAW_ELAYOUT ? why : thaw_strerror(lrc));
+            kp.block_tokens = 0;
+        }
+    }
+    if (p->tap) {
+        char why[200] = "";
+        int trc = kp.block_tokens && !k->partial ? thaw_kvtap_selftest(p->tap, p->ctx, 0, why, sizeof why) : THAW_ELAYOUT;
+        if (trc == 0)
+            LOG_INF("kv-cache: stores cut their new blocks straight from the KV cache");
+        else if (kp.block_tokens)
+            LOG_INF("kv-cache: stores capture whole states: %s", why[0] ? why : thaw_strerror(trc));
+    }
+    memcpy(kp.identity, p->identity, THAW_KEY_BYTES);
+    return thaw_kvcache_open(&kp, &k->kv);
+}
+
 int thaw_slotkv_new(const struct thaw_slotkv_params *p, struct thaw_slotkv **out)
 {
     struct thaw_slotkv *k = calloc(1, sizeof *k);
+    int rc;
 
     if (!k)
         return THAW_ENOMEM;
     k->ctx = p->ctx;
-    k->kv = p->kv;
     k->tap = p->tap;
     k->tap_verify = p->tap_verify;
     k->draft = p->draft;
     k->n_swa = p->n_swa;
     k->recurrent = p->recurrent;
     k->partial = p->n_swa > 0 || p->recurrent;
-    k->min_tokens = p->min_tokens;
+    k->min_tokens = p->cfg->kv_cache_min_tokens;
     k->metrics = p->metrics;
+    if ((rc = open_tiers(k, p)) != 0) {
+        free(k);
+        return rc;
+    }
     *out = k;
     return 0;
 }
@@ -60,9 +118,12 @@ void thaw_slotkv_free(struct thaw_slotkv *k)
 {
     if (!k)
         return;
+    thaw_kvcache_close(k->kv); /* writes what is still queued, then lets go of the last capture */
     thaw_blob_unref(k->capture);
     free(k);
 }
+
+struct thaw_kvcache *thaw_slotkv_cache(const struct thaw_slotkv *k) { return k->kv; }
 
 /* ---- cutting back ---------------------------------------------------------------- */
 

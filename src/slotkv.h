@@ -18,6 +18,8 @@
 #ifndef THAW_SLOTKV_H
 #define THAW_SLOTKV_H
 
+#include "config.h"
+#include "key.h"
 #include "kvcache.h"
 #include "kvstate.h"
 #include "metrics.h"
@@ -34,21 +36,29 @@ struct thaw_slotkv;
 
 /* What the sequences live in; every pointer must outlive the handle. */
 struct thaw_slotkv_params {
+    const struct thaw_config *cfg; /* the --kv-cache-*, --cache-ram and --kv-shared* flags */
     struct llama_context *ctx;
-    struct thaw_kvcache *kv;      /* the cache tiers */
-    struct thaw_kvtap *tap;       /* NULL = off: stores capture whole states */
-    bool tap_verify;              /* THAW_TEST_KVTAP_VERIFY: check every cut against a capture */
-    struct thaw_draft *draft;     /* NULL = no speculative decoding */
-    int n_swa;                    /* sliding window, 0 = none or --swa-full */
-    bool recurrent;               /* recurrent / hybrid memory */
-    int min_tokens;               /* --kv-cache-min-tokens: shorter sequences are not stored */
-    struct thaw_metrics *metrics; /* lookups, stores */
+    struct thaw_kvtap *tap;        /* NULL = off: stores capture whole states */
+    bool tap_verify;               /* THAW_TEST_KVTAP_VERIFY: check every cut against a capture */
+    struct thaw_draft *draft;      /* NULL = no speculative decoding */
+    int n_swa;                     /* sliding window, 0 = none or --swa-full */
+    bool recurrent;                /* recurrent / hybrid memory */
+    uint8_t identity[THAW_KEY_BYTES]; /* model + settings (keys.h), written into every .idx */
+    struct thaw_metrics *metrics;  /* lookups, stores; must outlive the handle */
 };
 
-/* Returns 0 or THAW_ENOMEM. */
+/* Opens the cache tiers the flags ask for (kvcache.h), with blocks only
+ * when the context's state layout passes kvlayout.c's round trip on slot
+ * 0's still empty sequence, and cut from the tap only when the tap passes
+ * its own. Returns 0, THAW_ENOMEM or thaw_kvcache_open's error. */
 int thaw_slotkv_new(const struct thaw_slotkv_params *p, struct thaw_slotkv **out);
-/* Frees the handle and its reused capture buffer. NULL: no-op. */
+/* Closes the tiers (what the disk writer holds is written first), frees
+ * the reused capture buffer and the handle. NULL: no-op. */
 void thaw_slotkv_free(struct thaw_slotkv *k);
+
+/* The tiers, for what the engine asks of them directly (prefetch, the
+ * shared tier's fetches, metrics); owned by k. */
+struct thaw_kvcache *thaw_slotkv_cache(const struct thaw_slotkv *k);
 
 /* Removes the slot's positions >= p (0: all) from its sequence and from
  * what the tap knows of it; the slot's bookkeeping is the caller's. Returns
