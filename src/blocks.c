@@ -26,20 +26,20 @@ struct manifest_header {
 
 static const char ID_TAG[] = "thaw-block-v1";
 
-void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const llama_token *toks, int n,
-                     uint8_t (*ids)[THAW_BLOCKS_ID_BYTES])
+void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const llama_token *toks, int n,
+                     uint8_t (*ids)[THAW_KEY_BYTES])
 {
-    static const uint8_t zero[THAW_BLOCKS_ID_BYTES];
+    static const uint8_t zero[THAW_KEY_BYTES];
 
     for (int k = 0; block_tokens > 0 && (int64_t)(k + 1) * block_tokens <= n; k++) {
         crypto_generichash_state st;
-        crypto_generichash_init(&st, binding, 32, THAW_BLOCKS_ID_BYTES);
+        crypto_generichash_init(&st, binding, THAW_KEY_BYTES, THAW_KEY_BYTES);
         crypto_generichash_update(&st, (const uint8_t *)ID_TAG, sizeof ID_TAG);
-        crypto_generichash_update(&st, k ? ids[k - 1] : zero, THAW_BLOCKS_ID_BYTES);
+        crypto_generichash_update(&st, k ? ids[k - 1] : zero, THAW_KEY_BYTES);
         /* i32 little-endian: the host's on every platform thaw builds for */
         crypto_generichash_update(&st, (const uint8_t *)(toks + (size_t)k * block_tokens),
                                   (size_t)block_tokens * sizeof(int32_t));
-        crypto_generichash_final(&st, ids[k], THAW_BLOCKS_ID_BYTES);
+        crypto_generichash_final(&st, ids[k], THAW_KEY_BYTES);
     }
 }
 
@@ -66,7 +66,7 @@ static int layout_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t 
     return thaw_kvlayout_cut(ud, a, b, dst, cap);
 }
 
-int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                       uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
                       void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
 {
@@ -88,12 +88,12 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
     return rc;
 }
 
-int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                           uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
                           void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
 {
     struct thaw_blocks_stats local = {0};
-    uint8_t(*ids)[THAW_BLOCKS_ID_BYTES] = NULL;
+    uint8_t(*ids)[THAW_KEY_BYTES] = NULL;
     uint8_t *todo = NULL; /* per block: 0 held, 1 in the RAM tier, 2 to cut */
     uint32_t n_blocks = 0;
     bool held = false;
@@ -409,7 +409,7 @@ static int file_head_size(struct thaw_disk_cache *c, const struct thaw_disk_kv_f
  * and assembles them for frame f. The checksums of the blocks read from
  * files go on in out->check. */
 static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
-                       const uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], uint32_t n_ids, uint32_t block_tokens,
+                       const uint8_t (*ids)[THAW_KEY_BYTES], uint32_t n_ids, uint32_t block_tokens,
                        const void *tail, size_t tail_size, const void *swa, size_t swa_size,
                        const struct thaw_kvlayout_frame *f, const llama_token *toks, int n_toks,
                        struct thaw_blocks_state *out)
@@ -560,7 +560,7 @@ static int manifest_header(const void *manifest, size_t n_manifest, struct manif
     if (h->version != MANIFEST_VERSION)
         return THAW_EVERSION;
     /* every length against the blob, in 64 bits */
-    uint64_t need = (uint64_t)sizeof *h + (uint64_t)h->n_tokens * 4 + (uint64_t)h->n_blocks * THAW_BLOCKS_ID_BYTES;
+    uint64_t need = (uint64_t)sizeof *h + (uint64_t)h->n_tokens * 4 + (uint64_t)h->n_blocks * THAW_KEY_BYTES;
     if (h->block_tokens == 0 || h->n_tokens == 0 || h->n_blocks != h->n_tokens / h->block_tokens ||
         (h->tail_size == 0) != (h->n_tokens % h->block_tokens == 0) || h->tail_size > n_manifest ||
         h->swa_size > n_manifest || need + h->tail_size + h->swa_size != n_manifest)
@@ -609,12 +609,12 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
         return rc;
     const uint8_t *toks = m + sizeof h;
     const uint8_t *ids = toks + (size_t)h.n_tokens * 4;
-    const uint8_t *tail = ids + (size_t)h.n_blocks * THAW_BLOCKS_ID_BYTES;
+    const uint8_t *tail = ids + (size_t)h.n_blocks * THAW_KEY_BYTES;
     llama_token *tokens = malloc((size_t)h.n_tokens * sizeof(llama_token)); /* aligned */
     if (!tokens)
         return THAW_ENOMEM;
     memcpy(tokens, toks, (size_t)h.n_tokens * sizeof(llama_token));
-    rc = load_blocks(c, ram, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
+    rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
                      tail + h.tail_size, h.swa_size, f, tokens, (int)h.n_tokens, out);
     free(tokens);
     if (rc != 0)
@@ -622,11 +622,11 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
     return rc;
 }
 
-int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                        uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
                        struct thaw_blocks_state *out)
 {
-    uint8_t(*ids)[THAW_BLOCKS_ID_BYTES];
+    uint8_t(*ids)[THAW_KEY_BYTES];
     int rc;
 
     memset(out, 0, sizeof *out);
@@ -647,7 +647,7 @@ int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, co
             run++;
         if (run == 0)
             break;
-        rc = load_blocks(c, ram, (const uint8_t(*)[THAW_BLOCKS_ID_BYTES])ids, run, block_tokens, NULL, 0, NULL, 0, f,
+        rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, run, block_tokens, NULL, 0, NULL, 0, f,
                          toks, (int)(run * block_tokens), out);
         if (rc != 0)
             thaw_blocks_state_free(out);

@@ -45,13 +45,13 @@
 
 #include "cache_disk.h"
 #include "cache_ram.h"
+#include "key.h"
 #include "kvlayout.h"
 
 #include <llama.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define THAW_BLOCKS_ID_BYTES 32
 #define THAW_BLOCKS_DEFAULT_TOKENS 128
 
 struct thaw_blocks_stats {
@@ -62,8 +62,8 @@ struct thaw_blocks_stats {
 };
 
 /* The ids of the n / B whole blocks of toks (ids: room for n / B). */
-void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const llama_token *toks, int n,
-                     uint8_t (*ids)[THAW_BLOCKS_ID_BYTES]);
+void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const llama_token *toks, int n,
+                     uint8_t (*ids)[THAW_KEY_BYTES]);
 
 /* Cuts a libllama sequence state of toks[0, n) (llama_state_seq_get_data
  * output, `state`, n_state bytes) into blocks, submits to the disk writer
@@ -81,7 +81,7 @@ void thaw_blocks_ids(const uint8_t binding[32], uint32_t block_tokens, const lla
  * layout: store the whole state instead), THAW_EINVAL (no cells, or the
  * state does not hold n cells), THAW_ENOMEM. A block the writer drops
  * makes the store fail (THAW_EBUSY): the manifest would name it. */
-int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                       uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
                       void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
 
@@ -100,7 +100,7 @@ struct thaw_blocks_src {
 /* thaw_blocks_store from src: what it does not know of the cells the store
  * needs (blocks neither tier holds, the tail) is THAW_ENOTFOUND, with
  * nothing submitted and nothing held: capture the whole state instead. */
-int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                           uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
                           void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
 
@@ -156,7 +156,7 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
  * an SWA tail (an SWA window cannot be rebuilt from blocks).
  * Returns 0 and fills out (n_blocks >= 1), THAW_ENOTFOUND (not even block
  * 0), or an error as thaw_blocks_load. */
-int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[32],
+int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                        uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
                        struct thaw_blocks_state *out);
 

@@ -825,99 +825,54 @@ static int gc_pass(struct gc_run *g, const char *prefix)
 }
 #endif
 
-/* s3://BUCKET/PREFIX (trailing slashes dropped) into bucket and prefix,
- * both non-empty: gc deletes under PREFIX/ only, never a whole bucket.
- * 0 or THAW_EINVAL. */
-static int parse_shared_url(const char *url, char *bucket, size_t n_bucket, char *prefix, size_t n_prefix)
-{
-    const char *b, *slash;
-    size_t nb, np;
-
-    if (strncmp(url, "s3://", 5) != 0)
-        return THAW_EINVAL;
-    b = url + 5;
-    if (!(slash = strchr(b, '/')))
-        return THAW_EINVAL;
-    nb = (size_t)(slash - b);
-    np = strlen(slash + 1);
-    while (np && slash[np] == '/')
-        np--;
-    if (nb == 0 || nb >= n_bucket || np == 0 || np >= n_prefix)
-        return THAW_EINVAL;
-    for (size_t i = 0; i < nb; i++)
-        if (!((b[i] >= 'a' && b[i] <= 'z') || (b[i] >= 'A' && b[i] <= 'Z') || (b[i] >= '0' && b[i] <= '9') ||
-              b[i] == '.' || b[i] == '-' || b[i] == '_'))
-            return THAW_EINVAL;
-    memcpy(bucket, b, nb);
-    bucket[nb] = '\0';
-    memcpy(prefix, slash + 1, np);
-    prefix[np] = '\0';
-    return 0;
-}
-
-static const char *env_nonempty(const char *name)
-{
-    const char *v = getenv(name);
-
-    return v && *v ? v : NULL;
-}
-
 static int cmd_gc_shared(const char *url, const char *endpoint_opt, int64_t ttl_s, int dry_run, int verbose)
 {
-    char bucket[256], prefix[2048], endpoint[1024], where[3400];
-    const char *endpoint_in = endpoint_opt                          ? endpoint_opt
-                              : env_nonempty("AWS_ENDPOINT_URL_S3") ? env_nonempty("AWS_ENDPOINT_URL_S3")
-                                                                    : env_nonempty("AWS_ENDPOINT_URL");
-    const char *access = env_nonempty("AWS_ACCESS_KEY_ID"), *secret = env_nonempty("AWS_SECRET_ACCESS_KEY");
-    const char *region = env_nonempty("AWS_REGION") ? env_nonempty("AWS_REGION") : env_nonempty("AWS_DEFAULT_REGION");
+#ifndef THAW_HAVE_S3
+    (void)url;
+    (void)endpoint_opt;
+    (void)ttl_s;
+    (void)dry_run;
+    (void)verbose;
+    fprintf(stderr, "thaw cache gc: --shared: this thaw was built without libcurl (install it, then build again)\n");
+    return 2;
+#else
+    /* where the store is: s3.c's one parser, as for the servers' --kv-shared */
+    struct thaw_s3_location loc;
+    char where[1400], why[128];
+    const char *from;
     /* tests only: a clock that has moved on (LastModified cannot be set
      * back), pages of a few keys (deleting while listing across pages) */
     long test_now = thaw_test_hook(THAW_HOOK_NOW_S), test_page = thaw_test_hook(THAW_HOOK_LIST_PAGE);
-    size_t n;
 
-    if (parse_shared_url(url, bucket, sizeof bucket, prefix, sizeof prefix)) {
+    int urc = thaw_s3_parse_url(url, &loc, why, sizeof why);
+    if (urc != 0 || !loc.prefix[0]) {
         fprintf(stderr,
                 "thaw cache gc: --shared %s: want s3://BUCKET/PREFIX (the --kv-shared of the servers; "
-                "a prefix is required)\n",
-                url);
+                "a prefix is required)%s%s\n",
+                url, urc ? ": " : "", urc ? why : "");
         return 2;
     }
-    if (!endpoint_in) {
+    int erc = thaw_s3_endpoint(endpoint_opt, &loc, &from);
+    if (erc == THAW_ENOTFOUND) {
         fprintf(stderr, "thaw cache gc: no store endpoint: give --endpoint URL or set AWS_ENDPOINT_URL\n");
         return 2;
     }
-    n = strlen(endpoint_in);
-    while (n && endpoint_in[n - 1] == '/')
-        n--;
-    if ((strncmp(endpoint_in, "http://", 7) != 0 && strncmp(endpoint_in, "https://", 8) != 0) ||
-        n <= (size_t)(endpoint_in[4] == 's' ? 8 : 7) || n >= sizeof endpoint || memchr(endpoint_in, ' ', n)) {
-        fprintf(stderr, "thaw cache gc: endpoint %s: want http(s)://HOST[:PORT]\n", endpoint_in);
+    if (erc != 0) {
+        fprintf(stderr, "thaw cache gc: endpoint %s: want http(s)://HOST[:PORT]\n", from ? getenv(from) : endpoint_opt);
         return 2;
     }
-    memcpy(endpoint, endpoint_in, n);
-    endpoint[n] = '\0';
-    if (!access || !secret) {
+    if (thaw_s3_credentials(&loc) != 0) {
         fprintf(stderr, "thaw cache gc: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the store's credentials)\n");
         return 2;
     }
-    snprintf(where, sizeof where, "s3://%s/%s/ at %s", bucket, prefix, endpoint);
-#ifndef THAW_HAVE_S3
-    (void)ttl_s;
-    (void)dry_run;
-    (void)region;
-    (void)test_now;
-    (void)test_page;
-    (void)verbose;
-    fprintf(stderr, "thaw cache gc: %s: this thaw was built without libcurl (install it, then build again)\n", where);
-    return 2;
-#else
-    struct thaw_s3_params p = {endpoint, bucket, access, secret, region, GC_TIMEOUT_MS};
+    snprintf(where, sizeof where, "s3://%s/%s at %s", loc.bucket, loc.prefix, loc.endpoint);
+    struct thaw_s3_params p = {loc.endpoint, loc.bucket, loc.access_key, loc.secret_key, loc.region, GC_TIMEOUT_MS};
     struct gc_run g = {0};
-    char list_prefix[2050], freed[24];
+    char freed[24];
     uint64_t deleted;
     int ret;
 
-    if (env_nonempty("AWS_SESSION_TOKEN"))
+    if (loc.session_token)
         fprintf(stderr, "thaw cache gc: AWS_SESSION_TOKEN is set but not sent (temporary credentials are not "
                         "supported): use a key pair\n");
     if (thaw_s3_new(&p, &g.s3)) {
@@ -931,7 +886,7 @@ static int cmd_gc_shared(const char *url, const char *endpoint_opt, int64_t ttl_
     g.verbose = verbose;
     g.now = test_now ? (int64_t)test_now : (int64_t)time(NULL);
     g.cut = g.now - ttl_s;
-    snprintf(list_prefix, sizeof list_prefix, "%s/", prefix);
+    const char *list_prefix = loc.prefix; /* "PREFIX/": gc never sweeps a whole bucket */
     {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -52,7 +52,7 @@
 #define THAW_CACHE_DISK_H
 
 #include "blob.h" /* the parts of an entry */
-#include "keys.h" /* THAW_KEY_BYTES */
+#include "key.h"
 #include "vfs.h"
 
 #include <stddef.h>

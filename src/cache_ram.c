@@ -13,7 +13,7 @@
 #include <string.h>
 
 struct rblock {
-    uint8_t id[THAW_RAM_BLOCK_ID_BYTES];
+    uint8_t id[THAW_KEY_BYTES];
     void *data; /* one reference */
     size_t size;
     uint32_t refs; /* entries naming it; 0 = an orphan, the first to go */
@@ -31,13 +31,13 @@ struct thaw_ram_cache {
     uint32_t n_blocks, n_orphans;
 };
 
-static struct rblock **block_slot(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES])
+static struct rblock **block_slot(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES])
 {
     uint32_t h;
 
     memcpy(&h, id, sizeof h); /* ids are hashes */
     struct rblock **pp = &c->bucket[h % RBLOCK_BUCKETS];
-    while (*pp && memcmp((*pp)->id, id, THAW_RAM_BLOCK_ID_BYTES) != 0)
+    while (*pp && memcmp((*pp)->id, id, THAW_KEY_BYTES) != 0)
         pp = &(*pp)->next;
     return pp;
 }
@@ -72,7 +72,7 @@ static void sweep_orphans(struct thaw_ram_cache *c)
 static void refs_apply(struct thaw_ram_cache *c, const uint8_t *refs, uint32_t n_refs, int d)
 {
     for (uint32_t k = 0; k < n_refs; k++) {
-        struct rblock **pp = block_slot(c, refs + (size_t)k * THAW_RAM_BLOCK_ID_BYTES);
+        struct rblock **pp = block_slot(c, refs + (size_t)k * THAW_KEY_BYTES);
         if (!*pp)
             continue;
         if (d > 0 && (*pp)->refs++ == 0)
@@ -173,7 +173,7 @@ int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY
 
     if ((i = find(c, key)) >= 0)
         drop(c, i);
-    if (size > c->budget || (n_refs && !(own = malloc((size_t)n_refs * THAW_RAM_BLOCK_ID_BYTES)))) {
+    if (size > c->budget || (n_refs && !(own = malloc((size_t)n_refs * THAW_KEY_BYTES)))) {
         parts_unref(parts);
         sweep_orphans(c); /* blocks put for this entry */
         return size > c->budget ? THAW_ETOOBIG : THAW_ENOMEM;
@@ -200,7 +200,7 @@ int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY
         }
     }
     if (n_refs)
-        memcpy(own, refs, (size_t)n_refs * THAW_RAM_BLOCK_ID_BYTES);
+        memcpy(own, refs, (size_t)n_refs * THAW_KEY_BYTES);
     e->refs = own;
     e->n_refs = n_refs;
     e->last_used = now;
@@ -218,7 +218,7 @@ int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY
     return 0;
 }
 
-int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES], void *data,
+int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES], void *data,
                              size_t size)
 {
     struct rblock **pp = block_slot(c, id), *b;
@@ -233,7 +233,7 @@ int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM
         thaw_blob_unref(data);
         return THAW_ENOMEM;
     }
-    memcpy(b->id, id, THAW_RAM_BLOCK_ID_BYTES);
+    memcpy(b->id, id, THAW_KEY_BYTES);
     b->data = data;
     b->size = size;
     *pp = b;
@@ -243,7 +243,7 @@ int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM
     return 0;
 }
 
-void *thaw_ram_cache_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES], size_t *size)
+void *thaw_ram_cache_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES], size_t *size)
 {
     struct rblock *b;
 
@@ -253,7 +253,7 @@ void *thaw_ram_cache_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_B
     return thaw_blob_ref(b->data);
 }
 
-int thaw_ram_cache_has_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES])
+int thaw_ram_cache_has_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES])
 {
     return c && *block_slot(c, id) != NULL;
 }

@@ -12,7 +12,7 @@
 #define THAW_CACHE_RAM_H
 
 #include "blob.h" /* the parts of an entry */
-#include "keys.h" /* THAW_KEY_BYTES */
+#include "key.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -20,8 +20,6 @@
 
 struct thaw_ram_cache;
 
-/* Block ids (blocks.h THAW_BLOCKS_ID_BYTES). */
-#define THAW_RAM_BLOCK_ID_BYTES 32
 
 struct thaw_ram_entry {
     uint8_t key[THAW_KEY_BYTES];
@@ -61,11 +59,11 @@ int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY
 
 /* Takes the caller's reference to data (size bytes). 0 (also when the block
  * is held already: the reference is dropped), THAW_ETOOBIG or THAW_ENOMEM. */
-int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES], void *data,
+int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES], void *data,
                              size_t size);
 /* A new reference to block id's bytes (*size set), or NULL. NULL c: NULL. */
-void *thaw_ram_cache_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES], size_t *size);
-int thaw_ram_cache_has_block(struct thaw_ram_cache *c, const uint8_t id[THAW_RAM_BLOCK_ID_BYTES]);
+void *thaw_ram_cache_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES], size_t *size);
+int thaw_ram_cache_has_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES]);
 uint32_t thaw_ram_cache_blocks(const struct thaw_ram_cache *c);
 
 /* The entry or NULL; marks it used. Valid until the next put/remove/evict. */

@@ -12,13 +12,14 @@
 #include "cache_shared.h"
 
 #include "blocks.h"
+#include "clock.h"
 #include "error.h"
+#include "keys.h"
 #include "le.h"
 #include "log.h"
 #include "testhooks.h"
 #include "metrics.h"
 #include "s3.h"
-#include "task.h" /* thaw_now_us */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -85,7 +86,7 @@ struct fetch_job {
 struct thaw_shared {
     struct thaw_shared_names nm;
     uint8_t identity[THAW_KEY_BYTES];
-    char prefix[256]; /* "" or "PREFIX/" */
+    char prefix[256]; /* "" or "PREFIX/" (thaw_s3_location's) */
     char *bucket, *endpoint, *access_key, *secret_key, *region;
     struct thaw_disk_cache *disk;
     long timeout_ms, retry_s;
@@ -519,8 +520,8 @@ static int fetch_blocks_of(struct thaw_shared *s, struct thaw_s3 *const clis[FET
     if (!missing)
         return THAW_ENOMEM;
     for (uint32_t k = 0; k < n_ids; k++)
-        if (!thaw_disk_cache_has(s->disk, ids + (size_t)k * THAW_BLOCKS_ID_BYTES))
-            missing[n++] = ids + (size_t)k * THAW_BLOCKS_ID_BYTES;
+        if (!thaw_disk_cache_has(s->disk, ids + (size_t)k * THAW_KEY_BYTES))
+            missing[n++] = ids + (size_t)k * THAW_KEY_BYTES;
     rc = fetch_run(s, clis, ns, missing, n, deadline_us, &installed);
     free(missing);
     /* a block the store lacks (expired): the blocks before it are installed,
@@ -601,13 +602,13 @@ static int fetch_entry(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_P
 /* The ids of the prompt's whole blocks (at least one token left to
  * decode), malloc'd into *ids; returns how many (0: none, or ENOMEM). */
 static int prefix_ids(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt, int n_prompt,
-                      uint8_t (**ids)[THAW_BLOCKS_ID_BYTES])
+                      uint8_t (**ids)[THAW_KEY_BYTES])
 {
     uint8_t binding[THAW_KEY_BYTES];
     int nb = s->block_tokens && prompt ? (n_prompt - 1) / (int)s->block_tokens : 0;
 
     *ids = NULL;
-    if (nb <= 0 || !(*ids = malloc((size_t)nb * THAW_BLOCKS_ID_BYTES)))
+    if (nb <= 0 || !(*ids = malloc((size_t)nb * THAW_KEY_BYTES)))
         return 0;
     thaw_keys_block_binding(s->identity, ns, binding);
     thaw_blocks_ids(binding, s->block_tokens, prompt, nb * (int)s->block_tokens, *ids);
@@ -617,7 +618,7 @@ static int prefix_ids(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], c
 /* The prompt's blocks (prefix fetch on) into *ids, and in *from the first
  * the local tier lacks. Returns how many (0: none to fetch). */
 static int plan_prefix(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
-                       int n_prompt, uint8_t (**ids)[THAW_BLOCKS_ID_BYTES], int *from)
+                       int n_prompt, uint8_t (**ids)[THAW_KEY_BYTES], int *from)
 {
     int nb = s->prefix_fetch ? prefix_ids(s, ns, prompt, n_prompt, ids) : 0;
 
@@ -630,7 +631,7 @@ static int plan_prefix(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], 
 /* A prompt without an entry: its run of whole blocks from block `from`
  * (the first the local tier lacks), as far as the store has them. */
 static int fetch_prefix(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PARALLEL],
-                        const uint8_t ns[THAW_KEY_BYTES], uint8_t (*ids)[THAW_BLOCKS_ID_BYTES], int nb, int from,
+                        const uint8_t ns[THAW_KEY_BYTES], uint8_t (*ids)[THAW_KEY_BYTES], int nb, int from,
                         int64_t deadline_us)
 {
     const uint8_t **missing = malloc((size_t)(nb - from) * sizeof *missing);
@@ -652,7 +653,7 @@ static int fetch_with(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PA
                       const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt, int n_prompt)
 {
     int64_t t0 = thaw_now_us(), deadline = t0 + (int64_t)s->timeout_ms * 1000;
-    uint8_t(*ids)[THAW_BLOCKS_ID_BYTES] = NULL;
+    uint8_t(*ids)[THAW_KEY_BYTES] = NULL;
     int rc = THAW_ENOTFOUND, nb = 0, from = 0;
     char what[64] = "";
 
@@ -801,7 +802,7 @@ static int upload_one(struct thaw_shared *s, const struct upload_job *j)
         (rc = thaw_blocks_manifest_ids(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &ids, &n_ids)) != 0)
         goto out;
     for (uint32_t k = 0; k < n_ids && !s->stopping; k++) {
-        const uint8_t *id = ids + (size_t)k * THAW_BLOCKS_ID_BYTES;
+        const uint8_t *id = ids + (size_t)k * THAW_KEY_BYTES;
         struct thaw_disk_entry *be;
         struct thaw_part_blob bp[THAW_PART_COUNT];
         if (seen_has(s, id, false))
@@ -1016,47 +1017,6 @@ static int read_secret(const char *path, uint8_t *buf, size_t cap, size_t *n)
     return 0;
 }
 
-static int parse_url(struct thaw_shared *s, const char *url)
-{
-    if (!url || strncmp(url, "s3://", 5) != 0) {
-        LOG_ERR("--kv-shared %s: expected s3://BUCKET[/PREFIX]", url ? url : "(null)");
-        return THAW_EINVAL;
-    }
-    const char *b = url + 5, *slash = strchr(b, '/');
-    size_t nb = slash ? (size_t)(slash - b) : strlen(b);
-    if (nb < 3 || nb > 63 || !(s->bucket = strndup(b, nb))) {
-        LOG_ERR("--kv-shared %s: a bucket name has 3 to 63 characters", url);
-        return THAW_EINVAL;
-    }
-    for (size_t i = 0; i < nb; i++)
-        if (!((b[i] >= 'a' && b[i] <= 'z') || (b[i] >= '0' && b[i] <= '9') || b[i] == '-' || b[i] == '.')) {
-            LOG_ERR("--kv-shared %s: a bucket name has lowercase letters, digits, '-' and '.' only", url);
-            return THAW_EINVAL;
-        }
-    const char *p = slash ? slash + 1 : "";
-    size_t np = strlen(p);
-    while (np > 0 && p[np - 1] == '/')
-        np--;
-    for (size_t i = 0; i < np; i++)
-        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= '0' && p[i] <= '9') ||
-              strchr("-._~/", p[i]))) {
-            LOG_ERR("--kv-shared %s: a prefix has letters, digits and -._~/ only", url);
-            return THAW_EINVAL;
-        }
-    if (np + 2 > sizeof s->prefix) {
-        LOG_ERR("--kv-shared %s: the prefix is too long", url);
-        return THAW_EINVAL;
-    }
-    snprintf(s->prefix, sizeof s->prefix, "%.*s%s", (int)np, p, np ? "/" : "");
-    return 0;
-}
-
-static char *env_dup(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v ? strdup(v) : NULL;
-}
-
 int thaw_shared_open(const struct thaw_shared_params *p, struct thaw_shared **out)
 {
     struct thaw_shared *s = calloc(1, sizeof *s);
@@ -1081,22 +1041,32 @@ int thaw_shared_open(const struct thaw_shared_params *p, struct thaw_shared **ou
         LOG_ERR("--kv-shared needs --kv-cache-dir: fetched state is installed into the local disk tier");
         goto fail;
     }
-    if (parse_url(s, p->url) != 0)
-        goto fail;
-    s->endpoint = p->endpoint ? strdup(p->endpoint) : env_dup("AWS_ENDPOINT_URL");
-    if (!s->endpoint || (strncmp(s->endpoint, "http://", 7) != 0 && strncmp(s->endpoint, "https://", 8) != 0)) {
-        LOG_ERR("--kv-shared needs the store's address: --kv-shared-endpoint http(s)://HOST[:PORT] (or "
-                "AWS_ENDPOINT_URL)");
+    /* where the store is: s3.c's one parser, as for thaw cache gc --shared */
+    struct thaw_s3_location loc;
+    char why[128];
+    if (thaw_s3_parse_url(p->url, &loc, why, sizeof why) != 0) {
+        LOG_ERR("--kv-shared %s: %s", p->url ? p->url : "(null)", why);
         goto fail;
     }
-    size_t ne = strlen(s->endpoint);
-    while (ne > 0 && s->endpoint[ne - 1] == '/')
-        s->endpoint[--ne] = '\0';
-    s->access_key = env_dup("AWS_ACCESS_KEY_ID");
-    s->secret_key = env_dup("AWS_SECRET_ACCESS_KEY");
-    s->region = env_dup("AWS_REGION");
-    if (!s->access_key || !s->secret_key) {
+    int erc = thaw_s3_endpoint(p->endpoint, &loc, NULL);
+    if (erc != 0) {
+        LOG_ERR("--kv-shared needs the store's address: --kv-shared-endpoint http(s)://HOST[:PORT] (or "
+                "AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL)%s",
+                erc == THAW_EINVAL ? ": the one given is not one" : "");
+        goto fail;
+    }
+    if (thaw_s3_credentials(&loc) != 0) {
         LOG_ERR("--kv-shared needs the store's credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
+        goto fail;
+    }
+    if (loc.session_token)
+        LOG_WRN("--kv-shared: AWS_SESSION_TOKEN is set but not sent (temporary credentials are not supported): "
+                "use a key pair");
+    snprintf(s->prefix, sizeof s->prefix, "%s", loc.prefix);
+    if (!(s->bucket = strdup(loc.bucket)) || !(s->endpoint = strdup(loc.endpoint)) ||
+        !(s->access_key = strdup(loc.access_key)) || !(s->secret_key = strdup(loc.secret_key)) ||
+        (loc.region && !(s->region = strdup(loc.region)))) {
+        rc = THAW_ENOMEM;
         goto fail;
     }
     if (!p->secret_file) {

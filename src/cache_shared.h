@@ -52,7 +52,7 @@
 #define THAW_CACHE_SHARED_H
 
 #include "cache_disk.h"
-#include "keys.h"
+#include "key.h"
 
 #include <llama.h>
 #include <stdbool.h>

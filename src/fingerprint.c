@@ -29,7 +29,7 @@ static int hash_range(crypto_generichash_state *st, int fd, uint64_t off, uint64
     return 0;
 }
 
-int thaw_fingerprint_file(const char *path, uint8_t out[THAW_FINGERPRINT_BYTES])
+int thaw_fingerprint_file(const char *path, uint8_t out[THAW_KEY_BYTES])
 {
     struct gguf_init_params gp = {.no_alloc = true, .ctx = NULL};
     struct gguf_context *g = NULL;
@@ -56,7 +56,7 @@ int thaw_fingerprint_file(const char *path, uint8_t out[THAW_FINGERPRINT_BYTES])
         rc = THAW_ENOMEM;
         goto out_gguf;
     }
-    crypto_generichash_init(&st, NULL, 0, THAW_FINGERPRINT_BYTES);
+    crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
     size_le = (uint64_t)sb.st_size;
     crypto_generichash_update(&st, (const unsigned char *)&size_le, sizeof size_le);
 
@@ -74,7 +74,7 @@ int thaw_fingerprint_file(const char *path, uint8_t out[THAW_FINGERPRINT_BYTES])
             (rc = hash_range(&st, fd, off + len - take, take, buf)) != 0)
             goto out_buf;
     }
-    crypto_generichash_final(&st, out, THAW_FINGERPRINT_BYTES);
+    crypto_generichash_final(&st, out, THAW_KEY_BYTES);
 
 out_buf:
     free(buf);

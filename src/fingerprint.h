@@ -9,11 +9,11 @@
 #ifndef THAW_FINGERPRINT_H
 #define THAW_FINGERPRINT_H
 
+#include "key.h"
+
 #include <stdint.h>
 
-#define THAW_FINGERPRINT_BYTES 32
-
 /* Returns 0, -errno on I/O failure, THAW_ECORRUPT if `path` is not GGUF. */
-int thaw_fingerprint_file(const char *path, uint8_t out[THAW_FINGERPRINT_BYTES]);
+int thaw_fingerprint_file(const char *path, uint8_t out[THAW_KEY_BYTES]);
 
 #endif

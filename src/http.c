@@ -20,7 +20,7 @@
 
 #include "error.h"
 #include "log.h"
-#include "task.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <microhttpd.h>

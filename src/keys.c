@@ -1,7 +1,10 @@
 /* keys.c — namespaces, bindings, conversation keys (keys.h). */
 #include "keys.h"
 
+#include "api.h"
+
 #include <sodium.h>
+#include <stdio.h>
 #include <string.h>
 
 long thaw_keys_last_assistant(const struct thaw_message *msgs, size_t n)
@@ -91,4 +94,22 @@ void thaw_keys_block_binding(const uint8_t identity[THAW_KEY_BYTES], const uint8
     static const uint8_t anon[THAW_KEY_BYTES];
 
     crypto_generichash(out, THAW_KEY_BYTES, ns ? ns : anon, THAW_KEY_BYTES, identity, THAW_KEY_BYTES);
+}
+
+void thaw_keys_settings(const struct thaw_keys_settings *s, char *out, size_t cap)
+{
+    const char *tmpl = s->chat_template ? s->chat_template : "";
+    const char *renderer = s->jinja ? "jinja" : "builtin";
+    crypto_generichash_state hs;
+    uint8_t th[16];
+    char hex[2 * sizeof th + 1];
+
+    crypto_generichash_init(&hs, NULL, 0, sizeof th);
+    crypto_generichash_update(&hs, (const unsigned char *)tmpl, strlen(tmpl) + 1);
+    crypto_generichash_update(&hs, (const unsigned char *)renderer, strlen(renderer) + 1);
+    if (s->template_kwargs)
+        crypto_generichash_update(&hs, (const unsigned char *)s->template_kwargs, strlen(s->template_kwargs));
+    crypto_generichash_final(&hs, th, sizeof th);
+    sodium_bin2hex(hex, sizeof hex, th, sizeof th);
+    snprintf(out, cap, "swa_full=%d;type_k=%d;type_v=%d;tmpl=%s", (int)s->swa_full, s->type_k, s->type_v, hex);
 }

@@ -17,12 +17,14 @@
 #ifndef THAW_KEYS_H
 #define THAW_KEYS_H
 
-#include "api.h"
+#include "key.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define THAW_KEY_BYTES 32
+struct thaw_message;      /* api.h */
+struct thaw_chat_request; /* api.h */
 
 /* Index of the last assistant message, or -1 (no lookup key then). */
 long thaw_keys_last_assistant(const struct thaw_message *msgs, size_t n);
@@ -40,6 +42,24 @@ void thaw_keys_conversation(const uint8_t binding[THAW_KEY_BYTES], const struct 
  * no tenant's (written into every .idx). */
 void thaw_keys_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings,
                        const uint8_t namespace_id[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES]);
+
+/* What a binding's settings string is made of: the context settings that
+ * change a state's bytes and what shapes the tokens a key stands for. Not
+ * the context size nor the slot count: a stored state restores into any
+ * slot with room for its cells, so changing -c or -np keeps the cache. */
+struct thaw_keys_settings {
+    bool swa_full;
+    int type_k, type_v;          /* ggml types of the KV cache */
+    const char *chat_template;   /* the template's source text */
+    bool jinja;                  /* the renderer: jinja or the built-in one */
+    const char *template_kwargs; /* server-wide chat_template_kwargs, NULL = none */
+};
+
+/* Writes the settings string thaw_keys_binding takes into out[cap]:
+ * "swa_full=%d;type_k=%d;type_v=%d;tmpl=" and 32 hex digits of
+ * BLAKE2b-128 over the template (with its NUL), the renderer's name (with
+ * its NUL) and the kwargs. Truncated to fit (cap >= 96 holds it all). */
+void thaw_keys_settings(const struct thaw_keys_settings *s, char *out, size_t cap);
 
 /* Mixes what else shapes the rendered prompt into a binding: the request's
  * tools and chat_template_kwargs. Two agents with the same messages but

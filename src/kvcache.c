@@ -12,11 +12,12 @@
 #include "blocks.h"
 #include "cache_disk.h"
 #include "cache_ram.h"
+#include "clock.h"
 #include "error.h"
 #include "log.h"
 #include "testhooks.h"
+#include "keys.h"
 #include "kvstate.h"
-#include "task.h" /* thaw_now_us */
 
 #include <pthread.h>
 #include <sodium.h>
@@ -39,7 +40,7 @@ struct thaw_kvcache {
     atomic_uint_fast64_t blocks_written, blocks_skipped, blocks_dropped, store_bytes, prefix_hits, prefix_tokens;
 };
 
-static void block_binding(const struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], uint8_t out[32])
+static void block_binding(const struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES])
 {
     thaw_keys_block_binding(c->identity, ns, out);
 }
@@ -418,7 +419,7 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
 {
     struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
     struct thaw_blocks_state bs;
-    uint8_t binding[32];
+    uint8_t binding[THAW_KEY_BYTES];
     int64_t t0 = thaw_now_us();
     int got = n_past;
 
@@ -479,7 +480,7 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
 {
     struct thaw_kvstate_view v;
     struct thaw_blocks_stats st;
-    uint8_t binding[32];
+    uint8_t binding[THAW_KEY_BYTES];
     void *man;
     size_t n_man;
     int rc;
@@ -534,7 +535,7 @@ const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const ui
                                    const uint8_t *supersedes)
 {
     struct thaw_blocks_stats st;
-    uint8_t binding[32];
+    uint8_t binding[THAW_KEY_BYTES];
     void *man;
     size_t n_man;
 

@@ -21,7 +21,7 @@
 
 #include "blob.h"
 #include "cache_shared.h"
-#include "keys.h"
+#include "key.h"
 #include "metrics.h"
 
 #include <llama.h>

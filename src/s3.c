@@ -1,6 +1,8 @@
 /* s3.c — the S3 client (s3.h).
  *
  * Map:
+ *   ---- location ----   s3:// URLs, the endpoint and credentials from the
+ *                        environment
  *   ---- client ----     new, free, URI encoding, one request
  *   ---- objects ----    create_bucket, put, get, delete
  *   ---- listing ----    ListObjectsV2: the page parser (a bounded scanner,
@@ -17,6 +19,91 @@
 
 #define KEY_MAX 4096               /* bytes of a listed key; S3 allows 1024, RGW as configured */
 #define LIST_REPLY_MAX (32u << 20) /* a page: 1000 keys of 1024 bytes, each byte up to 6 as an entity, and tags */
+
+/* ---- location -------------------------------------------------------------------- */
+
+static const char *env_nonempty(const char *name)
+{
+    const char *v = getenv(name);
+
+    return v && *v ? v : NULL;
+}
+
+int thaw_s3_parse_url(const char *url, struct thaw_s3_location *loc, char *why, size_t n_why)
+{
+    const char *b, *slash, *p;
+    size_t nb, np;
+
+    loc->bucket[0] = loc->prefix[0] = '\0';
+    if (!url || strncmp(url, "s3://", 5) != 0) {
+        snprintf(why, n_why, "expected s3://BUCKET[/PREFIX]");
+        return THAW_EINVAL;
+    }
+    b = url + 5;
+    slash = strchr(b, '/');
+    nb = slash ? (size_t)(slash - b) : strlen(b);
+    if (nb < 3 || nb > 63) {
+        snprintf(why, n_why, "a bucket name has 3 to 63 characters");
+        return THAW_EINVAL;
+    }
+    for (size_t i = 0; i < nb; i++)
+        if (!((b[i] >= 'a' && b[i] <= 'z') || (b[i] >= '0' && b[i] <= '9') || b[i] == '-' || b[i] == '.')) {
+            snprintf(why, n_why, "a bucket name has lowercase letters, digits, '-' and '.' only");
+            return THAW_EINVAL;
+        }
+    p = slash ? slash + 1 : "";
+    np = strlen(p);
+    while (np > 0 && p[np - 1] == '/')
+        np--;
+    for (size_t i = 0; i < np; i++)
+        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= '0' && p[i] <= '9') ||
+              strchr("-._~/", p[i]))) {
+            snprintf(why, n_why, "a prefix has letters, digits and -._~/ only");
+            return THAW_EINVAL;
+        }
+    if (np + 2 > sizeof loc->prefix) {
+        snprintf(why, n_why, "the prefix is too long (%zu characters at most)", sizeof loc->prefix - 2);
+        return THAW_EINVAL;
+    }
+    memcpy(loc->bucket, b, nb);
+    loc->bucket[nb] = '\0';
+    snprintf(loc->prefix, sizeof loc->prefix, "%.*s%s", (int)np, p, np ? "/" : "");
+    return 0;
+}
+
+int thaw_s3_endpoint(const char *flag, struct thaw_s3_location *loc, const char **from)
+{
+    const char *src = NULL, *v = flag;
+    size_t n;
+
+    loc->endpoint[0] = '\0';
+    if (!v && (v = env_nonempty("AWS_ENDPOINT_URL_S3")) != NULL)
+        src = "AWS_ENDPOINT_URL_S3";
+    if (!v && (v = env_nonempty("AWS_ENDPOINT_URL")) != NULL)
+        src = "AWS_ENDPOINT_URL";
+    if (from)
+        *from = src;
+    if (!v)
+        return THAW_ENOTFOUND;
+    n = strlen(v);
+    while (n > 0 && v[n - 1] == '/')
+        n--;
+    size_t scheme = strncmp(v, "http://", 7) == 0 ? 7 : strncmp(v, "https://", 8) == 0 ? 8 : 0;
+    if (!scheme || n <= scheme || n >= sizeof loc->endpoint || memchr(v, ' ', n))
+        return THAW_EINVAL;
+    memcpy(loc->endpoint, v, n);
+    loc->endpoint[n] = '\0';
+    return 0;
+}
+
+int thaw_s3_credentials(struct thaw_s3_location *loc)
+{
+    loc->access_key = env_nonempty("AWS_ACCESS_KEY_ID");
+    loc->secret_key = env_nonempty("AWS_SECRET_ACCESS_KEY");
+    loc->region = env_nonempty("AWS_REGION") ? env_nonempty("AWS_REGION") : env_nonempty("AWS_DEFAULT_REGION");
+    loc->session_token = env_nonempty("AWS_SESSION_TOKEN") != NULL;
+    return loc->access_key && loc->secret_key ? 0 : THAW_ENOTFOUND;
+}
 
 struct thaw_s3 {
     CURL *h;

@@ -25,10 +25,45 @@
 #ifndef THAW_S3_H
 #define THAW_S3_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct thaw_s3;
+
+/* ---- where a store is: the one parser of s3:// URLs and the AWS environment ----
+ * Both users (the shared tier's --kv-shared, `thaw cache gc --shared`)
+ * read a store's location through these, so a URL one accepts the other
+ * accepts too. */
+
+struct thaw_s3_location {
+    char bucket[64];        /* S3's rule: 3 to 63 lowercase letters, digits, '-' and '.' */
+    char prefix[256];       /* "" or "PATH/": letters, digits and -._~/, one trailing '/' */
+    char endpoint[1024];    /* http(s)://HOST[:PORT], no trailing slash */
+    const char *access_key; /* AWS_ACCESS_KEY_ID, as getenv returns it (valid until the environment changes) */
+    const char *secret_key; /* AWS_SECRET_ACCESS_KEY, likewise */
+    const char *region;     /* AWS_REGION, else AWS_DEFAULT_REGION; NULL = neither (us-east-1) */
+    bool session_token;     /* AWS_SESSION_TOKEN is set: temporary credentials, which are never sent */
+};
+
+/* Parses s3://BUCKET[/PREFIX] (trailing slashes of PREFIX dropped) into
+ * loc->bucket and loc->prefix. Returns 0, or THAW_EINVAL with the rule it
+ * breaks in why[n_why] ("expected s3://BUCKET[/PREFIX]", "a bucket name
+ * has 3 to 63 characters", ...). */
+int thaw_s3_parse_url(const char *url, struct thaw_s3_location *loc, char *why, size_t n_why);
+
+/* loc->endpoint from `flag` (a command-line value; NULL = not given), else
+ * AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL (empty values count as unset),
+ * trailing slashes dropped. *from (may be NULL) names where it came from:
+ * NULL for the flag, else the variable. Returns 0, THAW_ENOTFOUND (none
+ * given) or THAW_EINVAL (not http(s)://HOST[:PORT], a space in it, or too
+ * long). */
+int thaw_s3_endpoint(const char *flag, struct thaw_s3_location *loc, const char **from);
+
+/* Fills loc's credentials, region and session_token from the
+ * environment. Returns 0, or THAW_ENOTFOUND when AWS_ACCESS_KEY_ID or
+ * AWS_SECRET_ACCESS_KEY is unset or empty. */
+int thaw_s3_credentials(struct thaw_s3_location *loc);
 
 struct thaw_s3_params {
     const char *endpoint; /* http(s)://host[:port], no trailing slash */

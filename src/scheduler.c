@@ -1,4 +1,5 @@
-/* scheduler.c — bounded FIFO of tasks and slot selection. */
+/* scheduler.c — bounded FIFO of tasks, and the plan of an engine step:
+ * slot choice, admission, the FIXUP budget (scheduler.h has the policy). */
 #include "scheduler.h"
 
 #include "error.h"
@@ -122,16 +123,17 @@ void thaw_sched_close(struct thaw_sched *s)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* ---- slot choice ---------------------------------------------------------------- */
+/* ---- planning a step ------------------------------------------------------------- */
 
-int thaw_sched_pick_slot(const struct thaw_slot_view *slots, int n_slots, const llama_token *prompt, int n_prompt,
-                         float similarity)
+/* thaw_sched_pick_slot among the slots with `fixup` (else `idle`) set. */
+static int pick(const struct thaw_slot_view *slots, int n_slots, bool fixup, const llama_token *prompt, int n_prompt,
+                float similarity)
 {
     int best = -1, lru = -1;
     float best_sim = 0;
 
     for (int i = 0; i < n_slots; i++) {
-        if (!slots[i].idle)
+        if (fixup ? !slots[i].fixup : !slots[i].idle)
             continue;
         if (slots[i].holds_key)
             return i;
@@ -147,4 +149,88 @@ int thaw_sched_pick_slot(const struct thaw_slot_view *slots, int n_slots, const 
             lru = i;
     }
     return best >= 0 ? best : lru;
+}
+
+int thaw_sched_pick_slot(const struct thaw_slot_view *slots, int n_slots, const llama_token *prompt, int n_prompt,
+                         float similarity)
+{
+    return pick(slots, n_slots, false, prompt, n_prompt, similarity);
+}
+
+/* The FIXUP slot worth taking over for t rather than an idle slot holding
+ * `have` tokens of its prompt, or -1: the one storing t's conversation (t
+ * is its next turn), else one holding more of the prompt than cutting its
+ * FIXUP short costs its own conversation (the tokens it has left to
+ * re-decode, which that conversation's next turn then prefills). */
+static int fixup_worth_taking(const struct thaw_slot_view *slots, int n_slots, const struct thaw_sched_task_view *t,
+                              int have)
+{
+    int best = -1, best_gain = 0;
+
+    for (int i = 0; i < n_slots; i++) {
+        if (!slots[i].fixup)
+            continue;
+        if (slots[i].next_turn)
+            return i;
+        int gain = thaw_lcp(slots[i].tokens, slots[i].n_tokens, t->prompt, t->n_prompt) - have;
+        if (gain > slots[i].fix_left && gain > best_gain) {
+            best_gain = gain;
+            best = i;
+        }
+    }
+    return best;
+}
+
+struct thaw_sched_admission thaw_sched_admit(const struct thaw_slot_view *slots, int n_slots,
+                                             const struct thaw_sched_task_view *t, const struct thaw_sched_params *p)
+{
+    float sim = t->cache_prompt ? p->similarity : 0;
+    /* idle slots first; with none idle, the FIXUP ones as if idle */
+    int i = pick(slots, n_slots, false, t->prompt, t->n_prompt, sim);
+
+    if (i < 0)
+        i = pick(slots, n_slots, true, t->prompt, t->n_prompt, sim);
+    if (i < 0)
+        return (struct thaw_sched_admission){THAW_SCHED_NONE, -1};
+    if (t->cache_prompt && slots[i].idle) {
+        int f = fixup_worth_taking(slots, n_slots, t, thaw_lcp(slots[i].tokens, slots[i].n_tokens, t->prompt,
+                                                                t->n_prompt));
+        if (f >= 0)
+            i = f; /* not a cold slot while a warm one only finishes post-reply work */
+    }
+    if (!slots[i].fixup)
+        return (struct thaw_sched_admission){THAW_SCHED_START, i};
+    /* what is left of it, at what FIXUP tokens cost so far: a short wait
+     * keeps that conversation's state whole (for the store, or for its next
+     * turn, which then prefills only its new message) */
+    if ((double)slots[i].fix_left * p->fixup_us_per_tok <= 1000.0 * p->fixup_wait_ms)
+        return (struct thaw_sched_admission){THAW_SCHED_WAIT, i};
+    return (struct thaw_sched_admission){THAW_SCHED_CUT, i};
+}
+
+int thaw_sched_fixup_room(int n_prefill, int n_gen, bool awaited, double fixup_us_per_tok, int n_batch)
+{
+    if (awaited)
+        return n_batch;
+    if (n_prefill > 0)
+        return 0;
+    if (n_gen > 0)
+        return THAW_FIXUP_PIGGYBACK;
+    if (fixup_us_per_tok <= 0)
+        return 4; /* a small first batch measures the cost */
+    double n = THAW_FIXUP_SLICE_US / fixup_us_per_tok;
+    return n < 1 ? 1 : n > n_batch ? n_batch : (int)n;
+}
+
+bool thaw_sched_fixup_due(bool free_now, int64_t waited_us)
+{
+    return free_now || waited_us >= THAW_FIXUP_DEFER_US;
+}
+
+double thaw_sched_fixup_cost(double fixup_us_per_tok, int64_t batch_us, int n_tokens)
+{
+    if (batch_us <= 0 || n_tokens <= 0)
+        return fixup_us_per_tok;
+    double per = (double)batch_us / n_tokens;
+    return fixup_us_per_tok > 0 ? 0.7 * fixup_us_per_tok + 0.3 * per : per;
 }

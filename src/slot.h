@@ -1,25 +1,35 @@
 /* slot.h — one sequence of the llama_context and the request it serves.
  *
- * A slot's phases and the legal moves between them (DESIGN §4, STYLE 15):
+ * A slot's phases and the legal moves between them (DESIGN §4, STYLE 15),
+ * each performed by thaw_slot_move, with what it does besides the phase:
  *
- *   from \ to   IDLE  PREFILL  GEN  FIXUP
- *   IDLE         -      yes     -     -     admitted a task (slot_start)
- *   PREFILL     yes      -     yes   yes    failed or cancelled / first token
- *                                           sampled / finished at once (EOG)
- *                                           and re-decodes the canonical form
- *   GEN         yes      -      -    yes    finished, failed or cancelled /
- *                                           finished and re-decodes
- *   FIXUP       yes      -      -     -     stored (or failed): free again
+ *   from -> to       when                              side effects
+ *   IDLE -> PREFILL  admitted a task (engine slot_start) takes the task and
+ *                                                      its sampler, resets the
+ *                                                      request's fields
+ *   PREFILL -> GEN   first token sampled               -
+ *   PREFILL -> IDLE  failed or cancelled               releases task + sampler
+ *   GEN -> IDLE      finished, failed or cancelled     releases task + sampler
+ *   PREFILL -> FIXUP finished at once (EOG) / finished releases task + sampler,
+ *   GEN -> FIXUP     and re-decodes the canonical form takes the fix-up tokens
+ *   FIXUP -> IDLE    stored, cut short or failed       frees the fix-up tokens
+ *
+ * Every move updates the busy gauge (metrics slots_busy: every phase but
+ * IDLE), so it always equals the number of non-IDLE slots.
  *
  * PREFILL and GEN hold a task; FIXUP runs after the reply has been sent:
  * the slot re-decodes the reply's tail as the next turn will present it
- * (DESIGN §2 "Beyond the seed"), then stores. Every phase but IDLE counts as
- * busy: thaw_slot_set_phase is the only writer of `phase` and keeps the
- * busy gauge (metrics slots_busy) equal to the number of non-IDLE slots.
+ * (DESIGN §2 "Beyond the seed"), then stores.
+ *
+ * What the KV holds (`n_tokens`, the checkpoints, `holds_key`) is kept here
+ * too: thaw_slot_forget, thaw_slot_truncate and thaw_slot_hold are its only
+ * writers besides the decode loop appending tokens. The llama calls that
+ * change the sequence itself are engine.c's.
  *
  * The struct is open to engine.c, which drives the decode loop over its
- * fields (one module's private state, split out so the phases live in one
- * place); nothing else includes this header. Engine thread only.
+ * fields, and to slotkv.c, which changes what its sequence holds (one
+ * layer's private state, split out so the phases live in one place); only
+ * slot.c writes `phase` and `holds_key`. Engine thread only.
  */
 #ifndef THAW_SLOT_H
 #define THAW_SLOT_H
@@ -45,7 +55,7 @@ enum thaw_slot_phase {
 
 struct thaw_slot {
     int id;                     /* == llama seq_id */
-    enum thaw_slot_phase phase; /* written by thaw_slot_set_phase only */
+    enum thaw_slot_phase phase; /* written by thaw_slot_move only */
     struct thaw_task *task;     /* set in PREFILL and GEN */
 
     llama_token *tokens; /* tokens whose KV the sequence holds, n_tokens of cap_tokens */
@@ -73,7 +83,7 @@ struct thaw_slot {
     int64_t last_used_us;
     uint8_t ns[THAW_KEY_BYTES]; /* the tenant whose tokens the KV holds (n_tokens
                                    > 0) */
-    bool holds_key;             /* held_key names the conversation in the KV */
+    bool holds_key;             /* held_key names the conversation in the KV (thaw_slot_hold) */
     uint8_t held_key[THAW_KEY_BYTES];
 
     /* the key this turn's conversation was looked up under: its previous
@@ -99,11 +109,57 @@ void thaw_slot_free(struct thaw_slot *s);
  * is). */
 bool thaw_slot_move_legal(enum thaw_slot_phase from, enum thaw_slot_phase to);
 
-/* The one writer of s->phase: moves the slot to `to` and updates
- * m->slots_busy (m may be NULL). An illegal move is a bug in the engine:
- * it is logged and the process aborts, whatever NDEBUG says (a lost busy
- * count would stall admission silently). */
-void thaw_slot_set_phase(struct thaw_slot *s, enum thaw_slot_phase to, struct thaw_metrics *m);
+/* What a move takes in; only the fields its target phase names are read. */
+struct thaw_slot_enter {
+    struct thaw_task *task;     /* -> PREFILL: the task; the caller's reference moves to the slot */
+    struct llama_sampler *smpl; /* -> PREFILL: its sampler (moves to the slot), NULL when it could not be made */
+    llama_token *fix;           /* -> FIXUP: the tokens to re-decode up to (moved to the slot, n_fix of
+                                   them); NULL: nothing to re-decode, store what the slot holds */
+    int n_fix;
+};
+
+/* The one writer of s->phase: moves the slot to `to`, performs the move's
+ * side effects (the table above; `in` may be NULL for moves that take
+ * nothing) and updates m->slots_busy (m may be NULL). An illegal move is a
+ * bug in the engine: it is logged and the process aborts, whatever NDEBUG
+ * says (a lost busy count would stall admission silently). */
+void thaw_slot_move(struct thaw_slot *s, enum thaw_slot_phase to, const struct thaw_slot_enter *in,
+                    struct thaw_metrics *m);
+
+/* How many of slots[0..n) are in each phase: count[phase]. */
+void thaw_slot_count(const struct thaw_slot *slots, int n, int count[THAW_SLOT_PHASE_COUNT]);
+
+/* ---- what the KV holds ---- */
+
+/* The sequence was emptied: no tokens, no checkpoints, no key. */
+void thaw_slot_forget(struct thaw_slot *s);
+
+/* The sequence was cut to its first n (<= n_tokens) tokens: checkpoints
+ * past n go, and a shorter sequence no longer holds its conversation (only
+ * a prefix of it). */
+void thaw_slot_truncate(struct thaw_slot *s, int n);
+
+/* The KV now holds the conversation `key` names (restored or stored);
+ * NULL: no conversation any more. */
+void thaw_slot_hold(struct thaw_slot *s, const uint8_t *key);
+
+/* Whether the KV holds the conversation `key` names. */
+bool thaw_slot_holds(const struct thaw_slot *s, const uint8_t key[THAW_KEY_BYTES]);
+
+/* ---- the reply's text ---- */
+
+/* The request's timings at its end (now_us): prompt_n, prompt_ms (restore
+ * time excluded), predicted_n and predicted_ms. */
+void thaw_slot_finish_timings(struct thaw_slot *s, int64_t now_us);
+
+/* Hands the task every byte of the reply that can no longer change:
+ * complete UTF-8, and not a possible beginning of a stop string (unless
+ * `final`). */
+void thaw_slot_flush_text(struct thaw_slot *s, bool final);
+
+/* The earliest occurrence in s->gen of any of the task's stop strings that
+ * ends at or after byte `from`, or NULL. */
+const char *thaw_slot_find_stop(const struct thaw_slot *s, size_t from);
 
 /* "idle", "prefill", "gen", "fixup". */
 const char *thaw_slot_phase_name(enum thaw_slot_phase p);

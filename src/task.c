@@ -8,14 +8,6 @@
 #include <string.h>
 #include <time.h>
 
-int64_t thaw_now_us(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 struct thaw_task *thaw_task_new(struct thaw_chat_request *req, llama_token *prompt, int n_prompt)
 {
     struct thaw_task *t = calloc(1, sizeof *t);

@@ -12,6 +12,7 @@
 
 #include "api.h"
 #include "chat.h"
+#include "clock.h" /* t_submit_us */
 #include "keys.h"
 
 #include <llama.h>
@@ -83,7 +84,5 @@ void thaw_task_fail(struct thaw_task *t, int http_status, const char *message);
 /* False when the task's client is known to have gone (the engine asks this
  * before and while it works for a task). */
 bool thaw_task_client_alive(struct thaw_task *t);
-
-int64_t thaw_now_us(void);
 
 #endif

@@ -34,3 +34,18 @@ int thaw_tokens_reserve(llama_token **v, int *cap, int n)
     *cap = c;
     return 0;
 }
+
+int thaw_tokens_max_bytes(const struct llama_vocab *vocab)
+{
+    char piece[8];
+    int best = 1;
+
+    for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); t++) {
+        int n = llama_token_to_piece(vocab, t, piece, sizeof piece, 0, true);
+        if (n < 0)
+            n = -n; /* the size it needs */
+        if (n > best)
+            best = n;
+    }
+    return best;
+}

@@ -130,7 +130,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         check(ids == data + HEADER + 4 * (size_t)n_tokens);
         check((uint64_t)HEADER + 4 * (uint64_t)n_tokens + 32 * (uint64_t)n_ids + tail + swa == n);
         uint8_t x = 0;
-        for (size_t i = 0; i < (size_t)n_ids * THAW_BLOCKS_ID_BYTES; i++)
+        for (size_t i = 0; i < (size_t)n_ids * THAW_KEY_BYTES; i++)
             x ^= ids[i];
         sink = x;
     }

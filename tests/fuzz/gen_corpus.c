@@ -390,7 +390,7 @@ static int manifest_seed(const char *name, const struct state_seed *st, uint32_t
     for (uint32_t i = 0; i < n_tokens && !rc; i++)
         rc = wb_u32(&w, (i * 7919u + 151643u) % 151936u);
     for (uint32_t k = 0; k < n_blocks && !rc; k++)
-        rc = wb_fill(&w, THAW_BLOCKS_ID_BYTES, 500 + k); /* ids: no block is on the fuzzer's disk */
+        rc = wb_fill(&w, THAW_KEY_BYTES, 500 + k); /* ids: no block is on the fuzzer's disk */
     rc = rc || (n_tail && wb_put(&w, tail, n_tail)) || (n_swa && wb_put(&w, swa_p, n_swa));
     rc = rc ? fail("out of memory", name, THAW_ENOMEM) : write_seed("fuzz_manifest", name, w.p, w.n);
 out:

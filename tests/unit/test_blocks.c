@@ -299,7 +299,7 @@ static void test_store_restore_share_prefix(void **state)
 /* Flips a byte in the data file of block k of toks. */
 static void corrupt_block(const llama_token *toks, int n, int k)
 {
-    uint8_t ids[16][THAW_BLOCKS_ID_BYTES];
+    uint8_t ids[16][THAW_KEY_BYTES];
     char path[512], hex[65];
     thaw_blocks_ids(g_binding, B, toks, n, ids);
     for (int i = 0; i < 32; i++)

@@ -97,9 +97,9 @@ static void test_off(void **state)
     thaw_ram_cache_free(c);
 }
 
-static void bid(uint8_t id[THAW_RAM_BLOCK_ID_BYTES], int i)
+static void bid(uint8_t id[THAW_KEY_BYTES], int i)
 {
-    memset(id, 0, THAW_RAM_BLOCK_ID_BYTES);
+    memset(id, 0, THAW_KEY_BYTES);
     id[0] = (uint8_t)i;
     id[5] = (uint8_t)(i * 7); /* spread over the buckets */
 }
@@ -107,7 +107,7 @@ static void bid(uint8_t id[THAW_RAM_BLOCK_ID_BYTES], int i)
 /* An entry naming blocks ids[0..n) (their numbers) with a manifest of m bytes. */
 static int put_man(struct thaw_ram_cache *c, int k_i, size_t m, const int *blocks, int n, int64_t now)
 {
-    uint8_t k[THAW_KEY_BYTES], refs[8][THAW_RAM_BLOCK_ID_BYTES];
+    uint8_t k[THAW_KEY_BYTES], refs[8][THAW_KEY_BYTES];
     const struct thaw_part_blob parts[THAW_PART_COUNT] = {{blob(m), m}, {NULL, 0}, {NULL, 0}};
 
     key(k, k_i);
@@ -118,7 +118,7 @@ static int put_man(struct thaw_ram_cache *c, int k_i, size_t m, const int *block
 
 static int has(struct thaw_ram_cache *c, int i)
 {
-    uint8_t id[THAW_RAM_BLOCK_ID_BYTES];
+    uint8_t id[THAW_KEY_BYTES];
 
     bid(id, i);
     return thaw_ram_cache_has_block(c, id);
@@ -126,7 +126,7 @@ static int has(struct thaw_ram_cache *c, int i)
 
 static void put_blk(struct thaw_ram_cache *c, int i, size_t n)
 {
-    uint8_t id[THAW_RAM_BLOCK_ID_BYTES];
+    uint8_t id[THAW_KEY_BYTES];
 
     bid(id, i);
     assert_int_equal(thaw_ram_cache_put_block(c, id, blob(n), n), 0);
@@ -135,7 +135,7 @@ static void put_blk(struct thaw_ram_cache *c, int i, size_t n)
 static void test_blocks_held_once(void **state)
 {
     struct thaw_ram_cache *c;
-    uint8_t k[THAW_KEY_BYTES], id[THAW_RAM_BLOCK_ID_BYTES];
+    uint8_t k[THAW_KEY_BYTES], id[THAW_KEY_BYTES];
 
     (void)state;
     assert_int_equal(thaw_ram_cache_new(1000, 0, &c), 0);

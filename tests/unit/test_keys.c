@@ -7,6 +7,7 @@
 #include <sodium.h>
 #include <string.h>
 
+#include "api.h"
 #include "keys.h"
 
 static void test_namespace_is_the_key_not_its_position(void **state)
@@ -69,10 +70,34 @@ static void test_request_binding_covers_tools_and_kwargs(void **state)
     assert_memory_equal(b1, b4, THAW_KEY_BYTES);
 }
 
+/* The settings string is pinned byte for byte: a change to it empties
+ * every cache (each key is bound to it), so it must be a deliberate one.
+ * Expected values from Python's hashlib.blake2b(digest_size=16). */
+static void test_settings_string_is_pinned(void **state)
+{
+    struct thaw_keys_settings ks = {false, 1, 1, "TMPL", false, NULL};
+    char out[256], other[256];
+
+    (void)state;
+    thaw_keys_settings(&ks, out, sizeof out);
+    assert_string_equal(out, "swa_full=0;type_k=1;type_v=1;tmpl=7189671f88681696d81dff84057b93b7");
+    ks = (struct thaw_keys_settings){true, 8, 2, "TMPL", true, "{\"a\":1}"};
+    thaw_keys_settings(&ks, out, sizeof out);
+    assert_string_equal(out, "swa_full=1;type_k=8;type_v=2;tmpl=1fe08d0c6c08d9076802788def720e4b");
+    /* the template itself, not only its name or length */
+    ks.chat_template = "TMPX";
+    thaw_keys_settings(&ks, other, sizeof other);
+    assert_string_not_equal(out, other);
+    /* truncated, still terminated */
+    thaw_keys_settings(&ks, out, 10);
+    assert_string_equal(out, "swa_full=");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_namespace_is_the_key_not_its_position),
+        cmocka_unit_test(test_settings_string_is_pinned),
         cmocka_unit_test(test_binding_separates_tenants_and_identity),
         cmocka_unit_test(test_request_binding_covers_tools_and_kwargs),
     };

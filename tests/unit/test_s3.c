@@ -412,6 +412,119 @@ static void test_bad_params(void **state)
     assert_null(s);
 }
 
+/* ---- location: the one s3:// parser and environment lookup ---- */
+
+static void test_url_rules(void **state)
+{
+    struct thaw_s3_location loc;
+    char why[128];
+
+    (void)state;
+    assert_int_equal(thaw_s3_parse_url("s3://thaw-gc.1/a/b//", &loc, why, sizeof why), 0);
+    assert_string_equal(loc.bucket, "thaw-gc.1");
+    assert_string_equal(loc.prefix, "a/b/"); /* trailing slashes become one */
+    assert_int_equal(thaw_s3_parse_url("s3://abc", &loc, why, sizeof why), 0);
+    assert_string_equal(loc.prefix, ""); /* no prefix: the caller decides whether that is allowed */
+    assert_int_equal(thaw_s3_parse_url("s3://abc/", &loc, why, sizeof why), 0);
+    assert_string_equal(loc.prefix, "");
+    assert_int_equal(thaw_s3_parse_url("s3://abc/p-._~/Q9", &loc, why, sizeof why), 0);
+    assert_string_equal(loc.prefix, "p-._~/Q9/");
+    /* S3's bucket rule: 3 to 63, lowercase letters, digits, '-' and '.' */
+    static const char *const bad[] = {"http://abc/p", "abc/p", NULL, "s3:///p", "s3://ab/p", "s3://Abc/p",
+                                      "s3://a_c/p", "s3://a c/p", "s3://abc/p q", "s3://abc/p%20"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        why[0] = '\0';
+        assert_int_equal(thaw_s3_parse_url(bad[i], &loc, why, sizeof why), THAW_EINVAL);
+        assert_true(why[0] != '\0');
+    }
+    assert_int_equal(thaw_s3_parse_url("s3://ab/p", &loc, why, sizeof why), THAW_EINVAL);
+    assert_non_null(strstr(why, "3 to 63"));
+    assert_int_equal(thaw_s3_parse_url("x", &loc, why, sizeof why), THAW_EINVAL);
+    assert_non_null(strstr(why, "s3://BUCKET"));
+    char url[128];
+    snprintf(url, sizeof url, "s3://%s/p", "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabc"); /* 63 */
+    assert_int_equal(thaw_s3_parse_url(url, &loc, why, sizeof why), 0);
+    snprintf(url, sizeof url, "s3://%s/p", "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcd"); /* 64 */
+    assert_int_equal(thaw_s3_parse_url(url, &loc, why, sizeof why), THAW_EINVAL);
+    char longp[400] = "s3://abc/";
+    memset(longp + 9, 'x', 300);
+    longp[309] = '\0';
+    assert_int_equal(thaw_s3_parse_url(longp, &loc, why, sizeof why), THAW_EINVAL);
+}
+
+/* the AWS variables this test sets, put back afterwards */
+static const char *const aws_vars[] = {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                       "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEFAULT_REGION",
+                                       "AWS_SESSION_TOKEN"};
+#define N_AWS (sizeof aws_vars / sizeof aws_vars[0])
+
+static void aws_save(char *saved[N_AWS])
+{
+    for (size_t i = 0; i < N_AWS; i++) {
+        const char *v = getenv(aws_vars[i]);
+        saved[i] = v ? strdup(v) : NULL;
+        unsetenv(aws_vars[i]);
+    }
+}
+
+static void aws_restore(char *saved[N_AWS])
+{
+    for (size_t i = 0; i < N_AWS; i++) {
+        if (saved[i])
+            setenv(aws_vars[i], saved[i], 1);
+        else
+            unsetenv(aws_vars[i]);
+        free(saved[i]);
+    }
+}
+
+static void test_endpoint_and_credentials_from_the_environment(void **state)
+{
+    struct thaw_s3_location loc;
+    const char *from = "x";
+    char *saved[N_AWS];
+
+    (void)state;
+    aws_save(saved);
+    assert_int_equal(thaw_s3_endpoint(NULL, &loc, &from), THAW_ENOTFOUND);
+    setenv("AWS_ENDPOINT_URL", "http://generic:1//", 1);
+    assert_int_equal(thaw_s3_endpoint(NULL, &loc, &from), 0);
+    assert_string_equal(loc.endpoint, "http://generic:1");
+    assert_string_equal(from, "AWS_ENDPOINT_URL");
+    setenv("AWS_ENDPOINT_URL_S3", "https://s3only", 1); /* the service's own variable first */
+    assert_int_equal(thaw_s3_endpoint(NULL, &loc, &from), 0);
+    assert_string_equal(loc.endpoint, "https://s3only");
+    assert_string_equal(from, "AWS_ENDPOINT_URL_S3");
+    assert_int_equal(thaw_s3_endpoint("http://flag:9/", &loc, &from), 0); /* the flag before either */
+    assert_string_equal(loc.endpoint, "http://flag:9");
+    assert_null(from);
+    setenv("AWS_ENDPOINT_URL_S3", "", 1); /* empty is unset */
+    assert_int_equal(thaw_s3_endpoint(NULL, &loc, &from), 0);
+    assert_string_equal(from, "AWS_ENDPOINT_URL");
+    static const char *const bad[] = {"ftp://x", "http://", "https:///", "http://a b", "x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(thaw_s3_endpoint(bad[i], &loc, NULL), THAW_EINVAL);
+
+    assert_int_equal(thaw_s3_credentials(&loc), THAW_ENOTFOUND);
+    setenv("AWS_ACCESS_KEY_ID", "ak", 1);
+    assert_int_equal(thaw_s3_credentials(&loc), THAW_ENOTFOUND);
+    setenv("AWS_SECRET_ACCESS_KEY", "sk", 1);
+    assert_int_equal(thaw_s3_credentials(&loc), 0);
+    assert_string_equal(loc.access_key, "ak");
+    assert_string_equal(loc.secret_key, "sk");
+    assert_null(loc.region);
+    assert_false(loc.session_token);
+    setenv("AWS_DEFAULT_REGION", "eu-west-1", 1);
+    assert_int_equal(thaw_s3_credentials(&loc), 0);
+    assert_string_equal(loc.region, "eu-west-1");
+    setenv("AWS_REGION", "us-west-2", 1); /* AWS_REGION wins */
+    setenv("AWS_SESSION_TOKEN", "t", 1);
+    assert_int_equal(thaw_s3_credentials(&loc), 0);
+    assert_string_equal(loc.region, "us-west-2");
+    assert_true(loc.session_token);
+    aws_restore(saved);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -421,6 +534,8 @@ int main(void)
         cmocka_unit_test(test_wrong_secret_is_refused),
         cmocka_unit_test(test_a_stopped_store_costs_the_deadline),
         cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_url_rules),
+        cmocka_unit_test(test_endpoint_and_credentials_from_the_environment),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,4 +1,4 @@
-/* test_scheduler.c — the bounded queue and slot choice. */
+/* test_scheduler.c — the bounded queue, slot choice, admission and the FIXUP budget. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -89,12 +89,128 @@ static void test_pick_slot(void **state)
     assert_int_equal(thaw_lcp(p, 0, held1, 7), 0);
 }
 
+
+static const llama_token prompt10[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+
+/* An idle slot wins over FIXUP ones, whatever they hold, unless a FIXUP
+ * slot holds more of the prompt than cutting it short costs. */
+static void test_admit_prefers_idle_unless_a_fixup_holds_more(void **state)
+{
+    const llama_token warm[] = {1, 2, 3, 4, 5, 6, 7, 8};
+    struct thaw_slot_view v[2] = {
+        {.idle = true, .last_used_us = 10},
+        {.fixup = true, .tokens = warm, .n_tokens = 8, .fix_left = 3},
+    };
+    const struct thaw_sched_task_view t = {prompt10, 10, true};
+    const struct thaw_sched_params p = {0.5f, 0, 1000.0}; /* 1 ms a token, no wait */
+    struct thaw_sched_admission a;
+
+    (void)state;
+    /* 8 tokens gained > 3 left to re-decode: cut it short */
+    a = thaw_sched_admit(v, 2, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_CUT);
+    assert_int_equal(a.slot, 1);
+    /* more left than it gains: the idle slot */
+    v[1].fix_left = 8;
+    a = thaw_sched_admit(v, 2, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_START);
+    assert_int_equal(a.slot, 0);
+    /* the task's previous turn, still storing: always that slot */
+    v[1].next_turn = true;
+    a = thaw_sched_admit(v, 2, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_CUT);
+    assert_int_equal(a.slot, 1);
+    /* without cache_prompt nothing of a slot is reused: the idle one */
+    const struct thaw_sched_task_view cold = {prompt10, 10, false};
+    a = thaw_sched_admit(v, 2, &cold, &p);
+    assert_int_equal(a.action, THAW_SCHED_START);
+    assert_int_equal(a.slot, 0);
+    /* another tenant's tokens are no gain (the engine zeroes n_tokens) */
+    v[1].next_turn = false;
+    v[1].fix_left = 0;
+    v[1].n_tokens = 0;
+    a = thaw_sched_admit(v, 2, &t, &p);
+    assert_int_equal(a.slot, 0);
+}
+
+/* With no idle slot a FIXUP is cut short, chosen as an idle one would be,
+ * unless what it has left takes no longer than --fixup-wait-ms: then the
+ * task waits for it. */
+static void test_admit_without_idle_cuts_or_waits(void **state)
+{
+    const llama_token a5[] = {1, 2, 3, 4, 5};
+    struct thaw_slot_view v[3] = {
+        {.fixup = true, .last_used_us = 5, .fix_left = 100},
+        {.fixup = true, .tokens = a5, .n_tokens = 5, .last_used_us = 9, .fix_left = 100},
+        {.idle = false}, /* prefilling or generating: never */
+    };
+    const struct thaw_sched_task_view t = {prompt10, 10, true};
+    struct thaw_sched_params p = {0.3f, 50, 1000.0};
+    struct thaw_sched_admission a;
+
+    (void)state;
+    /* 100 tokens at 1 ms > 50 ms: cut the most similar short */
+    a = thaw_sched_admit(v, 3, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_CUT);
+    assert_int_equal(a.slot, 1);
+    /* similarity off: the least recently used */
+    p.similarity = 0;
+    a = thaw_sched_admit(v, 3, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_CUT);
+    assert_int_equal(a.slot, 0);
+    /* 40 tokens left at 1 ms fit in 50 ms: wait for it */
+    v[0].fix_left = 40;
+    a = thaw_sched_admit(v, 3, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_WAIT);
+    assert_int_equal(a.slot, 0);
+    /* cost unknown yet: what is left counts as nothing, so it is waited for */
+    v[0].fix_left = 100000;
+    p.fixup_us_per_tok = 0;
+    a = thaw_sched_admit(v, 3, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_WAIT);
+    /* nothing open */
+    v[0].fixup = v[1].fixup = false;
+    a = thaw_sched_admit(v, 3, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_NONE);
+    assert_int_equal(a.slot, -1);
+}
+
+static void test_fixup_budget(void **state)
+{
+    (void)state;
+    /* a request waits for it: the whole batch */
+    assert_int_equal(thaw_sched_fixup_room(1, 1, true, 1000.0, 512), 512);
+    /* beside a prompt: nothing; beside generation: a few */
+    assert_int_equal(thaw_sched_fixup_room(1, 0, false, 1000.0, 512), 0);
+    assert_int_equal(thaw_sched_fixup_room(1, 3, false, 1000.0, 512), 0);
+    assert_int_equal(thaw_sched_fixup_room(0, 2, false, 1000.0, 512), THAW_FIXUP_PIGGYBACK);
+    /* alone: a slice of about THAW_FIXUP_SLICE_US, a small one while the
+     * cost is unknown, within 1 .. n_batch */
+    assert_int_equal(thaw_sched_fixup_room(0, 0, false, 0, 512), 4);
+    assert_int_equal(thaw_sched_fixup_room(0, 0, false, 1000.0, 512), (int)(THAW_FIXUP_SLICE_US / 1000.0));
+    assert_int_equal(thaw_sched_fixup_room(0, 0, false, 1e9, 512), 1);
+    assert_int_equal(thaw_sched_fixup_room(0, 0, false, 1.0, 512), 512);
+    /* due when it slows nobody, or once it has waited long enough */
+    assert_true(thaw_sched_fixup_due(true, 0));
+    assert_false(thaw_sched_fixup_due(false, THAW_FIXUP_DEFER_US - 1));
+    assert_true(thaw_sched_fixup_due(false, THAW_FIXUP_DEFER_US));
+    /* the cost: the first measurement, then a moving average; nothing
+     * learnt from an empty or untimed batch */
+    assert_true(thaw_sched_fixup_cost(0, 4000, 4) == 1000.0);
+    assert_true(thaw_sched_fixup_cost(1000.0, 8000, 4) == 0.7 * 1000.0 + 0.3 * 2000.0);
+    assert_true(thaw_sched_fixup_cost(1000.0, 0, 4) == 1000.0);
+    assert_true(thaw_sched_fixup_cost(1000.0, 4000, 0) == 1000.0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_queue_bounded_fifo),
         cmocka_unit_test(test_free_fails_queued_tasks),
         cmocka_unit_test(test_pick_slot),
+        cmocka_unit_test(test_admit_prefers_idle_unless_a_fixup_holds_more),
+        cmocka_unit_test(test_admit_without_idle_cuts_or_waits),
+        cmocka_unit_test(test_fixup_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
