@@ -41,7 +41,6 @@
 #include "tokens.h"
 #include "utf8.h" /* thaw_utf8_sanitize */
 
-#include <ggml-backend.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -734,103 +733,27 @@ int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
 
 /* ---- lifecycle ------------------------------------------------------------------ */
 
-static void llama_log_cb(enum ggml_log_level level, const char *text, void *ud)
-{
-    (void)ud;
-    if (level == GGML_LOG_LEVEL_CONT)
-        return;
-    int v = level >= GGML_LOG_LEVEL_ERROR ? THAW_LOG_ERROR : level == GGML_LOG_LEVEL_WARN ? THAW_LOG_WARN : 3;
-    if (v > thaw_log_verbosity())
-        return;
-    size_t n = strlen(text);
-    while (n > 0 && text[n - 1] == '\n')
-        n--;
-    thaw_log((enum thaw_log_level)(v > THAW_LOG_DEBUG ? THAW_LOG_DEBUG : v), "llama: %.*s", (int)n, text);
-}
-
-/* Logs 25/50/75% of a model load, only once it has taken over a second. */
-static bool load_progress(float p, void *ud)
-{
-    int64_t *t0 = ud; /* [0] start, [1] next quarter to log */
-    int quarter = (int)(p * 4);
-
-    if (quarter >= 1 && quarter <= 3 && quarter >= t0[1] && thaw_now_us() - t0[0] > 1000000) {
-        LOG_INF("loading model: %d%%", quarter * 25);
-        t0[1] = quarter + 1;
-    }
-    return true;
-}
-
 int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_engine **out)
 {
     struct thaw_engine *e = calloc(1, sizeof *e);
     int rc = 0;
     int64_t t0 = thaw_now_us();
-    int64_t progress[2] = {t0, 1};
-    struct thaw_params pp = {0}; /* what mp points into, until the context exists */
 
     if (!e)
         return THAW_ENOMEM;
     e->cfg = cfg;
     e->metrics = metrics;
 
-    llama_log_set(llama_log_cb, NULL);
-    llama_backend_init();
-    thaw_params_load_backends(cfg);
-
     if ((rc = thaw_fingerprint_file(cfg->model_path, e->fingerprint)) != 0) {
         LOG_ERR("cannot read model %s: %s", cfg->model_path, thaw_strerror(rc));
         goto error;
     }
-    /* placement, memory, rope, KV types: params.c (llama-server's flags) */
-    struct llama_model_params mp = llama_model_default_params();
-    struct llama_context_params cp = llama_context_default_params();
-    if ((rc = thaw_params_model(cfg, &pp, &mp)) != 0)
+    struct llama_context_params cp;
+    if ((rc = thaw_params_open(cfg, cfg->kv_cache_dir && cfg->kv_tap, &e->model, &e->ctx, &e->tap, &cp)) != 0)
         goto error;
-    thaw_params_context(cfg, &cp);
-    cp.n_batch = (uint32_t)cfg->n_batch;
-    cp.n_ubatch = (uint32_t)cfg->n_ubatch;
-    cp.n_seq_max = (uint32_t)cfg->n_parallel;
-    cp.n_threads = cfg->n_threads;
-    cp.n_threads_batch = cfg->n_threads_batch;
-    cp.kv_unified = false; /* each slot its own cells: a slot's state is its own to save and restore */
-    cp.swa_full = cfg->swa_full;
-    cp.no_perf = true;
-    thaw_params_fit(cfg, &pp, &mp, &cp);
-    llama_log_set(llama_log_cb, NULL); /* -fit borrows llama's logger */
-    mp.progress_callback = load_progress;
-    mp.progress_callback_user_data = progress;
-    e->model = llama_model_load_from_file(cfg->model_path, mp);
-    if (!e->model) {
-        LOG_ERR("llama.cpp could not load %s (not a model GGUF, or an unsupported architecture)", cfg->model_path);
-        rc = THAW_ELLAMA;
-        goto error;
-    }
+    e->tap_verify = e->tap && thaw_test_hook(THAW_HOOK_KVTAP_VERIFY) != 0;
     e->vocab = llama_model_get_vocab(e->model);
     e->max_token_bytes = thaw_tokens_max_bytes(e->vocab); /* admission's bound (thaw_api_admit) */
-
-    /* the tap watches the graphs for where the KV cache's cells are
-     * (kvtap.h): host memory only, so not with a GPU device */
-    bool gpu = false; /* BLAS / AMX accelerators work beside the CPU backend: the cache stays in host memory */
-    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
-        enum ggml_backend_dev_type ty = ggml_backend_dev_type(ggml_backend_dev_get(i));
-        gpu |= ty != GGML_BACKEND_DEVICE_TYPE_CPU && ty != GGML_BACKEND_DEVICE_TYPE_ACCEL;
-    }
-    if (cfg->kv_cache_dir && !gpu && cfg->kv_tap) {
-        if ((rc = thaw_kvtap_new(&e->tap)) != 0)
-            goto error;
-        cp.cb_eval = thaw_kvtap_eval_cb;
-        cp.cb_eval_user_data = e->tap;
-        e->tap_verify = thaw_test_hook(THAW_HOOK_KVTAP_VERIFY) != 0;
-    }
-    e->ctx = llama_init_from_model(e->model, cp);
-    thaw_params_free(&pp);
-    if (!e->ctx) {
-        LOG_ERR("llama.cpp could not create a context (-c %d, -np %d): too little memory?", cfg->n_ctx,
-                cfg->n_parallel);
-        rc = THAW_ELLAMA;
-        goto error;
-    }
     e->n_ctx_slot = (int)llama_n_ctx_seq(e->ctx);
     e->n_batch = (int)llama_n_batch(e->ctx);
     e->n_swa = cfg->swa_full ? 0 : llama_model_n_swa(e->model);
@@ -906,7 +829,6 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     return 0;
 
 error:
-    thaw_params_free(&pp);
     if (e->slots)
         for (int i = 0; i < e->n_slots; i++)
             thaw_slot_free(&e->slots[i]);

@@ -10,7 +10,9 @@
 #include "params.h"
 
 #include "config.h"
+#include "clock.h"
 #include "error.h"
+#include "kvtap.h"
 #include "log.h"
 
 #include <ggml-backend.h>
@@ -367,4 +369,105 @@ void thaw_params_fit(const struct thaw_config *cfg, struct thaw_params *p, struc
     else
         LOG_WRN("-fit: %s; loading with the settings as given", rc == 1 ? "found no settings that fit" : "failed");
     /* the llama logger was borrowed by common_fit_params: the engine sets its own again */
+}
+
+/* ---- opening the model and its context ---- */
+
+/* llama's and ggml's log lines, as thaw's: errors and warnings as such, the
+ * rest at debug level (-lv). */
+static void llama_log_cb(enum ggml_log_level level, const char *text, void *ud)
+{
+    (void)ud;
+    if (level == GGML_LOG_LEVEL_CONT)
+        return;
+    int v = level >= GGML_LOG_LEVEL_ERROR ? THAW_LOG_ERROR : level == GGML_LOG_LEVEL_WARN ? THAW_LOG_WARN : 3;
+    if (v > thaw_log_verbosity())
+        return;
+    size_t n = strlen(text);
+    while (n > 0 && text[n - 1] == '\n')
+        n--;
+    thaw_log((enum thaw_log_level)(v > THAW_LOG_DEBUG ? THAW_LOG_DEBUG : v), "llama: %.*s", (int)n, text);
+}
+
+/* Logs 25/50/75% of a model load, only once it has taken over a second. */
+static bool load_progress(float p, void *ud)
+{
+    int64_t *t0 = ud; /* [0] start, [1] next quarter to log */
+    int quarter = (int)(p * 4);
+
+    if (quarter >= 1 && quarter <= 3 && quarter >= t0[1] && thaw_now_us() - t0[0] > 1000000) {
+        LOG_INF("loading model: %d%%", quarter * 25);
+        t0[1] = quarter + 1;
+    }
+    return true;
+}
+
+int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_model **model,
+                     struct llama_context **ctx, struct thaw_kvtap **tap, struct llama_context_params *cp_out)
+{
+    struct thaw_params pp = {0}; /* what mp points into, until the context exists */
+    int64_t progress[2] = {thaw_now_us(), 1};
+    int rc;
+
+    *model = NULL;
+    *ctx = NULL;
+    *tap = NULL;
+    llama_log_set(llama_log_cb, NULL);
+    llama_backend_init();
+    thaw_params_load_backends(cfg);
+    struct llama_model_params mp = llama_model_default_params();
+    struct llama_context_params cp = llama_context_default_params();
+    if ((rc = thaw_params_model(cfg, &pp, &mp)) != 0)
+        return rc;
+    thaw_params_context(cfg, &cp);
+    cp.n_batch = (uint32_t)cfg->n_batch;
+    cp.n_ubatch = (uint32_t)cfg->n_ubatch;
+    cp.n_seq_max = (uint32_t)cfg->n_parallel;
+    cp.n_threads = cfg->n_threads;
+    cp.n_threads_batch = cfg->n_threads_batch;
+    cp.kv_unified = false; /* each slot its own cells: a slot's state is its own to save and restore */
+    cp.swa_full = cfg->swa_full;
+    cp.no_perf = true;
+    thaw_params_fit(cfg, &pp, &mp, &cp);
+    llama_log_set(llama_log_cb, NULL); /* -fit borrows llama's logger */
+    mp.progress_callback = load_progress;
+    mp.progress_callback_user_data = progress;
+    *model = llama_model_load_from_file(cfg->model_path, mp);
+    if (!*model) {
+        LOG_ERR("llama.cpp could not load %s (not a model GGUF, or an unsupported architecture)", cfg->model_path);
+        rc = THAW_ELLAMA;
+        goto error;
+    }
+    /* the tap watches the graphs for where the KV cache's cells are
+     * (kvtap.h): host memory only, so not with a GPU device */
+    bool gpu = false; /* BLAS / AMX accelerators work beside the CPU backend: the cache stays in host memory */
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        enum ggml_backend_dev_type ty = ggml_backend_dev_type(ggml_backend_dev_get(i));
+        gpu |= ty != GGML_BACKEND_DEVICE_TYPE_CPU && ty != GGML_BACKEND_DEVICE_TYPE_ACCEL;
+    }
+    if (want_tap && !gpu) {
+        if ((rc = thaw_kvtap_new(tap)) != 0)
+            goto error;
+        cp.cb_eval = thaw_kvtap_eval_cb;
+        cp.cb_eval_user_data = *tap;
+    }
+    *ctx = llama_init_from_model(*model, cp);
+    if (!*ctx) {
+        LOG_ERR("llama.cpp could not create a context (-c %d, -np %d): too little memory?", cfg->n_ctx,
+                cfg->n_parallel);
+        rc = THAW_ELLAMA;
+        goto error;
+    }
+    thaw_params_free(&pp);
+    *cp_out = cp;
+    return 0;
+
+error:
+    thaw_params_free(&pp);
+    thaw_kvtap_free(*tap);
+    *tap = NULL;
+    if (*model)
+        llama_model_free(*model);
+    *model = NULL;
+    return rc;
 }

@@ -16,6 +16,7 @@
 #include <llama.h>
 
 struct thaw_config;
+struct thaw_kvtap;
 
 struct thaw_params {
     ggml_backend_dev_t *devices;                        /* NULL-terminated, or NULL = every device */
@@ -60,5 +61,16 @@ void thaw_params_list_devices(const struct thaw_config *cfg, FILE *f);
 /* Loads ggml's backends from --backend-dir, $THAW_BACKEND_DIR or the
  * llama.cpp thaw was built with. Idempotent. */
 void thaw_params_load_backends(const struct thaw_config *cfg);
+
+/* Loads the model and creates its context as every flag says (the above,
+ * then thaw's own: batch sizes, threads, one sequence of its own per slot,
+ * --swa-full), with llama's log lines routed to thaw's and the load's
+ * progress logged. With want_tap, and when the KV cache stays in host
+ * memory (no GPU device), a tap (kvtap.h) watches the context's graphs;
+ * *tap is NULL otherwise. *cp_out: the context's settings (the cache keys
+ * bind its KV types). Returns 0, or an error (logged) with nothing left
+ * open. The caller frees the context, then the tap, then the model. */
+int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_model **model,
+                     struct llama_context **ctx, struct thaw_kvtap **tap, struct llama_context_params *cp_out);
 
 #endif
