@@ -1,7 +1,8 @@
 /* server.c — the routes and the `thaw serve` lifecycle.
  *
  * Map:
- *   ---- wire formats ----  each API's codec: parse, reply, errors (chat completions, Anthropic Messages)
+ *   ---- wire formats ----  each API's codec: parse, reply, errors (chat completions, Anthropic Messages,
+ *                           OpenAI Responses)
  *   ---- auth ----          Bearer / x-api-key keys -> namespace
  *   ---- chat route ----    parse, template, keys, submit, answer or stream (stream.c frames it)
  *   ---- other routes ----  /v1/models, /health, /metrics, /cache, the page (/, /webui/)
@@ -11,6 +12,7 @@
 
 #include "api.h"
 #include "api_anthropic.h"
+#include "api_responses.h"
 #include "config.h"
 #include "engine.h"
 #include "error.h"
@@ -95,6 +97,12 @@ static void messages_too_long(char *buf, size_t n, int n_prompt, int n_ctx_slot)
     snprintf(buf, n, "prompt is too long: %d tokens > %d maximum", n_prompt, n_ctx_slot - 1);
 }
 
+static char *responses_reply(const struct thaw_task *t, const char *id)
+{
+    return thaw_responses_json(id, t->model_name, time(NULL), t->message_json, t->finish_reason, t->n_prompt,
+                               &t->timings);
+}
+
 static const struct wire wire_chat = {
     THAW_WIRE_CHAT, "chatcmpl-", thaw_api_parse_chat, thaw_api_error_json, chat_reply, chat_too_long,
     "missing or invalid API key: send 'Authorization: Bearer <key>'",
@@ -102,6 +110,11 @@ static const struct wire wire_chat = {
 static const struct wire wire_messages = {
     THAW_WIRE_MESSAGES, "msg_", thaw_anthropic_parse, thaw_anthropic_error_json, messages_reply, messages_too_long,
     "missing or invalid API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'",
+};
+
+static const struct wire wire_responses = {
+    THAW_WIRE_RESPONSES, "resp_", thaw_responses_parse, thaw_api_error_json, responses_reply, chat_too_long,
+    "missing or invalid API key: send 'Authorization: Bearer <key>'",
 };
 
 static void set_wire_error(struct thaw_http_response *r, const struct wire *w, int status, const char *msg)
@@ -379,6 +392,13 @@ static void route_messages(struct server *srv, const struct thaw_http_request *h
     serve_chat(srv, hr, ns, r, &wire_messages);
 }
 
+/* POST /v1/responses (Codex: {base_url}/responses) */
+static void route_responses(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                            struct thaw_http_response *r)
+{
+    serve_chat(srv, hr, ns, r, &wire_responses);
+}
+
 /* POST /v1/messages/count_tokens: the prompt the request renders to,
  * counted (Claude Code's /context). */
 static void route_count_tokens(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
@@ -584,6 +604,7 @@ static const struct route {
     {"/health", "/v1/health", "GET", route_health, true, false, NULL},
     {"/v1/chat/completions", "/chat/completions", "POST", route_chat, false, false, NULL},
     {"/v1/messages", NULL, "POST", route_messages, false, false, &wire_messages},
+    {"/v1/responses", "/responses", "POST", route_responses, false, false, NULL},
     {"/v1/messages/count_tokens", NULL, "POST", route_count_tokens, false, false, &wire_messages},
     {"/v1/models", "/models", "GET", route_models, false, false, NULL},
     {"/metrics", NULL, "GET", route_metrics, false, false, NULL},

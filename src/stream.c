@@ -5,6 +5,7 @@
  *   ---- framing ----    the pending buffer, "event:" / "data:" lines
  *   ---- OpenAI chat --- chat.completion.chunk objects, [DONE]
  *   ---- Anthropic ----  message_start, content blocks, message_delta/stop
+ *   ---- Responses ----  response.created, output items and their parts, response.completed
  *   ---- the reply ----  task news -> parser deltas -> the writer
  *
  * A writer sees a stream in this order: open (once), delta (each piece of
@@ -18,6 +19,7 @@
 
 #include "api.h"
 #include "api_anthropic.h"
+#include "api_responses.h"
 #include "chat.h"
 #include "error.h"
 #include "http.h"
@@ -53,13 +55,38 @@ struct thaw_stream {
     bool opened, finished;
     int cache_n;      /* from the news that opened the stream */
 
-    /* Anthropic: the open content block */
+    /* Anthropic's content block, or the Responses API's output item, now open */
     enum block block;
-    int n_blocks;     /* content blocks started so far; the open one is n_blocks - 1 */
-    long tool_index;  /* the parser's index of the open tool_use block */
-    char *thinking;   /* the open thinking block's text (its signature covers it) */
-    size_t n_thinking;
+    int n_blocks;     /* blocks (items) started so far; the open one is n_blocks - 1 */
+    long tool_index;  /* the parser's index of the open tool call */
+    char *acc;        /* the open block's text so far (a signature, or a done event, repeats it) */
+    size_t n_acc;
+    char *call_id, *call_name; /* the open tool call's (Responses' done events repeat them) */
+    int seq;          /* Responses: sequence_number of the next event */
 };
+
+/* Appends a delta to the open block's text. */
+static int acc_add(struct thaw_stream *st, json_t *s)
+{
+    char *nb = realloc(st->acc, st->n_acc + json_string_length(s) + 1);
+
+    if (!nb)
+        return THAW_ENOMEM;
+    memcpy(nb + st->n_acc, json_string_value(s), json_string_length(s));
+    st->n_acc += json_string_length(s);
+    nb[st->n_acc] = '\0';
+    st->acc = nb;
+    return 0;
+}
+
+static void acc_reset(struct thaw_stream *st)
+{
+    free(st->acc);
+    free(st->call_id);
+    free(st->call_name);
+    st->acc = st->call_id = st->call_name = NULL;
+    st->n_acc = 0;
+}
 
 /* ---- framing ------------------------------------------------------------------------ */
 
@@ -182,14 +209,12 @@ static int msg_block_stop(struct thaw_stream *st)
         return 0;
     if (st->block == BLOCK_THINKING) {
         char sig[THAW_ANTHROPIC_SIGNATURE_LEN];
-        thaw_anthropic_signature(st->thinking ? st->thinking : "", st->n_thinking, sig);
+        thaw_anthropic_signature(st->acc ? st->acc : "", st->n_acc, sig);
         rc = emit(st, "content_block_delta",
                   json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", idx, "delta", "type",
                             "signature_delta", "signature", sig));
-        free(st->thinking);
-        st->thinking = NULL;
-        st->n_thinking = 0;
     }
+    acc_reset(st);
     st->block = BLOCK_NONE;
     return rc ? rc : emit(st, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", idx));
 }
@@ -224,16 +249,8 @@ static int msg_delta(struct thaw_stream *st, json_t *diff)
         if (st->block != BLOCK_THINKING)
             rc = msg_block_start(st, BLOCK_THINKING,
                                  json_pack("{s:s, s:s, s:s}", "type", "thinking", "thinking", "", "signature", ""));
-        char *nb = rc == 0 ? realloc(st->thinking, st->n_thinking + json_string_length(v) + 1) : NULL;
-        if (rc == 0 && !nb)
-            rc = THAW_ENOMEM;
-        if (rc == 0) {
-            memcpy(nb + st->n_thinking, json_string_value(v), json_string_length(v));
-            st->n_thinking += json_string_length(v);
-            nb[st->n_thinking] = '\0';
-            st->thinking = nb;
+        if (rc == 0 && (rc = acc_add(st, v)) == 0)
             rc = msg_block_delta(st, json_pack("{s:s, s:O}", "type", "thinking_delta", "thinking", v));
-        }
     }
     if (rc == 0 && (v = json_object_get(diff, "content")) && json_string_length(v) > 0) {
         if (st->block != BLOCK_TEXT)
@@ -280,6 +297,200 @@ static int msg_fail(struct thaw_stream *st, int status, const char *message)
 }
 
 static const struct writer messages_writer = {true, msg_open, msg_delta, msg_close, msg_fail};
+
+/* ---- OpenAI Responses ------------------------------------------------------------------ */
+
+/* One event: its type is both the event: line and data.type, and every
+ * event carries the stream's sequence_number. Takes `v`. */
+static int r_emit(struct thaw_stream *st, const char *type, json_t *v)
+{
+    if (!v)
+        return THAW_ENOMEM;
+    json_object_set_new(v, "type", json_string(type));
+    json_object_set_new(v, "sequence_number", json_integer(st->seq++));
+    return emit(st, type, v);
+}
+
+/* The response object (in progress when message_json is NULL). */
+static json_t *r_response(struct thaw_stream *st, const char *message_json)
+{
+    struct thaw_task *t = st->task;
+
+    return loads(thaw_responses_json(st->id, st->model, st->created, message_json, t->finish_reason, t->n_prompt,
+                                     &t->timings));
+}
+
+static int resp_open(struct thaw_stream *st, const struct thaw_task_news *nw)
+{
+    json_t *r = r_response(st, NULL);
+    int rc;
+
+    (void)nw;
+    st->tool_index = -1;
+    if (!r)
+        return THAW_ENOMEM;
+    rc = r_emit(st, "response.created", json_pack("{s:O}", "response", r));
+    if (rc == 0)
+        rc = r_emit(st, "response.in_progress", json_pack("{s:O}", "response", r));
+    json_decref(r);
+    return rc;
+}
+
+static void r_item_id(struct thaw_stream *st, char out[64])
+{
+    static const char *const kind[] = {"", "msg", "rs", "fc"};
+
+    thaw_responses_item_id(st->id, kind[st->block], st->n_blocks - 1, out);
+}
+
+/* The open item, complete: as output_item.done and the final response name it. */
+static json_t *r_item_done(struct thaw_stream *st)
+{
+    const char *text = st->acc ? st->acc : "";
+    char id[64];
+
+    r_item_id(st, id);
+    if (st->block == BLOCK_THINKING)
+        return json_pack("{s:s, s:s, s:[], s:[{s:s, s:s}]}", "type", "reasoning", "id", id, "summary", "content",
+                         "type", "reasoning_text", "text", text);
+    if (st->block == BLOCK_TEXT)
+        return json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}", "type", "message", "id", id, "status",
+                         "completed", "role", "assistant", "content", "type", "output_text", "text", text,
+                         "annotations");
+    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "type", "function_call", "id", id, "call_id",
+                     st->call_id ? st->call_id : "", "name", st->call_name ? st->call_name : "", "arguments", text,
+                     "status", "completed");
+}
+
+static int resp_item_stop(struct thaw_stream *st)
+{
+    int idx = st->n_blocks - 1, rc = 0;
+    const char *text = st->acc ? st->acc : "";
+    char id[64];
+
+    if (st->block == BLOCK_NONE)
+        return 0;
+    r_item_id(st, id);
+    if (st->block == BLOCK_THINKING) {
+        rc = r_emit(st, "response.reasoning_text.done",
+                    json_pack("{s:s, s:i, s:i, s:s}", "item_id", id, "output_index", idx, "content_index", 0, "text",
+                              text));
+    } else if (st->block == BLOCK_TEXT) {
+        rc = r_emit(st, "response.output_text.done",
+                    json_pack("{s:s, s:i, s:i, s:s, s:[]}", "item_id", id, "output_index", idx, "content_index", 0,
+                              "text", text, "logprobs"));
+        if (rc == 0)
+            rc = r_emit(st, "response.content_part.done",
+                        json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", id, "output_index", idx,
+                                  "content_index", 0, "part", "type", "output_text", "text", text, "annotations"));
+    } else {
+        rc = r_emit(st, "response.function_call_arguments.done",
+                    json_pack("{s:s, s:i, s:s, s:s}", "item_id", id, "output_index", idx, "arguments", text, "name",
+                              st->call_name ? st->call_name : ""));
+    }
+    if (rc == 0)
+        rc = r_emit(st, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", idx, "item",
+                                                              r_item_done(st)));
+    st->block = BLOCK_NONE;
+    acc_reset(st);
+    return rc;
+}
+
+/* Makes `kind` the open item, announcing it (and a message's text part). */
+static int resp_item_start(struct thaw_stream *st, enum block kind, const char *call_id, const char *name)
+{
+    int rc = resp_item_stop(st), idx;
+    char id[64];
+    json_t *item;
+
+    if (rc != 0)
+        return rc;
+    st->block = kind;
+    idx = st->n_blocks++;
+    r_item_id(st, id);
+    if (kind == BLOCK_TOOL && (!(st->call_id = strdup(call_id)) || !(st->call_name = strdup(name))))
+        return THAW_ENOMEM;
+    if (kind == BLOCK_THINKING)
+        item = json_pack("{s:s, s:s, s:[], s:[]}", "type", "reasoning", "id", id, "summary", "content");
+    else if (kind == BLOCK_TEXT)
+        item = json_pack("{s:s, s:s, s:s, s:s, s:[]}", "type", "message", "id", id, "status", "in_progress", "role",
+                         "assistant", "content");
+    else
+        item = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "type", "function_call", "id", id, "call_id", call_id,
+                         "name", name, "arguments", "", "status", "in_progress");
+    rc = r_emit(st, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", idx, "item", item));
+    if (rc == 0 && kind == BLOCK_TEXT)
+        rc = r_emit(st, "response.content_part.added",
+                    json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", id, "output_index", idx,
+                              "content_index", 0, "part", "type", "output_text", "text", "", "annotations"));
+    return rc;
+}
+
+static int resp_delta(struct thaw_stream *st, json_t *diff)
+{
+    json_t *v;
+    char id[64];
+    int rc = 0;
+
+    if ((v = json_object_get(diff, "reasoning_content")) && json_string_length(v) > 0) {
+        if (st->block != BLOCK_THINKING)
+            rc = resp_item_start(st, BLOCK_THINKING, NULL, NULL);
+        if (rc == 0 && (rc = acc_add(st, v)) == 0) {
+            r_item_id(st, id);
+            rc = r_emit(st, "response.reasoning_text.delta",
+                        json_pack("{s:s, s:i, s:i, s:O}", "item_id", id, "output_index", st->n_blocks - 1,
+                                  "content_index", 0, "delta", v));
+        }
+    }
+    if (rc == 0 && (v = json_object_get(diff, "content")) && json_string_length(v) > 0) {
+        if (st->block != BLOCK_TEXT)
+            rc = resp_item_start(st, BLOCK_TEXT, NULL, NULL);
+        if (rc == 0 && (rc = acc_add(st, v)) == 0) {
+            r_item_id(st, id);
+            rc = r_emit(st, "response.output_text.delta",
+                        json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", id, "output_index", st->n_blocks - 1,
+                                  "content_index", 0, "delta", v, "logprobs"));
+        }
+    }
+    if (rc == 0 && (v = json_object_get(diff, "tool_call_index"))) {
+        long index = (long)json_integer_value(v);
+        json_t *cid = json_object_get(diff, "id"), *name = json_object_get(diff, "name");
+        json_t *args = json_object_get(diff, "arguments");
+        if (st->block != BLOCK_TOOL || st->tool_index != index) {
+            rc = resp_item_start(st, BLOCK_TOOL, json_is_string(cid) ? json_string_value(cid) : "",
+                                 json_is_string(name) ? json_string_value(name) : "");
+            st->tool_index = index;
+        }
+        if (rc == 0 && json_string_length(args) > 0 && (rc = acc_add(st, args)) == 0) {
+            r_item_id(st, id);
+            rc = r_emit(st, "response.function_call_arguments.delta",
+                        json_pack("{s:s, s:i, s:O}", "item_id", id, "output_index", st->n_blocks - 1, "delta", args));
+        }
+    }
+    return rc;
+}
+
+static int resp_close(struct thaw_stream *st)
+{
+    int rc = resp_item_stop(st);
+    json_t *r = rc == 0 ? r_response(st, st->task->message_json ? st->task->message_json : "{}") : NULL;
+
+    if (rc != 0)
+        return rc;
+    /* response.completed also for a reply cut at max_output_tokens (its
+     * status says "incomplete"): what Codex and the SDKs wait for */
+    return r ? r_emit(st, "response.completed", json_pack("{s:o}", "response", r)) : THAW_ENOMEM;
+}
+
+static int resp_fail(struct thaw_stream *st, int status, const char *message)
+{
+    char code[16];
+
+    snprintf(code, sizeof code, "%d", status);
+    return r_emit(st, "error", json_pack("{s:s, s:s, s:n}", "code", code, "message", message, "param"));
+}
+
+static const struct writer responses_writer = {false, resp_open, resp_delta, resp_close, resp_fail};
 
 /* ---- the reply ------------------------------------------------------------------------- */
 
@@ -396,7 +607,8 @@ struct thaw_stream *thaw_stream_new(enum thaw_wire wire, struct thaw_task *t, co
 
     if (!st)
         return NULL;
-    st->w = wire == THAW_WIRE_MESSAGES ? &messages_writer : &chat_writer;
+    st->w = wire == THAW_WIRE_MESSAGES ? &messages_writer : wire == THAW_WIRE_RESPONSES ? &responses_writer
+                                                                                        : &chat_writer;
     st->task = t;
     snprintf(st->id, sizeof st->id, "%s", id);
     st->model = model;
@@ -411,6 +623,6 @@ void thaw_stream_free(void *ud)
     thaw_task_abandon(st->task);
     free(st->pending);
     free(st->prev_msg);
-    free(st->thinking);
+    acc_reset(st);
     free(st);
 }

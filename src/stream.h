@@ -10,6 +10,9 @@
  *   THAW_WIRE_CHAT       OpenAI chat.completion.chunk data lines, [DONE]
  *   THAW_WIRE_MESSAGES   Anthropic message_start, content_block_*,
  *                        message_delta, message_stop (with event: lines)
+ *   THAW_WIRE_RESPONSES  OpenAI Responses response.created, output items
+ *                        (reasoning, message, function_call) with their
+ *                        deltas and done events, response.completed
  *
  * The deltas are taken against the engine's final parse at the end, so the
  * streamed pieces always assemble to the message a non-streaming request
@@ -28,6 +31,7 @@
 enum thaw_wire {
     THAW_WIRE_CHAT,     /* POST /v1/chat/completions */
     THAW_WIRE_MESSAGES, /* POST /v1/messages */
+    THAW_WIRE_RESPONSES, /* POST /v1/responses */
 };
 
 struct thaw_stream;
