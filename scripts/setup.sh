@@ -18,9 +18,9 @@
 #      (the source tree is still fetched: tests need its vocab GGUFs).
 #   3. The `openai` npm SDK for the compatibility test, into .deps/npm.
 #   4. The coding agents' clients for their compatibility tests, pinned,
-#      into .deps/agents: the @anthropic-ai/sdk and the Claude Code CLI
+#      into .deps/agents: the @anthropic-ai/sdk, the Claude Code CLI
 #      (@anthropic-ai/claude-code, its native binary from the package's
-#      platform dependency).
+#      platform dependency) and the Codex CLI (@openai/codex, likewise).
 #   5. The chat page's libraries (marked, DOMPurify, uPlot, highlight.js; the build embeds
 #      them into the binary) and playwright-core (the browser tests drive
 #      Debian's chromium with it), pinned, into .deps/webui.
@@ -97,8 +97,8 @@ if [ ! -f "$deps/npm/node_modules/openai/package.json" ]; then
 else
   log "openai npm SDK: present"
 fi
-# ---- 4. coding agents' clients (test_anthropic.py) -------------------------
-agents_pkgs=(@anthropic-ai/sdk@0.71.2 @anthropic-ai/claude-code@2.1.197)
+# ---- 4. coding agents' clients (test_anthropic.py, test_responses.py) ------
+agents_pkgs=(@anthropic-ai/sdk@0.71.2 @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0)
 agents_stamp="$deps/agents/.complete-$(printf '%s_' "${agents_pkgs[@]}" | tr '@/' '-_')"
 if [ ! -f "$agents_stamp" ]; then
   log "installing the coding agents' clients into .deps/agents: ${agents_pkgs[*]}"
@@ -111,6 +111,7 @@ if [ ! -f "$agents_stamp" ]; then
     (cd "$cc" && node install.cjs >/dev/null)
   fi
   "$cc/bin/claude.exe" --version >/dev/null
+  HOME="$deps/agents" node "$deps/agents/node_modules/@openai/codex/bin/codex.js" --version >/dev/null 2>&1
   rm -f "$deps/agents"/.complete-*
   touch "$agents_stamp"
 else
