@@ -111,7 +111,9 @@ if [ ! -f "$agents_stamp" ]; then
     (cd "$cc" && node install.cjs >/dev/null)
   fi
   "$cc/bin/claude.exe" --version >/dev/null
-  HOME="$deps/agents" node "$deps/agents/node_modules/@openai/codex/bin/codex.js" --version >/dev/null 2>&1
+  chome=$(mktemp -d)
+  HOME="$chome" node "$deps/agents/node_modules/@openai/codex/bin/codex.js" --version >/dev/null 2>&1
+  rm -rf "$chome"
   rm -f "$deps/agents"/.complete-*
   touch "$agents_stamp"
 else
