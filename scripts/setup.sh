@@ -17,7 +17,11 @@
 #      With LLAMA_PREFIX=/path set, the build links that install instead
 #      (the source tree is still fetched: tests need its vocab GGUFs).
 #   3. The `openai` npm SDK for the compatibility test, into .deps/npm.
-#   4. The chat page's libraries (marked, DOMPurify, uPlot, highlight.js; the build embeds
+#   4. The coding agents' clients for their compatibility tests, pinned,
+#      into .deps/agents: the @anthropic-ai/sdk, the Claude Code CLI
+#      (@anthropic-ai/claude-code, its native binary from the package's
+#      platform dependency) and the Codex CLI (@openai/codex, likewise).
+#   5. The chat page's libraries (marked, DOMPurify, uPlot, highlight.js; the build embeds
 #      them into the binary) and playwright-core (the browser tests drive
 #      Debian's chromium with it), pinned, into .deps/webui.
 set -euo pipefail
@@ -93,7 +97,29 @@ if [ ! -f "$deps/npm/node_modules/openai/package.json" ]; then
 else
   log "openai npm SDK: present"
 fi
-# ---- 4. the chat page's libraries and the browser tests' driver --------------
+# ---- 4. coding agents' clients (test_anthropic.py, test_responses.py) ------
+agents_pkgs=(@anthropic-ai/sdk@0.71.2 @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0)
+agents_stamp="$deps/agents/.complete-$(printf '%s_' "${agents_pkgs[@]}" | tr '@/' '-_')"
+if [ ! -f "$agents_stamp" ]; then
+  log "installing the coding agents' clients into .deps/agents: ${agents_pkgs[*]}"
+  mkdir -p "$deps/agents"
+  (cd "$deps/agents" && npm install --silent --no-audit --no-fund --save-exact --prefix . "${agents_pkgs[@]}" >/dev/null)
+  # the wrapper's postinstall puts the platform's native binary in place;
+  # an npm that holds install scripts back leaves that undone: run it
+  cc="$deps/agents/node_modules/@anthropic-ai/claude-code"
+  if ! "$cc/bin/claude.exe" --version >/dev/null 2>&1; then
+    (cd "$cc" && node install.cjs >/dev/null)
+  fi
+  "$cc/bin/claude.exe" --version >/dev/null
+  chome=$(mktemp -d)
+  HOME="$chome" node "$deps/agents/node_modules/@openai/codex/bin/codex.js" --version >/dev/null 2>&1
+  rm -rf "$chome"
+  rm -f "$deps/agents"/.complete-*
+  touch "$agents_stamp"
+else
+  log "coding agents' clients: present"
+fi
+# ---- 5. the chat page's libraries and the browser tests' driver --------------
 webui_pkgs=(marked@18.2.1 dompurify@3.4.18 uplot@1.6.32 @highlightjs/cdn-assets@11.12.0 playwright-core@1.65.1)
 webui_stamp="$deps/webui/.complete-$(printf '%s_' "${webui_pkgs[@]}" | tr '@/' '-_')"
 if [ ! -f "$webui_stamp" ]; then

@@ -75,6 +75,119 @@ void thaw_chat_free(struct thaw_chat *chat)
 
 const char *thaw_chat_template(const struct thaw_chat *chat) { return thaw_tmpl_source(chat->tmpl); }
 
+/* A tool call's arguments that are not a JSON object (a call cut short by
+ * max_tokens, echoed back as the client got it) made into one, so the
+ * history renders instead of failing in the template library, which parses
+ * every call's arguments: open strings, arrays and objects are closed, a
+ * dangling key or colon gets null, a trailing comma goes; what still does
+ * not parse becomes {}. The same repair runs when the reply's canonical
+ * next-turn tokens are rendered, so both renderings agree. Returns a new
+ * string or NULL (ENOMEM). */
+static char *repair_arguments(const char *args)
+{
+    size_t n = strlen(args), len = 0, depth = 0;
+    char *out = malloc(8 * n + 16), *stack = malloc(n + 1); /* each level closed adds at most 6 bytes */
+    bool in_str = false, esc = false;
+    json_error_t jerr;
+
+    if (!out || !stack) {
+        free(out);
+        free(stack);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = args[i];
+        out[len++] = c;
+        if (in_str) {
+            if (esc)
+                esc = false;
+            else if (c == '\\')
+                esc = true;
+            else if (c == '"')
+                in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '{' || c == '[') {
+            stack[depth++] = c;
+        } else if ((c == '}' || c == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    if (in_str) {
+        if (esc)
+            len--; /* a cut escape: drop its backslash */
+        out[len++] = '"';
+    }
+    while (depth > 0) {
+        while (len > 0 && (out[len - 1] == ' ' || out[len - 1] == '\n' || out[len - 1] == '\t' || out[len - 1] == '\r'))
+            len--;
+        if (len > 0 && out[len - 1] == ',')
+            len--;
+        if (len > 0 && out[len - 1] == ':') {
+            memcpy(out + len, "null", 4);
+            len += 4;
+        } else if (stack[depth - 1] == '{' && len > 0 && out[len - 1] == '"') {
+            /* a string right after '{' or ',' is a key waiting for its value */
+            size_t j = len - 1;
+            bool key = false;
+            while (j > 0) { /* find the string's opening quote */
+                j--;
+                if (out[j] == '"') {
+                    size_t bs = 0;
+                    while (j >= bs + 1 && out[j - bs - 1] == '\\')
+                        bs++;
+                    if (bs % 2 == 0)
+                        break;
+                }
+            }
+            while (j > 0 && (out[j - 1] == ' ' || out[j - 1] == '\n' || out[j - 1] == '\t' || out[j - 1] == '\r'))
+                j--;
+            key = j > 0 && (out[j - 1] == '{' || out[j - 1] == ',');
+            if (key) {
+                memcpy(out + len, ":null", 5);
+                len += 5;
+            }
+        }
+        out[len++] = stack[--depth] == '{' ? '}' : ']';
+    }
+    out[len] = '\0';
+    free(stack);
+    json_t *v = json_loads(out, JSON_DECODE_ANY, &jerr);
+    if (!json_is_object(v)) {
+        free(out);
+        out = strdup("{}");
+    }
+    json_decref(v);
+    return out;
+}
+
+/* A message as the template gets it: every tool call's arguments a JSON
+ * object's text (repair_arguments). Takes `m`; NULL on ENOMEM. */
+static json_t *renderable(json_t *m)
+{
+    json_t *calls = json_object_get(m, "tool_calls"), *c;
+    json_error_t jerr;
+    size_t i;
+
+    json_array_foreach(calls, i, c) {
+        json_t *fn = json_object_get(c, "function");
+        const char *args = json_string_value(json_object_get(fn, "arguments"));
+        json_t *v = args ? json_loads(args, JSON_DECODE_ANY, &jerr) : NULL;
+        bool ok = json_is_object(v);
+        json_decref(v);
+        if (!args || ok)
+            continue;
+        char *fixed = repair_arguments(args);
+        if (!fixed) {
+            json_decref(m);
+            return NULL;
+        }
+        json_object_set_new(fn, "arguments", json_string(fixed));
+        free(fixed);
+    }
+    return m;
+}
+
 /* The inputs JSON for thaw_tmpl_apply: messages[0..n) (+ `extra`, a
  * message JSON), the request's tools, choice, schema and kwargs. */
 static char *inputs_json(const struct thaw_chat *chat, const struct thaw_chat_request *req, size_t n,
@@ -87,9 +200,9 @@ static char *inputs_json(const struct thaw_chat *chat, const struct thaw_chat_re
     if (!in || !msgs || !kw)
         goto done;
     for (size_t i = 0; i < n; i++)
-        json_array_append_new(msgs, json_loads(req->messages[i].json, 0, &jerr));
+        json_array_append_new(msgs, renderable(json_loads(req->messages[i].json, 0, &jerr)));
     for (int i = 0; i < n_extra; i++)
-        json_array_append_new(msgs, json_loads(extra[i], 0, &jerr));
+        json_array_append_new(msgs, renderable(json_loads(extra[i], 0, &jerr)));
     json_object_set(in, "messages", msgs);
     if (req->tools_json) {
         json_t *tools = json_loads(req->tools_json, 0, &jerr);

@@ -161,6 +161,7 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
         s->timings.cache_source = "none";
     s->n_prompt_done = n_past;
     s->timings.cache_n = n_past;
+    thaw_task_started(t, n_past);
     atomic_fetch_add(&e->metrics->prompt_cached_tokens, (uint64_t)n_past);
     LOG_DBG("slot %d: start, prompt %d tokens, %d reused (%s)", s->id, t->n_prompt, n_past, s->timings.cache_source);
     return 0;

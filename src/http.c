@@ -404,6 +404,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         .body = hc->body ? hc->body : "",
         .n_body = hc->n_body,
         .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+        .x_api_key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"),
         .origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"),
         .conversation_id = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Conversation-Id"),
         .conn = hc,

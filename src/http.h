@@ -34,6 +34,7 @@ struct thaw_http_request {
     const char *body;          /* NUL-terminated, n_body bytes (may be "") */
     size_t n_body;
     const char *authorization; /* header value or NULL */
+    const char *x_api_key;     /* x-api-key header (Anthropic's clients) or NULL */
     const char *origin;        /* Origin header or NULL (browsers) */
     const char *conversation_id; /* X-Conversation-Id header or NULL (what a proxy routes on) */
     struct thaw_http_conn *conn; /* borrowed for the handler's duration */

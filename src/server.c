@@ -1,14 +1,18 @@
 /* server.c — the routes and the `thaw serve` lifecycle.
  *
  * Map:
- *   ---- auth ----          Bearer keys -> namespace
- *   ---- chat route ----    parse, template, keys, submit, answer or stream
+ *   ---- wire formats ----  each API's codec: parse, reply, errors (chat completions, Anthropic Messages,
+ *                           OpenAI Responses)
+ *   ---- auth ----          Bearer / x-api-key keys -> namespace
+ *   ---- chat route ----    parse, template, keys, submit, answer or stream (stream.c frames it)
  *   ---- other routes ----  /v1/models, /health, /metrics, /cache, the page (/, /webui/)
  *   ---- serve ----         start-up, signal wait, orderly shutdown
  */
 #include "server.h"
 
 #include "api.h"
+#include "api_anthropic.h"
+#include "api_responses.h"
 #include "config.h"
 #include "engine.h"
 #include "error.h"
@@ -16,8 +20,9 @@
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
+#include "stream.h"
+#include "task.h"
 #include "template.h"
-#include "utf8.h"
 #include "webui.h"
 
 #include <signal.h>
@@ -52,14 +57,81 @@ static void set_error(struct server *srv, struct thaw_http_response *r, int stat
     set_json(r, status, thaw_api_error_json(status, msg));
 }
 
+/* ---- wire formats ------------------------------------------------------------------ */
+
+/* One API's codec as the routes see it: the body -> the internal request,
+ * and the internal results -> that API's JSON. Everything between (template,
+ * keys, slots, every cache tier) is the same for all of them. */
+struct wire {
+    enum thaw_wire stream; /* stream.h's writer */
+    const char *id_prefix; /* of a reply's id */
+    int (*parse)(const char *body, size_t len, bool default_cache_prompt, struct thaw_chat_request *out, char *err,
+                 size_t errlen);
+    char *(*error_json)(int status, const char *message);
+    /* the non-streaming reply of a task done with status 200 */
+    char *(*reply_json)(const struct thaw_task *t, const char *id);
+    /* the 400 of a prompt longer than a slot's context */
+    void (*too_long)(char *buf, size_t n, int n_prompt, int n_ctx_slot);
+    const char *auth_hint; /* the 401's message */
+};
+
+static char *chat_reply(const struct thaw_task *t, const char *id)
+{
+    return thaw_api_completion_json(id, t->model_name, time(NULL), t->message_json, t->finish_reason, t->n_prompt,
+                                    &t->timings);
+}
+
+static void chat_too_long(char *buf, size_t n, int n_prompt, int n_ctx_slot)
+{
+    snprintf(buf, n, "the prompt is %d tokens; a slot's context holds %d (-c / -np)", n_prompt, n_ctx_slot);
+}
+
+static char *messages_reply(const struct thaw_task *t, const char *id)
+{
+    return thaw_anthropic_message_json(id, t->model_name, t->message_json, t->finish_reason, t->n_prompt, &t->timings);
+}
+
+/* Claude Code reads the two numbers out of exactly this sentence */
+static void messages_too_long(char *buf, size_t n, int n_prompt, int n_ctx_slot)
+{
+    snprintf(buf, n, "prompt is too long: %d tokens > %d maximum", n_prompt, n_ctx_slot - 1);
+}
+
+static char *responses_reply(const struct thaw_task *t, const char *id)
+{
+    return thaw_responses_json(id, t->model_name, time(NULL), t->message_json, t->finish_reason, t->n_prompt,
+                               &t->timings);
+}
+
+static const struct wire wire_chat = {
+    THAW_WIRE_CHAT, "chatcmpl-", thaw_api_parse_chat, thaw_api_error_json, chat_reply, chat_too_long,
+    "missing or invalid API key: send 'Authorization: Bearer <key>'",
+};
+static const struct wire wire_messages = {
+    THAW_WIRE_MESSAGES, "msg_", thaw_anthropic_parse, thaw_anthropic_error_json, messages_reply, messages_too_long,
+    "missing or invalid API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'",
+};
+
+static const struct wire wire_responses = {
+    THAW_WIRE_RESPONSES, "resp_", thaw_responses_parse, thaw_api_error_json, responses_reply, chat_too_long,
+    "missing or invalid API key: send 'Authorization: Bearer <key>'",
+};
+
+static void set_wire_error(struct thaw_http_response *r, const struct wire *w, int status, const char *msg)
+{
+    set_json(r, status, w->error_json(status, msg));
+}
+
 /* ---- auth ----------------------------------------------------------------------- */
 
 /* Finds the tenant of a request: 0 and its namespace in `ns`, or -1 (no or
- * a wrong key). The presented key is hashed and the hash compared with every
- * key's, all of them, in constant time: neither a key's bytes nor its length
- * show in the timing. */
-static int authenticate(const struct server *srv, const char *header, uint8_t ns[THAW_KEY_BYTES])
+ * a wrong key). The key is the Bearer token, else the x-api-key header
+ * (Anthropic's clients). The presented key is hashed and the hash compared
+ * with every key's, all of them, in constant time: neither a key's bytes
+ * nor its length show in the timing. */
+static int authenticate(const struct server *srv, const struct thaw_http_request *hr, uint8_t ns[THAW_KEY_BYTES])
 {
+    const char *header = hr->authorization, *key = NULL;
     uint8_t h[THAW_KEY_BYTES];
     int found = -1;
 
@@ -67,9 +139,13 @@ static int authenticate(const struct server *srv, const char *header, uint8_t ns
         memcpy(ns, srv->anon_ns, THAW_KEY_BYTES);
         return 0;
     }
-    if (!header || strncmp(header, "Bearer ", 7) != 0 || !header[7])
+    if (header && strncmp(header, "Bearer ", 7) == 0 && header[7])
+        key = header + 7;
+    else if (!header && hr->x_api_key && hr->x_api_key[0])
+        key = hr->x_api_key;
+    if (!key)
         return -1;
-    thaw_keys_namespace(header + 7, strlen(header + 7), h);
+    thaw_keys_namespace(key, strlen(key), h);
     for (int i = 0; i < srv->cfg.n_api_keys; i++)
         if (sodium_memcmp(h, srv->key_ns[i], THAW_KEY_BYTES) == 0)
             found = i;
@@ -80,180 +156,15 @@ static int authenticate(const struct server *srv, const char *header, uint8_t ns
 
 /* ---- chat route ------------------------------------------------------------------ */
 
-struct stream {
-    struct server *srv;
-    struct thaw_task *task;
-    char id[40];
-    long created;
-    size_t n_seen;      /* bytes of task->text already sent */
-    char *prev_msg;     /* with a reply parser: the message as last parsed (deltas are from it) */
-    char *pending;      /* framed SSE bytes not yet handed to the socket */
-    size_t n_pending, off_pending;
-    bool sent_role, finished;
-};
-
-static void make_id(char out[40])
+static void make_id(const char *prefix, char out[48])
 {
     unsigned char r[12];
+    size_t n = strlen(prefix);
 
     randombytes_buf(r, sizeof r);
-    memcpy(out, "chatcmpl-", 9);
+    memcpy(out, prefix, n);
     for (int i = 0; i < 12; i++)
-        snprintf(out + 9 + 2 * i, 3, "%02x", r[i]);
-}
-
-static int pending_add(struct stream *st, char *json)
-{
-    if (!json)
-        return THAW_ENOMEM;
-    size_t n = strlen(json);
-    char *nb = realloc(st->pending, st->n_pending + n + 9);
-    if (!nb) {
-        free(json);
-        return THAW_ENOMEM;
-    }
-    st->pending = nb;
-    st->n_pending += (size_t)sprintf(st->pending + st->n_pending, "data: %s\n\n", json);
-    free(json);
-    return 0;
-}
-
-/* Queues the deltas from the last parsed message to `msg` (or to the
- * partial parse of `text` when msg is NULL). A partial text that does not
- * parse yet waits for more. */
-static int stream_deltas(struct stream *st, const char *msg, const char *text)
-{
-    const char *model = thaw_engine_model_name(st->srv->engine);
-    char *parsed = NULL, *diffs = NULL, err[256], **chunks = NULL;
-    int n = 0, rc = 0;
-
-    if (!msg) {
-        if (!text || thaw_chat_parse_reply(st->task->gen.parser, text, true, st->task->id_prefix, &parsed, NULL, err,
-                                           sizeof err) != 0)
-            return 0;
-        msg = parsed;
-    }
-    if (!(diffs = thaw_tmpl_diffs(st->prev_msg, msg, err, sizeof err))) {
-        free(parsed);
-        return 0; /* nothing sendable yet */
-    }
-    rc = thaw_api_diff_chunks(st->id, model, st->created, diffs, &chunks, &n);
-    for (int i = 0; i < n; i++)
-        if (rc == 0)
-            rc = pending_add(st, chunks[i]);
-        else
-            free(chunks[i]);
-    free(chunks);
-    free(diffs);
-    if (rc == 0) {
-        free(st->prev_msg);
-        st->prev_msg = parsed ? parsed : strdup(msg);
-        parsed = NULL;
-    }
-    free(parsed);
-    return rc;
-}
-
-/* Produces the next SSE events: role, content deltas, then the closing
- * chunk (finish_reason + timings), usage, [DONE] — or an error event.
- * Returns 0, STREAM_NOTHING_YET (the engine has no news: wait for its wake)
- * or THAW_ENOMEM. Never blocks. */
-#define STREAM_NOTHING_YET 1
-
-static int stream_refill(struct stream *st)
-{
-    struct thaw_task *t = st->task;
-    const char *model = thaw_engine_model_name(st->srv->engine);
-
-    if (!st->sent_role) {
-        st->sent_role = true;
-        return pending_add(st, thaw_api_chunk_json(st->id, model, st->created, "assistant", "", NULL, NULL, 0, false));
-    }
-    pthread_mutex_lock(&t->mu);
-    size_t n_text = t->n_text;
-    bool done = t->done;
-    if (!done && n_text <= st->n_seen) {
-        pthread_mutex_unlock(&t->mu);
-        return STREAM_NOTHING_YET;
-    }
-    if (t->gen.parser) {
-        /* content, reasoning and tool calls: parse what exists so far and
-         * send what changed (the final parse comes from the engine) */
-        char *text = done ? NULL : thaw_utf8_sanitize(t->text ? t->text : "", n_text);
-        char *msg = done && t->message_json ? strdup(t->message_json) : NULL;
-        pthread_mutex_unlock(&t->mu);
-        st->n_seen = n_text;
-        int rc = stream_deltas(st, msg, text);
-        free(text);
-        free(msg);
-        if (rc != 0)
-            return rc;
-    } else {
-        char *delta = n_text > st->n_seen ? thaw_utf8_sanitize(t->text + st->n_seen, n_text - st->n_seen) : NULL;
-        pthread_mutex_unlock(&t->mu);
-        st->n_seen = n_text;
-        if (delta) {
-            int rc = pending_add(st, thaw_api_chunk_json(st->id, model, st->created, NULL, delta, NULL, NULL, 0, false));
-            free(delta);
-            if (rc != 0)
-                return rc;
-        }
-    }
-    if (!done)
-        return 0;
-    st->finished = true;
-    if (t->http_status != 200) {
-        int rc = pending_add(st, thaw_api_error_json(t->http_status, t->error ? t->error : "error"));
-        return rc;
-    }
-    int rc = pending_add(st, thaw_api_chunk_json(st->id, model, st->created, NULL, NULL, t->finish_reason,
-                                                 &t->timings, t->n_prompt, false));
-    if (rc == 0 && t->req.include_usage)
-        rc = pending_add(st, thaw_api_chunk_json(st->id, model, st->created, NULL, NULL, NULL, &t->timings,
-                                                 t->n_prompt, true));
-    if (rc == 0) {
-        char *nb = realloc(st->pending, st->n_pending + 15);
-        if (!nb)
-            return THAW_ENOMEM;
-        st->pending = nb;
-        memcpy(st->pending + st->n_pending, "data: [DONE]\n\n", 14);
-        st->n_pending += 14;
-    }
-    return rc;
-}
-
-static ssize_t stream_read(void *ud, char *buf, size_t max)
-{
-    struct stream *st = ud;
-
-    while (st->off_pending == st->n_pending) {
-        st->n_pending = st->off_pending = 0;
-        if (st->finished)
-            return 0;
-        int rc = stream_refill(st);
-        if (rc == STREAM_NOTHING_YET)
-            return THAW_HTTP_STREAM_WAIT;
-        if (rc != 0)
-            return -1;
-    }
-    size_t n = st->n_pending - st->off_pending;
-    if (n > max)
-        n = max;
-    memcpy(buf, st->pending + st->off_pending, n);
-    st->off_pending += n;
-    return (ssize_t)n;
-}
-
-static void stream_free(void *ud)
-{
-    struct stream *st = ud;
-
-    /* the client may be gone before the reply is: stop generating for it */
-    atomic_store(&st->task->cancelled, true);
-    thaw_task_release(st->task);
-    free(st->pending);
-    free(st->prev_msg);
-    free(st);
+        snprintf(out + n + 2 * i, 3, "%02x", r[i]);
 }
 
 /* The engine reaches the HTTP connection through these (task.h). */
@@ -262,43 +173,44 @@ static bool client_alive(void *ud) { return thaw_http_conn_alive(ud); }
 static void client_release(void *ud) { thaw_http_conn_unref(ud); }
 static const struct thaw_task_client http_client = {client_wake, client_alive, client_release};
 
+/* A non-streaming request waiting for the engine: its task and its API. */
+struct deferred {
+    struct thaw_task *task;
+    const struct wire *wire;
+};
+
 /* The connection is done with a deferred request (answered, or the client
  * gone): nobody is left to read what the engine would still produce. */
-static void task_release_cb(void *ud)
+static void deferred_free(void *ud)
 {
-    struct thaw_task *t = ud;
+    struct deferred *d = ud;
 
-    atomic_store(&t->cancelled, true);
-    thaw_task_release(t);
+    thaw_task_abandon(d->task);
+    free(d);
 }
 
 /* A non-streaming reply, once the engine is done (the request was deferred
  * until then; a wake before the end only defers it again). */
 static void chat_resume(void *ud, struct thaw_http_response *r)
 {
-    struct thaw_task *t = ud;
+    struct deferred *d = ud;
+    struct thaw_task *t = d->task;
+    char id[48];
 
-    pthread_mutex_lock(&t->mu);
-    bool done = t->done;
-    pthread_mutex_unlock(&t->mu);
-    if (!done) {
+    if (!thaw_task_done(t)) {
         r->defer = true;
         r->resume = chat_resume;
-        r->defer_ud = t;
+        r->defer_ud = d;
         return;
     }
     if (t->http_status != 200) {
-        set_json(r, t->http_status, thaw_api_error_json(t->http_status, t->error ? t->error : "error"));
+        set_wire_error(r, d->wire, t->http_status, t->error ? t->error : "error");
         return;
     }
-    char id[40];
-    make_id(id);
-    set_json(r, 200,
-             t->message_json ? thaw_api_completion_json(id, t->model_name, time(NULL), t->message_json,
-                                                        t->finish_reason, t->n_prompt, &t->timings)
-                             : NULL);
+    make_id(d->wire->id_prefix, id);
+    set_json(r, 200, t->message_json ? d->wire->reply_json(t, id) : NULL);
     if (!r->body)
-        set_json(r, 500, thaw_api_error_json(500, "out of memory"));
+        set_wire_error(r, d->wire, 500, "out of memory");
 }
 
 /* A client's conversation id made fit for one log line: printable ASCII as
@@ -325,47 +237,60 @@ static const char *log_id(const char *id, char *buf)
     return buf;
 }
 
-static void route_chat(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
-                       struct thaw_http_response *r)
+/* Parse, the cheap bounds, the template: the request and its prompt, or an
+ * answered error (then returns nonzero and nothing needs freeing). */
+static int prepare(struct server *srv, const struct thaw_http_request *hr, const struct wire *w,
+                   struct thaw_http_response *r, struct thaw_chat_request *req, llama_token **prompt, int *n_prompt,
+                   struct thaw_chat_gen *gen)
 {
-    struct thaw_chat_request req;
     const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
-    llama_token *prompt = NULL;
-    struct thaw_chat_gen gen;
-    struct thaw_task *t = NULL;
     char err[512];
-    int n_prompt = 0, rc;
+    int rc;
 
     /* the proxy in front routes on it; thaw's cache keys come from the
      * messages, so it is only bounded (as prompt_cache_key) and logged */
     if (hr->conversation_id && strlen(hr->conversation_id) > THAW_API_MAX_CONVERSATION_ID) {
         snprintf(err, sizeof err, "the 'X-Conversation-Id' header is longer than %d bytes",
                  THAW_API_MAX_CONVERSATION_ID);
-        set_error(srv, r, 400, err);
-        return;
+        set_wire_error(r, w, 400, err);
+        return THAW_EINVAL;
     }
-    rc = thaw_api_parse_chat(hr->body, hr->n_body, srv->cfg.cache_prompt, &req, err, sizeof err);
+    rc = w->parse(hr->body, hr->n_body, srv->cfg.cache_prompt, req, err, sizeof err);
     if (rc != 0) {
-        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
-        return;
+        set_wire_error(r, w, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        return rc;
     }
     /* cheap bounds first: no template or tokenizer work for what cannot fit */
-    if ((rc = thaw_api_admit(&req, thaw_engine_n_ctx_slot(srv->engine), thaw_engine_max_token_bytes(srv->engine),
+    if ((rc = thaw_api_admit(req, thaw_engine_n_ctx_slot(srv->engine), thaw_engine_max_token_bytes(srv->engine),
                              err, sizeof err)) != 0) {
-        set_error(srv, r, 400, err);
-        thaw_chat_request_free(&req);
-        return;
+        set_wire_error(r, w, 400, err);
+        thaw_chat_request_free(req);
+        return rc;
     }
-    if ((rc = thaw_chat_prompt(chat, &req, &prompt, &n_prompt, &gen, err, sizeof err)) != 0) {
-        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
-        thaw_chat_request_free(&req);
-        return;
+    if ((rc = thaw_chat_prompt(chat, req, prompt, n_prompt, gen, err, sizeof err)) != 0) {
+        set_wire_error(r, w, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        thaw_chat_request_free(req);
+        return rc;
     }
+    return 0;
+}
+
+static void serve_chat(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                       struct thaw_http_response *r, const struct wire *w)
+{
+    struct thaw_chat_request req;
+    llama_token *prompt = NULL;
+    struct thaw_chat_gen gen;
+    struct thaw_task *t = NULL;
+    int n_prompt = 0, rc;
+
+    if (prepare(srv, hr, w, r, &req, &prompt, &n_prompt, &gen) != 0)
+        return;
     if (!(t = thaw_task_new(&req, prompt, n_prompt))) {
         free(prompt);
         thaw_chat_request_free(&req);
         thaw_chat_gen_free(&gen);
-        set_error(srv, r, 500, "out of memory");
+        set_wire_error(r, w, 500, "out of memory");
         return;
     }
     t->gen = gen;
@@ -407,8 +332,7 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
         int status = 500;
         if (rc == THAW_ECTXFULL) {
             status = 400;
-            snprintf(msg, sizeof msg, "the prompt is %d tokens; a slot's context holds %d (-c / -np)", n_prompt,
-                     thaw_engine_n_ctx_slot(srv->engine));
+            w->too_long(msg, sizeof msg, n_prompt, thaw_engine_n_ctx_slot(srv->engine));
         } else if (rc == THAW_EBUSY) {
             status = 503;
             snprintf(msg, sizeof msg, "the server is busy: every slot is working and the queue is full; retry later");
@@ -418,36 +342,82 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
         } else {
             snprintf(msg, sizeof msg, "%s", thaw_strerror(rc));
         }
-        set_error(srv, r, status, msg);
+        set_wire_error(r, w, status, msg);
         thaw_task_release(t);
         return;
     }
     atomic_fetch_add(&srv->metrics.chat_requests, 1);
 
     if (t->req.stream) {
-        struct stream *st = calloc(1, sizeof *st);
+        char id[48];
+        make_id(w->id_prefix, id);
+        struct thaw_stream *st = thaw_stream_new(w->stream, t, id, t->model_name, time(NULL));
         if (!st) {
-            atomic_store(&t->cancelled, true);
-            thaw_task_release(t);
-            set_error(srv, r, 500, "out of memory");
+            thaw_task_abandon(t);
+            set_wire_error(r, w, 500, "out of memory");
             return;
         }
-        st->srv = srv;
-        st->task = t;
-        st->created = time(NULL);
-        make_id(st->id);
         r->status = 200;
         r->content_type = "text/event-stream; charset=utf-8";
-        r->stream = stream_read;
+        r->stream = thaw_stream_read;
         r->stream_ud = st;
-        r->stream_free = stream_free;
+        r->stream_free = thaw_stream_free;
         return;
     }
     /* the connection sleeps until the engine is done (no thread waits) */
+    struct deferred *d = malloc(sizeof *d);
+    if (!d) {
+        thaw_task_abandon(t);
+        set_wire_error(r, w, 500, "out of memory");
+        return;
+    }
+    d->task = t;
+    d->wire = w;
     r->defer = true;
     r->resume = chat_resume;
-    r->defer_ud = t;
-    r->defer_free = task_release_cb;
+    r->defer_ud = d;
+    r->defer_free = deferred_free;
+}
+
+static void route_chat(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                       struct thaw_http_response *r)
+{
+    serve_chat(srv, hr, ns, r, &wire_chat);
+}
+
+/* POST /v1/messages (Claude Code adds ?beta=true: the path is all that is matched) */
+static void route_messages(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                           struct thaw_http_response *r)
+{
+    serve_chat(srv, hr, ns, r, &wire_messages);
+}
+
+/* POST /v1/responses (Codex: {base_url}/responses) */
+static void route_responses(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                            struct thaw_http_response *r)
+{
+    serve_chat(srv, hr, ns, r, &wire_responses);
+}
+
+/* POST /v1/messages/count_tokens: the prompt the request renders to,
+ * counted (Claude Code's /context). */
+static void route_count_tokens(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                               struct thaw_http_response *r)
+{
+    struct thaw_chat_request req;
+    llama_token *prompt = NULL;
+    struct thaw_chat_gen gen;
+    int n_prompt = 0;
+
+    (void)ns;
+    if (prepare(srv, hr, &wire_messages, r, &req, &prompt, &n_prompt, &gen) != 0)
+        return;
+    set_json(r, 200, thaw_anthropic_count_json(n_prompt));
+    if (!r->body)
+        set_wire_error(r, &wire_messages, 500, "out of memory");
+    free(prompt);
+    thaw_chat_gen_free(&gen);
+    thaw_chat_request_free(&req);
 }
 
 /* ---- other routes ---------------------------------------------------------------- */
@@ -629,18 +599,22 @@ static const struct route {
     const char *method;
     route_fn fn;
     bool public, prefix;
+    const struct wire *errors; /* whose error shape its errors take; NULL = OpenAI's */
 } routes[] = {
-    {"/health", "/v1/health", "GET", route_health, true, false},
-    {"/v1/chat/completions", "/chat/completions", "POST", route_chat, false, false},
-    {"/v1/models", "/models", "GET", route_models, false, false},
-    {"/metrics", NULL, "GET", route_metrics, false, false},
-    {"/tokenize", NULL, "POST", route_tokenize, false, false},
-    {"/detokenize", NULL, "POST", route_detokenize, false, false},
-    {"/apply-template", NULL, "POST", route_apply_template, false, false},
-    {"/props", NULL, "GET", route_props, false, false},
-    {"/cache", NULL, "GET", route_cache, false, false},
-    {"/", NULL, "GET", route_webui, true, false},
-    {"/webui/", NULL, "GET", route_webui, true, true},
+    {"/health", "/v1/health", "GET", route_health, true, false, NULL},
+    {"/v1/chat/completions", "/chat/completions", "POST", route_chat, false, false, NULL},
+    {"/v1/messages", NULL, "POST", route_messages, false, false, &wire_messages},
+    {"/v1/responses", "/responses", "POST", route_responses, false, false, NULL},
+    {"/v1/messages/count_tokens", NULL, "POST", route_count_tokens, false, false, &wire_messages},
+    {"/v1/models", "/models", "GET", route_models, false, false, NULL},
+    {"/metrics", NULL, "GET", route_metrics, false, false, NULL},
+    {"/tokenize", NULL, "POST", route_tokenize, false, false, NULL},
+    {"/detokenize", NULL, "POST", route_detokenize, false, false, NULL},
+    {"/apply-template", NULL, "POST", route_apply_template, false, false, NULL},
+    {"/props", NULL, "GET", route_props, false, false, NULL},
+    {"/cache", NULL, "GET", route_cache, false, false, NULL},
+    {"/", NULL, "GET", route_webui, true, false, NULL},
+    {"/webui/", NULL, "GET", route_webui, true, true, NULL},
 };
 
 /* The origin to allow for a browser's request, or NULL (--cors-origin). */
@@ -689,9 +663,10 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
         char msg[96];
         snprintf(msg, sizeof msg, "use %s for %s", rt->method, rt->path);
         r->allow = rt->method;
-        set_error(srv, r, 405, msg);
-    } else if (!rt->public && authenticate(srv, hr->authorization, ns) != 0) {
-        set_error(srv, r, 401, "missing or invalid API key: send 'Authorization: Bearer <key>'");
+        set_wire_error(r, rt->errors ? rt->errors : &wire_chat, 405, msg);
+    } else if (!rt->public && authenticate(srv, hr, ns) != 0) {
+        const struct wire *w = rt->errors ? rt->errors : &wire_chat;
+        set_wire_error(r, w, 401, w->auth_hint);
     } else {
         rt->fn(srv, hr, ns, r);
     }

@@ -2,6 +2,7 @@
 #include "task.h"
 
 #include "error.h"
+#include "utf8.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -120,4 +121,46 @@ void thaw_task_fail(struct thaw_task *t, int http_status, const char *message)
     }
     wake(t);
     pthread_mutex_unlock(&t->mu);
+}
+
+void thaw_task_started(struct thaw_task *t, int cache_n)
+{
+    pthread_mutex_lock(&t->mu);
+    t->started = true;
+    t->cache_n = cache_n;
+    if (t->req.stream)
+        wake(t);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* ---- client side ------------------------------------------------------------------ */
+
+int thaw_task_news(struct thaw_task *t, size_t from, struct thaw_task_news *out)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&t->mu);
+    out->done = t->done;
+    out->started = t->started || t->done;
+    out->cache_n = t->done && t->http_status == 200 ? t->timings.cache_n : t->cache_n;
+    out->n_text = t->n_text;
+    out->text = NULL;
+    if (from < t->n_text && !(out->text = thaw_utf8_sanitize(t->text + from, t->n_text - from)))
+        rc = THAW_ENOMEM;
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+bool thaw_task_done(struct thaw_task *t)
+{
+    pthread_mutex_lock(&t->mu);
+    bool done = t->done;
+    pthread_mutex_unlock(&t->mu);
+    return done;
+}
+
+void thaw_task_abandon(struct thaw_task *t)
+{
+    atomic_store(&t->cancelled, true);
+    thaw_task_release(t);
 }

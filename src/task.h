@@ -43,6 +43,8 @@ struct thaw_task {
     int http_status;               /* 200, or the error's status */
     char *error;                   /* message when http_status != 200 */
     const char *finish_reason;     /* "stop" | "length" | "tool_calls" (static) */
+    bool started;                  /* a slot took the task and chose what to reuse */
+    int cache_n;                   /* prompt tokens reused, once started */
     char *message_json;            /* the reply as a message (content, reasoning, tool calls), set with done */
     struct thaw_timings timings;
 
@@ -80,6 +82,36 @@ int thaw_task_emit(struct thaw_task *t, const char *s, size_t n);
 void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const struct thaw_timings *timings,
                       char *message_json);
 void thaw_task_fail(struct thaw_task *t, int http_status, const char *message);
+
+/* The slot has chosen what to reuse (`cache_n` prompt tokens): a stream
+ * whose opening event reports usage (Anthropic's message_start) waits for
+ * it. Wakes a streaming client. */
+void thaw_task_started(struct thaw_task *t, int cache_n);
+
+/* ---- client side (HTTP threads) ----
+ * The output fields above are the engine's until `done`; a client reads
+ * them only through these, and after thaw_task_done() returned true it may
+ * read http_status, error, finish_reason, message_json and timings
+ * directly (nothing writes them again). */
+
+/* What the engine has produced so far, copied under the lock. */
+struct thaw_task_news {
+    bool done;
+    bool started;   /* cache_n is known */
+    int cache_n;
+    size_t n_text;  /* bytes of reply text so far */
+    char *text;     /* malloc'd copy of text[from, n_text), made valid UTF-8; NULL when from >= n_text */
+};
+/* Fills `out` (free out->text). Returns 0 or THAW_ENOMEM (then out->text
+ * is NULL and nothing else is meaningful). */
+int thaw_task_news(struct thaw_task *t, size_t from, struct thaw_task_news *out);
+
+/* True once the engine finished or failed the task. */
+bool thaw_task_done(struct thaw_task *t);
+
+/* The client is done with the task (answered, or gone): the engine stops
+ * working for it, and the client's reference is dropped. */
+void thaw_task_abandon(struct thaw_task *t);
 
 /* False when the task's client is known to have gone (the engine asks this
  * before and while it works for a task). */

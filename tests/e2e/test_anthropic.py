@@ -1,0 +1,333 @@
+"""The Anthropic Messages API (POST /v1/messages, /v1/messages/count_tokens):
+the official `@anthropic-ai/sdk` against thaw, the raw event stream, errors
+in Anthropic's shape, and the cache across turns. Generated models (random
+weights, real tokenizers and templates), so replies are compared with each
+other (streamed vs plain, greedy), never with recorded text."""
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO, mkmodel
+
+TEMPLATES = os.path.join(REPO, ".deps", "llama.cpp", "models", "templates")
+AGENTS = os.path.join(REPO, ".deps", "agents", "node_modules")
+HERE = os.path.dirname(__file__)
+
+WEATHER = {"name": "get_weather", "description": "Current weather of a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "London"]}},
+                            "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return mkmodel(tmp_path_factory.mktemp("anthropic") / "qwen3.gguf", "--arch", "qwen3", "--seed", "7")
+
+
+@pytest.fixture(scope="module")
+def r1(tmp_path_factory):
+    """A template whose generation prompt opens <think>: every reply is reasoning first."""
+    return mkmodel(tmp_path_factory.mktemp("anthropic") / "r1.gguf", "--arch", "llama", "--seed", "8",
+                   "--chat-template-file",
+                   os.path.join(TEMPLATES, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"))
+
+
+def events(r):
+    """An SSE response as [(event, data)], checking that each event: line names its data's type."""
+    out, name = [], None
+    for line in r.iter_lines(decode_unicode=True):
+        if not line:
+            continue
+        if line.startswith("event: "):
+            name = line[7:]
+            continue
+        assert line.startswith("data: "), line
+        data = json.loads(line[6:])
+        assert name == data["type"], (name, data)
+        out.append((name, data))
+        name = None
+    return out
+
+
+def assemble(evs):
+    """The message a stream describes, by Anthropic's rules."""
+    assert evs[0][0] == "message_start" and evs[-1][0] == "message_stop"
+    msg = evs[0][1]["message"]
+    blocks, open_ = [], None
+    for name, d in evs[1:-1]:
+        if name == "content_block_start":
+            assert open_ is None and d["index"] == len(blocks)
+            blocks.append(dict(d["content_block"]))
+            open_ = d["index"]
+            if blocks[-1]["type"] == "tool_use":
+                blocks[-1]["partial"] = ""
+        elif name == "content_block_delta":
+            assert d["index"] == open_
+            b, dl = blocks[open_], d["delta"]
+            if dl["type"] == "text_delta":
+                b["text"] += dl["text"]
+            elif dl["type"] == "thinking_delta":
+                b["thinking"] += dl["thinking"]
+            elif dl["type"] == "signature_delta":
+                b["signature"] = dl["signature"]
+            else:
+                assert dl["type"] == "input_json_delta"
+                b["partial"] += dl["partial_json"]
+        elif name == "content_block_stop":
+            assert d["index"] == open_
+            open_ = None
+        elif name == "message_delta":
+            assert open_ is None
+            msg["stop_reason"] = d["delta"]["stop_reason"]
+            msg["usage"] = {**msg["usage"], **d["usage"]}
+        else:
+            assert name == "ping", name
+    for b in blocks:
+        if b["type"] == "tool_use":
+            b["input"] = json.loads(b.pop("partial") or "{}")
+    msg["content"] = blocks
+    return msg
+
+
+def no_ids(blocks):
+    """Content blocks without their ids (each reply names its own tool calls)."""
+    return [{k: v for k, v in b.items() if k != "id"} for b in blocks]
+
+
+def post(s, body, path="/v1/messages", **kw):
+    return s.post(path, body, headers={"x-api-key": "k", "anthropic-version": "2023-06-01", **kw.pop("headers", {})},
+                  **kw)
+
+
+def test_messages_stream_and_plain_agree(serve, qwen3):
+    s = serve(qwen3, "--api-key", "k")
+    body = {"model": "m", "max_tokens": 24, "temperature": 0, "system": "Be brief.",
+            "messages": [{"role": "user", "content": "Tell me about the sea."}]}
+    plain = post(s, body)
+    assert plain.status_code == 200, plain.text
+    p = plain.json()
+    assert p["type"] == "message" and p["role"] == "assistant" and p["id"].startswith("msg_")
+    assert p["stop_reason"] in ("end_turn", "max_tokens")
+    r = post(s, {**body, "stream": True}, path="/v1/messages?beta=true", stream=True)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    evs = events(r)
+    names = [n for n, _ in evs]
+    assert names[:2] == ["message_start", "ping"] and names[-2:] == ["message_delta", "message_stop"]
+    m = assemble(evs)
+    assert m["content"] == p["content"] and m["stop_reason"] == p["stop_reason"]
+    assert m["usage"]["output_tokens"] == p["usage"]["output_tokens"]
+    # the same prompt again: the slot holds it (one token is always decoded)
+    n_in = p["usage"]["input_tokens"] + p["usage"]["cache_read_input_tokens"]
+    assert m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"] == n_in
+    assert m["usage"]["cache_read_input_tokens"] == n_in - 1
+    # count_tokens counts the prompt the request renders to
+    c = post(s, {k: v for k, v in body.items() if k in ("model", "system", "messages")},
+             path="/v1/messages/count_tokens")
+    assert c.status_code == 200 and c.json() == {"input_tokens": n_in}
+
+
+def test_forced_tool_call_and_result_round_trip_from_cache(serve, qwen3):
+    s = serve(qwen3)
+    call = {"model": "m", "max_tokens": 200, "temperature": 0, "tools": [WEATHER],
+            "tool_choice": {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+            "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+    p = post(s, call).json()
+    assert p["stop_reason"] == "tool_use", p
+    uses = [b for b in p["content"] if b["type"] == "tool_use"]
+    assert uses and all(u["name"] == "get_weather" and u["input"]["city"] in ("Paris", "London") for u in uses)
+    m = assemble(events(post(s, {**call, "stream": True}, stream=True)))
+    assert no_ids(m["content"]) == no_ids(p["content"])
+    turn2 = {**call, "tool_choice": {"type": "auto"}, "max_tokens": 8, "messages": [
+        *call["messages"], {"role": "assistant", "content": p["content"]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u["id"],
+                                      "content": [{"type": "text", "text": "Sunny"}]} for u in uses]}]}
+    r = post(s, turn2)
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]
+    # the conversation's first turn is what the slot holds, reply included
+    assert u["cache_read_input_tokens"] > 0 and u["input_tokens"] < u["cache_read_input_tokens"]
+
+
+def test_thinking_blocks_stream_and_echo(serve, r1):
+    s = serve(r1)
+    body = {"model": "m", "max_tokens": 24, "temperature": 0, "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "messages": [{"role": "user", "content": "Think about the sea."}]}
+    p = post(s, body).json()
+    th = [b for b in p["content"] if b["type"] == "thinking"]
+    assert th and th[0]["thinking"] and th[0]["signature"].startswith("thaw-"), p
+    evs = events(post(s, {**body, "stream": True}, stream=True))
+    assert any(d["delta"]["type"] == "thinking_delta" for n, d in evs if n == "content_block_delta")
+    assert any(d["delta"]["type"] == "signature_delta" for n, d in evs if n == "content_block_delta")
+    assert assemble(evs)["content"] == p["content"]
+    # the thinking block echoed verbatim, signature and all, renders and hits
+    turn2 = {**body, "messages": [*body["messages"], {"role": "assistant", "content": p["content"]},
+                                  {"role": "user", "content": "More."}]}
+    r = post(s, turn2)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["cache_read_input_tokens"] > 0
+
+
+def test_system_blocks_billing_header_and_system_messages(serve, qwen3):
+    s = serve(qwen3)
+
+    def count(system, extra=()):
+        body = {"model": "m", "system": system,
+                "messages": [{"role": "user", "content": "hi"}, *extra]}
+        r = post(s, body, path="/v1/messages/count_tokens")
+        assert r.status_code == 200, r.text
+        return r.json()["input_tokens"]
+
+    plain = [{"type": "text", "text": "You are Claude Code."}, {"type": "text", "text": "Be brief."}]
+    base = count(plain)
+    # Claude Code's per-conversation block is left out: two conversations share their prefix
+    for cch in ("00000", "a5145"):
+        hdr = {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.abc; cc_entrypoint=cli; cch={cch};"}
+        assert count([hdr, *plain]) == base
+    assert "left out of the prompt" in s.log()
+    # cache_control marks render nothing
+    assert count([{**b, "cache_control": {"type": "ephemeral"}} for b in plain]) == base
+    # a system message between turns renders (it adds tokens) and is accepted
+    more = [{"role": "assistant", "content": "ok"}, {"role": "system", "content": "Now be formal."},
+            {"role": "user", "content": "hello"}]
+    assert count(plain, more) > base
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_k": -1}, "top_k"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "tool_use_id"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "x"}]}]}, "name"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]}, "input_schema"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],
+      "tool_choice": {"type": "tool", "name": "other"}}, "other"),
+    ({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "maybe"}}, "thinking"),
+    ({"messages": [{"role": "user", "content": "x"}], "output_config": {"format": {"type": "xml"}}}, "format"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop_sequences": "END"}, "stop_sequences"),
+    ({"messages": [{"role": "user", "content": "x"}], "system": 5}, "system"),
+    ("{not json", "JSON"),
+])
+def test_bad_fields_get_anthropic_400s(serve, qwen3, body, needle):
+    s = serve(qwen3)
+    r = post(s, body)
+    assert r.status_code == 400, r.text
+    e = r.json()
+    assert e["type"] == "error" and e["error"]["type"] == "invalid_request_error", e
+    assert needle in e["error"]["message"], e
+    # and the server keeps serving
+    ok = post(s, {"max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
+    assert ok.status_code == 200, ok.text
+
+
+def test_auth_and_too_long(serve, qwen3):
+    s = serve(qwen3, "--api-key", "k", "-c", "256")
+    body = {"max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    r = post(s, body, headers={"x-api-key": "wrong"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = s.post("/v1/messages", body, headers={"Authorization": "Bearer k"})
+    assert r.status_code == 200, r.text
+    r = post(s, {**body, "messages": [{"role": "user", "content": "sea and sky " * 120}]})
+    assert r.status_code == 400, r.text
+    msg = r.json()["error"]["message"]
+    m = re.match(r"prompt is too long: (\d+) tokens > (\d+) maximum", msg)
+    assert m and int(m.group(1)) > int(m.group(2)), msg
+
+
+def test_anthropic_sdk(serve, qwen3, tmp_path):
+    if not shutil.which("node") or not os.path.isdir(os.path.join(AGENTS, "@anthropic-ai", "sdk")):
+        pytest.fail("node and @anthropic-ai/sdk are installed by scripts/setup.sh; run it first")
+    s = serve(qwen3, "--api-key", "sekrit")
+    # ESM resolves bare imports from the script's folder upwards
+    shutil.copy(os.path.join(HERE, "anthropic_client.mjs"), tmp_path / "client.mjs")
+    os.symlink(AGENTS, tmp_path / "node_modules")
+    p = subprocess.run(["node", str(tmp_path / "client.mjs"), s.url, "sekrit"], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["plain"]["type"] == "message" and out["plain"]["content"]
+    assert out["plain_stream"]["content"] == out["plain"]["content"]
+    assert out["plain_events"][0] == "message_start" and out["plain_events"][-1] == "message_stop"
+    for k in ("tool", "any"):
+        assert out[k]["stop_reason"] == "tool_use", out[k]
+        uses = [b for b in out[k]["content"] if b["type"] == "tool_use"]
+        assert uses and all(u["input"].get("city") in ("Paris", "London") or u["input"].get("tz") in ("UTC", "CET")
+                            for u in uses), out[k]
+    assert no_ids(out["tool_stream"]["content"]) == no_ids(out["tool"]["content"])
+    assert out["tool_result"]["content"] == out["tool_result_stream"]["content"]
+    u = out["tool_result"]["usage"]
+    assert u["cache_read_input_tokens"] > 0
+    assert out["count"]["input_tokens"] == u["input_tokens"] + u["cache_read_input_tokens"]
+    for e in out["errors"]:
+        assert e and e["status"] == 400 and e["type"] == "error" and e["error_type"] == "invalid_request_error", e
+    assert out["auth"] == {"status": 401, "error_type": "authentication_error"}
+    assert out["after"]["content"] == out["plain"]["content"]
+
+
+CLAUDE = os.path.join(AGENTS, "@anthropic-ai", "claude-code", "bin", "claude.exe")
+
+
+def claude(home, cwd, url, *args):
+    """One offline `claude -p` turn; its --output-format json result."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
+    env.update(HOME=str(home), ANTHROPIC_BASE_URL=url, ANTHROPIC_AUTH_TOKEN="k", ANTHROPIC_MODEL="thaw",
+               ANTHROPIC_SMALL_FAST_MODEL="thaw", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+               DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", DISABLE_ERROR_REPORTING="1",
+               CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL="1", CLAUDE_CODE_MAX_OUTPUT_TOKENS="24",
+               API_TIMEOUT_MS="600000")
+    p = subprocess.run([CLAUDE, "-p", *args, "--output-format", "json", "--max-turns", "1"], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert p.stdout.strip(), p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def from_cache(result):
+    u = result["usage"]
+    total = u["input_tokens"] + u.get("cache_read_input_tokens", 0) + u.get("cache_creation_input_tokens", 0)
+    return u.get("cache_read_input_tokens", 0) / total, total
+
+
+def test_claude_code_continues_from_cache_across_a_restart(serve, tmp_path_factory):
+    if not os.access(CLAUDE, os.X_OK):
+        pytest.fail("@anthropic-ai/claude-code is installed by scripts/setup.sh; run it first")
+    d = tmp_path_factory.mktemp("claude")
+    # small enough for 2 cores, a context for Claude Code's ~20k-token prompt
+    model = mkmodel(d / "qwen3.gguf", "--arch", "qwen3", "--seed", "11", "--ctx-train", "65536")
+    home, cwd, cache = d / "home", d / "project", d / "kv"
+    home.mkdir()
+    cwd.mkdir()
+    args = ("-np", "1", "-c", "65536", "--api-key", "k", "--kv-cache-dir", str(cache))
+    s = serve(model, *args)
+    t1 = claude(home, cwd, s.url, "Say hello.")
+    assert t1["type"] == "result", t1
+    share1, n1 = from_cache(t1)
+    # Claude Code's system prompt and tools were rendered: its first request's prompt
+    first = int(re.search(r"done \(\w+\): prompt (\d+) \(0 cached", s.log()).group(1))
+    assert first > 5000, s.log()
+    t2 = claude(home, cwd, s.url, "--continue", "And goodbye.")
+    share2, n2 = from_cache(t2)
+    assert n2 > n1 and share2 >= 0.9, (t1["usage"], t2["usage"])
+    assert s.stop() == 0
+    s = serve(model, *args)
+    t3 = claude(home, cwd, s.url, "--continue", "Once more.")
+    share3, n3 = from_cache(t3)
+    assert n3 > n2 and share3 >= 0.9, (t2["usage"], t3["usage"])
+    # after the restart the state came from disk: the entry, or its blocks
+    assert re.search(r"restored \S+ from (disk|blocks)", s.log()), s.log()
+    # another conversation (its own first message, so its own billing header)
+    # shares the system prompt and tools through the block store
+    assert s.stop() == 0
+    s = serve(model, *args)
+    claude(home, cwd, s.url, "Something else entirely.")
+    m = re.search(r"slot \d+: (\d+) prompt tokens from \d+ stored blocks \(prefix lookup\)", s.log())
+    assert m and int(m.group(1)) > 0.8 * first, (first, s.log())
+    # usage sums the turn's requests (Claude Code continues a reply cut at
+    # CLAUDE_CODE_MAX_OUTPUT_TOKENS a few times)
+    print(f"claude code: prompt tokens per turn {n1}, {n2}, {n3}; from cache {share1:.3f}, {share2:.3f}, "
+          f"{share3:.3f}; a new conversation reused {m.group(1)} tokens from the block store")
