@@ -5,6 +5,7 @@
  *   ---- responses ----  completion, chunk, error, models JSON
  */
 #include "api.h"
+#include "api_wire.h"
 
 #include "error.h"
 #include "utf8.h"
@@ -20,9 +21,7 @@
 
 static char *dump(json_t *root);
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
+int thaw_api_fail(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
 
@@ -31,6 +30,8 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
     return THAW_EINVAL;
 }
+
+#define fail thaw_api_fail /* the short name this file's checks use */
 
 /* Flattens `content`: a string, null (assistant tool calls), or an array of
  * parts of which only {"type":"text","text":...} carry text. */
@@ -925,4 +926,39 @@ char *thaw_api_models_json(const char *model, long created, uint64_t n_params, i
     return dump(json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:I, s:i}}]}", "object", "list", "data", "id", model,
                           "object", "model", "created", (json_int_t)created, "owned_by", "thaw", "meta", "n_params",
                           (json_int_t)n_params, "n_ctx_train", n_ctx_train));
+}
+
+int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,
+                            struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = NULL, *oai = NULL;
+    char *text = NULL;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                    jerr.column);
+    if (!json_is_object(root)) {
+        rc = fail(err, errlen, "request body must be a JSON object");
+        goto out;
+    }
+    if (!(oai = json_object())) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    if ((rc = convert(root, oai, err, errlen)) != 0)
+        goto out;
+    if (!(text = json_dumps(oai, JSON_COMPACT))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    rc = thaw_api_parse_chat(text, strlen(text), default_cache_prompt, out, err, errlen);
+out:
+    free(text);
+    json_decref(oai);
+    json_decref(root);
+    return rc;
 }

@@ -12,6 +12,8 @@
  */
 #include "api_anthropic.h"
 
+#include "api_wire.h"
+
 #include "error.h"
 #include "log.h"
 #include "utf8.h"
@@ -27,17 +29,7 @@
 
 /* ---- request ---------------------------------------------------------------------- */
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return THAW_EINVAL;
-}
+#define fail thaw_api_fail /* the short name this file's checks use */
 
 static bool is_type(json_t *block, const char *type)
 {
@@ -483,40 +475,21 @@ static int convert_settings(json_t *root, json_t *oai, char *err, size_t errlen)
     return 0;
 }
 
+static int convert(json_t *root, json_t *oai, char *err, size_t errlen)
+{
+    int rc;
+
+    if ((rc = convert_messages(root, oai, err, errlen)) != 0 ||
+        (rc = convert_tools(root, oai, err, errlen)) != 0 ||
+        (rc = convert_settings(root, oai, err, errlen)) != 0)
+        return rc;
+    return 0;
+}
+
 int thaw_anthropic_parse(const char *body, size_t len, bool default_cache_prompt, struct thaw_chat_request *out,
                          char *err, size_t errlen)
 {
-    json_error_t jerr;
-    json_t *root = NULL, *oai = NULL;
-    char *text = NULL;
-    int rc;
-
-    memset(out, 0, sizeof *out);
-    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                    jerr.column);
-    if (!json_is_object(root)) {
-        rc = fail(err, errlen, "request body must be a JSON object");
-        goto out;
-    }
-    if (!(oai = json_object())) {
-        rc = THAW_ENOMEM;
-        goto out;
-    }
-    if ((rc = convert_messages(root, oai, err, errlen)) != 0 || (rc = convert_tools(root, oai, err, errlen)) != 0 ||
-        (rc = convert_settings(root, oai, err, errlen)) != 0)
-        goto out;
-    if (!(text = json_dumps(oai, JSON_COMPACT))) {
-        rc = THAW_ENOMEM;
-        goto out;
-    }
-    rc = thaw_api_parse_chat(text, strlen(text), default_cache_prompt, out, err, errlen);
-out:
-    free(text);
-    json_decref(oai);
-    json_decref(root);
-    return rc;
+    return thaw_api_parse_via_chat(body, len, default_cache_prompt, convert, out, err, errlen);
 }
 
 /* ---- responses -------------------------------------------------------------------- */
