@@ -223,6 +223,7 @@
 
 #include "blob.h"
 #include "error.h"
+#include "keymap.h"
 #include "le.h"
 #include "log.h"
 
@@ -292,7 +293,7 @@ struct ent {
     int evict_why;                   /* as an eviction victim: enum evict_why */
     uint8_t (*refs)[THAW_KEY_BYTES]; /* a root's blocks; counted in the refcount map while set */
     uint32_t n_refs;
-    struct ent *hnext; /* hash chain */
+    struct thaw_keymap_node hn; /* in the index, under key */
     struct ent *prev;  /* LRU or orphan list: head = least recently used / oldest orphan */
     struct ent *next;  /* same; reused for eviction's victim chain */
 };
@@ -317,7 +318,7 @@ enum evict_why {
 struct refc {
     uint8_t key[THAW_KEY_BYTES];
     uint32_t n;
-    struct refc *hnext;
+    struct thaw_keymap_node hn; /* in the refcount map, under key */
 };
 
 /* What classify() said of an entry's .kv (pointers into it). */
@@ -392,17 +393,13 @@ struct thaw_disk_cache {
 
     pthread_mutex_t mu;
     pthread_cond_t key_cond; /* a busy key was released */
-    struct ent **buckets;
-    size_t n_buckets;                  /* power of two */
-    size_t n_ents;                     /* in the hash, busy ones included */
+    struct thaw_keymap index;          /* key -> struct ent, busy ones included */
     struct ent *lru_head, *lru_tail;   /* live roots, least recently used first */
     struct ent *orph_head, *orph_tail; /* live blocks no root names, in the order they lost it */
     uint64_t n_live;
     uint64_t bytes;                            /* of live entries */
     uint64_t n_blocks, block_bytes, n_orphans; /* of live blocks */
-    struct refc **rc_buckets;
-    size_t rc_n_buckets; /* power of two */
-    size_t rc_n;
+    struct thaw_keymap refcs; /* block key -> struct refc */
     struct thaw_disk_cache_stats st;
 
     /* writer */
@@ -623,65 +620,21 @@ int thaw_disk_idx_parse(const void *buf, size_t n, struct thaw_disk_idx *out)
 /* ---- in-memory index ---------------------------------------------------- */
 /* Everything in this section runs with c->mu held. */
 
-static size_t key_bucket(const struct thaw_disk_cache *c, const uint8_t *key)
-{
-    return (size_t)XXH3_64bits(key, THAW_KEY_BYTES) & (c->n_buckets - 1);
-}
-
 static struct ent *index_find(const struct thaw_disk_cache *c, const uint8_t *key)
 {
-    struct ent *e = c->buckets[key_bucket(c, key)];
+    struct thaw_keymap_node *n = thaw_keymap_find(&c->index, key);
 
-    while (e && memcmp(e->key, key, THAW_KEY_BYTES) != 0)
-        e = e->hnext;
-    return e;
-}
-
-static void index_grow(struct thaw_disk_cache *c)
-{
-    size_t n = c->n_buckets * 2;
-    struct ent **b = calloc(n, sizeof *b);
-
-    if (!b)
-        return; /* longer chains, still correct */
-    for (size_t i = 0; i < c->n_buckets; i++) {
-        struct ent *e = c->buckets[i], *next;
-
-        for (; e; e = next) {
-            size_t h = (size_t)XXH3_64bits(e->key, THAW_KEY_BYTES) & (n - 1);
-
-            next = e->hnext;
-            e->hnext = b[h];
-            b[h] = e;
-        }
-    }
-    free(c->buckets);
-    c->buckets = b;
-    c->n_buckets = n;
+    return n ? THAW_KEYMAP_OF(n, struct ent, hn) : NULL;
 }
 
 static void index_insert(struct thaw_disk_cache *c, struct ent *e)
 {
-    size_t h;
-
-    if (c->n_ents >= c->n_buckets)
-        index_grow(c);
-    h = key_bucket(c, e->key);
-    e->hnext = c->buckets[h];
-    c->buckets[h] = e;
-    c->n_ents++;
+    thaw_keymap_insert(&c->index, &e->hn, e->key);
 }
 
 static void index_unlink(struct thaw_disk_cache *c, struct ent *e)
 {
-    struct ent **pp = &c->buckets[key_bucket(c, e->key)];
-
-    while (*pp && *pp != e)
-        pp = &(*pp)->hnext;
-    if (*pp) {
-        *pp = e->hnext;
-        c->n_ents--;
-    }
+    thaw_keymap_remove(&c->index, &e->hn);
 }
 
 /* The LRU list (live roots) and the orphan list (live blocks no root
@@ -737,18 +690,11 @@ static void list_leave(struct thaw_disk_cache *c, struct ent *e)
 
 /* ---- refcounts: how many roots name each block key ---- */
 
-static size_t rc_bucket(const struct thaw_disk_cache *c, const uint8_t *key)
-{
-    return (size_t)XXH3_64bits(key, THAW_KEY_BYTES) & (c->rc_n_buckets - 1);
-}
-
 static struct refc *refc_find(const struct thaw_disk_cache *c, const uint8_t *key)
 {
-    struct refc *r = c->rc_buckets[rc_bucket(c, key)];
+    struct thaw_keymap_node *n = thaw_keymap_find(&c->refcs, key);
 
-    while (r && memcmp(r->key, key, THAW_KEY_BYTES) != 0)
-        r = r->hnext;
-    return r;
+    return n ? THAW_KEYMAP_OF(n, struct refc, hn) : NULL;
 }
 
 static uint32_t refc_get(const struct thaw_disk_cache *c, const uint8_t *key)
@@ -756,29 +702,6 @@ static uint32_t refc_get(const struct thaw_disk_cache *c, const uint8_t *key)
     const struct refc *r = refc_find(c, key);
 
     return r ? r->n : 0;
-}
-
-static void refc_grow(struct thaw_disk_cache *c)
-{
-    size_t n = c->rc_n_buckets * 2;
-    struct refc **b = calloc(n, sizeof *b);
-
-    if (!b)
-        return; /* longer chains, still correct */
-    for (size_t i = 0; i < c->rc_n_buckets; i++) {
-        struct refc *r = c->rc_buckets[i], *next;
-
-        for (; r; r = next) {
-            size_t h = (size_t)XXH3_64bits(r->key, THAW_KEY_BYTES) & (n - 1);
-
-            next = r->hnext;
-            r->hnext = b[h];
-            b[h] = r;
-        }
-    }
-    free(c->rc_buckets);
-    c->rc_buckets = b;
-    c->rc_n_buckets = n;
 }
 
 /* One more root names each of refs[0, n): a block among them that was
@@ -796,13 +719,8 @@ static void refs_add(struct thaw_disk_cache *c, const uint8_t *refs, uint32_t n)
 
             if (!(r = calloc(1, sizeof *r)))
                 continue;
-            if (c->rc_n >= c->rc_n_buckets)
-                refc_grow(c);
             memcpy(r->key, key, THAW_KEY_BYTES);
-            size_t h = rc_bucket(c, key);
-            r->hnext = c->rc_buckets[h];
-            c->rc_buckets[h] = r;
-            c->rc_n++;
+            thaw_keymap_insert(&c->refcs, &r->hn, r->key);
             if ((b = index_find(c, key)) && b->listed == LIST_ORPHAN)
                 list_leave(c, b);
         }
@@ -816,15 +734,12 @@ static void refs_drop(struct thaw_disk_cache *c, const uint8_t *refs, uint32_t n
 {
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *key = refs + (size_t)i * THAW_KEY_BYTES;
-        struct refc **pp = &c->rc_buckets[rc_bucket(c, key)], *r;
+        struct refc *r = refc_find(c, key);
         struct ent *b;
 
-        while (*pp && memcmp((*pp)->key, key, THAW_KEY_BYTES) != 0)
-            pp = &(*pp)->hnext;
-        if (!(r = *pp) || --r->n > 0)
+        if (!r || --r->n > 0)
             continue;
-        *pp = r->hnext;
-        c->rc_n--;
+        thaw_keymap_remove(&c->refcs, &r->hn);
         free(r);
         if ((b = index_find(c, key)) && b->live && b->is_block && b->listed == LIST_NONE)
             orphan_append(c, b);
@@ -1541,25 +1456,19 @@ static void *writer_main(void *arg);
 
 static void free_index(struct thaw_disk_cache *c)
 {
-    for (size_t i = 0; c->buckets && i < c->n_buckets; i++) {
-        struct ent *e = c->buckets[i], *next;
+    THAW_KEYMAP_EACH(&c->index, i, n, nx)
+    {
+        struct ent *e = THAW_KEYMAP_OF(n, struct ent, hn);
 
-        for (; e; e = next) {
-            next = e->hnext;
-            free(e->refs);
-            free(e);
-        }
+        free(e->refs);
+        free(e);
     }
-    free(c->buckets);
-    for (size_t i = 0; c->rc_buckets && i < c->rc_n_buckets; i++) {
-        struct refc *r = c->rc_buckets[i], *next;
-
-        for (; r; r = next) {
-            next = r->hnext;
-            free(r);
-        }
+    thaw_keymap_fini(&c->index);
+    THAW_KEYMAP_EACH(&c->refcs, i, n, nx)
+    {
+        free(THAW_KEYMAP_OF(n, struct refc, hn));
     }
-    free(c->rc_buckets);
+    thaw_keymap_fini(&c->refcs);
 }
 
 int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_disk_cache **out)
@@ -1583,12 +1492,8 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     c->lock_fd = -1;
     atomic_init(&c->n_fsyncs, 0);
     c->dir = strndup(p->dir, len);
-    c->n_buckets = 64;
-    c->buckets = calloc(c->n_buckets, sizeof *c->buckets);
-    c->rc_n_buckets = 64;
-    c->rc_buckets = calloc(c->rc_n_buckets, sizeof *c->rc_buckets);
     c->q_max_bytes = p->queue_max_bytes;
-    if (!c->dir || !c->buckets || !c->rc_buckets) {
+    if (!c->dir || thaw_keymap_init(&c->index) != 0 || thaw_keymap_init(&c->refcs) != 0) {
         ret = THAW_ENOMEM;
         goto err_free;
     }
@@ -1654,8 +1559,6 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
 
 err_index:
     free_index(c);
-    c->buckets = NULL;
-    c->rc_buckets = NULL;
     if (c->lock_fd >= 0)
         (void)c->vfs->close(c->vfs, c->lock_fd);
 err_q_idle:
@@ -1667,8 +1570,8 @@ err_key_cond:
 err_mutex:
     pthread_mutex_destroy(&c->mu);
 err_free:
-    free(c->buckets);
-    free(c->rc_buckets);
+    thaw_keymap_fini(&c->index);
+    thaw_keymap_fini(&c->refcs);
     free(c->dir);
     free(c);
     return ret;
@@ -3118,25 +3021,26 @@ int thaw_disk_cache_foreach(struct thaw_disk_cache *c, int (*cb)(void *ud, const
     }
     /* Roots are on the LRU list, blocks only in the hash: all from the hash,
      * then in order of last use. */
-    for (size_t b = 0; b < c->n_buckets; b++) {
-        for (struct ent *e = c->buckets[b]; e; e = e->hnext) {
-            if (!e->live)
-                continue;
-            struct thaw_disk_entry_info *i = &v[n++];
+    THAW_KEYMAP_EACH(&c->index, b, hn, hnx)
+    {
+        struct ent *e = THAW_KEYMAP_OF(hn, struct ent, hn);
 
-            memcpy(i->key, e->key, THAW_KEY_BYTES);
-            memcpy(i->fingerprint, e->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
-            i->same_model = !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
-            i->n_tokens = e->n_tokens;
-            i->bytes = e->bytes;
-            memcpy(i->part_size, e->part_size, sizeof i->part_size);
-            i->n_meta = e->n_meta;
-            i->created = e->created;
-            i->last_used = e->last_used;
-            i->is_block = e->is_block;
-            i->n_refs = e->n_refs;
-            i->referrers = e->is_block ? refc_get(c, e->key) : 0;
-        }
+        if (!e->live)
+            continue;
+        struct thaw_disk_entry_info *i = &v[n++];
+
+        memcpy(i->key, e->key, THAW_KEY_BYTES);
+        memcpy(i->fingerprint, e->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+        i->same_model = !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+        i->n_tokens = e->n_tokens;
+        i->bytes = e->bytes;
+        memcpy(i->part_size, e->part_size, sizeof i->part_size);
+        i->n_meta = e->n_meta;
+        i->created = e->created;
+        i->last_used = e->last_used;
+        i->is_block = e->is_block;
+        i->n_refs = e->n_refs;
+        i->referrers = e->is_block ? refc_get(c, e->key) : 0;
     }
     pthread_mutex_unlock(&c->mu);
     if (n)

@@ -2,12 +2,13 @@
  * manifests name, engine thread only.
  * Entries: a flat array: they are tens to hundreds of MiB-sized states (or
  * manifests), so their count under any sane budget is small and a linear
- * scan is the cheap part. Blocks: a chained hash table by id (thousands
+ * scan is the cheap part. Blocks: in a keymap by id (thousands
  * under a budget of GiBs, each looked up per restore). */
 #include "cache_ram.h"
 
 #include "blob.h"
 #include "error.h"
+#include "keymap.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,36 +18,28 @@ struct rblock {
     void *data; /* one reference */
     size_t size;
     uint32_t refs; /* entries naming it; 0 = an orphan, the first to go */
-    struct rblock *next;
+    struct thaw_keymap_node hn; /* in blocks, under id */
 };
-
-#define RBLOCK_BUCKETS 4096u
 
 struct thaw_ram_cache {
     uint64_t budget, bytes;
     int64_t ttl_s;
     struct thaw_ram_entry *v;
     int n, cap;
-    struct rblock *bucket[RBLOCK_BUCKETS];
+    struct thaw_keymap blocks; /* id -> struct rblock */
     uint32_t n_blocks, n_orphans;
 };
 
-static struct rblock **block_slot(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES])
+static struct rblock *block_find(const struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES])
 {
-    uint32_t h;
+    struct thaw_keymap_node *n = thaw_keymap_find(&c->blocks, id);
 
-    memcpy(&h, id, sizeof h); /* ids are hashes */
-    struct rblock **pp = &c->bucket[h % RBLOCK_BUCKETS];
-    while (*pp && memcmp((*pp)->id, id, THAW_KEY_BYTES) != 0)
-        pp = &(*pp)->next;
-    return pp;
+    return n ? THAW_KEYMAP_OF(n, struct rblock, hn) : NULL;
 }
 
-static void block_free(struct thaw_ram_cache *c, struct rblock **pp)
+static void block_free(struct thaw_ram_cache *c, struct rblock *b)
 {
-    struct rblock *b = *pp;
-
-    *pp = b->next;
+    thaw_keymap_remove(&c->blocks, &b->hn);
     c->bytes -= b->size;
     c->n_blocks--;
     if (b->refs == 0)
@@ -58,13 +51,15 @@ static void block_free(struct thaw_ram_cache *c, struct rblock **pp)
 /* Frees every block no entry names. */
 static void sweep_orphans(struct thaw_ram_cache *c)
 {
-    for (uint32_t i = 0; i < RBLOCK_BUCKETS && c->n_orphans > 0; i++)
-        for (struct rblock **pp = &c->bucket[i]; *pp;) {
-            if ((*pp)->refs == 0)
-                block_free(c, pp);
-            else
-                pp = &(*pp)->next;
-        }
+    THAW_KEYMAP_EACH(&c->blocks, i, n, nx)
+    {
+        struct rblock *b = THAW_KEYMAP_OF(n, struct rblock, hn);
+
+        if (c->n_orphans == 0)
+            return;
+        if (b->refs == 0)
+            block_free(c, b);
+    }
 }
 
 /* Counts (d = +1) or uncounts (-1) an entry's names of blocks; a block
@@ -72,14 +67,14 @@ static void sweep_orphans(struct thaw_ram_cache *c)
 static void refs_apply(struct thaw_ram_cache *c, const uint8_t *refs, uint32_t n_refs, int d)
 {
     for (uint32_t k = 0; k < n_refs; k++) {
-        struct rblock **pp = block_slot(c, refs + (size_t)k * THAW_KEY_BYTES);
-        if (!*pp)
+        struct rblock *b = block_find(c, refs + (size_t)k * THAW_KEY_BYTES);
+        if (!b)
             continue;
-        if (d > 0 && (*pp)->refs++ == 0)
+        if (d > 0 && b->refs++ == 0)
             c->n_orphans--;
-        if (d < 0 && (*pp)->refs > 0 && --(*pp)->refs == 0) {
+        if (d < 0 && b->refs > 0 && --b->refs == 0) {
             c->n_orphans++;
-            block_free(c, pp);
+            block_free(c, b);
         }
     }
 }
@@ -90,6 +85,10 @@ int thaw_ram_cache_new(uint64_t budget_bytes, int64_t ttl_s, struct thaw_ram_cac
 
     if (!c)
         return THAW_ENOMEM;
+    if (thaw_keymap_init(&c->blocks) != 0) {
+        free(c);
+        return THAW_ENOMEM;
+    }
     c->budget = budget_bytes;
     c->ttl_s = ttl_s;
     *out = c;
@@ -127,6 +126,7 @@ void thaw_ram_cache_free(struct thaw_ram_cache *c)
     while (c->n > 0)
         drop(c, 0);
     sweep_orphans(c);
+    thaw_keymap_fini(&c->blocks);
     free(c->v);
     free(c);
 }
@@ -221,14 +221,13 @@ int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY
 int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES], void *data,
                              size_t size)
 {
-    struct rblock **pp = block_slot(c, id), *b;
+    struct rblock *b = block_find(c, id);
 
-    if (*pp || size > c->budget) { /* held already / never fits */
+    if (b || size > c->budget) { /* held already / never fits */
         thaw_blob_unref(data);
-        return *pp ? 0 : THAW_ETOOBIG;
+        return b ? 0 : THAW_ETOOBIG;
     }
     make_room(c, size, -1);
-    pp = block_slot(c, id); /* the chain may have changed */
     if (!(b = calloc(1, sizeof *b))) {
         thaw_blob_unref(data);
         return THAW_ENOMEM;
@@ -236,7 +235,7 @@ int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY
     memcpy(b->id, id, THAW_KEY_BYTES);
     b->data = data;
     b->size = size;
-    *pp = b;
+    thaw_keymap_insert(&c->blocks, &b->hn, b->id);
     c->bytes += size;
     c->n_blocks++;
     c->n_orphans++;
@@ -247,7 +246,7 @@ void *thaw_ram_cache_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_B
 {
     struct rblock *b;
 
-    if (!c || !(b = *block_slot(c, id)))
+    if (!c || !(b = block_find(c, id)))
         return NULL;
     *size = b->size;
     return thaw_blob_ref(b->data);
@@ -255,7 +254,7 @@ void *thaw_ram_cache_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_B
 
 int thaw_ram_cache_has_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES])
 {
-    return c && *block_slot(c, id) != NULL;
+    return c && block_find(c, id) != NULL;
 }
 
 uint32_t thaw_ram_cache_blocks(const struct thaw_ram_cache *c) { return c->n_blocks; }
