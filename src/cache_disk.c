@@ -188,29 +188,12 @@
  * but the entry is kept (counted, evicted by TTL/LRU), because the same
  * directory may serve that model again after a restart.
  *
- * ---- the .idx record, format version 2 (little-endian) -----------------
- *
- *   off  size
- *     0     8  magic "THAWIDX\0"
- *     8     4  format version (2)
- *    12     4  flags: bit p = part p present (THAW_PART_*); bit 8 = a block;
- *              other bits 0
- *    16    32  key (must equal the file name's)
- *    48    32  model fingerprint
- *    80     4  n_tokens
- *    84     4  n_meta (<= THAW_DISK_META_MAX)
- *    88     8  created, Unix seconds (int64)
- *    96  3x16  per part p: size (u64; 0 iff absent), XXH3-64 (u64; 0 if absent)
- *   144     4  n_refs (<= THAW_DISK_REFS_MAX; 0 for a block)
- *   148     4  reserved, 0
- *   152  n_meta  caller's meta bytes
- *   152+n_meta  32*n_refs  keys of the blocks the entry names
- *   end-8   8  XXH3-64 of every byte before it
+ * The .idx record's byte layout, encoder and parser are cache_idx.c's; the
+ * index and the refcounts are keymaps (keymap.c).
  *
  * Map of this file:
- *   ---- helpers ----        hex, little-endian, paths, logging, clock
- *   ---- idx record ----     encode / parse
- *   ---- in-memory index ---- hash table, LRU and orphan lists, refcounts, claims
+ *   ---- helpers ----        paths, logging, clock
+ *   ---- in-memory index ---- entries by key, LRU and orphan lists, refcounts, claims
  *   ---- file I/O ----       durable writes, removal, reading and mapping
  *   ---- open / close ----   directory, lock, sweep, writer start/stop
  *   ---- store ----          staging, synchronous store, group commit,
@@ -223,6 +206,8 @@
 
 #include "blob.h"
 #include "error.h"
+#include "cache_idx.h"
+#include "fmt.h"
 #include "keymap.h"
 #include "le.h"
 #include "log.h"
@@ -244,24 +229,6 @@
 
 #define HEX_LEN (2 * THAW_KEY_BYTES)
 
-#define IDX_MAGIC "THAWIDX" /* 8 bytes with its NUL */
-#define IDX_VERSION 2u
-#define IDX_OFF_VERSION 8
-#define IDX_OFF_FLAGS 12
-#define IDX_OFF_KEY 16
-#define IDX_OFF_FP 48
-#define IDX_OFF_NTOK 80
-#define IDX_OFF_NMETA 84
-#define IDX_OFF_CREATED 88
-#define IDX_OFF_PARTS 96 /* THAW_PART_COUNT x { u64 size; u64 xxh3; } */
-#define IDX_OFF_NREFS 144
-#define IDX_OFF_RESERVED 148
-#define IDX_OFF_META 152
-#define IDX_TRAILER 8
-#define IDX_SIZE(n_meta, n_refs) ((size_t)IDX_OFF_META + (n_meta) + (size_t)(n_refs)*THAW_KEY_BYTES + IDX_TRAILER)
-#define IDX_SIZE_MAX IDX_SIZE(THAW_DISK_META_MAX, THAW_DISK_REFS_MAX)
-#define IDX_PART_MASK ((1u << THAW_PART_COUNT) - 1)
-#define IDX_FLAG_BLOCK (1u << 8)
 
 /* What the writer takes into one group commit (at least one job, however
  * big): a bound on how long the first job waits for the last one's parts,
@@ -269,8 +236,6 @@
 #define GROUP_MAX_JOBS 64
 #define GROUP_MAX_BYTES ((uint64_t)256 << 20)
 
-_Static_assert(IDX_OFF_PARTS + 16 * THAW_PART_COUNT == IDX_OFF_NREFS, "idx layout");
-_Static_assert(sizeof IDX_MAGIC == 8, "idx magic");
 
 static const char *const part_ext[THAW_PART_COUNT] = {".kv", ".ckpt", ".dft"};
 
@@ -435,43 +400,6 @@ struct thaw_disk_entry {
 
 /* ---- helpers ------------------------------------------------------------ */
 
-void thaw_hex(const uint8_t *b, size_t n, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = digits[b[i] >> 4];
-        out[2 * i + 1] = digits[b[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
-
-static int hex_digit(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
-int thaw_unhex(const char *s, size_t n, uint8_t *out)
-{
-    for (size_t i = 0; i < n; i++) {
-        int hi = hex_digit(s[2 * i]), lo;
-
-        if (hi < 0)
-            return THAW_EINVAL;
-        lo = hex_digit(s[2 * i + 1]);
-        if (lo < 0)
-            return THAW_EINVAL;
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return 0;
-}
-
 /* <dir>/<hex><ext><tmp> into out[PATH_MAX]; open() checked the length. */
 static void entry_path(const struct thaw_disk_cache *c, char *out, const char *hex, const char *ext, int tmp)
 {
@@ -497,22 +425,6 @@ __attribute__((format(printf, 3, 4))) static void logf_(const struct thaw_disk_c
     c->log(c->log_ud, level, msg);
 }
 
-void thaw_fmt_bytes(uint64_t n, char out[24])
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)n;
-    int u = 0;
-
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    if (u == 0)
-        snprintf(out, 24, "%llu B", (unsigned long long)n);
-    else
-        snprintf(out, 24, "%.1f %s", v, unit[u]);
-}
-
 static int64_t default_now(void *ud)
 {
     (void)ud;
@@ -530,91 +442,6 @@ static double mono_ms(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* ---- idx record --------------------------------------------------------- */
-
-/* Encodes idx (with meta of idx->n_meta bytes and idx->n_refs refs) into a
- * malloc'd buffer of IDX_SIZE(n_meta, n_refs) bytes. 0 or THAW_ENOMEM. */
-static int idx_encode(const struct thaw_disk_idx *idx, uint8_t **out, size_t *n)
-{
-    size_t len = IDX_SIZE(idx->n_meta, idx->n_refs);
-    uint8_t *b = calloc(1, len);
-    uint32_t flags = 0;
-
-    if (!b)
-        return THAW_ENOMEM;
-    memcpy(b, IDX_MAGIC, 8);
-    put_u32(b + IDX_OFF_VERSION, IDX_VERSION);
-    for (int p = 0; p < THAW_PART_COUNT; p++) {
-        if (idx->size[p])
-            flags |= 1u << p;
-        put_u64(b + IDX_OFF_PARTS + 16 * p, idx->size[p]);
-        put_u64(b + IDX_OFF_PARTS + 16 * p + 8, idx->size[p] ? idx->xxh3[p] : 0);
-    }
-    if (idx->is_block)
-        flags |= IDX_FLAG_BLOCK;
-    put_u32(b + IDX_OFF_FLAGS, flags);
-    memcpy(b + IDX_OFF_KEY, idx->key, THAW_KEY_BYTES);
-    memcpy(b + IDX_OFF_FP, idx->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
-    put_u32(b + IDX_OFF_NTOK, idx->n_tokens);
-    put_u32(b + IDX_OFF_NMETA, idx->n_meta);
-    put_u64(b + IDX_OFF_CREATED, (uint64_t)idx->created);
-    put_u32(b + IDX_OFF_NREFS, idx->n_refs);
-    if (idx->n_meta)
-        memcpy(b + IDX_OFF_META, idx->meta, idx->n_meta);
-    if (idx->n_refs)
-        memcpy(b + IDX_OFF_META + idx->n_meta, idx->refs, (size_t)idx->n_refs * THAW_KEY_BYTES);
-    put_u64(b + len - IDX_TRAILER, XXH3_64bits(b, len - IDX_TRAILER));
-    *out = b;
-    *n = len;
-    return 0;
-}
-
-int thaw_disk_idx_parse(const void *buf, size_t n, struct thaw_disk_idx *out)
-{
-    const uint8_t *b = buf;
-    uint32_t flags, n_meta, n_refs;
-
-    if (!b || n < IDX_OFF_VERSION + 4 || memcmp(b, IDX_MAGIC, 8) != 0)
-        return THAW_ECORRUPT;
-    if (get_u32(b + IDX_OFF_VERSION) != IDX_VERSION)
-        return THAW_EVERSION;
-    if (n < IDX_SIZE(0, 0) || n > IDX_SIZE_MAX)
-        return THAW_ECORRUPT;
-    n_meta = get_u32(b + IDX_OFF_NMETA);
-    n_refs = get_u32(b + IDX_OFF_NREFS);
-    if (n_meta > THAW_DISK_META_MAX || n_refs > THAW_DISK_REFS_MAX || IDX_SIZE(n_meta, n_refs) != n ||
-        get_u32(b + IDX_OFF_RESERVED) != 0)
-        return THAW_ECORRUPT;
-    if (get_u64(b + n - IDX_TRAILER) != XXH3_64bits(b, n - IDX_TRAILER))
-        return THAW_ECORRUPT;
-    flags = get_u32(b + IDX_OFF_FLAGS);
-    if ((flags & ~(IDX_PART_MASK | IDX_FLAG_BLOCK)) || !(flags & (1u << THAW_PART_KV)))
-        return THAW_ECORRUPT;
-    if ((flags & IDX_FLAG_BLOCK) && n_refs) /* blocks name nothing: no chains to follow */
-        return THAW_ECORRUPT;
-    for (int p = 0; p < THAW_PART_COUNT; p++) {
-        uint64_t size = get_u64(b + IDX_OFF_PARTS + 16 * p);
-        uint64_t h = get_u64(b + IDX_OFF_PARTS + 16 * p + 8);
-        int present = (flags >> p) & 1;
-
-        /* A part must be mappable: fit size_t and off_t. */
-        if (present != (size != 0) || (!present && h != 0) || size > (uint64_t)INT64_MAX || size > (uint64_t)SIZE_MAX)
-            return THAW_ECORRUPT;
-        out->size[p] = size;
-        out->xxh3[p] = h;
-    }
-    memcpy(out->key, b + IDX_OFF_KEY, THAW_KEY_BYTES);
-    memcpy(out->fingerprint, b + IDX_OFF_FP, THAW_DISK_FINGERPRINT_SIZE);
-    out->n_tokens = get_u32(b + IDX_OFF_NTOK);
-    out->created = (int64_t)get_u64(b + IDX_OFF_CREATED);
-    out->n_meta = n_meta;
-    out->meta = n_meta ? b + IDX_OFF_META : NULL;
-    out->is_block = (flags & IDX_FLAG_BLOCK) != 0;
-    out->n_refs = n_refs;
-    out->refs = n_refs ? b + IDX_OFF_META + n_meta : NULL;
-    return 0;
 }
 
 /* ---- in-memory index ---------------------------------------------------- */
@@ -964,7 +791,7 @@ static int read_idx(struct thaw_disk_cache *c, const char *hex, uint8_t **buf, s
     ret = v->fstat(v, fd, &st);
     if (ret)
         goto out_close;
-    if (!S_ISREG(st.st_mode) || st.st_size < (off_t)IDX_SIZE(0, 0) || st.st_size > (off_t)IDX_SIZE_MAX) {
+    if (!S_ISREG(st.st_mode) || st.st_size < (off_t)THAW_DISK_IDX_SIZE(0, 0) || st.st_size > (off_t)THAW_DISK_IDX_SIZE_MAX) {
         ret = THAW_ECORRUPT;
         goto out_close;
     }
@@ -1651,7 +1478,7 @@ static int store_check(const struct thaw_disk_cache *c, const uint8_t *key, cons
         classify_kv(c, &parts[THAW_PART_KV], ln);
     if (ln->n_refs > THAW_DISK_REFS_MAX)
         return THAW_ETOOBIG;
-    sum = IDX_SIZE(n_meta, ln->n_refs);
+    sum = THAW_DISK_IDX_SIZE(n_meta, ln->n_refs);
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         if (parts[p].size && !parts[p].data)
             return THAW_EINVAL;
@@ -1805,7 +1632,7 @@ static int stage(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], u
         idx.xxh3[p] = XXH3_64bits(parts[p].data, parts[p].size);
     }
     s->kv_xxh3 = idx.xxh3[THAW_PART_KV];
-    return idx_encode(&idx, &s->rec, &s->rec_len);
+    return thaw_disk_idx_encode(&idx, &s->rec, &s->rec_len);
 }
 
 /* Claims the key of a staged store (waiting for another claim of it to
@@ -2351,7 +2178,7 @@ static void drop_dft(struct thaw_disk_cache *c, const uint8_t *key, const char *
         goto out;
     idx.size[THAW_PART_DFT] = 0;
     idx.xxh3[THAW_PART_DFT] = 0;
-    r = idx_encode(&idx, &rec, &rec_len);
+    r = thaw_disk_idx_encode(&idx, &rec, &rec_len);
     if (r)
         goto out;
     entry_path(c, tmp, hex, ".idx", 1);

@@ -52,14 +52,14 @@
 #define THAW_CACHE_DISK_H
 
 #include "blob.h" /* the parts of an entry */
+#include "cache_idx.h" /* the .idx record; sizes of fingerprints, meta, refs */
+#include "fmt.h"       /* thaw_hex and the like, which its callers use with it */
 #include "key.h"
 #include "vfs.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define THAW_DISK_FINGERPRINT_SIZE 32
-#define THAW_DISK_META_MAX 4096 /* bytes of caller meta per entry */
 
 /* Open flags. */
 #define THAW_DISK_CACHE_NO_WRITER 0x1u /* no writer thread: submit() fails */
@@ -126,7 +126,6 @@ struct thaw_disk_cache_params {
 
 #define THAW_DISK_KIND_ROOT 0
 #define THAW_DISK_KIND_BLOCK 1
-#define THAW_DISK_REFS_MAX (1u << 16) /* block keys one entry may name */
 #define THAW_DISK_BLOCK_GRACE_DEFAULT 600
 
 /* max_bytes 0, ttl_s 259200 (3 days), fingerprint all zero,
@@ -447,37 +446,5 @@ struct thaw_disk_cache_stats {
 /* Counters since open (entries, bytes, oldest_*, queue_*: now). c NULL
  * gives all zero. Never fails. */
 void thaw_disk_cache_get_stats(struct thaw_disk_cache *c, struct thaw_disk_cache_stats *out);
-
-/* ---- helpers ------------------------------------------------------------ */
-
-/* Writes n bytes as 2n lowercase hex digits and a NUL into out (2n+1). */
-void thaw_hex(const uint8_t *b, size_t n, char *out);
-/* "123 B", "4.5 MiB": a human-readable size into out[24]. */
-void thaw_fmt_bytes(uint64_t n, char out[24]);
-/* Parses exactly 2n hex digits (either case) of s into out. 0, or
- * THAW_EINVAL (out partly written). */
-int thaw_unhex(const char *s, size_t n, uint8_t *out);
-
-/* ---- the .idx record (exposed for tests and the fuzzer) ----------------- */
-
-struct thaw_disk_idx {
-    uint8_t key[THAW_KEY_BYTES];
-    uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
-    uint32_t n_tokens;
-    int64_t created;                /* Unix seconds */
-    uint64_t size[THAW_PART_COUNT]; /* 0 = absent */
-    uint64_t xxh3[THAW_PART_COUNT]; /* XXH3-64 of the part's bytes */
-    uint32_t n_meta;
-    const uint8_t *meta; /* points into the parsed buffer */
-    int is_block;        /* THAW_DISK_KIND_BLOCK (flags bit 8) */
-    uint32_t n_refs;     /* <= THAW_DISK_REFS_MAX; 0 for a block */
-    const uint8_t *refs; /* n_refs keys; points into the buffer */
-};
-
-/* Parses an .idx record of n bytes. Returns 0 and fills *out (out->meta
- * points into buf); THAW_ECORRUPT for anything malformed (size, magic,
- * self-checksum, flags, sizes); THAW_EVERSION for thaw's magic with another
- * format version (the store treats both alike). Any input is safe. */
-int thaw_disk_idx_parse(const void *buf, size_t n, struct thaw_disk_idx *out);
 
 #endif
