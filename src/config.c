@@ -285,9 +285,9 @@ static const struct opt opts[] = {
     {"--kv-shared", "s3://BUCKET[/PREFIX]", OPT_STR, OFF(kv_shared), 0, 0,
      "shared cache tier on an S3-compatible store, for several replicas: every stored turn is uploaded, and a "
      "conversation the local tiers lack is fetched from there (needs --kv-cache-dir and --kv-shared-secret-file; "
-     "credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)", NULL},
+     "credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION or AWS_DEFAULT_REGION)", NULL},
     {"--kv-shared-endpoint", "URL", OPT_STR, OFF(kv_shared_endpoint), 0, 0,
-     "the store's address, http(s)://HOST[:PORT] (default: $AWS_ENDPOINT_URL)", NULL},
+     "the store's address, http(s)://HOST[:PORT] (default: $AWS_ENDPOINT_URL_S3, then $AWS_ENDPOINT_URL)", NULL},
     {"--kv-shared-secret-file", "FILE", OPT_STR, OFF(kv_shared_secret_file), 0, 0,
      "the cluster secret (>= 16 bytes, the same file on every replica): objects are encrypted and authenticated "
      "with it, and one that fails is never used", NULL},
