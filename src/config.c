@@ -7,7 +7,6 @@
 #include "config.h"
 
 #include "error.h"
-#include "params.h"
 
 #include <ggml.h>
 #include <llama.h>
@@ -1172,10 +1171,8 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
         printf("thaw serve, on llama.cpp %s\n", llama_version());
         return 1;
     }
-    if (cfg->list_devices) {
-        thaw_params_list_devices(cfg, stdout);
-        return 1;
-    }
+    if (cfg->list_devices)
+        return 1; /* thaw_serve_main prints them */
     if (!cfg->model_path) {
         fprintf(stderr, "thaw: no model given: use -m FILE.gguf (see thaw serve --help)\n");
         return THAW_EINVAL;

@@ -26,6 +26,7 @@
 #include "draft.h"
 #include "error.h"
 #include "fingerprint.h"
+#include "keys_request.h"
 #include "kvcache.h"
 #include "kvstate.h"
 #include "kvtap.h"

@@ -1,21 +1,10 @@
-/* keys.c — namespaces, bindings, conversation keys (keys.h). */
+/* keys.c — namespaces, bindings, block bindings, settings strings (keys.h). */
 #include "keys.h"
 
-#include "api.h"
-
-#include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 
-long thaw_keys_last_assistant(const struct thaw_message *msgs, size_t n)
-{
-    for (size_t i = n; i-- > 0;)
-        if (strcmp(msgs[i].role, "assistant") == 0)
-            return (long)i;
-    return -1;
-}
-
-static void hash_field(crypto_generichash_state *st, const char *s)
+void thaw_keys_hash_field(crypto_generichash_state *st, const char *s)
 {
     uint64_t len = strlen(s);
     unsigned char le[8];
@@ -26,50 +15,20 @@ static void hash_field(crypto_generichash_state *st, const char *s)
     crypto_generichash_update(st, (const unsigned char *)s, len);
 }
 
-void thaw_keys_conversation(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
-                            const char *extra_json, uint8_t out[THAW_KEY_BYTES])
-{
-    crypto_generichash_state st;
-
-    crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
-    hash_field(&st, "thaw.kv.v2");
-    crypto_generichash_update(&st, binding, THAW_KEY_BYTES);
-    /* the normalised message: role as the template sees it ("developer"
-     * renders as "system"), content, tool calls, ids, names, reasoning */
-    for (size_t i = 0; i < n; i++)
-        hash_field(&st, msgs[i].json);
-    if (extra_json)
-        hash_field(&st, extra_json);
-    crypto_generichash_final(&st, out, THAW_KEY_BYTES);
-}
-
-void thaw_keys_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
-                            uint8_t out[THAW_KEY_BYTES])
-{
-    crypto_generichash_state st;
-
-    crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
-    hash_field(&st, "thaw.request.v1");
-    crypto_generichash_update(&st, binding, THAW_KEY_BYTES);
-    hash_field(&st, req->tools_json ? req->tools_json : "");
-    hash_field(&st, req->template_kwargs ? req->template_kwargs : "");
-    crypto_generichash_final(&st, out, THAW_KEY_BYTES);
-}
-
 void thaw_keys_binding(const uint8_t fingerprint[THAW_KEY_BYTES], const char *settings,
                        const uint8_t namespace_id[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES])
 {
     crypto_generichash_state st;
 
     crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
-    hash_field(&st, "thaw.binding.v2");
+    thaw_keys_hash_field(&st, "thaw.binding.v2");
     crypto_generichash_update(&st, fingerprint, THAW_KEY_BYTES);
-    hash_field(&st, settings);
+    thaw_keys_hash_field(&st, settings);
     if (namespace_id) {
-        hash_field(&st, "ns");
+        thaw_keys_hash_field(&st, "ns");
         crypto_generichash_update(&st, namespace_id, THAW_KEY_BYTES);
     } else {
-        hash_field(&st, "identity");
+        thaw_keys_hash_field(&st, "identity");
     }
     crypto_generichash_final(&st, out, THAW_KEY_BYTES);
 }

@@ -1,5 +1,6 @@
-/* keys.h — what names a cached conversation: tenant namespaces, bindings
- * and conversation keys (DESIGN §2 "Keying", §5).
+/* keys.h — what a cached conversation is bound to: tenant namespaces,
+ * bindings, block bindings (DESIGN §2 "Keying", §5); the conversation keys
+ * over a request's messages are keys_request.h's.
  *
  * The lookup key hashes the conversation truncated at its last assistant
  * message; the store key hashes the conversation plus the reply as the
@@ -19,22 +20,11 @@
 
 #include "key.h"
 
+#include <sodium.h>
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-struct thaw_message;      /* api.h */
-struct thaw_chat_request; /* api.h */
-
-/* Index of the last assistant message, or -1 (no lookup key then). */
-long thaw_keys_last_assistant(const struct thaw_message *msgs, size_t n);
-
-/* key = BLAKE2b-256("thaw.kv.v2" || binding || msgs[i].json ... ||
- * [extra_json]). `binding` is from thaw_keys_binding (+
- * thaw_keys_bind_request); `extra_json` is a normalised assistant message or
- * NULL. */
-void thaw_keys_conversation(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
-                            const char *extra_json, uint8_t out[THAW_KEY_BYTES]);
 
 /* binding = BLAKE2b-256(fingerprint || settings string || namespace), where
  * the namespace is thaw_keys_namespace() of the request's API key (set by the
@@ -61,12 +51,6 @@ struct thaw_keys_settings {
  * its NUL) and the kwargs. Truncated to fit (cap >= 96 holds it all). */
 void thaw_keys_settings(const struct thaw_keys_settings *s, char *out, size_t cap);
 
-/* Mixes what else shapes the rendered prompt into a binding: the request's
- * tools and chat_template_kwargs. Two agents with the same messages but
- * other tools never share a key. `out` may alias `binding`. */
-void thaw_keys_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
-                            uint8_t out[THAW_KEY_BYTES]);
-
 /* A tenant's namespace: BLAKE2b-256 keyed with a fixed domain tag over the
  * API key itself (NULL or "" = the anonymous namespace of a server without
  * keys). Stable across restarts and key reordering, gone with the key, and
@@ -82,5 +66,9 @@ void thaw_keys_block_binding(const uint8_t identity[THAW_KEY_BYTES], const uint8
 /* A key's first 8 bytes in lowercase hex, NUL-terminated: how logs name a
  * conversation (enough to tell entries apart, never the whole key). */
 void thaw_keys_short(const uint8_t key[THAW_KEY_BYTES], char out[17]);
+
+/* Hashes s as one field: its length (u64, little-endian), then its bytes,
+ * so no two lists of fields hash alike. For keys_request.c's keys. */
+void thaw_keys_hash_field(crypto_generichash_state *st, const char *s);
 
 #endif

@@ -1,16 +1,11 @@
-/* sampling.c — sampler settings -> a llama.cpp sampler chain.
- *
- * The chain is built the way llama-server builds it (common/sampling.cpp):
- * the stages in --samplers order, then the sampler that picks: dist, or
- * adaptive-p when it is listed; Mirostat replaces the stages with
- * temperature + Mirostat. thaw keeps one rule of its own: temp <= 0 is
- * greedy (argmax), whatever the stages, so a greedy request is exact.
+/* sampling.c — sampler settings: llama-server's defaults, --samplers and
+ * its letters, DRY breakers, logit biases. No libllama here: sampler.c
+ * builds the chain from them.
  */
 #include "sampling.h"
 
 #include "error.h"
 
-#include <llama.h>
 #include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -56,7 +51,7 @@ void thaw_sampling_default(struct thaw_sampling *s)
     s->mirostat_eta = 0.1f;
     s->adaptive_target = -1.0f;
     s->adaptive_decay = 0.9f;
-    s->seed = LLAMA_DEFAULT_SEED;
+    s->seed = THAW_SAMPLING_SEED_RANDOM;
     memcpy(s->stages, order, sizeof order);
     s->n_stages = (int)sizeof order;
     thaw_sampling_add_breaker(s, true, "\\n", err, sizeof err);
@@ -221,136 +216,5 @@ int thaw_sampling_add_bias(struct thaw_sampling *s, const char *value, char *err
     }
     s->logit_bias[s->n_logit_bias].token = (int32_t)tok;
     s->logit_bias[s->n_logit_bias++].bias = sign == '-' ? -b : b;
-    return 0;
-}
-
-/* ---- the chain ----------------------------------------------------------------- */
-
-static int add(struct llama_sampler *chain, struct llama_sampler *s)
-{
-    if (!s)
-        return THAW_ENOMEM;
-    llama_sampler_chain_add(chain, s);
-    return 0;
-}
-
-/* --logit-bias, the model's suppressed tokens and, with --ignore-eos, every
- * end-of-generation token at -inf: one logit-bias sampler, as llama-server
- * merges them (ids outside the vocabulary are skipped) */
-static int add_biases(const struct thaw_sampling *s, struct llama_sampler *chain, const struct llama_vocab *vocab)
-{
-    int32_t n_vocab = llama_vocab_n_tokens(vocab), n_supp = 0, n = 0, cap;
-    const llama_token *supp = llama_vocab_get_suppress_tokens(vocab, &n_supp);
-    llama_logit_bias *bias;
-    int rc;
-
-    cap = s->n_logit_bias + n_supp;
-    if (s->ignore_eos)
-        for (llama_token t = 0; t < n_vocab; t++)
-            cap += llama_vocab_is_eog(vocab, t);
-    if (cap == 0)
-        return 0;
-    if (!(bias = malloc((size_t)cap * sizeof *bias)))
-        return THAW_ENOMEM;
-    for (int i = 0; i < s->n_logit_bias; i++)
-        if (s->logit_bias[i].token < n_vocab)
-            bias[n++] = (llama_logit_bias){s->logit_bias[i].token, s->logit_bias[i].bias};
-    for (int32_t i = 0; i < n_supp; i++)
-        bias[n++] = (llama_logit_bias){supp[i], -INFINITY};
-    if (s->ignore_eos)
-        for (llama_token t = 0; t < n_vocab; t++)
-            if (llama_vocab_is_eog(vocab, t))
-                bias[n++] = (llama_logit_bias){t, -INFINITY};
-    rc = n ? add(chain, llama_sampler_init_logit_bias(n_vocab, n, bias)) : 0; /* it copies the biases */
-    free(bias);
-    return rc;
-}
-
-static int build_stages(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
-                        struct llama_sampler *chain)
-{
-    int32_t n_vocab = llama_vocab_n_tokens(vocab);
-    int last_n = s->penalty_last_n < 0 ? n_ctx_slot : s->penalty_last_n;
-    int dry_last_n = s->dry_penalty_last_n < 0 ? n_ctx_slot : s->dry_penalty_last_n;
-    bool adaptive = false;
-    int rc = 0;
-
-    if ((rc = add_biases(s, chain, vocab)) != 0)
-        return rc;
-    if (s->temp <= 0.0f)
-        return add(chain, llama_sampler_init_greedy());
-    if (s->mirostat == 1 || s->mirostat == 2) {
-        if ((rc = add(chain, llama_sampler_init_temp(s->temp))) != 0)
-            return rc;
-        return add(chain, s->mirostat == 1 ? llama_sampler_init_mirostat(n_vocab, s->seed, s->mirostat_tau,
-                                                                         s->mirostat_eta, 100)
-                                           : llama_sampler_init_mirostat_v2(s->seed, s->mirostat_tau, s->mirostat_eta));
-    }
-    for (int i = 0; i < s->n_stages && rc == 0; i++) {
-        switch ((enum thaw_sampler_stage)s->stages[i]) {
-        case THAW_STAGE_PENALTIES:
-            rc = add(chain, llama_sampler_init_penalties(n_vocab, last_n, s->penalty_repeat, s->penalty_freq,
-                                                         s->penalty_present));
-            break;
-        case THAW_STAGE_DRY: {
-            const char *br[THAW_SAMPLING_BREAKERS_BYTES / 2];
-            size_t off = 0;
-            for (int j = 0; j < s->n_dry_breakers; j++) {
-                br[j] = s->dry_breakers + off;
-                off += strlen(br[j]) + 1;
-            }
-            rc = add(chain, llama_sampler_init_dry(vocab, s->dry_multiplier, s->dry_base, s->dry_allowed_length,
-                                                   dry_last_n, br, (size_t)s->n_dry_breakers));
-            break;
-        }
-        case THAW_STAGE_TOP_N_SIGMA:
-            rc = add(chain, llama_sampler_init_top_n_sigma(s->top_n_sigma));
-            break;
-        case THAW_STAGE_TOP_K:
-            rc = add(chain, llama_sampler_init_top_k(s->top_k));
-            break;
-        case THAW_STAGE_TYPICAL_P:
-            rc = add(chain, llama_sampler_init_typical(s->typ_p, 0));
-            break;
-        case THAW_STAGE_TOP_P:
-            rc = add(chain, llama_sampler_init_top_p(s->top_p, 0));
-            break;
-        case THAW_STAGE_MIN_P:
-            rc = add(chain, llama_sampler_init_min_p(s->min_p, 0));
-            break;
-        case THAW_STAGE_XTC:
-            rc = add(chain, llama_sampler_init_xtc(s->xtc_probability, s->xtc_threshold, 0, s->seed));
-            break;
-        case THAW_STAGE_TEMPERATURE:
-            rc = add(chain, llama_sampler_init_temp_ext(s->temp, s->dynatemp_range, s->dynatemp_exponent));
-            break;
-        case THAW_STAGE_ADAPTIVE_P:
-            adaptive = true; /* picks the token: goes last, in dist's place */
-            break;
-        }
-    }
-    if (rc != 0)
-        return rc;
-    return add(chain, adaptive ? llama_sampler_init_adaptive_p(s->adaptive_target, s->adaptive_decay, s->seed)
-                               : llama_sampler_init_dist(s->seed));
-}
-
-int thaw_sampling_build(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
-                        const int32_t *history, int n_history, struct llama_sampler *chain)
-{
-    /* its own chain, so the history reaches these samplers and not a
-     * grammar ahead of them in `chain` */
-    struct llama_sampler *sub = llama_sampler_chain_init(llama_sampler_chain_default_params());
-    int rc;
-
-    if (!sub)
-        return THAW_ENOMEM;
-    if ((rc = build_stages(s, vocab, n_ctx_slot, sub)) != 0) {
-        llama_sampler_free(sub);
-        return rc;
-    }
-    for (int i = 0; i < n_history; i++)
-        llama_sampler_accept(sub, history[i]);
-    llama_sampler_chain_add(chain, sub);
     return 0;
 }

@@ -1,5 +1,5 @@
-/* sampling.h — the sampler settings a reply is drawn with, and the chain
- * of llama.cpp samplers they build.
+/* sampling.h — the sampler settings a reply is drawn with (the chain of
+ * llama.cpp samplers they build is sampler.c's).
  *
  * The server's defaults (--temp, --top-k, --samplers, ...) fill one of
  * these at start-up; a request's own fields override them for that request
@@ -13,12 +13,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct llama_sampler;
-struct llama_vocab;
-
 #define THAW_SAMPLING_MAX_STAGES 16
 #define THAW_SAMPLING_BREAKERS_BYTES 256
 #define THAW_SAMPLING_MAX_BIAS 64
+#define THAW_SAMPLING_SEED_RANDOM 0xFFFFFFFFu /* libllama's LLAMA_DEFAULT_SEED (sampler.c checks) */
 
 /* One stage of the chain, in --samplers order. */
 enum thaw_sampler_stage {
@@ -60,7 +58,7 @@ struct thaw_sampling {
     float mirostat_eta;      /* --mirostat-lr */
     float adaptive_target;   /* < 0: off */
     float adaptive_decay;
-    uint32_t seed;           /* LLAMA_DEFAULT_SEED (0xFFFFFFFF) = a random seed per request */
+    uint32_t seed;           /* THAW_SAMPLING_SEED_RANDOM (LLAMA_DEFAULT_SEED) = a random seed per request */
     bool ignore_eos;         /* end-of-generation tokens get a -inf logit */
     struct {
         int32_t token;
@@ -90,16 +88,6 @@ int thaw_sampling_add_breaker(struct thaw_sampling *s, bool first, const char *v
 /* --logit-bias TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 2-inf: adds one. Returns
  * 0, or THAW_EINVAL with the reason in err. */
 int thaw_sampling_add_bias(struct thaw_sampling *s, const char *value, char *err, size_t errlen);
-
-/* Appends the stages to `chain` (a llama_sampler_chain) as one sampler,
- * ending with the one that picks the token: greedy when temp <= 0, else
- * dist (or Mirostat / adaptive-p). `n_ctx_slot` resolves the -1
- * look-backs. The `n_history` tokens of `history` (the prompt) are accepted
- * first, so the penalties and DRY see them as llama-server's do; a grammar
- * already in `chain` does not. Returns 0, or THAW_ENOMEM (`chain` is then
- * unchanged; the caller frees it either way). */
-int thaw_sampling_build(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
-                        const int32_t *history, int n_history, struct llama_sampler *chain);
 
 /* The stage names in order, ';'-separated, for --help and the start-up log. */
 void thaw_sampling_stages_str(const struct thaw_sampling *s, char *out, size_t outlen);

@@ -17,9 +17,10 @@
 #include "engine.h"
 #include "error.h"
 #include "http.h"
-#include "keys.h"
+#include "keys_request.h"
 #include "log.h"
 #include "metrics.h"
+#include "params.h"
 #include "stream.h"
 #include "task.h"
 #include "template.h"
@@ -712,6 +713,8 @@ int thaw_serve_main(int argc, char **argv)
         return 1;
     thaw_config_init(&srv->cfg);
     rc = thaw_config_parse(&srv->cfg, argc, argv);
+    if (rc == 1 && srv->cfg.list_devices)
+        thaw_params_list_devices(&srv->cfg, stdout);
     if (rc != 0) {
         code = rc == 1 ? 0 : 2;
         goto out;

@@ -9,6 +9,7 @@
 
 #include "api.h"
 #include "keys.h"
+#include "keys_request.h"
 
 static void test_namespace_is_the_key_not_its_position(void **state)
 {
