@@ -51,6 +51,15 @@ struct thaw_chat_request {
     bool parallel_tool_calls;
     char *json_schema;             /* response_format's schema ({"type":"object"} for json_object) */
     char *template_kwargs;         /* chat_template_kwargs object */
+    char *grammar;                 /* GBNF from the request's 'grammar' (it wins over a template's); NULL = none */
+
+    /* a raw completion (POST /v1/completions, /completion): no messages;
+     * the prompt is raw_text (tokenized with BOS, special tokens parsed)
+     * or raw_tokens, as sent (ids checked against the vocabulary later) */
+    bool raw;
+    char *raw_text;
+    int32_t *raw_tokens;           /* n_raw_tokens, owned */
+    int n_raw_tokens;
 };
 
 /* What the engine measured for one request; mirrors llama-server's `timings`

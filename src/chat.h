@@ -60,6 +60,13 @@ void thaw_chat_gen_free(struct thaw_chat_gen *g);
 int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
                      int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen);
 
+/* A raw completion's prompt (req->raw): raw_text tokenized (BOS as the
+ * vocab wants, special tokens parsed) or raw_tokens checked against the
+ * vocabulary; gen holds the request's own grammar (or its JSON schema's)
+ * and no parser. Returns 0, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
+int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
+                         int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen);
+
 /* The tokens the next turn will present for the conversation followed by
  * `reply_json` (a message, as thaw_chat_parse_reply gives it): everything
  * before the next message's own text, so template glue that only appears

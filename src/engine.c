@@ -129,7 +129,7 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     thaw_slot_move(s, THAW_SLOT_PREFILL, &(struct thaw_slot_enter){.task = t, .smpl = thaw_sampler_new(e->vocab, &e->cfg->sampling, e->n_ctx_slot, t)},
                    e->metrics);
     if (!s->smpl && t->gen.grammar) {
-        slot_fail(e, s, 400, "the grammar for this request's tools or response_format does not compile");
+        slot_fail(e, s, 400, "the grammar for this request (its grammar, json_schema, response_format or tools) does not compile");
         return THAW_EINVAL;
     }
     if (!s->smpl || thaw_slot_reserve(s, t->n_prompt + 1) != 0) {
@@ -308,8 +308,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
      * a state this replica is about to write itself. */
     bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm;
     if (will_store) {
-        thaw_keys_conversation(s->task->binding, s->task->req.messages, s->task->req.n_messages, norm,
-                               s->store_key);
+        thaw_keys_reply(s->task->binding, &s->task->req, norm, s->tokens, s->n_tokens, s->store_key);
         thaw_kvcache_expect(e->kv, s->store_key);
     }
     thaw_task_finish(s->task, reason, &s->timings, msg);

@@ -12,6 +12,7 @@
 
 #include "api.h"
 #include "api_anthropic.h"
+#include "api_completions.h"
 #include "api_responses.h"
 #include "config.h"
 #include "engine.h"
@@ -73,6 +74,7 @@ struct wire {
     /* the 400 of a prompt longer than a slot's context */
     void (*too_long)(char *buf, size_t n, int n_prompt, int n_ctx_slot);
     const char *auth_hint; /* the 401's message */
+    bool raw;              /* a raw prompt (completions): no template */
 };
 
 static char *chat_reply(const struct thaw_task *t, const char *id)
@@ -105,16 +107,48 @@ static char *responses_reply(const struct thaw_task *t, const char *id)
 
 static const struct wire wire_chat = {
     THAW_WIRE_CHAT, "chatcmpl-", thaw_api_parse_chat, thaw_api_error_json, chat_reply, chat_too_long,
-    "missing or invalid API key: send 'Authorization: Bearer <key>'",
+    "missing or invalid API key: send 'Authorization: Bearer <key>'", false,
 };
 static const struct wire wire_messages = {
     THAW_WIRE_MESSAGES, "msg_", thaw_anthropic_parse, thaw_anthropic_error_json, messages_reply, messages_too_long,
-    "missing or invalid API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'",
+    "missing or invalid API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'", false,
 };
 
 static const struct wire wire_responses = {
     THAW_WIRE_RESPONSES, "resp_", thaw_responses_parse, thaw_api_error_json, responses_reply, chat_too_long,
-    "missing or invalid API key: send 'Authorization: Bearer <key>'",
+    "missing or invalid API key: send 'Authorization: Bearer <key>'", false,
+};
+
+static char *completions_reply(const struct thaw_task *t, const char *id)
+{
+    char *text = thaw_api_message_content(t->message_json);
+    char *out = text ? thaw_api_text_completion_json(id, t->model_name, time(NULL), text, t->finish_reason,
+                                                     t->n_prompt, &t->timings)
+                     : NULL;
+
+    free(text);
+    return out;
+}
+
+static char *completion_reply(const struct thaw_task *t, const char *id)
+{
+    char *text = thaw_api_message_content(t->message_json);
+    char *out = text ? thaw_api_llama_completion_json(t->model_name, text, true, t->finish_reason, t->n_prompt,
+                                                      &t->timings)
+                     : NULL;
+
+    (void)id;
+    free(text);
+    return out;
+}
+
+static const struct wire wire_completions = {
+    THAW_WIRE_COMPLETIONS, "cmpl-", thaw_api_parse_completion, thaw_api_error_json, completions_reply, chat_too_long,
+    "missing or invalid API key: send 'Authorization: Bearer <key>'", true,
+};
+static const struct wire wire_completion = {
+    THAW_WIRE_COMPLETION, "cmpl-", thaw_api_parse_completion, thaw_api_error_json, completion_reply, chat_too_long,
+    "missing or invalid API key: send 'Authorization: Bearer <key>'", true,
 };
 
 static void set_wire_error(struct thaw_http_response *r, const struct wire *w, int status, const char *msg)
@@ -237,6 +271,19 @@ static const char *log_id(const char *id, char *buf)
     return buf;
 }
 
+/* The server's --grammar / --json-schema for a request that constrains
+ * nothing itself (no grammar, schema, or tools). 0 or THAW_ENOMEM. */
+static int apply_defaults(const struct thaw_config *cfg, struct thaw_chat_request *req)
+{
+    if (req->grammar || req->json_schema || req->tools_json)
+        return 0;
+    if (cfg->json_schema && !(req->json_schema = strdup(cfg->json_schema)))
+        return THAW_ENOMEM;
+    if (cfg->grammar && !(req->grammar = strdup(cfg->grammar)))
+        return THAW_ENOMEM;
+    return 0;
+}
+
 /* Parse, the cheap bounds, the template: the request and its prompt, or an
  * answered error (then returns nonzero and nothing needs freeing). */
 static int prepare(struct server *srv, const struct thaw_http_request *hr, const struct wire *w,
@@ -267,7 +314,13 @@ static int prepare(struct server *srv, const struct thaw_http_request *hr, const
         thaw_chat_request_free(req);
         return rc;
     }
-    if ((rc = thaw_chat_prompt(chat, req, prompt, n_prompt, gen, err, sizeof err)) != 0) {
+    if ((rc = apply_defaults(&srv->cfg, req)) != 0) {
+        set_wire_error(r, w, 500, thaw_strerror(rc));
+        thaw_chat_request_free(req);
+        return rc;
+    }
+    if ((rc = w->raw ? thaw_chat_raw_prompt(chat, req, prompt, n_prompt, gen, err, sizeof err)
+                     : thaw_chat_prompt(chat, req, prompt, n_prompt, gen, err, sizeof err)) != 0) {
         set_wire_error(r, w, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         thaw_chat_request_free(req);
         return rc;
@@ -383,6 +436,20 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
                        struct thaw_http_response *r)
 {
     serve_chat(srv, hr, ns, r, &wire_chat);
+}
+
+/* POST /v1/completions (OpenAI's legacy API) and POST /completion
+ * (llama-server's): a raw prompt through the same slots and cache tiers */
+static void route_completions(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                              struct thaw_http_response *r)
+{
+    serve_chat(srv, hr, ns, r, &wire_completions);
+}
+
+static void route_completion(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                             struct thaw_http_response *r)
+{
+    serve_chat(srv, hr, ns, r, &wire_completion);
 }
 
 /* POST /v1/messages (Claude Code adds ?beta=true: the path is all that is matched) */
@@ -604,6 +671,8 @@ static const struct route {
     {"/health", "/v1/health", "GET", route_health, true, false, NULL},
     {"/v1/chat/completions", "/chat/completions", "POST", route_chat, false, false, NULL},
     {"/v1/messages", NULL, "POST", route_messages, false, false, &wire_messages},
+    {"/v1/completions", "/completions", "POST", route_completions, false, false, NULL},
+    {"/completion", NULL, "POST", route_completion, false, false, NULL},
     {"/v1/responses", "/responses", "POST", route_responses, false, false, NULL},
     {"/v1/messages/count_tokens", NULL, "POST", route_count_tokens, false, false, &wire_messages},
     {"/v1/models", "/models", "GET", route_models, false, false, NULL},
@@ -645,9 +714,16 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
     uint8_t ns[THAW_KEY_BYTES];
 
     atomic_fetch_add(&srv->metrics.requests_total, 1);
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !rt; i++)
-        if (strcmp(hr->url, routes[i].path) == 0 || (routes[i].alias && strcmp(hr->url, routes[i].alias) == 0) ||
-            (routes[i].prefix && strncmp(hr->url, routes[i].path, strlen(routes[i].path)) == 0))
+    /* --api-prefix: the routes live under it, and nowhere else */
+    const char *url = hr->url;
+    size_t np = strlen(srv->cfg.api_prefix);
+    if (np && strncmp(url, srv->cfg.api_prefix, np) == 0 && (url[np] == '/' || url[np] == '\0'))
+        url = url[np] ? url + np : "/";
+    else if (np)
+        url = NULL;
+    for (size_t i = 0; url && i < sizeof routes / sizeof routes[0] && !rt; i++)
+        if (strcmp(url, routes[i].path) == 0 || (routes[i].alias && strcmp(url, routes[i].alias) == 0) ||
+            (routes[i].prefix && strncmp(url, routes[i].path, strlen(routes[i].path)) == 0))
             rt = &routes[i];
     r->allow_origin = cors_allow(srv, hr->origin);
     if (!rt) {
@@ -668,7 +744,9 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
         const struct wire *w = rt->errors ? rt->errors : &wire_chat;
         set_wire_error(r, w, 401, w->auth_hint);
     } else {
-        rt->fn(srv, hr, ns, r);
+        struct thaw_http_request under = *hr; /* the path as the routes know it */
+        under.url = url;
+        rt->fn(srv, &under, ns, r);
     }
     if (r->status >= 400 && !r->defer)
         atomic_fetch_add(&srv->metrics.requests_errors, 1);
@@ -749,13 +827,17 @@ int thaw_serve_main(int argc, char **argv)
         .handler = handle,
         .ud = srv,
         .error_body = thaw_api_error_json,
+        .tls_key = srv->cfg.ssl_key,
+        .tls_cert = srv->cfg.ssl_cert,
     };
     if ((rc = thaw_http_start(&hp, &srv->http)) != 0)
         goto out_engine;
-    LOG_INF("listening on http://%s:%d (%d slots, %s)", srv->cfg.host, thaw_http_port(srv->http),
+    LOG_INF("listening on %s://%s:%d%s (%d slots, %s)", srv->cfg.ssl_key ? "https" : "http", srv->cfg.host,
+            thaw_http_port(srv->http), srv->cfg.api_prefix,
             srv->cfg.n_parallel, srv->cfg.n_api_keys ? "API key required" : "no API key");
     if (srv->cfg.webui && thaw_webui_n_files > 0)
-        LOG_INF("chat page: http://%s:%d/", srv->cfg.host, thaw_http_port(srv->http));
+        LOG_INF("chat page: %s://%s:%d%s/", srv->cfg.ssl_key ? "https" : "http", srv->cfg.host,
+                thaw_http_port(srv->http), srv->cfg.api_prefix);
 
     sigwait(&sigs, &sig);
     LOG_INF("%s: shutting down (in-flight requests get an error, nothing new is accepted)",

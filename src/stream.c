@@ -6,6 +6,7 @@
  *   ---- OpenAI chat --- chat.completion.chunk objects, [DONE]
  *   ---- Anthropic ----  message_start, content blocks, message_delta/stop
  *   ---- Responses ----  response.created, output items and their parts, response.completed
+ *   ---- completions --  raw prompts: OpenAI's text_completion chunks, llama-server's /completion pieces
  *   ---- the reply ----  task news -> parser deltas -> the writer
  *
  * A writer sees a stream in this order: open (once), delta (each piece of
@@ -19,6 +20,7 @@
 
 #include "api.h"
 #include "api_anthropic.h"
+#include "api_completions.h"
 #include "api_responses.h"
 #include "chat.h"
 #include "error.h"
@@ -528,6 +530,52 @@ out:
     return rc;
 }
 
+/* ---- completions ------------------------------------------------------------------- */
+
+static int cmpl_open(struct thaw_stream *st, const struct thaw_task_news *nw)
+{
+    (void)st;
+    (void)nw;
+    return 0; /* the first text is the first chunk */
+}
+
+static const char *diff_text(json_t *diff)
+{
+    const char *s = json_string_value(json_object_get(diff, "content"));
+    return s ? s : "";
+}
+
+static int oai_cmpl_delta(struct thaw_stream *st, json_t *diff)
+{
+    return emit_text(st, NULL,
+                     thaw_api_text_completion_chunk_json(st->id, st->model, st->created, diff_text(diff), NULL, 0, NULL));
+}
+
+static int oai_cmpl_close(struct thaw_stream *st)
+{
+    struct thaw_task *t = st->task;
+    int rc = emit_text(st, NULL, thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", t->finish_reason,
+                                                                     t->n_prompt, &t->timings));
+
+    return rc ? rc : pending_put(st, "data: [DONE]\n\n", 14);
+}
+
+static int llama_cmpl_delta(struct thaw_stream *st, json_t *diff)
+{
+    return emit_text(st, NULL, thaw_api_llama_completion_json(st->model, diff_text(diff), false, NULL, 0, NULL));
+}
+
+static int llama_cmpl_close(struct thaw_stream *st)
+{
+    struct thaw_task *t = st->task;
+
+    return emit_text(st, NULL, thaw_api_llama_completion_json(st->model, "", true, t->finish_reason, t->n_prompt,
+                                                              &t->timings));
+}
+
+static const struct writer oai_cmpl_writer = {false, cmpl_open, oai_cmpl_delta, oai_cmpl_close, chat_fail};
+static const struct writer llama_cmpl_writer = {false, cmpl_open, llama_cmpl_delta, llama_cmpl_close, chat_fail};
+
 /* Produces the next events. Returns 0, STREAM_NOTHING_YET (the engine has
  * no news: wait for its wake) or THAW_ENOMEM. Never blocks. */
 #define STREAM_NOTHING_YET 1
@@ -609,6 +657,8 @@ struct thaw_stream *thaw_stream_new(enum thaw_wire wire, struct thaw_task *t, co
         return NULL;
     st->w = wire == THAW_WIRE_MESSAGES ? &messages_writer : wire == THAW_WIRE_RESPONSES ? &responses_writer
                                                                                         : &chat_writer;
+    if (wire == THAW_WIRE_COMPLETIONS || wire == THAW_WIRE_COMPLETION)
+        st->w = wire == THAW_WIRE_COMPLETIONS ? &oai_cmpl_writer : &llama_cmpl_writer;
     st->task = t;
     snprintf(st->id, sizeof st->id, "%s", id);
     st->model = model;

@@ -32,6 +32,8 @@ enum thaw_wire {
     THAW_WIRE_CHAT,     /* POST /v1/chat/completions */
     THAW_WIRE_MESSAGES, /* POST /v1/messages */
     THAW_WIRE_RESPONSES, /* POST /v1/responses */
+    THAW_WIRE_COMPLETIONS, /* POST /v1/completions: text_completion chunks, [DONE] */
+    THAW_WIRE_COMPLETION,  /* POST /completion: llama-server's {"content", "stop"} pieces, no [DONE] */
 };
 
 struct thaw_stream;
