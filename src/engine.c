@@ -36,6 +36,7 @@
 #include "slot.h"
 #include "sampler.h"
 #include "slotkv.h"
+#include "slots_view.h"
 #include "template.h"
 #include "testhooks.h"
 #include "tokens.h"
@@ -51,6 +52,7 @@
 struct thaw_engine {
     const struct thaw_config *cfg;
     struct thaw_metrics *metrics;
+    struct thaw_slots_view *view; /* GET /slots (slots_view.h) */
 
     struct llama_model *model;
     const struct llama_vocab *vocab;
@@ -786,8 +788,14 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         rc = THAW_ENOMEM;
         goto error;
     }
-    for (int i = 0; i < e->n_slots; i++)
+    if (!(e->view = thaw_slots_view_new(e->n_slots, e->n_ctx_slot))) {
+        rc = THAW_ENOMEM;
+        goto error;
+    }
+    for (int i = 0; i < e->n_slots; i++) {
         thaw_slot_init(&e->slots[i], i);
+        e->slots[i].view = e->view;
+    }
     metrics->slots_total = e->n_slots;
     metrics->ram_budget_bytes = cfg->cache_ram_mib << 20;
     metrics->disk_budget_bytes = cfg->kv_cache_dir ? cfg->kv_cache_max_mib << 20 : 0;
@@ -838,6 +846,7 @@ error:
     if (e->batch.token)
         llama_batch_free(e->batch);
     free(e->slots);
+    thaw_slots_view_free(e->view);
     free(e->model_name);
     thaw_chat_free(e->chat);
     if (e->ctx)
@@ -875,6 +884,7 @@ void thaw_engine_free(struct thaw_engine *e)
         thaw_slot_free(&e->slots[i]);
     thaw_draft_free(e->draft);
     free(e->slots);
+    thaw_slots_view_free(e->view);
     llama_batch_free(e->batch);
     thaw_chat_free(e->chat);
     free(e->model_name);
@@ -886,6 +896,7 @@ void thaw_engine_free(struct thaw_engine *e)
 }
 
 const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e) { return e->chat; }
+struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e) { return e->view; }
 const char *thaw_engine_model_name(const struct thaw_engine *e) { return e->model_name; }
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; }
 int thaw_engine_max_token_bytes(const struct thaw_engine *e) { return e->max_token_bytes; }

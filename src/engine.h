@@ -40,6 +40,8 @@ void thaw_engine_free(struct thaw_engine *e);
 int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t);
 
 const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e);
+/* What GET /slots shows (slots_view.h): any thread may read it. */
+struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e);
 const char *thaw_engine_model_name(const struct thaw_engine *e);
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e);
 /* The longest text any one token stands for, in bytes (>= 1). */

@@ -21,6 +21,7 @@
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
+#include "slots_view.h"
 #include "stream.h"
 #include "task.h"
 #include "template.h"
@@ -656,6 +657,22 @@ static void route_props(struct server *srv, const struct thaw_http_request *hr, 
                                  srv->cfg.kv_cache_dir != NULL));
 }
 
+/* GET /slots: llama-server's array, each slot's conversation (the
+ * caller's own tenant's text only), phase and cache tier. --no-slots: 501
+ * as llama-server answers. */
+static void route_slots(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                        struct thaw_http_response *r)
+{
+    (void)hr;
+    if (!srv->cfg.slots) {
+        set_error(srv, r, 501, "This server does not support slots endpoint. Start it with `--slots`");
+        return;
+    }
+    set_json(r, 200, thaw_slots_view_json(thaw_engine_slots_view(srv->engine), thaw_engine_chat(srv->engine), ns));
+    if (!r->body)
+        set_error(srv, r, 500, "out of memory");
+}
+
 typedef void (*route_fn)(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
                          struct thaw_http_response *r);
 
@@ -682,6 +699,7 @@ static const struct route {
     {"/apply-template", NULL, "POST", route_apply_template, false, false, NULL},
     {"/props", NULL, "GET", route_props, false, false, NULL},
     {"/cache", NULL, "GET", route_cache, false, false, NULL},
+    {"/slots", NULL, "GET", route_slots, false, false, NULL},
     {"/", NULL, "GET", route_webui, true, false, NULL},
     {"/webui/", NULL, "GET", route_webui, true, true, NULL},
 };
