@@ -848,6 +848,8 @@ int thaw_serve_main(int argc, char **argv)
         .tls_key = srv->cfg.ssl_key,
         .tls_cert = srv->cfg.ssl_cert,
     };
+    if ((rc = thaw_stream_pinger_start(srv->cfg.sse_ping_s)) != 0)
+        goto out_engine;
     if ((rc = thaw_http_start(&hp, &srv->http)) != 0)
         goto out_engine;
     LOG_INF("listening on %s://%s:%d%s (%d slots, %s)", srv->cfg.ssl_key ? "https" : "http", srv->cfg.host,
@@ -867,6 +869,7 @@ int thaw_serve_main(int argc, char **argv)
     thaw_http_stop(srv->http);
     code = 0;
 out_engine:
+    thaw_stream_pinger_stop();
     thaw_engine_free(srv->engine);
 out:
     thaw_config_free(&srv->cfg);

@@ -54,4 +54,12 @@ ssize_t thaw_stream_read(void *stream, char *buf, size_t max);
  * the reply is: the engine stops generating for it). */
 void thaw_stream_free(void *stream);
 
+/* --sse-ping-interval: after `interval_s` seconds without an event, a
+ * stream sends an SSE comment (":"), as llama-server does, so that clients
+ * and proxies with idle timeouts keep a long prefill's stream open. Starts
+ * the one thread that wakes silent streams (<= 0: none). Returns 0 or
+ * THAW_ENOMEM. Stop it before the HTTP server stops. */
+int thaw_stream_pinger_start(int interval_s);
+void thaw_stream_pinger_stop(void);
+
 #endif
