@@ -953,11 +953,20 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
     return dump(root);
 }
 
-char *thaw_api_models_json(const char *model, long created, uint64_t n_params, int n_ctx_train)
+char *thaw_api_models_json(const char *model, long created, const struct thaw_model_meta *m)
 {
-    return dump(json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:I, s:i}}]}", "object", "list", "data", "id", model,
-                          "object", "model", "created", (json_int_t)created, "owned_by", "thaw", "meta", "n_params",
-                          (json_int_t)n_params, "n_ctx_train", n_ctx_train));
+    json_t *meta = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:I}", "vocab_type", m->vocab_type, "n_vocab", m->n_vocab,
+                             "n_ctx", m->n_ctx_slot, "n_ctx_train", m->n_ctx_train, "n_embd", m->n_embd, "n_params",
+                             (json_int_t)m->n_params, "size", (json_int_t)m->size_bytes);
+    json_t *details = json_pack("{s:s, s:s, s:s, s:[s], s:s, s:s}", "parent_model", "", "format", "gguf", "family", "",
+                                "families", "", "parameter_size", "", "quantization_level", "");
+
+    return dump(json_pack("{s:[{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s], s:[s], s:s, s:o}], s:s, "
+                          "s:[{s:s, s:[s], s:[], s:s, s:I, s:s, s:o}]}",
+                          "models", "name", model, "model", model, "modified_at", "", "size", "", "digest", "", "type",
+                          "model", "description", "", "tags", "", "capabilities", "completion", "parameters", "",
+                          "details", details, "object", "list", "data", "id", model, "aliases", model, "tags",
+                          "object", "model", "created", (json_int_t)created, "owned_by", "thaw", "meta", meta));
 }
 
 int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,

@@ -148,7 +148,13 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
                           const char *content, const char *finish_reason, const struct thaw_timings *timings,
                           int prompt_tokens, bool usage_only);
 
-/* GET /v1/models body. */
-char *thaw_api_models_json(const char *model, long created, uint64_t n_params, int n_ctx_train);
+/* What GET /v1/models says of the model (llama-server's "meta"). */
+struct thaw_model_meta {
+    uint64_t n_params, size_bytes;
+    int n_vocab, vocab_type, n_ctx_train, n_embd, n_ctx_slot;
+};
+/* GET /v1/models body: OpenAI's list ("data") with llama-server's "meta"
+ * and "aliases", and its Ollama-style "models" array. */
+char *thaw_api_models_json(const char *model, long created, const struct thaw_model_meta *m);
 
 #endif

@@ -902,6 +902,12 @@ int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; 
 int thaw_engine_max_token_bytes(const struct thaw_engine *e) { return e->max_token_bytes; }
 int thaw_engine_n_ctx_train(const struct thaw_engine *e) { return llama_model_n_ctx_train(e->model); }
 uint64_t thaw_engine_n_params(const struct thaw_engine *e) { return llama_model_n_params(e->model); }
+void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta *m)
+{
+    *m = (struct thaw_model_meta){llama_model_n_params(e->model), llama_model_size(e->model),
+                                  llama_vocab_n_tokens(e->vocab), (int)llama_vocab_type(e->vocab),
+                                  llama_model_n_ctx_train(e->model), llama_model_n_embd(e->model), e->n_ctx_slot};
+}
 
 void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id[THAW_KEY_BYTES],
                          uint8_t out[THAW_KEY_BYTES])

@@ -48,6 +48,8 @@ int thaw_engine_n_ctx_slot(const struct thaw_engine *e);
 int thaw_engine_max_token_bytes(const struct thaw_engine *e);
 int thaw_engine_n_ctx_train(const struct thaw_engine *e);
 uint64_t thaw_engine_n_params(const struct thaw_engine *e);
+/* The model's numbers GET /v1/models reports. */
+void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta *m);
 
 /* The key binding for a tenant namespace (model fingerprint + context
  * settings + namespace), see thaw_keys_binding. */

@@ -502,11 +502,12 @@ static void route_health(struct server *srv, const struct thaw_http_request *hr,
 static void route_models(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
                          struct thaw_http_response *r)
 {
+    struct thaw_model_meta m;
+
     (void)hr;
     (void)ns;
-    set_json(r, 200,
-             thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->started, thaw_engine_n_params(srv->engine),
-                                  thaw_engine_n_ctx_train(srv->engine)));
+    thaw_engine_model_meta(srv->engine, &m);
+    set_json(r, 200, thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->started, &m));
 }
 
 static void route_metrics(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
