@@ -740,9 +740,19 @@ char *thaw_api_tokens_json(const int32_t *tokens, size_t n, char *const *pieces)
 {
     json_t *arr = json_array();
 
-    for (size_t i = 0; arr && i < n; i++)
-        json_array_append_new(arr, pieces ? json_pack("{s:i, s:s}", "id", (int)tokens[i], "piece", pieces[i])
-                                          : json_integer(tokens[i]));
+    for (size_t i = 0; arr && i < n; i++) {
+        if (!pieces) {
+            json_array_append_new(arr, json_integer(tokens[i]));
+            continue;
+        }
+        /* a piece that is not UTF-8 (a byte-fallback token, half a
+         * character) is its bytes, as llama-server sends it */
+        json_t *piece = json_string(pieces[i]);
+        if (!piece && (piece = json_array()))
+            for (const unsigned char *p = (const unsigned char *)pieces[i]; *p; p++)
+                json_array_append_new(piece, json_integer(*p));
+        json_array_append_new(arr, json_pack("{s:i, s:o}", "id", (int)tokens[i], "piece", piece));
+    }
     return dump(json_pack("{s:o}", "tokens", arr));
 }
 

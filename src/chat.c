@@ -539,6 +539,24 @@ int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool
     return 0;
 }
 
+char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok)
+{
+    char *buf = malloc(256);
+    int got = buf ? llama_token_to_piece(chat->vocab, tok, buf, 255, 0, true) : -1;
+
+    if (buf && got < 0) {
+        char *nb = realloc(buf, (size_t)-got + 1);
+        got = nb ? llama_token_to_piece(chat->vocab, tok, nb, -got, 0, true) : -1;
+        buf = nb ? nb : (free(buf), NULL);
+    }
+    if (!buf || got < 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[got] = '\0';
+    return buf;
+}
+
 char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n)
 {
     for (int i = 0; i < n; i++)

@@ -96,6 +96,10 @@ int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool
  * vocabulary (or ENOMEM). */
 char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n);
 int thaw_chat_n_vocab(const struct thaw_chat *chat);
+/* One token's own text (POST /tokenize's pieces): its bytes as the
+ * vocabulary has them, leading space kept, special tokens rendered; may be
+ * a part of a character. malloc'd, NUL-terminated; NULL on ENOMEM. */
+char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok);
 
 /* Tokenizes text (special tokens parsed, BOS added when the vocab wants it)
  * into a malloc'd array. Returns 0 or THAW_ENOMEM / THAW_EINVAL. */

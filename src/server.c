@@ -590,7 +590,7 @@ static void route_tokenize(struct server *srv, const struct thaw_http_request *h
         goto out;
     }
     for (int i = 0; with_pieces && i < n; i++)
-        if (!(pieces[i] = thaw_chat_detokenize(chat, &toks[i], 1))) {
+        if (!(pieces[i] = thaw_chat_token_piece(chat, toks[i]))) {
             set_error(srv, r, 500, "out of memory");
             goto out;
         }

@@ -182,3 +182,17 @@ def test_v1_models_has_llama_servers_fields(serve):
     for k in ("n_vocab", "n_ctx_train", "n_embd", "n_params", "size", "n_ctx"):
         assert k in d["meta"], k
     assert m["models"][0]["name"] == "tiny" and m["models"][0]["model"] == "tiny"
+
+
+def test_tokenize_pieces_are_each_tokens_bytes(serve):
+    """/tokenize with_pieces, as llama-server: every token's piece, a
+    leading space kept, and a piece that is not UTF-8 (part of a character)
+    as its bytes; the pieces put together are the text."""
+    s = serve("llama")
+    content = "This is a test string with unicode 媽 and emoji 🤗"
+    toks = s.post("/tokenize", {"content": content, "with_pieces": True}).json()["tokens"]
+    assert len(toks) == len(s.post("/tokenize", {"content": content}).json()["tokens"])
+    raw = b"".join(bytes(t["piece"]) if isinstance(t["piece"], list) else t["piece"].encode() for t in toks)
+    assert raw == content.encode()
+    assert any(isinstance(t["piece"], list) for t in toks)  # the emoji's bytes span tokens
+    assert any(isinstance(t["piece"], str) and t["piece"].startswith(" ") for t in toks)
