@@ -855,6 +855,12 @@ char *thaw_api_error_json(int status, const char *message)
     return out;
 }
 
+char *thaw_api_ctx_error_json(const char *message, int n_prompt, int n_ctx_slot)
+{
+    return dump(json_pack("{s:{s:s, s:s, s:i, s:i, s:i}}", "error", "message", message, "type",
+                          "exceed_context_size_error", "code", 400, "n_prompt_tokens", n_prompt, "n_ctx", n_ctx_slot));
+}
+
 char *thaw_api_completion_json(const char *id, const char *model, long created, const char *message_json,
                                const char *finish_reason, int prompt_tokens, const struct thaw_timings *t)
 {

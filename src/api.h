@@ -126,6 +126,11 @@ char *thaw_api_cache_json(const char *prometheus_text);
  * only on ENOMEM. */
 char *thaw_api_error_json(int status, const char *message);
 
+/* The 400 of a prompt longer than a slot's context, as llama-server
+ * sends it: type "exceed_context_size_error" with n_prompt_tokens and
+ * n_ctx (a slot's), so a client can trim by the numbers. */
+char *thaw_api_ctx_error_json(const char *message, int n_prompt, int n_ctx_slot);
+
 /* A non-streaming chat.completion object around `message_json` (an
  * assistant message: content, reasoning_content, tool_calls). NULL when
  * that is not JSON, or on ENOMEM. */

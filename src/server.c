@@ -396,7 +396,10 @@ static void serve_chat(struct server *srv, const struct thaw_http_request *hr, c
         } else {
             snprintf(msg, sizeof msg, "%s", thaw_strerror(rc));
         }
-        set_wire_error(r, w, status, msg);
+        if (rc == THAW_ECTXFULL && w->error_json == thaw_api_error_json) /* llama-server's shape, with the numbers */
+            set_json(r, 400, thaw_api_ctx_error_json(msg, n_prompt, thaw_engine_n_ctx_slot(srv->engine)));
+        else
+            set_wire_error(r, w, status, msg);
         thaw_task_release(t);
         return;
     }
@@ -745,7 +748,10 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
             (routes[i].prefix && strncmp(url, routes[i].path, strlen(routes[i].path)) == 0))
             rt = &routes[i];
     r->allow_origin = cors_allow(srv, hr->origin);
-    if (!rt) {
+    if (!rt && srv->cfg.n_api_keys > 0 && strcmp(hr->method, "OPTIONS") != 0 && authenticate(srv, hr, ns) != 0) {
+        /* as llama-server: without a key, no path is told apart from another */
+        set_wire_error(r, &wire_chat, 401, wire_chat.auth_hint);
+    } else if (!rt) {
         char msg[128];
         snprintf(msg, sizeof msg, "no route for %s %.80s", hr->method, hr->url);
         set_error(srv, r, 404, msg);

@@ -196,3 +196,22 @@ def test_tokenize_pieces_are_each_tokens_bytes(serve):
     assert raw == content.encode()
     assert any(isinstance(t["piece"], list) for t in toks)  # the emoji's bytes span tokens
     assert any(isinstance(t["piece"], str) and t["piece"].startswith(" ") for t in toks)
+
+
+def test_a_prompt_over_the_context_says_by_how_much(serve):
+    """llama-server's exceed_context_size_error, with n_prompt_tokens and a
+    slot's n_ctx, on chat and on raw completions."""
+    s = serve("llama", "-c", "512", "-np", "2")
+    msgs = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}] * 40
+    for path, body in (("/v1/chat/completions", {"messages": msgs}),
+                       ("/v1/completions", {"prompt": "What is the best book " * 60})):
+        e = s.post(path, body).json()["error"]
+        assert e["type"] == "exceed_context_size_error" and e["code"] == 400, e
+        assert e["n_ctx"] == 256 and e["n_prompt_tokens"] > 256
+
+
+def test_with_keys_an_unknown_path_is_401_not_404(serve):
+    s = serve("llama", "--api-key", "k1")
+    assert s.get("/nope").status_code == 401
+    assert s.get("/nope", headers={"Authorization": "Bearer k1"}).status_code == 404
+    assert s.get("/health").status_code == 200
