@@ -277,6 +277,9 @@ static const struct opt opts[] = {
     {"--no-slots", NULL, OPT_FALSE, OFF(slots), 0, 0, "GET /slots answers 501", NULL},
     {"--sse-ping-interval", "SECONDS", OPT_INT, OFF(sse_ping_s), -1, 86400,
      "a streamed reply silent this long gets an SSE comment (':'), so clients and proxies keep it open (<= 0: never)", NULL},
+    {"-rea,--reasoning", "on|off|auto", OPT_STR, OFF(reasoning), 0, 0,
+     "let the template think (on: enable_thinking true, off: false, auto: the template's default); "
+     "--chat-template-kwargs, when given, wins", NULL},
     {"--grammar", "GBNF", OPT_STR, OFF(grammar), 0, 0,
      "constrain replies with this grammar when a request sets no grammar, schema or tools", NULL},
     {"--grammar-file", "FILE", OPT_STR, OFF(grammar_file), 0, 0, "--grammar read from FILE", NULL},
@@ -437,7 +440,6 @@ static const struct opt opts[] = {
     REFUSE("--models-preset", "FILE", WHY_ROUTER),
     REFUSE("--models-max", "N", WHY_ROUTER),
     REFUSE("--models-autoload", NULL, WHY_ROUTER),
-    REFUSE("-rea,--reasoning", "on|off|auto", WHY_NOT_YET " (--reasoning-format splits reasoning out)"),
     REFUSE("--reasoning-effort", "LEVEL", WHY_NOT_YET),
     REFUSE("--reasoning-budget", "N", WHY_NOT_YET),
     REFUSE("--reasoning-budget-message", "TEXT", WHY_NOT_YET),
@@ -1136,6 +1138,14 @@ static int read_side_files(struct thaw_config *cfg)
         cfg->ssl_key = cfg->tls_texts[0];
         cfg->ssl_cert = cfg->tls_texts[1];
     }
+    if (cfg->reasoning && strcmp(cfg->reasoning, "on") != 0 && strcmp(cfg->reasoning, "off") != 0 &&
+        strcmp(cfg->reasoning, "auto") != 0) {
+        fprintf(stderr, "thaw: --reasoning expects on, off or auto, got '%s'\n", cfg->reasoning);
+        return THAW_EINVAL;
+    }
+    if (cfg->reasoning && !cfg->chat_template_kwargs && strcmp(cfg->reasoning, "auto") != 0)
+        cfg->chat_template_kwargs = strcmp(cfg->reasoning, "on") == 0 ? "{\"enable_thinking\":true}"
+                                                                       : "{\"enable_thinking\":false}";
     size_t np = strlen(cfg->api_prefix);
     if (np > 0 && (cfg->api_prefix[0] != '/' || cfg->api_prefix[np - 1] == '/')) {
         fprintf(stderr, "thaw: --api-prefix must start with '/' and not end with one, got '%s'\n", cfg->api_prefix);

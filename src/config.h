@@ -148,6 +148,7 @@ struct thaw_config {
     const char *ssl_key_file, *ssl_cert_file; /* --ssl-key-file / --ssl-cert-file: PEM; both or neither */
     const char *ssl_key, *ssl_cert; /* their text (in file_texts / tls_texts) */
     char *tls_texts[2];
+    const char *reasoning;       /* -rea: on | off | auto (enable_thinking in the template's kwargs) */
     const char *api_prefix;      /* --api-prefix: the routes are served under it ("" = none) */
     bool slots;                  /* --slots (default) / --no-slots: GET /slots */
     int sse_ping_s;              /* --sse-ping-interval: ":" comment after this long without events (<= 0 off) */

@@ -215,3 +215,15 @@ def test_with_keys_an_unknown_path_is_401_not_404(serve):
     assert s.get("/nope").status_code == 401
     assert s.get("/nope", headers={"Authorization": "Bearer k1"}).status_code == 404
     assert s.get("/health").status_code == 200
+
+
+def test_reasoning_off_and_on_reach_the_template(serve, tmp_path):
+    from harness import mkmodel
+    q = mkmodel(tmp_path / "qwen3.gguf", "--arch", "qwen3", "--seed", "3")
+    prompts = {}
+    for mode in ("on", "off"):
+        s = serve(q, "--reasoning", mode)
+        prompts[mode] = s.post("/apply-template", {"messages": [{"role": "user", "content": "hi"}]}).json()["prompt"]
+        s.stop()
+    # Qwen3's template closes an empty think block when thinking is off
+    assert "<think>\n\n</think>" in prompts["off"] and "<think>\n\n</think>" not in prompts["on"]
