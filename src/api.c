@@ -373,7 +373,12 @@ static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char 
             return fail(err, errlen, "'response_format' must be an object with a string 'type'");
         const char *ty = json_string_value(type);
         if (strcmp(ty, "json_object") == 0) {
-            if (!(out->json_schema = strdup("{\"type\":\"object\"}")))
+            /* llama-server's extension: a 'schema' inside json_object constrains like json_schema */
+            json_t *schema = json_object_get(rf, "schema");
+            if (schema && !json_is_null(schema) && !json_is_object(schema))
+                return fail(err, errlen, "'response_format.schema' must be a JSON schema object");
+            if (!(out->json_schema = json_is_object(schema) ? json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS)
+                                                            : strdup("{\"type\":\"object\"}")))
                 return THAW_ENOMEM;
         } else if (strcmp(ty, "json_schema") == 0) {
             json_t *js = json_object_get(rf, "json_schema");
@@ -385,6 +390,25 @@ static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char 
         } else if (strcmp(ty, "text") != 0) {
             return fail(err, errlen, "'response_format.type' '%s' is not one of text, json_object, json_schema", ty);
         }
+    }
+
+    /* llama-server's own fields: a JSON schema or a GBNF grammar, one of them */
+    json_t *js = json_object_get(root, "json_schema"), *gr = json_object_get(root, "grammar");
+    if (js && !json_is_null(js)) {
+        if (!json_is_object(js))
+            return fail(err, errlen, "'json_schema' must be a JSON schema object");
+        if (out->json_schema)
+            return fail(err, errlen, "send one of 'json_schema' and 'response_format', not both");
+        if (!(out->json_schema = json_dumps(js, JSON_COMPACT | JSON_SORT_KEYS)))
+            return THAW_ENOMEM;
+    }
+    if (gr && !json_is_null(gr)) {
+        if (!json_is_string(gr))
+            return fail(err, errlen, "'grammar' must be a string (GBNF)");
+        if (out->json_schema)
+            return fail(err, errlen, "send one of 'grammar' and 'json_schema' / 'response_format', not both");
+        if (json_string_length(gr) > 0 && !(out->grammar = strdup(json_string_value(gr))))
+            return THAW_ENOMEM;
     }
 
     json_t *kw = json_object_get(root, "chat_template_kwargs");
@@ -594,6 +618,9 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
     free(req->tool_choice_name);
     free(req->json_schema);
     free(req->template_kwargs);
+    free(req->grammar);
+    free(req->raw_text);
+    free(req->raw_tokens);
     free(req->messages);
     free(req->model);
     free(req->prompt_cache_key);
@@ -614,12 +641,17 @@ int thaw_api_admit(const struct thaw_chat_request *req, int n_ctx_slot, int max_
                     req->n_messages, n_ctx_slot);
     for (size_t i = 0; i < req->n_messages; i++)
         bytes += strlen(req->messages[i].content);
+    if (req->raw_text)
+        bytes += strlen(req->raw_text);
+    if (req->n_raw_tokens >= n_ctx_slot)
+        return fail(err, errlen, "'prompt' holds %d tokens; a slot's context holds %d tokens (-c / -np)",
+                    req->n_raw_tokens, n_ctx_slot);
     /* every token covers at most max_token_bytes of text */
     if (bytes / (size_t)max_token_bytes >= (size_t)n_ctx_slot)
         return fail(err, errlen,
-                    "'messages' hold %zu bytes of text: at least %zu tokens, more than a slot's context of %d "
+                    "%s %zu bytes of text: at least %zu tokens, more than a slot's context of %d "
                     "tokens (-c / -np)",
-                    bytes, bytes / (size_t)max_token_bytes, n_ctx_slot);
+                    req->raw ? "'prompt' holds" : "'messages' hold", bytes, bytes / (size_t)max_token_bytes, n_ctx_slot);
     return 0;
 }
 
@@ -708,9 +740,19 @@ char *thaw_api_tokens_json(const int32_t *tokens, size_t n, char *const *pieces)
 {
     json_t *arr = json_array();
 
-    for (size_t i = 0; arr && i < n; i++)
-        json_array_append_new(arr, pieces ? json_pack("{s:i, s:s}", "id", (int)tokens[i], "piece", pieces[i])
-                                          : json_integer(tokens[i]));
+    for (size_t i = 0; arr && i < n; i++) {
+        if (!pieces) {
+            json_array_append_new(arr, json_integer(tokens[i]));
+            continue;
+        }
+        /* a piece that is not UTF-8 (a byte-fallback token, half a
+         * character) is its bytes, as llama-server sends it */
+        json_t *piece = json_string(pieces[i]);
+        if (!piece && (piece = json_array()))
+            for (const unsigned char *p = (const unsigned char *)pieces[i]; *p; p++)
+                json_array_append_new(piece, json_integer(*p));
+        json_array_append_new(arr, json_pack("{s:i, s:o}", "id", (int)tokens[i], "piece", piece));
+    }
     return dump(json_pack("{s:o}", "tokens", arr));
 }
 
@@ -811,6 +853,12 @@ char *thaw_api_error_json(int status, const char *message)
                       : NULL;
     free(clean);
     return out;
+}
+
+char *thaw_api_ctx_error_json(const char *message, int n_prompt, int n_ctx_slot)
+{
+    return dump(json_pack("{s:{s:s, s:s, s:i, s:i, s:i}}", "error", "message", message, "type",
+                          "exceed_context_size_error", "code", 400, "n_prompt_tokens", n_prompt, "n_ctx", n_ctx_slot));
 }
 
 char *thaw_api_completion_json(const char *id, const char *model, long created, const char *message_json,
@@ -921,11 +969,20 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
     return dump(root);
 }
 
-char *thaw_api_models_json(const char *model, long created, uint64_t n_params, int n_ctx_train)
+char *thaw_api_models_json(const char *model, long created, const struct thaw_model_meta *m)
 {
-    return dump(json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:I, s:i}}]}", "object", "list", "data", "id", model,
-                          "object", "model", "created", (json_int_t)created, "owned_by", "thaw", "meta", "n_params",
-                          (json_int_t)n_params, "n_ctx_train", n_ctx_train));
+    json_t *meta = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:I}", "vocab_type", m->vocab_type, "n_vocab", m->n_vocab,
+                             "n_ctx", m->n_ctx_slot, "n_ctx_train", m->n_ctx_train, "n_embd", m->n_embd, "n_params",
+                             (json_int_t)m->n_params, "size", (json_int_t)m->size_bytes);
+    json_t *details = json_pack("{s:s, s:s, s:s, s:[s], s:s, s:s}", "parent_model", "", "format", "gguf", "family", "",
+                                "families", "", "parameter_size", "", "quantization_level", "");
+
+    return dump(json_pack("{s:[{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s], s:[s], s:s, s:o}], s:s, "
+                          "s:[{s:s, s:[s], s:[], s:s, s:I, s:s, s:o}]}",
+                          "models", "name", model, "model", model, "modified_at", "", "size", "", "digest", "", "type",
+                          "model", "description", "", "tags", "", "capabilities", "completion", "parameters", "",
+                          "details", details, "object", "list", "data", "id", model, "aliases", model, "tags",
+                          "object", "model", "created", (json_int_t)created, "owned_by", "thaw", "meta", meta));
 }
 
 int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,

@@ -51,6 +51,15 @@ struct thaw_chat_request {
     bool parallel_tool_calls;
     char *json_schema;             /* response_format's schema ({"type":"object"} for json_object) */
     char *template_kwargs;         /* chat_template_kwargs object */
+    char *grammar;                 /* GBNF from the request's 'grammar' (it wins over a template's); NULL = none */
+
+    /* a raw completion (POST /v1/completions, /completion): no messages;
+     * the prompt is raw_text (tokenized with BOS, special tokens parsed)
+     * or raw_tokens, as sent (ids checked against the vocabulary later) */
+    bool raw;
+    char *raw_text;
+    int32_t *raw_tokens;           /* n_raw_tokens, owned */
+    int n_raw_tokens;
 };
 
 /* What the engine measured for one request; mirrors llama-server's `timings`
@@ -117,6 +126,11 @@ char *thaw_api_cache_json(const char *prometheus_text);
  * only on ENOMEM. */
 char *thaw_api_error_json(int status, const char *message);
 
+/* The 400 of a prompt longer than a slot's context, as llama-server
+ * sends it: type "exceed_context_size_error" with n_prompt_tokens and
+ * n_ctx (a slot's), so a client can trim by the numbers. */
+char *thaw_api_ctx_error_json(const char *message, int n_prompt, int n_ctx_slot);
+
 /* A non-streaming chat.completion object around `message_json` (an
  * assistant message: content, reasoning_content, tool_calls). NULL when
  * that is not JSON, or on ENOMEM. */
@@ -139,7 +153,13 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
                           const char *content, const char *finish_reason, const struct thaw_timings *timings,
                           int prompt_tokens, bool usage_only);
 
-/* GET /v1/models body. */
-char *thaw_api_models_json(const char *model, long created, uint64_t n_params, int n_ctx_train);
+/* What GET /v1/models says of the model (llama-server's "meta"). */
+struct thaw_model_meta {
+    uint64_t n_params, size_bytes;
+    int n_vocab, vocab_type, n_ctx_train, n_embd, n_ctx_slot;
+};
+/* GET /v1/models body: OpenAI's list ("data") with llama-server's "meta"
+ * and "aliases", and its Ollama-style "models" array. */
+char *thaw_api_models_json(const char *model, long created, const struct thaw_model_meta *m);
 
 #endif

@@ -394,8 +394,8 @@ static json_t *apply_request(const struct thaw_chat *chat, const struct thaw_cha
     json_error_t jerr;
 
     *rc = THAW_ENOMEM;
-    if ((req->tools_json || req->json_schema) && !thaw_tmpl_jinja(chat->tmpl)) {
-        snprintf(err, errlen, "'tools' and 'response_format' need the Jinja renderer: the server runs with --no-jinja");
+    if (req->tools_json && !thaw_tmpl_jinja(chat->tmpl)) {
+        snprintf(err, errlen, "'tools' need the Jinja renderer: the server runs with --no-jinja");
         *rc = THAW_EINVAL;
         return NULL;
     }
@@ -423,19 +423,50 @@ int thaw_chat_render_prompt(const struct thaw_chat *chat, const struct thaw_chat
     return *text ? 0 : THAW_ENOMEM;
 }
 
+/* A grammar the request gives itself ('grammar', or a JSON schema no
+ * template rendered): it replaces the template's, from the first token. */
+static int own_grammar(const struct thaw_chat_request *req, bool schema, struct thaw_chat_gen *gen, char *err,
+                       size_t errlen)
+{
+    char *g = NULL;
+
+    if (req->grammar)
+        g = strdup(req->grammar);
+    else if (schema && req->json_schema && !(g = thaw_tmpl_schema_grammar(req->json_schema, err, errlen)))
+        return THAW_EINVAL;
+    else if (!schema || !req->json_schema)
+        return 0;
+    if (!g)
+        return THAW_ENOMEM;
+    free(gen->grammar);
+    gen->grammar = g;
+    gen->grammar_lazy = false;
+    free(gen->prefill);
+    gen->prefill = NULL;
+    gen->n_prefill = 0;
+    return 0;
+}
+
 int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
                      int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen)
 {
     int rc;
     json_t *res;
+    /* the built-in renderer takes no schema: it becomes the grammar here */
+    bool schema_here = req->json_schema && !thaw_tmpl_jinja(chat->tmpl);
+    struct thaw_chat_request shown = *req;
 
     memset(gen, 0, sizeof *gen);
-    if (!(res = apply_request(chat, req, err, errlen, &rc)))
+    if (schema_here)
+        shown.json_schema = NULL;
+    if (!(res = apply_request(chat, &shown, err, errlen, &rc)))
         return rc;
     if ((rc = thaw_chat_tokenize(chat, json_string_value(json_object_get(res, "prompt")), tokens, n_tokens)) != 0)
         goto done;
     if ((rc = take_gen(chat, res, gen)) == 0 && gen->grammar)
         rc = reshape_grammar(req, gen);
+    if (rc == 0)
+        rc = own_grammar(req, schema_here, gen, err, errlen);
     if (rc == 0 && gen->grammar)
         LOG_DBG("chat: grammar (%s, %d triggers, %d trigger tokens):\n%s", gen->grammar_lazy ? "lazy" : "from the start",
                 gen->n_triggers, gen->n_trigger_tokens, gen->grammar);
@@ -446,6 +477,44 @@ int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_reques
     }
 done:
     json_decref(res);
+    return rc;
+}
+
+int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
+                         int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen)
+{
+    int rc, n_vocab = thaw_chat_n_vocab(chat);
+
+    memset(gen, 0, sizeof *gen);
+    *tokens = NULL;
+    *n_tokens = 0;
+    if (req->raw_text) {
+        if ((rc = thaw_chat_tokenize(chat, req->raw_text, tokens, n_tokens)) != 0) {
+            snprintf(err, errlen, "'prompt' could not be tokenized: %s", thaw_strerror(rc));
+            return rc;
+        }
+    } else {
+        for (int i = 0; i < req->n_raw_tokens; i++)
+            if (req->raw_tokens[i] < 0 || req->raw_tokens[i] >= n_vocab) {
+                snprintf(err, errlen, "prompt[%d] must be a token id between 0 and %d", i, n_vocab - 1);
+                return THAW_EINVAL;
+            }
+        if (!(*tokens = malloc(((size_t)req->n_raw_tokens + 1) * sizeof **tokens)))
+            return THAW_ENOMEM;
+        memcpy(*tokens, req->raw_tokens, (size_t)req->n_raw_tokens * sizeof **tokens);
+        *n_tokens = req->n_raw_tokens;
+    }
+    if (*n_tokens == 0) {
+        snprintf(err, errlen, "'prompt' is empty");
+        rc = THAW_EINVAL;
+    } else {
+        rc = own_grammar(req, true, gen, err, errlen);
+    }
+    if (rc != 0) {
+        free(*tokens);
+        *tokens = NULL;
+        *n_tokens = 0;
+    }
     return rc;
 }
 
@@ -468,6 +537,24 @@ int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool
     *out = toks;
     *n_out = n;
     return 0;
+}
+
+char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok)
+{
+    char *buf = malloc(256);
+    int got = buf ? llama_token_to_piece(chat->vocab, tok, buf, 255, 0, true) : -1;
+
+    if (buf && got < 0) {
+        char *nb = realloc(buf, (size_t)-got + 1);
+        got = nb ? llama_token_to_piece(chat->vocab, tok, nb, -got, 0, true) : -1;
+        buf = nb ? nb : (free(buf), NULL);
+    }
+    if (!buf || got < 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[got] = '\0';
+    return buf;
 }
 
 char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n)
@@ -529,6 +616,8 @@ done:
 int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,
                         llama_token **tokens, int *n_tokens)
 {
+    if (req->raw) /* a raw prompt has no template: the next request presents the tokens as they are */
+        return THAW_EINVAL;
     /* The next turn renders [..., reply, next]. Two such renderings with
      * different next messages agree up to the next message's text: that
      * common prefix is what the next turn will present, with whatever the

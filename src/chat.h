@@ -60,6 +60,13 @@ void thaw_chat_gen_free(struct thaw_chat_gen *g);
 int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
                      int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen);
 
+/* A raw completion's prompt (req->raw): raw_text tokenized (BOS as the
+ * vocab wants, special tokens parsed) or raw_tokens checked against the
+ * vocabulary; gen holds the request's own grammar (or its JSON schema's)
+ * and no parser. Returns 0, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
+int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
+                         int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen);
+
 /* The tokens the next turn will present for the conversation followed by
  * `reply_json` (a message, as thaw_chat_parse_reply gives it): everything
  * before the next message's own text, so template glue that only appears
@@ -89,6 +96,10 @@ int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool
  * vocabulary (or ENOMEM). */
 char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n);
 int thaw_chat_n_vocab(const struct thaw_chat *chat);
+/* One token's own text (POST /tokenize's pieces): its bytes as the
+ * vocabulary has them, leading space kept, special tokens rendered; may be
+ * a part of a character. malloc'd, NUL-terminated; NULL on ENOMEM. */
+char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok);
 
 /* Tokenizes text (special tokens parsed, BOS added when the vocab wants it)
  * into a malloc'd array. Returns 0 or THAW_ENOMEM / THAW_EINVAL. */

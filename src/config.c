@@ -267,6 +267,24 @@ static const struct opt opts[] = {
      "serve the chat page with its cache view at / (default; the API it calls needs the key as usual)", NULL},
     {"--no-webui,--no-ui", NULL, OPT_FALSE, OFF(webui), 0, 0, "no page: / and /webui/ answer 404", NULL},
     {"--metrics", NULL, OPT_TRUE, 0, 0, 0, "accepted for llama-server compatibility: /metrics is always on", NULL},
+    {"--api-prefix", "PREFIX", OPT_STR, OFF(api_prefix), 0, 0,
+     "serve every route under PREFIX (e.g. /llm: /llm/v1/chat/completions), without the trailing slash", NULL},
+    {"--ssl-key-file", "FILE", OPT_STR, OFF(ssl_key_file), 0, 0, "serve HTTPS with this PEM private key (and --ssl-cert-file)", NULL},
+    {"--ssl-cert-file", "FILE", OPT_STR, OFF(ssl_cert_file), 0, 0, "serve HTTPS with this PEM certificate (and --ssl-key-file)", NULL},
+    {"--slots", NULL, OPT_TRUE, OFF(slots), 0, 0,
+     "GET /slots: each slot's conversation (your own namespace's text only), phase and cache tier (default)", NULL},
+    {"--no-slots", NULL, OPT_FALSE, OFF(slots), 0, 0, "GET /slots answers 501", NULL},
+    {"--sse-ping-interval", "SECONDS", OPT_INT, OFF(sse_ping_s), -1, 86400,
+     "a streamed reply silent this long gets an SSE comment (':'), so clients and proxies keep it open (<= 0: never)", NULL},
+    {"-rea,--reasoning", "on|off|auto", OPT_STR, OFF(reasoning), 0, 0,
+     "let the template think (on: enable_thinking true, off: false, auto: the template's default); "
+     "--chat-template-kwargs, when given, wins", NULL},
+    {"--grammar", "GBNF", OPT_STR, OFF(grammar), 0, 0,
+     "constrain replies with this grammar when a request sets no grammar, schema or tools", NULL},
+    {"--grammar-file", "FILE", OPT_STR, OFF(grammar_file), 0, 0, "--grammar read from FILE", NULL},
+    {"-j,--json-schema", "SCHEMA", OPT_STR, OFF(json_schema), 0, 0,
+     "constrain replies to JSON matching SCHEMA when a request sets no grammar, schema or tools ('{}': any JSON)", NULL},
+    {"-jf,--json-schema-file", "FILE", OPT_STR, OFF(json_schema_file), 0, 0, "--json-schema read from FILE", NULL},
 
     /* ---- caches */
     {"--kv-cache-dir", "PATH", OPT_STR, OFF(kv_cache_dir), 0, 0, "enable the on-disk KV cache in PATH (created 0700)", NULL},
@@ -336,7 +354,6 @@ static const struct opt opts[] = {
     NOOP("--no-mmproj,--no-mmproj-auto", NULL, "thaw loads no projector"),
     NOOP("--no-mmproj-offload", NULL, "thaw loads no projector"),
     NOOP("--mmproj-auto", NULL, "thaw downloads no projector"),
-    NOOP("--no-slots", NULL, "thaw has no /slots endpoint"),
     NOOP("--no-models-autoload", NULL, WHY_ROUTER),
     NOOP("--no-agent,-no-ag", NULL, WHY_AGENT),
     NOOP("--no-ui-mcp-proxy,--no-webui-mcp-proxy", NULL, WHY_AGENT),
@@ -372,10 +389,6 @@ static const struct opt opts[] = {
     REFUSE("-r,--reverse-prompt", "PROMPT", "thaw takes stop strings per request (the request's 'stop')"),
     REFUSE("-sp,--special", NULL, "thaw renders special tokens as the chat parser needs them"),
     REFUSE("--spm-infill", NULL, "thaw has no /infill endpoint"),
-    REFUSE("--grammar", "GRAMMAR", WHY_NOT_YET " (response_format and tools constrain replies per request)"),
-    REFUSE("--grammar-file", "FILE", WHY_NOT_YET " (response_format and tools constrain replies per request)"),
-    REFUSE("-j,--json-schema", "SCHEMA", WHY_NOT_YET " (response_format constrains replies per request)"),
-    REFUSE("-jf,--json-schema-file", "FILE", WHY_NOT_YET " (response_format constrains replies per request)"),
     REFUSE("--pooling", "TYPE", WHY_EMBED),
     REFUSE("-nocb,--no-cont-batching", NULL, "thaw always batches its slots together"),
     REFUSE("-mm,--mmproj", "FILE", WHY_MEDIA),
@@ -410,7 +423,6 @@ static const struct opt opts[] = {
     REFUSE("--cors-methods", "METHODS", "thaw allows the methods its API uses (--cors-origin chooses the origins)"),
     REFUSE("--cors-headers", "HEADERS", "thaw allows the headers its API uses (--cors-origin chooses the origins)"),
     REFUSE("--cors-credentials", NULL, "thaw never allows credentialed CORS requests: send the API key"),
-    REFUSE("--api-prefix", "PREFIX", WHY_NOT_YET),
     REFUSE("--ui-config,--webui-config", "JSON", "thaw's page takes no configuration"),
     REFUSE("--ui-config-file,--webui-config-file", "FILE", "thaw's page takes no configuration"),
     REFUSE("--ui-mcp-proxy,--webui-mcp-proxy", NULL, WHY_AGENT),
@@ -419,19 +431,14 @@ static const struct opt opts[] = {
     REFUSE("--mcp-servers-config", "FILE", WHY_AGENT),
     REFUSE("--mcp-servers-json", "JSON", WHY_AGENT),
     REFUSE("-ag,--agent", NULL, WHY_AGENT),
-    REFUSE("--ssl-key-file", "FILE", WHY_NOT_YET ": run thaw behind a TLS proxy"),
-    REFUSE("--ssl-cert-file", "FILE", WHY_NOT_YET ": run thaw behind a TLS proxy"),
-    REFUSE("--sse-ping-interval", "SECONDS", WHY_NOT_YET),
     REFUSE("--cache-reuse", "N",
            "thaw's cache supersedes it: a conversation's KV is restored from RAM or disk, and shared prefixes are reused as blocks"),
     REFUSE("--props", NULL, "thaw's properties are set on the command line only (GET /props is always on)"),
-    REFUSE("--slots", NULL, WHY_NOT_YET " (/slots; GET /cache shows each tier)"),
     REFUSE("--slot-save-path", "PATH", "thaw's cache supersedes it: --kv-cache-dir stores every conversation's KV"),
     REFUSE("--models-dir", "DIR", WHY_ROUTER),
     REFUSE("--models-preset", "FILE", WHY_ROUTER),
     REFUSE("--models-max", "N", WHY_ROUTER),
     REFUSE("--models-autoload", NULL, WHY_ROUTER),
-    REFUSE("-rea,--reasoning", "on|off|auto", WHY_NOT_YET " (--reasoning-format splits reasoning out)"),
     REFUSE("--reasoning-effort", "LEVEL", WHY_NOT_YET),
     REFUSE("--reasoning-budget", "N", WHY_NOT_YET),
     REFUSE("--reasoning-budget-message", "TEXT", WHY_NOT_YET),
@@ -520,6 +527,9 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->jinja = true;
     cfg->kv_tap = true;
     cfg->reasoning_format = "auto";
+    cfg->slots = true;
+    cfg->sse_ping_s = 30;
+    cfg->api_prefix = "";
     cfg->draft_max = 16;
     cfg->draft_min = 0;
     cfg->draft_p_min = 0.75f;
@@ -1056,6 +1066,93 @@ static int parse_number(const struct opt *o, const char *flag, const char *value
     return 0;
 }
 
+/* A whole file as a malloc'd string in *out (at most 16 MiB). 0, or
+ * THAW_EINVAL after printing why. */
+static int read_text(const char *flag, const char *path, char **out)
+{
+    FILE *f = fopen(path, "rb");
+    size_t cap = 1 << 14, n = 0, got;
+    char *buf;
+
+    if (!f) {
+        fprintf(stderr, "thaw: cannot read %s %s: %s\n", flag, path, strerror(errno));
+        return THAW_EINVAL;
+    }
+    buf = malloc(cap + 1);
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *nb = cap < (16u << 20) ? realloc(buf, 2 * cap + 1) : NULL;
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (!buf) {
+        fprintf(stderr, "thaw: %s %s: larger than 16 MiB or out of memory\n", flag, path);
+        return THAW_EINVAL;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    return 0;
+}
+
+/* --grammar-file, -jf and the TLS key and certificate: read now, so a
+ * missing file stops the start-up with its name. */
+static int read_side_files(struct thaw_config *cfg)
+{
+    int rc;
+
+    if ((cfg->grammar && cfg->grammar_file) || (cfg->json_schema && cfg->json_schema_file)) {
+        fprintf(stderr, "thaw: give a grammar (schema) inline or as a file, not both\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->grammar_file) {
+        if ((rc = read_text("--grammar-file", cfg->grammar_file, &cfg->file_texts[0])) != 0)
+            return rc;
+        cfg->grammar = cfg->file_texts[0];
+    }
+    if (cfg->json_schema_file) {
+        if ((rc = read_text("--json-schema-file", cfg->json_schema_file, &cfg->file_texts[1])) != 0)
+            return rc;
+        cfg->json_schema = cfg->file_texts[1];
+    }
+    if (cfg->grammar && cfg->json_schema) {
+        fprintf(stderr, "thaw: give --grammar or --json-schema, not both\n");
+        return THAW_EINVAL;
+    }
+    if (!cfg->ssl_key_file != !cfg->ssl_cert_file) {
+        fprintf(stderr, "thaw: HTTPS needs both --ssl-key-file and --ssl-cert-file\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->ssl_key_file) {
+        if ((rc = read_text("--ssl-key-file", cfg->ssl_key_file, &cfg->tls_texts[0])) != 0 ||
+            (rc = read_text("--ssl-cert-file", cfg->ssl_cert_file, &cfg->tls_texts[1])) != 0)
+            return rc;
+        cfg->ssl_key = cfg->tls_texts[0];
+        cfg->ssl_cert = cfg->tls_texts[1];
+    }
+    if (cfg->reasoning && strcmp(cfg->reasoning, "on") != 0 && strcmp(cfg->reasoning, "off") != 0 &&
+        strcmp(cfg->reasoning, "auto") != 0) {
+        fprintf(stderr, "thaw: --reasoning expects on, off or auto, got '%s'\n", cfg->reasoning);
+        return THAW_EINVAL;
+    }
+    if (cfg->reasoning && !cfg->chat_template_kwargs && strcmp(cfg->reasoning, "auto") != 0)
+        cfg->chat_template_kwargs = strcmp(cfg->reasoning, "on") == 0 ? "{\"enable_thinking\":true}"
+                                                                       : "{\"enable_thinking\":false}";
+    size_t np = strlen(cfg->api_prefix);
+    if (np > 0 && (cfg->api_prefix[0] != '/' || cfg->api_prefix[np - 1] == '/')) {
+        fprintf(stderr, "thaw: --api-prefix must start with '/' and not end with one, got '%s'\n", cfg->api_prefix);
+        return THAW_EINVAL;
+    }
+    return 0;
+}
+
 int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -1235,6 +1332,9 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
         cfg->chat_template_text = buf;
         cfg->chat_template = buf;
     }
+    int frc = read_side_files(cfg);
+    if (frc != 0)
+        return frc;
     if (cfg->draft_min > cfg->draft_max) {
         fprintf(stderr, "thaw: --draft-min %d exceeds --draft-max %d\n", cfg->draft_min, cfg->draft_max);
         return THAW_EINVAL;
@@ -1252,6 +1352,14 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
 
 void thaw_config_free(struct thaw_config *cfg)
 {
+    for (int i = 0; i < 3; i++) {
+        free(cfg->file_texts[i]);
+        cfg->file_texts[i] = NULL;
+    }
+    for (int i = 0; i < 2; i++) {
+        free(cfg->tls_texts[i]);
+        cfg->tls_texts[i] = NULL;
+    }
     free(cfg->chat_template_text);
     cfg->chat_template_text = NULL;
     for (int i = 0; i < cfg->n_api_keys; i++)

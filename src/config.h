@@ -137,6 +137,22 @@ struct thaw_config {
     struct thaw_sampling sampling;
     bool dry_breakers_set;       /* a --dry-sequence-breaker was given: later ones add, not replace */
 
+    /* constraints for requests that set none (llama-server's sampling grammar) */
+    const char *grammar;         /* --grammar GBNF, or --grammar-file's text */
+    const char *grammar_file;
+    const char *json_schema;     /* -j, or -jf's text: a JSON schema */
+    const char *json_schema_file;
+    char *file_texts[3];         /* what --grammar-file, -jf and the TLS files read (owned) */
+
+    /* server (llama-server's) */
+    const char *ssl_key_file, *ssl_cert_file; /* --ssl-key-file / --ssl-cert-file: PEM; both or neither */
+    const char *ssl_key, *ssl_cert; /* their text (in file_texts / tls_texts) */
+    char *tls_texts[2];
+    const char *reasoning;       /* -rea: on | off | auto (enable_thinking in the template's kwargs) */
+    const char *api_prefix;      /* --api-prefix: the routes are served under it ("" = none) */
+    bool slots;                  /* --slots (default) / --no-slots: GET /slots */
+    int sse_ping_s;              /* --sse-ping-interval: ":" comment after this long without events (<= 0 off) */
+
     /* logging */
     int verbosity;               /* -v raises, --log-quiet lowers, -lv sets */
     const char *log_file;        /* --log-file: every line also goes there */

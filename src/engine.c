@@ -37,6 +37,7 @@
 #include "slot.h"
 #include "sampler.h"
 #include "slotkv.h"
+#include "slots_view.h"
 #include "template.h"
 #include "testhooks.h"
 #include "tokens.h"
@@ -52,6 +53,7 @@
 struct thaw_engine {
     const struct thaw_config *cfg;
     struct thaw_metrics *metrics;
+    struct thaw_slots_view *view; /* GET /slots (slots_view.h) */
 
     struct llama_model *model;
     const struct llama_vocab *vocab;
@@ -130,7 +132,7 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     thaw_slot_move(s, THAW_SLOT_PREFILL, &(struct thaw_slot_enter){.task = t, .smpl = thaw_sampler_new(e->vocab, &e->cfg->sampling, e->n_ctx_slot, t)},
                    e->metrics);
     if (!s->smpl && t->gen.grammar) {
-        slot_fail(e, s, 400, "the grammar for this request's tools or response_format does not compile");
+        slot_fail(e, s, 400, "the grammar for this request (its grammar, json_schema, response_format or tools) does not compile");
         return THAW_EINVAL;
     }
     if (!s->smpl || thaw_slot_reserve(s, t->n_prompt + 1) != 0) {
@@ -309,8 +311,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
      * a state this replica is about to write itself. */
     bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm;
     if (will_store) {
-        thaw_keys_conversation(s->task->binding, s->task->req.messages, s->task->req.n_messages, norm,
-                               s->store_key);
+        thaw_keys_reply(s->task->binding, &s->task->req, norm, s->tokens, s->n_tokens, s->store_key);
         thaw_kvcache_expect(e->kv, s->store_key);
     }
     thaw_task_finish(s->task, reason, &s->timings, msg);
@@ -788,8 +789,14 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         rc = THAW_ENOMEM;
         goto error;
     }
-    for (int i = 0; i < e->n_slots; i++)
+    if (!(e->view = thaw_slots_view_new(e->n_slots, e->n_ctx_slot))) {
+        rc = THAW_ENOMEM;
+        goto error;
+    }
+    for (int i = 0; i < e->n_slots; i++) {
         thaw_slot_init(&e->slots[i], i);
+        e->slots[i].view = e->view;
+    }
     metrics->slots_total = e->n_slots;
     metrics->ram_budget_bytes = cfg->cache_ram_mib << 20;
     metrics->disk_budget_bytes = cfg->kv_cache_dir ? cfg->kv_cache_max_mib << 20 : 0;
@@ -840,6 +847,7 @@ error:
     if (e->batch.token)
         llama_batch_free(e->batch);
     free(e->slots);
+    thaw_slots_view_free(e->view);
     free(e->model_name);
     thaw_chat_free(e->chat);
     if (e->ctx)
@@ -877,6 +885,7 @@ void thaw_engine_free(struct thaw_engine *e)
         thaw_slot_free(&e->slots[i]);
     thaw_draft_free(e->draft);
     free(e->slots);
+    thaw_slots_view_free(e->view);
     llama_batch_free(e->batch);
     thaw_chat_free(e->chat);
     free(e->model_name);
@@ -888,11 +897,18 @@ void thaw_engine_free(struct thaw_engine *e)
 }
 
 const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e) { return e->chat; }
+struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e) { return e->view; }
 const char *thaw_engine_model_name(const struct thaw_engine *e) { return e->model_name; }
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; }
 int thaw_engine_max_token_bytes(const struct thaw_engine *e) { return e->max_token_bytes; }
 int thaw_engine_n_ctx_train(const struct thaw_engine *e) { return llama_model_n_ctx_train(e->model); }
 uint64_t thaw_engine_n_params(const struct thaw_engine *e) { return llama_model_n_params(e->model); }
+void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta *m)
+{
+    *m = (struct thaw_model_meta){llama_model_n_params(e->model), llama_model_size(e->model),
+                                  llama_vocab_n_tokens(e->vocab), (int)llama_vocab_type(e->vocab),
+                                  llama_model_n_ctx_train(e->model), llama_model_n_embd(e->model), e->n_ctx_slot};
+}
 
 void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id[THAW_KEY_BYTES],
                          uint8_t out[THAW_KEY_BYTES])

@@ -40,12 +40,16 @@ void thaw_engine_free(struct thaw_engine *e);
 int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t);
 
 const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e);
+/* What GET /slots shows (slots_view.h): any thread may read it. */
+struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e);
 const char *thaw_engine_model_name(const struct thaw_engine *e);
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e);
 /* The longest text any one token stands for, in bytes (>= 1). */
 int thaw_engine_max_token_bytes(const struct thaw_engine *e);
 int thaw_engine_n_ctx_train(const struct thaw_engine *e);
 uint64_t thaw_engine_n_params(const struct thaw_engine *e);
+/* The model's numbers GET /v1/models reports. */
+void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta *m);
 
 /* The key binding for a tenant namespace (model fingerprint + context
  * settings + namespace), see thaw_keys_binding. */

@@ -487,13 +487,22 @@ int thaw_http_start(const struct thaw_http_params *p, struct thaw_http **out)
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    /* HTTPS: libmicrohttpd's GnuTLS; a plain-HTTP client fails the handshake */
+    struct MHD_OptionItem tls[] = {
+        {p->tls_key ? MHD_OPTION_HTTPS_MEM_KEY : MHD_OPTION_END, 0, (void *)p->tls_key},
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)p->tls_cert},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    if (p->tls_key)
+        flags |= MHD_USE_TLS;
     h->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_THREAD_POOL_SIZE,
                             (unsigned)h->p.threads, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(p->max_per_client > 0 ? p->max_per_client : 0),
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)h->p.timeout_s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_LISTEN_BACKLOG_SIZE,
-                            (unsigned)1024, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+                            (unsigned)1024, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_ARRAY, tls,
+                            MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->d) {
         rc = errno ? -errno : -EADDRINUSE;

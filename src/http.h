@@ -84,6 +84,7 @@ struct thaw_http_params {
     int timeout_s;             /* idle limit, and the deadline for a request's body */
     thaw_http_handler handler;
     void *ud;
+    const char *tls_key, *tls_cert; /* PEM text: serve HTTPS; NULL = plain HTTP */
     /* builds the error body for statuses http.c answers itself (408, 413, 500) */
     char *(*error_body)(int status, const char *message);
 };

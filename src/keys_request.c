@@ -42,3 +42,23 @@ void thaw_keys_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct 
     thaw_keys_hash_field(&st, req->template_kwargs ? req->template_kwargs : "");
     crypto_generichash_final(&st, out, THAW_KEY_BYTES);
 }
+
+void thaw_keys_reply(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
+                     const char *reply_json, const int32_t *tokens, int n_tokens, uint8_t out[THAW_KEY_BYTES])
+{
+    crypto_generichash_state st;
+
+    if (!req->raw) {
+        thaw_keys_conversation(binding, req->messages, req->n_messages, reply_json, out);
+        return;
+    }
+    crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
+    thaw_keys_hash_field(&st, "thaw.kv.raw.v1");
+    crypto_generichash_update(&st, binding, THAW_KEY_BYTES);
+    for (int i = 0; i < n_tokens; i++) {
+        uint8_t le[4] = {(uint8_t)tokens[i], (uint8_t)(tokens[i] >> 8), (uint8_t)(tokens[i] >> 16),
+                         (uint8_t)(tokens[i] >> 24)};
+        crypto_generichash_update(&st, le, sizeof le);
+    }
+    crypto_generichash_final(&st, out, THAW_KEY_BYTES);
+}

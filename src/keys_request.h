@@ -25,6 +25,13 @@ long thaw_keys_last_assistant(const struct thaw_message *msgs, size_t n);
 void thaw_keys_conversation(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
                             const char *extra_json, uint8_t out[THAW_KEY_BYTES]);
 
+/* The store key of a finished reply: thaw_keys_conversation over the
+ * request's messages and `reply_json`; for a raw completion (req->raw: no
+ * messages to name it) BLAKE2b-256("thaw.kv.raw.v1" || binding || the
+ * slot's `tokens` as little-endian int32), so two prompts never share one. */
+void thaw_keys_reply(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
+                     const char *reply_json, const int32_t *tokens, int n_tokens, uint8_t out[THAW_KEY_BYTES]);
+
 /* Mixes what else shapes the rendered prompt into a binding: the request's
  * tools and chat_template_kwargs. Two agents with the same messages but
  * other tools never share a key. `out` may alias `binding`. */

@@ -12,6 +12,7 @@
 
 #include "api.h"
 #include "api_anthropic.h"
+#include "api_completions.h"
 #include "api_responses.h"
 #include "config.h"
 #include "engine.h"
@@ -21,6 +22,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "params.h"
+#include "slots_view.h"
 #include "stream.h"
 #include "task.h"
 #include "template.h"
@@ -74,6 +76,7 @@ struct wire {
     /* the 400 of a prompt longer than a slot's context */
     void (*too_long)(char *buf, size_t n, int n_prompt, int n_ctx_slot);
     const char *auth_hint; /* the 401's message */
+    bool raw;              /* a raw prompt (completions): no template */
 };
 
 static char *chat_reply(const struct thaw_task *t, const char *id)
@@ -106,16 +109,48 @@ static char *responses_reply(const struct thaw_task *t, const char *id)
 
 static const struct wire wire_chat = {
     THAW_WIRE_CHAT, "chatcmpl-", thaw_api_parse_chat, thaw_api_error_json, chat_reply, chat_too_long,
-    "missing or invalid API key: send 'Authorization: Bearer <key>'",
+    "missing or invalid API key: send 'Authorization: Bearer <key>'", false,
 };
 static const struct wire wire_messages = {
     THAW_WIRE_MESSAGES, "msg_", thaw_anthropic_parse, thaw_anthropic_error_json, messages_reply, messages_too_long,
-    "missing or invalid API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'",
+    "missing or invalid API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'", false,
 };
 
 static const struct wire wire_responses = {
     THAW_WIRE_RESPONSES, "resp_", thaw_responses_parse, thaw_api_error_json, responses_reply, chat_too_long,
-    "missing or invalid API key: send 'Authorization: Bearer <key>'",
+    "missing or invalid API key: send 'Authorization: Bearer <key>'", false,
+};
+
+static char *completions_reply(const struct thaw_task *t, const char *id)
+{
+    char *text = thaw_api_message_content(t->message_json);
+    char *out = text ? thaw_api_text_completion_json(id, t->model_name, time(NULL), text, t->finish_reason,
+                                                     t->n_prompt, &t->timings)
+                     : NULL;
+
+    free(text);
+    return out;
+}
+
+static char *completion_reply(const struct thaw_task *t, const char *id)
+{
+    char *text = thaw_api_message_content(t->message_json);
+    char *out = text ? thaw_api_llama_completion_json(t->model_name, text, true, t->finish_reason, t->n_prompt,
+                                                      &t->timings)
+                     : NULL;
+
+    (void)id;
+    free(text);
+    return out;
+}
+
+static const struct wire wire_completions = {
+    THAW_WIRE_COMPLETIONS, "cmpl-", thaw_api_parse_completion, thaw_api_error_json, completions_reply, chat_too_long,
+    "missing or invalid API key: send 'Authorization: Bearer <key>'", true,
+};
+static const struct wire wire_completion = {
+    THAW_WIRE_COMPLETION, "cmpl-", thaw_api_parse_completion, thaw_api_error_json, completion_reply, chat_too_long,
+    "missing or invalid API key: send 'Authorization: Bearer <key>'", true,
 };
 
 static void set_wire_error(struct thaw_http_response *r, const struct wire *w, int status, const char *msg)
@@ -238,6 +273,19 @@ static const char *log_id(const char *id, char *buf)
     return buf;
 }
 
+/* The server's --grammar / --json-schema for a request that constrains
+ * nothing itself (no grammar, schema, or tools). 0 or THAW_ENOMEM. */
+static int apply_defaults(const struct thaw_config *cfg, struct thaw_chat_request *req)
+{
+    if (req->grammar || req->json_schema || req->tools_json)
+        return 0;
+    if (cfg->json_schema && !(req->json_schema = strdup(cfg->json_schema)))
+        return THAW_ENOMEM;
+    if (cfg->grammar && !(req->grammar = strdup(cfg->grammar)))
+        return THAW_ENOMEM;
+    return 0;
+}
+
 /* Parse, the cheap bounds, the template: the request and its prompt, or an
  * answered error (then returns nonzero and nothing needs freeing). */
 static int prepare(struct server *srv, const struct thaw_http_request *hr, const struct wire *w,
@@ -268,7 +316,13 @@ static int prepare(struct server *srv, const struct thaw_http_request *hr, const
         thaw_chat_request_free(req);
         return rc;
     }
-    if ((rc = thaw_chat_prompt(chat, req, prompt, n_prompt, gen, err, sizeof err)) != 0) {
+    if ((rc = apply_defaults(&srv->cfg, req)) != 0) {
+        set_wire_error(r, w, 500, thaw_strerror(rc));
+        thaw_chat_request_free(req);
+        return rc;
+    }
+    if ((rc = w->raw ? thaw_chat_raw_prompt(chat, req, prompt, n_prompt, gen, err, sizeof err)
+                     : thaw_chat_prompt(chat, req, prompt, n_prompt, gen, err, sizeof err)) != 0) {
         set_wire_error(r, w, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         thaw_chat_request_free(req);
         return rc;
@@ -343,7 +397,10 @@ static void serve_chat(struct server *srv, const struct thaw_http_request *hr, c
         } else {
             snprintf(msg, sizeof msg, "%s", thaw_strerror(rc));
         }
-        set_wire_error(r, w, status, msg);
+        if (rc == THAW_ECTXFULL && w->error_json == thaw_api_error_json) /* llama-server's shape, with the numbers */
+            set_json(r, 400, thaw_api_ctx_error_json(msg, n_prompt, thaw_engine_n_ctx_slot(srv->engine)));
+        else
+            set_wire_error(r, w, status, msg);
         thaw_task_release(t);
         return;
     }
@@ -384,6 +441,20 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
                        struct thaw_http_response *r)
 {
     serve_chat(srv, hr, ns, r, &wire_chat);
+}
+
+/* POST /v1/completions (OpenAI's legacy API) and POST /completion
+ * (llama-server's): a raw prompt through the same slots and cache tiers */
+static void route_completions(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                              struct thaw_http_response *r)
+{
+    serve_chat(srv, hr, ns, r, &wire_completions);
+}
+
+static void route_completion(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                             struct thaw_http_response *r)
+{
+    serve_chat(srv, hr, ns, r, &wire_completion);
 }
 
 /* POST /v1/messages (Claude Code adds ?beta=true: the path is all that is matched) */
@@ -435,11 +506,12 @@ static void route_health(struct server *srv, const struct thaw_http_request *hr,
 static void route_models(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
                          struct thaw_http_response *r)
 {
+    struct thaw_model_meta m;
+
     (void)hr;
     (void)ns;
-    set_json(r, 200,
-             thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->started, thaw_engine_n_params(srv->engine),
-                                  thaw_engine_n_ctx_train(srv->engine)));
+    thaw_engine_model_meta(srv->engine, &m);
+    set_json(r, 200, thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->started, &m));
 }
 
 static void route_metrics(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
@@ -522,7 +594,7 @@ static void route_tokenize(struct server *srv, const struct thaw_http_request *h
         goto out;
     }
     for (int i = 0; with_pieces && i < n; i++)
-        if (!(pieces[i] = thaw_chat_detokenize(chat, &toks[i], 1))) {
+        if (!(pieces[i] = thaw_chat_token_piece(chat, toks[i]))) {
             set_error(srv, r, 500, "out of memory");
             goto out;
         }
@@ -590,6 +662,22 @@ static void route_props(struct server *srv, const struct thaw_http_request *hr, 
                                  srv->cfg.kv_cache_dir != NULL));
 }
 
+/* GET /slots: llama-server's array, each slot's conversation (the
+ * caller's own tenant's text only), phase and cache tier. --no-slots: 501
+ * as llama-server answers. */
+static void route_slots(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                        struct thaw_http_response *r)
+{
+    (void)hr;
+    if (!srv->cfg.slots) {
+        set_error(srv, r, 501, "This server does not support slots endpoint. Start it with `--slots`");
+        return;
+    }
+    set_json(r, 200, thaw_slots_view_json(thaw_engine_slots_view(srv->engine), thaw_engine_chat(srv->engine), ns));
+    if (!r->body)
+        set_error(srv, r, 500, "out of memory");
+}
+
 typedef void (*route_fn)(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
                          struct thaw_http_response *r);
 
@@ -605,6 +693,8 @@ static const struct route {
     {"/health", "/v1/health", "GET", route_health, true, false, NULL},
     {"/v1/chat/completions", "/chat/completions", "POST", route_chat, false, false, NULL},
     {"/v1/messages", NULL, "POST", route_messages, false, false, &wire_messages},
+    {"/v1/completions", "/completions", "POST", route_completions, false, false, NULL},
+    {"/completion", NULL, "POST", route_completion, false, false, NULL},
     {"/v1/responses", "/responses", "POST", route_responses, false, false, NULL},
     {"/v1/messages/count_tokens", NULL, "POST", route_count_tokens, false, false, &wire_messages},
     {"/v1/models", "/models", "GET", route_models, false, false, NULL},
@@ -614,6 +704,7 @@ static const struct route {
     {"/apply-template", NULL, "POST", route_apply_template, false, false, NULL},
     {"/props", NULL, "GET", route_props, false, false, NULL},
     {"/cache", NULL, "GET", route_cache, false, false, NULL},
+    {"/slots", NULL, "GET", route_slots, false, false, NULL},
     {"/", NULL, "GET", route_webui, true, false, NULL},
     {"/webui/", NULL, "GET", route_webui, true, true, NULL},
 };
@@ -646,12 +737,22 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
     uint8_t ns[THAW_KEY_BYTES];
 
     atomic_fetch_add(&srv->metrics.requests_total, 1);
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !rt; i++)
-        if (strcmp(hr->url, routes[i].path) == 0 || (routes[i].alias && strcmp(hr->url, routes[i].alias) == 0) ||
-            (routes[i].prefix && strncmp(hr->url, routes[i].path, strlen(routes[i].path)) == 0))
+    /* --api-prefix: the routes live under it, and nowhere else */
+    const char *url = hr->url;
+    size_t np = strlen(srv->cfg.api_prefix);
+    if (np && strncmp(url, srv->cfg.api_prefix, np) == 0 && (url[np] == '/' || url[np] == '\0'))
+        url = url[np] ? url + np : "/";
+    else if (np)
+        url = NULL;
+    for (size_t i = 0; url && i < sizeof routes / sizeof routes[0] && !rt; i++)
+        if (strcmp(url, routes[i].path) == 0 || (routes[i].alias && strcmp(url, routes[i].alias) == 0) ||
+            (routes[i].prefix && strncmp(url, routes[i].path, strlen(routes[i].path)) == 0))
             rt = &routes[i];
     r->allow_origin = cors_allow(srv, hr->origin);
-    if (!rt) {
+    if (!rt && srv->cfg.n_api_keys > 0 && strcmp(hr->method, "OPTIONS") != 0 && authenticate(srv, hr, ns) != 0) {
+        /* as llama-server: without a key, no path is told apart from another */
+        set_wire_error(r, &wire_chat, 401, wire_chat.auth_hint);
+    } else if (!rt) {
         char msg[128];
         snprintf(msg, sizeof msg, "no route for %s %.80s", hr->method, hr->url);
         set_error(srv, r, 404, msg);
@@ -669,7 +770,9 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
         const struct wire *w = rt->errors ? rt->errors : &wire_chat;
         set_wire_error(r, w, 401, w->auth_hint);
     } else {
-        rt->fn(srv, hr, ns, r);
+        struct thaw_http_request under = *hr; /* the path as the routes know it */
+        under.url = url;
+        rt->fn(srv, &under, ns, r);
     }
     if (r->status >= 400 && !r->defer)
         atomic_fetch_add(&srv->metrics.requests_errors, 1);
@@ -752,13 +855,19 @@ int thaw_serve_main(int argc, char **argv)
         .handler = handle,
         .ud = srv,
         .error_body = thaw_api_error_json,
+        .tls_key = srv->cfg.ssl_key,
+        .tls_cert = srv->cfg.ssl_cert,
     };
+    if ((rc = thaw_stream_pinger_start(srv->cfg.sse_ping_s)) != 0)
+        goto out_engine;
     if ((rc = thaw_http_start(&hp, &srv->http)) != 0)
         goto out_engine;
-    LOG_INF("listening on http://%s:%d (%d slots, %s)", srv->cfg.host, thaw_http_port(srv->http),
+    LOG_INF("listening on %s://%s:%d%s (%d slots, %s)", srv->cfg.ssl_key ? "https" : "http", srv->cfg.host,
+            thaw_http_port(srv->http), srv->cfg.api_prefix,
             srv->cfg.n_parallel, srv->cfg.n_api_keys ? "API key required" : "no API key");
     if (srv->cfg.webui && thaw_webui_n_files > 0)
-        LOG_INF("chat page: http://%s:%d/", srv->cfg.host, thaw_http_port(srv->http));
+        LOG_INF("chat page: %s://%s:%d%s/", srv->cfg.ssl_key ? "https" : "http", srv->cfg.host,
+                thaw_http_port(srv->http), srv->cfg.api_prefix);
 
     sigwait(&sigs, &sig);
     LOG_INF("%s: shutting down (in-flight requests get an error, nothing new is accepted)",
@@ -770,6 +879,7 @@ int thaw_serve_main(int argc, char **argv)
     thaw_http_stop(srv->http);
     code = 0;
 out_engine:
+    thaw_stream_pinger_stop();
     thaw_engine_free(srv->engine);
 out:
     thaw_config_free(&srv->cfg);

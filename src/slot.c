@@ -3,6 +3,8 @@
  * its reply's text on the way out. */
 #include "slot.h"
 
+#include "slots_view.h"
+
 #include "error.h"
 #include "log.h"
 #include "tokens.h"
@@ -120,6 +122,7 @@ void thaw_slot_move(struct thaw_slot *s, enum thaw_slot_phase to, const struct t
         s->n_fix = 0;
     }
     s->phase = to;
+    thaw_slots_view_publish(s->view, s);
     if (!m)
         return;
     /* busy = every phase but IDLE */

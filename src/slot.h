@@ -96,6 +96,8 @@ struct thaw_slot {
     int n_fix;
     int64_t fix_since_us; /* when the slot entered FIXUP */
     uint8_t store_key[THAW_KEY_BYTES];
+
+    struct thaw_slots_view *view; /* published to at each move (slots_view.h); NULL = none */
 };
 
 /* An IDLE slot for sequence `id`, holding nothing (caller storage). */

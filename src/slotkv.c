@@ -19,6 +19,7 @@
 #include "kvlayout.h"
 #include "kvtap.h"
 #include "log.h"
+#include "slots_view.h"
 #include "tokens.h"
 
 #include <stdlib.h>
@@ -375,6 +376,7 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
         where = thaw_kvcache_store(k->kv, s->id, s->store_key, s->ns, s->n_tokens, parts, supersedes);
     }
     thaw_slot_hold(s, s->store_key);
+    thaw_slots_view_stored(s->view, s->id, where);
     s->has_prev_key = false;
     int64_t took = thaw_now_us() - t0;
     atomic_fetch_add(&k->metrics->stores, 1);

@@ -6,7 +6,9 @@
  *   ---- OpenAI chat --- chat.completion.chunk objects, [DONE]
  *   ---- Anthropic ----  message_start, content blocks, message_delta/stop
  *   ---- Responses ----  response.created, output items and their parts, response.completed
+ *   ---- completions --  raw prompts: OpenAI's text_completion chunks, llama-server's /completion pieces
  *   ---- the reply ----  task news -> parser deltas -> the writer
+ *   ---- pings ----      --sse-ping-interval: one thread wakes silent streams, which send ":"
  *
  * A writer sees a stream in this order: open (once), delta (each piece of
  * the reply the template's parser tells apart: {"content"}, or
@@ -19,6 +21,7 @@
 
 #include "api.h"
 #include "api_anthropic.h"
+#include "api_completions.h"
 #include "api_responses.h"
 #include "chat.h"
 #include "error.h"
@@ -26,10 +29,13 @@
 #include "template.h"
 
 #include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct writer {
     /* open waits until a slot has taken the task (cache_n is known) */
@@ -63,7 +69,14 @@ struct thaw_stream {
     size_t n_acc;
     char *call_id, *call_name; /* the open tool call's (Responses' done events repeat them) */
     int seq;          /* Responses: sequence_number of the next event */
+
+    _Atomic int64_t last_out_us; /* when bytes last went to the socket (the pinger reads it) */
+    struct thaw_stream *prev, *next; /* the pinger's list */
 };
+
+static void pinger_add(struct thaw_stream *st);
+static void pinger_remove(struct thaw_stream *st);
+static int64_t ping_us(void);
 
 /* Appends a delta to the open block's text. */
 static int acc_add(struct thaw_stream *st, json_t *s)
@@ -528,6 +541,52 @@ out:
     return rc;
 }
 
+/* ---- completions ------------------------------------------------------------------- */
+
+static int cmpl_open(struct thaw_stream *st, const struct thaw_task_news *nw)
+{
+    (void)st;
+    (void)nw;
+    return 0; /* the first text is the first chunk */
+}
+
+static const char *diff_text(json_t *diff)
+{
+    const char *s = json_string_value(json_object_get(diff, "content"));
+    return s ? s : "";
+}
+
+static int oai_cmpl_delta(struct thaw_stream *st, json_t *diff)
+{
+    return emit_text(st, NULL,
+                     thaw_api_text_completion_chunk_json(st->id, st->model, st->created, diff_text(diff), NULL, 0, NULL));
+}
+
+static int oai_cmpl_close(struct thaw_stream *st)
+{
+    struct thaw_task *t = st->task;
+    int rc = emit_text(st, NULL, thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", t->finish_reason,
+                                                                     t->n_prompt, &t->timings));
+
+    return rc ? rc : pending_put(st, "data: [DONE]\n\n", 14);
+}
+
+static int llama_cmpl_delta(struct thaw_stream *st, json_t *diff)
+{
+    return emit_text(st, NULL, thaw_api_llama_completion_json(st->model, diff_text(diff), false, NULL, 0, NULL));
+}
+
+static int llama_cmpl_close(struct thaw_stream *st)
+{
+    struct thaw_task *t = st->task;
+
+    return emit_text(st, NULL, thaw_api_llama_completion_json(st->model, "", true, t->finish_reason, t->n_prompt,
+                                                              &t->timings));
+}
+
+static const struct writer oai_cmpl_writer = {false, cmpl_open, oai_cmpl_delta, oai_cmpl_close, chat_fail};
+static const struct writer llama_cmpl_writer = {false, cmpl_open, llama_cmpl_delta, llama_cmpl_close, chat_fail};
+
 /* Produces the next events. Returns 0, STREAM_NOTHING_YET (the engine has
  * no news: wait for its wake) or THAW_ENOMEM. Never blocks. */
 #define STREAM_NOTHING_YET 1
@@ -587,7 +646,9 @@ ssize_t thaw_stream_read(void *ud, char *buf, size_t max)
         if (st->finished)
             return 0;
         int rc = refill(st);
-        if (rc == STREAM_NOTHING_YET)
+        if (rc == STREAM_NOTHING_YET && ping_us() > 0 && thaw_now_us() - atomic_load(&st->last_out_us) >= ping_us())
+            rc = pending_put(st, ":\n\n", 3); /* an SSE comment: every client skips it */
+        else if (rc == STREAM_NOTHING_YET)
             return THAW_HTTP_STREAM_WAIT;
         if (rc != 0)
             return -1;
@@ -597,6 +658,7 @@ ssize_t thaw_stream_read(void *ud, char *buf, size_t max)
         n = max;
     memcpy(buf, st->pending + st->off_pending, n);
     st->off_pending += n;
+    atomic_store(&st->last_out_us, thaw_now_us());
     return (ssize_t)n;
 }
 
@@ -609,10 +671,14 @@ struct thaw_stream *thaw_stream_new(enum thaw_wire wire, struct thaw_task *t, co
         return NULL;
     st->w = wire == THAW_WIRE_MESSAGES ? &messages_writer : wire == THAW_WIRE_RESPONSES ? &responses_writer
                                                                                         : &chat_writer;
+    if (wire == THAW_WIRE_COMPLETIONS || wire == THAW_WIRE_COMPLETION)
+        st->w = wire == THAW_WIRE_COMPLETIONS ? &oai_cmpl_writer : &llama_cmpl_writer;
     st->task = t;
     snprintf(st->id, sizeof st->id, "%s", id);
     st->model = model;
     st->created = created;
+    atomic_store(&st->last_out_us, thaw_now_us());
+    pinger_add(st);
     return st;
 }
 
@@ -620,9 +686,99 @@ void thaw_stream_free(void *ud)
 {
     struct thaw_stream *st = ud;
 
+    pinger_remove(st);
     thaw_task_abandon(st->task);
     free(st->pending);
     free(st->prev_msg);
     acc_reset(st);
     free(st);
+}
+
+/* ---- pings -------------------------------------------------------------------------- */
+
+/* Every open stream is on one list; once a second the pinger wakes those
+ * that have sent nothing for the interval (a long prefill, a slow queue),
+ * and their read sends the comment. Lock order: list, then a task's mu. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct thaw_stream *head;
+    _Atomic int64_t interval_us; /* 0 = off */
+    bool running, stop;
+    pthread_t thread;
+} pinger = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, false, false, 0};
+
+static int64_t ping_us(void) { return atomic_load(&pinger.interval_us); }
+
+static void pinger_add(struct thaw_stream *st)
+{
+    pthread_mutex_lock(&pinger.mu);
+    st->next = pinger.head;
+    if (pinger.head)
+        pinger.head->prev = st;
+    pinger.head = st;
+    pthread_mutex_unlock(&pinger.mu);
+}
+
+static void pinger_remove(struct thaw_stream *st)
+{
+    pthread_mutex_lock(&pinger.mu);
+    if (st->prev)
+        st->prev->next = st->next;
+    else
+        pinger.head = st->next;
+    if (st->next)
+        st->next->prev = st->prev;
+    st->prev = st->next = NULL;
+    pthread_mutex_unlock(&pinger.mu);
+}
+
+static void *pinger_main(void *ud)
+{
+    (void)ud;
+    pthread_mutex_lock(&pinger.mu);
+    while (!pinger.stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&pinger.cv, &pinger.mu, &until);
+        int64_t now = thaw_now_us();
+        for (struct thaw_stream *st = pinger.head; st && !pinger.stop; st = st->next) {
+            struct thaw_task *t = st->task;
+            if (now - atomic_load(&st->last_out_us) < ping_us() || !t->client || !t->client->wake)
+                continue;
+            pthread_mutex_lock(&t->mu); /* wake's contract: called with the task's mu held */
+            t->client->wake(t->client_ud);
+            pthread_mutex_unlock(&t->mu);
+        }
+    }
+    pthread_mutex_unlock(&pinger.mu);
+    return NULL;
+}
+
+int thaw_stream_pinger_start(int interval_s)
+{
+    if (interval_s <= 0)
+        return 0;
+    atomic_store(&pinger.interval_us, (int64_t)interval_s * 1000000);
+    pinger.stop = false;
+    if (pthread_create(&pinger.thread, NULL, pinger_main, NULL) != 0) {
+        atomic_store(&pinger.interval_us, 0);
+        return THAW_ENOMEM;
+    }
+    pinger.running = true;
+    return 0;
+}
+
+void thaw_stream_pinger_stop(void)
+{
+    if (!pinger.running)
+        return;
+    pthread_mutex_lock(&pinger.mu);
+    pinger.stop = true;
+    pthread_cond_signal(&pinger.cv);
+    pthread_mutex_unlock(&pinger.mu);
+    pthread_join(pinger.thread, NULL);
+    pinger.running = false;
+    atomic_store(&pinger.interval_us, 0);
 }

@@ -32,6 +32,8 @@ enum thaw_wire {
     THAW_WIRE_CHAT,     /* POST /v1/chat/completions */
     THAW_WIRE_MESSAGES, /* POST /v1/messages */
     THAW_WIRE_RESPONSES, /* POST /v1/responses */
+    THAW_WIRE_COMPLETIONS, /* POST /v1/completions: text_completion chunks, [DONE] */
+    THAW_WIRE_COMPLETION,  /* POST /completion: llama-server's {"content", "stop"} pieces, no [DONE] */
 };
 
 struct thaw_stream;
@@ -51,5 +53,13 @@ ssize_t thaw_stream_read(void *stream, char *buf, size_t max);
 /* Frees the stream and abandons its task (the client may be gone before
  * the reply is: the engine stops generating for it). */
 void thaw_stream_free(void *stream);
+
+/* --sse-ping-interval: after `interval_s` seconds without an event, a
+ * stream sends an SSE comment (":"), as llama-server does, so that clients
+ * and proxies with idle timeouts keep a long prefill's stream open. Starts
+ * the one thread that wakes silent streams (<= 0: none). Returns 0 or
+ * THAW_ENOMEM. Stop it before the HTTP server stops. */
+int thaw_stream_pinger_start(int interval_s);
+void thaw_stream_pinger_stop(void);
 
 #endif

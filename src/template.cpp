@@ -15,6 +15,7 @@ extern "C" {
 }
 
 #include <common/chat.h>
+#include <common/json-schema-to-grammar.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -314,4 +315,12 @@ int thaw_tmpl_sampler_sample(struct llama_sampler *smpl, struct llama_context *c
         set_err(err, errlen, "sampling failed", "unknown error");
     }
     return THAW_EINVAL;
+}
+
+/* ---- schemas ------------------------------------------------------------------ */
+
+char *thaw_tmpl_schema_grammar(const char *schema_json, char *err, size_t errlen)
+{
+    return json_call(err, errlen, "the JSON schema cannot be turned into a grammar",
+                     [&] { return json_schema_to_grammar(common_json::parse(schema_json)); });
 }

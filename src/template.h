@@ -64,6 +64,12 @@ char *thaw_tmpl_parse(const char *parser_json, const char *text, bool is_partial
  * "name"?, "arguments"?, "id"?}, or NULL with the reason in err. */
 char *thaw_tmpl_diffs(const char *prev_msg_json, const char *next_msg_json, char *err, size_t errlen);
 
+/* A JSON schema (text) as the GBNF grammar that only lets matching JSON
+ * through (llama.cpp's json_schema_to_grammar): malloc'd, or NULL with the
+ * reason in err (not JSON, a schema it cannot convert). For a raw prompt or
+ * --no-jinja, where no template renders the schema. */
+char *thaw_tmpl_schema_grammar(const char *schema_json, char *err, size_t errlen);
+
 /* libllama's samplers are C++ inside: a grammar that cannot go on (a
  * token it does not allow) throws, and an exception crossing thaw's C
  * frames would end the process. These call them with everything caught.

@@ -34,9 +34,9 @@ class Server:
         def pump():
             for line in self.proc.stderr:
                 self.lines.append(line.rstrip("\n"))
-                m = re.search(r"listening on http://[^:]+:(\d+)", line)
+                m = re.search(r"listening on (https?)://[^:]+:(\d+)", line)
                 if m:
-                    self.port = int(m.group(1))
+                    self.scheme, self.port = m.group(1), int(m.group(2))
                     ready.set()
             ready.set()
 
@@ -45,7 +45,7 @@ class Server:
         if not ready.wait(120) or self.port is None:
             self.kill()
             raise RuntimeError("thaw serve did not start:\n" + self.log())
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{self.scheme}://127.0.0.1:{self.port}"
 
     def log(self):
         return "\n".join(self.lines)
