@@ -60,7 +60,21 @@ struct thaw_chat_request {
     char *raw_text;
     int32_t *raw_tokens;           /* n_raw_tokens, owned */
     int n_raw_tokens;
+
+    /* The last message is rendered for this request only: the client never
+     * echoes it in a later turn (Claude Code's max-tokens recovery prompt,
+     * api_anthropic.c), so the reply is stored and keyed as the history
+     * without it (thaw_chat_request_n_history). */
+    bool last_transient;
 };
+
+/* The messages a reply follows in the conversation's history: n_messages,
+ * less a transient last one. The store key and the canonical re-decode
+ * cover these, so the next turn's lookup finds them. */
+static inline size_t thaw_chat_request_n_history(const struct thaw_chat_request *req)
+{
+    return req->n_messages - (req->last_transient && req->n_messages > 0 ? 1 : 0);
+}
 
 /* What the engine measured for one request; mirrors llama-server's `timings`
  * plus thaw's own cache_source / restore_ms. */

@@ -256,6 +256,24 @@ out:
     return rc;
 }
 
+/* A user message that is Claude Code's max-tokens recovery prompt (its
+ * text, as a string or text blocks, begins with the prefix). */
+static bool is_recovery(json_t *m)
+{
+    json_t *content = json_object_get(m, "content"), *b;
+    const char *role = json_string_value(json_object_get(m, "role")), *text = json_string_value(content);
+    size_t n = strlen(THAW_ANTHROPIC_RECOVERY_PREFIX);
+
+    if (!role || strcmp(role, "user") != 0)
+        return false;
+    if (json_is_array(content)) {
+        if (json_array_size(content) != 1 || !is_type(b = json_array_get(content, 0), "text"))
+            return false;
+        text = json_string_value(json_object_get(b, "text"));
+    }
+    return text && strncmp(text, THAW_ANTHROPIC_RECOVERY_PREFIX, n) == 0;
+}
+
 static int convert_messages(json_t *root, json_t *oai, char *err, size_t errlen)
 {
     json_t *msgs = json_object_get(root, "messages"), *out = json_array(), *sys = NULL, *m;
@@ -278,6 +296,14 @@ static int convert_messages(json_t *root, json_t *oai, char *err, size_t errlen)
         if (!json_is_object(m) || !json_is_string(role))
             return fail(err, errlen, "messages[%zu] must be an object with a string 'role'", i);
         const char *r = json_string_value(role);
+        if (i + 1 < json_array_size(msgs) && is_recovery(m)) {
+            static atomic_bool recovery_logged;
+            if (!atomic_exchange(&recovery_logged, true))
+                LOG_INF("anthropic: Claude Code's '%s ...' prompts before the last message are left out of the "
+                        "prompt (it records none: later requests carry the cut replies back to back; logged once)",
+                        THAW_ANTHROPIC_RECOVERY_PREFIX);
+            continue;
+        }
         if (!content && strcmp(r, "assistant") != 0)
             return fail(err, errlen, "messages[%zu].content is required", i);
         if (strcmp(r, "user") == 0) {
@@ -489,7 +515,16 @@ static int convert(json_t *root, json_t *oai, char *err, size_t errlen)
 int thaw_anthropic_parse(const char *body, size_t len, bool default_cache_prompt, struct thaw_chat_request *out,
                          char *err, size_t errlen)
 {
-    return thaw_api_parse_via_chat(body, len, default_cache_prompt, convert, out, err, errlen);
+    int rc = thaw_api_parse_via_chat(body, len, default_cache_prompt, convert, out, err, errlen);
+
+    /* a recovery prompt is the last message only (convert_messages) */
+    if (rc == 0 && out->n_messages > 0) {
+        const struct thaw_message *last = &out->messages[out->n_messages - 1];
+        out->last_transient = strcmp(last->role, "user") == 0 &&
+                              strncmp(last->content, THAW_ANTHROPIC_RECOVERY_PREFIX,
+                                      strlen(THAW_ANTHROPIC_RECOVERY_PREFIX)) == 0;
+    }
+    return rc;
 }
 
 /* ---- responses -------------------------------------------------------------------- */
@@ -529,8 +564,10 @@ char *thaw_anthropic_error_json(int status, const char *message)
     return out;
 }
 
-const char *thaw_anthropic_stop_reason(const char *finish_reason)
+const char *thaw_anthropic_stop_reason(const char *finish_reason, const char *stop_sequence)
 {
+    if (stop_sequence && finish_reason && strcmp(finish_reason, "stop") == 0)
+        return "stop_sequence";
     if (finish_reason && strcmp(finish_reason, "length") == 0)
         return "max_tokens";
     if (finish_reason && strcmp(finish_reason, "tool_calls") == 0)
@@ -561,7 +598,8 @@ void thaw_anthropic_signature(const char *thinking, size_t n, char out[THAW_ANTH
 }
 
 char *thaw_anthropic_message_json(const char *id, const char *model, const char *message_json,
-                                  const char *finish_reason, int n_prompt, const struct thaw_timings *t)
+                                  const char *finish_reason, const char *stop_sequence, int n_prompt,
+                                  const struct thaw_timings *t)
 {
     json_error_t jerr;
     json_t *msg = json_loads(message_json, 0, &jerr), *blocks = json_array(), *v, *c;
@@ -594,9 +632,10 @@ char *thaw_anthropic_message_json(const char *id, const char *model, const char 
         goto fail;
     free(u);
     json_decref(msg);
-    return dump(json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:n, s:o}", "id", id, "type", "message", "role", "assistant",
-                          "model", model, "content", blocks, "stop_reason", thaw_anthropic_stop_reason(finish_reason),
-                          "stop_sequence", "usage", usage));
+    return dump(json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o, s:o}", "id", id, "type", "message", "role", "assistant",
+                          "model", model, "content", blocks, "stop_reason",
+                          thaw_anthropic_stop_reason(finish_reason, stop_sequence), "stop_sequence",
+                          stop_sequence ? json_string(stop_sequence) : json_null(), "usage", usage));
 fail:
     free(u);
     json_decref(msg);

@@ -43,9 +43,12 @@ int thaw_anthropic_parse(const char *body, size_t len, bool default_cache_prompt
 char *thaw_anthropic_error_json(int status, const char *message);
 
 /* A non-streaming "message" object around `message_json` (the reply as
- * chat.h parses it: content, reasoning_content, tool_calls). */
+ * chat.h parses it: content, reasoning_content, tool_calls); its
+ * stop_sequence is `stop_sequence` (the request's stop string that ended
+ * the reply) or null. */
 char *thaw_anthropic_message_json(const char *id, const char *model, const char *message_json,
-                                  const char *finish_reason, int n_prompt, const struct thaw_timings *t);
+                                  const char *finish_reason, const char *stop_sequence, int n_prompt,
+                                  const struct thaw_timings *t);
 
 /* {"input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
  * "output_tokens"}: input_tokens is the part of the prompt not reused. */
@@ -55,8 +58,10 @@ char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int output_tokens);
 char *thaw_anthropic_count_json(int n_tokens);
 
 /* finish_reason ("stop" | "length" | "tool_calls") -> stop_reason
- * ("end_turn" | "max_tokens" | "tool_use"); a static string. */
-const char *thaw_anthropic_stop_reason(const char *finish_reason);
+ * ("end_turn" | "max_tokens" | "tool_use"), or "stop_sequence" when one of
+ * the request's stop_sequences ended the reply (stop_sequence not NULL);
+ * a static string. */
+const char *thaw_anthropic_stop_reason(const char *finish_reason, const char *stop_sequence);
 
 /* A thinking block's signature: "thaw-" and a hash of the thinking text.
  * Clients echo it verbatim; thaw renders the thinking text, never this. */
@@ -65,5 +70,13 @@ void thaw_anthropic_signature(const char *thinking, size_t n, char out[THAW_ANTH
 
 /* How Claude Code's per-conversation system block begins. */
 #define THAW_ANTHROPIC_BILLING_PREFIX "x-anthropic-billing-header:"
+
+/* How Claude Code's prompt after a reply cut at max_tokens begins. It
+ * sends one after each cut reply of a turn and records none of them: the
+ * turn's later requests and every later turn carry the cut replies as
+ * consecutive assistant messages. So only the request's last message is
+ * rendered when it is one (marked last_transient, api.h); earlier ones are
+ * left out, and every request renders the history the next turn renders. */
+#define THAW_ANTHROPIC_RECOVERY_PREFIX "Output token limit hit. Resume directly"
 
 #endif

@@ -593,7 +593,8 @@ static int render_tokens(const struct thaw_chat *chat, const struct thaw_chat_re
                          int n_extra, llama_token **tokens, int *n_tokens)
 {
     char err[256];
-    char *in = inputs_json(chat, req, req->n_messages, extra, n_extra, false), *out = NULL;
+    /* the history the reply joins: without a message rendered for its request only */
+    char *in = inputs_json(chat, req, thaw_chat_request_n_history(req), extra, n_extra, false), *out = NULL;
     json_t *res = NULL;
     json_error_t jerr;
     int rc = THAW_ENOMEM;

@@ -314,7 +314,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
         thaw_keys_reply(s->task->binding, &s->task->req, norm, s->tokens, s->n_tokens, s->store_key);
         thaw_kvcache_expect(e->kv, s->store_key);
     }
-    thaw_task_finish(s->task, reason, &s->timings, msg);
+    thaw_task_finish(s->task, reason, s->stop_word, &s->timings, msg);
     LOG_INF("slot %d: done (%s): prompt %d (%d cached, %s), %.1f ms; %d generated, %.1f tok/s", s->id, reason,
             s->task->n_prompt, s->timings.cache_n, s->timings.cache_source, s->timings.prompt_ms,
             s->timings.predicted_n,
@@ -354,8 +354,11 @@ static void slot_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_to
         return;
     }
     if (t->req.n_stop + t->gen.n_stops > 0) {
-        const char *hit = thaw_slot_find_stop(s, before);
+        int which = -1;
+        const char *hit = thaw_slot_find_stop(s, before, &which);
         if (hit) {
+            if (which < t->req.n_stop)
+                s->stop_word = t->req.stop[which]; /* the client's own: Anthropic names it */
             s->n_gen = (size_t)(hit - s->gen);
             s->gen[s->n_gen] = '\0';
             slot_finish(e, s, "stop");

@@ -57,6 +57,7 @@ struct thaw_http_conn {
     bool suspended;
     unsigned wakes;
     struct thaw_http_conn *prev, *next; /* h->conns, under h->mu */
+    const char *url;           /* the request's path: MHD's, valid until the request completes */
 
     /* request body, collected by the HTTP thread alone */
     char *body;
@@ -231,7 +232,7 @@ static enum MHD_Result answer_error(struct thaw_http_conn *hc, struct MHD_Connec
     struct thaw_http_response r = {.status = status};
     struct thaw_http *h = hc->h;
 
-    r.body = h->p.error_body ? h->p.error_body(status, msg) : strdup(msg);
+    r.body = h->p.error_body ? h->p.error_body(h->p.ud, hc->url, status, msg) : strdup(msg);
     r.n_body = r.body ? strlen(r.body) : 0;
     return queue(hc, c, &r);
 }
@@ -371,6 +372,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(hc = conn_new(h, c)))
             return MHD_NO;
         *con_cls = hc;
+        hc->url = url;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         uint64_t n_declared = cl ? strtoull(cl, NULL, 10) : 0;
         if (n_declared > h->p.max_body) {

@@ -85,8 +85,10 @@ struct thaw_http_params {
     thaw_http_handler handler;
     void *ud;
     const char *tls_key, *tls_cert; /* PEM text: serve HTTPS; NULL = plain HTTP */
-    /* builds the error body for statuses http.c answers itself (408, 413, 500) */
-    char *(*error_body)(int status, const char *message);
+    /* builds the error body for statuses http.c answers itself (413, 500)
+     * in the shape of the API at `url` (the request's path, no query);
+     * called with `ud` */
+    char *(*error_body)(void *ud, const char *url, int status, const char *message);
 };
 
 /* Starts listening. Returns 0, -errno, or THAW_EINVAL (host unresolvable). */

@@ -49,7 +49,7 @@ void thaw_keys_reply(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_ch
     crypto_generichash_state st;
 
     if (!req->raw) {
-        thaw_keys_conversation(binding, req->messages, req->n_messages, reply_json, out);
+        thaw_keys_conversation(binding, req->messages, thaw_chat_request_n_history(req), reply_json, out);
         return;
     }
     crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);

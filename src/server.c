@@ -92,7 +92,8 @@ static void chat_too_long(char *buf, size_t n, int n_prompt, int n_ctx_slot)
 
 static char *messages_reply(const struct thaw_task *t, const char *id)
 {
-    return thaw_anthropic_message_json(id, t->model_name, t->message_json, t->finish_reason, t->n_prompt, &t->timings);
+    return thaw_anthropic_message_json(id, t->model_name, t->message_json, t->finish_reason, t->stop_sequence,
+                                       t->n_prompt, &t->timings);
 }
 
 /* Claude Code reads the two numbers out of exactly this sentence */
@@ -156,6 +157,26 @@ static const struct wire wire_completion = {
 static void set_wire_error(struct thaw_http_response *r, const struct wire *w, int status, const char *msg)
 {
     set_json(r, status, w->error_json(status, msg));
+}
+
+/* Whose error shape a path's errors take when no route answers them (a
+ * 404, or what http.c refuses before any route: 413): Anthropic's under
+ * /v1/messages, where its SDKs and Claude Code read them, else OpenAI's. */
+static const struct wire *errors_for(const char *url)
+{
+    static const char anthropic[] = "/v1/messages";
+    size_t n = sizeof anthropic - 1;
+
+    if (url && strncmp(url, anthropic, n) == 0 && (url[n] == '\0' || url[n] == '/'))
+        return &wire_messages;
+    return &wire_chat;
+}
+
+/* http.c's error bodies (thaw_http_params.error_body) */
+static char *http_error_body(void *ud, const char *url, int status, const char *msg)
+{
+    (void)ud;
+    return errors_for(url)->error_json(status, msg);
 }
 
 /* ---- auth ----------------------------------------------------------------------- */
@@ -755,7 +776,7 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
     } else if (!rt) {
         char msg[128];
         snprintf(msg, sizeof msg, "no route for %s %.80s", hr->method, hr->url);
-        set_error(srv, r, 404, msg);
+        set_wire_error(r, errors_for(hr->url), 404, msg);
     } else if (strcmp(hr->method, "OPTIONS") == 0 && r->allow_origin) {
         /* a browser's preflight: no key (it carries none), no body */
         r->status = 204;
@@ -854,7 +875,7 @@ int thaw_serve_main(int argc, char **argv)
         .timeout_s = srv->cfg.timeout_s,
         .handler = handle,
         .ud = srv,
-        .error_body = thaw_api_error_json,
+        .error_body = http_error_body,
         .tls_key = srv->cfg.ssl_key,
         .tls_cert = srv->cfg.ssl_cert,
     };

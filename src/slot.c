@@ -69,6 +69,7 @@ static void enter_prefill(struct thaw_slot *s, const struct thaw_slot_enter *in)
     s->n_decoded = 0;
     s->i_batch = -1;
     s->stop_hold = 0; /* the longest stop string - 1: held back while streaming */
+    s->stop_word = NULL;
     for (int i = 0; i < t->req.n_stop + t->gen.n_stops; i++) {
         size_t l = strlen(i < t->req.n_stop ? t->req.stop[i] : t->gen.stops[i - t->req.n_stop]);
         if (l > 0 && l - 1 > s->stop_hold)
@@ -195,7 +196,7 @@ void thaw_slot_flush_text(struct thaw_slot *s, bool final)
     }
 }
 
-const char *thaw_slot_find_stop(const struct thaw_slot *s, size_t from)
+const char *thaw_slot_find_stop(const struct thaw_slot *s, size_t from, int *which)
 {
     const struct thaw_task *t = s->task;
     const char *best = NULL;
@@ -205,8 +206,11 @@ const char *thaw_slot_find_stop(const struct thaw_slot *s, size_t from)
         size_t l = strlen(stop);
         size_t start = from >= l ? from - l + 1 : 0;
         const char *hit = memmem(s->gen + start, s->n_gen - start, stop, l);
-        if (hit && (!best || hit < best))
+        if (hit && (!best || hit < best)) {
             best = hit;
+            if (which)
+                *which = i;
+        }
     }
     return best;
 }

@@ -76,6 +76,7 @@ struct thaw_slot {
     size_t n_gen, cap_gen;
     size_t n_sent;    /* bytes of gen handed to the task */
     size_t stop_hold; /* longest stop string - 1: bytes held back while streaming */
+    const char *stop_word; /* the request's own stop string the reply ended on (in task->req), or NULL */
     int n_decoded;    /* tokens sampled */
     int64_t t_start_us, t_prompt_done_us;
     struct thaw_timings timings;
@@ -160,8 +161,10 @@ void thaw_slot_finish_timings(struct thaw_slot *s, int64_t now_us);
 void thaw_slot_flush_text(struct thaw_slot *s, bool final);
 
 /* The earliest occurrence in s->gen of any of the task's stop strings that
- * ends at or after byte `from`, or NULL. */
-const char *thaw_slot_find_stop(const struct thaw_slot *s, size_t from);
+ * ends at or after byte `from`, or NULL. *which (may be NULL) gets the
+ * string's index: below task->req.n_stop one of the request's, above it
+ * one the template added (task->gen.stops). */
+const char *thaw_slot_find_stop(const struct thaw_slot *s, size_t from, int *which);
 
 /* "idle", "prefill", "gen", "fixup". */
 const char *thaw_slot_phase_name(enum thaw_slot_phase p);

@@ -298,8 +298,9 @@ static int msg_close(struct thaw_stream *st)
         return THAW_ENOMEM;
     if (rc == 0)
         rc = emit(st, "message_delta",
-                  json_pack("{s:s, s:{s:s, s:n}, s:O}", "type", "message_delta", "delta", "stop_reason",
-                            thaw_anthropic_stop_reason(t->finish_reason), "stop_sequence", "usage", usage));
+                  json_pack("{s:s, s:{s:s, s:o}, s:O}", "type", "message_delta", "delta", "stop_reason",
+                            thaw_anthropic_stop_reason(t->finish_reason, t->stop_sequence), "stop_sequence",
+                            t->stop_sequence ? json_string(t->stop_sequence) : json_null(), "usage", usage));
     json_decref(usage);
     return rc ? rc : emit(st, "message_stop", json_pack("{s:s}", "type", "message_stop"));
 }

@@ -94,8 +94,8 @@ out:
     return rc;
 }
 
-void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const struct thaw_timings *timings,
-                      char *message_json)
+void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const char *stop_sequence,
+                      const struct thaw_timings *timings, char *message_json)
 {
     pthread_mutex_lock(&t->mu);
     if (t->done) {
@@ -103,6 +103,7 @@ void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const stru
     } else {
         t->message_json = message_json;
         t->finish_reason = finish_reason;
+        t->stop_sequence = stop_sequence;
         t->timings = *timings;
         t->done = true;
     }

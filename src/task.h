@@ -43,6 +43,7 @@ struct thaw_task {
     int http_status;               /* 200, or the error's status */
     char *error;                   /* message when http_status != 200 */
     const char *finish_reason;     /* "stop" | "length" | "tool_calls" (static) */
+    const char *stop_sequence;     /* one of req.stop the reply ended on, or NULL */
     bool started;                  /* a slot took the task and chose what to reuse */
     int cache_n;                   /* prompt tokens reused, once started */
     char *message_json;            /* the reply as a message (content, reasoning, tool calls), set with done */
@@ -78,9 +79,11 @@ void thaw_task_release(struct thaw_task *t);
 
 /* Engine side. emit appends reply text; finish/fail set done and wake waiters. */
 int thaw_task_emit(struct thaw_task *t, const char *s, size_t n);
-/* `message_json` (malloc'd, may be NULL) moves into the task. */
-void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const struct thaw_timings *timings,
-                      char *message_json);
+/* `message_json` (malloc'd, may be NULL) moves into the task.
+ * `stop_sequence` is NULL or one of t->req.stop (the request's stop string
+ * that ended the reply). */
+void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const char *stop_sequence,
+                      const struct thaw_timings *timings, char *message_json);
 void thaw_task_fail(struct thaw_task *t, int http_status, const char *message);
 
 /* The slot has chosen what to reuse (`cache_n` prompt tokens): a stream

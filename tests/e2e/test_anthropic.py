@@ -82,6 +82,7 @@ def assemble(evs):
         elif name == "message_delta":
             assert open_ is None
             msg["stop_reason"] = d["delta"]["stop_reason"]
+            msg["stop_sequence"] = d["delta"]["stop_sequence"]
             msg["usage"] = {**msg["usage"], **d["usage"]}
         else:
             assert name == "ping", name
@@ -127,6 +128,49 @@ def test_messages_stream_and_plain_agree(serve, qwen3):
     c = post(s, {k: v for k, v in body.items() if k in ("model", "system", "messages")},
              path="/v1/messages/count_tokens")
     assert c.status_code == 200 and c.json() == {"input_tokens": n_in}
+
+
+def test_stop_sequence_is_named(serve, qwen3):
+    s = serve(qwen3)
+    body = {"model": "m", "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": "Tell me about the sea."}]}
+    p = post(s, body).json()
+    text = "".join(b["text"] for b in p["content"] if b["type"] == "text")
+    assert len(text) >= 8 and p["stop_sequence"] is None, p
+    # a piece of what greedy decoding writes: the same reply ends where it first occurs
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    want = text[:text.find(stop)]
+    body = {**body, "stop_sequences": ["never-in-a-reply-\u2603", stop]}
+    for r in (post(s, body).json(), assemble(events(post(s, {**body, "stream": True}, stream=True)))):
+        assert r["stop_reason"] == "stop_sequence" and r["stop_sequence"] == stop, r
+        assert "".join(b["text"] for b in r["content"] if b["type"] == "text") == want, (r, want)
+    # a reply cut by max_tokens names none
+    r = assemble(events(post(s, {**body, "stop_sequences": ["never-in-a-reply-\u2603"], "max_tokens": 3,
+                                 "stream": True}, stream=True)))
+    assert r["stop_reason"] == "max_tokens" and r["stop_sequence"] is None, r
+
+
+def test_http_errors_in_anthropic_shape(serve, qwen3):
+    """What no codec sees (a body over --max-body, a path no route has, a
+    bad key) is still answered in Anthropic's shape under /v1/messages."""
+    s = serve(qwen3, "--api-key", "k", "--max-body", "4096")
+    big = {"max_tokens": 2, "messages": [{"role": "user", "content": "x" * 8192}]}
+    for path in ("/v1/messages", "/v1/messages?beta=true", "/v1/messages/count_tokens"):
+        r = post(s, big, path=path)
+        assert r.status_code == 413, r.text
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "request_too_large", r.text
+        assert "--max-body" in r.json()["error"]["message"]
+    r = post(s, {}, path="/v1/messages/batches")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+    r = post(s, {"messages": [{"role": "user", "content": "x"}]}, path="/v1/messages/count_tokens",
+             headers={"x-api-key": "wrong"})
+    assert r.status_code == 401 and r.json() == {"type": "error", "error": {
+        "type": "authentication_error", "message": r.json()["error"]["message"]}}, r.text
+    # the OpenAI paths keep OpenAI's shape
+    r = s.post("/v1/chat/completions", big, headers={"Authorization": "Bearer k"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413, r.text
+    r = s.post("/v1/messagesx", {}, headers={"Authorization": "Bearer k"})
+    assert r.status_code == 404 and "type" not in r.json(), r.text
 
 
 def test_forced_tool_call_and_result_round_trip_from_cache(serve, qwen3):
@@ -318,8 +362,14 @@ def test_claude_code_continues_from_cache_across_a_restart(serve, tmp_path_facto
     t3 = claude(home, cwd, s.url, "--continue", "Once more.")
     share3, n3 = from_cache(t3)
     assert n3 > n2 and share3 >= 0.9, (t2["usage"], t3["usage"])
-    # after the restart the state came from disk: the entry, or its blocks
-    assert re.search(r"restored \S+ from (disk|blocks)", s.log()), s.log()
+    # after the restart the state came from disk under the exact key turn 2
+    # stored (not by a prefix of its blocks), all of it reused: each turn's
+    # requests render the history Claude Code sends back later (its
+    # max-tokens recovery prompts, which it records nowhere, left out)
+    m = re.search(r"restored \S+ from (\w+) in [\d.]+ ms: (\d+) of (\d+) prompt tokens reused", s.log())
+    assert m and m.group(1) == "disk", s.log()
+    # what is not reused is the new user message and its glue
+    assert int(m.group(2)) > 0.99 * int(m.group(3)), m.group(0)
     # another conversation (its own first message, so its own billing header)
     # shares the system prompt and tools through the block store
     assert s.stop() == 0

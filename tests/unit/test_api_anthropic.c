@@ -121,6 +121,45 @@ static void test_errors_name_the_field(void **state)
     }
 }
 
+/* Claude Code's max-tokens recovery prompts: recorded by none of its later
+ * requests, so only a last one renders, marked transient (the reply is
+ * keyed and re-decoded as the history without it). */
+static void test_recovery_prompt_is_transient(void **state)
+{
+    struct thaw_chat_request r;
+    char err[256];
+#define RECOVERY "Output token limit hit. Resume directly \u2014 no apology, no recap of what you were doing."
+    const char *within =
+        "{\"max_tokens\":9,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"a1\"}]},"
+        "{\"role\":\"user\",\"content\":\"" RECOVERY "\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"a2\"}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"" RECOVERY "\","
+        "\"cache_control\":{\"type\":\"ephemeral\"}}]}]}";
+    const char *next =
+        "{\"max_tokens\":9,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"a1\"}]},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"a2\"}]},"
+        "{\"role\":\"user\",\"content\":\"bye\"}]}";
+
+    (void)state;
+    assert_int_equal(parse(within, &r, err), 0);
+    assert_int_equal(r.n_messages, 4); /* hi, a1, a2, the last recovery prompt */
+    assert_string_equal(r.messages[2].json, "{\"content\":\"a2\",\"role\":\"assistant\"}");
+    assert_string_equal(r.messages[3].role, "user");
+    assert_true(r.last_transient);
+    assert_int_equal(thaw_chat_request_n_history(&r), 3);
+    thaw_chat_request_free(&r);
+    /* the next turn: the same history, nothing transient */
+    assert_int_equal(parse(next, &r, err), 0);
+    assert_int_equal(r.n_messages, 4);
+    assert_string_equal(r.messages[2].json, "{\"content\":\"a2\",\"role\":\"assistant\"}");
+    assert_false(r.last_transient);
+    assert_int_equal(thaw_chat_request_n_history(&r), 4);
+    thaw_chat_request_free(&r);
+#undef RECOVERY
+}
+
 static void test_reply_blocks(void **state)
 {
     struct thaw_timings t = {.cache_n = 30, .predicted_n = 5};
@@ -129,7 +168,7 @@ static void test_reply_blocks(void **state)
         "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"r\",\"tool_calls\":[{\"type\":\"function\","
         "\"id\":\"call_a0\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"}},{\"type\":\"function\","
         "\"id\":\"call_a1\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":\"}}]}",
-        "tool_calls", 100, &t);
+        "tool_calls", NULL, 100, &t);
 
     (void)state;
     assert_non_null(m);
@@ -144,8 +183,17 @@ static void test_reply_blocks(void **state)
     m = thaw_anthropic_error_json(404, "no");
     assert_string_equal(m, "{\"type\":\"error\",\"error\":{\"type\":\"not_found_error\",\"message\":\"no\"}}");
     free(m);
-    assert_string_equal(thaw_anthropic_stop_reason("length"), "max_tokens");
-    assert_string_equal(thaw_anthropic_stop_reason("stop"), "end_turn");
+    assert_non_null(strstr(m = thaw_anthropic_message_json("msg_2", "thaw", "{\"role\":\"assistant\",\"content\":\"a\"}",
+                                                           "stop", "END", 10, &t),
+                           "\"stop_reason\":\"stop_sequence\",\"stop_sequence\":\"END\""));
+    free(m);
+    assert_non_null(strstr(m = thaw_anthropic_message_json("msg_3", "thaw", "{\"role\":\"assistant\",\"content\":\"a\"}",
+                                                           "stop", NULL, 10, &t),
+                           "\"stop_reason\":\"end_turn\",\"stop_sequence\":null"));
+    free(m);
+    assert_string_equal(thaw_anthropic_stop_reason("length", NULL), "max_tokens");
+    assert_string_equal(thaw_anthropic_stop_reason("stop", NULL), "end_turn");
+    assert_string_equal(thaw_anthropic_stop_reason("stop", "END"), "stop_sequence");
 }
 
 int main(void)
@@ -154,6 +202,7 @@ int main(void)
         cmocka_unit_test(test_blocks_normalise),
         cmocka_unit_test(test_named_tool_and_schema),
         cmocka_unit_test(test_errors_name_the_field),
+        cmocka_unit_test(test_recovery_prompt_is_transient),
         cmocka_unit_test(test_reply_blocks),
     };
     if (sodium_init() < 0)
