@@ -24,6 +24,20 @@
  *                         kvlayout block (absent when n_tokens % B == 0)
  *   u8  swa[swa_size]     the uncut SWA window section (kvlayout tail)
  *
+ * A sliding-window model's manifest is version 2 when its blocks carry
+ * their SWA rows (DESIGN §12): each block k then has an SWA block, the SWA
+ * layers' rows of the same positions, stored as its own entry under
+ *
+ *   sid_k = BLAKE2b-256(key = id_k, "thaw-swa-v1")
+ *
+ * and the header goes on with u32 swa_first | u32 n_window | u64
+ * swa_tail_size; after ids come sids[swa_first, n_blocks) (the run of
+ * blocks whose SWA rows were stored, ending at the last), then the tail,
+ * then swa_tail (the SWA rows of the tail's cells), and swa_size is 0: no
+ * window is copied per turn. A restore at n installs section 0 from the
+ * blocks and rebuilds the SWA section from the SWA blocks covering
+ * [n - n_window, n). The manifest names the sids too (GC, holds).
+ *
  * The manifest is submitted after its blocks, to the same FIFO writer, so
  * it commits last: a crash leaves blocks without a manifest (collected once
  * their grace is over, cache_disk.c), never a manifest whose blocks were
@@ -85,6 +99,15 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
                       uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
                       void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
 
+/* thaw_blocks_store for a sliding-window model (window > 0: its window,
+ * tokens): the capture's SWA section gives the SWA rows of the blocks it
+ * still holds; when they cover what a restore at n needs, the manifest is
+ * version 2 (no window copy), else as thaw_blocks_store. */
+int thaw_blocks_store_window(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
+                             const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t window,
+                             const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
+                             size_t *n_manifest, struct thaw_blocks_stats *st);
+
 /* Where a store cuts its blocks from: a parsed capture (thaw_blocks_store)
  * or the KV cache's own memory (kvtap.h). */
 struct thaw_blocks_src {
@@ -95,6 +118,14 @@ struct thaw_blocks_src {
     const void *ud;
     const void *swa; /* the uncut SWA section, or NULL */
     size_t n_swa;
+    /* SWA rows (DESIGN §12; NULL: none): the SWA block of [a, b), as size,
+     * cut and known above. A store that can give the SWA blocks a restore
+     * at n needs ([n - n_window, n), block-aligned) writes them, and every
+     * earlier one it can, instead of the window section */
+    size_t (*swa_size)(const void *ud, uint32_t a, uint32_t b);
+    int (*swa_cut)(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap);
+    int (*swa_known)(const void *ud, uint32_t a, uint32_t b);
+    uint32_t n_window; /* the sliding window, tokens (llama_model_n_swa) */
 };
 
 /* thaw_blocks_store from src: what it does not know of the cells the store
@@ -159,5 +190,17 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
 int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                        uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
                        struct thaw_blocks_state *out);
+
+/* thaw_blocks_prefix for a sliding-window model (n_window > 0: its window,
+ * tokens): the deepest boundary b of the run whose SWA blocks covering
+ * [b - n_window, b) are stored too; the state holds the run's blocks and
+ * an SWA section rebuilt from those. n_window 0: thaw_blocks_prefix. */
+int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
+                           const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t n_window,
+                           const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                           struct thaw_blocks_state *out);
+
+/* The id of block id's SWA block. */
+void thaw_blocks_swa_id(const uint8_t id[THAW_KEY_BYTES], uint8_t sid[THAW_KEY_BYTES]);
 
 #endif
