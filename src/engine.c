@@ -1,10 +1,8 @@
 /* engine.c — model + context, the decode loop, batching across slots.
  *
  * Map:
- *   ---- slots ----        the engine's state; a slot's end (idle, failed)
- *   ---- post-reply work (FIXUP) ---- what the next turn will present
+ *   ---- slots ----        a slot's end (idle, failed)
  *   ---- admission ----    queued task -> the slot the scheduler picks
- *   ---- generation ----   sampling, stop strings, streaming text out
  *   ---- the loop ----     one llama_batch for every active slot per step
  *   ---- lifecycle ----    load model, context, thread; shutdown
  *
@@ -19,29 +17,27 @@
  * seed") so the stored state matches the next request token for token,
  * then stores it.
  *
+ * generate.c takes each sampled token (text out, stop strings, the
+ * reply's end, speculative drafts and their verdict); engine_state.h is
+ * the state both files share.
+ *
  * Only engine_main() and what it calls touch e->ctx.
  */
 #include "engine.h"
 
 #include "draft.h"
+#include "engine_state.h"
 #include "error.h"
 #include "fingerprint.h"
-#include "keys_request.h"
-#include "kvcache.h"
-#include "kvstate.h"
 #include "kvtap.h"
 #include "log.h"
 #include "params.h"
-#include "sampling.h"
 #include "scheduler.h"
-#include "slot.h"
 #include "sampler.h"
 #include "slotkv.h"
 #include "slots_view.h"
 #include "template.h"
 #include "testhooks.h"
-#include "tokens.h"
-#include "utf8.h" /* thaw_utf8_sanitize */
 
 #include <stdlib.h>
 #include <string.h>
@@ -50,77 +46,21 @@
 
 /* ---- slots --------------------------------------------------------------------- */
 
-struct thaw_engine {
-    const struct thaw_config *cfg;
-    struct thaw_metrics *metrics;
-    struct thaw_slots_view *view; /* GET /slots (slots_view.h) */
-
-    struct llama_model *model;
-    const struct llama_vocab *vocab;
-    struct llama_context *ctx;
-    struct thaw_chat *chat;
-    struct thaw_sched *sched;
-    char *model_name;
-    uint8_t fingerprint[THAW_KEY_BYTES];
-    char settings[256];        /* the context settings that shape the state's bytes */
-    double fixup_us_per_tok;   /* decode cost of a FIXUP token alone (moving average), 0 = unknown */
-    bool batch_fixup_only;     /* the batch in flight holds FIXUP tokens only */
-    bool fixup_awaited;        /* a queued request waits for a FIXUP slot to finish (admit): full speed */
-    struct thaw_kvtap *tap;    /* where the KV cache's cells are: stores cut blocks from it (kvtap.h); NULL = off */
-    bool tap_verify;           /* THAW_TEST_KVTAP_VERIFY: check every cut against a capture */
-    struct thaw_slotkv *skv;   /* the slots' sequences: rollback, restore, store (slotkv.h) */
-
-    struct thaw_slot *slots;
-    int n_slots;
-    int n_ctx_slot;            /* tokens per sequence */
-    int max_token_bytes;       /* longest piece of text one token stands for */
-    int n_swa;                 /* sliding window, 0 = none or --swa-full */
-    bool recurrent;            /* recurrent / hybrid memory: cannot roll back without a checkpoint */
-    bool partial;              /* n_swa > 0 || recurrent: checkpoints needed */
-
-    struct thaw_draft *draft;  /* NULL = no speculative decoding */
-    struct thaw_kvcache *kv;   /* the cache tiers (kvcache.h), skv's */
-    uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
-    struct llama_batch batch;  /* n_batch tokens */
-    int n_batch;
-
-    pthread_t thread;
-    atomic_bool stop;
-};
-
-/* ---- post-reply work (FIXUP) --------------------------------------------------- */
-
 /* At shutdown the re-decoding left gets this long, at full speed. */
 #define THAW_SHUTDOWN_FIXUP_S 10
 
 /* Ends the slot's request or post-reply work: the slot is free again. */
-static void slot_idle(struct thaw_engine *e, struct thaw_slot *s)
+void thaw_engine_slot_idle(struct thaw_engine *e, struct thaw_slot *s)
 {
     thaw_slot_move(s, THAW_SLOT_IDLE, NULL, e->metrics);
 }
 
-static void slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, const char *msg)
+void thaw_engine_slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, const char *msg)
 {
     if (s->task)
         thaw_task_fail(s->task, status, msg);
     thaw_slotkv_clear(e->skv, s); /* its KV may be half-written */
-    slot_idle(e, s);
-}
-
-/* After a reply (s->store_key derived): the slot enters FIXUP with the
- * tokens the next turn will present for this conversation, or with what it
- * holds when there is no canonical form (still a prefix win); slotkv.h. */
-static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const char *reply_json)
-{
-    llama_token *canon = NULL;
-    int n_canon = 0;
-
-    if (thaw_chat_canonical(e->chat, &s->task->req, reply_json, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
-        thaw_slot_reserve(s, n_canon + 1) != 0) {
-        free(canon);
-        canon = NULL;
-    }
-    thaw_slotkv_prepare_store(e->skv, s, canon, n_canon);
+    thaw_engine_slot_idle(e, s);
 }
 
 /* ---- admission ---------------------------------------------------------------- */
@@ -132,11 +72,11 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     thaw_slot_move(s, THAW_SLOT_PREFILL, &(struct thaw_slot_enter){.task = t, .smpl = thaw_sampler_new(e->vocab, &e->cfg->sampling, e->n_ctx_slot, t)},
                    e->metrics);
     if (!s->smpl && t->gen.grammar) {
-        slot_fail(e, s, 400, "the grammar for this request (its grammar, json_schema, response_format or tools) does not compile");
+        thaw_engine_slot_fail(e, s, 400, "the grammar for this request (its grammar, json_schema, response_format or tools) does not compile");
         return THAW_EINVAL;
     }
     if (!s->smpl || thaw_slot_reserve(s, t->n_prompt + 1) != 0) {
-        slot_fail(e, s, 500, "out of memory");
+        thaw_engine_slot_fail(e, s, 500, "out of memory");
         return THAW_ENOMEM;
     }
 
@@ -199,7 +139,7 @@ static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const str
         thaw_slot_hold(s, s->store_key);
     else
         thaw_slotkv_store(e->skv, s);
-    slot_idle(e, s);
+    thaw_engine_slot_idle(e, s);
 }
 
 /* Slot s as the scheduler sees it for task t (scheduler.h). */
@@ -283,98 +223,6 @@ static int admit(struct thaw_engine *e, bool block)
     return busy;
 }
 
-/* ---- generation --------------------------------------------------------------- */
-
-static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *reason)
-{
-    int64_t now = thaw_now_us();
-
-    thaw_slot_flush_text(s, true);
-    thaw_slot_finish_timings(s, now);
-    atomic_fetch_add(&e->metrics->predicted_tokens, (uint64_t)s->n_decoded);
-    atomic_fetch_add(&e->metrics->predicted_us, (uint64_t)(now - s->t_prompt_done_us));
-    /* the reply as the message the client gets: content, reasoning, tool
-     * calls; its normalised form keys the store, as the client will echo it */
-    char *reply = thaw_utf8_sanitize(s->gen ? s->gen : "", s->n_gen);
-    char *msg = NULL, *norm = NULL, err[256];
-    if (reply && thaw_chat_parse_reply(s->task->gen.parser, reply, false, s->task->id_prefix, &msg, &norm, err,
-                                       sizeof err) != 0) {
-        LOG_WRN("slot %d: the reply could not be parsed (%s): sent as plain text", s->id, err);
-        thaw_chat_parse_reply(NULL, reply, false, s->task->id_prefix, &msg, &norm, err, sizeof err);
-    }
-    if (msg && strstr(msg, "\"tool_calls\":[") && strcmp(reason, "stop") == 0)
-        reason = "tool_calls";
-    char *stored_msg = msg ? strdup(msg) : NULL;
-    /* The store key, derived now: the next turn may arrive as soon as the
-     * client has this reply, before the store below is captured. The cache
-     * tiers learn it is coming, so the shared tier does not go looking for
-     * a state this replica is about to write itself. */
-    bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm;
-    if (will_store) {
-        thaw_keys_reply(s->task->binding, &s->task->req, norm, s->tokens, s->n_tokens, s->store_key);
-        thaw_kvcache_expect(e->kv, s->store_key);
-    }
-    thaw_task_finish(s->task, reason, s->stop_word, &s->timings, msg);
-    LOG_INF("slot %d: done (%s): prompt %d (%d cached, %s), %.1f ms; %d generated, %.1f tok/s", s->id, reason,
-            s->task->n_prompt, s->timings.cache_n, s->timings.cache_source, s->timings.prompt_ms,
-            s->timings.predicted_n,
-            s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
-    /* a verified draft may have left positions past the finish in the KV */
-    thaw_slotkv_rm(e->skv, s, s->n_tokens);
-    if (will_store)
-        slot_prepare_store(e, s, stored_msg); /* -> FIXUP */
-    else
-        slot_idle(e, s);
-    free(stored_msg);
-    free(norm);
-    free(reply);
-}
-
-/* Takes one sampled token: text out, stop conditions, next decode. */
-static void slot_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token tok)
-{
-    const struct thaw_task *t = s->task;
-    char piece[256];
-    int n;
-
-    s->n_decoded++;
-    if (llama_vocab_is_eog(e->vocab, tok)) {
-        slot_finish(e, s, "stop");
-        return;
-    }
-    bool special = false; /* the template's own markers (<tool_call>, <think>) stay in the text the parser reads */
-    for (int i = 0; i < t->gen.n_preserved && !special; i++)
-        special = t->gen.preserved[i] == tok;
-    n = llama_token_to_piece(e->vocab, tok, piece, sizeof piece, 0, special);
-    if (n < 0)
-        n = 0; /* a piece longer than 256 bytes: no real vocab has one */
-    size_t before = s->n_gen;
-    if (thaw_slot_gen_append(s, piece, (size_t)n) != 0) {
-        slot_fail(e, s, 500, "out of memory");
-        return;
-    }
-    if (t->req.n_stop + t->gen.n_stops > 0) {
-        int which = -1;
-        const char *hit = thaw_slot_find_stop(s, before, &which);
-        if (hit) {
-            if (which < t->req.n_stop)
-                s->stop_word = t->req.stop[which]; /* the client's own: Anthropic names it */
-            s->n_gen = (size_t)(hit - s->gen);
-            s->gen[s->n_gen] = '\0';
-            slot_finish(e, s, "stop");
-            return;
-        }
-    }
-    if (s->n_decoded >= t->max_tokens || s->n_tokens + 1 >= e->n_ctx_slot) {
-        slot_finish(e, s, "length");
-        return;
-    }
-    thaw_slot_flush_text(s, false);
-    s->next_token = tok;
-    if (s->phase != THAW_SLOT_GEN)
-        thaw_slot_move(s, THAW_SLOT_GEN, NULL, e->metrics);
-}
-
 /* ---- the loop ------------------------------------------------------------------ */
 
 static void batch_add(struct llama_batch *b, llama_token tok, llama_pos pos, llama_seq_id seq, bool logits)
@@ -386,63 +234,6 @@ static void batch_add(struct llama_batch *b, llama_token tok, llama_pos pos, lla
     b->n_seq_id[i] = 1;
     b->seq_id[i][0] = seq;
     b->logits[i] = logits;
-}
-
-/* Asks the draft for up to `room` tokens after the slot's next token. */
-static int slot_draft(struct thaw_engine *e, struct thaw_slot *s, int room)
-{
-    const struct thaw_config *cfg = e->cfg;
-    int max = cfg->draft_max;
-
-    if (max > room)
-        max = room;
-    if (max > s->task->max_tokens - s->n_decoded - 1)
-        max = s->task->max_tokens - s->n_decoded - 1;
-    if (max > e->n_ctx_slot - s->n_tokens - 2)
-        max = e->n_ctx_slot - s->n_tokens - 2;
-    if (max < 1 || max < cfg->draft_min)
-        return 0;
-    if (thaw_draft_sync(e->draft, s->id, s->tokens, s->n_tokens) < 0)
-        return 0;
-    int n = thaw_draft_propose(e->draft, s->id, s->next_token, max, cfg->draft_p_min, s->drafts);
-    return n >= cfg->draft_min ? n : 0;
-}
-
-/* The target's verdict on a draft: sample at every drafted position with
- * the request's own sampler (so each emitted token is the target's), keep
- * the drafts that match, emit the samples, roll the rest back. */
-static void slot_verify(struct thaw_engine *e, struct thaw_slot *s)
-{
-    llama_token emitted[THAW_DRAFT_MAX + 1];
-    int base = s->n_tokens, n_emit = 0;
-
-    char err[256];
-    for (int i = 0; i <= s->n_drafts; i++) {
-        if (thaw_tmpl_sampler_sample(s->smpl, e->ctx, s->i_batch + i, &emitted[n_emit], err, sizeof err) != 0) {
-            LOG_WRN("slot %d: %s", s->id, err);
-            slot_fail(e, s, 500, err);
-            return;
-        }
-        n_emit++;
-        if (i == s->n_drafts || emitted[i] != s->drafts[i])
-            break;
-    }
-    int accepted = n_emit - 1;
-    s->timings.draft_n += s->n_drafts;
-    s->timings.draft_n_accepted += accepted;
-    atomic_fetch_add(&e->metrics->draft_tokens, (uint64_t)s->n_drafts);
-    atomic_fetch_add(&e->metrics->draft_accepted, (uint64_t)accepted);
-    /* the KV holds next_token and every draft: keep next_token + accepted */
-    thaw_slotkv_rm(e->skv, s, base + 1 + accepted);
-    s->tokens[base] = s->next_token;
-    memcpy(s->tokens + base + 1, s->drafts, (size_t)accepted * sizeof(llama_token));
-    s->n_drafts = 0;
-    for (int i = 0; i < n_emit; i++) {
-        s->n_tokens = base + 1 + i;
-        slot_take_token(e, s, emitted[i]);
-        if (s->phase != THAW_SLOT_GEN)
-            break;
-    }
 }
 
 /* Fills e->batch: first the next token of every generating slot (so
@@ -459,7 +250,7 @@ static void build_batch(struct thaw_engine *e)
         s->n_in_batch = 0;
         if (s->phase != THAW_SLOT_GEN)
             continue;
-        s->n_drafts = e->draft ? slot_draft(e, s, e->n_batch - b->n_tokens - 1) : 0;
+        s->n_drafts = e->draft ? thaw_gen_draft(e, s, e->n_batch - b->n_tokens - 1) : 0;
         s->i_batch = b->n_tokens;
         batch_add(b, s->next_token, s->n_tokens, s->id, true);
         for (int k = 0; k < s->n_drafts; k++)
@@ -527,7 +318,7 @@ static void finish_fixups(struct thaw_engine *e, bool force)
             !thaw_sched_fixup_due(free_now, now - s->fix_since_us))
             continue;
         thaw_slotkv_store(e->skv, s);
-        slot_idle(e, s);
+        thaw_engine_slot_idle(e, s);
     }
 }
 
@@ -569,7 +360,7 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
         if (s->phase == THAW_SLOT_PREFILL) {
             s->t_prompt_done_us = thaw_now_us();
             if (thaw_slot_reserve(s, s->n_tokens + s->task->max_tokens + 1) != 0) {
-                slot_fail(e, s, 500, "out of memory");
+                thaw_engine_slot_fail(e, s, 500, "out of memory");
                 continue;
             }
             /* the prompt's end is where the next turn will most likely need
@@ -579,7 +370,7 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
                 LOG_WRN("slot %d: could not take a context checkpoint", s->id);
         }
         if (s->phase == THAW_SLOT_GEN && s->n_drafts > 0) {
-            slot_verify(e, s);
+            thaw_gen_verify(e, s);
             continue;
         }
         llama_token tok;
@@ -587,10 +378,10 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
         if (thaw_tmpl_sampler_sample(s->smpl, e->ctx, s->i_batch, &tok, err, sizeof err) != 0) {
             /* a grammar at a dead end: this request fails, the server lives */
             LOG_WRN("slot %d: %s", s->id, err);
-            slot_fail(e, s, 500, err);
+            thaw_engine_slot_fail(e, s, 500, err);
             continue;
         }
-        slot_take_token(e, s, tok);
+        thaw_gen_take_token(e, s, tok);
     }
 }
 
@@ -603,7 +394,7 @@ static void fail_batch(struct thaw_engine *e, int rc)
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
         if (s->n_in_batch > 0)
-            slot_fail(e, s, 500, msg);
+            thaw_engine_slot_fail(e, s, 500, msg);
     }
 }
 
@@ -644,7 +435,7 @@ static void *engine_main(void *arg)
             if (s->task && !thaw_task_client_alive(s->task)) {
                 LOG_INF("slot %d: client went away, request cancelled", s->id);
                 thaw_task_fail(s->task, 499, "cancelled");
-                slot_idle(e, s);
+                thaw_engine_slot_idle(e, s);
             }
         }
         if (admit(e, true) == 0)
@@ -668,7 +459,7 @@ static void *engine_main(void *arg)
         struct thaw_slot *s = &e->slots[i];
         if (s->task) {
             thaw_task_fail(s->task, 503, "the server is shutting down");
-            slot_idle(e, s);
+            thaw_engine_slot_idle(e, s);
         }
     }
     drain_fixups(e);
