@@ -76,12 +76,12 @@ max_len_of() {
 # the module whose parser a target fuzzes (--coverage reports on it)
 module_of() {
   case "$1" in
-    fuzz_chat_request) echo src/api.c ;;
-    fuzz_idx) echo src/cache_disk.c ;;
-    fuzz_kvstate) echo src/kvstate.c ;;
-    fuzz_kvlayout) echo src/kvlayout.c ;;
-    fuzz_manifest) echo src/blocks.c ;;
-    fuzz_s3_list) echo src/s3.c ;;
+    fuzz_chat_request) echo src/api/api.c ;;
+    fuzz_idx) echo src/cache/cache_disk.c ;;
+    fuzz_kvstate) echo src/llama/kvstate.c ;;
+    fuzz_kvlayout) echo src/llama/kvlayout.c ;;
+    fuzz_manifest) echo src/cache/blocks.c ;;
+    fuzz_s3_list) echo src/cache/s3.c ;;
   esac
 }
 

@@ -31,7 +31,7 @@ def serve(models):
     for s in started:
         s.kill()
     # every store cut from the KV cache was checked against a capture
-    # (THAW_TEST_KVTAP_VERIFY, src/testhooks.h): none may have differed
+    # (THAW_TEST_KVTAP_VERIFY, src/base/testhooks.h): none may have differed
     for s in started:
         assert "cut from the KV cache differ" not in s.log(), s.log()
 

@@ -84,7 +84,7 @@ def test_page_is_served_with_a_strict_csp(serve):
         assert "Content-Security-Policy" in a.headers
     assert s.get("/webui/vendor/uPlot.css").headers["Content-Type"].startswith("text/css")
     # only the embedded table: no path reaches the file system
-    for path in ("/webui/../src/server.c", "/webui/", "/webui/nope.js", "/index.html"):
+    for path in ("/webui/../src/http/server.c", "/webui/", "/webui/nope.js", "/index.html"):
         assert s.get(path).status_code == 404, path
     assert "chat page: http://127.0.0.1:" in s.log()
 

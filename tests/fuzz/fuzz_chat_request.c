@@ -15,10 +15,10 @@
  * which libFuzzer reports as a crash). Build: cmake -DTHAW_FUZZ=ON with
  * clang; run: scripts/fuzz.sh.
  */
-#include "api.h"
-#include "chat.h"
-#include "keys.h"
-#include "error.h"
+#include "api/api.h"
+#include "api/chat.h"
+#include "base/error.h"
+#include "cache/keys.h"
 
 #include <math.h>
 #include <stdint.h>

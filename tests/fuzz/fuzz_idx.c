@@ -12,15 +12,15 @@
  * gives back the input byte for byte, so no two files mean the same entry
  * and every byte is checked. Any failure aborts: a crash to libFuzzer.
  */
-#include "cache_disk.h"
-#include "error.h"
+#include "base/error.h"
+#include "cache/cache_disk.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
-#include "le.h"
+#include "base/le.h"
 
 #define IDX_OFF_META 152 /* cache_disk.c: the fixed part */
 #define IDX_TRAILER 8

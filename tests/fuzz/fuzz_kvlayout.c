@@ -25,8 +25,8 @@
  *      first, and assembly still round-trips what it parsed).
  * Any broken promise aborts: a crash to libFuzzer.
  */
-#include "error.h"
-#include "kvlayout.h"
+#include "base/error.h"
+#include "llama/kvlayout.h"
 
 #include <stdint.h>
 #include <stdlib.h>

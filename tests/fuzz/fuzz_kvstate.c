@@ -12,9 +12,9 @@
  *          aside, and truncating the list keeps only what it should.
  * Any failure aborts: a crash to libFuzzer.
  */
-#include "blob.h"
-#include "error.h"
-#include "kvstate.h"
+#include "base/blob.h"
+#include "base/error.h"
+#include "llama/kvstate.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -21,11 +21,11 @@
  *      parses (kvlayout.h) to n_tokens cells.
  * Any broken promise aborts: a crash to libFuzzer.
  */
-#include "blocks.h"
-#include "cache_disk.h"
-#include "error.h"
-#include "kvlayout.h"
-#include "kvstate.h"
+#include "base/error.h"
+#include "cache/blocks.h"
+#include "cache/cache_disk.h"
+#include "llama/kvlayout.h"
+#include "llama/kvstate.h"
 
 #include <dirent.h>
 #include <limits.h>

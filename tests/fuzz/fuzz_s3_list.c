@@ -15,8 +15,8 @@
  *   - on 0, *next_token is set exactly when *truncated, and non-empty.
  * Any broken promise aborts: a crash to libFuzzer.
  */
-#include "error.h"
-#include "s3.h"
+#include "base/error.h"
+#include "cache/s3.h"
 
 #include <stdint.h>
 #include <stdlib.h>

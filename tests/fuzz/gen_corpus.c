@@ -35,12 +35,12 @@
  * scripts/fuzz.sh builds and runs this into build-fuzz/ on every run, and
  * into tests/fuzz/corpus/ with --regen-seeds. Returns 0, or 1 with a message.
  */
-#include "blob.h"
-#include "blocks.h"
-#include "cache_disk.h"
-#include "error.h"
-#include "kvlayout.h"
-#include "kvstate.h"
+#include "base/blob.h"
+#include "base/error.h"
+#include "cache/blocks.h"
+#include "cache/cache_disk.h"
+#include "llama/kvlayout.h"
+#include "llama/kvstate.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <stdlib.h>
 
-#include "api.h"
-#include "error.h"
+#include "api/api.h"
+#include "base/error.h"
 
 static int parse(const char *body, struct thaw_chat_request *r, char *err)
 {

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api_anthropic.h"
-#include "error.h"
+#include "api/api_anthropic.h"
+#include "base/error.h"
 
 static int parse(const char *body, struct thaw_chat_request *r, char *err)
 {

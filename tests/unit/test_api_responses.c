@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api_responses.h"
-#include "error.h"
+#include "api/api_responses.h"
+#include "base/error.h"
 
 static int parse(const char *body, struct thaw_chat_request *r, char *err)
 {

@@ -11,7 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "blob.h"
+#include "base/blob.h"
 
 static void test_sizes(void **state)
 {

@@ -25,12 +25,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "blob.h"
-#include "blocks.h"
-#include "cache_disk.h"
-#include "error.h"
-#include "kvstate.h"
-#include "mkmodel.h"
+#include "base/blob.h"
+#include "base/error.h"
+#include "cache/blocks.h"
+#include "cache/cache_disk.h"
+#include "cli/mkmodel.h"
+#include "llama/kvstate.h"
 
 #define B 32u
 

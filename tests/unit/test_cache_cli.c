@@ -20,10 +20,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "blob.h"
-#include "cache_cli.h"
-#include "cache_disk.h"
-#include "error.h"
+#include "base/blob.h"
+#include "base/error.h"
+#include "cache/cache_disk.h"
+#include "cli/cache_cli.h"
 #include "dir_snapshot.h"
 
 #include <dirent.h>

@@ -22,11 +22,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "blob.h"
-#include "cache_disk.h"
-#include "error.h"
-#include "log.h"
-#include "vfs.h"
+#include "base/blob.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/vfs.h"
+#include "cache/cache_disk.h"
 #include "dir_snapshot.h"
 
 #include <dirent.h>

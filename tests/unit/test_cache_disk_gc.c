@@ -35,10 +35,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "blob.h"
-#include "cache_disk.h"
-#include "error.h"
-#include "vfs.h"
+#include "base/blob.h"
+#include "base/error.h"
+#include "base/vfs.h"
+#include "cache/cache_disk.h"
 
 #include <dirent.h>
 #include <errno.h>

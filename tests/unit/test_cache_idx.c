@@ -9,8 +9,8 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "cache_idx.h"
-#include "error.h"
+#include "base/error.h"
+#include "cache/cache_idx.h"
 
 #include <stdlib.h>
 #include <xxhash.h>

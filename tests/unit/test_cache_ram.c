@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blob.h"
-#include "cache_ram.h"
-#include "error.h"
+#include "base/blob.h"
+#include "base/error.h"
+#include "cache/cache_ram.h"
 
 /* One entry of the given parts (NULL/0 = absent). */
 static int put(struct thaw_ram_cache *c, const uint8_t k[THAW_KEY_BYTES], void *kv, size_t n_kv, void *ckpt,

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blob.h"
-#include "cache_shared.h"
-#include "error.h"
+#include "base/blob.h"
+#include "base/error.h"
+#include "cache/cache_shared.h"
 
 static const char secret[] = "0123456789abcdef-cluster";
 static const uint8_t identity[THAW_KEY_BYTES] = {7, 7, 7};

@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "config.h"
-#include "error.h"
+#include "base/config.h"
+#include "base/error.h"
 
 static int parse(struct thaw_config *c, int argc, const char **argv)
 {

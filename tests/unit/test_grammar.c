@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grammar.h"
+#include "api/grammar.h"
 
 /* the text of rule `name` (without "name ::= "), or "" */
 static const char *rule(const char *g, const char *name, char *buf, size_t cap)

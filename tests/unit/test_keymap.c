@@ -8,7 +8,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "keymap.h"
+#include "base/keymap.h"
 
 #include <stdlib.h>
 

@@ -7,9 +7,9 @@
 #include <sodium.h>
 #include <string.h>
 
-#include "api.h"
-#include "keys.h"
-#include "keys_request.h"
+#include "api/api.h"
+#include "api/keys_request.h"
+#include "cache/keys.h"
 
 static void test_namespace_is_the_key_not_its_position(void **state)
 {

@@ -25,9 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "kvlayout.h"
-#include "mkmodel.h"
+#include "base/error.h"
+#include "cli/mkmodel.h"
+#include "llama/kvlayout.h"
 
 static char g_dir[] = "/tmp/thaw_kvlayout_XXXXXX";
 

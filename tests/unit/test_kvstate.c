@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blob.h"
-#include "error.h"
-#include "kvstate.h"
+#include "base/blob.h"
+#include "base/error.h"
+#include "llama/kvstate.h"
 
 /* A hand-made .kv blob: header, 3 tokens, 5 state bytes. */
 static size_t make_kv(uint8_t *b)

@@ -20,10 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "kvlayout.h"
-#include "kvtap.h"
-#include "mkmodel.h"
+#include "base/error.h"
+#include "cli/mkmodel.h"
+#include "llama/kvlayout.h"
+#include "llama/kvtap.h"
 
 static char g_dir[] = "/tmp/thaw_kvtap_XXXXXX";
 static enum llama_flash_attn_type g_fa = LLAMA_FLASH_ATTN_TYPE_ENABLED;

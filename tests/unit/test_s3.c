@@ -19,8 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "s3.h"
+#include "base/error.h"
+#include "cache/s3.h"
 
 static char g_dir[] = "/tmp/thaw_s3_XXXXXX";
 static char g_access[128], g_secret[128], g_region[64], g_endpoint[128];

@@ -6,8 +6,8 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "error.h"
-#include "sampling.h"
+#include "base/error.h"
+#include "base/sampling.h"
 
 static void test_defaults_are_llama_servers(void **state)
 {

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "scheduler.h"
+#include "base/error.h"
+#include "engine/scheduler.h"
 
 static struct thaw_task *task(void)
 {

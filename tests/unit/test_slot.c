@@ -7,7 +7,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "slot.h"
+#include "engine/slot.h"
 
 #include <stdlib.h>
 

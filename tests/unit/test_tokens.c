@@ -7,8 +7,8 @@
 #include <limits.h>
 #include <stdlib.h>
 
-#include "error.h"
-#include "tokens.h"
+#include "base/error.h"
+#include "llama/tokens.h"
 
 static void test_reserve_grows_and_keeps(void **state)
 {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "utf8.h"
+#include "base/utf8.h"
 
 static void test_complete_len(void **state)
 {

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "vfs.h"
+#include "base/vfs.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -7,7 +7,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "webui.h"
+#include "http/webui.h"
 
 static void test_table_serves_the_page_and_nothing_else(void **state)
 {

@@ -1,0 +1,1021 @@
+/* api.c — OpenAI chat-completions request parsing and response building.
+ *
+ * Sections:
+ *   ---- parsing ----    body -> struct thaw_chat_request, field by field
+ *   ---- responses ----  completion, chunk, error, models JSON
+ */
+#include "api/api.h"
+#include "api/api_wire.h"
+
+#include "base/error.h"
+#include "base/utf8.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- parsing ------------------------------------------------------------------ */
+
+static char *dump(json_t *root);
+
+int thaw_api_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return THAW_EINVAL;
+}
+
+#define fail thaw_api_fail /* the short name this file's checks use */
+
+/* Flattens `content`: a string, null (assistant tool calls), or an array of
+ * parts of which only {"type":"text","text":...} carry text. */
+static int flatten_content(json_t *content, size_t idx, char **out, char *err, size_t errlen)
+{
+    if (!content || json_is_null(content)) {
+        *out = strdup("");
+        return *out ? 0 : THAW_ENOMEM;
+    }
+    if (json_is_string(content)) {
+        *out = strndup(json_string_value(content), json_string_length(content));
+        return *out ? 0 : THAW_ENOMEM;
+    }
+    if (!json_is_array(content))
+        return fail(err, errlen, "messages[%zu].content must be a string or an array of content parts", idx);
+
+    size_t total = 1, i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        json_t *type = json_object_get(part, "type");
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type))
+            return fail(err, errlen, "messages[%zu].content[%zu] must be an object with a string 'type'", idx, i);
+        if (strcmp(json_string_value(type), "text") != 0)
+            return fail(err, errlen, "messages[%zu].content[%zu].type '%s' is not supported (only 'text')", idx, i,
+                        json_string_value(type));
+        if (!json_is_string(text))
+            return fail(err, errlen, "messages[%zu].content[%zu].text must be a string", idx, i);
+        total += json_string_length(text);
+    }
+    char *buf = malloc(total);
+    size_t len = 0;
+    if (!buf)
+        return THAW_ENOMEM;
+    json_array_foreach(content, i, part) {
+        json_t *text = json_object_get(part, "text");
+        memcpy(buf + len, json_string_value(text), json_string_length(text));
+        len += json_string_length(text);
+    }
+    buf[len] = '\0';
+    *out = buf;
+    return 0;
+}
+
+static int get_number(json_t *root, const char *name, double lo, double hi, double *out, bool *present, char *err,
+                      size_t errlen)
+{
+    json_t *v = json_object_get(root, name);
+
+    *present = false;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v))
+        return fail(err, errlen, "'%s' must be a number", name);
+    double d = json_number_value(v);
+    if (!isfinite(d) || d < lo || d > hi)
+        return fail(err, errlen, "'%s' must be between %g and %g", name, lo, hi);
+    *out = d;
+    *present = true;
+    return 0;
+}
+
+static int get_int(json_t *root, const char *name, double lo, double hi, double *out, bool *present, char *err,
+                   size_t errlen)
+{
+    json_t *v = json_object_get(root, name);
+
+    *present = false;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v))
+        return fail(err, errlen, "'%s' must be an integer", name);
+    return get_number(root, name, lo, hi, out, present, err, errlen);
+}
+
+static int get_bool(json_t *root, const char *name, bool *out, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, name);
+
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_boolean(v))
+        return fail(err, errlen, "'%s' must be true or false", name);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* An optional string field of an object: absent/null -> NULL is fine. */
+static int opt_string(json_t *obj, const char *key, const char *where, json_t **out, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(obj, key);
+
+    *out = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_string(v))
+        return fail(err, errlen, "%s.%s must be a string", where, key);
+    *out = v;
+    return 0;
+}
+
+/* messages[i].tool_calls: [{"id","type":"function","function":{"name","arguments"}}],
+ * normalised into `into` (arguments always a string: an object is encoded). */
+static int parse_tool_calls(json_t *calls, size_t i, json_t *into, char *err, size_t errlen)
+{
+    json_t *norm = json_array(), *c;
+    size_t k;
+
+    if (!norm)
+        return THAW_ENOMEM;
+    if (!json_is_array(calls)) {
+        json_decref(norm);
+        return fail(err, errlen, "messages[%zu].tool_calls must be an array", i);
+    }
+    json_array_foreach(calls, k, c) {
+        json_t *fn = json_object_get(c, "function"), *id, *name, *args, *type = json_object_get(c, "type");
+        char where[64];
+        snprintf(where, sizeof where, "messages[%zu].tool_calls[%zu]", i, k);
+        if (!json_is_object(c) || !json_is_object(fn)) {
+            json_decref(norm);
+            return fail(err, errlen, "%s must be an object with a 'function' object", where);
+        }
+        if (type && !(json_is_string(type) && strcmp(json_string_value(type), "function") == 0)) {
+            json_decref(norm);
+            return fail(err, errlen, "%s.type must be \"function\"", where);
+        }
+        if (opt_string(c, "id", where, &id, err, errlen) != 0) {
+            json_decref(norm);
+            return THAW_EINVAL;
+        }
+        name = json_object_get(fn, "name");
+        if (!json_is_string(name) || json_string_length(name) == 0) {
+            json_decref(norm);
+            return fail(err, errlen, "%s.function.name must be a non-empty string", where);
+        }
+        args = json_object_get(fn, "arguments");
+        json_t *args_s;
+        if (!args || json_is_null(args)) {
+            args_s = json_string("{}");
+        } else if (json_is_string(args)) {
+            args_s = json_incref(args);
+        } else if (json_is_object(args)) {
+            char *d = json_dumps(args, JSON_COMPACT);
+            args_s = d ? json_string(d) : NULL;
+            free(d);
+        } else {
+            json_decref(norm);
+            return fail(err, errlen, "%s.function.arguments must be a JSON string", where);
+        }
+        json_t *o = json_pack("{s:s, s:{s:O, s:o}}", "type", "function", "function", "name", name, "arguments", args_s);
+        if (!o) {
+            json_decref(norm);
+            return THAW_ENOMEM;
+        }
+        if (id)
+            json_object_set(o, "id", id);
+        json_array_append_new(norm, o);
+    }
+    json_object_set_new(into, "tool_calls", norm);
+    return 0;
+}
+
+/* One message: checked, flattened to text for the cheap checks, and
+ * normalised (known fields only, text parts joined) into JSON for the
+ * template and the conversation keys. Fills out (role, content, json). */
+static int normalize_message(json_t *m, size_t i, struct thaw_message *out, char *err, size_t errlen)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    json_t *role = json_object_get(m, "role");
+    bool known = false;
+    char where[32];
+    int rc;
+
+    snprintf(where, sizeof where, "messages[%zu]", i);
+    if (!json_is_object(m))
+        return fail(err, errlen, "messages[%zu] must be an object", i);
+    if (!json_is_string(role))
+        return fail(err, errlen, "messages[%zu].role must be a string", i);
+    for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++)
+        known |= strcmp(json_string_value(role), roles[r]) == 0;
+    if (!known)
+        return fail(err, errlen, "messages[%zu].role '%s' is not one of system, developer, user, assistant, tool", i,
+                    json_string_value(role));
+    bool assistant = strcmp(json_string_value(role), "assistant") == 0;
+    json_t *content = json_object_get(m, "content");
+    json_t *calls = json_object_get(m, "tool_calls");
+    bool has_calls = calls && !json_is_null(calls);
+    if (!content && !assistant)
+        return fail(err, errlen, "messages[%zu].content is required", i);
+    if (has_calls && !assistant)
+        return fail(err, errlen, "messages[%zu].tool_calls: only assistant messages make tool calls", i);
+    if (!(out->role = strdup(json_string_value(role))))
+        return THAW_ENOMEM;
+    if ((rc = flatten_content(content, i, &out->content, err, errlen)) != 0)
+        return rc;
+
+    /* "developer" is OpenAI's newer name for the system role */
+    const char *trole = strcmp(out->role, "developer") == 0 ? "system" : out->role;
+    json_t *norm = json_pack("{s:s}", "role", trole), *v;
+    if (!norm)
+        return THAW_ENOMEM;
+    /* null and "" render alike in every template: one form for the keys */
+    json_object_set_new(norm, "content", !content || json_is_null(content) || !*out->content
+                                             ? json_null()
+                                             : json_string(out->content));
+    static const char *const extra[] = {"tool_call_id", "name", "reasoning_content"};
+    for (size_t k = 0; k < 3; k++) {
+        if (opt_string(m, extra[k], where, &v, err, errlen) != 0) {
+            json_decref(norm);
+            return THAW_EINVAL;
+        }
+        if (v && json_string_length(v) > 0)
+            json_object_set(norm, extra[k], v);
+    }
+    if (has_calls && json_array_size(calls) > 0 && (rc = parse_tool_calls(calls, i, norm, err, errlen)) != 0) {
+        json_decref(norm);
+        return rc;
+    }
+    if (has_calls && !json_is_array(calls)) {
+        json_decref(norm);
+        return fail(err, errlen, "messages[%zu].tool_calls must be an array", i);
+    }
+    out->json = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(norm);
+    return out->json ? 0 : THAW_ENOMEM;
+}
+
+static int parse_messages(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_t *msgs = json_object_get(root, "messages");
+    size_t i;
+    json_t *m;
+    int rc;
+
+    if (!msgs)
+        return fail(err, errlen, "'messages' is required");
+    if (!json_is_array(msgs))
+        return fail(err, errlen, "'messages' must be an array");
+    if (json_array_size(msgs) == 0)
+        return fail(err, errlen, "'messages' must not be empty");
+    out->messages = calloc(json_array_size(msgs), sizeof *out->messages);
+    if (!out->messages)
+        return THAW_ENOMEM;
+    json_array_foreach(msgs, i, m) {
+        out->n_messages = i + 1; /* freed by thaw_chat_request_free, even half-filled */
+        if ((rc = normalize_message(m, i, &out->messages[i], err, errlen)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    struct thaw_message m = {0};
+    json_t *root = json_loads(msg_json, 0, &jerr);
+    int rc;
+
+    *out = NULL;
+    if (!root)
+        return fail(err, errlen, "not JSON: %s", jerr.text);
+    rc = normalize_message(root, 0, &m, err, errlen);
+    json_decref(root);
+    free(m.role);
+    free(m.content);
+    if (rc == 0)
+        *out = m.json;
+    else
+        free(m.json);
+    return rc;
+}
+
+/* tools, tool_choice, parallel_tool_calls, response_format, chat_template_kwargs */
+static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_t *tools = json_object_get(root, "tools"), *t;
+    size_t i;
+
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools))
+            return fail(err, errlen, "'tools' must be an array");
+        json_array_foreach(tools, i, t) {
+            json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+            if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+                return fail(err, errlen, "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
+            if (!json_is_object(fn) || !json_is_string(json_object_get(fn, "name")) ||
+                json_string_length(json_object_get(fn, "name")) == 0)
+                return fail(err, errlen, "tools[%zu].function.name must be a non-empty string", i);
+            json_t *params = json_object_get(fn, "parameters"), *desc = json_object_get(fn, "description");
+            if (params && !json_is_null(params) && !json_is_object(params))
+                return fail(err, errlen, "tools[%zu].function.parameters must be a JSON schema object", i);
+            if (desc && !json_is_null(desc) && !json_is_string(desc))
+                return fail(err, errlen, "tools[%zu].function.description must be a string", i);
+        }
+        if (json_array_size(tools) > 0 && !(out->tools_json = json_dumps(tools, JSON_COMPACT | JSON_SORT_KEYS)))
+            return THAW_ENOMEM;
+    }
+
+    json_t *tc = json_object_get(root, "tool_choice");
+    if (tc && !json_is_null(tc)) {
+        const char *choice = NULL;
+        if (json_is_string(tc)) {
+            choice = json_string_value(tc);
+            if (strcmp(choice, "auto") != 0 && strcmp(choice, "none") != 0 && strcmp(choice, "required") != 0)
+                return fail(err, errlen, "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function");
+        } else if (json_is_object(tc)) {
+            json_t *fn = json_object_get(tc, "function");
+            json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+            if (!json_is_string(name))
+                return fail(err, errlen, "'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            bool found = false;
+            json_array_foreach(tools, i, t)
+                found |= strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
+                                json_string_value(name)) == 0;
+            if (!found)
+                return fail(err, errlen, "'tool_choice' names '%s', which is not in 'tools'", json_string_value(name));
+            if (!(out->tool_choice_name = strdup(json_string_value(name))))
+                return THAW_ENOMEM;
+            choice = "required";
+        } else {
+            return fail(err, errlen, "'tool_choice' must be a string or an object");
+        }
+        if (strcmp(choice, "auto") != 0 && !out->tools_json && strcmp(choice, "none") != 0)
+            return fail(err, errlen, "'tool_choice' \"%s\" needs 'tools'", choice);
+        if (!(out->tool_choice = strdup(choice)))
+            return THAW_ENOMEM;
+    }
+    json_t *ptc = json_object_get(root, "parallel_tool_calls");
+    if (ptc && !json_is_null(ptc)) {
+        if (!json_is_boolean(ptc))
+            return fail(err, errlen, "'parallel_tool_calls' must be true or false");
+        out->parallel_tool_calls = json_is_true(ptc);
+    }
+
+    json_t *rf = json_object_get(root, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *type = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(type))
+            return fail(err, errlen, "'response_format' must be an object with a string 'type'");
+        const char *ty = json_string_value(type);
+        if (strcmp(ty, "json_object") == 0) {
+            /* llama-server's extension: a 'schema' inside json_object constrains like json_schema */
+            json_t *schema = json_object_get(rf, "schema");
+            if (schema && !json_is_null(schema) && !json_is_object(schema))
+                return fail(err, errlen, "'response_format.schema' must be a JSON schema object");
+            if (!(out->json_schema = json_is_object(schema) ? json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS)
+                                                            : strdup("{\"type\":\"object\"}")))
+                return THAW_ENOMEM;
+        } else if (strcmp(ty, "json_schema") == 0) {
+            json_t *js = json_object_get(rf, "json_schema");
+            json_t *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!json_is_object(schema))
+                return fail(err, errlen, "'response_format.json_schema.schema' must be a JSON schema object");
+            if (!(out->json_schema = json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS)))
+                return THAW_ENOMEM;
+        } else if (strcmp(ty, "text") != 0) {
+            return fail(err, errlen, "'response_format.type' '%s' is not one of text, json_object, json_schema", ty);
+        }
+    }
+
+    /* llama-server's own fields: a JSON schema or a GBNF grammar, one of them */
+    json_t *js = json_object_get(root, "json_schema"), *gr = json_object_get(root, "grammar");
+    if (js && !json_is_null(js)) {
+        if (!json_is_object(js))
+            return fail(err, errlen, "'json_schema' must be a JSON schema object");
+        if (out->json_schema)
+            return fail(err, errlen, "send one of 'json_schema' and 'response_format', not both");
+        if (!(out->json_schema = json_dumps(js, JSON_COMPACT | JSON_SORT_KEYS)))
+            return THAW_ENOMEM;
+    }
+    if (gr && !json_is_null(gr)) {
+        if (!json_is_string(gr))
+            return fail(err, errlen, "'grammar' must be a string (GBNF)");
+        if (out->json_schema)
+            return fail(err, errlen, "send one of 'grammar' and 'json_schema' / 'response_format', not both");
+        if (json_string_length(gr) > 0 && !(out->grammar = strdup(json_string_value(gr))))
+            return THAW_ENOMEM;
+    }
+
+    json_t *kw = json_object_get(root, "chat_template_kwargs");
+    if (kw && !json_is_null(kw)) {
+        if (!json_is_object(kw))
+            return fail(err, errlen, "'chat_template_kwargs' must be an object");
+        if (json_object_size(kw) > 0 && !(out->template_kwargs = json_dumps(kw, JSON_COMPACT | JSON_SORT_KEYS)))
+            return THAW_ENOMEM;
+    }
+    return 0;
+}
+
+/* Fields that would change what the client gets and that thaw does not do:
+ * a 400 naming the field beats an answer that silently ignores it. */
+static int refuse_unsupported(json_t *root, char *err, size_t errlen)
+{
+    json_t *v;
+
+    if ((v = json_object_get(root, "logprobs")) && json_is_true(v))
+        return fail(err, errlen, "'logprobs' is not supported");
+    if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v))
+        return fail(err, errlen, "'top_logprobs' is not supported");
+    if ((v = json_object_get(root, "audio")) && !json_is_null(v))
+        return fail(err, errlen, "'audio' output is not supported");
+    if ((v = json_object_get(root, "modalities")) && json_is_array(v)) {
+        size_t i;
+        json_t *mo;
+        json_array_foreach(v, i, mo)
+            if (!json_is_string(mo) || strcmp(json_string_value(mo), "text") != 0)
+                return fail(err, errlen, "'modalities' other than \"text\" are not supported");
+    }
+    if ((v = json_object_get(root, "logit_bias")) && json_is_object(v) && json_object_size(v) > 0)
+        return fail(err, errlen, "'logit_bias' is not supported");
+    static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
+    for (int i = 0; i < 2; i++)
+        if ((v = json_object_get(root, penalties[i])) && json_is_number(v) && json_number_value(v) != 0)
+            return fail(err, errlen, "'%s' is not supported (only 0)", penalties[i]);
+    if ((v = json_object_get(root, "functions")) && !json_is_null(v))
+        return fail(err, errlen, "'functions' is deprecated and not supported: send 'tools'");
+    if ((v = json_object_get(root, "prediction")) && !json_is_null(v))
+        return fail(err, errlen, "'prediction' is not supported");
+    return 0;
+}
+
+static int parse_stop(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_t *stop = json_object_get(root, "stop");
+    size_t i;
+    json_t *s;
+
+    if (!stop || json_is_null(stop))
+        return 0;
+    if (json_is_string(stop)) {
+        if (json_string_length(stop) == 0)
+            return 0;
+        out->stop[0] = strdup(json_string_value(stop));
+        out->n_stop = out->stop[0] ? 1 : 0;
+        return out->stop[0] ? 0 : THAW_ENOMEM;
+    }
+    if (!json_is_array(stop))
+        return fail(err, errlen, "'stop' must be a string or an array of strings");
+    if (json_array_size(stop) > THAW_API_MAX_STOP)
+        return fail(err, errlen, "'stop' may hold at most %d strings", THAW_API_MAX_STOP);
+    json_array_foreach(stop, i, s) {
+        if (!json_is_string(s))
+            return fail(err, errlen, "stop[%zu] must be a string", i);
+        if (json_string_length(s) == 0)
+            continue;
+        out->stop[out->n_stop] = strdup(json_string_value(s));
+        if (!out->stop[out->n_stop])
+            return THAW_ENOMEM;
+        out->n_stop++;
+    }
+    return 0;
+}
+
+int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt, struct thaw_chat_request *out,
+                        char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = NULL;
+    double d;
+    bool present;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    out->max_tokens = -1;
+    out->temperature = NAN; /* not sent: the server's --temp, --top-p, --min-p, --top-k */
+    out->top_p = NAN;
+    out->min_p = NAN;
+    out->top_k = -1;
+    out->cache_prompt = default_cache_prompt;
+
+    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        rc = fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                  jerr.column);
+        goto error;
+    }
+    if (!json_is_object(root)) {
+        rc = fail(err, errlen, "request body must be a JSON object");
+        goto error;
+    }
+    if ((rc = parse_messages(root, out, err, errlen)) != 0 || (rc = parse_agent_fields(root, out, err, errlen)) != 0 ||
+        (rc = refuse_unsupported(root, err, errlen)) != 0)
+        goto error;
+
+    json_t *model = json_object_get(root, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) {
+            rc = fail(err, errlen, "'model' must be a string");
+            goto error;
+        }
+        if (!(out->model = strdup(json_string_value(model)))) {
+            rc = THAW_ENOMEM;
+            goto error;
+        }
+    }
+    json_t *pck = json_object_get(root, "prompt_cache_key");
+    if (pck && !json_is_null(pck)) {
+        if (!json_is_string(pck)) {
+            rc = fail(err, errlen, "'prompt_cache_key' must be a string");
+            goto error;
+        }
+        if (json_string_length(pck) > THAW_API_MAX_CONVERSATION_ID) {
+            rc = fail(err, errlen, "'prompt_cache_key' is longer than %d bytes", THAW_API_MAX_CONVERSATION_ID);
+            goto error;
+        }
+        if (!(out->prompt_cache_key = strdup(json_string_value(pck)))) {
+            rc = THAW_ENOMEM;
+            goto error;
+        }
+    }
+    if ((rc = get_bool(root, "stream", &out->stream, err, errlen)) != 0)
+        goto error;
+    json_t *so = json_object_get(root, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            rc = fail(err, errlen, "'stream_options' must be an object");
+            goto error;
+        }
+        json_t *iu = json_object_get(so, "include_usage");
+        if (iu && !json_is_boolean(iu)) {
+            rc = fail(err, errlen, "'stream_options.include_usage' must be true or false");
+            goto error;
+        }
+        out->include_usage = iu && json_is_true(iu);
+    }
+    /* max_completion_tokens is OpenAI's newer name; it wins when both are sent */
+    static const char *const max_names[] = {"max_tokens", "max_completion_tokens", "n_predict"};
+    for (size_t i = 0; i < 3; i++) {
+        if ((rc = get_int(root, max_names[i], -1, 1 << 30, &d, &present, err, errlen)) != 0)
+            goto error;
+        if (present && (i != 2 || out->max_tokens < 0))
+            out->max_tokens = (int)d;
+    }
+    if ((rc = get_number(root, "temperature", 0, 2, &d, &present, err, errlen)) != 0)
+        goto error;
+    if (present)
+        out->temperature = (float)d;
+    if ((rc = get_number(root, "top_p", 0, 1, &d, &present, err, errlen)) != 0)
+        goto error;
+    if (present)
+        out->top_p = (float)d;
+    if ((rc = get_number(root, "min_p", 0, 1, &d, &present, err, errlen)) != 0)
+        goto error;
+    if (present)
+        out->min_p = (float)d;
+    if ((rc = get_int(root, "top_k", 0, 1 << 30, &d, &present, err, errlen)) != 0)
+        goto error;
+    if (present)
+        out->top_k = (int)d;
+    if ((rc = get_int(root, "seed", -1, 4294967295.0, &d, &present, err, errlen)) != 0)
+        goto error;
+    if (present && d >= 0) {
+        out->seed = (uint32_t)d;
+        out->has_seed = true;
+    }
+    json_t *n = json_object_get(root, "n");
+    if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1)) {
+        rc = fail(err, errlen, "'n' must be 1: one choice per request is supported");
+        goto error;
+    }
+    if ((rc = parse_stop(root, out, err, errlen)) != 0)
+        goto error;
+    if ((rc = get_bool(root, "cache_prompt", &out->cache_prompt, err, errlen)) != 0)
+        goto error;
+
+    json_decref(root);
+    return 0;
+
+error:
+    json_decref(root);
+    thaw_chat_request_free(out);
+    return rc;
+}
+
+void thaw_chat_request_free(struct thaw_chat_request *req)
+{
+    for (size_t i = 0; i < req->n_messages; i++) {
+        free(req->messages[i].role);
+        free(req->messages[i].content);
+        free(req->messages[i].json);
+    }
+    free(req->tools_json);
+    free(req->tool_choice);
+    free(req->tool_choice_name);
+    free(req->json_schema);
+    free(req->template_kwargs);
+    free(req->grammar);
+    free(req->raw_text);
+    free(req->raw_tokens);
+    free(req->messages);
+    free(req->model);
+    free(req->prompt_cache_key);
+    for (int i = 0; i < req->n_stop; i++)
+        free(req->stop[i]);
+    memset(req, 0, sizeof *req);
+}
+
+int thaw_api_admit(const struct thaw_chat_request *req, int n_ctx_slot, int max_token_bytes, char *err,
+                   size_t errlen)
+{
+    size_t bytes = 0;
+
+    if (n_ctx_slot < 1 || max_token_bytes < 1)
+        return fail(err, errlen, "the server has no context to admit requests into");
+    if (req->n_messages >= (size_t)n_ctx_slot)
+        return fail(err, errlen, "'messages' holds %zu messages; a slot's context holds %d tokens (-c / -np)",
+                    req->n_messages, n_ctx_slot);
+    for (size_t i = 0; i < req->n_messages; i++)
+        bytes += strlen(req->messages[i].content);
+    if (req->raw_text)
+        bytes += strlen(req->raw_text);
+    if (req->n_raw_tokens >= n_ctx_slot)
+        return fail(err, errlen, "'prompt' holds %d tokens; a slot's context holds %d tokens (-c / -np)",
+                    req->n_raw_tokens, n_ctx_slot);
+    /* every token covers at most max_token_bytes of text */
+    if (bytes / (size_t)max_token_bytes >= (size_t)n_ctx_slot)
+        return fail(err, errlen,
+                    "%s %zu bytes of text: at least %zu tokens, more than a slot's context of %d "
+                    "tokens (-c / -np)",
+                    req->raw ? "'prompt' holds" : "'messages' hold", bytes, bytes / (size_t)max_token_bytes, n_ctx_slot);
+    return 0;
+}
+
+/* ---- tokenizer and template endpoints ------------------------------------------- */
+
+static json_t *load_object(const char *body, size_t len, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+
+    if (!root) {
+        fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+             jerr.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        fail(err, errlen, "request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+int thaw_api_parse_tokenize(const char *body, size_t len, char **content, bool *add_special, bool *with_pieces,
+                            char *err, size_t errlen)
+{
+    json_t *root = load_object(body, len, err, errlen);
+    int rc = THAW_EINVAL;
+
+    *content = NULL;
+    *add_special = false;
+    *with_pieces = false;
+    if (!root)
+        return THAW_EINVAL;
+    json_t *c = json_object_get(root, "content");
+    if (!json_is_string(c)) {
+        fail(err, errlen, "'content' must be a string");
+        goto out;
+    }
+    if (get_bool(root, "add_special", add_special, err, errlen) != 0 ||
+        get_bool(root, "with_pieces", with_pieces, err, errlen) != 0)
+        goto out;
+    rc = (*content = strndup(json_string_value(c), json_string_length(c))) ? 0 : THAW_ENOMEM;
+out:
+    json_decref(root);
+    return rc;
+}
+
+int thaw_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t **tokens, size_t *n, char *err,
+                              size_t errlen)
+{
+    json_t *root = load_object(body, len, err, errlen), *arr, *v;
+    size_t i;
+    int rc = THAW_EINVAL;
+
+    *tokens = NULL;
+    *n = 0;
+    if (!root)
+        return THAW_EINVAL;
+    arr = json_object_get(root, "tokens");
+    if (!json_is_array(arr)) {
+        fail(err, errlen, "'tokens' must be an array of token ids");
+        goto out;
+    }
+    if (!(*tokens = malloc((json_array_size(arr) + 1) * sizeof **tokens))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    json_array_foreach(arr, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= n_vocab) {
+            fail(err, errlen, "tokens[%zu] must be a token id between 0 and %d", i, n_vocab - 1);
+            free(*tokens);
+            *tokens = NULL;
+            goto out;
+        }
+        (*tokens)[i] = (int32_t)json_integer_value(v);
+    }
+    *n = json_array_size(arr);
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+char *thaw_api_tokens_json(const int32_t *tokens, size_t n, char *const *pieces)
+{
+    json_t *arr = json_array();
+
+    for (size_t i = 0; arr && i < n; i++) {
+        if (!pieces) {
+            json_array_append_new(arr, json_integer(tokens[i]));
+            continue;
+        }
+        /* a piece that is not UTF-8 (a byte-fallback token, half a
+         * character) is its bytes, as llama-server sends it */
+        json_t *piece = json_string(pieces[i]);
+        if (!piece && (piece = json_array()))
+            for (const unsigned char *p = (const unsigned char *)pieces[i]; *p; p++)
+                json_array_append_new(piece, json_integer(*p));
+        json_array_append_new(arr, json_pack("{s:i, s:o}", "id", (int)tokens[i], "piece", piece));
+    }
+    return dump(json_pack("{s:o}", "tokens", arr));
+}
+
+char *thaw_api_string_json(const char *key, const char *text)
+{
+    char *clean = thaw_utf8_sanitize(text, strlen(text));
+    char *out = clean ? dump(json_pack("{s:s}", key, clean)) : NULL;
+
+    free(clean);
+    return out;
+}
+
+char *thaw_api_cache_json(const char *text)
+{
+    json_t *m = json_object();
+
+    for (const char *p = text; m && *p;) {
+        size_t n = strcspn(p, "\n");
+        const char *sp = memchr(p, ' ', n);
+        if (*p != '#' && sp && n > 5 && strncmp(p, "thaw_", 5) == 0 && (size_t)(sp - p) < 128) {
+            char name[128];
+            memcpy(name, p + 5, (size_t)(sp - p) - 5);
+            name[sp - p - 5] = '\0';
+            double v = strtod(sp + 1, NULL);
+            /* counters and byte gauges are integers: keep them exact */
+            json_object_set_new(m, name,
+                                isfinite(v) && v == floor(v) && fabs(v) < 9e15 ? json_integer((json_int_t)v)
+                                                                               : json_real(isfinite(v) ? v : 0));
+        }
+        p += n;
+        if (*p == '\n')
+            p++;
+    }
+    return m ? dump(json_pack("{s:s, s:o}", "object", "thaw.cache", "metrics", m)) : NULL;
+}
+
+char *thaw_api_props_json(const char *model, const char *chat_template, int total_slots, int n_ctx_slot,
+                          bool jinja, bool kv_cache)
+{
+    char *clean = thaw_utf8_sanitize(chat_template, strlen(chat_template));
+    char *out = clean ? dump(json_pack("{s:{s:i}, s:i, s:s, s:s, s:b, s:b}", "default_generation_settings", "n_ctx",
+                                       n_ctx_slot, "total_slots", total_slots, "model_alias", model, "chat_template",
+                                       clean, "jinja", jinja, "kv_cache", kv_cache))
+                      : NULL;
+
+    free(clean);
+    return out;
+}
+
+/* ---- responses ---------------------------------------------------------------- */
+
+static char *dump(json_t *root)
+{
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+
+    json_decref(root);
+    return s;
+}
+
+static json_t *timings_json(const struct thaw_timings *t)
+{
+    double pps = t->prompt_ms > 0 ? t->prompt_n * 1000.0 / t->prompt_ms : 0;
+    double gps = t->predicted_ms > 0 ? t->predicted_n * 1000.0 / t->predicted_ms : 0;
+
+    return json_pack("{s:i, s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:s, s:f, s:i, s:i, s:i}", "cache_n", t->cache_n,
+                     "prompt_n", t->prompt_n, "prompt_ms", t->prompt_ms, "prompt_per_token_ms",
+                     t->prompt_n ? t->prompt_ms / t->prompt_n : 0.0, "prompt_per_second", pps, "predicted_n",
+                     t->predicted_n, "predicted_ms", t->predicted_ms, "predicted_per_token_ms",
+                     t->predicted_n ? t->predicted_ms / t->predicted_n : 0.0, "predicted_per_second", gps,
+                     "cache_source", t->cache_source ? t->cache_source : "none", "restore_ms", t->restore_ms,
+                     "draft_n", t->draft_n, "draft_n_accepted", t->draft_n_accepted, "draft_restored",
+                     t->draft_restored);
+}
+
+static json_t *usage_json(int prompt_tokens, const struct thaw_timings *t)
+{
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", prompt_tokens, "completion_tokens",
+                     t->predicted_n, "total_tokens", prompt_tokens + t->predicted_n, "prompt_tokens_details",
+                     "cached_tokens", t->cache_n);
+}
+
+char *thaw_api_error_json(int status, const char *message)
+{
+    const char *type = "invalid_request_error";
+    /* messages may quote the client's bytes (jansson's "near '...'") or be
+     * cut mid-character: JSON strings must be valid UTF-8 */
+    char *clean = thaw_utf8_sanitize(message, strlen(message));
+
+    if (status == 401)
+        type = "authentication_error";
+    else if (status == 404)
+        type = "not_found_error";
+    else if (status == 503)
+        type = "unavailable_error";
+    else if (status >= 500)
+        type = "server_error";
+    char *out = clean ? dump(json_pack("{s:{s:s, s:s, s:i}}", "error", "message", clean, "type", type, "code", status))
+                      : NULL;
+    free(clean);
+    return out;
+}
+
+char *thaw_api_ctx_error_json(const char *message, int n_prompt, int n_ctx_slot)
+{
+    return dump(json_pack("{s:{s:s, s:s, s:i, s:i, s:i}}", "error", "message", message, "type",
+                          "exceed_context_size_error", "code", 400, "n_prompt_tokens", n_prompt, "n_ctx", n_ctx_slot));
+}
+
+char *thaw_api_completion_json(const char *id, const char *model, long created, const char *message_json,
+                               const char *finish_reason, int prompt_tokens, const struct thaw_timings *t)
+{
+    json_error_t jerr;
+    json_t *msg = json_loads(message_json, 0, &jerr);
+
+    if (!msg)
+        return NULL;
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s}], s:o, s:o}", "id", id, "object",
+                          "chat.completion", "created", (json_int_t)created, "model", model, "choices", "index", 0,
+                          "message", msg, "finish_reason", finish_reason, "usage", usage_json(prompt_tokens, t),
+                          "timings", timings_json(t)));
+}
+
+int thaw_api_diff_chunks(const char *id, const char *model, long created, const char *diffs_json, char ***out, int *n)
+{
+    json_error_t jerr;
+    json_t *arr = json_loads(diffs_json, 0, &jerr), *d;
+    size_t i;
+    int rc = 0;
+
+    *out = NULL;
+    *n = 0;
+    if (!json_is_array(arr)) {
+        json_decref(arr);
+        return THAW_EINVAL;
+    }
+    if (!(*out = calloc(json_array_size(arr) + 1, sizeof **out))) {
+        json_decref(arr);
+        return THAW_ENOMEM;
+    }
+    json_array_foreach(arr, i, d) {
+        char *ds = json_dumps(d, JSON_COMPACT);
+        char *c = ds ? thaw_api_chunk_delta_json(id, model, created, ds) : NULL;
+        free(ds);
+        if (!c) {
+            rc = THAW_ENOMEM;
+            break;
+        }
+        (*out)[(*n)++] = c;
+    }
+    json_decref(arr);
+    return rc;
+}
+
+char *thaw_api_chunk_delta_json(const char *id, const char *model, long created, const char *diff_json)
+{
+    json_error_t jerr;
+    json_t *d = json_loads(diff_json, 0, &jerr), *delta = json_object(), *v;
+
+    if (!d || !delta) {
+        json_decref(d);
+        json_decref(delta);
+        return NULL;
+    }
+    if ((v = json_object_get(d, "content")))
+        json_object_set(delta, "content", v);
+    if ((v = json_object_get(d, "reasoning_content")))
+        json_object_set(delta, "reasoning_content", v);
+    if ((v = json_object_get(d, "tool_call_index"))) {
+        json_t *fn = json_object(), *call = json_pack("{s:O}", "index", v);
+        json_t *name = json_object_get(d, "name"), *cid = json_object_get(d, "id"), *args = json_object_get(d, "arguments");
+        if (cid) { /* a call's first delta: its id, type and name, once */
+            json_object_set(call, "id", cid);
+            json_object_set_new(call, "type", json_string("function"));
+        }
+        if (name)
+            json_object_set(fn, "name", name);
+        json_object_set_new(fn, "arguments", args ? json_incref(args) : json_string(""));
+        json_object_set_new(call, "function", fn);
+        json_object_set_new(delta, "tool_calls", json_pack("[o]", call));
+    }
+    json_decref(d);
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n}]}", "id", id, "object", "chat.completion.chunk",
+                          "created", (json_int_t)created, "model", model, "choices", "index", 0, "delta", delta,
+                          "finish_reason"));
+}
+
+char *thaw_api_chunk_json(const char *id, const char *model, long created, const char *role,
+                          const char *content, const char *finish_reason, const struct thaw_timings *timings,
+                          int prompt_tokens, bool usage_only)
+{
+    json_t *root = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "chat.completion.chunk", "created",
+                             (json_int_t)created, "model", model);
+    json_t *choices = json_array();
+
+    if (!root || !choices) {
+        json_decref(root);
+        json_decref(choices);
+        return NULL;
+    }
+    if (!usage_only) {
+        json_t *delta = json_object();
+        if (role)
+            json_object_set_new(delta, "role", json_string(role));
+        if (content)
+            json_object_set_new(delta, "content", json_string(content));
+        json_array_append_new(choices, json_pack("{s:i, s:o, s:o}", "index", 0, "delta", delta, "finish_reason",
+                                                 finish_reason ? json_string(finish_reason) : json_null()));
+    }
+    json_object_set_new(root, "choices", choices);
+    if (timings)
+        json_object_set_new(root, "timings", timings_json(timings));
+    if (usage_only)
+        json_object_set_new(root, "usage", usage_json(prompt_tokens, timings));
+    return dump(root);
+}
+
+char *thaw_api_models_json(const char *model, long created, const struct thaw_model_meta *m)
+{
+    json_t *meta = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:I}", "vocab_type", m->vocab_type, "n_vocab", m->n_vocab,
+                             "n_ctx", m->n_ctx_slot, "n_ctx_train", m->n_ctx_train, "n_embd", m->n_embd, "n_params",
+                             (json_int_t)m->n_params, "size", (json_int_t)m->size_bytes);
+    json_t *details = json_pack("{s:s, s:s, s:s, s:[s], s:s, s:s}", "parent_model", "", "format", "gguf", "family", "",
+                                "families", "", "parameter_size", "", "quantization_level", "");
+
+    return dump(json_pack("{s:[{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s], s:[s], s:s, s:o}], s:s, "
+                          "s:[{s:s, s:[s], s:[], s:s, s:I, s:s, s:o}]}",
+                          "models", "name", model, "model", model, "modified_at", "", "size", "", "digest", "", "type",
+                          "model", "description", "", "tags", "", "capabilities", "completion", "parameters", "",
+                          "details", details, "object", "list", "data", "id", model, "aliases", model, "tags",
+                          "object", "model", "created", (json_int_t)created, "owned_by", "thaw", "meta", meta));
+}
+
+int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,
+                            struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = NULL, *oai = NULL;
+    char *text = NULL;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                    jerr.column);
+    if (!json_is_object(root)) {
+        rc = fail(err, errlen, "request body must be a JSON object");
+        goto out;
+    }
+    if (!(oai = json_object())) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    if ((rc = convert(root, oai, err, errlen)) != 0)
+        goto out;
+    if (!(text = json_dumps(oai, JSON_COMPACT))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    rc = thaw_api_parse_chat(text, strlen(text), default_cache_prompt, out, err, errlen);
+out:
+    free(text);
+    json_decref(oai);
+    json_decref(root);
+    return rc;
+}

@@ -1,0 +1,223 @@
+/* api_completions.c — POST /v1/completions and POST /completion: a raw
+ * prompt in, text out (api_completions.h).
+ *
+ * Map:
+ *   ---- request ----  the prompt; every other field through thaw_api_parse_chat
+ *   ---- replies ----  OpenAI's text_completion (whole, chunks), llama-server's /completion
+ */
+#include "api/api_completions.h"
+
+#include "api/api_wire.h"
+#include "base/error.h"
+#include "base/utf8.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- request ------------------------------------------------------------------------ */
+
+/* A prompt given as token ids: 0 and the ids in out, or THAW_EINVAL. */
+static int take_tokens(json_t *arr, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    size_t i;
+    json_t *v;
+
+    if (json_array_size(arr) == 0)
+        return thaw_api_fail(err, errlen, "'prompt' is empty");
+    if (json_array_size(arr) > (1u << 24))
+        return thaw_api_fail(err, errlen, "'prompt' holds more token ids than any context");
+    if (!(out->raw_tokens = malloc(json_array_size(arr) * sizeof *out->raw_tokens)))
+        return THAW_ENOMEM;
+    json_array_foreach(arr, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return thaw_api_fail(err, errlen, "prompt[%zu] must be a token id", i);
+        out->raw_tokens[i] = (int32_t)json_integer_value(v);
+    }
+    out->n_raw_tokens = (int)json_array_size(arr);
+    return 0;
+}
+
+static int take_prompt(json_t *p, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
+        p = json_array_get(p, 0); /* ["text"] or [[ids]]: one prompt */
+    if (json_is_string(p)) {
+        if (json_string_length(p) == 0)
+            return thaw_api_fail(err, errlen, "'prompt' is empty");
+        return (out->raw_text = strndup(json_string_value(p), json_string_length(p))) ? 0 : THAW_ENOMEM;
+    }
+    if (json_is_array(p)) {
+        json_t *first = json_array_get(p, 0);
+        if (json_is_string(first) || json_is_array(first))
+            return thaw_api_fail(err, errlen, "'prompt' holds %zu prompts: send one per request",
+                                 json_array_size(p));
+        return take_tokens(p, out, err, errlen);
+    }
+    return thaw_api_fail(err, errlen, "'prompt' must be a string or an array of token ids");
+}
+
+/* What a completion may ask that thaw does not do: a 400 naming it. */
+static int refuse_fields(json_t *root, char *err, size_t errlen)
+{
+    json_t *v;
+
+    if ((v = json_object_get(root, "echo")) && json_is_true(v))
+        return thaw_api_fail(err, errlen, "'echo' is not supported");
+    if ((v = json_object_get(root, "suffix")) && json_is_string(v) && json_string_length(v) > 0)
+        return thaw_api_fail(err, errlen, "'suffix' is not supported (no infill)");
+    if ((v = json_object_get(root, "best_of")) && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
+        return thaw_api_fail(err, errlen, "'best_of' must be 1");
+    /* an integer here (OpenAI's completions), a boolean in chat */
+    if ((v = json_object_get(root, "logprobs")) && !json_is_null(v) && !json_is_false(v) &&
+        !(json_is_integer(v) && json_integer_value(v) == 0))
+        return thaw_api_fail(err, errlen, "'logprobs' is not supported");
+    if ((v = json_object_get(root, "n_probs")) && json_is_integer(v) && json_integer_value(v) > 0)
+        return thaw_api_fail(err, errlen, "'n_probs' is not supported");
+    return 0;
+}
+
+int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_prompt, struct thaw_chat_request *out,
+                              char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr), *chat = NULL, *prompt;
+    char *text = NULL;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if (!root)
+        return thaw_api_fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                             jerr.line, jerr.column);
+    if (!json_is_object(root)) {
+        rc = thaw_api_fail(err, errlen, "request body must be a JSON object");
+        goto out;
+    }
+    if (!(prompt = json_object_get(root, "prompt")) || json_is_null(prompt)) {
+        rc = thaw_api_fail(err, errlen, "'prompt' is required");
+        goto out;
+    }
+    if ((rc = refuse_fields(root, err, errlen)) != 0)
+        goto out;
+    /* the rest is a chat request's: one stand-in message, dropped after */
+    if (!(chat = json_copy(root))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    json_object_del(chat, "prompt");
+    json_object_del(chat, "logprobs");
+    json_object_del(chat, "tools");
+    json_object_del(chat, "response_format");
+    json_object_set_new(chat, "messages", json_pack("[{s:s, s:s}]", "role", "user", "content", "."));
+    if (!(text = json_dumps(chat, JSON_COMPACT))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    if ((rc = thaw_api_parse_chat(text, strlen(text), default_cache_prompt, out, err, errlen)) != 0)
+        goto out;
+    for (size_t i = 0; i < out->n_messages; i++) {
+        free(out->messages[i].role);
+        free(out->messages[i].content);
+        free(out->messages[i].json);
+    }
+    free(out->messages);
+    out->messages = NULL;
+    out->n_messages = 0;
+    out->raw = true;
+    if ((rc = take_prompt(prompt, out, err, errlen)) != 0)
+        thaw_chat_request_free(out);
+out:
+    free(text);
+    json_decref(chat);
+    json_decref(root);
+    return rc;
+}
+
+/* ---- replies ------------------------------------------------------------------------ */
+
+static char *dump(json_t *v)
+{
+    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+
+    json_decref(v);
+    return s;
+}
+
+/* llama-server's timings object (the fields its clients read) */
+static json_t *timings(const struct thaw_timings *t)
+{
+    return json_pack("{s:i, s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:s}", "cache_n", t->cache_n, "prompt_n",
+                     t->prompt_n, "prompt_ms", t->prompt_ms, "prompt_per_token_ms",
+                     t->prompt_n ? t->prompt_ms / t->prompt_n : 0.0, "prompt_per_second",
+                     t->prompt_ms > 0 ? t->prompt_n * 1000.0 / t->prompt_ms : 0.0, "predicted_n", t->predicted_n,
+                     "predicted_ms", t->predicted_ms, "predicted_per_token_ms",
+                     t->predicted_n ? t->predicted_ms / t->predicted_n : 0.0, "predicted_per_second",
+                     t->predicted_ms > 0 ? t->predicted_n * 1000.0 / t->predicted_ms : 0.0, "cache_source",
+                     t->cache_source ? t->cache_source : "none");
+}
+
+static json_t *usage(int prompt_tokens, const struct thaw_timings *t)
+{
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", prompt_tokens, "completion_tokens", t->predicted_n,
+                     "total_tokens", prompt_tokens + t->predicted_n, "prompt_tokens_details", "cached_tokens",
+                     t->cache_n);
+}
+
+/* JSON strings must be valid UTF-8: a reply may end mid-character */
+static json_t *text_value(const char *text)
+{
+    char *clean = thaw_utf8_sanitize(text ? text : "", text ? strlen(text) : 0);
+    json_t *v = clean ? json_string(clean) : NULL;
+
+    free(clean);
+    return v;
+}
+
+static char *text_completion(const char *id, const char *model, long created, const char *text,
+                             const char *finish_reason, int prompt_tokens, const struct thaw_timings *t)
+{
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:o, s:i, s:n, s:o}]}", "id", id, "object",
+                          "text_completion", "created", (json_int_t)created, "model", model, "system_fingerprint",
+                          "thaw", "choices", "text", text_value(text), "index", 0, "logprobs", "finish_reason",
+                          finish_reason ? json_string(finish_reason) : json_null());
+
+    if (o && t) {
+        json_object_set_new(o, "usage", usage(prompt_tokens, t));
+        json_object_set_new(o, "timings", timings(t));
+    }
+    return dump(o);
+}
+
+char *thaw_api_text_completion_json(const char *id, const char *model, long created, const char *text,
+                                    const char *finish_reason, int prompt_tokens, const struct thaw_timings *t)
+{
+    return text_completion(id, model, created, text, finish_reason, prompt_tokens, t);
+}
+
+char *thaw_api_text_completion_chunk_json(const char *id, const char *model, long created, const char *text,
+                                          const char *finish_reason, int prompt_tokens, const struct thaw_timings *t)
+{
+    return text_completion(id, model, created, text, finish_reason, prompt_tokens, t);
+}
+
+char *thaw_api_llama_completion_json(const char *model, const char *text, bool final, const char *finish_reason,
+                                     int prompt_tokens, const struct thaw_timings *t)
+{
+    if (!final)
+        return dump(json_pack("{s:i, s:o, s:[], s:b}", "index", 0, "content", text_value(text), "tokens", "stop", 0));
+    bool limit = finish_reason && strcmp(finish_reason, "length") == 0;
+    return dump(json_pack("{s:i, s:o, s:[], s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:b, s:o}", "index", 0, "content",
+                          text_value(text), "tokens", "model", model, "stop", 1, "stop_type", limit ? "limit" : "eos",
+                          "stopping_word", "", "tokens_predicted", t->predicted_n, "tokens_evaluated", prompt_tokens,
+                          "tokens_cached", t->cache_n, "truncated", 0, "timings", timings(t)));
+}
+
+char *thaw_api_message_content(const char *message_json)
+{
+    json_error_t jerr;
+    json_t *m = message_json ? json_loads(message_json, 0, &jerr) : NULL;
+    const char *c = json_string_value(json_object_get(m, "content"));
+    char *out = strdup(c ? c : "");
+
+    json_decref(m);
+    return out;
+}

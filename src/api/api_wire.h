@@ -1,0 +1,29 @@
+/* api_wire.h — what the Anthropic (api_anthropic.c) and Responses
+ * (api_responses.c) codecs share with the chat-completions one (api.c).
+ *
+ * Both translate their request into a chat-completions body and parse that
+ * with thaw_api_parse_chat: one internal request, so every field is checked
+ * by one parser and reaches the templates, keys and tiers the same way.
+ * Private to the API layer (it speaks jansson).
+ */
+#ifndef THAW_API_WIRE_H
+#define THAW_API_WIRE_H
+
+#include "api/api.h"
+
+#include <jansson.h>
+
+/* Writes the reason to err[errlen]; returns THAW_EINVAL. */
+int thaw_api_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Fills the chat-completions object `oai` from a request's `root`
+ * (validated, a JSON object). 0, THAW_EINVAL (reason in err) or
+ * THAW_ENOMEM. */
+typedef int (*thaw_api_convert_fn)(json_t *root, json_t *oai, char *err, size_t errlen);
+
+/* Parses body as JSON, converts it with `convert`, then parses the result
+ * as thaw_api_parse_chat does (same returns; `out` empty on error). */
+int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,
+                            struct thaw_chat_request *out, char *err, size_t errlen);
+
+#endif

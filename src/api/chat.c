@@ -1,0 +1,693 @@
+/* chat.c — rendering requests through llama.cpp's chat library, parsing
+ * replies and tokenization (the conversation keys are keys.c's).
+ *
+ * Map:
+ *   ---- templates ----  the library handle, request -> inputs JSON
+ *   ---- prompt ----     render, tokenize, grammar and stops for generation
+ *   ---- replies ----    generated text -> message, canonical next-turn tokens
+ */
+#include "api/chat.h"
+
+#include "api/grammar.h"
+#include "api/template.h"
+#include "base/error.h"
+#include "base/log.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct thaw_chat {
+    const struct llama_model *model;
+    const struct llama_vocab *vocab;
+    struct thaw_tmpl *tmpl;
+    json_t *default_kwargs;      /* --chat-template-kwargs, an object or NULL */
+    char *reasoning_format;
+};
+
+/* ---- templates ------------------------------------------------------------------ */
+
+int thaw_chat_new(const struct llama_model *model, const struct thaw_chat_params *p, struct thaw_chat **out)
+{
+    struct thaw_chat *chat = calloc(1, sizeof *chat);
+    char err[512];
+    int rc;
+
+    if (!chat)
+        return THAW_ENOMEM;
+    chat->model = model;
+    chat->vocab = llama_model_get_vocab(model);
+    chat->reasoning_format = strdup(p->reasoning_format ? p->reasoning_format : "auto");
+    if (!chat->reasoning_format) {
+        free(chat);
+        return THAW_ENOMEM;
+    }
+    if (p->default_kwargs) {
+        json_error_t jerr;
+        chat->default_kwargs = json_loads(p->default_kwargs, 0, &jerr);
+        if (!json_is_object(chat->default_kwargs)) {
+            LOG_ERR("--chat-template-kwargs must be a JSON object: %s", chat->default_kwargs ? "not an object" : jerr.text);
+            thaw_chat_free(chat);
+            return THAW_EINVAL;
+        }
+    }
+    if (!p->template_src && !llama_model_chat_template(model, NULL))
+        LOG_WRN("the model has no chat template; using chatml (override with --chat-template or --chat-template-file)");
+    if ((rc = thaw_tmpl_new(model, p->template_src, p->jinja, &chat->tmpl, err, sizeof err)) != 0) {
+        LOG_ERR("%s", rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        thaw_chat_free(chat);
+        return rc;
+    }
+    *out = chat;
+    return 0;
+}
+
+void thaw_chat_free(struct thaw_chat *chat)
+{
+    if (!chat)
+        return;
+    thaw_tmpl_free(chat->tmpl);
+    json_decref(chat->default_kwargs);
+    free(chat->reasoning_format);
+    free(chat);
+}
+
+const char *thaw_chat_template(const struct thaw_chat *chat) { return thaw_tmpl_source(chat->tmpl); }
+
+/* A tool call's arguments that are not a JSON object (a call cut short by
+ * max_tokens, echoed back as the client got it) made into one, so the
+ * history renders instead of failing in the template library, which parses
+ * every call's arguments: open strings, arrays and objects are closed, a
+ * dangling key or colon gets null, a trailing comma goes; what still does
+ * not parse becomes {}. The same repair runs when the reply's canonical
+ * next-turn tokens are rendered, so both renderings agree. Returns a new
+ * string or NULL (ENOMEM). */
+static char *repair_arguments(const char *args)
+{
+    size_t n = strlen(args), len = 0, depth = 0;
+    char *out = malloc(8 * n + 16), *stack = malloc(n + 1); /* each level closed adds at most 6 bytes */
+    bool in_str = false, esc = false;
+    json_error_t jerr;
+
+    if (!out || !stack) {
+        free(out);
+        free(stack);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = args[i];
+        out[len++] = c;
+        if (in_str) {
+            if (esc)
+                esc = false;
+            else if (c == '\\')
+                esc = true;
+            else if (c == '"')
+                in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '{' || c == '[') {
+            stack[depth++] = c;
+        } else if ((c == '}' || c == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    if (in_str) {
+        if (esc)
+            len--; /* a cut escape: drop its backslash */
+        out[len++] = '"';
+    }
+    while (depth > 0) {
+        while (len > 0 && (out[len - 1] == ' ' || out[len - 1] == '\n' || out[len - 1] == '\t' || out[len - 1] == '\r'))
+            len--;
+        if (len > 0 && out[len - 1] == ',')
+            len--;
+        if (len > 0 && out[len - 1] == ':') {
+            memcpy(out + len, "null", 4);
+            len += 4;
+        } else if (stack[depth - 1] == '{' && len > 0 && out[len - 1] == '"') {
+            /* a string right after '{' or ',' is a key waiting for its value */
+            size_t j = len - 1;
+            bool key = false;
+            while (j > 0) { /* find the string's opening quote */
+                j--;
+                if (out[j] == '"') {
+                    size_t bs = 0;
+                    while (j >= bs + 1 && out[j - bs - 1] == '\\')
+                        bs++;
+                    if (bs % 2 == 0)
+                        break;
+                }
+            }
+            while (j > 0 && (out[j - 1] == ' ' || out[j - 1] == '\n' || out[j - 1] == '\t' || out[j - 1] == '\r'))
+                j--;
+            key = j > 0 && (out[j - 1] == '{' || out[j - 1] == ',');
+            if (key) {
+                memcpy(out + len, ":null", 5);
+                len += 5;
+            }
+        }
+        out[len++] = stack[--depth] == '{' ? '}' : ']';
+    }
+    out[len] = '\0';
+    free(stack);
+    json_t *v = json_loads(out, JSON_DECODE_ANY, &jerr);
+    if (!json_is_object(v)) {
+        free(out);
+        out = strdup("{}");
+    }
+    json_decref(v);
+    return out;
+}
+
+/* A message as the template gets it: every tool call's arguments a JSON
+ * object's text (repair_arguments). Takes `m`; NULL on ENOMEM. */
+static json_t *renderable(json_t *m)
+{
+    json_t *calls = json_object_get(m, "tool_calls"), *c;
+    json_error_t jerr;
+    size_t i;
+
+    json_array_foreach(calls, i, c) {
+        json_t *fn = json_object_get(c, "function");
+        const char *args = json_string_value(json_object_get(fn, "arguments"));
+        json_t *v = args ? json_loads(args, JSON_DECODE_ANY, &jerr) : NULL;
+        bool ok = json_is_object(v);
+        json_decref(v);
+        if (!args || ok)
+            continue;
+        char *fixed = repair_arguments(args);
+        if (!fixed) {
+            json_decref(m);
+            return NULL;
+        }
+        json_object_set_new(fn, "arguments", json_string(fixed));
+        free(fixed);
+    }
+    return m;
+}
+
+/* The inputs JSON for thaw_tmpl_apply: messages[0..n) (+ `extra`, a
+ * message JSON), the request's tools, choice, schema and kwargs. */
+static char *inputs_json(const struct thaw_chat *chat, const struct thaw_chat_request *req, size_t n,
+                         const char *const *extra, int n_extra, bool add_generation_prompt)
+{
+    json_t *in = json_object(), *msgs = json_array(), *kw = json_object();
+    json_error_t jerr;
+    char *out = NULL;
+
+    if (!in || !msgs || !kw)
+        goto done;
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(msgs, renderable(json_loads(req->messages[i].json, 0, &jerr)));
+    for (int i = 0; i < n_extra; i++)
+        json_array_append_new(msgs, renderable(json_loads(extra[i], 0, &jerr)));
+    json_object_set(in, "messages", msgs);
+    if (req->tools_json) {
+        json_t *tools = json_loads(req->tools_json, 0, &jerr);
+        if (tools && req->tool_choice_name) {
+            /* a named function: that tool alone, required */
+            json_t *only = json_array(), *t;
+            size_t i;
+            json_array_foreach(tools, i, t)
+                if (strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
+                           req->tool_choice_name) == 0)
+                    json_array_append(only, t);
+            json_decref(tools);
+            tools = only;
+        }
+        json_object_set_new(in, "tools", tools);
+    }
+    if (req->tool_choice)
+        json_object_set_new(in, "tool_choice", json_string(req->tool_choice));
+    json_object_set_new(in, "parallel_tool_calls", json_boolean(req->parallel_tool_calls));
+    if (req->json_schema)
+        json_object_set_new(in, "json_schema", json_loads(req->json_schema, 0, &jerr));
+    json_object_set_new(in, "add_generation_prompt", json_boolean(add_generation_prompt));
+    if (chat->default_kwargs)
+        json_object_update(kw, chat->default_kwargs);
+    if (req->template_kwargs) {
+        json_t *rk = json_loads(req->template_kwargs, 0, &jerr);
+        if (rk)
+            json_object_update(kw, rk); /* the request's win */
+        json_decref(rk);
+    }
+    json_object_set(in, "chat_template_kwargs", kw);
+    json_object_set_new(in, "reasoning_format", json_string(chat->reasoning_format));
+    out = json_dumps(in, JSON_COMPACT);
+done:
+    json_decref(msgs);
+    json_decref(kw);
+    json_decref(in);
+    return out;
+}
+
+/* ---- prompt ---------------------------------------------------------------------- */
+
+int thaw_chat_tokenize(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out)
+{
+    return thaw_chat_tokenize_text(chat, text, true, out, n_out);
+}
+
+/* Tokens of a piece of template text, no BOS. */
+static int tokenize_piece(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out)
+{
+    return thaw_chat_tokenize_text(chat, text, false, out, n_out);
+}
+
+void thaw_chat_gen_free(struct thaw_chat_gen *g)
+{
+    free(g->grammar);
+    for (int i = 0; i < g->n_triggers; i++)
+        free(g->triggers[i]);
+    free(g->triggers);
+    free(g->trigger_tokens);
+    free(g->prefill);
+    free(g->preserved);
+    for (int i = 0; i < g->n_stops; i++)
+        free(g->stops[i]);
+    free(g->stops);
+    free(g->parser);
+    memset(g, 0, sizeof *g);
+}
+
+/* Escapes a literal word for the lazy grammar's regex triggers. */
+static char *regex_escape(const char *s)
+{
+    size_t n = strlen(s);
+    char *o = malloc(2 * n + 1), *p = o;
+
+    if (!o)
+        return NULL;
+    for (; *s; s++) {
+        if (strchr("\\^$.|?*+()[]{}", *s))
+            *p++ = '\\';
+        *p++ = *s;
+    }
+    *p = '\0';
+    return o;
+}
+
+/* The apply result's grammar, triggers, stops and parser -> gen. */
+static int take_gen(const struct thaw_chat *chat, json_t *res, struct thaw_chat_gen *g)
+{
+    json_t *v;
+    size_t i;
+
+    const char *grammar = json_string_value(json_object_get(res, "grammar"));
+    if (grammar && *grammar && !(g->grammar = strdup(grammar)))
+        return THAW_ENOMEM;
+    g->grammar_lazy = json_is_true(json_object_get(res, "grammar_lazy"));
+    json_t *trig = json_object_get(res, "triggers");
+    g->triggers = calloc(json_array_size(trig) + 1, sizeof *g->triggers);
+    g->trigger_tokens = calloc(json_array_size(trig) + 1, sizeof *g->trigger_tokens);
+    if (!g->triggers || !g->trigger_tokens)
+        return THAW_ENOMEM;
+    json_array_foreach(trig, i, v) {
+        int type = (int)json_integer_value(json_object_get(v, "type"));
+        const char *value = json_string_value(json_object_get(v, "value"));
+        if (type == 0) { /* token */
+            g->trigger_tokens[g->n_trigger_tokens++] = (llama_token)json_integer_value(json_object_get(v, "token"));
+            continue;
+        }
+        char *pat = NULL;
+        if (type == 1) {
+            pat = regex_escape(value ? value : "");
+        } else if (type == 3) { /* a full-match pattern: anchored */
+            size_t n = value ? strlen(value) : 0;
+            pat = malloc(n + 3);
+            if (pat)
+                snprintf(pat, n + 3, "%s%s%s", n && value[0] == '^' ? "" : "^", value ? value : "",
+                         n && value[n - 1] == '$' ? "" : "$");
+        } else {
+            pat = strdup(value ? value : "");
+        }
+        if (!pat)
+            return THAW_ENOMEM;
+        g->triggers[g->n_triggers++] = pat;
+    }
+    json_t *pres = json_object_get(res, "preserved_tokens");
+    g->preserved = calloc(json_array_size(pres) + 1, sizeof *g->preserved);
+    if (!g->preserved)
+        return THAW_ENOMEM;
+    json_array_foreach(pres, i, v) {
+        llama_token *t = NULL;
+        int n = 0;
+        if (tokenize_piece(chat, json_string_value(v), &t, &n) == 0 && n == 1)
+            g->preserved[g->n_preserved++] = t[0];
+        free(t);
+    }
+    json_t *stops = json_object_get(res, "additional_stops");
+    g->stops = calloc(json_array_size(stops) + 1, sizeof *g->stops);
+    if (!g->stops)
+        return THAW_ENOMEM;
+    json_array_foreach(stops, i, v) {
+        if (json_string_length(v) == 0)
+            continue;
+        if (!(g->stops[g->n_stops] = strdup(json_string_value(v))))
+            return THAW_ENOMEM;
+        g->n_stops++;
+    }
+    json_t *parser = json_object_get(res, "parser");
+    /* a parser is needed whenever the reply may carry more than text */
+    if (parser && !(g->parser = json_dumps(parser, JSON_COMPACT)))
+        return THAW_ENOMEM;
+    /* a grammar that is on from the first token starts after the generation
+     * prompt the template already put in the prompt: it accepts that first */
+    const char *gp = json_string_value(json_object_get(parser, "generation_prompt"));
+    if (g->grammar && !g->grammar_lazy && gp && *gp && tokenize_piece(chat, gp, &g->prefill, &g->n_prefill) != 0)
+        return THAW_ENOMEM;
+    return 0;
+}
+
+/* The library's grammar made to keep the request's promises (grammar.h):
+ * each tool's own argument schema where the family's rules are generic,
+ * and with tool_choice "required" a straight, bounded road to the call. */
+static int reshape_grammar(const struct thaw_chat_request *req, struct thaw_chat_gen *gen)
+{
+    char *g;
+
+    if (req->tools_json && (g = thaw_grammar_gemma4_args(gen->grammar, req->tools_json))) {
+        free(gen->grammar);
+        gen->grammar = g;
+    }
+    if (gen->grammar_lazy || !req->tool_choice || strcmp(req->tool_choice, "required") != 0)
+        return 0;
+    if ((g = thaw_grammar_force_call(gen->grammar, req->parallel_tool_calls))) {
+        free(gen->grammar);
+        gen->grammar = g;
+    }
+    if (!(g = thaw_grammar_bound_repeats(gen->grammar)))
+        return THAW_ENOMEM;
+    free(gen->grammar);
+    gen->grammar = g;
+    return 0;
+}
+
+/* Renders a request: the apply result (JSON, parsed) or NULL with err. */
+static json_t *apply_request(const struct thaw_chat *chat, const struct thaw_chat_request *req, char *err,
+                             size_t errlen, int *rc)
+{
+    char *in = NULL, *out = NULL;
+    json_t *res = NULL;
+    json_error_t jerr;
+
+    *rc = THAW_ENOMEM;
+    if (req->tools_json && !thaw_tmpl_jinja(chat->tmpl)) {
+        snprintf(err, errlen, "'tools' need the Jinja renderer: the server runs with --no-jinja");
+        *rc = THAW_EINVAL;
+        return NULL;
+    }
+    if (!(in = inputs_json(chat, req, req->n_messages, NULL, 0, true)))
+        return NULL;
+    if (!(out = thaw_tmpl_apply(chat->tmpl, in, err, errlen)))
+        *rc = THAW_EINVAL;
+    else if ((res = json_loads(out, 0, &jerr)))
+        *rc = 0;
+    free(out);
+    free(in);
+    return res;
+}
+
+int thaw_chat_render_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, char **text, char *err,
+                            size_t errlen)
+{
+    int rc;
+    json_t *res = apply_request(chat, req, err, errlen, &rc);
+
+    if (!res)
+        return rc;
+    *text = strdup(json_string_value(json_object_get(res, "prompt")));
+    json_decref(res);
+    return *text ? 0 : THAW_ENOMEM;
+}
+
+/* A grammar the request gives itself ('grammar', or a JSON schema no
+ * template rendered): it replaces the template's, from the first token. */
+static int own_grammar(const struct thaw_chat_request *req, bool schema, struct thaw_chat_gen *gen, char *err,
+                       size_t errlen)
+{
+    char *g = NULL;
+
+    if (req->grammar)
+        g = strdup(req->grammar);
+    else if (schema && req->json_schema && !(g = thaw_tmpl_schema_grammar(req->json_schema, err, errlen)))
+        return THAW_EINVAL;
+    else if (!schema || !req->json_schema)
+        return 0;
+    if (!g)
+        return THAW_ENOMEM;
+    free(gen->grammar);
+    gen->grammar = g;
+    gen->grammar_lazy = false;
+    free(gen->prefill);
+    gen->prefill = NULL;
+    gen->n_prefill = 0;
+    return 0;
+}
+
+int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
+                     int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen)
+{
+    int rc;
+    json_t *res;
+    /* the built-in renderer takes no schema: it becomes the grammar here */
+    bool schema_here = req->json_schema && !thaw_tmpl_jinja(chat->tmpl);
+    struct thaw_chat_request shown = *req;
+
+    memset(gen, 0, sizeof *gen);
+    if (schema_here)
+        shown.json_schema = NULL;
+    if (!(res = apply_request(chat, &shown, err, errlen, &rc)))
+        return rc;
+    if ((rc = thaw_chat_tokenize(chat, json_string_value(json_object_get(res, "prompt")), tokens, n_tokens)) != 0)
+        goto done;
+    if ((rc = take_gen(chat, res, gen)) == 0 && gen->grammar)
+        rc = reshape_grammar(req, gen);
+    if (rc == 0)
+        rc = own_grammar(req, schema_here, gen, err, errlen);
+    if (rc == 0 && gen->grammar)
+        LOG_DBG("chat: grammar (%s, %d triggers, %d trigger tokens):\n%s", gen->grammar_lazy ? "lazy" : "from the start",
+                gen->n_triggers, gen->n_trigger_tokens, gen->grammar);
+    if (rc != 0) {
+        free(*tokens);
+        *tokens = NULL;
+        thaw_chat_gen_free(gen);
+    }
+done:
+    json_decref(res);
+    return rc;
+}
+
+int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
+                         int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen)
+{
+    int rc, n_vocab = thaw_chat_n_vocab(chat);
+
+    memset(gen, 0, sizeof *gen);
+    *tokens = NULL;
+    *n_tokens = 0;
+    if (req->raw_text) {
+        if ((rc = thaw_chat_tokenize(chat, req->raw_text, tokens, n_tokens)) != 0) {
+            snprintf(err, errlen, "'prompt' could not be tokenized: %s", thaw_strerror(rc));
+            return rc;
+        }
+    } else {
+        for (int i = 0; i < req->n_raw_tokens; i++)
+            if (req->raw_tokens[i] < 0 || req->raw_tokens[i] >= n_vocab) {
+                snprintf(err, errlen, "prompt[%d] must be a token id between 0 and %d", i, n_vocab - 1);
+                return THAW_EINVAL;
+            }
+        if (!(*tokens = malloc(((size_t)req->n_raw_tokens + 1) * sizeof **tokens)))
+            return THAW_ENOMEM;
+        memcpy(*tokens, req->raw_tokens, (size_t)req->n_raw_tokens * sizeof **tokens);
+        *n_tokens = req->n_raw_tokens;
+    }
+    if (*n_tokens == 0) {
+        snprintf(err, errlen, "'prompt' is empty");
+        rc = THAW_EINVAL;
+    } else {
+        rc = own_grammar(req, true, gen, err, errlen);
+    }
+    if (rc != 0) {
+        free(*tokens);
+        *tokens = NULL;
+        *n_tokens = 0;
+    }
+    return rc;
+}
+
+int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool add_special, llama_token **out,
+                            int *n_out)
+{
+    size_t len = strlen(text);
+    llama_token *toks;
+    int n;
+
+    if (len > INT32_MAX / 2)
+        return THAW_ETOOBIG;
+    if (!(toks = malloc((len + 16) * sizeof *toks)))
+        return THAW_ENOMEM;
+    n = llama_tokenize(chat->vocab, text, (int32_t)len, toks, (int32_t)(len + 16), add_special, true);
+    if (n < 0) {
+        free(toks);
+        return THAW_EINVAL;
+    }
+    *out = toks;
+    *n_out = n;
+    return 0;
+}
+
+char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok)
+{
+    char *buf = malloc(256);
+    int got = buf ? llama_token_to_piece(chat->vocab, tok, buf, 255, 0, true) : -1;
+
+    if (buf && got < 0) {
+        char *nb = realloc(buf, (size_t)-got + 1);
+        got = nb ? llama_token_to_piece(chat->vocab, tok, nb, -got, 0, true) : -1;
+        buf = nb ? nb : (free(buf), NULL);
+    }
+    if (!buf || got < 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[got] = '\0';
+    return buf;
+}
+
+char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (toks[i] < 0 || toks[i] >= llama_vocab_n_tokens(chat->vocab))
+            return NULL;
+    int cap = n * 8 + 16;
+    char *buf = malloc((size_t)cap);
+    if (!buf)
+        return NULL;
+    int got = llama_detokenize(chat->vocab, toks, n, buf, cap, false, false);
+    if (got < 0) {
+        cap = -got + 1;
+        char *nb = realloc(buf, (size_t)cap);
+        if (!nb) {
+            free(buf);
+            return NULL;
+        }
+        buf = nb;
+        got = llama_detokenize(chat->vocab, toks, n, buf, cap, false, false);
+    }
+    if (got < 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[got] = '\0';
+    return buf;
+}
+
+int thaw_chat_n_vocab(const struct thaw_chat *chat) { return llama_vocab_n_tokens(chat->vocab); }
+
+/* ---- replies ---------------------------------------------------------------------- */
+
+static int render_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *const *extra,
+                         int n_extra, llama_token **tokens, int *n_tokens)
+{
+    char err[256];
+    /* the history the reply joins: without a message rendered for its request only */
+    char *in = inputs_json(chat, req, thaw_chat_request_n_history(req), extra, n_extra, false), *out = NULL;
+    json_t *res = NULL;
+    json_error_t jerr;
+    int rc = THAW_ENOMEM;
+
+    if (!in)
+        return THAW_ENOMEM;
+    if (!(out = thaw_tmpl_apply(chat->tmpl, in, err, sizeof err))) {
+        rc = THAW_EINVAL;
+        goto done;
+    }
+    if ((res = json_loads(out, 0, &jerr)))
+        rc = thaw_chat_tokenize(chat, json_string_value(json_object_get(res, "prompt")), tokens, n_tokens);
+done:
+    json_decref(res);
+    free(out);
+    free(in);
+    return rc;
+}
+
+int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,
+                        llama_token **tokens, int *n_tokens)
+{
+    if (req->raw) /* a raw prompt has no template: the next request presents the tokens as they are */
+        return THAW_EINVAL;
+    /* The next turn renders [..., reply, next]. Two such renderings with
+     * different next messages agree up to the next message's text: that
+     * common prefix is what the next turn will present, with whatever the
+     * template does to the reply once it is history (end-of-turn markers,
+     * reasoning stripped) and the next turn's opening glue. */
+    const char *a[2] = {reply_json, "{\"role\":\"user\",\"content\":\"a\"}"};
+    const char *b[2] = {reply_json, "{\"role\":\"user\",\"content\":\"b\"}"};
+    llama_token *ta = NULL, *tb = NULL;
+    int na = 0, nb = 0, rc;
+
+    if ((rc = render_tokens(chat, req, a, 2, &ta, &na)) != 0 || (rc = render_tokens(chat, req, b, 2, &tb, &nb)) != 0) {
+        free(ta);
+        return rc;
+    }
+    int n = 0;
+    while (n < na && n < nb && ta[n] == tb[n])
+        n++;
+    free(tb);
+    *tokens = ta;
+    *n_tokens = n;
+    return 0;
+}
+
+int thaw_chat_parse_reply(const char *parser, const char *text, bool partial, const char *id_prefix, char **msg_json,
+                          char **norm_json, char *err, size_t errlen)
+{
+    json_t *msg = NULL;
+    json_error_t jerr;
+    char *raw = NULL;
+    int rc = THAW_ENOMEM;
+
+    *msg_json = NULL;
+    if (norm_json)
+        *norm_json = NULL;
+    if (parser) {
+        if (!(raw = thaw_tmpl_parse(parser, text, partial, err, errlen)))
+            return THAW_EINVAL;
+        msg = json_loads(raw, 0, &jerr);
+    } else {
+        msg = json_pack("{s:s, s:s}", "role", "assistant", "content", text);
+    }
+    if (!msg)
+        goto done;
+    json_t *calls = json_object_get(msg, "tool_calls"), *c;
+    size_t i;
+    json_array_foreach(calls, i, c) {
+        char id[64];
+        snprintf(id, sizeof id, "call_%s%zu", id_prefix, i);
+        json_object_set_new(c, "id", json_string(id));
+    }
+    json_t *content = json_object_get(msg, "content");
+    if (json_array_size(calls) > 0 && (!json_is_string(content) || json_string_length(content) == 0))
+        json_object_set_new(msg, "content", json_null());
+    else if (!json_is_string(content))
+        json_object_set_new(msg, "content", json_string(""));
+    json_t *rc_ = json_object_get(msg, "reasoning_content");
+    if (rc_ && (!json_is_string(rc_) || json_string_length(rc_) == 0))
+        json_object_del(msg, "reasoning_content");
+    if (json_array_size(calls) == 0)
+        json_object_del(msg, "tool_calls");
+    if (!(*msg_json = json_dumps(msg, JSON_COMPACT)))
+        goto done;
+    rc = norm_json ? thaw_api_normalize_message(*msg_json, norm_json, err, errlen) : 0;
+    if (rc != 0) {
+        free(*msg_json);
+        *msg_json = NULL;
+    }
+done:
+    json_decref(msg);
+    free(raw);
+    return rc;
+}

@@ -1,0 +1,108 @@
+/* chat.h — a request's messages -> the prompt and what generation needs,
+ * the reply -> the message the client gets.
+ *
+ * Rendering goes through llama.cpp's chat library (template.h): the model's
+ * Jinja template with tools, tool calls, reasoning and a JSON-schema
+ * grammar, or a built-in template with --no-jinja.
+ *
+ * All functions are safe to call from any thread once thaw_chat_new
+ * returned (they only read the vocabulary and the templates).
+ */
+#ifndef THAW_CHAT_H
+#define THAW_CHAT_H
+
+#include "api/api.h"
+
+#include <llama.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct thaw_chat;
+
+struct thaw_chat_params {
+    const char *template_src;    /* --chat-template / --chat-template-file text; NULL = the model's */
+    bool jinja;                  /* --jinja (default) / --no-jinja */
+    const char *default_kwargs;  /* --chat-template-kwargs: a JSON object, or NULL */
+    const char *reasoning_format; /* --reasoning-format: none | deepseek | auto */
+};
+
+/* Returns 0, THAW_EINVAL (the template cannot be used, or the chat library
+ * failed its self-test: the reason is logged) or THAW_ENOMEM. */
+int thaw_chat_new(const struct llama_model *model, const struct thaw_chat_params *p, struct thaw_chat **out);
+void thaw_chat_free(struct thaw_chat *chat);
+
+/* The template in use (text or name), for the start-up log and the binding. */
+const char *thaw_chat_template(const struct thaw_chat *chat);
+
+/* What a rendered request needs beyond its tokens: the grammar that
+ * constrains sampling (tool calls, response_format), the stops the template
+ * adds, and how to parse the reply. Owned arrays; thaw_chat_gen_free. */
+struct thaw_chat_gen {
+    char *grammar;               /* GBNF, NULL = none */
+    bool grammar_lazy;           /* only after a trigger matched */
+    char **triggers;             /* regexes for the lazy grammar, n_triggers */
+    int n_triggers;
+    llama_token *trigger_tokens; /* n_trigger_tokens */
+    int n_trigger_tokens;
+    llama_token *prefill;        /* a non-lazy grammar first accepts these (the generation prompt) */
+    int n_prefill;
+    llama_token *preserved;      /* special tokens whose text the reply keeps */
+    int n_preserved;
+    char **stops;                /* additional stop strings, n_stops */
+    int n_stops;
+    char *parser;                /* for thaw_chat_parse_reply; NULL = the reply is plain text */
+};
+void thaw_chat_gen_free(struct thaw_chat_gen *g);
+
+/* Request -> prompt tokens and generation needs. Returns 0, THAW_EINVAL
+ * (the template could not render these messages or tools: reason in
+ * err[errlen]) or THAW_ENOMEM. */
+int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
+                     int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen);
+
+/* A raw completion's prompt (req->raw): raw_text tokenized (BOS as the
+ * vocab wants, special tokens parsed) or raw_tokens checked against the
+ * vocabulary; gen holds the request's own grammar (or its JSON schema's)
+ * and no parser. Returns 0, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
+int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
+                         int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen);
+
+/* The tokens the next turn will present for the conversation followed by
+ * `reply_json` (a message, as thaw_chat_parse_reply gives it): everything
+ * before the next message's own text, so template glue that only appears
+ * once another message follows (end-of-turn markers, stripped reasoning)
+ * is already in. Returns 0, THAW_EINVAL or THAW_ENOMEM. */
+int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,
+                        llama_token **tokens, int *n_tokens);
+
+/* Generated text -> the assistant message the client gets (JSON: role,
+ * content (null when empty and there are tool calls), reasoning_content?,
+ * tool_calls? with ids `call_<id_prefix><i>`), and its normalised form for
+ * the store key (api.h). `partial`: the text may stop mid-way. Both
+ * malloc'd. Returns 0, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
+int thaw_chat_parse_reply(const char *parser, const char *text, bool partial, const char *id_prefix, char **msg_json,
+                          char **norm_json, char *err, size_t errlen);
+
+/* The prompt text a request renders to (POST /apply-template). Returns 0
+ * and a malloc'd *text, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
+int thaw_chat_render_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, char **text, char *err,
+                            size_t errlen);
+
+/* POST /tokenize: special tokens parsed; BOS/EOS as the vocab adds them
+ * when add_special. Returns 0, THAW_EINVAL, THAW_ETOOBIG or THAW_ENOMEM. */
+int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool add_special, llama_token **out,
+                            int *n_out);
+/* POST /detokenize: malloc'd text, or NULL when a token is out of the
+ * vocabulary (or ENOMEM). */
+char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n);
+int thaw_chat_n_vocab(const struct thaw_chat *chat);
+/* One token's own text (POST /tokenize's pieces): its bytes as the
+ * vocabulary has them, leading space kept, special tokens rendered; may be
+ * a part of a character. malloc'd, NUL-terminated; NULL on ENOMEM. */
+char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok);
+
+/* Tokenizes text (special tokens parsed, BOS added when the vocab wants it)
+ * into a malloc'd array. Returns 0 or THAW_ENOMEM / THAW_EINVAL. */
+int thaw_chat_tokenize(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out);
+
+#endif

@@ -1,0 +1,180 @@
+/* config.h — every `thaw serve` flag: defaults, parsing, validation, --help.
+ *
+ * Flag names follow llama-server wherever one exists, so a llama.cpp user can
+ * switch by changing one word. The struct is filled once at start-up and is
+ * read-only afterwards (every thread may read it without locking).
+ */
+#ifndef THAW_CONFIG_H
+#define THAW_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/sampling.h"
+
+#define THAW_MAX_API_KEYS 16
+#define THAW_MAX_DEVICES 16   /* -ts / -fitt entries */
+#define THAW_MAX_OVERRIDES 32 /* -ot / --override-kv entries, each possibly a comma list */
+
+struct thaw_config {
+    /* model + context */
+    const char *model_path;      /* -m */
+    const char *alias;           /* --alias; NULL = file name of -m */
+    const char *chat_template;   /* --chat-template (name or text) or --chat-template-file's text; NULL = model's */
+    const char *chat_template_file; /* --chat-template-file: path */
+    char *chat_template_text;    /* that file's contents (owned) */
+    bool jinja;                  /* --jinja (default) / --no-jinja */
+    const char *chat_template_kwargs; /* --chat-template-kwargs: JSON object */
+    const char *reasoning_format; /* --reasoning-format: none | deepseek | auto */
+    int n_ctx;                   /* -c: total tokens, split evenly across slots */
+    int n_parallel;              /* -np: slots */
+    int n_threads;               /* -t */
+    int n_threads_batch;         /* -tb */
+    int n_batch;                 /* -b: logical batch, tokens per llama_decode */
+    int n_ubatch;                /* -ub: physical batch */
+    int n_predict;               /* -n: default max tokens per reply, -1 = until context is full */
+    bool swa_full;               /* --swa-full: full-size SWA cache (no checkpoints needed) */
+    const char *backend_dir;     /* --backend-dir; NULL = $THAW_BACKEND_DIR, else llama.cpp's lib dir */
+    bool kv_tap;                 /* --kv-tap (default) / --no-kv-tap: stores cut blocks from the KV cache */
+
+    /* speculative decoding */
+    const char *draft_path;      /* -md: draft model; NULL = off */
+    int n_ctx_draft;             /* -cd: draft context, total (0 = same as -c) */
+    int draft_max;               /* --draft-max: tokens drafted per step */
+    int draft_min;               /* --draft-min: drafts shorter than this are not verified */
+    float draft_p_min;           /* --draft-p-min: stop drafting below this probability */
+    int draft_n_gpu_layers;      /* -ngld: as -ngl, for the draft model */
+    int draft_threads;           /* -td: 0 = -t */
+    int draft_threads_batch;     /* -tbd: 0 = -tb */
+    int draft_type_k, draft_type_v; /* -ctkd / -ctvd: enum ggml_type of the draft's KV cache */
+    const char *draft_devices;   /* -devd: as -dev */
+    const char *draft_tensor_overrides[THAW_MAX_OVERRIDES]; /* -otd: as -ot */
+    int n_draft_tensor_overrides;
+    bool draft_cpu_moe;          /* -cmoed */
+    int draft_n_cpu_moe;         /* -ncmoed */
+
+    /* serving */
+    const char *host;            /* --host */
+    int port;                    /* --port */
+    const char *api_keys[THAW_MAX_API_KEYS]; /* --api-key, repeatable or comma-separated; owned */
+    int n_api_keys;
+    float slot_prompt_similarity; /* --slot-prompt-similarity */
+    int fixup_wait_ms;           /* --fixup-wait-ms */
+    bool cache_prompt;           /* --cache-prompt / --no-cache-prompt */
+    bool webui;                  /* --webui (default) / --no-webui: the chat page at / */
+    int max_queue;               /* --max-queue: requests waiting beyond the slots */
+    size_t max_body;             /* --max-body: bytes of a request body */
+    int threads_http;            /* --threads-http: event-loop threads */
+    int max_connections;         /* --max-connections: open connections in all */
+    int max_per_client;          /* --max-connections-per-client, 0 = no limit */
+    int timeout_s;               /* --timeout: idle limit and request-body deadline, seconds */
+    const char *cors_origin;     /* --cors-origin: "*" or ORIGIN[,ORIGIN]; NULL = no CORS */
+
+    /* caches */
+    const char *kv_cache_dir;    /* --kv-cache-dir; NULL = disk tier off */
+    uint64_t kv_cache_max_mib;   /* --kv-cache-max, 0 = no limit */
+    uint64_t kv_cache_ttl_s;     /* --kv-cache-ttl */
+    int kv_cache_min_tokens;     /* --kv-cache-min-tokens */
+    uint64_t kv_cache_queue_mib; /* --kv-cache-queue: writer queue budget, 0 = no limit */
+    int kv_cache_block;          /* --kv-cache-block: tokens per block, 0 = whole states */
+    uint64_t cache_ram_mib;      /* --cache-ram, 0 = RAM tier off */
+    int ctx_checkpoints;         /* --ctx-checkpoints: per slot */
+
+    /* shared tier (cache_shared.h) */
+    const char *kv_shared;       /* --kv-shared s3://BUCKET[/PREFIX]; NULL = off */
+    const char *kv_shared_endpoint;    /* --kv-shared-endpoint URL; NULL = $AWS_ENDPOINT_URL */
+    const char *kv_shared_secret_file; /* --kv-shared-secret-file FILE: the cluster secret */
+    int kv_shared_timeout_ms;    /* --kv-shared-timeout-ms: a fetch's deadline */
+    int kv_shared_retry_s;       /* --kv-shared-retry-s: breaker pause */
+    int kv_shared_queue;         /* --kv-shared-queue: uploads waiting */
+
+    /* placement and memory: params.c turns these into llama_model_params */
+    int n_gpu_layers;            /* -ngl: N, -1 = auto (llama.cpp's default: all, unless -fit lowers it), -2 = all */
+    const char *devices;         /* -dev: comma list of device names, "none"; NULL = every device */
+    const char *tensor_overrides[THAW_MAX_OVERRIDES]; /* -ot PATTERN=BUFT[,...], as given */
+    int n_tensor_overrides;
+    bool cpu_moe;                /* -cmoe: every layer's experts in host memory */
+    int n_cpu_moe;               /* -ncmoe: the first N layers' experts in host memory */
+    int n_cpu_ffn;               /* -ncffn: the first N layers' dense FFN in host memory */
+    int split_mode;              /* -sm: enum llama_split_mode */
+    float tensor_split[THAW_MAX_DEVICES]; /* -ts: proportions, all 0 = llama.cpp decides */
+    int main_gpu;                /* -mg */
+    bool kv_offload;             /* -kvo (default) / -nkvo: KV cache and KQV ops on the GPU */
+    bool op_offload;             /* --op-offload (default) / --no-op-offload */
+    int load_mode;               /* --mlock, --mmap/--no-mmap, -dio, -lm: enum llama_load_mode */
+    int lazy_mode;               /* -lzm: enum llama_lazy_mode */
+    int numa;                    /* --numa: enum ggml_numa_strategy, 0 = off */
+    bool repack;                 /* --repack (default) / -nr: extra buffer types (weight repacking) */
+    bool no_host;                /* --no-host */
+    bool check_tensors;          /* --check-tensors */
+    const char *kv_overrides[THAW_MAX_OVERRIDES]; /* --override-kv KEY=TYPE:VALUE[,...], as given */
+    int n_kv_overrides;
+    bool fit;                    /* -fit on|off: lower unset -ngl / -c until the model fits the devices */
+    uint64_t fit_target_mib[THAW_MAX_DEVICES]; /* -fitt: MiB left free per device */
+    int fit_ctx;                 /* -fitc: -fit never lowers -c below this */
+    bool list_devices;           /* --list-devices: print them and exit */
+    bool show_version;           /* --version: print it and exit */
+    struct {
+        const char *flag, *why;  /* static strings from the flag table */
+    } no_effect[THAW_MAX_OVERRIDES]; /* llama-server flags given that do nothing on thaw (logged at start-up) */
+    int n_no_effect;
+
+    /* context (params.c -> llama_context_params) */
+    int flash_attn;              /* -fa: enum llama_flash_attn_type, -1 = auto */
+    int type_k, type_v;          /* -ctk / -ctv: enum ggml_type of the KV cache */
+    int rope_scaling;            /* --rope-scaling: enum llama_rope_scaling_type, -1 = model's */
+    float rope_freq_base;        /* 0 = model's */
+    float rope_freq_scale;       /* 0 = model's; --rope-scale N sets 1/N */
+    float yarn_ext_factor;       /* negative = model's */
+    float yarn_attn_factor;      /* negative = model's */
+    float yarn_beta_fast;        /* negative = model's */
+    float yarn_beta_slow;        /* negative = model's */
+    int yarn_orig_ctx;           /* 0 = model's training context */
+
+    /* sampling defaults for requests that do not set them */
+    struct thaw_sampling sampling;
+    bool dry_breakers_set;       /* a --dry-sequence-breaker was given: later ones add, not replace */
+
+    /* constraints for requests that set none (llama-server's sampling grammar) */
+    const char *grammar;         /* --grammar GBNF, or --grammar-file's text */
+    const char *grammar_file;
+    const char *json_schema;     /* -j, or -jf's text: a JSON schema */
+    const char *json_schema_file;
+    char *file_texts[3];         /* what --grammar-file, -jf and the TLS files read (owned) */
+
+    /* server (llama-server's) */
+    const char *ssl_key_file, *ssl_cert_file; /* --ssl-key-file / --ssl-cert-file: PEM; both or neither */
+    const char *ssl_key, *ssl_cert; /* their text (in file_texts / tls_texts) */
+    char *tls_texts[2];
+    const char *reasoning;       /* -rea: on | off | auto (enable_thinking in the template's kwargs) */
+    const char *api_prefix;      /* --api-prefix: the routes are served under it ("" = none) */
+    bool slots;                  /* --slots (default) / --no-slots: GET /slots */
+    int sse_ping_s;              /* --sse-ping-interval: ":" comment after this long without events (<= 0 off) */
+
+    /* logging */
+    int verbosity;               /* -v raises, --log-quiet lowers, -lv sets */
+    const char *log_file;        /* --log-file: every line also goes there */
+    int log_colors;              /* --log-colors: 1 on, 0 off, -1 auto (a terminal) */
+    bool log_prefix;             /* the level on each line */
+    bool log_timestamps;         /* the time on each line */
+};
+
+/* Defaults for every field. */
+void thaw_config_init(struct thaw_config *cfg);
+
+/* Parses `argv[1..argc-1]` (argv[0] is the subcommand name) into cfg.
+ * Returns 0 on success, 1 when --help, --version or --list-devices was
+ * printed (caller exits 0), and a negative THAW_EINVAL after printing a
+ * one-line reason to stderr. Every llama-server flag is known: one thaw does
+ * not implement is refused with "thaw: FLAG: why" (see --help). */
+int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv);
+
+/* Prints the serve usage text to `f`. */
+void thaw_config_usage(FILE *f);
+
+/* Frees what thaw_config_parse allocated; cfg stays valid to re-init. */
+void thaw_config_free(struct thaw_config *cfg);
+
+#endif

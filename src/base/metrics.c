@@ -1,0 +1,79 @@
+/* metrics.c — Prometheus text exposition of struct thaw_metrics. */
+#include "base/metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void thaw_metrics_append(char *buf, size_t cap, size_t *len, const char *name, const char *type,
+                         const char *help, double value)
+{
+    if (*len >= cap)
+        return;
+    int n = snprintf(buf + *len, cap - *len, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
+                     type, name, value);
+    if (n > 0)
+        *len += (size_t)n < cap - *len ? (size_t)n : cap - *len;
+}
+
+char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn extra, void *ud)
+{
+    const size_t cap = 16384;
+    char *buf = malloc(cap);
+    size_t len = 0;
+
+    if (!buf)
+        return NULL;
+    buf[0] = '\0';
+#define C(name, help, v) thaw_metrics_append(buf, cap, &len, "thaw_" name, "counter", help, (double)(v))
+#define G(name, help, v) thaw_metrics_append(buf, cap, &len, "thaw_" name, "gauge", help, (double)(v))
+    C("requests_total", "HTTP requests received", atomic_load(&m->requests_total));
+    C("requests_errors_total", "HTTP requests answered with an error status", atomic_load(&m->requests_errors));
+    C("chat_requests_total", "chat completion requests accepted", atomic_load(&m->chat_requests));
+    C("prompt_tokens_total", "prompt tokens prefilled", atomic_load(&m->prompt_tokens));
+    C("prompt_cached_tokens_total", "prompt tokens served from a cache tier instead of prefill",
+      atomic_load(&m->prompt_cached_tokens));
+    C("predicted_tokens_total", "tokens generated", atomic_load(&m->predicted_tokens));
+    C("prompt_seconds_total", "time spent prefilling", atomic_load(&m->prompt_us) / 1e6);
+    C("predicted_seconds_total", "time spent generating", atomic_load(&m->predicted_us) / 1e6);
+    C("decode_calls_total", "llama_decode calls (one serves every active slot)", atomic_load(&m->decode_calls));
+    G("slots_busy", "slots serving a request", atomic_load(&m->slots_busy));
+    G("slots_total", "slots configured (-np)", m->slots_total);
+    G("queue_depth", "requests waiting for a slot", atomic_load(&m->queue_depth));
+    C("kv_cache_lookups_total",
+      "requests looked up in the cache tiers; each counts once below, under what served it or as a miss",
+      atomic_load(&m->cache_lookups));
+    C("kv_cache_hits_slot_total", "lookups served by the state a slot already held", atomic_load(&m->cache_hits_slot));
+    C("kv_cache_hits_ram_total", "lookups served by the RAM tier", atomic_load(&m->cache_hits_ram));
+    C("kv_cache_hits_disk_total", "lookups served by the disk tier", atomic_load(&m->cache_hits_disk));
+    C("kv_cache_hits_shared_total", "lookups served by state fetched from the shared tier (--kv-shared)",
+      atomic_load(&m->cache_hits_shared));
+    C("kv_cache_hits_blocks_total", "lookups with no entry whose prompt prefix a run of stored blocks served",
+      atomic_load(&m->cache_hits_blocks));
+    C("kv_cache_misses_total", "lookups that found nothing", atomic_load(&m->cache_misses));
+    C("kv_cache_restore_seconds_total", "time spent restoring state", atomic_load(&m->restore_us) / 1e6);
+    C("kv_cache_prefetches_total", "disk entries read ahead while their request waited",
+      atomic_load(&m->cache_prefetches));
+    C("kv_cache_stores_total", "states captured after a reply (for the RAM and disk tiers)", atomic_load(&m->stores));
+    C("kv_cache_store_seconds_total", "engine time spent capturing states", atomic_load(&m->store_us) / 1e6);
+    C("kv_cache_stores_cut_total", "stores whose new blocks were cut straight from the KV cache",
+      atomic_load(&m->stores_cut));
+    C("kv_cache_stores_captured_total", "stores the KV cache tap could not serve (a whole capture instead)",
+      atomic_load(&m->stores_captured));
+    C("kv_cache_fixups_cut_total",
+      "post-reply re-decodes cut short for a request that needed the slot (the next turn prefills the rest)",
+      atomic_load(&m->fixups_cut));
+    G("kv_cache_ram_bytes", "bytes held by the RAM tier", atomic_load(&m->ram_bytes));
+    G("kv_cache_ram_entries", "conversations held by the RAM tier", atomic_load(&m->ram_entries));
+    G("kv_cache_ram_budget_bytes", "the RAM tier's budget, --cache-ram (0 = off)", m->ram_budget_bytes);
+    G("kv_disk_budget_bytes", "the disk tier's budget, --kv-cache-max (0 = no limit)", m->disk_budget_bytes);
+    uint64_t drafted = atomic_load(&m->draft_tokens), accepted = atomic_load(&m->draft_accepted);
+    C("draft_tokens_total", "tokens proposed by the draft model", drafted);
+    C("draft_accepted_total", "drafted tokens the target accepted", accepted);
+    G("draft_acceptance_rate", "accepted / proposed draft tokens since start", drafted ? (double)accepted / drafted : 0);
+#undef C
+#undef G
+    if (extra)
+        extra(ud, buf, cap, &len);
+    return buf;
+}

@@ -1,0 +1,985 @@
+/* blocks.c — content-addressed blocks and manifests (blocks.h). */
+#include "cache/blocks.h"
+
+#include "base/blob.h"
+#include "base/error.h"
+#include "cache/cache_ram.h"
+#include "llama/kvstate.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <xxhash.h>
+
+#define MANIFEST_MAGIC 0x31464d54u /* "TMF1" */
+#define MANIFEST_VERSION 1u
+#define MANIFEST_VERSION_SWA 2u /* blocks carry SWA rows (blocks.h) */
+
+struct manifest_header {
+    uint32_t magic, version, n_tokens, block_tokens;
+    uint32_t n_blocks, reserved;
+    uint64_t tail_size, swa_size;
+};
+
+/* version 2 goes on with this */
+struct manifest_swa {
+    uint32_t swa_first, n_window;
+    uint64_t swa_tail_size;
+};
+
+static const char ID_TAG[] = "thaw-block-v1";
+static const char SWA_TAG[] = "thaw-swa-v1";
+
+void thaw_blocks_swa_id(const uint8_t id[THAW_KEY_BYTES], uint8_t sid[THAW_KEY_BYTES])
+{
+    crypto_generichash(sid, THAW_KEY_BYTES, (const uint8_t *)SWA_TAG, sizeof SWA_TAG, id, THAW_KEY_BYTES);
+}
+
+/* The first block whose SWA rows a restore at n needs: the window
+ * [n - n_window, n) starts in it (the token at n attends to the n_window - 1
+ * before it). */
+static uint32_t swa_first_needed(uint32_t n, uint32_t n_window, uint32_t block_tokens)
+{
+    return n > n_window ? (n - n_window) / block_tokens : 0;
+}
+
+void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const llama_token *toks, int n,
+                     uint8_t (*ids)[THAW_KEY_BYTES])
+{
+    static const uint8_t zero[THAW_KEY_BYTES];
+
+    for (int k = 0; block_tokens > 0 && (int64_t)(k + 1) * block_tokens <= n; k++) {
+        crypto_generichash_state st;
+        crypto_generichash_init(&st, binding, THAW_KEY_BYTES, THAW_KEY_BYTES);
+        crypto_generichash_update(&st, (const uint8_t *)ID_TAG, sizeof ID_TAG);
+        crypto_generichash_update(&st, k ? ids[k - 1] : zero, THAW_KEY_BYTES);
+        /* i32 little-endian: the host's on every platform thaw builds for */
+        crypto_generichash_update(&st, (const uint8_t *)(toks + (size_t)k * block_tokens),
+                                  (size_t)block_tokens * sizeof(int32_t));
+        crypto_generichash_final(&st, ids[k], THAW_KEY_BYTES);
+    }
+}
+
+/* Held by the disk: committed, or still in the writer's queue (a block
+ * submitted by the turn before, not yet written, is not written twice). */
+int thaw_blocks_is_manifest(const void *blob, size_t n)
+{
+    uint32_t magic;
+
+    if (!blob || n < sizeof(struct manifest_header))
+        return 0;
+    memcpy(&magic, blob, sizeof magic);
+    return magic == MANIFEST_MAGIC;
+}
+
+/* A parsed capture as a store's source. */
+static size_t layout_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvlayout_block_size(ud, a, b);
+}
+
+static int layout_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    return thaw_kvlayout_cut(ud, a, b, dst, cap);
+}
+
+/* A capture's SWA section as a source of SWA blocks: the window it holds. */
+struct capture_swa {
+    const struct thaw_kvlayout *l;
+    struct thaw_kvlayout_mem *mem;
+    int unused;
+};
+
+static size_t capture_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvlayout_block_size(((const struct capture_swa *)ud)->l, a, b);
+}
+
+static int capture_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    return thaw_kvlayout_cut(((const struct capture_swa *)ud)->l, a, b, dst, cap);
+}
+
+static size_t capture_swa_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvlayout_mem_block_size(((const struct capture_swa *)ud)->mem, a, b);
+}
+
+static int capture_swa_known(const void *ud, uint32_t a, uint32_t b)
+{
+    const struct capture_swa *cs = ud;
+    int32_t *idx = malloc((size_t)(b - a) * sizeof *idx);
+    int ok = idx && thaw_kvlayout_swa_find(cs->l, a, b, idx) == 0;
+
+    free(idx);
+    return ok;
+}
+
+static int capture_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct capture_swa *cs = ud;
+    int32_t *idx = malloc((size_t)(b - a) * sizeof *idx);
+    int rc = !idx ? THAW_ENOMEM : thaw_kvlayout_swa_find(cs->l, a, b, idx);
+
+    if (rc == 0)
+        rc = thaw_kvlayout_mem_cut(cs->mem, 0, a, b, idx, dst, cap);
+    free(idx);
+    return rc;
+}
+
+int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                      uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
+                      void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
+{
+    return thaw_blocks_store_window(c, ram, binding, block_tokens, 0, toks, n, state, n_state, manifest, n_manifest,
+                                    st);
+}
+
+int thaw_blocks_store_window(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
+                             const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t window,
+                             const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
+                             size_t *n_manifest, struct thaw_blocks_stats *st)
+{
+    struct thaw_kvlayout *l = NULL;
+    int rc;
+
+    *manifest = NULL;
+    *n_manifest = 0;
+    if (st)
+        memset(st, 0, sizeof *st);
+    if (n <= 0 || block_tokens == 0)
+        return THAW_EINVAL;
+    if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0)
+        return rc == THAW_ECORRUPT ? THAW_ELAYOUT : rc; /* fresh from libllama: not damage */
+    struct thaw_blocks_src src = {thaw_kvlayout_n_cells(l), layout_size, layout_cut, NULL, l, NULL, 0, NULL, NULL, NULL, 0};
+    thaw_kvlayout_tail(l, &src.swa, &src.n_swa);
+    struct capture_swa cs = {l, NULL, 0};
+    if (window > 0 && thaw_kvlayout_swa_n_cells(l) > 0 && thaw_kvlayout_swa_mem(l, &cs.mem) == 0) {
+        /* the window's SWA rows, while the capture holds them */
+        src.swa_size = capture_swa_size;
+        src.swa_cut = capture_swa_cut;
+        src.swa_known = capture_swa_known;
+        src.n_window = window;
+        src.ud = &cs;
+        src.size = capture_size;
+        src.cut = capture_cut;
+    }
+    rc = thaw_blocks_store_src(c, ram, binding, block_tokens, toks, n, &src, manifest, n_manifest, st);
+    thaw_kvlayout_mem_free(cs.mem);
+    thaw_kvlayout_free(l);
+    return rc;
+}
+
+/* Submits block id (cells [ka, kb) cut by `cut`, unless the RAM tier holds
+ * it) to the disk writer. 0, or an error (THAW_EBUSY: the writer dropped it). */
+static int put_block(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES],
+                     uint32_t block_tokens, size_t (*size_fn)(const void *, uint32_t, uint32_t),
+                     int (*cut)(const void *, uint32_t, uint32_t, void *, size_t), const void *ud, uint32_t ka,
+                     uint32_t kb, struct thaw_blocks_stats *st)
+{
+    struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+    size_t size = 0, held_size = 0;
+    int rc;
+
+    /* the RAM tier may hold it still (the disk dropped or collected it) */
+    if ((parts[THAW_PART_KV].data = thaw_ram_cache_block(ram, id, &held_size)) != NULL) {
+        size = held_size;
+    } else {
+        size = size_fn(ud, ka, kb);
+        if (!(parts[THAW_PART_KV].data = thaw_blob_alloc(size)))
+            return THAW_ENOMEM;
+        if ((rc = cut(ud, ka, kb, parts[THAW_PART_KV].data, size)) != 0) {
+            thaw_blob_unref(parts[THAW_PART_KV].data);
+            return rc;
+        }
+        /* one copy for both tiers: the RAM tier keeps a reference */
+        if (ram)
+            (void)thaw_ram_cache_put_block(ram, id, thaw_blob_ref(parts[THAW_PART_KV].data), size);
+    }
+    parts[THAW_PART_KV].size = size;
+    if ((rc = thaw_disk_cache_submit(c, id, block_tokens, parts, NULL, 0)) != 0) {
+        thaw_blob_unref(parts[THAW_PART_KV].data);
+        st->dropped++;
+        return rc;
+    }
+    st->written++;
+    st->bytes_written += size;
+    return 0;
+}
+
+/* Held by the disk or the RAM tier. */
+static bool stored(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES])
+{
+    return thaw_disk_cache_has(c, id) || thaw_ram_cache_has_block(ram, id);
+}
+
+int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
+                          void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
+{
+    struct thaw_blocks_stats local = {0};
+    uint8_t(*ids)[THAW_KEY_BYTES] = NULL; /* the block ids, then the SWA block ids */
+    uint8_t(*sids)[THAW_KEY_BYTES] = NULL;
+    uint8_t *todo = NULL; /* per block: 0 held, 1 in the RAM tier, 2 to cut */
+    uint32_t n_blocks = 0, swa_first = 0;
+    bool held = false, swa_held = false, swa = false;
+    int rc;
+
+    *manifest = NULL;
+    *n_manifest = 0;
+    if (!st)
+        st = &local;
+    memset(st, 0, sizeof *st);
+    if (n <= 0 || block_tokens == 0)
+        return THAW_EINVAL;
+    if (src->n_cells != (uint32_t)n)
+        return THAW_EINVAL;
+    n_blocks = (uint32_t)n / block_tokens;
+    if (!(ids = malloc((2 * (size_t)n_blocks + 1) * sizeof *ids)) || !(todo = calloc((size_t)n_blocks + 1, 1))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    sids = ids + n_blocks;
+    thaw_blocks_ids(binding, block_tokens, toks, n, ids);
+    /* Before looking: a block found present must not be collected before
+     * the manifest that names it is queued (blocks.h: the caller unholds) */
+    thaw_disk_cache_hold(c, ids[0], n_blocks);
+    held = true;
+    /* what to write, and whether the source can give it all, before any
+     * of it is submitted */
+    uint32_t a = n_blocks * block_tokens;
+    if (src->known && a < (uint32_t)n && !src->known(src->ud, a, (uint32_t)n)) {
+        rc = THAW_ENOTFOUND;
+        goto out;
+    }
+    for (uint32_t k = 0; k < n_blocks; k++) {
+        if (thaw_disk_cache_has(c, ids[k]))
+            continue;
+        todo[k] = thaw_ram_cache_has_block(ram, ids[k]) ? 1 : 2;
+        if (todo[k] == 2 && src->known && !src->known(src->ud, k * block_tokens, (k + 1) * block_tokens)) {
+            rc = THAW_ENOTFOUND;
+            goto out;
+        }
+    }
+    /* SWA rows (DESIGN §12): the SWA blocks a restore at n needs must be
+     * stored or cuttable, and the tail's rows cuttable; then every earlier
+     * one the source still has goes too (a run ending at the last block) */
+    if (src->swa_cut && src->n_window > 0) {
+        uint32_t need = swa_first_needed((uint32_t)n, src->n_window, block_tokens);
+        swa = a >= (uint32_t)n || src->swa_known(src->ud, a, (uint32_t)n);
+        swa_first = n_blocks;
+        for (uint32_t k = n_blocks; swa && k-- > 0;) {
+            thaw_blocks_swa_id(ids[k], sids[k]);
+            if (!stored(c, ram, sids[k]) && !src->swa_known(src->ud, k * block_tokens, (k + 1) * block_tokens))
+                break;
+            swa_first = k;
+        }
+        if (swa && swa_first > need && need < n_blocks)
+            swa = false;
+        if (swa) {
+            thaw_disk_cache_hold(c, sids[swa_first], n_blocks - swa_first);
+            swa_held = true;
+        }
+    }
+    if (!swa && src->n_window > 0 && src->swa_cut && !src->swa) {
+        rc = THAW_ENOTFOUND; /* neither SWA rows nor a window: capture the state instead */
+        goto out;
+    }
+    for (uint32_t k = 0; k < n_blocks; k++) {
+        if (!todo[k]) {
+            st->skipped++;
+            continue;
+        }
+        uint32_t ka = k * block_tokens;
+        if ((rc = put_block(c, ram, ids[k], block_tokens, src->size, src->cut, src->ud, ka, ka + block_tokens, st)) != 0)
+            goto out;
+    }
+    for (uint32_t k = swa_first; swa && k < n_blocks; k++) {
+        if (thaw_disk_cache_has(c, sids[k])) {
+            st->skipped++;
+            continue;
+        }
+        uint32_t ka = k * block_tokens;
+        if ((rc = put_block(c, ram, sids[k], block_tokens, src->swa_size, src->swa_cut, src->ud, ka,
+                            ka + block_tokens, st)) != 0)
+            goto out;
+    }
+    /* the manifest: tokens, ids, the cells past the last whole block, the
+     * SWA window (or, with SWA rows, the SWA ids and the tail's SWA rows) */
+    uint32_t n_sids = swa ? n_blocks - swa_first : 0;
+    size_t tail_size = a < (uint32_t)n ? src->size(src->ud, a, (uint32_t)n) : 0;
+    size_t swa_tail = swa && a < (uint32_t)n ? src->swa_size(src->ud, a, (uint32_t)n) : 0;
+    size_t window = swa ? 0 : src->n_swa;
+    size_t hsize = sizeof(struct manifest_header) + (swa ? sizeof(struct manifest_swa) : 0);
+    size_t head = hsize + (size_t)n * sizeof(int32_t) + ((size_t)n_blocks + n_sids) * sizeof *ids;
+    size_t total = head + tail_size + swa_tail + window;
+    uint8_t *m = thaw_blob_alloc(total);
+    if (!m) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    struct manifest_header h = {MANIFEST_MAGIC, swa ? MANIFEST_VERSION_SWA : MANIFEST_VERSION, (uint32_t)n,
+                                block_tokens,   n_blocks, 0, tail_size, window};
+    memcpy(m, &h, sizeof h);
+    if (swa) {
+        struct manifest_swa hs = {swa_first, src->n_window, swa_tail};
+        memcpy(m + sizeof h, &hs, sizeof hs);
+    }
+    memcpy(m + hsize, toks, (size_t)n * sizeof(int32_t));
+    memcpy(m + hsize + (size_t)n * sizeof(int32_t), ids, (size_t)n_blocks * sizeof *ids);
+    if (n_sids)
+        memcpy(m + hsize + (size_t)n * sizeof(int32_t) + (size_t)n_blocks * sizeof *ids, sids[swa_first],
+               (size_t)n_sids * sizeof *ids);
+    if (tail_size && (rc = src->cut(src->ud, a, (uint32_t)n, m + head, tail_size)) != 0) {
+        thaw_blob_unref(m);
+        goto out;
+    }
+    if (swa_tail && (rc = src->swa_cut(src->ud, a, (uint32_t)n, m + head + tail_size, swa_tail)) != 0) {
+        thaw_blob_unref(m);
+        goto out;
+    }
+    if (window)
+        memcpy(m + head + tail_size, src->swa, window);
+    *manifest = m;
+    *n_manifest = total;
+    rc = 0;
+out:
+    if (rc != 0 && held)
+        thaw_disk_cache_unhold(c, ids[0], n_blocks);
+    if (rc != 0 && swa_held)
+        thaw_disk_cache_unhold(c, sids[swa_first], n_blocks - swa_first);
+    free(todo);
+    free(ids);
+    return rc;
+}
+
+static int check_end(struct thaw_blocks_check *ck);
+
+void thaw_blocks_state_free(struct thaw_blocks_state *s)
+{
+    if (!s)
+        return;
+    (void)check_end(s->check); /* never free what the checker reads */
+    thaw_blob_unref(s->kv);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- restore: blocks read straight into place ----
+ *
+ * Every block file of the state is opened first (each open asks the kernel
+ * to start reading it, so a cold disk serves them in parallel); then each
+ * is read with preadv straight into its place in the state buffer: its
+ * head into a buffer of its own, its K and V runs where they belong. No
+ * block is copied twice. The checksums run on another thread, behind the
+ * reads and then alongside libllama's copy of the state: the caller
+ * installs, then thaw_blocks_state_check() says whether to undo. */
+
+struct src {
+    void *mem; /* a block still in the writer's queue (a blob reference) */
+    size_t n_mem;
+    struct thaw_disk_kv_file f; /* else its file: f.fd >= 0 */
+    uint8_t *head;              /* the file's head as read (n_head bytes) */
+};
+
+struct thaw_blocks_check {
+    struct thaw_disk_cache *c;
+    struct thaw_kvlayout_asm *a;
+    struct src *src;
+    uint32_t n, n_src, block_tokens; /* n: blocks to check; n_src: sources to free */
+    size_t n_head;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t n_ready; /* blocks read so far */
+    int aborted;      /* the reader gave up: stop */
+    int bad;          /* index of the first block that failed its checksum, or -1 */
+    pthread_t th;
+    int threaded;
+};
+
+/* The checksum of file block k as it lies in the state: its head, then its
+ * segments in order. */
+static int block_sum_ok(struct thaw_blocks_check *ck, uint32_t k)
+{
+    struct thaw_kvlayout_cursor cur = {0};
+    struct iovec iov[256];
+    XXH3_state_t *st = XXH3_createState();
+    int m, ok;
+
+    if (!st)
+        return 0; /* cannot check: treat as bad, a miss */
+    XXH3_64bits_reset(st);
+    XXH3_64bits_update(st, ck->src[k].head, ck->n_head);
+    while ((m = thaw_kvlayout_asm_segments(ck->a, k * ck->block_tokens, ck->block_tokens, &cur, iov, 256)) > 0)
+        for (int i = 0; i < m; i++)
+            XXH3_64bits_update(st, iov[i].iov_base, iov[i].iov_len);
+    ok = XXH3_64bits_digest(st) == ck->src[k].f.xxh3;
+    XXH3_freeState(st);
+    return ok;
+}
+
+static void *check_main(void *arg)
+{
+    struct thaw_blocks_check *ck = arg;
+
+    for (uint32_t k = 0; k < ck->n; k++) {
+        if (ck->src[k].f.fd < 0)
+            continue; /* from memory: nothing to check */
+        pthread_mutex_lock(&ck->mu);
+        while (ck->n_ready <= k && !ck->aborted)
+            pthread_cond_wait(&ck->cv, &ck->mu);
+        int stop = ck->aborted;
+        pthread_mutex_unlock(&ck->mu);
+        if (stop)
+            break;
+        if (!block_sum_ok(ck, k)) {
+            ck->bad = (int)k;
+            break;
+        }
+    }
+    return NULL;
+}
+
+static void check_ready(struct thaw_blocks_check *ck, uint32_t n_ready, int aborted)
+{
+    pthread_mutex_lock(&ck->mu);
+    ck->n_ready = n_ready;
+    ck->aborted |= aborted;
+    pthread_cond_broadcast(&ck->cv);
+    pthread_mutex_unlock(&ck->mu);
+}
+
+/* Closes the files (removing block `bad`, -1 for none), drops the blobs
+ * and frees ck; the checker must be done. */
+static void ck_free(struct thaw_blocks_check *ck, int bad)
+{
+    for (uint32_t k = 0; k < ck->n_src; k++) {
+        thaw_disk_kv_close(ck->c, &ck->src[k].f, (int)k == bad);
+        thaw_blob_unref(ck->src[k].mem);
+        free(ck->src[k].head);
+    }
+    thaw_kvlayout_asm_free(ck->a);
+    pthread_cond_destroy(&ck->cv);
+    pthread_mutex_destroy(&ck->mu);
+    free(ck->src);
+    free(ck);
+}
+
+/* Waits for the checksums (or computes them here without a thread), then
+ * frees ck. Returns 0 or THAW_ECORRUPT (the bad block removed). */
+static int check_end(struct thaw_blocks_check *ck)
+{
+    int bad;
+
+    if (!ck)
+        return 0;
+    if (ck->threaded)
+        pthread_join(ck->th, NULL);
+    else
+        check_main(ck);
+    bad = ck->bad;
+    ck_free(ck, bad);
+    return bad >= 0 ? THAW_ECORRUPT : 0;
+}
+
+int thaw_blocks_state_check(struct thaw_blocks_state *s)
+{
+    int rc = check_end(s->check);
+
+    s->check = NULL;
+    return rc;
+}
+
+/* Bytes of block files the kernel is asked to read ahead of the one being
+ * read (load_blocks). All of a conversation's at once queued the next
+ * block behind the others: 8 MiB blocks read ~1.4x slower than one at a
+ * time (a 2-core VM's virtual disk); 16 MiB ahead read fastest. */
+#define READ_AHEAD ((uint64_t)16 << 20)
+
+/* Reads file block k (B cells at kB) into place: its head and data in one
+ * preadv per IOV_MAX segments, then the head checked and its meta written. */
+static int read_block(struct thaw_blocks_check *ck, uint32_t k)
+{
+    struct src *b = &ck->src[k];
+    struct thaw_kvlayout_cursor cur = {0};
+    struct iovec iov[IOV_MAX];
+    uint64_t off = 0;
+    uint32_t pos0, cells;
+    int m, first = 1, rc;
+
+    if (!(b->head = malloc(ck->n_head)))
+        return THAW_ENOMEM;
+    do {
+        m = 0;
+        if (first)
+            iov[m++] = (struct iovec){b->head, ck->n_head};
+        m += thaw_kvlayout_asm_segments(ck->a, k * ck->block_tokens, ck->block_tokens, &cur, iov + m, IOV_MAX - m);
+        first = 0;
+        size_t want = 0;
+        for (int i = 0; i < m; i++)
+            want += iov[i].iov_len;
+        if (want == 0)
+            break;
+        /* a short read (a file cut under us) is a bad block */
+        for (int i = 0; want > 0;) {
+            ssize_t got = thaw_disk_kv_preadv(ck->c, &b->f, iov + i, m - i, off);
+            if (got < 0)
+                return (int)got;
+            if (got == 0)
+                return THAW_ECORRUPT;
+            off += (uint64_t)got;
+            want -= (size_t)got;
+            while (got > 0 && (size_t)got >= iov[i].iov_len)
+                got -= (ssize_t)iov[i++].iov_len;
+            if (got > 0) {
+                iov[i].iov_base = (uint8_t *)iov[i].iov_base + got;
+                iov[i].iov_len -= (size_t)got;
+            }
+        }
+    } while (cur.part < 2);
+    if (off != b->f.size)
+        return THAW_ECORRUPT;
+    if ((rc = thaw_kvlayout_asm_head(ck->a, b->head, ck->n_head, b->f.size, &pos0, &cells)) != 0)
+        return rc;
+    return pos0 == k * ck->block_tokens && cells == ck->block_tokens ? 0 : THAW_ECORRUPT;
+}
+
+/* The head of file block f: n_head bytes from its first 24. */
+static int file_head_size(struct thaw_disk_cache *c, const struct thaw_disk_kv_file *f, size_t *n_head)
+{
+    uint8_t hdr[24];
+    struct iovec iov = {hdr, sizeof hdr};
+    ssize_t got = thaw_disk_kv_preadv(c, f, &iov, 1, 0);
+
+    if (got < 0)
+        return (int)got;
+    if ((size_t)got != sizeof hdr)
+        return THAW_ECORRUPT;
+    int rc = thaw_kvlayout_block_head_size(hdr, sizeof hdr, n_head);
+    return rc == 0 && *n_head <= f->size ? 0 : THAW_ECORRUPT;
+}
+
+/* Reads blocks ids[0, n_ids) (block k must hold positions [kB, (k+1)B)),
+ * then appends the extra block (the tail; may be NULL) and the SWA window,
+ * and assembles them for frame f. The checksums of the blocks read from
+ * files go on in out->check. */
+static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
+                       const uint8_t (*ids)[THAW_KEY_BYTES], uint32_t n_ids, uint32_t block_tokens,
+                       const void *tail, size_t tail_size, const void *swa, size_t swa_size,
+                       const struct thaw_kvlayout_frame *f, const llama_token *toks, int n_toks,
+                       struct thaw_blocks_state *out)
+{
+    struct thaw_blocks_check *ck = calloc(1, sizeof *ck);
+    uint8_t *head0 = NULL;
+    size_t n_head0 = 0;
+    uint32_t k = 0;
+    int rc = 0;
+
+    if (!ck || !(ck->src = calloc((size_t)n_ids + 1, sizeof *ck->src))) {
+        free(ck);
+        return THAW_ENOMEM;
+    }
+    ck->c = c;
+    ck->n = ck->n_src = n_ids;
+    ck->block_tokens = block_tokens;
+    ck->bad = -1;
+    pthread_mutex_init(&ck->mu, NULL);
+    pthread_cond_init(&ck->cv, NULL);
+    for (k = 0; k < n_ids; k++)
+        ck->src[k].f.fd = -1;
+    /* open them all first (blocks the RAM tier or the writer's queue holds
+     * are copied from memory) */
+    for (k = 0; k < n_ids; k++) {
+        struct thaw_part_blob pend[THAW_PART_COUNT];
+        if ((ck->src[k].mem = thaw_ram_cache_block(ram, ids[k], &ck->src[k].n_mem)) != NULL) {
+            continue; /* the RAM tier's copy */
+        } else if (thaw_disk_cache_pending(c, ids[k], pend) == 0) {
+            for (int p = 1; p < THAW_PART_COUNT; p++)
+                thaw_blob_unref(pend[p].data);
+            ck->src[k].mem = pend[THAW_PART_KV].data;
+            ck->src[k].n_mem = pend[THAW_PART_KV].size;
+        } else if ((rc = thaw_disk_cache_open_kv(c, ids[k], &ck->src[k].f)) != 0) {
+            goto fail;
+        }
+    }
+    /* the shape: block 0's head; every file block has the same head size */
+    for (k = 0; k < n_ids && ck->src[k].mem; k++)
+        ;
+    if (k < n_ids && (rc = file_head_size(c, &ck->src[k].f, &ck->n_head)) != 0) {
+        thaw_disk_kv_close(c, &ck->src[k].f, 1);
+        goto fail;
+    }
+    if (n_ids && ck->src[0].mem) {
+        head0 = ck->src[0].mem;
+        n_head0 = ck->src[0].n_mem;
+    } else if (n_ids) {
+        struct iovec iov;
+        if (!(head0 = malloc(ck->n_head))) {
+            rc = THAW_ENOMEM;
+            goto fail;
+        }
+        iov = (struct iovec){head0, ck->n_head};
+        ssize_t got = thaw_disk_kv_preadv(c, &ck->src[0].f, &iov, 1, 0);
+        if (got != (ssize_t)ck->n_head) {
+            rc = got < 0 ? (int)got : THAW_ECORRUPT;
+            free(head0);
+            goto fail;
+        }
+        n_head0 = ck->n_head;
+    } else {
+        head0 = (void *)tail;
+        n_head0 = tail_size;
+    }
+    size_t headroom = thaw_kvstate_head_size(n_toks);
+    rc = thaw_kvlayout_asm_new(head0, n_head0, (uint32_t)n_toks, f, swa_size, headroom, THAW_KVLAYOUT_ASM_BLOB, &ck->a);
+    if (n_ids && !ck->src[0].mem)
+        free(head0);
+    if (rc != 0)
+        goto fail;
+    ck->threaded = pthread_create(&ck->th, NULL, check_main, ck) == 0;
+    uint32_t ahead = 0; /* files asked for up to here */
+    uint64_t asked = 0; /* their bytes past the file being read */
+    for (k = 0; k < n_ids; k++) {
+        /* the kernel reads READ_AHEAD bytes of the next files while this
+         * one is copied: a cold disk serves several files at once, and the
+         * one needed next is not queued behind all the others */
+        if (ahead <= k) {
+            ahead = k;
+            asked = 0;
+        } else if (!ck->src[k].mem) {
+            asked -= ck->src[k].f.size;
+        }
+        for (; ahead < n_ids && (ahead == k || asked < READ_AHEAD); ahead++)
+            if (!ck->src[ahead].mem) {
+                thaw_disk_kv_willneed(&ck->src[ahead].f);
+                if (ahead > k)
+                    asked += ck->src[ahead].f.size;
+            }
+        if (ck->src[k].mem) {
+            /* placed at the next position (kB: every block before it held B) */
+            uint32_t cells;
+            rc = thaw_kvlayout_asm_copy(ck->a, ck->src[k].mem, ck->src[k].n_mem, &cells);
+            if (rc == 0 && cells != block_tokens)
+                rc = THAW_ECORRUPT;
+        } else {
+            rc = read_block(ck, k);
+        }
+        if (rc != 0)
+            break;
+        if (ck->threaded)
+            check_ready(ck, k + 1, 0);
+    }
+    /* the tail must hold exactly the cells past the whole blocks: placed at
+     * the next position, and finish checks that every cell is there */
+    if (rc == 0 && tail_size)
+        rc = thaw_kvlayout_asm_copy(ck->a, tail, tail_size, NULL);
+    size_t n_state;
+    if (rc == 0)
+        rc = thaw_kvlayout_asm_finish(ck->a, swa, swa_size, &out->kv, &n_state);
+    if (rc != 0) {
+        /* a block file that reads short or whose head does not fit its
+         * place is bad: removed like a checksum mismatch */
+        int bad = (rc == THAW_ECORRUPT || rc == THAW_EMISMATCH || rc == THAW_EINVAL || rc == THAW_EVERSION) &&
+                          k < n_ids && ck->src[k].f.fd >= 0
+                      ? (int)k
+                      : -1;
+        if (ck->threaded) {
+            check_ready(ck, 0, 1);
+            pthread_join(ck->th, NULL);
+        }
+        ck_free(ck, bad >= 0 ? bad : ck->bad);
+        if (rc == THAW_EINVAL || rc == THAW_EMISMATCH || rc == THAW_EVERSION)
+            rc = THAW_ECORRUPT; /* blocks that do not fit together */
+        return rc;
+    }
+    thaw_kvstate_write_head(out->kv, toks, n_toks, n_state);
+    out->n_kv = headroom + n_state;
+    out->n_tokens = n_toks;
+    out->n_blocks = (int)n_ids;
+    out->check = ck;
+    return 0;
+
+fail:
+    ck_free(ck, -1);
+    if (rc == THAW_ECORRUPT)
+        rc = THAW_ENOTFOUND; /* removed by the disk tier */
+    return rc;
+}
+
+/* A manifest's header, either version, validated against its size. */
+struct manifest {
+    struct manifest_header h;
+    struct manifest_swa w; /* all 0 in version 1 */
+    size_t hsize;          /* bytes of header */
+    uint32_t n_sids;       /* SWA ids after the ids */
+};
+
+static int manifest_header(const void *manifest, size_t n_manifest, struct manifest *mf)
+{
+    struct manifest_header *h = &mf->h;
+
+    memset(mf, 0, sizeof *mf);
+    if (!thaw_blocks_is_manifest(manifest, n_manifest))
+        return THAW_ECORRUPT;
+    memcpy(h, manifest, sizeof *h);
+    mf->hsize = sizeof *h;
+    if (h->version == MANIFEST_VERSION_SWA) {
+        if (n_manifest < sizeof *h + sizeof mf->w)
+            return THAW_ECORRUPT;
+        memcpy(&mf->w, (const uint8_t *)manifest + sizeof *h, sizeof mf->w);
+        mf->hsize += sizeof mf->w;
+        if (h->swa_size != 0 || mf->w.n_window == 0 || mf->w.swa_first > h->n_blocks ||
+            (mf->w.swa_tail_size == 0) != (h->tail_size == 0) || mf->w.swa_tail_size > n_manifest)
+            return THAW_ECORRUPT;
+        mf->n_sids = h->n_blocks - mf->w.swa_first;
+    } else if (h->version != MANIFEST_VERSION) {
+        return THAW_EVERSION;
+    }
+    /* every length against the blob, in 64 bits */
+    uint64_t need = (uint64_t)mf->hsize + (uint64_t)h->n_tokens * 4 +
+                    ((uint64_t)h->n_blocks + mf->n_sids) * THAW_KEY_BYTES;
+    if (h->block_tokens == 0 || h->n_tokens == 0 || h->n_blocks != h->n_tokens / h->block_tokens ||
+        (h->tail_size == 0) != (h->n_tokens % h->block_tokens == 0) || h->tail_size > n_manifest ||
+        h->swa_size > n_manifest || need + h->tail_size + h->swa_size + mf->w.swa_tail_size != n_manifest)
+        return THAW_ECORRUPT;
+    /* a restore at n_tokens needs the SWA blocks from the window's start */
+    if (h->version == MANIFEST_VERSION_SWA &&
+        swa_first_needed(h->n_tokens, mf->w.n_window, h->block_tokens) < mf->w.swa_first &&
+        swa_first_needed(h->n_tokens, mf->w.n_window, h->block_tokens) < h->n_blocks)
+        return THAW_ECORRUPT;
+    return 0;
+}
+
+int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids)
+{
+    struct manifest mf;
+    int rc = manifest_header(manifest, n, &mf);
+
+    if (rc != 0)
+        return rc;
+    *ids = (const uint8_t *)manifest + mf.hsize + (size_t)mf.h.n_tokens * 4;
+    *n_ids = mf.h.n_blocks + mf.n_sids; /* the SWA ids follow the ids */
+    return 0;
+}
+
+int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs)
+{
+    uint32_t pos0, cells;
+
+    (void)ud;
+    if (thaw_blocks_is_manifest(kv, n)) {
+        if (thaw_blocks_manifest_ids(kv, n, refs, n_refs) != 0) {
+            *refs = NULL; /* it will not load either: a miss, naming nothing */
+            *n_refs = 0;
+        }
+        return THAW_DISK_KIND_ROOT;
+    }
+    if (thaw_kvlayout_block_info(kv, n, &pos0, &cells) == 0)
+        return THAW_DISK_KIND_BLOCK;
+    return THAW_DISK_KIND_ROOT;
+}
+
+/* ---- SWA sections from SWA blocks ---- */
+
+/* Block id's bytes (a blob reference): the RAM tier, the writer's queue,
+ * or its file, read whole and checked against its checksum (a bad one is
+ * removed). 0, THAW_ENOTFOUND, THAW_ENOMEM or a disk error. */
+static int read_whole(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES],
+                      void **out, size_t *n_out)
+{
+    struct thaw_part_blob pend[THAW_PART_COUNT];
+    struct thaw_disk_kv_file f;
+    int rc;
+
+    if ((*out = thaw_ram_cache_block(ram, id, n_out)) != NULL)
+        return 0;
+    if (thaw_disk_cache_pending(c, id, pend) == 0) {
+        for (int p = 1; p < THAW_PART_COUNT; p++)
+            thaw_blob_unref(pend[p].data);
+        *out = pend[THAW_PART_KV].data;
+        *n_out = pend[THAW_PART_KV].size;
+        return 0;
+    }
+    if ((rc = thaw_disk_cache_open_kv(c, id, &f)) != 0)
+        return rc;
+    uint8_t *buf = thaw_blob_alloc(f.size ? f.size : 1);
+    if (!buf) {
+        thaw_disk_kv_close(c, &f, 0);
+        return THAW_ENOMEM;
+    }
+    uint64_t off = 0;
+    while (off < f.size) {
+        struct iovec iov = {buf + off, (size_t)(f.size - off)};
+        ssize_t got = thaw_disk_kv_preadv(c, &f, &iov, 1, off);
+        if (got <= 0)
+            break;
+        off += (uint64_t)got;
+    }
+    int bad = off != f.size || XXH3_64bits(buf, (size_t)f.size) != f.xxh3;
+    thaw_disk_kv_close(c, &f, bad);
+    if (bad) {
+        thaw_blob_unref(buf);
+        return THAW_ENOTFOUND; /* removed by the disk tier */
+    }
+    *out = buf;
+    *n_out = (size_t)f.size;
+    return 0;
+}
+
+/* The SWA section of a restore: SWA blocks sids[0, n_sids) at consecutive
+ * positions, then the extra block `tail` (NULL: none), for frame f.
+ * *out is malloc'd. */
+static int swa_section(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t (*sids)[THAW_KEY_BYTES],
+                       uint32_t n_sids, const void *tail, size_t n_tail, const struct thaw_kvlayout_frame *f,
+                       void **out, size_t *n_out)
+{
+    uint32_t n = n_sids + (tail ? 1 : 0);
+    void **blk = calloc(n ? n : 1, sizeof *blk);
+    size_t *sizes = calloc(n ? n : 1, sizeof *sizes);
+    int rc = blk && sizes ? 0 : THAW_ENOMEM;
+
+    for (uint32_t i = 0; rc == 0 && i < n_sids; i++)
+        rc = read_whole(c, ram, sids[i], &blk[i], &sizes[i]);
+    if (rc == 0) {
+        if (tail) {
+            blk[n_sids] = (void *)tail;
+            sizes[n_sids] = n_tail;
+        }
+        rc = thaw_kvlayout_section((const void *const *)blk, sizes, (int)n, f, out, n_out);
+        if (rc == THAW_EINVAL || rc == THAW_EMISMATCH || rc == THAW_EVERSION)
+            rc = THAW_ECORRUPT;
+    }
+    for (uint32_t i = 0; blk && i < n_sids; i++)
+        thaw_blob_unref(blk[i]);
+    free(blk);
+    free(sizes);
+    return rc;
+}
+
+int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
+                     const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out)
+{
+    struct manifest mf;
+    const uint8_t *m = manifest;
+    void *sec = NULL;
+    size_t n_sec = 0;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if ((rc = manifest_header(manifest, n_manifest, &mf)) != 0)
+        return rc;
+    const struct manifest_header h = mf.h;
+    const uint8_t *toks = m + mf.hsize;
+    const uint8_t *ids = toks + (size_t)h.n_tokens * 4;
+    const uint8_t *sids = ids + (size_t)h.n_blocks * THAW_KEY_BYTES;
+    const uint8_t *tail = sids + (size_t)mf.n_sids * THAW_KEY_BYTES;
+    const uint8_t *swa = tail + h.tail_size;
+    size_t swa_size = h.swa_size;
+    if (h.version == MANIFEST_VERSION_SWA) {
+        /* the window's SWA blocks, then the tail's SWA rows */
+        uint32_t k0 = swa_first_needed(h.n_tokens, mf.w.n_window, h.block_tokens);
+        if (k0 > h.n_blocks)
+            k0 = h.n_blocks;
+        rc = swa_section(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])(sids + (size_t)(k0 - mf.w.swa_first) * THAW_KEY_BYTES),
+                         h.n_blocks - k0, mf.w.swa_tail_size ? swa : NULL, mf.w.swa_tail_size, f, &sec, &n_sec);
+        if (rc != 0)
+            return rc;
+        swa = sec;
+        swa_size = n_sec;
+    }
+    llama_token *tokens = malloc((size_t)h.n_tokens * sizeof(llama_token)); /* aligned */
+    if (!tokens) {
+        free(sec);
+        return THAW_ENOMEM;
+    }
+    memcpy(tokens, toks, (size_t)h.n_tokens * sizeof(llama_token));
+    rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
+                     swa, swa_size, f, tokens, (int)h.n_tokens, out);
+    free(tokens);
+    free(sec);
+    if (rc != 0)
+        thaw_blocks_state_free(out);
+    return rc;
+}
+
+int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                       uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                       struct thaw_blocks_state *out)
+{
+    return thaw_blocks_prefix_swa(c, ram, binding, block_tokens, 0, toks, n, f, out);
+}
+
+/* The deepest boundary at most `run` blocks in whose SWA blocks a restore
+ * needs are stored (sids filled for them); 0: none. */
+static uint32_t swa_run(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t (*ids)[THAW_KEY_BYTES],
+                        uint8_t (*sids)[THAW_KEY_BYTES], uint32_t run, uint32_t n_window, uint32_t block_tokens,
+                        uint32_t *first)
+{
+    for (uint32_t b = run; b > 0; b--) {
+        uint32_t k0 = swa_first_needed(b * block_tokens, n_window, block_tokens), k = b;
+        while (k > k0) {
+            thaw_blocks_swa_id(ids[k - 1], sids[k - 1]);
+            if (!stored(c, ram, sids[k - 1]))
+                break;
+            k--;
+        }
+        if (k == k0) {
+            *first = k0;
+            return b;
+        }
+    }
+    return 0;
+}
+
+int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
+                           const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t n_window,
+                           const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                           struct thaw_blocks_state *out)
+{
+    uint8_t(*ids)[THAW_KEY_BYTES];
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if (block_tokens == 0 || n <= 1)
+        return THAW_ENOTFOUND;
+    uint32_t n_blocks = (uint32_t)(n - 1) / block_tokens; /* one token left to decode */
+    if (n_blocks == 0)
+        return THAW_ENOTFOUND;
+    if (!(ids = malloc(2 * (size_t)n_blocks * sizeof *ids)))
+        return THAW_ENOMEM;
+    uint8_t(*sids)[THAW_KEY_BYTES] = ids + n_blocks;
+    thaw_blocks_ids(binding, block_tokens, toks, (int)(n_blocks * block_tokens), ids);
+    /* a block found bad on the way is removed by the disk tier: the run
+     * ends before it, so try again with what is left (a few times) */
+    rc = THAW_ENOTFOUND;
+    for (int attempt = 0; attempt < 3 && rc == THAW_ENOTFOUND; attempt++) {
+        uint32_t run = 0;
+        while (run < n_blocks && (thaw_ram_cache_has_block(ram, ids[run]) || thaw_disk_cache_has(c, ids[run])))
+            run++;
+        void *sec = NULL;
+        size_t n_sec = 0;
+        if (run > 0 && n_window > 0) {
+            /* a boundary is a hit only with its window's SWA rows */
+            uint32_t k0 = 0;
+            run = swa_run(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, sids, run, n_window, block_tokens, &k0);
+            if (run > 0 && (rc = swa_section(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])sids[k0], run - k0, NULL, 0, f,
+                                             &sec, &n_sec)) != 0) {
+                if (rc == THAW_ENOTFOUND)
+                    continue; /* one was bad and is gone: look again */
+                break;
+            }
+        }
+        if (run == 0)
+            break;
+        rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, run, block_tokens, NULL, 0, sec, n_sec, f,
+                         toks, (int)(run * block_tokens), out);
+        free(sec);
+        if (rc != 0)
+            thaw_blocks_state_free(out);
+    }
+    free(ids);
+    return rc;
+}

@@ -1,0 +1,206 @@
+/* blocks.h — a conversation's state as content-addressed blocks plus a
+ * manifest (DESIGN §9), over the disk tier (cache_disk.h).
+ *
+ * Storing each turn's whole state writes the conversation again every turn
+ * (O(turns²) bytes) and keeps a full copy per turn. Here the attention KV
+ * of positions [kB, (k+1)B) is block k, stored as its own disk entry under
+ * its id:
+ *
+ *   id_0 = BLAKE2b-256(key = binding, "thaw-block-v1" | 32 zero bytes | tokens[0, B))
+ *   id_k = BLAKE2b-256(key = binding, "thaw-block-v1" | id_{k-1}      | tokens[kB, (k+1)B))
+ *
+ * (tokens as i32 little-endian). The chain makes a block's id name its whole
+ * prefix, so equal prefixes give equal ids in every conversation of the same
+ * binding (model, state-shaping settings, tenant) and a block is written
+ * once, ever: a store skips the ids the disk already holds.
+ *
+ * The conversation's key names a manifest, its .kv part:
+ *
+ *   u32 magic "TMF1" | u32 version (1) | u32 n_tokens | u32 block_tokens (B)
+ *   u32 n_blocks | u32 reserved (0) | u64 tail_size | u64 swa_size
+ *   i32 tokens[n_tokens]
+ *   u8  ids[n_blocks][32]
+ *   u8  tail[tail_size]   the cells past the last whole block, as one
+ *                         kvlayout block (absent when n_tokens % B == 0)
+ *   u8  swa[swa_size]     the uncut SWA window section (kvlayout tail)
+ *
+ * A sliding-window model's manifest is version 2 when its blocks carry
+ * their SWA rows (DESIGN §12): each block k then has an SWA block, the SWA
+ * layers' rows of the same positions, stored as its own entry under
+ *
+ *   sid_k = BLAKE2b-256(key = id_k, "thaw-swa-v1")
+ *
+ * and the header goes on with u32 swa_first | u32 n_window | u64
+ * swa_tail_size; after ids come sids[swa_first, n_blocks) (the run of
+ * blocks whose SWA rows were stored, ending at the last), then the tail,
+ * then swa_tail (the SWA rows of the tail's cells), and swa_size is 0: no
+ * window is copied per turn. A restore at n installs section 0 from the
+ * blocks and rebuilds the SWA section from the SWA blocks covering
+ * [n - n_window, n). The manifest names the sids too (GC, holds).
+ *
+ * The manifest is submitted after its blocks, to the same FIFO writer, so
+ * it commits last: a crash leaves blocks without a manifest (collected once
+ * their grace is over, cache_disk.c), never a manifest whose blocks were
+ * not yet written. The disk tier learns which entries are blocks and which
+ * blocks a manifest names from thaw_blocks_classify at store time: TTL and
+ * LRU act on manifests, and a block goes once no manifest names it. A
+ * manifest whose block went missing or bad since is a miss (the block's
+ * own checksum decides, cache_disk.c), never a wrong state.
+ *
+ * Blocks hold no sequence id: assembly takes the frame (seq id, streams) of
+ * the slot that restores, so a conversation stored from slot 1 under -np 2
+ * restores into slot 0 under -np 3.
+ *
+ * Layouts kvlayout.h refuses (recurrent, hybrid, MLA, another libllama
+ * build) give THAW_ELAYOUT: the caller stores whole-state entries instead.
+ */
+#ifndef THAW_BLOCKS_H
+#define THAW_BLOCKS_H
+
+#include "base/key.h"
+#include "cache/cache_disk.h"
+#include "cache/cache_ram.h"
+#include "llama/kvlayout.h"
+
+#include <llama.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define THAW_BLOCKS_DEFAULT_TOKENS 128
+
+struct thaw_blocks_stats {
+    uint32_t written;       /* blocks submitted to the writer */
+    uint32_t skipped;       /* blocks the disk already held */
+    uint32_t dropped;       /* blocks the writer refused (queue full, ...) */
+    uint64_t bytes_written; /* bytes of the blocks submitted */
+};
+
+/* The ids of the n / B whole blocks of toks (ids: room for n / B). */
+void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const llama_token *toks, int n,
+                     uint8_t (*ids)[THAW_KEY_BYTES]);
+
+/* Cuts a libllama sequence state of toks[0, n) (llama_state_seq_get_data
+ * output, `state`, n_state bytes) into blocks, submits to the disk writer
+ * those it does not hold (each an entry of one .kv part: the block; one the
+ * RAM tier `ram` holds is taken from there, and one cut anew is also put
+ * into `ram`, one copy shared by both; ram may be NULL), and
+ * builds the manifest (a blob, blob.h: the caller submits it as the
+ * conversation entry's .kv part, or drops it with thaw_blob_unref).
+ * On 0 the manifest's block ids are held (thaw_disk_cache_hold), so that
+ * none is collected before the manifest is queued: the caller, once it has
+ * submitted the manifest (or given up), drops the hold with
+ * thaw_disk_cache_unhold(c, ids, n_ids) of thaw_blocks_manifest_ids() of
+ * the manifest. On an error nothing is held.
+ * st (may be NULL) gets the counts. Returns 0, THAW_ELAYOUT (an unknown
+ * layout: store the whole state instead), THAW_EINVAL (no cells, or the
+ * state does not hold n cells), THAW_ENOMEM. A block the writer drops
+ * makes the store fail (THAW_EBUSY): the manifest would name it. */
+int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                      uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
+                      void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
+
+/* thaw_blocks_store for a sliding-window model (window > 0: its window,
+ * tokens): the capture's SWA section gives the SWA rows of the blocks it
+ * still holds; when they cover what a restore at n needs, the manifest is
+ * version 2 (no window copy), else as thaw_blocks_store. */
+int thaw_blocks_store_window(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
+                             const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t window,
+                             const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
+                             size_t *n_manifest, struct thaw_blocks_stats *st);
+
+/* Where a store cuts its blocks from: a parsed capture (thaw_blocks_store)
+ * or the KV cache's own memory (kvtap.h). */
+struct thaw_blocks_src {
+    uint32_t n_cells;
+    size_t (*size)(const void *ud, uint32_t a, uint32_t b);                 /* of the block of [a, b) */
+    int (*cut)(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap); /* 0 or an error */
+    int (*known)(const void *ud, uint32_t a, uint32_t b); /* can cut [a, b)? NULL: all */
+    const void *ud;
+    const void *swa; /* the uncut SWA section, or NULL */
+    size_t n_swa;
+    /* SWA rows (DESIGN §12; NULL: none): the SWA block of [a, b), as size,
+     * cut and known above. A store that can give the SWA blocks a restore
+     * at n needs ([n - n_window, n), block-aligned) writes them, and every
+     * earlier one it can, instead of the window section */
+    size_t (*swa_size)(const void *ud, uint32_t a, uint32_t b);
+    int (*swa_cut)(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap);
+    int (*swa_known)(const void *ud, uint32_t a, uint32_t b);
+    uint32_t n_window; /* the sliding window, tokens (llama_model_n_swa) */
+};
+
+/* thaw_blocks_store from src: what it does not know of the cells the store
+ * needs (blocks neither tier holds, the tail) is THAW_ENOTFOUND, with
+ * nothing submitted and nothing held: capture the whole state instead. */
+int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
+                          void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
+
+/* 1 if blob starts like a manifest (magic), else 0. */
+int thaw_blocks_is_manifest(const void *blob, size_t n);
+
+/* The block ids a manifest names (pointing into it). Returns 0 or
+ * THAW_ECORRUPT / THAW_EVERSION (the manifest's lengths are checked). */
+int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids);
+
+/* What a disk entry's .kv is to the disk tier's collector: the classify
+ * callback of struct thaw_disk_cache_params (cache_disk.h), ud unused.
+ * A block returns THAW_DISK_KIND_BLOCK; a manifest THAW_DISK_KIND_ROOT with
+ * *refs / *n_refs its block ids (pointing into kv); anything else (a whole
+ * state, a manifest that does not parse) THAW_DISK_KIND_ROOT naming nothing.
+ * This keeps cache_disk.c free of the formats and the formats here. */
+int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs);
+
+/* A restorable state: a .kv blob in kvstate.h's format (header, tokens,
+ * then what llama_state_seq_set_data takes), built in place. Free with
+ * thaw_blocks_state_free. */
+struct thaw_blocks_state {
+    void *kv; /* a blob (blob.h) */
+    size_t n_kv;
+    int n_tokens;
+    int n_blocks;                    /* blocks read from disk */
+    struct thaw_blocks_check *check; /* checksums still running; see below */
+};
+
+/* Frees s (waiting for its checksums first). */
+void thaw_blocks_state_free(struct thaw_blocks_state *s);
+
+/* The blocks of a loaded state are read straight into place and their
+ * checksums computed on another thread while the caller installs the
+ * state; this waits for them. Returns 0, or THAW_ECORRUPT: a block did not
+ * match (it has been removed), so the installed state must be undone
+ * before anything is decoded from it. Call once, before freeing. */
+int thaw_blocks_state_check(struct thaw_blocks_state *s);
+
+/* Builds the state a manifest describes, taking its blocks from the RAM
+ * tier `ram` (may be NULL), the disk writer's queue or the disk
+ * (their checksums: thaw_blocks_state_check), for the slot of frame f.
+ * Returns 0, THAW_ECORRUPT (a bad manifest, or a block — the tail too —
+ * whose header does not fit its place), THAW_EVERSION (a manifest of
+ * another format version), THAW_ENOTFOUND (a block is gone: evicted, or found
+ * corrupt and removed), THAW_ENOMEM, or a disk error. */
+int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
+                     const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out);
+
+/* Prefix lookup: the longest run of toks' whole blocks the disk holds,
+ * from block 0, restorable for the slot of frame f. At least one token of
+ * toks is left out (the request must decode one). Only for layouts without
+ * an SWA tail (an SWA window cannot be rebuilt from blocks).
+ * Returns 0 and fills out (n_blocks >= 1), THAW_ENOTFOUND (not even block
+ * 0), or an error as thaw_blocks_load. */
+int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                       uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                       struct thaw_blocks_state *out);
+
+/* thaw_blocks_prefix for a sliding-window model (n_window > 0: its window,
+ * tokens): the deepest boundary b of the run whose SWA blocks covering
+ * [b - n_window, b) are stored too; the state holds the run's blocks and
+ * an SWA section rebuilt from those. n_window 0: thaw_blocks_prefix. */
+int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
+                           const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t n_window,
+                           const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                           struct thaw_blocks_state *out);
+
+/* The id of block id's SWA block. */
+void thaw_blocks_swa_id(const uint8_t id[THAW_KEY_BYTES], uint8_t sid[THAW_KEY_BYTES]);
+
+#endif

@@ -1,0 +1,732 @@
+/* kvcache.c — tier policy over cache_ram.c and cache_disk.c (kvcache.h).
+ *
+ * Map:
+ *   ---- open / close ----  the tiers, the start-up line
+ *   ---- lookup ----        RAM, the disk writer's queue, then disk with the .kv
+ *                           verified alongside
+ *   ---- store ----         fan-out, what RAM keeps
+ *   ---- metrics ----       prefetch, the disk tier's gauges
+ */
+#include "cache/kvcache.h"
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/testhooks.h"
+#include "cache/blocks.h"
+#include "cache/cache_disk.h"
+#include "cache/cache_ram.h"
+#include "cache/keys.h"
+#include "llama/kvstate.h"
+
+#include <pthread.h>
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct thaw_kvcache {
+    struct thaw_disk_cache *disk; /* NULL = disk tier off */
+    struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
+    struct thaw_shared *shared;   /* NULL = shared tier off (cache_shared.h) */
+    struct thaw_metrics *metrics;
+    uint8_t identity[THAW_KEY_BYTES];
+    uint32_t block_tokens; /* 0: whole states (also after a layout blocks.c refused) */
+    bool prefix_lookup;
+    uint32_t n_window; /* SWA models: the window (blocks.h) */
+    uint32_t n_stream;
+    /* the block store's counters (/metrics) */
+    atomic_uint_fast64_t blocks_written, blocks_skipped, blocks_dropped, store_bytes, prefix_hits, prefix_tokens;
+};
+
+static void block_binding(const struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES])
+{
+    thaw_keys_block_binding(c->identity, ns, out);
+}
+
+static int64_t wall_s(void)
+{
+    return (int64_t)time(NULL);
+}
+
+/* The RAM tier is engine-thread only; /metrics reads these copies. */
+static void ram_gauges(struct thaw_kvcache *c)
+{
+    if (!c->ram)
+        return;
+    atomic_store(&c->metrics->ram_bytes, thaw_ram_cache_bytes(c->ram));
+    atomic_store(&c->metrics->ram_entries, thaw_ram_cache_count(c->ram));
+}
+
+/* ---- open / close
+ * ---------------------------------------------------------------- */
+
+static void disk_log(void *ud, int level, const char *msg)
+{
+    (void)ud;
+    thaw_log((enum thaw_log_level)level, "kv-cache: %s", msg);
+}
+
+/* THAW_HOOK_DISK_FSYNC_DELAY_MS (testhooks.h): every fsync of the disk
+ * tier first sleeps that long, a slow disk on demand. Unset, the default
+ * table is used as is. */
+static struct thaw_vfs slow_vfs;
+static long slow_fsync_ms;
+
+static int slow_fsync(const struct thaw_vfs *v, int fd)
+{
+    struct timespec ts = {slow_fsync_ms / 1000, (slow_fsync_ms % 1000) * 1000000L};
+
+    (void)v;
+    nanosleep(&ts, NULL);
+    return thaw_vfs_default()->fsync(thaw_vfs_default(), fd);
+}
+
+static const struct thaw_vfs *disk_vfs(void)
+{
+    if (!(slow_fsync_ms = thaw_test_hook(THAW_HOOK_DISK_FSYNC_DELAY_MS)))
+        return NULL;
+    slow_vfs = *thaw_vfs_default();
+    slow_vfs.fsync = slow_fsync;
+    return &slow_vfs;
+}
+
+static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *kp)
+{
+    struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
+    struct thaw_disk_cache_stats st;
+    int rc;
+
+    p.dir = kp->disk_dir;
+    p.max_bytes = kp->disk_max_bytes;
+    p.ttl_s = kp->ttl_s;
+    p.queue_max_bytes = kp->disk_queue_bytes;
+    memcpy(p.fingerprint, kp->identity, sizeof p.fingerprint);
+    p.log = disk_log;
+    p.vfs = disk_vfs();
+    p.classify = thaw_blocks_classify; /* blocks and what manifests name: for GC (cache_disk.h) */
+    if ((rc = thaw_disk_cache_open(&p, &c->disk)) != 0) {
+        if (rc == THAW_ELOCKED)
+            LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw "
+                    "server (%s/lock is held); give "
+                    "each server its own directory",
+                    p.dir, p.dir);
+        else
+            LOG_ERR("cannot open --kv-cache-dir %s: %s", p.dir, thaw_strerror(rc));
+        return rc;
+    }
+    thaw_disk_cache_evict(c->disk);
+    thaw_disk_cache_get_stats(c->disk, &st);
+    char budget[32] = "none";
+    if (kp->disk_max_bytes)
+        snprintf(budget, sizeof budget, "%llu MiB", (unsigned long long)(kp->disk_max_bytes >> 20));
+    LOG_INF("kv-cache: %s: %llu entries, %.1f MiB (budget %s, ttl %llus, min %d "
+            "tokens)",
+            p.dir, (unsigned long long)st.entries, (double)st.bytes / 1048576.0, budget, (unsigned long long)kp->ttl_s,
+            kp->min_tokens);
+    return 0;
+}
+
+/* The largest conversation stored as blocks, and a block's bytes per
+ * token: the size of the state its restore assembles. */
+struct largest {
+    uint32_t max_tokens;
+    double block_bytes_per_token;
+};
+
+static int find_largest(void *ud, const struct thaw_disk_entry_info *e)
+{
+    struct largest *l = ud;
+    if (!e->same_model)
+        return 0;
+    if (e->is_block && e->n_tokens > 0)
+        l->block_bytes_per_token = (double)e->part_size[THAW_PART_KV] / e->n_tokens;
+    else if (e->n_refs > 0 && e->n_tokens > l->max_tokens)
+        l->max_tokens = e->n_tokens;
+    return 0;
+}
+
+/* A restore from blocks assembles the state in a buffer of its own
+ * (blocks.c), which in steady state comes from the blob pool with its
+ * pages in. After a start there is none, and first touching the pages of
+ * a large state cost more than reading it (a 2-core VM: ~0.7 GiB/s, a cold
+ * NVMe read is faster). So the pool starts as it would be in steady state:
+ * with a buffer for the largest conversation on disk (at most half the
+ * pool). */
+static void warm_restore_buffer(struct thaw_kvcache *c)
+{
+    struct largest l = {0, 0};
+
+    if (!c->disk || !c->block_tokens || thaw_disk_cache_foreach(c->disk, find_largest, &l) != 0 || !l.max_tokens ||
+        l.block_bytes_per_token <= 0)
+        return;
+    double want = l.max_tokens * l.block_bytes_per_token + ((size_t)1 << 20);
+    if (want > (double)((size_t)256 << 20))
+        want = (double)((size_t)256 << 20);
+    int64_t t0 = thaw_now_us();
+    size_t got = thaw_blob_pool_warm((size_t)want);
+    if (got)
+        LOG_INF("kv-cache: a %.0f MiB restore buffer is ready (the largest stored conversation: %u tokens) in %.0f "
+                "ms",
+                (double)got / 1048576.0, l.max_tokens, (double)(thaw_now_us() - t0) / 1000.0);
+}
+
+int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache **out)
+{
+    struct thaw_kvcache *c = calloc(1, sizeof *c);
+    int rc;
+
+    if (!c)
+        return THAW_ENOMEM;
+    c->metrics = p->metrics;
+    memcpy(c->identity, p->identity, THAW_KEY_BYTES);
+    c->block_tokens = p->block_tokens;
+    c->prefix_lookup = p->prefix_lookup;
+    c->n_window = p->n_window;
+    c->n_stream = p->n_stream ? p->n_stream : 1;
+    if (p->ram_bytes > 0 && (rc = thaw_ram_cache_new(p->ram_bytes, p->ttl_s, &c->ram)) != 0)
+        goto fail;
+    if (p->disk_dir && (rc = open_disk(c, p)) != 0)
+        goto fail;
+    warm_restore_buffer(c);
+    if (p->shared) {
+#ifdef THAW_HAVE_SHARED
+        struct thaw_shared_params sp = *p->shared;
+        sp.disk = c->disk;
+        sp.block_tokens = c->block_tokens;
+        sp.prefix_fetch = sp.prefix_fetch && c->prefix_lookup;
+        memcpy(sp.identity, c->identity, THAW_KEY_BYTES);
+        if ((rc = thaw_shared_open(&sp, &c->shared)) != 0)
+            goto fail;
+#else
+        LOG_ERR("--kv-shared: this thaw was built without libcurl, so without the shared tier");
+        rc = THAW_EINVAL;
+        goto fail;
+#endif
+    }
+    *out = c;
+    return 0;
+fail:
+    thaw_disk_cache_close(c->disk);
+    thaw_ram_cache_free(c->ram);
+    free(c);
+    return rc;
+}
+
+void thaw_kvcache_close(struct thaw_kvcache *c)
+{
+    if (!c)
+        return;
+#ifdef THAW_HAVE_SHARED
+    if (c->shared) {
+        /* the last turns go to the store before this replica does, so the
+         * others can continue those conversations (bounded: a store that
+         * does not answer does not hold the shutdown for long) */
+        thaw_disk_cache_flush(c->disk);
+        int left = thaw_shared_flush(c->shared, 10000);
+        if (left)
+            LOG_WRN("shared tier: %d uploads not done at shutdown: the other replicas will prefill those turns", left);
+    }
+    thaw_shared_close(c->shared); /* before the disk tier it reads and writes */
+#endif
+    if (c->disk) {
+        struct thaw_disk_cache_stats st;
+        char size[24];
+        thaw_disk_cache_get_stats(c->disk, &st);
+        if (st.queue_len) {
+            thaw_fmt_bytes(st.queue_bytes, size);
+            LOG_INF("kv-cache: writing the %llu stores still queued (%s) before exit", (unsigned long long)st.queue_len,
+                    size);
+        }
+    }
+    thaw_disk_cache_close(c->disk); /* writes what is still queued */
+    thaw_ram_cache_free(c->ram);
+    free(c);
+}
+
+bool thaw_kvcache_enabled(const struct thaw_kvcache *c)
+{
+    return c && (c->disk || c->ram);
+}
+
+/* ---- lookup
+ * ------------------------------------------------------------------------ */
+
+struct verify_job {
+    struct thaw_disk_cache *disk;
+    struct thaw_disk_entry *entry;
+    int rc;
+};
+
+static void *verify_main(void *arg)
+{
+    struct verify_job *j = arg;
+
+    j->rc = thaw_disk_entry_verify(j->disk, j->entry);
+    return NULL;
+}
+
+/* Installs parts through the sink; a manifest's blocks are read and
+ * assembled for the sink's slot first. */
+static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob parts[THAW_PART_COUNT],
+                         const struct thaw_kvcache_sink *sink)
+{
+    if (!c->disk || !thaw_blocks_is_manifest(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size))
+        return sink->install(sink->ud, parts);
+    struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
+    struct thaw_blocks_state bs;
+    int64_t t0 = thaw_now_us();
+    int rc = thaw_blocks_load(c->disk, c->ram, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &f, &bs);
+    if (rc != 0)
+        return rc == THAW_ENOTFOUND ? THAW_ECORRUPT : rc; /* a block is gone: this manifest is no use */
+    int64_t t1 = thaw_now_us();
+    struct thaw_part_blob whole[THAW_PART_COUNT] = {{bs.kv, bs.n_kv}, parts[THAW_PART_CKPT], parts[THAW_PART_DFT]};
+    rc = sink->install(sink->ud, whole);
+    int64_t t2 = thaw_now_us();
+    /* the blocks' checksums ran alongside: a bad one undoes the install */
+    if (thaw_blocks_state_check(&bs) != 0) {
+        if (rc >= 0)
+            sink->undo(sink->ud);
+        rc = THAW_ECORRUPT;
+    }
+    LOG_DBG("slot %d: %.1f MiB of state, %d blocks read from files: assembled in %.1f ms, installed in %.1f ms, "
+            "checksums waited for %.1f ms",
+            sink->slot_id, (double)bs.n_kv / 1048576.0, bs.n_blocks, (double)(t1 - t0) / 1000.0,
+            (double)(t2 - t1) / 1000.0, (double)(thaw_now_us() - t2) / 1000.0);
+    thaw_blocks_state_free(&bs);
+    return rc;
+}
+
+/* A disk hit: install while the .kv checksum runs on the other core; a
+ * mismatch undoes the install before any decode. Returns as lookup_disk. */
+static int install_disk(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_entry *de,
+                        const struct thaw_kvcache_sink *sink)
+{
+    struct thaw_part_blob parts[THAW_PART_COUNT];
+    struct verify_job job = {c->disk, de, 0};
+    pthread_t th;
+    char hex[17];
+    int got;
+
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_part)p, &parts[p].size);
+    if (pthread_create(&th, NULL, verify_main, &job) == 0) {
+        got = install_parts(c, parts, sink);
+        pthread_join(th, NULL);
+    } else {
+        verify_main(&job); /* no thread: check first, then install */
+        got = job.rc == 0 ? install_parts(c, parts, sink) : job.rc;
+    }
+    if (got >= 0 && job.rc != 0) {
+        sink->undo(sink->ud);
+        got = job.rc;
+    }
+    thaw_disk_entry_release(de);
+    thaw_keys_short(key, hex);
+    if (job.rc != 0) {
+        LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by "
+                "prefill",
+                sink->slot_id, hex);
+        return 0;
+    }
+    if (got < 0) {
+        LOG_WRN("slot %d: disk entry %s unusable (%s): removed, serving by prefill", sink->slot_id, hex,
+                thaw_strerror(got));
+        thaw_disk_cache_remove(c->disk, key);
+        return 0;
+    }
+    return got;
+}
+
+int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int n_past,
+                        const struct thaw_kvcache_sink *sink, const char **source, double *restore_ms)
+{
+    const char *from = NULL;
+    char hex[17];
+    int64_t t0 = thaw_now_us();
+    int got = n_past;
+
+    thaw_keys_short(key, hex);
+    if (c->ram) {
+        if (thaw_ram_cache_evict(c->ram, wall_s()) > 0)
+            ram_gauges(c);
+        const struct thaw_ram_entry *re = thaw_ram_cache_get(c->ram, key, wall_s());
+        if (re) {
+            got = install_parts(c, re->parts, sink); /* a manifest: its blocks from RAM, else from disk */
+            if (got < 0) {
+                LOG_WRN("slot %d: RAM entry %s unusable (%s): dropped", sink->slot_id, hex, thaw_strerror(got));
+                thaw_ram_cache_remove(c->ram, key);
+                ram_gauges(c);
+                got = 0;
+            }
+            from = "ram";
+            goto out;
+        }
+    }
+    if (c->disk) {
+        struct thaw_disk_entry *de = NULL;
+        struct thaw_part_blob pend[THAW_PART_COUNT];
+        thaw_disk_cache_evict(c->disk);
+        /* A store still in the writer's queue: the turn that follows its
+         * reply at once would miss the files, which are not written yet.
+         * Checked before the index: a job leaves the queue only once its
+         * entry is committed. */
+        if (thaw_disk_cache_pending(c->disk, key, pend) == 0) {
+            got = install_parts(c, pend, sink);
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                thaw_blob_unref(pend[p].data);
+            if (got < 0) {
+                LOG_WRN("slot %d: queued store %s unusable (%s): serving by prefill", sink->slot_id, hex,
+                        thaw_strerror(got));
+                got = 0;
+            } else {
+                LOG_DBG("slot %d: %s found in the disk writer's queue", sink->slot_id, hex);
+            }
+            from = "disk";
+            goto out;
+        }
+        int64_t t_lookup = thaw_now_us();
+        int rc = thaw_disk_cache_lookup_ex(c->disk, key, THAW_DISK_LOOKUP_DEFER_KV, &de);
+        LOG_DBG("slot %d: disk lookup %.2f ms (eviction %.2f ms)", sink->slot_id,
+                (double)(thaw_now_us() - t_lookup) / 1000.0, (double)(t_lookup - t0) / 1000.0);
+        if (rc == 0) {
+            got = install_disk(c, key, de, sink);
+            from = "disk";
+            goto out;
+        }
+        if (rc == THAW_ECORRUPT)
+            LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by "
+                    "prefill",
+                    sink->slot_id, hex);
+    }
+out:
+#ifdef THAW_HAVE_SHARED
+    /* fetched from the shared tier into the local one just before */
+    if (from && from[0] == 'd' && thaw_shared_taken(c->shared, key) && got > n_past)
+        from = "shared";
+#endif
+    if (from && got > n_past) { /* the caller counts the outcome, once per request */
+        *source = from;
+        *restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
+        atomic_fetch_add(&c->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
+    }
+    return got;
+}
+
+int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
+                               int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
+                               double *restore_ms)
+{
+    struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
+    struct thaw_blocks_state bs;
+    uint8_t binding[THAW_KEY_BYTES];
+    int64_t t0 = thaw_now_us();
+    int got = n_past;
+
+    if (!c->disk || !c->block_tokens || !c->prefix_lookup || n_prompt - 1 <= n_past ||
+        (n_prompt - 1) / (int)c->block_tokens * (int)c->block_tokens <= n_past)
+        return n_past; /* no run of blocks could beat what the slot holds */
+    block_binding(c, ns, binding);
+    int rc = thaw_blocks_prefix_swa(c->disk, c->ram, binding, c->block_tokens, c->n_window, prompt, n_prompt, &f, &bs);
+    if (rc != 0) {
+        if (rc != THAW_ENOTFOUND)
+            LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(rc));
+        return n_past;
+    }
+    if (bs.n_tokens > n_past) {
+        const struct thaw_part_blob parts[THAW_PART_COUNT] = {{bs.kv, bs.n_kv}, {NULL, 0}, {NULL, 0}};
+        got = sink->install(sink->ud, parts);
+        if (thaw_blocks_state_check(&bs) != 0) { /* a bad block, removed */
+            if (got >= 0)
+                sink->undo(sink->ud);
+            got = THAW_ECORRUPT;
+        }
+        if (got < 0) {
+            LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(got));
+            got = 0;
+        }
+    }
+    thaw_blocks_state_free(&bs);
+    if (got > n_past) {
+        LOG_INF("slot %d: %d prompt tokens from %d stored blocks (prefix lookup)", sink->slot_id, got,
+                got / (int)c->block_tokens);
+        atomic_fetch_add(&c->prefix_hits, 1);
+        atomic_fetch_add(&c->prefix_tokens, (uint64_t)(got - n_past));
+        *source = "blocks";
+        *restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
+        atomic_fetch_add(&c->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
+    }
+    return got;
+}
+
+/* ---- store
+ * ------------------------------------------------------------------------- */
+
+static void count_blocks(struct thaw_kvcache *c, const struct thaw_blocks_stats *st)
+{
+    atomic_fetch_add(&c->blocks_written, st->written);
+    atomic_fetch_add(&c->blocks_skipped, st->skipped);
+    atomic_fetch_add(&c->blocks_dropped, st->dropped);
+    atomic_fetch_add(&c->store_bytes, st->bytes_written);
+}
+
+/* The disk's copy of a capture: its blocks (those the disk does not hold)
+ * go to the writer now, and the manifest replaces the .kv part. Returns 0
+ * (w[THAW_PART_KV] is the manifest, the caller's reference to the .kv
+ * dropped), 1 (store the whole state: blocks are off or the layout is
+ * unknown) or an error (the store is dropped). */
+static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_KEY_BYTES],
+                     struct thaw_part_blob w[THAW_PART_COUNT])
+{
+    struct thaw_kvstate_view v;
+    struct thaw_blocks_stats st;
+    uint8_t binding[THAW_KEY_BYTES];
+    void *man;
+    size_t n_man;
+    int rc;
+
+    if (!c->block_tokens)
+        return 1;
+    if ((rc = thaw_kvstate_parse(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &v)) != 0)
+        return rc;
+    block_binding(c, ns, binding);
+    rc = thaw_blocks_store_window(c->disk, c->ram, binding, c->block_tokens, c->n_window, v.tokens, v.n_tokens, v.state,
+                                  v.n_state, &man, &n_man, &st);
+    count_blocks(c, &st);
+    if (rc == THAW_ELAYOUT) {
+        LOG_WRN("kv-cache: this model's state layout cannot be cut into blocks: whole states from now on");
+        c->block_tokens = 0;
+        return 1;
+    }
+    if (rc != 0)
+        return rc;
+    LOG_DBG("slot %d: %u blocks written, %u already stored, manifest %.1f KiB", slot_id, st.written, st.skipped,
+            (double)n_man / 1024.0);
+    thaw_blob_unref(w[THAW_PART_KV].data);
+    w[THAW_PART_KV].data = man;
+    w[THAW_PART_KV].size = n_man;
+    return 0;
+}
+
+int thaw_kvcache_cuts_blocks(const struct thaw_kvcache *c)
+{
+    return c->disk && c->block_tokens;
+}
+
+uint32_t thaw_kvcache_block_tokens(const struct thaw_kvcache *c)
+{
+    return c->disk ? c->block_tokens : 0;
+}
+
+static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                         const uint8_t ns[THAW_KEY_BYTES], int n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
+                         const uint8_t *supersedes, bool cut);
+
+const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                               const uint8_t ns[THAW_KEY_BYTES], int n_tokens,
+                               struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes)
+{
+    return store(c, slot_id, key, ns, n_tokens, parts, supersedes, false);
+}
+
+const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                                   const uint8_t ns[THAW_KEY_BYTES], const llama_token *toks, int n_tokens,
+                                   const struct thaw_blocks_src *src, struct thaw_part_blob parts[THAW_PART_COUNT],
+                                   const uint8_t *supersedes)
+{
+    struct thaw_blocks_stats st;
+    uint8_t binding[THAW_KEY_BYTES];
+    void *man;
+    size_t n_man;
+
+    if (!thaw_kvcache_cuts_blocks(c) || parts[THAW_PART_KV].data)
+        return NULL;
+    block_binding(c, ns, binding);
+    int rc = thaw_blocks_store_src(c->disk, c->ram, binding, c->block_tokens, toks, n_tokens, src, &man, &n_man, &st);
+    count_blocks(c, &st);
+    if (rc != 0) {
+        if (rc != THAW_ENOTFOUND)
+            LOG_DBG("slot %d: blocks from the cache's memory failed (%s): capturing", slot_id, thaw_strerror(rc));
+        return NULL;
+    }
+    LOG_DBG("slot %d: %u blocks cut from the cache's memory, %u already stored, manifest %.1f KiB", slot_id, st.written,
+            st.skipped, (double)n_man / 1024.0);
+    parts[THAW_PART_KV].data = man;
+    parts[THAW_PART_KV].size = n_man;
+    return store(c, slot_id, key, ns, n_tokens, parts, supersedes, true);
+}
+
+/* cut: parts[THAW_PART_KV] is a manifest already (its blocks are queued) */
+static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                         const uint8_t ns[THAW_KEY_BYTES], int n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
+                         const uint8_t *supersedes, bool cut)
+{
+    const char *where = c->disk && c->ram ? "ram+disk" : c->disk ? "disk" : c->ram ? "ram" : "none";
+    void *man_ram = NULL;
+    size_t n_man_ram = 0;
+    char hex[17];
+    int rc;
+
+    thaw_keys_short(key, hex);
+    if (c->disk) {
+        /* with both tiers, both hold a reference to the same bytes */
+        struct thaw_part_blob w[THAW_PART_COUNT];
+        for (int p = 0; p < THAW_PART_COUNT; p++) {
+            w[p] = parts[p];
+            if (c->ram && parts[p].data)
+                thaw_blob_ref(parts[p].data);
+        }
+        rc = cut ? 0 : to_blocks(c, slot_id, ns, w);
+        /* with blocks the RAM tier keeps the manifest (its blocks are
+         * held there once each), not a second whole copy of the state */
+        if (rc == 0 && c->ram) {
+            man_ram = thaw_blob_ref(w[THAW_PART_KV].data);
+            n_man_ram = w[THAW_PART_KV].size;
+        }
+        /* its blocks are held until the manifest is queued (blocks.h): the
+         * ids live in the manifest, which the writer may free once it has it */
+        void *held = NULL;
+        const uint8_t *held_ids = NULL;
+        uint32_t n_held = 0;
+        if (rc == 0 && thaw_blocks_manifest_ids(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &held_ids, &n_held) == 0)
+            held = thaw_blob_ref(w[THAW_PART_KV].data);
+        if (rc < 0)
+            LOG_WRN("slot %d: store of %s to disk dropped: its blocks could not be queued (%s)", slot_id, hex,
+                    thaw_strerror(rc));
+        else
+            rc = thaw_disk_cache_submit(c->disk, key, (uint32_t)n_tokens, w, NULL, 0);
+#ifdef THAW_HAVE_SHARED
+        if (rc == 0)
+            thaw_shared_upload(c->shared, key, ns);
+#endif
+        if (rc != 0) {
+            /* the cache logged why (queue bytes, shutdown, ...) */
+            LOG_DBG("slot %d: store of %s to disk dropped: %s", slot_id, hex, thaw_strerror(rc));
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                thaw_blob_unref(w[p].data); /* on failure the reference stayed here */
+        }
+        if (held) {
+            thaw_disk_cache_unhold(c->disk, held_ids, n_held);
+            thaw_blob_unref(held);
+        }
+        if (!c->ram)
+            memset(parts, 0, THAW_PART_COUNT * sizeof *parts); /* moved to the writer, or dropped just above */
+    }
+    if (c->ram) {
+        const uint8_t *ids = NULL;
+        uint32_t n_ids = 0;
+        if (man_ram) {
+            thaw_blob_unref(parts[THAW_PART_KV].data); /* the whole state: the manifest and blocks stand for it */
+            parts[THAW_PART_KV].data = man_ram;
+            parts[THAW_PART_KV].size = n_man_ram;
+            if (thaw_blocks_manifest_ids(man_ram, n_man_ram, &ids, &n_ids) != 0)
+                ids = NULL, n_ids = 0;
+        }
+        if (thaw_ram_cache_put_refs(c->ram, key, parts, ids, n_ids, wall_s()) != 0)
+            LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", slot_id, hex);
+        memset(parts, 0, THAW_PART_COUNT * sizeof *parts); /* the RAM tier's now */
+    } else if (!c->disk) {
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            thaw_blob_unref(parts[p].data);
+        memset(parts, 0, THAW_PART_COUNT * sizeof *parts);
+    }
+    /* The previous turn's entry is a prefix of this one: keep it in RAM
+     * only while the disk cannot serve it (a regenerated reply looks it
+     * up again). Frees memory for more conversations, and a mapping the
+     * next capture reuses (blob.h). */
+    if (c->ram && c->disk && supersedes && memcmp(supersedes, key, THAW_KEY_BYTES) != 0 &&
+        thaw_disk_cache_contains(c->disk, supersedes))
+        thaw_ram_cache_remove(c->ram, supersedes);
+    ram_gauges(c);
+    return where;
+}
+
+/* ---- metrics
+ * ----------------------------------------------------------------------- */
+
+void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES])
+{
+    if (c && c->disk && thaw_disk_cache_prefetch(c->disk, key) > 0)
+        atomic_fetch_add(&c->metrics->cache_prefetches, 1);
+}
+
+int thaw_kvcache_fetch_shared(struct thaw_kvcache *c, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
+                              const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud)
+{
+#ifdef THAW_HAVE_SHARED
+    if (c && c->shared)
+        return thaw_shared_fetch_async(c->shared, key, ns, prompt, n_prompt, done, ud);
+#else
+    (void)key, (void)ns, (void)prompt, (void)n_prompt, (void)done, (void)ud;
+#endif
+    (void)c;
+    return THAW_ENOTFOUND;
+}
+
+void thaw_kvcache_expect(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES])
+{
+#ifdef THAW_HAVE_SHARED
+    if (c)
+        thaw_shared_expect(c->shared, key);
+#else
+    (void)c, (void)key;
+#endif
+}
+
+void thaw_kvcache_stop_fetches(struct thaw_kvcache *c)
+{
+#ifdef THAW_HAVE_SHARED
+    if (c)
+        thaw_shared_stop(c->shared);
+#else
+    (void)c;
+#endif
+}
+
+void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t *len)
+{
+    struct thaw_disk_cache_stats st;
+
+    if (!c || !c->disk)
+        return;
+#ifdef THAW_HAVE_SHARED
+    thaw_shared_metrics(c->shared, buf, cap, len);
+#endif
+    thaw_disk_cache_get_stats(c->disk, &st);
+#define C(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "counter", h, (double)(v))
+#define G(n, h, v) thaw_metrics_append(buf, cap, len, "thaw_kv_disk_" n, "gauge", h, (double)(v))
+    G("entries", "entries in --kv-cache-dir", st.entries);
+    G("bytes", "bytes on disk in --kv-cache-dir", st.bytes);
+    C("stores_total", "entries written", st.stores_ok);
+    C("store_failures_total", "stores that failed (I/O error, disk full)", st.store_failures);
+    C("fsyncs_total",
+      "fsync calls of the disk tier, files and directory (a store waits for them; the writer shares the directory's "
+      "among the stores it commits together)",
+      st.fsyncs);
+    C("stores_dropped_total",
+      "stores not queued for disk (writer queue bytes full, too big, shutting "
+      "down)",
+      st.stores_dropped);
+    G("queue_bytes", "bytes of stores waiting for or being written by the disk writer", st.queue_bytes);
+    C("store_bytes_total", "bytes of blocks queued for disk (manifests and whole states aside)",
+      atomic_load(&c->store_bytes));
+    C("blocks_written_total", "blocks queued for disk", atomic_load(&c->blocks_written));
+    C("blocks_skipped_total", "blocks not written: the disk held them already", atomic_load(&c->blocks_skipped));
+    C("blocks_dropped_total", "blocks the writer refused (queue full)", atomic_load(&c->blocks_dropped));
+    C("prefix_hits_total", "lookups served by a run of stored blocks (no entry for the conversation)",
+      atomic_load(&c->prefix_hits));
+    C("prefix_tokens_total", "prompt tokens served by prefix lookups", atomic_load(&c->prefix_tokens));
+    C("evictions_enospc_total", "entries evicted to make room when the disk was full", st.evictions_enospc);
+    C("evictions_ttl_total", "conversations (manifests, whole states) evicted by --kv-cache-ttl", st.evictions_ttl);
+    C("evictions_lru_total", "conversations (manifests, whole states) evicted by --kv-cache-max", st.evictions_lru);
+    G("blocks", "blocks in --kv-cache-dir (counted in thaw_kv_disk_entries and _bytes)", st.blocks);
+    G("blocks_unreferenced", "blocks no conversation names, kept for their grace", st.blocks_unreferenced);
+    C("blocks_collected_total", "blocks removed because no conversation named them any more", st.blocks_collected);
+    C("block_bytes_collected_total", "bytes of those blocks", st.block_bytes_collected);
+    C("corrupt_removed_total", "entries removed because they failed verification", st.corrupt_removed);
+#undef C
+#undef G
+    /* the RAM tier belongs to the engine thread: its gauges are not read here */
+}

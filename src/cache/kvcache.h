@@ -1,0 +1,148 @@
+/* kvcache.h — tier policy: where a conversation's state is looked for and
+ * where a captured one goes (DESIGN §2, §3).
+ *
+ *   lookup   RAM tier, then the disk tier: first the stores its writer
+ *            still holds (a turn sent right after the reply must not miss
+ *            a store that is only queued), then the files (the .kv checksum
+ *            verified on a worker thread while the caller installs the
+ *            bytes); a hit in neither is a miss
+ *   store    one capture, fanned out to both tiers: the RAM tier and the
+ *            disk writer hold references to the very same blobs (blob.h)
+ *   RAM keeps the newest turn of a conversation; the turn it supersedes is
+ *            dropped from RAM once the disk holds it (a regenerated reply
+ *            would look it up again until then)
+ *
+ * It knows nothing of slots or llama_context: a lookup hands the parts to
+ * the caller's install callback. Engine thread only, except
+ * thaw_kvcache_prefetch and thaw_kvcache_metrics (any thread).
+ */
+#ifndef THAW_KVCACHE_H
+#define THAW_KVCACHE_H
+
+#include "base/blob.h"
+#include "base/key.h"
+#include "base/metrics.h"
+#include "cache/cache_shared.h"
+
+#include <llama.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct thaw_blocks_src; /* blocks.h */
+
+struct thaw_kvcache;
+
+struct thaw_kvcache_params {
+    uint64_t ram_bytes;               /* RAM tier budget (--cache-ram); 0 = that tier off */
+    const char *disk_dir;             /* --kv-cache-dir; NULL = disk tier off */
+    uint64_t disk_max_bytes;          /* --kv-cache-max; 0 = no limit */
+    uint64_t disk_queue_bytes;        /* writer queue budget (--kv-cache-queue) */
+    int64_t ttl_s;                    /* --kv-cache-ttl, both tiers */
+    int min_tokens;                   /* --kv-cache-min-tokens, for the start-up line only */
+    uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
+    uint32_t block_tokens;            /* --kv-cache-block: the disk tier stores blocks of this many
+                                       * tokens plus a manifest (blocks.h); 0 = whole states */
+    bool prefix_lookup;               /* a prompt without an entry may restore its longest run of
+                                       * stored blocks (not for recurrent models: a state is no block) */
+    uint32_t n_window;                /* sliding window of an SWA model (0: none, or --swa-full): its
+                                       * blocks carry SWA rows, a prefix needs its window's (blocks.h) */
+    uint32_t n_stream;                /* the context's KV streams (one per slot): the frame a
+                                       * manifest or a run of blocks is assembled for */
+    struct thaw_metrics *metrics;     /* must outlive the cache */
+    const struct thaw_shared_params *shared; /* --kv-shared (cache_shared.h); NULL = that tier off. Its
+                                              * disk, identity and block fields are filled in here */
+};
+
+/* Opens the tiers the params ask for (none is fine: every lookup then
+ * misses and every store is dropped) and logs the disk tier's contents.
+ * Returns 0, THAW_ENOMEM, or the disk tier's open error (logged:
+ * THAW_ELOCKED, -errno, ...). */
+int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache **out);
+
+/* Writes what the disk writer still holds, then frees all. NULL: no-op. */
+void thaw_kvcache_close(struct thaw_kvcache *c);
+
+/* Whether any tier is on. */
+bool thaw_kvcache_enabled(const struct thaw_kvcache *c);
+
+/* How a lookup's hit reaches the caller's sequence. install() puts the
+ * parts in (they are valid during the call only) and returns the prompt
+ * tokens the sequence then holds, or a negative error when the parts are
+ * unusable. undo() empties the sequence again: a disk entry's .kv failed
+ * its checksum after install() read it. */
+struct thaw_kvcache_sink {
+    int (*install)(void *ud, const struct thaw_part_blob parts[THAW_PART_COUNT]);
+    void (*undo)(void *ud);
+    void *ud;
+    int slot_id; /* for the log */
+};
+
+/* Looks key up, RAM then disk, and installs a hit through `sink`. n_past is
+ * what the caller holds already. Returns the prompt tokens held afterwards
+ * (>= 0; n_past on a miss, 0 when a bad entry was dropped after the
+ * sequence was emptied); *source is "ram" or "disk" and *restore_ms the
+ * time taken when more than n_past is held, else untouched. Counts hits,
+ * misses and restore time in the metrics; an unusable entry is removed. */
+int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int n_past,
+                        const struct thaw_kvcache_sink *sink, const char **source, double *restore_ms);
+
+/* Prefix lookup (with blocks and prefix_lookup on): after a miss, the
+ * longest run of the prompt's whole blocks the disk holds under the
+ * tenant's namespace `ns`, installed through `sink` when it is longer than
+ * n_past. Returns as thaw_kvcache_lookup (*source "blocks"). */
+int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
+                               int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
+                               double *restore_ms);
+
+/* Hands a captured state to every tier under key. Takes the caller's
+ * reference to each part's blob (parts[THAW_PART_KV] present); never waits
+ * for I/O (the disk store is queued, and dropped when the queue is full).
+ * `supersedes` (NULL = none): the key this conversation was looked up under,
+ * whose RAM entry may go (see the top). Returns the tiers it went to, for
+ * the log: "ram+disk", "disk", "ram" or "none". */
+const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                               const uint8_t ns[THAW_KEY_BYTES], int n_tokens,
+                               struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes);
+
+/* 1 when stores go to the disk as blocks (thaw_kvcache_store_src can
+ * serve them). */
+int thaw_kvcache_cuts_blocks(const struct thaw_kvcache *c);
+/* Tokens per block of the disk's stores (0: whole states). */
+uint32_t thaw_kvcache_block_tokens(const struct thaw_kvcache *c);
+
+/* thaw_kvcache_store with the attention KV cut from src (kvtap.h: the
+ * cache's memory) instead of a captured state: parts[THAW_PART_KV] must be
+ * empty; the other parts as there. NULL when src cannot give the cells the
+ * store needs, or blocks are off: nothing was stored and parts are
+ * untouched — capture and call thaw_kvcache_store. */
+const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                                   const uint8_t ns[THAW_KEY_BYTES], const llama_token *toks, int n_tokens,
+                                   const struct thaw_blocks_src *src, struct thaw_part_blob parts[THAW_PART_COUNT],
+                                   const uint8_t *supersedes);
+
+/* Starts reading key's disk entry into memory while its request waits for
+ * a slot (any thread). Counts a prefetch when it did. */
+void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES]);
+
+/* The shared tier (--kv-shared): fetches, on its own thread, what the local
+ * tiers lack of conversation `key` (NULL: a first turn, then the prompt's
+ * run of blocks), then calls done(ud). Returns 0 when done will be called;
+ * nonzero (nothing to fetch, tier off or failing, queue full): go on at
+ * once, done is not called. Any thread. */
+int thaw_kvcache_fetch_shared(struct thaw_kvcache *c, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
+                              const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud);
+
+/* A store of key is coming (the engine derived it from a reply it is about
+ * to send): until it lands, no shared-tier fetch goes after key. Any
+ * thread. */
+void thaw_kvcache_expect(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES]);
+
+/* Stops the shared tier's fetches (their callbacks run first): before the
+ * scheduler they push to goes. No-op without that tier. */
+void thaw_kvcache_stop_fetches(struct thaw_kvcache *c);
+
+/* Appends the disk tier's Prometheus lines (thaw_metrics_extra_fn shape). */
+void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t *len);
+
+#endif

@@ -1,0 +1,1057 @@
+/* cache_cli.c — `thaw cache ...`: the disk cache seen from a shell, and
+ * `thaw cache gc --shared` for the shared tier's bucket.
+ *
+ * Map:
+ *   ---- helpers ----    formatting (sizes, ages), options, opening
+ *   ---- commands ----   ls, stats, verify, gc, rm
+ *   ---- the shared tier ----  gc --shared: expire objects by LastModified
+ *   ---- main ----       dispatch and usage
+ */
+#include "cli/cache_cli.h"
+
+#include "base/config.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/testhooks.h"
+#include "cache/blocks.h"
+#include "cache/cache_disk.h"
+#ifdef THAW_HAVE_S3
+#include "cache/s3.h"
+#endif
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define KEY_SHOWN 16 /* hex digits of a key shown in listings */
+
+static const char usage_text[] = "usage: thaw cache <command> DIR [options]\n"
+                                 "\n"
+                                 "  ls DIR                    list entries, most recently used first\n"
+                                 "  stats DIR                 entries, total size, oldest entry\n"
+                                 "  verify DIR [--fix]        checksum every entry and report the corrupt\n"
+                                 "                            ones; changes nothing unless --fix (alias\n"
+                                 "                            --repair): then removes them, and the files an\n"
+                                 "                            interrupted run left if no server holds DIR\n"
+                                 "                            (--dry-run: the default, still accepted)\n"
+                                 "  gc DIR [--ttl T] [--max MiB]\n"
+                                 "                            evict entries unused for more than T (seconds,\n"
+                                 "                            or with a unit: 90m, 12h, 3d), then the least\n"
+                                 "                            recently used until the total is <= MiB;\n"
+                                 "                            blocks go with the last conversation naming them\n"
+                                 "  gc --shared s3://BUCKET/PREFIX [--ttl T] [--endpoint URL] [--dry-run]\n"
+                                 "                            the shared tier (--kv-shared) on a store with\n"
+                                 "                            no lifecycle rule: delete the objects under\n"
+                                 "                            PREFIX/ written more than T ago (default: the\n"
+                                 "                            server's --kv-cache-ttl, 3d), manifests first;\n"
+                                 "                            --dry-run lists them instead, -v names each\n"
+                                 "                            one deleted. The store: --endpoint or\n"
+                                 "                            AWS_ENDPOINT_URL; AWS_ACCESS_KEY_ID,\n"
+                                 "                            AWS_SECRET_ACCESS_KEY, AWS_REGION\n"
+                                 "  rm DIR KEY... | --all     remove entries (KEY: hex key or unique prefix)\n"
+                                 "\n"
+                                 "ls, stats and verify (without --fix) never change DIR. The others are safe\n"
+                                 "while a server uses DIR: only whole entries are removed, .idx first.\n"
+                                 "Exit status: 0 ok, 1 something found wrong (an unreadable or corrupt\n"
+                                 "entry), not found or not deleted, 2 error.\n";
+
+/* ---- helpers ------------------------------------------------------------ */
+
+struct cli {
+    const char *dir;
+    int verbose; /* print the store's info lines too (gc: evictions) */
+    int mute;    /* print nothing: the command reports on stdout itself */
+};
+
+static void cli_log(void *ud, int level, const char *msg)
+{
+    const struct cli *cli = ud;
+
+    if (!cli->mute && (level <= THAW_LOG_WARN || cli->verbose))
+        fprintf(stderr, "%s\n", msg);
+}
+
+/* "45s ago", "12m ago", "3h ago", "2d ago"; "-" for 0 (unknown). */
+static void fmt_ago(int64_t then, int64_t now, char out[24])
+{
+    int64_t d = now - then;
+
+    if (then == 0) {
+        snprintf(out, 24, "-");
+        return;
+    }
+    if (d < 0)
+        snprintf(out, 24, "in the future");
+    else if (d < 120)
+        snprintf(out, 24, "%" PRId64 "s ago", d);
+    else if (d < 2 * 3600)
+        snprintf(out, 24, "%" PRId64 "m ago", d / 60);
+    else if (d < 2 * 86400)
+        snprintf(out, 24, "%" PRId64 "h ago", d / 3600);
+    else
+        snprintf(out, 24, "%" PRId64 "d ago", d / 86400);
+}
+
+static void fmt_parts(const uint64_t size[THAW_PART_COUNT], char out[24])
+{
+    snprintf(out, 24, "kv%s%s", size[THAW_PART_CKPT] ? "+ckpt" : "", size[THAW_PART_DFT] ? "+dft" : "");
+}
+
+/* Parses "90", "90s", "15m", "12h", "3d" into seconds. 0 or THAW_EINVAL. */
+static int parse_duration(const char *s, int64_t *out)
+{
+    char *end;
+    long long v;
+    int64_t mul = 1;
+
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || end == s || v < 0)
+        return THAW_EINVAL;
+    if (*end) {
+        if (end[1])
+            return THAW_EINVAL;
+        switch (*end) {
+        case 's':
+            mul = 1;
+            break;
+        case 'm':
+            mul = 60;
+            break;
+        case 'h':
+            mul = 3600;
+            break;
+        case 'd':
+            mul = 86400;
+            break;
+        default:
+            return THAW_EINVAL;
+        }
+    }
+    if (v > INT64_MAX / mul)
+        return THAW_EINVAL;
+    *out = v * mul;
+    return 0;
+}
+
+static int parse_mib(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v;
+
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v > (UINT64_MAX >> 20))
+        return THAW_EINVAL;
+    *out = (uint64_t)v << 20;
+    return 0;
+}
+
+/* Opens cli->dir. Read-only, or else as the directory's owner when no
+ * server holds it (so leftovers are swept) and shared when one does.
+ * 0 or the error, already reported. */
+static int cli_open(struct cli *cli, int readonly, uint64_t max_bytes, int64_t ttl_s, struct thaw_disk_cache **out)
+{
+    struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
+    struct stat st;
+    int r;
+
+    /* Never create the directory: a typo should not make a new cache. */
+    if (stat(cli->dir, &st) != 0) {
+        fprintf(stderr, "thaw cache: %s: %s\n", cli->dir, strerror(errno));
+        return -errno;
+    }
+    p.dir = cli->dir;
+    p.max_bytes = max_bytes;
+    p.ttl_s = ttl_s;
+    p.log = cli_log;
+    p.log_ud = cli;
+    p.flags = readonly ? THAW_DISK_CACHE_READONLY : THAW_DISK_CACHE_NO_WRITER;
+    /* Owning the directory (its lock), no server can be mid-store: a block
+     * no manifest names is an orphan of a crash or of an evicted
+     * conversation, with no grace to wait for (cache_disk.c, invariant 8). */
+    p.block_grace_s = 0;
+    r = thaw_disk_cache_open(&p, out);
+    if (r == THAW_ELOCKED && !readonly) {
+        /* a server's store in progress has blocks its manifest does not
+         * name yet, and its queue is invisible from here: keep the grace */
+        p.flags = THAW_DISK_CACHE_SHARED;
+        p.block_grace_s = THAW_DISK_BLOCK_GRACE_DEFAULT;
+        r = thaw_disk_cache_open(&p, out);
+        if (r == 0 && cli->verbose)
+            fprintf(stderr, "thaw cache: a server is using %s: leaving its temporary files alone\n", cli->dir);
+    }
+    if (r)
+        fprintf(stderr, "thaw cache: cannot open %s: %s\n", cli->dir, thaw_strerror(r));
+    return r;
+}
+
+/* A snapshot of every entry, most recently used first. */
+struct list {
+    struct thaw_disk_entry_info *v;
+    size_t n, cap;
+};
+
+static int list_cb(void *ud, const struct thaw_disk_entry_info *info)
+{
+    struct list *l = ud;
+
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        struct thaw_disk_entry_info *nv = realloc(l->v, cap * sizeof *nv);
+
+        if (!nv)
+            return THAW_ENOMEM;
+        l->v = nv;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *info;
+    return 0;
+}
+
+static int list_all(struct thaw_disk_cache *c, struct list *l)
+{
+    int r = thaw_disk_cache_foreach(c, list_cb, l);
+
+    if (r)
+        fprintf(stderr, "thaw cache: listing: %s\n", thaw_strerror(r));
+    return r;
+}
+
+/* ---- commands ----------------------------------------------------------- */
+
+static int cmd_ls(struct cli *cli)
+{
+    struct thaw_disk_cache *c;
+    struct list l = {0};
+    struct thaw_disk_cache_stats st;
+    int64_t now = (int64_t)time(NULL);
+    char hex[2 * THAW_KEY_BYTES + 1], fp[2 * THAW_DISK_FINGERPRINT_SIZE + 1];
+    char size[24], parts[24], created[24], used[24];
+    int ret = 2;
+
+    if (cli_open(cli, 1, 0, 0, &c))
+        return 2;
+    if (list_all(c, &l))
+        goto out;
+    if (l.n)
+        printf("%-*s %8s %10s  %-12s %-10s %-10s %s\n", KEY_SHOWN, "KEY", "TOKENS", "SIZE", "PARTS", "CREATED",
+               "LAST USED", "MODEL");
+    for (size_t i = 0; i < l.n; i++) {
+        const struct thaw_disk_entry_info *e = &l.v[i];
+
+        thaw_hex(e->key, THAW_KEY_BYTES, hex);
+        thaw_hex(e->fingerprint, THAW_DISK_FINGERPRINT_SIZE, fp);
+        thaw_fmt_bytes(e->bytes, size);
+        fmt_parts(e->part_size, parts);
+        fmt_ago(e->created, now, created);
+        fmt_ago(e->last_used, now, used);
+        printf("%.*s %8" PRIu32 " %10s  %-12s %-10s %-10s %.8s\n", KEY_SHOWN, hex, e->n_tokens, size, parts, created,
+               used, fp);
+    }
+    thaw_disk_cache_get_stats(c, &st);
+    thaw_fmt_bytes(st.bytes, size);
+    printf("%" PRIu64 " %s, %s\n", st.entries, st.entries == 1 ? "entry" : "entries", size);
+    if (st.skipped_entries)
+        printf("%" PRIu64 " unreadable or corrupt, not listed (see `thaw cache verify %s`)\n", st.skipped_entries,
+               cli->dir);
+    /* A listing that leaves entries out must not pass for a clean one in a
+     * script: what could be read is printed, the status says the rest. */
+    ret = st.skipped_entries ? 1 : 0;
+out:
+    free(l.v);
+    thaw_disk_cache_close(c);
+    return ret;
+}
+
+static int fp_cmp(const void *a, const void *b)
+{
+    return memcmp(a, b, THAW_DISK_FINGERPRINT_SIZE);
+}
+
+/* ---- the block store's view (blocks.h): what each entry's .kv holds ---- */
+
+enum kind { KIND_OTHER, KIND_BLOCK, KIND_MANIFEST, KIND_WHOLE };
+
+struct block_ref {
+    uint8_t key[THAW_KEY_BYTES];
+    uint64_t bytes;
+    uint32_t refs;
+};
+
+static int block_cmp(const void *a, const void *b)
+{
+    return memcmp(a, b, THAW_KEY_BYTES);
+}
+
+/* The entry's .kv file, whole (NULL when unreadable); *n its size. */
+static uint8_t *read_kv(const struct cli *cli, const uint8_t key[THAW_KEY_BYTES], size_t max, size_t *n)
+{
+    char hex[2 * THAW_KEY_BYTES + 1], path[4096];
+    uint8_t *buf = NULL;
+    FILE *f;
+
+    thaw_hex(key, THAW_KEY_BYTES, hex);
+    snprintf(path, sizeof path, "%s/%s.kv", cli->dir, hex);
+    if (!(f = fopen(path, "rb")))
+        return NULL;
+    if ((buf = malloc(max)))
+        *n = fread(buf, 1, max, f);
+    fclose(f);
+    return buf;
+}
+
+static enum kind kind_of(const uint8_t *head, size_t n)
+{
+    if (n < 4)
+        return KIND_OTHER;
+    if (!memcmp(head, "TKB1", 4))
+        return KIND_BLOCK;
+    if (!memcmp(head, "TMF1", 4))
+        return KIND_MANIFEST;
+    if (!memcmp(head, "TKV1", 4))
+        return KIND_WHOLE;
+    return KIND_OTHER;
+}
+
+/* Prints conversations, blocks, shared bytes and the dedup ratio (bytes
+ * the manifests name / bytes the blocks take). */
+static void print_blocks(const struct cli *cli, const struct list *l)
+{
+    struct block_ref *blocks = calloc(l->n + 1, sizeof *blocks);
+    size_t *manifests = calloc(l->n + 1, sizeof *manifests); /* their indices in l */
+    uint64_t n_blocks = 0, n_manifests = 0, n_whole = 0, block_bytes = 0, named = 0, shared = 0, missing = 0;
+    char a[24], b[24];
+
+    if (!blocks || !manifests) {
+        free(blocks);
+        free(manifests);
+        return;
+    }
+    for (size_t i = 0; i < l->n; i++) {
+        uint8_t *head;
+        size_t n = 0;
+        if (!(head = read_kv(cli, l->v[i].key, 4, &n)))
+            continue;
+        switch (kind_of(head, n)) {
+        case KIND_BLOCK:
+            memcpy(blocks[n_blocks].key, l->v[i].key, THAW_KEY_BYTES);
+            blocks[n_blocks++].bytes = l->v[i].bytes;
+            block_bytes += l->v[i].bytes;
+            break;
+        case KIND_MANIFEST:
+            manifests[n_manifests++] = i;
+            break;
+        case KIND_WHOLE:
+            n_whole++;
+            break;
+        default:
+            break;
+        }
+        free(head);
+    }
+    qsort(blocks, n_blocks, sizeof *blocks, block_cmp);
+    for (uint64_t j = 0; j < n_manifests; j++) { /* only manifests are read whole */
+        size_t n = 0;
+        const uint8_t *ids;
+        uint32_t n_ids;
+        const struct thaw_disk_entry_info *e = &l->v[manifests[j]];
+        uint64_t size = e->part_size[THAW_PART_KV];
+        uint8_t *m = size < (64u << 20) ? read_kv(cli, e->key, size, &n) : NULL;
+        if (m && thaw_blocks_manifest_ids(m, n, &ids, &n_ids) == 0) {
+            for (uint32_t k = 0; k < n_ids; k++) {
+                struct block_ref *r =
+                    bsearch(ids + (size_t)k * THAW_KEY_BYTES, blocks, n_blocks, sizeof *blocks, block_cmp);
+                if (!r) {
+                    missing++;
+                    continue;
+                }
+                named += r->bytes;
+                if (++r->refs == 2)
+                    shared += r->bytes;
+            }
+        }
+        free(m);
+    }
+    free(manifests);
+    printf("conversations     %" PRIu64 " (%" PRIu64 " as manifests of blocks, %" PRIu64 " as whole states)\n",
+           n_manifests + n_whole, n_manifests, n_whole);
+    thaw_fmt_bytes(block_bytes, a);
+    thaw_fmt_bytes(shared, b);
+    printf("blocks            %" PRIu64 ", %s (%s shared by two or more conversations)\n", n_blocks, a, b);
+    if (block_bytes)
+        printf("dedup ratio       %.2fx (block bytes the manifests name / block bytes on disk)\n",
+               (double)named / (double)block_bytes);
+    if (missing)
+        printf("missing blocks    %" PRIu64 " named by a manifest but not stored (those conversations miss)\n",
+               missing);
+    free(blocks);
+}
+
+/* Blocks as the disk tier's index sees them (kinds and refs from the .idx). */
+static void print_gc(const struct thaw_disk_cache_stats *st)
+{
+    if (!st->blocks)
+        return;
+    printf("unnamed blocks    %" PRIu64 " (no conversation names them: `thaw cache gc` collects them)\n",
+           st->blocks_unreferenced);
+}
+
+static int cmd_stats(struct cli *cli)
+{
+    struct thaw_disk_cache *c;
+    struct thaw_disk_cache_stats st;
+    struct list l = {0};
+    int64_t now = (int64_t)time(NULL), newest = 0;
+    uint64_t tokens = 0, with_ckpt = 0, with_dft = 0;
+    size_t models = 0;
+    uint8_t(*fps)[THAW_DISK_FINGERPRINT_SIZE] = NULL;
+    char size[24], ago[24];
+    int ret = 2;
+
+    if (cli_open(cli, 1, 0, 0, &c))
+        return 2;
+    if (list_all(c, &l))
+        goto out;
+    thaw_disk_cache_get_stats(c, &st);
+    if (l.n) {
+        fps = calloc(l.n, sizeof *fps);
+        if (!fps)
+            goto out;
+    }
+    for (size_t i = 0; i < l.n; i++) {
+        tokens += l.v[i].n_tokens;
+        with_ckpt += l.v[i].part_size[THAW_PART_CKPT] != 0;
+        with_dft += l.v[i].part_size[THAW_PART_DFT] != 0;
+        if (l.v[i].last_used > newest)
+            newest = l.v[i].last_used;
+        memcpy(fps[i], l.v[i].fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    }
+    if (l.n) {
+        qsort(fps, l.n, sizeof *fps, fp_cmp);
+        models = 1;
+        for (size_t i = 1; i < l.n; i++)
+            models += memcmp(fps[i], fps[i - 1], THAW_DISK_FINGERPRINT_SIZE) != 0;
+    }
+    thaw_fmt_bytes(st.bytes, size);
+    printf("directory         %s\n", cli->dir);
+    printf("entries           %" PRIu64 " (%zu model%s)\n", st.entries, models, models == 1 ? "" : "s");
+    printf("total size        %s (%" PRIu64 " bytes)\n", size, st.bytes);
+    printf("tokens stored     %" PRIu64 "\n", tokens);
+    printf("with checkpoints  %" PRIu64 "\n", with_ckpt);
+    printf("with draft state  %" PRIu64 "\n", with_dft);
+    fmt_ago(st.oldest_created, now, ago);
+    printf("oldest entry      created %s\n", ago);
+    fmt_ago(st.oldest_used, now, ago);
+    printf("least recent use  %s\n", ago);
+    fmt_ago(newest, now, ago);
+    printf("most recent use   %s\n", ago);
+    print_blocks(cli, &l);
+    print_gc(&st);
+    if (st.skipped_entries)
+        printf("unreadable        %" PRIu64 " (see `thaw cache verify %s`)\n", st.skipped_entries, cli->dir);
+    ret = st.skipped_entries ? 1 : 0; /* as ls: the totals leave them out */
+out:
+    free(fps);
+    free(l.v);
+    thaw_disk_cache_close(c);
+    return ret;
+}
+
+static void fmt_bad(unsigned bad, char *out, size_t n)
+{
+    static const char *const names[] = {".kv", ".ckpt", ".dft", ".idx"};
+    size_t len = 0;
+
+    out[0] = '\0';
+    for (int i = 0; i <= THAW_PART_COUNT; i++)
+        if (bad & (1u << i))
+            len += (size_t)snprintf(out + len, len < n ? n - len : 0, "%s%s", len ? " " : "", names[i]);
+}
+
+/* Read-only unless fix: reporting must never cost the evidence (a corrupt
+ * file someone wants to look at) nor race a server's store, so removal is
+ * asked for explicitly. */
+static int cmd_verify(struct cli *cli, int fix)
+{
+    struct thaw_disk_cache *c;
+    struct thaw_disk_cache_stats st;
+    struct list l = {0};
+    char hex[2 * THAW_KEY_BYTES + 1], what[48];
+    uint64_t ok = 0, bad_entries = 0, bad_dft = 0, gone = 0;
+    int ret = 2;
+
+    if (cli_open(cli, !fix, 0, 0, &c))
+        return 2;
+    cli->mute = 1; /* each finding is printed below */
+    thaw_disk_cache_get_stats(c, &st);
+    bad_entries = st.corrupt_removed + st.skipped_entries; /* found at open */
+    if (list_all(c, &l))
+        goto out;
+    for (size_t i = 0; i < l.n; i++) {
+        unsigned bad = 0;
+        int r = thaw_disk_cache_verify(c, l.v[i].key, fix, &bad);
+
+        thaw_hex(l.v[i].key, THAW_KEY_BYTES, hex);
+        fmt_bad(bad, what, sizeof what);
+        if (r == 0 && !bad) {
+            ok++;
+        } else if (r == 0) {
+            bad_dft++;
+            printf("%.*s  bad %s: %s\n", KEY_SHOWN, hex, what,
+                   fix ? "dropped it, kept the entry" : "left in place (--fix drops it)");
+        } else if (r == THAW_ECORRUPT) {
+            bad_entries++;
+            printf("%.*s  corrupt (%s): %s\n", KEY_SHOWN, hex, what,
+                   fix ? "removed" : "left in place (--fix removes it)");
+        } else if (r == THAW_ENOTFOUND) {
+            gone++; /* removed meanwhile (a server's eviction) */
+        } else {
+            printf("%.*s  cannot read: %s\n", KEY_SHOWN, hex, thaw_strerror(r));
+            bad_entries++;
+        }
+    }
+    /* Those found at open were checked too (and named on stderr then). */
+    printf("%" PRIu64 " checked: %" PRIu64 " ok, %" PRIu64 " corrupt, %" PRIu64 " with a bad .dft",
+           (uint64_t)l.n + st.corrupt_removed + st.skipped_entries, ok, bad_entries, bad_dft);
+    if (gone)
+        printf(", %" PRIu64 " gone meanwhile", gone);
+    printf("\n");
+    ret = bad_entries || bad_dft ? 1 : 0;
+out:
+    free(l.v);
+    thaw_disk_cache_close(c);
+    return ret;
+}
+
+static int cmd_gc(struct cli *cli, int64_t ttl_s, uint64_t max_bytes)
+{
+    struct thaw_disk_cache *c;
+    struct thaw_disk_cache_stats before, after;
+    char freed[24], left[24], blocks[24];
+    int n;
+
+    if (cli_open(cli, 0, max_bytes, ttl_s, &c))
+        return 2;
+    cli->verbose = 1; /* one line per eviction, with its reason */
+    thaw_disk_cache_get_stats(c, &before);
+    n = thaw_disk_cache_evict(c);
+    thaw_disk_cache_get_stats(c, &after);
+    thaw_fmt_bytes(before.bytes - after.bytes, freed);
+    thaw_fmt_bytes(after.bytes, left);
+    uint64_t collected = after.blocks_collected;
+    n -= (int)collected; /* the rest were conversations (manifests, whole states) */
+    printf("evicted %d %s (%s)", n, n == 1 ? "entry" : "entries", freed);
+    thaw_fmt_bytes(after.block_bytes_collected, blocks);
+    if (collected)
+        printf(", collected %" PRIu64 " block%s no conversation names (%s of it)", collected,
+               collected == 1 ? "" : "s", blocks);
+    if (after.swept_files)
+        printf(", swept %" PRIu64 " leftover file%s", after.swept_files, after.swept_files == 1 ? "" : "s");
+    if (after.corrupt_removed)
+        printf(", removed %" PRIu64 " corrupt", after.corrupt_removed);
+    printf("; %" PRIu64 " %s left, %s\n", after.entries, after.entries == 1 ? "entry" : "entries", left);
+    thaw_disk_cache_close(c);
+    return 0;
+}
+
+static int cmd_rm(struct cli *cli, char **keys, int n_keys, int all)
+{
+    struct thaw_disk_cache *c;
+    struct list l = {0};
+    char hex[2 * THAW_KEY_BYTES + 1];
+    int ret = 2, missing = 0, r;
+    uint64_t removed = 0;
+
+    if (cli_open(cli, 0, 0, 0, &c))
+        return 2;
+    if (list_all(c, &l))
+        goto out;
+    if (all) {
+        for (size_t i = 0; i < l.n; i++)
+            if (thaw_disk_cache_remove(c, l.v[i].key) == 0)
+                removed++;
+    }
+
+    for (int k = 0; k < n_keys; k++) {
+        size_t len = strlen(keys[k]), match = 0, at = 0;
+
+        for (size_t i = 0; i < l.n; i++) {
+            thaw_hex(l.v[i].key, THAW_KEY_BYTES, hex);
+            if (len <= 2 * THAW_KEY_BYTES && !strncasecmp(hex, keys[k], len)) {
+                match++;
+                at = i;
+            }
+        }
+        if (len < 4 || match > 1) {
+            fprintf(stderr, "thaw cache: %s: %s\n", keys[k],
+                    len < 4 ? "give at least 4 hex digits" : "ambiguous prefix");
+            missing++;
+        } else if (match == 0) {
+            fprintf(stderr, "thaw cache: %s: no such entry\n", keys[k]);
+            missing++;
+        } else if ((r = thaw_disk_cache_remove(c, l.v[at].key)) == 0) {
+            thaw_hex(l.v[at].key, THAW_KEY_BYTES, hex);
+            printf("removed %.*s\n", KEY_SHOWN, hex);
+            removed++;
+        } else {
+            fprintf(stderr, "thaw cache: %s: %s\n", keys[k], thaw_strerror(r));
+            missing++;
+        }
+    }
+    if (all || removed != 1)
+        printf("removed %" PRIu64 " %s\n", removed, removed == 1 ? "entry" : "entries");
+    ret = missing ? 1 : 0;
+out:
+    free(l.v);
+    thaw_disk_cache_close(c);
+    return ret;
+}
+
+/* ---- the shared tier -----------------------------------------------------
+ *
+ * `thaw cache gc --shared s3://BUCKET/PREFIX` expires the shared tier's
+ * objects (DESIGN §11) on stores without a lifecycle rule. Objects are
+ * immutable (written once, If-None-Match: *), so LastModified is when an
+ * object was first written, and age is all there is to go by (a store
+ * counts no reads). Deleting is safe next to running servers: a missing
+ * manifest is a miss, and so is a manifest whose block is gone (the fetch
+ * finds it incomplete and the server prefills). Manifests (.../m/<hex>)
+ * still go first, in a pass of their own, so that no manifest is left
+ * naming blocks already deleted: a listing is in key order, where a
+ * tenant's b/ comes before its m/. The cut is taken once, so both passes
+ * agree on what is old; the second pass retries an old manifest the first
+ * could not delete. Memory stays flat: each page is acted on as it comes,
+ * nothing is collected. */
+
+#define PROGRESS_S 5     /* seconds between progress lines */
+#define SHOW_FAILURES 10 /* failed deletes named one by one, then only counted */
+#define GIVE_UP_AFTER 20 /* failed deletes in a row that stop the run */
+#define GC_TIMEOUT_MS 30000
+
+#ifdef THAW_HAVE_S3
+enum obj_kind { OBJ_MANIFEST, OBJ_BLOCK, OBJ_OTHER };
+
+/* By the segment before the last: PREFIX/v1/<model>/<tenant>/m/<hex>. */
+static enum obj_kind obj_kind_of(const char *key)
+{
+    const char *last = strrchr(key, '/'), *p = last;
+
+    if (!last)
+        return OBJ_OTHER;
+    while (p > key && p[-1] != '/')
+        p--;
+    if (last - p == 1 && *p == 'm')
+        return OBJ_MANIFEST;
+    if (last - p == 1 && *p == 'b')
+        return OBJ_BLOCK;
+    return OBJ_OTHER;
+}
+
+/* Length of the valid UTF-8 sequence at c (a character U+00A0 or above:
+ * no C1 control, which some terminals obey), or 0. */
+static size_t utf8_printable(const unsigned char *c)
+{
+    size_t n = c[0] >= 0xF0 && c[0] <= 0xF4 ? 4 : c[0] >= 0xE0 ? 3 : c[0] >= 0xC2 && c[0] < 0xE0 ? 2 : 0;
+    uint32_t cp;
+
+    if (n == 0 || c[0] > 0xF4)
+        return 0;
+    cp = c[0] & (0x7F >> n);
+    for (size_t i = 1; i < n; i++) {
+        if ((c[i] & 0xC0) != 0x80) /* a NUL ends the string here too */
+            return 0;
+        cp = cp << 6 | (c[i] & 0x3F);
+    }
+    if (cp < 0xA0 || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n;
+}
+
+/* A key for a terminal: control bytes (a newline, an escape sequence),
+ * invalid UTF-8 and '\' as \xNN, so one object is one line and nothing
+ * in a key can drive the terminal. */
+static void print_key(FILE *f, const char *key)
+{
+    for (const unsigned char *c = (const unsigned char *)key; *c;) {
+        size_t n = *c >= 0x80 ? utf8_printable(c) : 0;
+        if (n) {
+            fwrite(c, 1, n, f);
+            c += n;
+        } else if (*c < 0x20 || *c >= 0x7f || *c == '\\') {
+            fprintf(f, "\\x%02x", *c++);
+        } else {
+            fputc(*c++, f);
+        }
+    }
+}
+
+/* What to do about a failed request, by its HTTP status (0: no answer). */
+static const char *store_hint(long status)
+{
+    switch (status) {
+    case 0:
+        return "check --endpoint (or AWS_ENDPOINT_URL) and that the store is up";
+    case 301:
+    case 307:
+    case 400:
+        return "check AWS_REGION and --endpoint";
+    case 401:
+    case 403:
+        return "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION";
+    case 404:
+        return "check the bucket's name and --endpoint";
+    case 200:
+        return "the store's listing could not be read";
+    default:
+        return "the store refused the request";
+    }
+}
+
+struct gc_run {
+    struct thaw_s3 *s3;
+    const char *url;            /* s3://BUCKET/PREFIX/, for messages */
+    int64_t cut;                /* Unix seconds: written before it is old */
+    int64_t now, next_progress; /* next_progress: monotonic seconds */
+    int dry_run, verbose, pass; /* pass 1: old manifests; 2: the rest (a dry run: one pass, all) */
+    uint64_t listed;            /* in this pass */
+    uint64_t deleted[3], bytes; /* by enum obj_kind; bytes of them (a dry run: would be) */
+    uint64_t kept, failed, in_a_row, deleted_in_pass1;
+    char give_up[320]; /* why the run stopped early, "" if it did not */
+};
+
+static void gc_progress(struct gc_run *g)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    if (ts.tv_sec < g->next_progress)
+        return;
+    g->next_progress = ts.tv_sec + PROGRESS_S;
+    if (g->dry_run)
+        fprintf(stderr, "thaw cache gc: %" PRIu64 " objects listed, %" PRIu64 " would go\n", g->listed,
+                g->deleted[0] + g->deleted[1] + g->deleted[2]);
+    else
+        fprintf(stderr, "thaw cache gc: pass %d/2 (%s): %" PRIu64 " objects listed, %" PRIu64 " deleted so far\n",
+                g->pass, g->pass == 1 ? "manifests" : "blocks and the rest", g->listed,
+                g->deleted[0] + g->deleted[1] + g->deleted[2]);
+}
+
+/* Deletes one old object. 0 to go on, 1 to stop the listing (give_up). */
+static int gc_delete(struct gc_run *g, const struct thaw_s3_object *o, enum obj_kind kind)
+{
+    if (thaw_s3_delete(g->s3, o->key) == 0) {
+        g->deleted[kind]++;
+        g->bytes += o->size;
+        g->in_a_row = 0;
+        if (g->verbose) {
+            printf("deleted ");
+            print_key(stdout, o->key);
+            printf("\n");
+        }
+        return 0;
+    }
+    g->failed++;
+    if (g->failed <= SHOW_FAILURES) {
+        fprintf(stderr, "thaw cache gc: cannot delete ");
+        print_key(stderr, o->key);
+        fprintf(stderr, ": %s%s\n", thaw_s3_last_error(g->s3),
+                g->failed == SHOW_FAILURES ? " (further failures only counted)" : "");
+    }
+    if (thaw_s3_last_status(g->s3) == 0) {
+        snprintf(g->give_up, sizeof g->give_up, "the store stopped answering (%s): %s", thaw_s3_last_error(g->s3),
+                 store_hint(0));
+        return 1;
+    }
+    if (++g->in_a_row >= GIVE_UP_AFTER) {
+        snprintf(g->give_up, sizeof g->give_up, "%d deletes in a row failed (last: %s): %s", GIVE_UP_AFTER,
+                 thaw_s3_last_error(g->s3), store_hint(thaw_s3_last_status(g->s3)));
+        return 1;
+    }
+    return 0;
+}
+
+static int gc_object(void *ud, const struct thaw_s3_object *o)
+{
+    struct gc_run *g = ud;
+    enum obj_kind kind = obj_kind_of(o->key);
+    int old = o->last_modified < g->cut;
+    char size[24], ago[24];
+
+    g->listed++;
+    gc_progress(g);
+    if (g->dry_run && old) {
+        g->deleted[kind]++;
+        g->bytes += o->size;
+        thaw_fmt_bytes(o->size, size);
+        fmt_ago(o->last_modified, g->now, ago);
+        printf("would delete ");
+        print_key(stdout, o->key);
+        printf("  %s, written %s\n", size, ago);
+        return 0;
+    }
+    if (g->pass == 1)
+        return old && kind == OBJ_MANIFEST ? gc_delete(g, o, kind) : 0;
+    if (old)
+        return gc_delete(g, o, kind);
+    g->kept++;
+    return 0;
+}
+
+/* One listing of the run. 0, or 2 with the reason printed. */
+static int gc_pass(struct gc_run *g, const char *prefix)
+{
+    int r;
+
+    g->listed = 0;
+    r = thaw_s3_list(g->s3, prefix, gc_object, g);
+    if (r == 0)
+        return 0;
+    if (r == 1)
+        fprintf(stderr, "thaw cache gc: stopped: %s\n", g->give_up);
+    else if (r == THAW_ESTORE || r == THAW_ETIMEDOUT)
+        fprintf(stderr, "thaw cache gc: cannot list %s: %s: %s\n", g->url,
+                r == THAW_ETIMEDOUT ? "no answer within the deadline" : thaw_s3_last_error(g->s3),
+                store_hint(thaw_s3_last_status(g->s3)));
+    else
+        fprintf(stderr, "thaw cache gc: cannot list %s: %s\n", g->url, thaw_strerror(r));
+    return 2;
+}
+#endif
+
+static int cmd_gc_shared(const char *url, const char *endpoint_opt, int64_t ttl_s, int dry_run, int verbose)
+{
+#ifndef THAW_HAVE_S3
+    (void)url;
+    (void)endpoint_opt;
+    (void)ttl_s;
+    (void)dry_run;
+    (void)verbose;
+    fprintf(stderr, "thaw cache gc: --shared: this thaw was built without libcurl (install it, then build again)\n");
+    return 2;
+#else
+    /* where the store is: s3.c's one parser, as for the servers' --kv-shared */
+    struct thaw_s3_location loc;
+    char where[1400], why[128];
+    const char *from;
+    /* tests only: a clock that has moved on (LastModified cannot be set
+     * back), pages of a few keys (deleting while listing across pages) */
+    long test_now = thaw_test_hook(THAW_HOOK_NOW_S), test_page = thaw_test_hook(THAW_HOOK_LIST_PAGE);
+
+    int urc = thaw_s3_parse_url(url, &loc, why, sizeof why);
+    if (urc != 0 || !loc.prefix[0]) {
+        fprintf(stderr,
+                "thaw cache gc: --shared %s: want s3://BUCKET/PREFIX (the --kv-shared of the servers; "
+                "a prefix is required)%s%s\n",
+                url, urc ? ": " : "", urc ? why : "");
+        return 2;
+    }
+    int erc = thaw_s3_endpoint(endpoint_opt, &loc, &from);
+    if (erc == THAW_ENOTFOUND) {
+        fprintf(stderr, "thaw cache gc: no store endpoint: give --endpoint URL or set AWS_ENDPOINT_URL\n");
+        return 2;
+    }
+    if (erc != 0) {
+        fprintf(stderr, "thaw cache gc: endpoint %s: want http(s)://HOST[:PORT]\n", from ? getenv(from) : endpoint_opt);
+        return 2;
+    }
+    if (thaw_s3_credentials(&loc) != 0) {
+        fprintf(stderr, "thaw cache gc: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the store's credentials)\n");
+        return 2;
+    }
+    snprintf(where, sizeof where, "s3://%s/%s at %s", loc.bucket, loc.prefix, loc.endpoint);
+    struct thaw_s3_params p = {loc.endpoint, loc.bucket, loc.access_key, loc.secret_key, loc.region, GC_TIMEOUT_MS};
+    struct gc_run g = {0};
+    char freed[24];
+    uint64_t deleted;
+    int ret;
+
+    if (loc.session_token)
+        fprintf(stderr, "thaw cache gc: AWS_SESSION_TOKEN is set but not sent (temporary credentials are not "
+                        "supported): use a key pair\n");
+    if (thaw_s3_new(&p, &g.s3)) {
+        fprintf(stderr, "thaw cache gc: %s: cannot make a client for it\n", where);
+        return 2;
+    }
+    if (test_page)
+        thaw_s3_set_list_page(g.s3, (int)test_page);
+    g.url = where;
+    g.dry_run = dry_run;
+    g.verbose = verbose;
+    g.now = test_now ? (int64_t)test_now : (int64_t)time(NULL);
+    g.cut = g.now - ttl_s;
+    const char *list_prefix = loc.prefix; /* "PREFIX/": gc never sweeps a whole bucket */
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        g.next_progress = ts.tv_sec + PROGRESS_S;
+    }
+    if (dry_run) {
+        g.pass = 0;
+        ret = gc_pass(&g, list_prefix);
+    } else {
+        g.pass = 1;
+        ret = gc_pass(&g, list_prefix);
+        g.deleted_in_pass1 = g.deleted[OBJ_MANIFEST];
+        if (ret == 0) {
+            g.pass = 2;
+            g.failed = 0; /* the first pass's failures are tried again */
+            g.in_a_row = 0;
+            ret = gc_pass(&g, list_prefix);
+        }
+    }
+    deleted = g.deleted[0] + g.deleted[1] + g.deleted[2];
+    thaw_fmt_bytes(g.bytes, freed);
+    if (ret && (deleted || g.pass == 2 || g.listed)) { /* what was done before it stopped */
+        printf("%s %" PRIu64 " objects (%" PRIu64 " manifests, %" PRIu64 " blocks, %" PRIu64
+               " other; %s) before stopping\n",
+               dry_run ? "would have deleted" : "deleted", deleted, g.deleted[0], g.deleted[1], g.deleted[2], freed);
+    } else if (!ret) {
+        /* every object was seen once: deleted in pass 1, or listed in pass 2 (the dry run's only pass) */
+        uint64_t scanned = g.deleted_in_pass1 + g.listed;
+        printf("%sscanned %" PRIu64 " objects under %s: %s %" PRIu64 " (%" PRIu64 " manifests, %" PRIu64
+               " blocks, %" PRIu64 " other; %s), kept %" PRIu64,
+               dry_run ? "dry run: " : "", scanned, where, dry_run ? "would delete" : "deleted", deleted, g.deleted[0],
+               g.deleted[1], g.deleted[2], freed, dry_run ? scanned - deleted : g.kept);
+        if (g.failed)
+            printf(", %" PRIu64 " could not be deleted", g.failed);
+        time_t cut = (time_t)g.cut;
+        struct tm tm;
+        char when[32] = "?";
+        if (gmtime_r(&cut, &tm))
+            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        printf("; old: written before %s (--ttl %" PRId64 ")\n", when, ttl_s);
+        ret = g.failed ? 1 : 0;
+    }
+    thaw_s3_free(g.s3);
+    return ret;
+#endif
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static int usage(FILE *to, int status)
+{
+    fputs(usage_text, to);
+    return status;
+}
+
+int thaw_cache_main(int argc, char **argv)
+{
+    struct cli cli = {0};
+    const char *cmd, *shared = NULL, *endpoint = NULL;
+    char **pos;
+    int n_pos = 0, dry_run = 0, fix = 0, all = 0, ttl_given = 0, max_given = 0, verbose = 0, ret;
+    int64_t ttl_s = 0;
+    uint64_t max_bytes = 0;
+
+    if (argc < 2)
+        return usage(stderr, 2);
+    cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help"))
+        return usage(stdout, 0);
+    pos = calloc((size_t)argc, sizeof *pos);
+    if (!pos)
+        return 2;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            free(pos);
+            return usage(stdout, 0);
+        } else if (!strcmp(a, "--dry-run") && (!strcmp(cmd, "verify") || !strcmp(cmd, "gc"))) {
+            dry_run = 1; /* verify: the default now; kept for scripts written before */
+        } else if (!strcmp(a, "--shared") && !strcmp(cmd, "gc") && i + 1 < argc) {
+            shared = argv[++i];
+        } else if (!strcmp(a, "--endpoint") && !strcmp(cmd, "gc") && i + 1 < argc) {
+            endpoint = argv[++i];
+        } else if ((!strcmp(a, "-v") || !strcmp(a, "--verbose")) && !strcmp(cmd, "gc")) {
+            verbose = 1; /* --shared: one line per object deleted (a DIR's gc always says) */
+        } else if ((!strcmp(a, "--fix") || !strcmp(a, "--repair")) && !strcmp(cmd, "verify")) {
+            fix = 1;
+        } else if (!strcmp(a, "--all") && !strcmp(cmd, "rm")) {
+            all = 1;
+        } else if (!strcmp(a, "--ttl") && !strcmp(cmd, "gc") && i + 1 < argc) {
+            ttl_given = 1;
+            if (parse_duration(argv[++i], &ttl_s)) {
+                fprintf(stderr, "thaw cache: --ttl %s: want seconds, or 90m, 12h, 3d\n", argv[i]);
+                free(pos);
+                return 2;
+            }
+        } else if (!strcmp(a, "--max") && !strcmp(cmd, "gc") && i + 1 < argc) {
+            max_given = 1;
+            if (parse_mib(argv[++i], &max_bytes)) {
+                fprintf(stderr, "thaw cache: --max %s: want MiB\n", argv[i]);
+                free(pos);
+                return 2;
+            }
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "thaw cache %s: unknown option %s\n", cmd, a);
+            free(pos);
+            return usage(stderr, 2);
+        } else {
+            pos[n_pos++] = argv[i];
+        }
+    }
+    if (dry_run && fix) {
+        fprintf(stderr, "thaw cache verify: --dry-run and --fix contradict each other\n");
+        free(pos);
+        return usage(stderr, 2);
+    }
+    if (!strcmp(cmd, "gc") && (shared || endpoint || dry_run)) {
+        /* the shared tier: a bucket, not a DIR; kept by age only */
+        struct thaw_config cfg;
+        const char *why = !shared     ? "--endpoint and --dry-run go with --shared s3://BUCKET/PREFIX"
+                          : n_pos     ? "--shared takes no DIR"
+                          : max_given ? "--max is for a DIR: the shared tier is kept by age (--ttl)"
+                                      : NULL;
+        if (why) {
+            fprintf(stderr, "thaw cache gc: %s\n", why);
+            free(pos);
+            return usage(stderr, 2);
+        }
+        thaw_config_init(&cfg); /* the server's default --kv-cache-ttl */
+        ret = cmd_gc_shared(shared, endpoint, ttl_given ? ttl_s : (int64_t)cfg.kv_cache_ttl_s, dry_run, verbose);
+        thaw_config_free(&cfg);
+        free(pos);
+        return ret;
+    }
+    if (n_pos < 1) {
+        fprintf(stderr, "thaw cache %s: missing DIR\n", cmd);
+        free(pos);
+        return usage(stderr, 2);
+    }
+    cli.dir = pos[0];
+    if (strcmp(cmd, "rm") != 0 && n_pos > 1) {
+        fprintf(stderr, "thaw cache %s: unexpected argument %s\n", cmd, pos[1]);
+        free(pos);
+        return usage(stderr, 2);
+    }
+    if (!strcmp(cmd, "ls")) {
+        ret = cmd_ls(&cli);
+    } else if (!strcmp(cmd, "stats")) {
+        ret = cmd_stats(&cli);
+    } else if (!strcmp(cmd, "verify")) {
+        ret = cmd_verify(&cli, fix);
+    } else if (!strcmp(cmd, "gc")) {
+        ret = cmd_gc(&cli, ttl_s, max_bytes);
+    } else if (!strcmp(cmd, "rm")) {
+        if (!all && n_pos < 2) {
+            fprintf(stderr, "thaw cache rm: give KEY... or --all\n");
+            ret = 2;
+        } else {
+            ret = cmd_rm(&cli, pos + 1, n_pos - 1, all);
+        }
+    } else {
+        fprintf(stderr, "thaw cache: unknown command %s\n", cmd);
+        ret = usage(stderr, 2);
+    }
+    free(pos);
+    return ret;
+}

@@ -1,0 +1,718 @@
+/* engine.c — model + context, the decode loop, batching across slots.
+ *
+ * Map:
+ *   ---- slots ----        a slot's end (idle, failed)
+ *   ---- admission ----    queued task -> the slot the scheduler picks
+ *   ---- the loop ----     one llama_batch for every active slot per step
+ *   ---- lifecycle ----    load model, context, thread; shutdown
+ *
+ * Who does what for it: slot.c moves a slot between phases (IDLE -> PREFILL
+ * -> GEN -> (FIXUP) -> IDLE; slot.h has the table, thaw_slot_move is the
+ * only place a phase, the busy gauge or what a move releases changes);
+ * scheduler.c plans each step (which slot a task gets, what post-reply work
+ * may run); slotkv.c changes what a slot's sequence holds (rollback,
+ * restore from the cache tiers, store to them). FIXUP happens after the
+ * reply has been sent: the slot re-decodes the reply's tail as the next
+ * turn will present it (the canonical rendering, DESIGN §2 "Beyond the
+ * seed") so the stored state matches the next request token for token,
+ * then stores it.
+ *
+ * generate.c takes each sampled token (text out, stop strings, the
+ * reply's end, speculative drafts and their verdict); engine_state.h is
+ * the state both files share.
+ *
+ * Only engine_main() and what it calls touch e->ctx.
+ */
+#include "engine/engine.h"
+
+#include "api/template.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/testhooks.h"
+#include "engine/draft.h"
+#include "engine/engine_state.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "engine/slotkv.h"
+#include "engine/slots_view.h"
+#include "llama/fingerprint.h"
+#include "llama/kvtap.h"
+#include "llama/params.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- slots --------------------------------------------------------------------- */
+
+/* At shutdown the re-decoding left gets this long, at full speed. */
+#define THAW_SHUTDOWN_FIXUP_S 10
+
+/* Ends the slot's request or post-reply work: the slot is free again. */
+void thaw_engine_slot_idle(struct thaw_engine *e, struct thaw_slot *s)
+{
+    thaw_slot_move(s, THAW_SLOT_IDLE, NULL, e->metrics);
+}
+
+void thaw_engine_slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, const char *msg)
+{
+    if (s->task)
+        thaw_task_fail(s->task, status, msg);
+    thaw_slotkv_clear(e->skv, s); /* its KV may be half-written */
+    thaw_engine_slot_idle(e, s);
+}
+
+/* ---- admission ---------------------------------------------------------------- */
+
+static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_task *t)
+{
+    const struct thaw_chat_request *req = &t->req;
+
+    thaw_slot_move(s, THAW_SLOT_PREFILL, &(struct thaw_slot_enter){.task = t, .smpl = thaw_sampler_new(e->vocab, &e->cfg->sampling, e->n_ctx_slot, t)},
+                   e->metrics);
+    if (!s->smpl && t->gen.grammar) {
+        thaw_engine_slot_fail(e, s, 400, "the grammar for this request (its grammar, json_schema, response_format or tools) does not compile");
+        return THAW_EINVAL;
+    }
+    if (!s->smpl || thaw_slot_reserve(s, t->n_prompt + 1) != 0) {
+        thaw_engine_slot_fail(e, s, 500, "out of memory");
+        return THAW_ENOMEM;
+    }
+
+    if (memcmp(s->ns, t->ns, THAW_KEY_BYTES) != 0) {
+        thaw_slotkv_clear(e->skv, s); /* another tenant's tokens: never a prefix for this one */
+        memcpy(s->ns, t->ns, THAW_KEY_BYTES);
+    }
+    int n_past = req->cache_prompt ? thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) : 0;
+    if (n_past > 0)
+        s->timings.cache_source = "slot";
+    if (thaw_kvcache_enabled(e->kv))
+        n_past = thaw_slotkv_restore(e->skv, s, t, n_past);
+    /* at least one prompt token must be decoded to get logits to sample from */
+    if (n_past >= t->n_prompt)
+        n_past = t->n_prompt - 1;
+    n_past = thaw_slotkv_rollback(e->skv, s, n_past);
+    if (s->timings.restore_ms > 0) {
+        char hex[17];
+        thaw_keys_short(t->lookup_key, hex);
+        LOG_INF("slot %d: restored %s from %s in %.1f ms: %d of %d prompt tokens reused%s", s->id, hex,
+                s->timings.cache_source, s->timings.restore_ms, n_past, t->n_prompt,
+                n_past == 0 ? " (no checkpoint reaches back to where it diverges)" : "");
+    }
+    if (n_past == 0)
+        s->timings.cache_source = "none";
+    s->n_prompt_done = n_past;
+    s->timings.cache_n = n_past;
+    thaw_task_started(t, n_past);
+    atomic_fetch_add(&e->metrics->prompt_cached_tokens, (uint64_t)n_past);
+    LOG_DBG("slot %d: start, prompt %d tokens, %d reused (%s)", s->id, t->n_prompt, n_past, s->timings.cache_source);
+    return 0;
+}
+
+/* THAW_TEST_FIXUP_HOLD (testhooks.h): the slot's re-decoding waits for a
+ * request that needs the slot, or for shutdown. */
+static bool fixup_held(const struct thaw_engine *e, const struct thaw_slot *s)
+{
+    return thaw_test_hook(THAW_HOOK_FIXUP_HOLD) && s->phase == THAW_SLOT_FIXUP && s->n_tokens < s->n_fix &&
+           !e->fixup_awaited && !atomic_load(&e->stop);
+}
+
+/* Cuts a slot's post-reply work short for a request that needs the slot
+ * (t; NULL at shutdown):
+ * its tokens are a prefix of the conversation as the next turn presents
+ * it, so that is what is stored (the next turn prefills the rest). Not
+ * stored when `t` is that very next turn: it continues on these tokens and
+ * stores when it is done. */
+static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const struct thaw_task *t)
+{
+    bool next_turn = t && t->has_lookup_key && memcmp(t->lookup_key, s->store_key, THAW_KEY_BYTES) == 0;
+
+    if (t)
+        LOG_DBG("slot %d: post-reply work cut short at %d of %d tokens for a waiting request%s", s->id,
+                s->n_tokens, s->n_fix, next_turn ? " (its next turn)" : "");
+    else
+        LOG_WRN("slot %d: shutdown: post-reply work stopped at %d of %d tokens after %d s; storing those", s->id,
+                s->n_tokens, s->n_fix, THAW_SHUTDOWN_FIXUP_S);
+    atomic_fetch_add(&e->metrics->fixups_cut, 1);
+    if (next_turn)
+        thaw_slot_hold(s, s->store_key);
+    else
+        thaw_slotkv_store(e->skv, s);
+    thaw_engine_slot_idle(e, s);
+}
+
+/* Slot s as the scheduler sees it for task t (scheduler.h). */
+static struct thaw_slot_view slot_view(const struct thaw_slot *s, const struct thaw_task *t)
+{
+    /* another tenant's prefix is no prefix: it must not be reused, nor
+     * steer the choice (its timing would leak it) */
+    bool same_ns = memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0;
+
+    return (struct thaw_slot_view){
+        .idle = s->phase == THAW_SLOT_IDLE,
+        .fixup = s->phase == THAW_SLOT_FIXUP,
+        .tokens = s->tokens,
+        .n_tokens = same_ns ? s->n_tokens : 0,
+        .last_used_us = s->last_used_us,
+        .holds_key = t->has_lookup_key && thaw_slot_holds(s, t->lookup_key),
+        .next_turn = s->phase == THAW_SLOT_FIXUP && same_ns && t->has_lookup_key &&
+                     memcmp(t->lookup_key, s->store_key, THAW_KEY_BYTES) == 0,
+        .fix_left = s->phase == THAW_SLOT_FIXUP ? s->n_fix - s->n_tokens : 0,
+    };
+}
+
+/* Moves queued tasks into slots where the scheduler says
+ * (thaw_sched_admit: an idle slot, or one whose post-reply work it cuts
+ * short or waits for). `block` waits for a task when no slot is busy
+ * (nothing else to do). Returns the number of busy slots. */
+static int admit(struct thaw_engine *e, bool block)
+{
+    struct thaw_slot_view *views = NULL;
+    int count[THAW_SLOT_PHASE_COUNT], held = 0;
+
+    e->fixup_awaited = false;
+    thaw_slot_count(e->slots, e->n_slots, count);
+    for (int i = 0; i < e->n_slots; i++)
+        held += fixup_held(e, &e->slots[i]);
+    int busy = e->n_slots - count[THAW_SLOT_IDLE];
+    int working = busy - held;
+    int open = count[THAW_SLOT_IDLE] + count[THAW_SLOT_FIXUP];
+    while (open > 0) {
+        struct thaw_task *t = thaw_sched_pop(e->sched, block && working == 0 && !atomic_load(&e->stop));
+        if (!t)
+            break;
+        atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));
+        if (!thaw_task_client_alive(t)) {
+            thaw_task_fail(t, 499, "cancelled");
+            thaw_task_release(t);
+            continue;
+        }
+        if (!views && !(views = calloc((size_t)e->n_slots, sizeof *views))) {
+            thaw_task_fail(t, 500, "out of memory");
+            thaw_task_release(t);
+            break;
+        }
+        for (int i = 0; i < e->n_slots; i++)
+            views[i] = slot_view(&e->slots[i], t);
+        const struct thaw_sched_task_view tv = {t->prompt, t->n_prompt, t->req.cache_prompt};
+        const struct thaw_sched_params sp = {e->cfg->slot_prompt_similarity, e->cfg->fixup_wait_ms,
+                                             e->fixup_us_per_tok};
+        struct thaw_sched_admission a = thaw_sched_admit(views, e->n_slots, &tv, &sp);
+        if (a.action == THAW_SCHED_NONE || a.action == THAW_SCHED_WAIT) {
+            /* NONE cannot happen while open > 0; WAIT: finish that FIXUP at
+             * full speed, then come back */
+            thaw_sched_unpop(e->sched, t);
+            e->fixup_awaited = a.action == THAW_SCHED_WAIT;
+            break;
+        }
+        struct thaw_slot *s = &e->slots[a.slot];
+        if (a.action == THAW_SCHED_CUT) {
+            bool was_held = fixup_held(e, s);
+            slot_cut_fixup(e, s, t);
+            busy--;
+            working -= !was_held;
+        }
+        open--;
+        if (slot_start(e, s, t) == 0) {
+            busy++;
+            working++;
+        }
+    }
+    free(views);
+    return busy;
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+static void batch_add(struct llama_batch *b, llama_token tok, llama_pos pos, llama_seq_id seq, bool logits)
+{
+    int i = b->n_tokens++;
+
+    b->token[i] = tok;
+    b->pos[i] = pos;
+    b->n_seq_id[i] = 1;
+    b->seq_id[i][0] = seq;
+    b->logits[i] = logits;
+}
+
+/* Fills e->batch: first the next token of every generating slot (so
+ * generation never waits behind a long prompt), then prompt tokens, then
+ * FIXUP tokens (nobody waits for those). */
+static void build_batch(struct thaw_engine *e)
+{
+    struct llama_batch *b = &e->batch;
+
+    b->n_tokens = 0;
+    for (int i = 0; i < e->n_slots; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        s->i_batch = -1;
+        s->n_in_batch = 0;
+        if (s->phase != THAW_SLOT_GEN)
+            continue;
+        s->n_drafts = e->draft ? thaw_gen_draft(e, s, e->n_batch - b->n_tokens - 1) : 0;
+        s->i_batch = b->n_tokens;
+        batch_add(b, s->next_token, s->n_tokens, s->id, true);
+        for (int k = 0; k < s->n_drafts; k++)
+            batch_add(b, s->drafts[k], s->n_tokens + 1 + k, s->id, true);
+        s->n_in_batch = 1 + s->n_drafts;
+    }
+    for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        if (s->phase != THAW_SLOT_PREFILL)
+            continue;
+        const struct thaw_task *t = s->task;
+        while (s->n_prompt_done + s->n_in_batch < t->n_prompt && b->n_tokens < e->n_batch) {
+            int p = s->n_prompt_done + s->n_in_batch;
+            bool last = p == t->n_prompt - 1;
+            if (last)
+                s->i_batch = b->n_tokens;
+            batch_add(b, t->prompt[p], p, s->id, last);
+            s->n_in_batch++;
+        }
+    }
+    /* FIXUP: post-reply work nobody waits for, within the scheduler's
+     * budget (scheduler.h); a request that needs its slot cuts it short
+     * (admit) */
+    int count[THAW_SLOT_PHASE_COUNT], fixup_tokens = 0;
+    thaw_slot_count(e->slots, e->n_slots, count);
+    bool free_now = e->fixup_awaited || count[THAW_SLOT_PREFILL] + count[THAW_SLOT_GEN] == 0;
+    int fixup_room = thaw_sched_fixup_room(count[THAW_SLOT_PREFILL], count[THAW_SLOT_GEN], e->fixup_awaited,
+                                           e->fixup_us_per_tok, e->n_batch);
+    int64_t now = thaw_now_us();
+    for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch && fixup_room > 0; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        if (s->phase != THAW_SLOT_FIXUP || fixup_held(e, s) || !thaw_sched_fixup_due(free_now, now - s->fix_since_us))
+            continue;
+        while (s->n_tokens + s->n_in_batch < s->n_fix && b->n_tokens < e->n_batch && fixup_room-- > 0) {
+            int p = s->n_tokens + s->n_in_batch;
+            batch_add(b, s->fix[p], p, s->id, false);
+            s->n_in_batch++;
+            fixup_tokens++;
+        }
+    }
+    e->batch_fixup_only = fixup_tokens > 0 && fixup_tokens == b->n_tokens;
+}
+
+/* No slot prefilling or generating: post-reply work slows nobody. */
+static bool engine_alone(const struct thaw_engine *e)
+{
+    int count[THAW_SLOT_PHASE_COUNT];
+
+    thaw_slot_count(e->slots, e->n_slots, count);
+    return count[THAW_SLOT_PREFILL] + count[THAW_SLOT_GEN] == 0;
+}
+
+/* FIXUP slots whose canonical tokens are all in: store, and free the slot.
+ * The capture waits, as the re-decoding does, for a moment when no other
+ * slot decodes (or THAW_FIXUP_DEFER_US, or `force` at shutdown): its cost
+ * grows with the conversation (libllama captures a sequence only whole). */
+static void finish_fixups(struct thaw_engine *e, bool force)
+{
+    bool free_now = force || e->fixup_awaited || engine_alone(e);
+    int64_t now = thaw_now_us();
+
+    for (int i = 0; i < e->n_slots; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        if (s->phase != THAW_SLOT_FIXUP || s->n_tokens < s->n_fix ||
+            !thaw_sched_fixup_due(free_now, now - s->fix_since_us))
+            continue;
+        thaw_slotkv_store(e->skv, s);
+        thaw_engine_slot_idle(e, s);
+    }
+}
+
+/* After a successful decode: record what each slot's KV now holds, sample. */
+static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
+{
+    int n_prompt_tokens = 0;
+
+    for (int i = 0; i < e->n_slots; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        if (s->n_in_batch == 0)
+            continue;
+        if (s->phase == THAW_SLOT_GEN) {
+            if (s->n_drafts == 0)
+                s->tokens[s->n_tokens++] = s->next_token;
+            /* else: slot_verify decides how many of the batch's tokens stay */
+        } else if (s->phase == THAW_SLOT_FIXUP) {
+            memcpy(s->tokens + s->n_tokens, s->fix + s->n_tokens, (size_t)s->n_in_batch * sizeof(llama_token));
+            s->n_tokens += s->n_in_batch;
+        } else {
+            memcpy(s->tokens + s->n_tokens, s->task->prompt + s->n_prompt_done,
+                   (size_t)s->n_in_batch * sizeof(llama_token));
+            s->n_tokens += s->n_in_batch;
+            s->n_prompt_done += s->n_in_batch;
+            n_prompt_tokens += s->n_in_batch;
+        }
+    }
+    atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n_prompt_tokens);
+    if (n_prompt_tokens > 0)
+        atomic_fetch_add(&e->metrics->prompt_us, (uint64_t)(t1 - t0));
+    if (e->batch_fixup_only)
+        e->fixup_us_per_tok = thaw_sched_fixup_cost(e->fixup_us_per_tok, t1 - t0, e->batch.n_tokens);
+    finish_fixups(e, false);
+
+    for (int i = 0; i < e->n_slots; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        if (!s->task || s->i_batch < 0)
+            continue;
+        if (s->phase == THAW_SLOT_PREFILL) {
+            s->t_prompt_done_us = thaw_now_us();
+            if (thaw_slot_reserve(s, s->n_tokens + s->task->max_tokens + 1) != 0) {
+                thaw_engine_slot_fail(e, s, 500, "out of memory");
+                continue;
+            }
+            /* the prompt's end is where the next turn will most likely need
+             * to roll back to on SWA / recurrent memory: keep a checkpoint */
+            if (e->partial && e->cfg->ctx_checkpoints > 0 &&
+                thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
+                LOG_WRN("slot %d: could not take a context checkpoint", s->id);
+        }
+        if (s->phase == THAW_SLOT_GEN && s->n_drafts > 0) {
+            thaw_gen_verify(e, s);
+            continue;
+        }
+        llama_token tok;
+        char err[256];
+        if (thaw_tmpl_sampler_sample(s->smpl, e->ctx, s->i_batch, &tok, err, sizeof err) != 0) {
+            /* a grammar at a dead end: this request fails, the server lives */
+            LOG_WRN("slot %d: %s", s->id, err);
+            thaw_engine_slot_fail(e, s, 500, err);
+            continue;
+        }
+        thaw_gen_take_token(e, s, tok);
+    }
+}
+
+static void fail_batch(struct thaw_engine *e, int rc)
+{
+    char msg[96];
+
+    snprintf(msg, sizeof msg, "llama_decode failed (%d)", rc);
+    LOG_ERR("%s: failing the requests in this batch", msg);
+    for (int i = 0; i < e->n_slots; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        if (s->n_in_batch > 0)
+            thaw_engine_slot_fail(e, s, 500, msg);
+    }
+}
+
+/* At shutdown: every FIXUP slot's re-decoding is finished and stored (the
+ * replies are out; these states are what the next turns want from disk).
+ * Nobody waits for a decode any more, so in full batches; bounded: what is
+ * not done after THAW_SHUTDOWN_FIXUP_S is stored as far as it got, as when
+ * a request cuts the work short. */
+static void drain_fixups(struct thaw_engine *e)
+{
+    int64_t deadline = thaw_now_us() + THAW_SHUTDOWN_FIXUP_S * (int64_t)1000000;
+
+    e->fixup_awaited = true;
+    while (thaw_now_us() < deadline) {
+        build_batch(e);
+        if (e->batch.n_tokens == 0)
+            break;
+        if (llama_decode(e->ctx, e->batch) != 0) {
+            fail_batch(e, -1);
+            break;
+        }
+        after_decode(e, 0, 0);
+    }
+    finish_fixups(e, true);
+    for (int i = 0; i < e->n_slots; i++)
+        if (e->slots[i].phase == THAW_SLOT_FIXUP)
+            slot_cut_fixup(e, &e->slots[i], NULL);
+}
+
+static void *engine_main(void *arg)
+{
+    struct thaw_engine *e = arg;
+
+    while (!atomic_load(&e->stop)) {
+        /* cancelled requests (client gone) free their slot first */
+        for (int i = 0; i < e->n_slots; i++) {
+            struct thaw_slot *s = &e->slots[i];
+            if (s->task && !thaw_task_client_alive(s->task)) {
+                LOG_INF("slot %d: client went away, request cancelled", s->id);
+                thaw_task_fail(s->task, 499, "cancelled");
+                thaw_engine_slot_idle(e, s);
+            }
+        }
+        if (admit(e, true) == 0)
+            continue;
+        build_batch(e);
+        if (e->batch.n_tokens == 0) {
+            finish_fixups(e, true); /* nothing decodes */
+            continue;
+        }
+        int64_t t0 = thaw_now_us();
+        int rc = llama_decode(e->ctx, e->batch);
+        int64_t t1 = thaw_now_us();
+        atomic_fetch_add(&e->metrics->decode_calls, 1);
+        if (rc != 0) {
+            fail_batch(e, rc);
+            continue;
+        }
+        after_decode(e, t0, t1);
+    }
+    for (int i = 0; i < e->n_slots; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        if (s->task) {
+            thaw_task_fail(s->task, 503, "the server is shutting down");
+            thaw_engine_slot_idle(e, s);
+        }
+    }
+    drain_fixups(e);
+    return NULL;
+}
+
+/* A task that waited for the shared tier's fetch: on to the queue now
+ * (from the fetch thread). */
+struct fetch_wait {
+    struct thaw_engine *e;
+    struct thaw_task *t;
+};
+
+static void shared_fetched(void *ud)
+{
+    struct fetch_wait *w = ud;
+    int rc = thaw_sched_push(w->e->sched, w->t);
+
+    if (rc == 0)
+        atomic_store(&w->e->metrics->queue_depth, thaw_sched_depth(w->e->sched));
+    else
+        thaw_task_fail(w->t, 503,
+                       rc == THAW_ESHUTDOWN ? "the server is shutting down"
+                                            : "the server is busy: every slot is working and the queue is full; retry later");
+    thaw_task_release(w->t);
+    free(w);
+}
+
+int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
+{
+    uint8_t key[THAW_KEY_BYTES];
+    bool has_key = t->has_lookup_key;
+    int rc;
+
+    if (t->n_prompt < 1 || t->n_prompt >= e->n_ctx_slot)
+        return THAW_ECTXFULL;
+    /* never more than the slot can hold after the prompt: every size the
+     * engine derives from max_tokens stays within the slot's context */
+    if (t->max_tokens <= 0 || t->max_tokens > e->n_ctx_slot - t->n_prompt)
+        t->max_tokens = e->n_ctx_slot - t->n_prompt;
+    if (has_key)
+        memcpy(key, t->lookup_key, THAW_KEY_BYTES);
+    /* What the local tiers lack may be in the shared tier: the task waits
+     * for that fetch on a fetch thread (never this one, never the engine's),
+     * which queues it afterwards. */
+    if (t->req.cache_prompt && thaw_kvcache_enabled(e->kv) && !atomic_load(&e->stop)) {
+        struct fetch_wait *w = malloc(sizeof *w);
+        if (w) {
+            *w = (struct fetch_wait){e, t};
+            thaw_task_retain(t);
+            if (thaw_kvcache_fetch_shared(e->kv, has_key ? key : NULL, t->ns, t->prompt, t->n_prompt, shared_fetched,
+                                          w) == 0)
+                return 0;
+            thaw_task_release(t);
+            free(w);
+        }
+    }
+    rc = thaw_sched_push(e->sched, t);
+    if (rc == 0)
+        atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));
+    /* Start the disk reads now: while the task waits for a slot (or the
+     * engine finishes a step), the kernel brings the entry into memory.
+     * Harmless when a slot or the RAM tier serves it instead. */
+    if (rc == 0 && has_key)
+        thaw_kvcache_prefetch(e->kv, key);
+    return rc;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------ */
+
+int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_engine **out)
+{
+    struct thaw_engine *e = calloc(1, sizeof *e);
+    int rc = 0;
+    int64_t t0 = thaw_now_us();
+
+    if (!e)
+        return THAW_ENOMEM;
+    e->cfg = cfg;
+    e->metrics = metrics;
+
+    if ((rc = thaw_fingerprint_file(cfg->model_path, e->fingerprint)) != 0) {
+        LOG_ERR("cannot read model %s: %s", cfg->model_path, thaw_strerror(rc));
+        goto error;
+    }
+    struct llama_context_params cp;
+    if ((rc = thaw_params_open(cfg, cfg->kv_cache_dir && cfg->kv_tap, &e->model, &e->ctx, &e->tap, &cp)) != 0)
+        goto error;
+    e->tap_verify = e->tap && thaw_test_hook(THAW_HOOK_KVTAP_VERIFY) != 0;
+    e->vocab = llama_model_get_vocab(e->model);
+    e->max_token_bytes = thaw_tokens_max_bytes(e->vocab); /* admission's bound (thaw_api_admit) */
+    e->n_ctx_slot = (int)llama_n_ctx_seq(e->ctx);
+    e->n_batch = (int)llama_n_batch(e->ctx);
+    e->n_swa = cfg->swa_full ? 0 : llama_model_n_swa(e->model);
+    e->recurrent = llama_model_is_recurrent(e->model) || llama_model_is_hybrid(e->model);
+    e->partial = e->n_swa > 0 || e->recurrent;
+    if (e->partial && cfg->ctx_checkpoints == 0)
+        LOG_WRN("%s model with --ctx-checkpoints 0: a returning conversation can only reuse its prefix when it "
+                "matches exactly", e->recurrent ? "recurrent" : "sliding-window");
+    /* Not the context size nor the slot count: a stored state restores
+     * into any slot with room for its cells (blocks take the restoring
+     * slot's frame; a whole state that does not fit fails to load and is
+     * served by prefill), so changing -c or -np keeps the cache. */
+    struct thaw_chat_params chp = {cfg->chat_template, cfg->jinja, cfg->chat_template_kwargs, cfg->reasoning_format};
+    if ((rc = thaw_chat_new(e->model, &chp, &e->chat)) != 0)
+        goto error;
+    const struct thaw_keys_settings ks = {cp.swa_full, (int)cp.type_k, (int)cp.type_v, thaw_chat_template(e->chat),
+                                          cfg->jinja, cfg->chat_template_kwargs};
+    thaw_keys_settings(&ks, e->settings, sizeof e->settings);
+
+    if (cfg->alias) {
+        e->model_name = strdup(cfg->alias);
+    } else {
+        const char *slash = strrchr(cfg->model_path, '/');
+        e->model_name = strdup(slash ? slash + 1 : cfg->model_path);
+    }
+    e->n_slots = cfg->n_parallel;
+    e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
+    e->batch = llama_batch_init(e->n_batch, 0, 1);
+    if (!e->model_name || !e->slots || !e->batch.token) {
+        rc = THAW_ENOMEM;
+        goto error;
+    }
+    if (!(e->view = thaw_slots_view_new(e->n_slots, e->n_ctx_slot))) {
+        rc = THAW_ENOMEM;
+        goto error;
+    }
+    for (int i = 0; i < e->n_slots; i++) {
+        thaw_slot_init(&e->slots[i], i);
+        e->slots[i].view = e->view;
+    }
+    metrics->slots_total = e->n_slots;
+    metrics->ram_budget_bytes = cfg->cache_ram_mib << 20;
+    metrics->disk_budget_bytes = cfg->kv_cache_dir ? cfg->kv_cache_max_mib << 20 : 0;
+    if ((rc = thaw_sched_new(cfg->max_queue, &e->sched)) != 0)
+        goto error;
+    thaw_keys_binding(e->fingerprint, e->settings, NULL, e->identity);
+    if (cfg->draft_path && cfg->draft_max > 0) {
+        if (e->recurrent) {
+            LOG_ERR("speculative decoding needs a target that can roll back rejected drafts; %s is recurrent",
+                    cfg->model_path);
+            rc = THAW_EINVAL;
+            goto error;
+        }
+        if ((rc = thaw_draft_new(cfg, e->model, e->n_slots, &e->draft)) != 0)
+            goto error;
+        for (int i = 0; i < e->n_slots; i++)
+            if (!(e->slots[i].drafts = malloc((size_t)(cfg->draft_max + 1) * sizeof(llama_token)))) {
+                rc = THAW_ENOMEM;
+                goto error;
+            }
+    }
+    struct thaw_slotkv_params skp = {cfg, e->ctx, e->tap, e->tap_verify, e->draft, e->n_swa, e->recurrent, {0},
+                                     metrics};
+    memcpy(skp.identity, e->identity, THAW_KEY_BYTES);
+    if ((rc = thaw_slotkv_new(&skp, &e->skv)) != 0)
+        goto error;
+    e->kv = thaw_slotkv_cache(e->skv);
+
+    char desc[128];
+    llama_model_desc(e->model, desc, sizeof desc);
+    LOG_INF("model %s: %s, %.1fM params, %d slots x %d tokens%s, loaded in %.0f ms", e->model_name, desc,
+            (double)llama_model_n_params(e->model) / 1e6, e->n_slots, e->n_ctx_slot,
+            e->n_swa ? " (sliding window)" : "", (double)(thaw_now_us() - t0) / 1000.0);
+
+    atomic_init(&e->stop, false);
+    if ((rc = -pthread_create(&e->thread, NULL, engine_main, e)) != 0)
+        goto error;
+    *out = e;
+    return 0;
+
+error:
+    if (e->slots)
+        for (int i = 0; i < e->n_slots; i++)
+            thaw_slot_free(&e->slots[i]);
+    thaw_slotkv_free(e->skv); /* and the cache tiers */
+    thaw_draft_free(e->draft);
+    thaw_sched_free(e->sched);
+    if (e->batch.token)
+        llama_batch_free(e->batch);
+    free(e->slots);
+    thaw_slots_view_free(e->view);
+    free(e->model_name);
+    thaw_chat_free(e->chat);
+    if (e->ctx)
+        llama_free(e->ctx);
+    thaw_kvtap_free(e->tap); /* after the context that calls it */
+    if (e->model)
+        llama_model_free(e->model);
+    free(e);
+    return rc;
+}
+
+void thaw_engine_stop(struct thaw_engine *e)
+{
+    struct thaw_task *t;
+
+    if (atomic_exchange(&e->stop, true))
+        return;
+    thaw_sched_close(e->sched);
+    pthread_join(e->thread, NULL);
+    thaw_kvcache_stop_fetches(e->kv); /* their tasks fail against the closed queue */
+    while ((t = thaw_sched_pop(e->sched, false)) != NULL) {
+        thaw_task_fail(t, 503, "the server is shutting down");
+        thaw_task_release(t);
+    }
+}
+
+void thaw_engine_free(struct thaw_engine *e)
+{
+    if (!e)
+        return;
+    thaw_engine_stop(e);
+    thaw_sched_free(e->sched);
+    thaw_slotkv_free(e->skv); /* closes the tiers: writes what is still queued */
+    for (int i = 0; i < e->n_slots; i++)
+        thaw_slot_free(&e->slots[i]);
+    thaw_draft_free(e->draft);
+    free(e->slots);
+    thaw_slots_view_free(e->view);
+    llama_batch_free(e->batch);
+    thaw_chat_free(e->chat);
+    free(e->model_name);
+    llama_free(e->ctx);
+    thaw_kvtap_free(e->tap);
+    llama_model_free(e->model);
+    llama_backend_free();
+    free(e);
+}
+
+const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e) { return e->chat; }
+struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e) { return e->view; }
+const char *thaw_engine_model_name(const struct thaw_engine *e) { return e->model_name; }
+int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; }
+int thaw_engine_max_token_bytes(const struct thaw_engine *e) { return e->max_token_bytes; }
+int thaw_engine_n_ctx_train(const struct thaw_engine *e) { return llama_model_n_ctx_train(e->model); }
+uint64_t thaw_engine_n_params(const struct thaw_engine *e) { return llama_model_n_params(e->model); }
+void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta *m)
+{
+    *m = (struct thaw_model_meta){llama_model_n_params(e->model), llama_model_size(e->model),
+                                  llama_vocab_n_tokens(e->vocab), (int)llama_vocab_type(e->vocab),
+                                  llama_model_n_ctx_train(e->model), llama_model_n_embd(e->model), e->n_ctx_slot};
+}
+
+void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id[THAW_KEY_BYTES],
+                         uint8_t out[THAW_KEY_BYTES])
+{
+    thaw_keys_binding(e->fingerprint, e->settings, namespace_id, out);
+}
+
+void thaw_engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
+{
+    struct thaw_engine *e = ud;
+
+    thaw_kvcache_metrics(e->kv, buf, cap, len);
+}

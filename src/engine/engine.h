@@ -1,0 +1,63 @@
+/* engine.h — the model, the llama_context and the thread that owns them.
+ *
+ * One engine thread runs the decode loop: it admits queued tasks into idle
+ * slots, builds ONE llama_batch from every active slot (the next token of
+ * each generating slot plus as many prompt tokens as fit), decodes it, and
+ * samples. No other thread ever touches the llama_context (DESIGN §3).
+ */
+#ifndef THAW_ENGINE_H
+#define THAW_ENGINE_H
+
+#include "api/chat.h"
+#include "base/config.h"
+#include "base/metrics.h"
+#include "cache/keys.h"
+#include "engine/task.h"
+
+#include <stdint.h>
+
+struct thaw_engine;
+
+/* Loads the model named by cfg->model_path, creates the context with
+ * cfg->n_parallel sequences and starts the engine thread. `cfg` and
+ * `metrics` must outlive the engine. Returns 0, -errno, THAW_ELLAMA (load or
+ * context failure, logged) or THAW_ENOMEM. */
+int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_engine **out);
+
+/* Stops the thread: active and queued tasks fail with 503, later submits get
+ * THAW_ESHUTDOWN. Everything else stays valid until thaw_engine_free.
+ * Idempotent. */
+void thaw_engine_stop(struct thaw_engine *e);
+
+/* Stops (if not yet) and frees all. */
+void thaw_engine_free(struct thaw_engine *e);
+
+/* Hands a task to the engine (it takes its own reference); when the task's
+ * conversation is on disk, starts reading it (thaw_disk_cache_prefetch)
+ * before it waits for a slot. Returns 0,
+ * THAW_ECTXFULL (prompt cannot fit a slot's context), THAW_EBUSY (queue
+ * full) or THAW_ESHUTDOWN. */
+int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t);
+
+const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e);
+/* What GET /slots shows (slots_view.h): any thread may read it. */
+struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e);
+const char *thaw_engine_model_name(const struct thaw_engine *e);
+int thaw_engine_n_ctx_slot(const struct thaw_engine *e);
+/* The longest text any one token stands for, in bytes (>= 1). */
+int thaw_engine_max_token_bytes(const struct thaw_engine *e);
+int thaw_engine_n_ctx_train(const struct thaw_engine *e);
+uint64_t thaw_engine_n_params(const struct thaw_engine *e);
+/* The model's numbers GET /v1/models reports. */
+void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta *m);
+
+/* The key binding for a tenant namespace (model fingerprint + context
+ * settings + namespace), see thaw_keys_binding. */
+void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id[THAW_KEY_BYTES],
+                         uint8_t out[THAW_KEY_BYTES]);
+
+/* Appends the engine's own Prometheus lines (disk cache etc.). Matches
+ * thaw_metrics_extra_fn; `ud` is the engine. */
+void thaw_engine_metrics(void *ud, char *buf, size_t cap, size_t *len);
+
+#endif

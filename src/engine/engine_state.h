@@ -1,0 +1,71 @@
+/* engine_state.h — the engine's state, shared by the files that make it
+ * up: engine.c (the loop, admission, lifecycle) and generate.c (a reply's
+ * tokens). Nothing else includes it: engine.h is the engine's interface.
+ * Engine thread only, except where a field says otherwise. */
+#ifndef THAW_ENGINE_STATE_H
+#define THAW_ENGINE_STATE_H
+
+#include "engine/engine.h"
+#include "engine/slot.h"
+
+#include <llama.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+struct thaw_engine {
+    const struct thaw_config *cfg;
+    struct thaw_metrics *metrics;
+    struct thaw_slots_view *view; /* GET /slots (slots_view.h) */
+
+    struct llama_model *model;
+    const struct llama_vocab *vocab;
+    struct llama_context *ctx;
+    struct thaw_chat *chat;
+    struct thaw_sched *sched;
+    char *model_name;
+    uint8_t fingerprint[THAW_KEY_BYTES];
+    char settings[256];        /* the context settings that shape the state's bytes */
+    double fixup_us_per_tok;   /* decode cost of a FIXUP token alone (moving average), 0 = unknown */
+    bool batch_fixup_only;     /* the batch in flight holds FIXUP tokens only */
+    bool fixup_awaited;        /* a queued request waits for a FIXUP slot to finish (admit): full speed */
+    struct thaw_kvtap *tap;    /* where the KV cache's cells are: stores cut blocks from it (kvtap.h); NULL = off */
+    bool tap_verify;           /* THAW_TEST_KVTAP_VERIFY: check every cut against a capture */
+    struct thaw_slotkv *skv;   /* the slots' sequences: rollback, restore, store (slotkv.h) */
+
+    struct thaw_slot *slots;
+    int n_slots;
+    int n_ctx_slot;            /* tokens per sequence */
+    int max_token_bytes;       /* longest piece of text one token stands for */
+    int n_swa;                 /* sliding window, 0 = none or --swa-full */
+    bool recurrent;            /* recurrent / hybrid memory: cannot roll back without a checkpoint */
+    bool partial;              /* n_swa > 0 || recurrent: checkpoints needed */
+
+    struct thaw_draft *draft;  /* NULL = no speculative decoding */
+    struct thaw_kvcache *kv;   /* the cache tiers (kvcache.h), skv's */
+    uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
+    struct llama_batch batch;  /* n_batch tokens */
+    int n_batch;
+
+    pthread_t thread;
+    atomic_bool stop;
+};
+
+/* engine.c: the slot's request or post-reply work ends (the slot is free
+ * again); or fails, its task answered with status and msg and its KV
+ * cleared. */
+void thaw_engine_slot_idle(struct thaw_engine *e, struct thaw_slot *s);
+void thaw_engine_slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, const char *msg);
+
+/* generate.c: takes one sampled token: text out, stop conditions, the
+ * next decode (the slot stays in GEN) or the reply's end (FIXUP or IDLE). */
+void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token tok);
+/* Asks the draft for up to `room` tokens after the slot's next token, into
+ * s->drafts; returns how many (0: none worth verifying). */
+int thaw_gen_draft(struct thaw_engine *e, struct thaw_slot *s, int room);
+/* The target's verdict on the slot's drafts, once the batch holding them
+ * is decoded: the matching ones kept, the samples emitted, the rest rolled
+ * back. */
+void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s);
+
+#endif

@@ -1,0 +1,180 @@
+/* generate.c — a reply's tokens, one at a time: each sampled token's text
+ * streamed out, the stop conditions (end of generation, stop strings,
+ * max_tokens, the slot's context), the reply's end (parsed into the message
+ * the client gets, its store key derived, FIXUP entered), and speculative
+ * decoding's two halves (ask the draft, verify with the target's sampler).
+ * Engine thread only; engine_state.h is the state it shares with engine.c. */
+#include "engine/engine_state.h"
+
+#include "api/keys_request.h"
+#include "api/template.h"
+#include "base/log.h"
+#include "base/utf8.h" /* thaw_utf8_sanitize */
+#include "engine/draft.h"
+#include "engine/slotkv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* After a reply (s->store_key derived): the slot enters FIXUP with the
+ * tokens the next turn will present for this conversation, or with what it
+ * holds when there is no canonical form (still a prefix win); slotkv.h. */
+static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const char *reply_json)
+{
+    llama_token *canon = NULL;
+    int n_canon = 0;
+
+    if (thaw_chat_canonical(e->chat, &s->task->req, reply_json, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
+        thaw_slot_reserve(s, n_canon + 1) != 0) {
+        free(canon);
+        canon = NULL;
+    }
+    thaw_slotkv_prepare_store(e->skv, s, canon, n_canon);
+}
+
+static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *reason)
+{
+    int64_t now = thaw_now_us();
+
+    thaw_slot_flush_text(s, true);
+    thaw_slot_finish_timings(s, now);
+    atomic_fetch_add(&e->metrics->predicted_tokens, (uint64_t)s->n_decoded);
+    atomic_fetch_add(&e->metrics->predicted_us, (uint64_t)(now - s->t_prompt_done_us));
+    /* the reply as the message the client gets: content, reasoning, tool
+     * calls; its normalised form keys the store, as the client will echo it */
+    char *reply = thaw_utf8_sanitize(s->gen ? s->gen : "", s->n_gen);
+    char *msg = NULL, *norm = NULL, err[256];
+    if (reply && thaw_chat_parse_reply(s->task->gen.parser, reply, false, s->task->id_prefix, &msg, &norm, err,
+                                       sizeof err) != 0) {
+        LOG_WRN("slot %d: the reply could not be parsed (%s): sent as plain text", s->id, err);
+        thaw_chat_parse_reply(NULL, reply, false, s->task->id_prefix, &msg, &norm, err, sizeof err);
+    }
+    if (msg && strstr(msg, "\"tool_calls\":[") && strcmp(reason, "stop") == 0)
+        reason = "tool_calls";
+    char *stored_msg = msg ? strdup(msg) : NULL;
+    /* The store key, derived now: the next turn may arrive as soon as the
+     * client has this reply, before the store below is captured. The cache
+     * tiers learn it is coming, so the shared tier does not go looking for
+     * a state this replica is about to write itself. */
+    bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm;
+    if (will_store) {
+        thaw_keys_reply(s->task->binding, &s->task->req, norm, s->tokens, s->n_tokens, s->store_key);
+        thaw_kvcache_expect(e->kv, s->store_key);
+    }
+    thaw_task_finish(s->task, reason, s->stop_word, &s->timings, msg);
+    LOG_INF("slot %d: done (%s): prompt %d (%d cached, %s), %.1f ms; %d generated, %.1f tok/s", s->id, reason,
+            s->task->n_prompt, s->timings.cache_n, s->timings.cache_source, s->timings.prompt_ms,
+            s->timings.predicted_n,
+            s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
+    /* a verified draft may have left positions past the finish in the KV */
+    thaw_slotkv_rm(e->skv, s, s->n_tokens);
+    if (will_store)
+        slot_prepare_store(e, s, stored_msg); /* -> FIXUP */
+    else
+        thaw_engine_slot_idle(e, s);
+    free(stored_msg);
+    free(norm);
+    free(reply);
+}
+
+/* Takes one sampled token: text out, stop conditions, next decode. */
+void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token tok)
+{
+    const struct thaw_task *t = s->task;
+    char piece[256];
+    int n;
+
+    s->n_decoded++;
+    if (llama_vocab_is_eog(e->vocab, tok)) {
+        slot_finish(e, s, "stop");
+        return;
+    }
+    bool special = false; /* the template's own markers (<tool_call>, <think>) stay in the text the parser reads */
+    for (int i = 0; i < t->gen.n_preserved && !special; i++)
+        special = t->gen.preserved[i] == tok;
+    n = llama_token_to_piece(e->vocab, tok, piece, sizeof piece, 0, special);
+    if (n < 0)
+        n = 0; /* a piece longer than 256 bytes: no real vocab has one */
+    size_t before = s->n_gen;
+    if (thaw_slot_gen_append(s, piece, (size_t)n) != 0) {
+        thaw_engine_slot_fail(e, s, 500, "out of memory");
+        return;
+    }
+    if (t->req.n_stop + t->gen.n_stops > 0) {
+        int which = -1;
+        const char *hit = thaw_slot_find_stop(s, before, &which);
+        if (hit) {
+            if (which < t->req.n_stop)
+                s->stop_word = t->req.stop[which]; /* the client's own: Anthropic names it */
+            s->n_gen = (size_t)(hit - s->gen);
+            s->gen[s->n_gen] = '\0';
+            slot_finish(e, s, "stop");
+            return;
+        }
+    }
+    if (s->n_decoded >= t->max_tokens || s->n_tokens + 1 >= e->n_ctx_slot) {
+        slot_finish(e, s, "length");
+        return;
+    }
+    thaw_slot_flush_text(s, false);
+    s->next_token = tok;
+    if (s->phase != THAW_SLOT_GEN)
+        thaw_slot_move(s, THAW_SLOT_GEN, NULL, e->metrics);
+}
+
+/* Asks the draft for up to `room` tokens after the slot's next token. */
+int thaw_gen_draft(struct thaw_engine *e, struct thaw_slot *s, int room)
+{
+    const struct thaw_config *cfg = e->cfg;
+    int max = cfg->draft_max;
+
+    if (max > room)
+        max = room;
+    if (max > s->task->max_tokens - s->n_decoded - 1)
+        max = s->task->max_tokens - s->n_decoded - 1;
+    if (max > e->n_ctx_slot - s->n_tokens - 2)
+        max = e->n_ctx_slot - s->n_tokens - 2;
+    if (max < 1 || max < cfg->draft_min)
+        return 0;
+    if (thaw_draft_sync(e->draft, s->id, s->tokens, s->n_tokens) < 0)
+        return 0;
+    int n = thaw_draft_propose(e->draft, s->id, s->next_token, max, cfg->draft_p_min, s->drafts);
+    return n >= cfg->draft_min ? n : 0;
+}
+
+/* The target's verdict on a draft: sample at every drafted position with
+ * the request's own sampler (so each emitted token is the target's), keep
+ * the drafts that match, emit the samples, roll the rest back. */
+void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s)
+{
+    llama_token emitted[THAW_DRAFT_MAX + 1];
+    int base = s->n_tokens, n_emit = 0;
+
+    char err[256];
+    for (int i = 0; i <= s->n_drafts; i++) {
+        if (thaw_tmpl_sampler_sample(s->smpl, e->ctx, s->i_batch + i, &emitted[n_emit], err, sizeof err) != 0) {
+            LOG_WRN("slot %d: %s", s->id, err);
+            thaw_engine_slot_fail(e, s, 500, err);
+            return;
+        }
+        n_emit++;
+        if (i == s->n_drafts || emitted[i] != s->drafts[i])
+            break;
+    }
+    int accepted = n_emit - 1;
+    s->timings.draft_n += s->n_drafts;
+    s->timings.draft_n_accepted += accepted;
+    atomic_fetch_add(&e->metrics->draft_tokens, (uint64_t)s->n_drafts);
+    atomic_fetch_add(&e->metrics->draft_accepted, (uint64_t)accepted);
+    /* the KV holds next_token and every draft: keep next_token + accepted */
+    thaw_slotkv_rm(e->skv, s, base + 1 + accepted);
+    s->tokens[base] = s->next_token;
+    memcpy(s->tokens + base + 1, s->drafts, (size_t)accepted * sizeof(llama_token));
+    s->n_drafts = 0;
+    for (int i = 0; i < n_emit; i++) {
+        s->n_tokens = base + 1 + i;
+        thaw_gen_take_token(e, s, emitted[i]);
+        if (s->phase != THAW_SLOT_GEN)
+            break;
+    }
+}

@@ -1,0 +1,208 @@
+/* sampler.c — a request's sampler chain (sampler.h).
+ *
+ * The settings' stages are built the way llama-server builds them
+ * (common/sampling.cpp): the stages in --samplers order, then the sampler
+ * that picks: dist, or adaptive-p when it is listed; Mirostat replaces the
+ * stages with temperature + Mirostat. thaw keeps one rule of its own:
+ * temp <= 0 is greedy (argmax), whatever the stages, so a greedy request is
+ * exact. */
+#include "engine/sampler.h"
+
+#include "api/template.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sampling.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(THAW_SAMPLING_SEED_RANDOM == LLAMA_DEFAULT_SEED, "a random seed means the same to libllama");
+
+static int add(struct llama_sampler *chain, struct llama_sampler *s)
+{
+    if (!s)
+        return THAW_ENOMEM;
+    llama_sampler_chain_add(chain, s);
+    return 0;
+}
+
+/* --logit-bias, the model's suppressed tokens and, with --ignore-eos, every
+ * end-of-generation token at -inf: one logit-bias sampler, as llama-server
+ * merges them (ids outside the vocabulary are skipped) */
+static int add_biases(const struct thaw_sampling *s, struct llama_sampler *chain, const struct llama_vocab *vocab)
+{
+    int32_t n_vocab = llama_vocab_n_tokens(vocab), n_supp = 0, n = 0, cap;
+    const llama_token *supp = llama_vocab_get_suppress_tokens(vocab, &n_supp);
+    llama_logit_bias *bias;
+    int rc;
+
+    cap = s->n_logit_bias + n_supp;
+    if (s->ignore_eos)
+        for (llama_token t = 0; t < n_vocab; t++)
+            cap += llama_vocab_is_eog(vocab, t);
+    if (cap == 0)
+        return 0;
+    if (!(bias = malloc((size_t)cap * sizeof *bias)))
+        return THAW_ENOMEM;
+    for (int i = 0; i < s->n_logit_bias; i++)
+        if (s->logit_bias[i].token < n_vocab)
+            bias[n++] = (llama_logit_bias){s->logit_bias[i].token, s->logit_bias[i].bias};
+    for (int32_t i = 0; i < n_supp; i++)
+        bias[n++] = (llama_logit_bias){supp[i], -INFINITY};
+    if (s->ignore_eos)
+        for (llama_token t = 0; t < n_vocab; t++)
+            if (llama_vocab_is_eog(vocab, t))
+                bias[n++] = (llama_logit_bias){t, -INFINITY};
+    rc = n ? add(chain, llama_sampler_init_logit_bias(n_vocab, n, bias)) : 0; /* it copies the biases */
+    free(bias);
+    return rc;
+}
+
+static int build_stages(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
+                        struct llama_sampler *chain)
+{
+    int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    int last_n = s->penalty_last_n < 0 ? n_ctx_slot : s->penalty_last_n;
+    int dry_last_n = s->dry_penalty_last_n < 0 ? n_ctx_slot : s->dry_penalty_last_n;
+    bool adaptive = false;
+    int rc = 0;
+
+    if ((rc = add_biases(s, chain, vocab)) != 0)
+        return rc;
+    if (s->temp <= 0.0f)
+        return add(chain, llama_sampler_init_greedy());
+    if (s->mirostat == 1 || s->mirostat == 2) {
+        if ((rc = add(chain, llama_sampler_init_temp(s->temp))) != 0)
+            return rc;
+        return add(chain, s->mirostat == 1 ? llama_sampler_init_mirostat(n_vocab, s->seed, s->mirostat_tau,
+                                                                         s->mirostat_eta, 100)
+                                           : llama_sampler_init_mirostat_v2(s->seed, s->mirostat_tau, s->mirostat_eta));
+    }
+    for (int i = 0; i < s->n_stages && rc == 0; i++) {
+        switch ((enum thaw_sampler_stage)s->stages[i]) {
+        case THAW_STAGE_PENALTIES:
+            rc = add(chain, llama_sampler_init_penalties(n_vocab, last_n, s->penalty_repeat, s->penalty_freq,
+                                                         s->penalty_present));
+            break;
+        case THAW_STAGE_DRY: {
+            const char *br[THAW_SAMPLING_BREAKERS_BYTES / 2];
+            size_t off = 0;
+            for (int j = 0; j < s->n_dry_breakers; j++) {
+                br[j] = s->dry_breakers + off;
+                off += strlen(br[j]) + 1;
+            }
+            rc = add(chain, llama_sampler_init_dry(vocab, s->dry_multiplier, s->dry_base, s->dry_allowed_length,
+                                                   dry_last_n, br, (size_t)s->n_dry_breakers));
+            break;
+        }
+        case THAW_STAGE_TOP_N_SIGMA:
+            rc = add(chain, llama_sampler_init_top_n_sigma(s->top_n_sigma));
+            break;
+        case THAW_STAGE_TOP_K:
+            rc = add(chain, llama_sampler_init_top_k(s->top_k));
+            break;
+        case THAW_STAGE_TYPICAL_P:
+            rc = add(chain, llama_sampler_init_typical(s->typ_p, 0));
+            break;
+        case THAW_STAGE_TOP_P:
+            rc = add(chain, llama_sampler_init_top_p(s->top_p, 0));
+            break;
+        case THAW_STAGE_MIN_P:
+            rc = add(chain, llama_sampler_init_min_p(s->min_p, 0));
+            break;
+        case THAW_STAGE_XTC:
+            rc = add(chain, llama_sampler_init_xtc(s->xtc_probability, s->xtc_threshold, 0, s->seed));
+            break;
+        case THAW_STAGE_TEMPERATURE:
+            rc = add(chain, llama_sampler_init_temp_ext(s->temp, s->dynatemp_range, s->dynatemp_exponent));
+            break;
+        case THAW_STAGE_ADAPTIVE_P:
+            adaptive = true; /* picks the token: goes last, in dist's place */
+            break;
+        }
+    }
+    if (rc != 0)
+        return rc;
+    return add(chain, adaptive ? llama_sampler_init_adaptive_p(s->adaptive_target, s->adaptive_decay, s->seed)
+                               : llama_sampler_init_dist(s->seed));
+}
+
+/* The settings' stages appended to `chain` (a llama_sampler_chain) as one sampler,
+ * ending with the one that picks the token: greedy when temp <= 0, else
+ * dist (or Mirostat / adaptive-p). `n_ctx_slot` resolves the -1
+ * look-backs. The `n_history` tokens of `history` (the prompt) are accepted
+ * first, so the penalties and DRY see them as llama-server's do; a grammar
+ * already in `chain` does not. Returns 0, or THAW_ENOMEM (`chain` is then
+ * unchanged; the caller frees it either way). */
+int thaw_sampling_build(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
+                        const int32_t *history, int n_history, struct llama_sampler *chain);
+
+static int build_settings(const struct thaw_sampling *s, const struct llama_vocab *vocab, int n_ctx_slot,
+                          const int32_t *history, int n_history, struct llama_sampler *chain)
+{
+    /* its own chain, so the history reaches these samplers and not a
+     * grammar ahead of them in `chain` */
+    struct llama_sampler *sub = llama_sampler_chain_init(llama_sampler_chain_default_params());
+    int rc;
+
+    if (!sub)
+        return THAW_ENOMEM;
+    if ((rc = build_stages(s, vocab, n_ctx_slot, sub)) != 0) {
+        llama_sampler_free(sub);
+        return rc;
+    }
+    for (int i = 0; i < n_history; i++)
+        llama_sampler_accept(sub, history[i]);
+    llama_sampler_chain_add(chain, sub);
+    return 0;
+}
+
+struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const struct thaw_sampling *defaults,
+                                       int n_ctx_slot, const struct thaw_task *t)
+{
+    const struct thaw_chat_request *req = &t->req;
+    const struct thaw_chat_gen *g = &t->gen;
+    struct llama_sampler *c = llama_sampler_chain_init(llama_sampler_chain_default_params());
+
+    if (!c)
+        return NULL;
+    if (g->grammar) {
+        struct llama_sampler *gr =
+            g->grammar_lazy ? llama_sampler_init_grammar_lazy_patterns(vocab, g->grammar, "root",
+                                                                      (const char **)g->triggers, (size_t)g->n_triggers,
+                                                                      g->trigger_tokens, (size_t)g->n_trigger_tokens)
+                            : llama_sampler_init_grammar(vocab, g->grammar, "root");
+        if (!gr) {
+            llama_sampler_free(c);
+            return NULL;
+        }
+        char err[256];
+        for (int i = 0; i < g->n_prefill; i++)
+            if (thaw_tmpl_sampler_accept(gr, g->prefill[i], err, sizeof err) != 0) {
+                LOG_WRN("the template's grammar does not accept its own generation prompt (%s)", err);
+                llama_sampler_free(gr);
+                llama_sampler_free(c);
+                return NULL;
+            }
+        llama_sampler_chain_add(c, gr);
+    }
+    /* the server's defaults (--temp, --top-k, --samplers, ...), the request's own fields over them */
+    struct thaw_sampling sp = *defaults;
+    if (!isnan(req->temperature))
+        sp.temp = req->temperature;
+    if (!isnan(req->top_p))
+        sp.top_p = req->top_p;
+    if (!isnan(req->min_p))
+        sp.min_p = req->min_p;
+    if (req->top_k >= 0)
+        sp.top_k = req->top_k;
+    if (req->has_seed)
+        sp.seed = req->seed;
+    if (build_settings(&sp, vocab, n_ctx_slot, t->prompt, t->n_prompt, c) != 0) {
+        llama_sampler_free(c);
+        return NULL;
+    }
+    return c;
+}
+

@@ -1,0 +1,456 @@
+/* slotkv.c — a slot's sequence in the llama_context (slotkv.h).
+ *
+ * Map:
+ *   (top)                               new/free: the cache tiers, opened after
+ *                                       the layout and tap self-tests
+ *   ---- cutting back ----              removal, rollback (checkpoints for SWA /
+ *                                       recurrent memory)
+ *   ---- from and to the cache tiers ---- install a cached state, the lookup
+ *                                       (slot, then the tiers), the store (blocks
+ *                                       cut from the tap, else a whole capture)
+ */
+#include "engine/slotkv.h"
+
+#include "base/blob.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "cache/blocks.h"
+#include "engine/draft.h"
+#include "engine/slots_view.h"
+#include "llama/kvlayout.h"
+#include "llama/kvstate.h"
+#include "llama/kvtap.h"
+#include "llama/tokens.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct thaw_slotkv {
+    struct llama_context *ctx;
+    struct thaw_kvcache *kv;
+    struct thaw_kvtap *tap;
+    bool tap_verify;
+    struct thaw_draft *draft;
+    int n_swa;
+    bool recurrent;
+    bool partial; /* n_swa > 0 || recurrent: checkpoints needed */
+    int min_tokens;
+    struct thaw_metrics *metrics;
+    void *capture; /* the last capture's buffer, reused once the tiers let go of it (kvstate.h) */
+    size_t capture_cap;
+};
+
+/* The cache tiers for this context: blocks only where the state layout
+ * and the tap pass their self-tests on it. */
+static int open_tiers(struct thaw_slotkv *k, const struct thaw_slotkv_params *p)
+{
+    const struct thaw_config *cfg = p->cfg;
+
+    struct thaw_kvcache_params kp = {
+        .ram_bytes = cfg->cache_ram_mib << 20,
+        .disk_dir = cfg->kv_cache_dir,
+        .disk_max_bytes = cfg->kv_cache_max_mib << 20,
+        .disk_queue_bytes = cfg->kv_cache_queue_mib << 20,
+        .ttl_s = (int64_t)cfg->kv_cache_ttl_s,
+        .min_tokens = cfg->kv_cache_min_tokens,
+        .metrics = p->metrics,
+        .block_tokens = cfg->kv_cache_dir ? (uint32_t)cfg->kv_cache_block : 0,
+        .prefix_lookup = !k->recurrent, /* a recurrent state is no run of blocks; SWA blocks carry their rows */
+        .n_window = (uint32_t)k->n_swa,
+        .n_stream = (uint32_t)llama_n_seq_max(p->ctx),
+    };
+    struct thaw_shared_params sp = {
+        .url = cfg->kv_shared,
+        .endpoint = cfg->kv_shared_endpoint,
+        .secret_file = cfg->kv_shared_secret_file,
+        .timeout_ms = cfg->kv_shared_timeout_ms,
+        .retry_s = cfg->kv_shared_retry_s,
+        .queue = (uint32_t)cfg->kv_shared_queue,
+        .prefix_fetch = true,
+    };
+    if (cfg->kv_shared)
+        kp.shared = &sp;
+    if (kp.block_tokens) {
+        /* blocks only for a state layout kvlayout.c knows, checked on a real
+         * round trip through slot 0's (still empty) sequence */
+        char why[200];
+        int lrc = thaw_kvlayout_selftest(p->ctx, 0, why, sizeof why);
+        if (lrc != 0) {
+            LOG_INF("kv-cache: whole states, not blocks: %s", lrc == THAW_ELAYOUT ? why : thaw_strerror(lrc));
+            kp.block_tokens = 0;
+        }
+    }
+    if (p->tap) {
+        char why[200] = "";
+        int trc = kp.block_tokens && !k->recurrent ? thaw_kvtap_selftest(p->tap, p->ctx, 0, why, sizeof why)
+                                                   : THAW_ELAYOUT;
+        if (trc == 0)
+            LOG_INF("kv-cache: stores cut their new blocks straight from the KV cache%s",
+                    thaw_kvtap_has_swa(p->tap) ? ", SWA rows as they are written" : "");
+        else if (kp.block_tokens)
+            LOG_INF("kv-cache: stores capture whole states: %s", why[0] ? why : thaw_strerror(trc));
+    }
+    memcpy(kp.identity, p->identity, THAW_KEY_BYTES);
+    return thaw_kvcache_open(&kp, &k->kv);
+}
+
+int thaw_slotkv_new(const struct thaw_slotkv_params *p, struct thaw_slotkv **out)
+{
+    struct thaw_slotkv *k = calloc(1, sizeof *k);
+    int rc;
+
+    if (!k)
+        return THAW_ENOMEM;
+    k->ctx = p->ctx;
+    k->tap = p->tap;
+    k->tap_verify = p->tap_verify;
+    k->draft = p->draft;
+    k->n_swa = p->n_swa;
+    k->recurrent = p->recurrent;
+    k->partial = p->n_swa > 0 || p->recurrent;
+    k->min_tokens = p->cfg->kv_cache_min_tokens;
+    k->metrics = p->metrics;
+    if ((rc = open_tiers(k, p)) != 0) {
+        free(k);
+        return rc;
+    }
+    *out = k;
+    return 0;
+}
+
+void thaw_slotkv_free(struct thaw_slotkv *k)
+{
+    if (!k)
+        return;
+    thaw_kvcache_close(k->kv); /* writes what is still queued, then lets go of the last capture */
+    thaw_blob_unref(k->capture);
+    free(k);
+}
+
+struct thaw_kvcache *thaw_slotkv_cache(const struct thaw_slotkv *k) { return k->kv; }
+
+/* ---- cutting back ---------------------------------------------------------------- */
+
+/* Removes the slot's positions >= p (0: all) from its sequence, and from
+ * what the tap knows of it (kvtap.h): every removal goes through here. */
+bool thaw_slotkv_rm(struct thaw_slotkv *k, const struct thaw_slot *s, int p)
+{
+    bool ok = llama_memory_seq_rm(llama_get_memory(k->ctx), s->id, p > 0 ? p : -1, -1);
+    thaw_kvtap_forget(k->tap, s->id, p);
+    return ok;
+}
+
+void thaw_slotkv_clear(struct thaw_slotkv *k, struct thaw_slot *s)
+{
+    thaw_slotkv_rm(k, s, 0);
+    thaw_slot_forget(s);
+}
+
+/* Can a sequence whose memory starts at pos_min continue at position n?
+ * The token at n attends to the n_swa positions before it (standard SWA:
+ * positions > n - n_swa); a recurrent state exists only at its end. */
+static bool can_resume_at(const struct thaw_slotkv *k, const struct thaw_slot *s, llama_pos pos_min, int n)
+{
+    if (k->recurrent)
+        return n == s->n_tokens;
+    if (k->n_swa == 0 || pos_min <= 0)
+        return true;
+    return pos_min <= n - k->n_swa + 1;
+}
+
+/* The longest prefix of at most n tokens the slot can resume at, and the
+ * checkpoint that takes it there (*ckpt NULL: a plain truncation does). */
+int thaw_slotkv_rollback_target(const struct thaw_slotkv *k, const struct thaw_slot *s, int n, const struct thaw_ckpt **ckpt)
+{
+    *ckpt = NULL;
+    if (n > s->n_tokens)
+        n = s->n_tokens;
+    if (n <= 0 || !k->partial || can_resume_at(k, s, llama_memory_seq_pos_min(llama_get_memory(k->ctx), s->id), n))
+        return n > 0 ? n : 0;
+    for (int i = s->ckpts.n - 1; i >= 0; i--) {
+        if (s->ckpts.v[i].n_tokens <= n && s->ckpts.v[i].n_tokens > 0) {
+            *ckpt = &s->ckpts.v[i];
+            return s->ckpts.v[i].n_tokens;
+        }
+    }
+    return 0;
+}
+
+/* Truncates the slot's sequence to at most n tokens, as close to n as its
+ * memory allows (a checkpoint when the window or recurrent state cannot roll
+ * back that far; nothing when no checkpoint fits). Returns the new length. */
+int thaw_slotkv_rollback(struct thaw_slotkv *k, struct thaw_slot *s, int n)
+{
+    const struct thaw_ckpt *c;
+
+    n = thaw_slotkv_rollback_target(k, s, n, &c);
+    if (c) {
+        if (thaw_ckpt_restore(c, k->ctx, s->id) == 0) {
+            LOG_DBG("slot %d: rolled back to the checkpoint at %d tokens", s->id, n);
+        } else {
+            LOG_WRN("slot %d: checkpoint at %d tokens could not be installed: full prefill", s->id, n);
+            n = 0;
+        }
+    }
+    if (n == 0 || !thaw_slotkv_rm(k, s, n)) {
+        thaw_slotkv_clear(k, s);
+        return 0;
+    }
+    thaw_slot_truncate(s, n);
+    return n;
+}
+
+/* ---- from and to the cache tiers ------------------------------------------------ */
+
+/* Installs a cached conversation (its .kv, .ckpt and .dft blobs; the last
+ * two may be empty) into the slot when it holds more of the prompt than the
+ * slot already does. Returns the tokens of the prompt the slot now holds
+ * (>= n_past), or a negative error when the blobs are corrupt (the slot is
+ * then empty). A bad .dft only costs the draft a prefill. */
+static int slot_install(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t,
+                        const struct thaw_part_blob parts[THAW_PART_COUNT], int n_past)
+{
+    struct thaw_kvstate_view v;
+    int rc;
+
+    if ((rc = thaw_kvstate_parse(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &v)) != 0)
+        return rc;
+    int lcp = thaw_lcp(v.tokens, v.n_tokens, t->prompt, t->n_prompt);
+    if (lcp <= n_past)
+        return n_past; /* the slot already holds as much: keep it */
+    if (thaw_slot_reserve(s, v.n_tokens + 1) != 0)
+        return THAW_ENOMEM;
+    thaw_slotkv_clear(k, s);
+    if ((rc = thaw_kvstate_restore(k->ctx, s->id, &v)) != 0)
+        return rc;
+    thaw_kvtap_restored(k->tap, s->id, v.state, v.n_state);
+    memcpy(s->tokens, v.tokens, (size_t)v.n_tokens * sizeof(llama_token));
+    s->n_tokens = v.n_tokens;
+    if ((rc = thaw_ckpt_parse(parts[THAW_PART_CKPT].data, parts[THAW_PART_CKPT].size, &s->ckpts)) != 0) {
+        thaw_slotkv_clear(k, s);
+        return rc;
+    }
+    if (k->draft && parts[THAW_PART_DFT].size > 0) {
+        rc = thaw_draft_restore(k->draft, s->id, parts[THAW_PART_DFT].data, parts[THAW_PART_DFT].size);
+        if (rc < 0)
+            LOG_WRN("slot %d: draft state unusable (%s): the draft prefills instead", s->id, thaw_strerror(rc));
+        else
+            s->timings.draft_restored = rc;
+    }
+    thaw_slot_hold(s, t->lookup_key);
+    return lcp;
+}
+
+/* slot_install through the kvcache's sink */
+struct install_ctx {
+    struct thaw_slotkv *k;
+    struct thaw_slot *s;
+    const struct thaw_task *t;
+    int n_past;
+};
+
+static int install_cb(void *ud, const struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    struct install_ctx *ic = ud;
+
+    return slot_install(ic->k, ic->s, ic->t, parts, ic->n_past);
+}
+
+static void undo_cb(void *ud)
+{
+    struct install_ctx *ic = ud;
+
+    thaw_slotkv_clear(ic->k, ic->s);
+}
+
+/* One lookup, one outcome: the source that served it ("slot" when the slot
+ * already held the conversation), or NULL for a miss. The outcomes sum to
+ * thaw_kv_cache_lookups_total (a keyed miss that stored blocks rescue is a
+ * blocks hit, not also a miss). */
+static void count_lookup(struct thaw_metrics *m, const char *source)
+{
+    atomic_uint_fast64_t *c = !source                         ? &m->cache_misses
+                              : strcmp(source, "slot") == 0   ? &m->cache_hits_slot
+                              : strcmp(source, "ram") == 0    ? &m->cache_hits_ram
+                              : strcmp(source, "shared") == 0 ? &m->cache_hits_shared
+                              : strcmp(source, "blocks") == 0 ? &m->cache_hits_blocks
+                                                              : &m->cache_hits_disk;
+
+    atomic_fetch_add(&m->cache_lookups, 1);
+    atomic_fetch_add(c, 1);
+}
+
+/* The lookup at the start of a request: the slot itself, then the cache
+ * tiers (kvcache.h). Returns the number of prompt tokens the slot holds
+ * afterwards. */
+int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past)
+{
+    struct install_ctx ic = {k, s, t, n_past};
+    const struct thaw_kvcache_sink sink = {install_cb, undo_cb, &ic, s->id};
+
+    int got = n_past;
+    if (t->has_lookup_key) {
+        if (thaw_slot_holds(s, t->lookup_key)) {
+            /* the slot still holds this conversation: the prefix path serves it */
+            count_lookup(k->metrics, "slot");
+            return n_past;
+        }
+        got = thaw_kvcache_lookup(k->kv, t->lookup_key, n_past, &sink, &s->timings.cache_source,
+                                  &s->timings.restore_ms);
+    }
+    if (got <= n_past) /* no entry (a first turn, an edit, a fork): stored blocks may still serve it */
+        got = thaw_kvcache_lookup_prefix(k->kv, t->ns, t->prompt, t->n_prompt, got, &sink, &s->timings.cache_source,
+                                         &s->timings.restore_ms);
+    count_lookup(k->metrics, got > n_past ? s->timings.cache_source : NULL);
+    return got;
+}
+
+/* The tap as a store's source (blocks.h) for one slot. */
+struct tap_ud {
+    struct thaw_kvtap *tap;
+    llama_seq_id seq;
+};
+
+static size_t tap_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvtap_block_size(((const struct tap_ud *)ud)->tap, a, b);
+}
+
+static int tap_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_cut(u->tap, u->seq, a, b, dst, cap);
+}
+
+static int tap_known(const void *ud, uint32_t a, uint32_t b)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_known(u->tap, u->seq, a, b);
+}
+
+static size_t tap_swa_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvtap_swa_block_size(((const struct tap_ud *)ud)->tap, a, b);
+}
+
+static int tap_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_swa_cut(u->tap, u->seq, a, b, dst, cap);
+}
+
+static int tap_swa_known(const void *ud, uint32_t a, uint32_t b)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_swa_known(u->tap, u->seq, a, b);
+}
+
+/* Serialises the slot's state (and its draft's) and hands it to the RAM
+ * tier and the disk writer under s->store_key. Never waits for I/O. */
+void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
+{
+    struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+    char hex[17];
+    int rc;
+
+    if (s->n_tokens < k->min_tokens || s->n_tokens == 0)
+        return;
+    thaw_keys_short(s->store_key, hex);
+    int64_t t0 = thaw_now_us();
+    if (k->partial &&
+        (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0) {
+        LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
+        return;
+    }
+    /* the draft catches up with the stored tokens first, so the next turn
+     * restores it as far as the target */
+    if (k->draft && (thaw_draft_sync(k->draft, s->id, s->tokens, s->n_tokens) < 0 ||
+                     thaw_draft_capture(k->draft, s->id, &parts[THAW_PART_DFT].data, &parts[THAW_PART_DFT].size) != 0))
+        LOG_WRN("slot %d: draft state not stored with %s: the next turn prefills the draft", s->id, hex);
+    const uint8_t *supersedes = s->has_prev_key ? s->prev_key : NULL;
+    size_t sizes[THAW_PART_COUNT];
+    const char *where = NULL;
+    /* the blocks straight from the cache's memory: as much work on a 16k
+     * history as on a 2k one (kvtap.h) */
+    if (thaw_kvtap_ready(k->tap) && thaw_kvcache_cuts_blocks(k->kv)) {
+        if (k->tap_verify)
+            (void)thaw_kvtap_verify(k->tap, k->ctx, s->id, s->n_tokens, thaw_kvcache_block_tokens(k->kv));
+        struct thaw_blocks_src src = {(uint32_t)s->n_tokens, tap_size, tap_cut, tap_known, &(struct tap_ud){k->tap, s->id},
+                                      NULL, 0, NULL, NULL, NULL, 0};
+        if (thaw_kvtap_has_swa(k->tap)) {
+            /* the SWA rows the tap took as they were written (DESIGN §12) */
+            src.swa_size = tap_swa_size;
+            src.swa_cut = tap_swa_cut;
+            src.swa_known = tap_swa_known;
+            src.n_window = (uint32_t)k->n_swa;
+        }
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            sizes[p] = parts[p].size;
+        where = thaw_kvcache_store_src(k->kv, s->id, s->store_key, s->ns, s->tokens, s->n_tokens, &src, parts,
+                                       supersedes);
+        atomic_fetch_add(where ? &k->metrics->stores_cut : &k->metrics->stores_captured, 1);
+    }
+    if (!where) {
+        if ((rc = thaw_kvstate_capture_reuse(k->ctx, s->id, s->tokens, s->n_tokens, &k->capture, &k->capture_cap,
+                                             &parts[THAW_PART_KV].data, &parts[THAW_PART_KV].size)) != 0) {
+            LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                thaw_blob_unref(parts[p].data);
+            return;
+        }
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            sizes[p] = parts[p].size;
+        where = thaw_kvcache_store(k->kv, s->id, s->store_key, s->ns, s->n_tokens, parts, supersedes);
+    }
+    thaw_slot_hold(s, s->store_key);
+    thaw_slots_view_stored(s->view, s->id, where);
+    s->has_prev_key = false;
+    int64_t took = thaw_now_us() - t0;
+    atomic_fetch_add(&k->metrics->stores, 1);
+    atomic_fetch_add(&k->metrics->store_us, (uint64_t)took);
+    if (sizes[0])
+        LOG_INF("slot %d: stored %s: %d tokens, %.1f MiB state%s%s -> %s in %.1f ms", s->id, hex, s->n_tokens,
+                (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
+                (double)took / 1000.0);
+    else
+        LOG_INF("slot %d: stored %s: %d tokens, blocks cut from the cache%s -> %s in %.1f ms", s->id, hex,
+                s->n_tokens, sizes[2] ? " + draft" : "", where, (double)took / 1000.0);
+}
+
+
+/* The slot's state is final: it is stored at the next moment no other slot
+ * decodes (the engine's finish_fixups), like a FIXUP with nothing left to
+ * re-decode, so that the capture never delays another request's tokens. */
+static void defer_store(struct thaw_slotkv *k, struct thaw_slot *s)
+{
+    thaw_slot_move(s, THAW_SLOT_FIXUP, NULL, k->metrics);
+}
+
+void thaw_slotkv_prepare_store(struct thaw_slotkv *k, struct thaw_slot *s, llama_token *canon, int n_canon)
+{
+    const struct thaw_task *t = s->task;
+
+    if (!canon) {
+        defer_store(k, s);
+        return;
+    }
+    int lcp = thaw_lcp(s->tokens, s->n_tokens, canon, n_canon);
+    const struct thaw_ckpt *c;
+    int target = thaw_slotkv_rollback_target(k, s, lcp, &c);
+    /* Re-decode at most the reply and a little more: when the window has
+     * moved past the divergence and no checkpoint reaches back, store the
+     * state as generated (its checkpoints still serve the next turn). */
+    if ((lcp == s->n_tokens && lcp == n_canon) || n_canon - target > n_canon - t->n_prompt + 64) {
+        if (lcp != n_canon)
+            LOG_DBG("slot %d: canonical form differs at %d, cannot roll back there: storing as generated", s->id,
+                    lcp);
+        free(canon);
+        defer_store(k, s);
+        return;
+    }
+    int kept = thaw_slotkv_rollback(k, s, lcp);
+    LOG_DBG("slot %d: canonical form differs after %d of %d tokens; kept %d, re-decoding %d", s->id, lcp,
+            n_canon, kept, n_canon - kept);
+    /* stays busy until stored; see the engine's build_batch */
+    thaw_slot_move(s, THAW_SLOT_FIXUP, &(struct thaw_slot_enter){.fix = canon, .n_fix = n_canon}, k->metrics);
+}

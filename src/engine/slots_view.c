@@ -1,0 +1,123 @@
+/* slots_view.c — the engine's slots as GET /slots shows them (slots_view.h). */
+#include "engine/slots_view.h"
+
+#include "api/chat.h"
+#include "engine/slot.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct one {
+    enum thaw_slot_phase phase;
+    llama_token *tokens; /* what the KV held at the last publish, n_tokens of cap */
+    int n_tokens, cap;
+    int n_prompt, n_cached, n_decoded; /* the request in progress, or the last one */
+    const char *cache_source;          /* static */
+    const char *stored_to;             /* static, NULL = not stored yet */
+    uint8_t ns[THAW_KEY_BYTES];
+};
+
+struct thaw_slots_view {
+    pthread_mutex_t mu;
+    int n_slots, n_ctx;
+    struct one *slots;
+};
+
+struct thaw_slots_view *thaw_slots_view_new(int n_slots, int n_ctx)
+{
+    struct thaw_slots_view *v = calloc(1, sizeof *v);
+
+    if (!v || !(v->slots = calloc((size_t)n_slots, sizeof *v->slots))) {
+        free(v);
+        return NULL;
+    }
+    pthread_mutex_init(&v->mu, NULL);
+    v->n_slots = n_slots;
+    v->n_ctx = n_ctx;
+    for (int i = 0; i < n_slots; i++)
+        v->slots[i].cache_source = "none";
+    return v;
+}
+
+void thaw_slots_view_free(struct thaw_slots_view *v)
+{
+    if (!v)
+        return;
+    for (int i = 0; i < v->n_slots; i++)
+        free(v->slots[i].tokens);
+    free(v->slots);
+    pthread_mutex_destroy(&v->mu);
+    free(v);
+}
+
+void thaw_slots_view_publish(struct thaw_slots_view *v, const struct thaw_slot *s)
+{
+    if (!v || s->id < 0 || s->id >= v->n_slots)
+        return;
+    pthread_mutex_lock(&v->mu);
+    struct one *o = &v->slots[s->id];
+    if (s->n_tokens > o->cap) {
+        llama_token *nt = realloc(o->tokens, (size_t)s->n_tokens * sizeof *nt);
+        if (nt) {
+            o->tokens = nt;
+            o->cap = s->n_tokens;
+        }
+    }
+    if (s->n_tokens <= o->cap) {
+        if (s->n_tokens)
+            memcpy(o->tokens, s->tokens, (size_t)s->n_tokens * sizeof *o->tokens);
+        o->n_tokens = s->n_tokens;
+    }
+    if (s->phase == THAW_SLOT_PREFILL) /* a new request: it is not stored yet */
+        o->stored_to = NULL;
+    o->phase = s->phase;
+    if (s->task) {
+        o->n_prompt = s->task->n_prompt;
+        o->n_decoded = s->n_decoded;
+    }
+    o->n_cached = s->timings.cache_n;
+    o->cache_source = s->timings.cache_source ? s->timings.cache_source : "none";
+    memcpy(o->ns, s->ns, THAW_KEY_BYTES);
+    pthread_mutex_unlock(&v->mu);
+}
+
+void thaw_slots_view_stored(struct thaw_slots_view *v, int id, const char *tiers)
+{
+    if (!v || id < 0 || id >= v->n_slots)
+        return;
+    pthread_mutex_lock(&v->mu);
+    v->slots[id].stored_to = tiers;
+    pthread_mutex_unlock(&v->mu);
+}
+
+char *thaw_slots_view_json(struct thaw_slots_view *v, const struct thaw_chat *chat, const uint8_t ns[THAW_KEY_BYTES])
+{
+    json_t *arr = json_array();
+    char *out = NULL;
+
+    if (!arr)
+        return NULL;
+    pthread_mutex_lock(&v->mu);
+    for (int i = 0; i < v->n_slots; i++) {
+        const struct one *o = &v->slots[i];
+        bool mine = memcmp(o->ns, ns, THAW_KEY_BYTES) == 0;
+        char *text = mine && o->n_tokens ? thaw_chat_detokenize(chat, o->tokens, o->n_tokens) : NULL;
+        json_t *so = json_pack(
+            "{s:i, s:i, s:b, s:b, s:i, s:i, s:i, s:s, s:[{s:b, s:i}], s:{s:s, s:i, s:s, s:o}}", "id", i, "n_ctx",
+            v->n_ctx, "speculative", 0, "is_processing", o->phase != THAW_SLOT_IDLE, "n_prompt_tokens", o->n_prompt,
+            "n_prompt_tokens_processed", o->n_prompt - o->n_cached, "n_prompt_tokens_cache", o->n_cached, "prompt",
+            text ? text : "", "next_token", "has_next_token", o->phase == THAW_SLOT_GEN, "n_decoded", o->n_decoded,
+            "thaw", "phase", thaw_slot_phase_name(o->phase), "n_tokens", mine ? o->n_tokens : 0, "cache_source",
+            o->cache_source, "stored_to", o->stored_to ? json_string(o->stored_to) : json_null());
+        free(text);
+        if (!so || json_array_append_new(arr, so) != 0)
+            goto out;
+    }
+    out = json_dumps(arr, JSON_COMPACT);
+out:
+    pthread_mutex_unlock(&v->mu);
+    json_decref(arr);
+    return out;
+}

@@ -1,0 +1,167 @@
+/* task.c — the request/engine hand-off: refcounting and the output channel. */
+#include "engine/task.h"
+
+#include "base/error.h"
+#include "base/utf8.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct thaw_task *thaw_task_new(struct thaw_chat_request *req, llama_token *prompt, int n_prompt)
+{
+    struct thaw_task *t = calloc(1, sizeof *t);
+
+    if (!t)
+        return NULL;
+    t->req = *req;
+    memset(req, 0, sizeof *req);
+    t->prompt = prompt;
+    t->n_prompt = n_prompt;
+    t->http_status = 200;
+    t->t_submit_us = thaw_now_us();
+    pthread_mutex_init(&t->mu, NULL);
+    atomic_init(&t->refs, 1);
+    atomic_init(&t->cancelled, false);
+    return t;
+}
+
+void thaw_task_retain(struct thaw_task *t) { atomic_fetch_add(&t->refs, 1); }
+
+void thaw_task_release(struct thaw_task *t)
+{
+    if (!t || atomic_fetch_sub(&t->refs, 1) != 1)
+        return;
+    if (t->client && t->client->release)
+        t->client->release(t->client_ud);
+    thaw_chat_request_free(&t->req);
+    thaw_chat_gen_free(&t->gen);
+    free(t->message_json);
+    free(t->prompt);
+    free(t->text);
+    free(t->error);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+/* Under t->mu. */
+static void wake(struct thaw_task *t)
+{
+    if (t->client && t->client->wake)
+        t->client->wake(t->client_ud);
+}
+
+bool thaw_task_client_alive(struct thaw_task *t)
+{
+    if (atomic_load(&t->cancelled))
+        return false;
+    if (t->client && t->client->alive && !t->client->alive(t->client_ud)) {
+        atomic_store(&t->cancelled, true);
+        return false;
+    }
+    return true;
+}
+
+int thaw_task_emit(struct thaw_task *t, const char *s, size_t n)
+{
+    int rc = 0;
+
+    if (n == 0)
+        return 0;
+    pthread_mutex_lock(&t->mu);
+    if (t->n_text + n + 1 > t->cap_text) {
+        size_t cap = t->cap_text ? t->cap_text * 2 : 256;
+        while (cap < t->n_text + n + 1)
+            cap *= 2;
+        char *nb = realloc(t->text, cap);
+        if (!nb) {
+            rc = THAW_ENOMEM;
+            goto out;
+        }
+        t->text = nb;
+        t->cap_text = cap;
+    }
+    memcpy(t->text + t->n_text, s, n);
+    t->n_text += n;
+    t->text[t->n_text] = '\0';
+    /* only a stream reads text before the end: waking a non-streaming
+     * request per token would steal a core from the decode threads */
+    if (t->req.stream)
+        wake(t);
+out:
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const char *stop_sequence,
+                      const struct thaw_timings *timings, char *message_json)
+{
+    pthread_mutex_lock(&t->mu);
+    if (t->done) {
+        free(message_json);
+    } else {
+        t->message_json = message_json;
+        t->finish_reason = finish_reason;
+        t->stop_sequence = stop_sequence;
+        t->timings = *timings;
+        t->done = true;
+    }
+    wake(t);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void thaw_task_fail(struct thaw_task *t, int http_status, const char *message)
+{
+    pthread_mutex_lock(&t->mu);
+    if (!t->done) {
+        t->http_status = http_status;
+        free(t->error);
+        t->error = strdup(message);
+        t->done = true;
+    }
+    wake(t);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void thaw_task_started(struct thaw_task *t, int cache_n)
+{
+    pthread_mutex_lock(&t->mu);
+    t->started = true;
+    t->cache_n = cache_n;
+    if (t->req.stream)
+        wake(t);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* ---- client side ------------------------------------------------------------------ */
+
+int thaw_task_news(struct thaw_task *t, size_t from, struct thaw_task_news *out)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&t->mu);
+    out->done = t->done;
+    out->started = t->started || t->done;
+    out->cache_n = t->done && t->http_status == 200 ? t->timings.cache_n : t->cache_n;
+    out->n_text = t->n_text;
+    out->text = NULL;
+    if (from < t->n_text && !(out->text = thaw_utf8_sanitize(t->text + from, t->n_text - from)))
+        rc = THAW_ENOMEM;
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+bool thaw_task_done(struct thaw_task *t)
+{
+    pthread_mutex_lock(&t->mu);
+    bool done = t->done;
+    pthread_mutex_unlock(&t->mu);
+    return done;
+}
+
+void thaw_task_abandon(struct thaw_task *t)
+{
+    atomic_store(&t->cancelled, true);
+    thaw_task_release(t);
+}

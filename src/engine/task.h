@@ -1,0 +1,123 @@
+/* task.h — one chat request on its way between an HTTP thread and the engine.
+ *
+ * The route builds a task (it owns the parsed request and the prompt tokens
+ * from then on) and submits it to the engine; the engine appends reply text
+ * as it is generated and finally marks it done or failed, waking the
+ * client's connection (thaw_task_client) at each step a client can see.
+ * Both sides hold a reference; whoever releases last frees it, so a client
+ * that disconnects mid-stream never leaves the engine with a dangling task.
+ */
+#ifndef THAW_TASK_H
+#define THAW_TASK_H
+
+#include "api/api.h"
+#include "api/chat.h"
+#include "base/clock.h" /* t_submit_us */
+#include "cache/keys.h"
+
+#include <llama.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct thaw_task {
+    /* ---- input: set before submit, read-only afterwards ---- */
+    struct thaw_chat_request req;  /* owned */
+    llama_token *prompt;           /* owned, n_prompt tokens */
+    int n_prompt;
+    int max_tokens;                /* resolved: request's, else -n, else context */
+    const char *model_name;        /* for the response; the engine's, outlives the task */
+    struct thaw_chat_gen gen;      /* grammar, extra stops, reply parser (owned) */
+    char id_prefix[16];            /* tool-call ids are call_<id_prefix><i> */
+    bool has_lookup_key;           /* the conversation has an assistant message */
+    uint8_t lookup_key[THAW_KEY_BYTES];
+    uint8_t binding[THAW_KEY_BYTES]; /* to derive the store key from the reply */
+    int64_t t_submit_us;
+
+    /* ---- output: written by the engine under mu ---- */
+    pthread_mutex_t mu;
+    char *text;                    /* reply bytes safe to send so far (complete UTF-8, no partial stop) */
+    size_t n_text, cap_text;
+    bool done;
+    int http_status;               /* 200, or the error's status */
+    char *error;                   /* message when http_status != 200 */
+    const char *finish_reason;     /* "stop" | "length" | "tool_calls" (static) */
+    const char *stop_sequence;     /* one of req.stop the reply ended on, or NULL */
+    bool started;                  /* a slot took the task and chose what to reuse */
+    int cache_n;                   /* prompt tokens reused, once started */
+    char *message_json;            /* the reply as a message (content, reasoning, tool calls), set with done */
+    struct thaw_timings timings;
+
+    atomic_bool cancelled;         /* the client went away: stop generating */
+    atomic_int refs;
+
+    /* ---- the client: set by the route before submit, NULL-safe ---- */
+    const struct thaw_task_client *client;
+    void *client_ud;               /* released by client->release with the task */
+    uint8_t ns[THAW_KEY_BYTES];    /* the tenant's namespace (thaw_keys_namespace) */
+};
+
+/* How the engine reaches the client without knowing HTTP. */
+struct thaw_task_client {
+    /* news for the client (text for a stream, or done): called with t->mu
+     * held, must not block */
+    void (*wake)(void *ud);
+    /* false once the client hung up; called by the engine thread each step */
+    bool (*alive)(void *ud);
+    /* drops the task's hold on the client (last task reference) */
+    void (*release)(void *ud);
+};
+
+/* A task owning `req` (moved: the caller's copy is zeroed) and `prompt`
+ * (moved). Refcount 1. NULL on ENOMEM (then nothing was moved). */
+struct thaw_task *thaw_task_new(struct thaw_chat_request *req, llama_token *prompt, int n_prompt);
+
+void thaw_task_retain(struct thaw_task *t);
+/* Drops a reference; the last one frees everything the task owns. */
+void thaw_task_release(struct thaw_task *t);
+
+/* Engine side. emit appends reply text; finish/fail set done and wake waiters. */
+int thaw_task_emit(struct thaw_task *t, const char *s, size_t n);
+/* `message_json` (malloc'd, may be NULL) moves into the task.
+ * `stop_sequence` is NULL or one of t->req.stop (the request's stop string
+ * that ended the reply). */
+void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const char *stop_sequence,
+                      const struct thaw_timings *timings, char *message_json);
+void thaw_task_fail(struct thaw_task *t, int http_status, const char *message);
+
+/* The slot has chosen what to reuse (`cache_n` prompt tokens): a stream
+ * whose opening event reports usage (Anthropic's message_start) waits for
+ * it. Wakes a streaming client. */
+void thaw_task_started(struct thaw_task *t, int cache_n);
+
+/* ---- client side (HTTP threads) ----
+ * The output fields above are the engine's until `done`; a client reads
+ * them only through these, and after thaw_task_done() returned true it may
+ * read http_status, error, finish_reason, message_json and timings
+ * directly (nothing writes them again). */
+
+/* What the engine has produced so far, copied under the lock. */
+struct thaw_task_news {
+    bool done;
+    bool started;   /* cache_n is known */
+    int cache_n;
+    size_t n_text;  /* bytes of reply text so far */
+    char *text;     /* malloc'd copy of text[from, n_text), made valid UTF-8; NULL when from >= n_text */
+};
+/* Fills `out` (free out->text). Returns 0 or THAW_ENOMEM (then out->text
+ * is NULL and nothing else is meaningful). */
+int thaw_task_news(struct thaw_task *t, size_t from, struct thaw_task_news *out);
+
+/* True once the engine finished or failed the task. */
+bool thaw_task_done(struct thaw_task *t);
+
+/* The client is done with the task (answered, or gone): the engine stops
+ * working for it, and the client's reference is dropped. */
+void thaw_task_abandon(struct thaw_task *t);
+
+/* False when the task's client is known to have gone (the engine asks this
+ * before and while it works for a task). */
+bool thaw_task_client_alive(struct thaw_task *t);
+
+#endif

@@ -1,0 +1,1288 @@
+/* kvlayout.c — parse, cut and assemble libllama sequence-state buffers.
+ *
+ * The byte layouts are in kvlayout.h. Two rules hold everywhere here:
+ *   1. Nothing is read before the reader has checked that it lies inside the
+ *      buffer (struct rd); sizes are multiplied only after a division has
+ *      shown the product fits.
+ *   2. A length in section 0 that runs past the end is THAW_ECORRUPT; a
+ *      field that is in bounds but not what the pinned version writes, and
+ *      anything after section 0 that is not exactly one SWA section, is
+ *      THAW_ELAYOUT.
+ *
+ * Map:
+ *   ---- reader ----        bounds-checked reads
+ *   ---- types ----         which ggml types a row can hold
+ *   ---- parse ----         one KV-cache section, then the whole buffer
+ *   ---- blocks ----        cut one, validate one
+ *   ---- assembly ----      blocks + frame + tail -> libllama buffer
+ *   ---- self-test ----     the start-up round trip
+ */
+#include "llama/kvlayout.h"
+
+#include "base/blob.h"
+#include "base/error.h"
+
+#include <ggml.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define LLAMA_SEQ_MAGIC 0xaf143cd8u /* llama-context.cpp io_magic (v0.4.0) */
+#define BLOCK_MAGIC 0x31424b54u     /* "TKB1" */
+#define BLOCK_HEAD 24u              /* fixed block header, bytes */
+#define BLOCK_LAYER 24u             /* one layer-table entry, bytes */
+#define FLAG_VTRANS 1u
+#define FLAG_EXT 2u
+#define CELL_EXT 12u     /* llama_kv_cell_ext: i32 x, y; llama_token tok */
+#define MAX_LAYERS 4096u /* sanity bounds: more is not a layout we know */
+#define MAX_STREAMS 65536u
+
+/* ---- reader ------------------------------------------------------------------ */
+
+struct rd {
+    const uint8_t *p;
+    size_t n, off;
+};
+
+static int rd_get(struct rd *r, void *v, size_t len)
+{
+    if (r->n - r->off < len)
+        return THAW_ECORRUPT;
+    memcpy(v, r->p + r->off, len);
+    r->off += len;
+    return 0;
+}
+
+/* Skips count items of size bytes each. */
+static int rd_skip(struct rd *r, uint64_t count, uint64_t size)
+{
+    size_t rem = r->n - r->off;
+
+    if (size != 0 && count > rem / size)
+        return THAW_ECORRUPT;
+    r->off += (size_t)(count * size);
+    return 0;
+}
+
+/* ---- types ------------------------------------------------------------------- */
+
+/* 0 when t is a ggml type of known size and `row` bytes are a whole number
+ * of its blocks; `el_only`: it must also be one element per block (transposed
+ * V is addressed per element). */
+static int check_type(int32_t t, uint64_t row, int el_only)
+{
+    if (t < 0 || t >= (int32_t)GGML_TYPE_COUNT)
+        return THAW_ELAYOUT;
+    size_t ts = ggml_type_size((enum ggml_type)t);
+    int64_t bs = ggml_blck_size((enum ggml_type)t);
+    if (ts == 0 || bs <= 0 || (el_only && bs != 1))
+        return THAW_ELAYOUT;
+    if (row == 0 || row % ts != 0)
+        return THAW_ELAYOUT;
+    return 0;
+}
+
+/* ---- parse ------------------------------------------------------------------- */
+
+struct layer {
+    int32_t k_type, v_type;
+    uint64_t k_row, v_row; /* bytes per cell; transposed V: n_embd_v * el */
+    uint32_t v_el;         /* transposed V: bytes per element */
+    size_t k_off, v_off;   /* of the layer's data in the buffer */
+};
+
+struct section {
+    uint32_t n_stream, stream, n_cells;
+    size_t meta_off, end;
+    uint32_t v_trans, n_layers;
+    struct layer *layers; /* n_layers, malloc'd */
+};
+
+struct thaw_kvlayout {
+    const uint8_t *buf;
+    size_t n;
+    int32_t seq_id;
+    int ext;           /* cells carry llama_kv_cell_ext */
+    struct section s0; /* the cut section */
+    size_t tail_off;   /* == n when there is no tail */
+    size_t cell_bytes; /* K + V bytes per cell, all layers */
+    struct section s1; /* the SWA section when there is one (n_layers 0 if it holds no cells) */
+    size_t s1_cell_bytes;
+};
+
+static size_t meta_stride(int ext)
+{
+    return 4 + 4 + (ext ? CELL_EXT : 0) + 4;
+}
+
+/* Reads one stream's meta and data (n_cells > 0) at r. */
+static int parse_cells(struct rd *r, int32_t seq_id, int ext, int from_zero, struct section *s)
+{
+    size_t stride = meta_stride(ext);
+    int rc;
+
+    s->meta_off = r->off;
+    if ((rc = rd_skip(r, s->n_cells, stride)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < s->n_cells; i++) {
+        const uint8_t *c = r->p + s->meta_off + (size_t)i * stride;
+        int32_t pos, seq;
+        uint32_t n_seq;
+        memcpy(&pos, c, 4);
+        memcpy(&n_seq, c + 4, 4);
+        memcpy(&seq, c + stride - 4, 4);
+        if (n_seq != 1 || seq != seq_id || (from_zero && pos != (int32_t)i))
+            return THAW_ELAYOUT;
+    }
+    if ((rc = rd_get(r, &s->v_trans, 4)) != 0 || (rc = rd_get(r, &s->n_layers, 4)) != 0)
+        return rc;
+    if (s->v_trans > 1 || s->n_layers == 0 || s->n_layers > MAX_LAYERS)
+        return THAW_ELAYOUT;
+    s->layers = calloc(s->n_layers, sizeof *s->layers);
+    if (!s->layers)
+        return THAW_ENOMEM;
+    for (uint32_t l = 0; l < s->n_layers; l++) {
+        struct layer *ly = &s->layers[l];
+        if ((rc = rd_get(r, &ly->k_type, 4)) != 0 || (rc = rd_get(r, &ly->k_row, 8)) != 0)
+            return rc;
+        if ((rc = check_type(ly->k_type, ly->k_row, 0)) != 0)
+            return rc;
+        ly->k_off = r->off;
+        if ((rc = rd_skip(r, s->n_cells, ly->k_row)) != 0)
+            return rc;
+    }
+    for (uint32_t l = 0; l < s->n_layers; l++) {
+        struct layer *ly = &s->layers[l];
+        if ((rc = rd_get(r, &ly->v_type, 4)) != 0)
+            return rc;
+        if (!s->v_trans) {
+            if ((rc = rd_get(r, &ly->v_row, 8)) != 0)
+                return rc;
+            if ((rc = check_type(ly->v_type, ly->v_row, 0)) != 0)
+                return rc;
+        } else {
+            uint32_t n_embd_v;
+            if ((rc = rd_get(r, &ly->v_el, 4)) != 0 || (rc = rd_get(r, &n_embd_v, 4)) != 0)
+                return rc;
+            ly->v_row = (uint64_t)ly->v_el * n_embd_v;
+            if ((rc = check_type(ly->v_type, ly->v_row, 1)) != 0)
+                return rc;
+            if (ly->v_el != ggml_type_size((enum ggml_type)ly->v_type))
+                return THAW_ELAYOUT;
+        }
+        ly->v_off = r->off;
+        if ((rc = rd_skip(r, s->n_cells, ly->v_row)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Parses one llama_kv_cache section at `off`. s->layers is set (or NULL) on
+ * every path; the caller frees it. */
+static int parse_section(const uint8_t *b, size_t n, size_t off, int32_t seq_id, int ext, int from_zero,
+                         struct section *s)
+{
+    struct rd r = {b, n, off};
+    int found = 0, rc;
+
+    memset(s, 0, sizeof *s);
+    if ((rc = rd_get(&r, &s->n_stream, 4)) != 0)
+        return rc;
+    if (s->n_stream == 0 || s->n_stream > MAX_STREAMS)
+        return THAW_ELAYOUT;
+    for (uint32_t st = 0; st < s->n_stream; st++) {
+        uint32_t count;
+        if ((rc = rd_get(&r, &count, 4)) != 0)
+            return rc;
+        if (count == 0)
+            continue;
+        if (found)
+            return THAW_ELAYOUT; /* a sequence spread over two streams */
+        found = 1;
+        s->stream = st;
+        s->n_cells = count;
+        if ((rc = parse_cells(&r, seq_id, ext, from_zero, s)) != 0)
+            return rc;
+    }
+    s->end = r.off;
+    return 0;
+}
+
+void thaw_kvlayout_free(struct thaw_kvlayout *l)
+{
+    if (!l)
+        return;
+    free(l->s0.layers);
+    free(l->s1.layers);
+    free(l);
+}
+
+/* The whole buffer, assuming cells with (ext) or without ext. */
+static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct thaw_kvlayout *l)
+{
+    struct section tail = {0};
+    int rc;
+
+    l->ext = ext;
+    if ((rc = parse_section(b, n, 8, seq_id, ext, 1, &l->s0)) != 0)
+        return rc;
+    if (l->s0.n_cells == 0)
+        return THAW_EINVAL;
+    l->tail_off = l->s0.end;
+    if (l->tail_off == n)
+        return 0;
+    /* bytes follow: only the SWA section of an iSWA cache is understood */
+    rc = parse_section(b, n, l->tail_off, seq_id, ext, 0, &tail);
+    if (rc == THAW_ECORRUPT) /* extra bytes and a cut-off tail look alike: both are not ours */
+        rc = THAW_ELAYOUT;
+    if (rc == 0 &&
+        (tail.end != n || tail.n_stream != l->s0.n_stream || (tail.n_cells > 0 && tail.stream != l->s0.stream)))
+        rc = THAW_ELAYOUT;
+    if (rc == 0 && tail.n_cells > 0 && (tail.v_trans != l->s0.v_trans)) /* one context, one V orientation */
+        rc = THAW_ELAYOUT;
+    if (rc == 0) {
+        l->s1 = tail; /* kept: SWA rows are cut from it (thaw_kvlayout_swa_*) */
+        for (uint32_t i = 0; i < tail.n_layers; i++)
+            l->s1_cell_bytes += tail.layers[i].k_row + tail.layers[i].v_row;
+        return 0;
+    }
+    free(tail.layers);
+    return rc;
+}
+
+int thaw_kvlayout_parse(const void *buf, size_t n, struct thaw_kvlayout **out)
+{
+    const uint8_t *b = buf;
+    struct thaw_kvlayout *l = NULL;
+    uint32_t magic;
+    int32_t seq_id;
+    int rc, rc_ext;
+
+    *out = NULL;
+    if (!buf || n < 8)
+        return THAW_ECORRUPT;
+    memcpy(&magic, b, 4);
+    memcpy(&seq_id, b + 4, 4);
+    if (magic != LLAMA_SEQ_MAGIC)
+        return THAW_ELAYOUT;
+    if (!(l = calloc(1, sizeof *l)))
+        return THAW_ENOMEM;
+    l->buf = b;
+    l->n = n;
+    l->seq_id = seq_id;
+    rc = parse_as(b, n, seq_id, 0, l);
+    if (rc != 0 && rc != THAW_ENOMEM && l->tail_off == 0) {
+        /* section 0 did not parse with plain cells: try cells with ext */
+        free(l->s0.layers);
+        memset(&l->s0, 0, sizeof l->s0);
+        free(l->s1.layers);
+        memset(&l->s1, 0, sizeof l->s1);
+        l->s1_cell_bytes = 0;
+        rc_ext = parse_as(b, n, seq_id, 1, l);
+        /* a damaged buffer reads as damaged under at least one guess */
+        if (rc_ext == 0 || rc_ext == THAW_ENOMEM || rc_ext == THAW_EINVAL || rc_ext == THAW_ECORRUPT)
+            rc = rc_ext;
+    }
+    if (rc != 0) {
+        thaw_kvlayout_free(l);
+        return rc;
+    }
+    for (uint32_t i = 0; i < l->s0.n_layers; i++)
+        l->cell_bytes += l->s0.layers[i].k_row + l->s0.layers[i].v_row;
+    *out = l;
+    return 0;
+}
+
+uint32_t thaw_kvlayout_n_cells(const struct thaw_kvlayout *l)
+{
+    return l->s0.n_cells;
+}
+
+uint32_t thaw_kvlayout_n_layers(const struct thaw_kvlayout *l)
+{
+    return l->s0.n_layers;
+}
+
+int thaw_kvlayout_v_trans(const struct thaw_kvlayout *l)
+{
+    return (int)l->s0.v_trans;
+}
+
+size_t thaw_kvlayout_bytes_per_cell(const struct thaw_kvlayout *l)
+{
+    return l->cell_bytes;
+}
+
+void thaw_kvlayout_frame(const struct thaw_kvlayout *l, struct thaw_kvlayout_frame *f)
+{
+    f->seq_id = l->seq_id;
+    f->n_stream = l->s0.n_stream;
+    f->stream = l->s0.stream;
+}
+
+void thaw_kvlayout_tail(const struct thaw_kvlayout *l, const void **tail, size_t *n_tail)
+{
+    *tail = l->tail_off < l->n ? l->buf + l->tail_off : NULL;
+    *n_tail = l->n - l->tail_off;
+}
+
+/* ---- blocks ------------------------------------------------------------------ */
+
+static size_t block_meta_stride(int ext)
+{
+    return 4 + (ext ? CELL_EXT : 0);
+}
+
+size_t thaw_kvlayout_block_size(const struct thaw_kvlayout *l, uint32_t a, uint32_t b)
+{
+    if (a >= b || b > l->s0.n_cells)
+        return 0;
+    size_t m = b - a;
+    return BLOCK_HEAD + (size_t)l->s0.n_layers * BLOCK_LAYER + m * block_meta_stride(l->ext) + m * l->cell_bytes;
+}
+
+static void put32(uint8_t **p, uint32_t v)
+{
+    memcpy(*p, &v, 4);
+    *p += 4;
+}
+
+static void put64(uint8_t **p, uint64_t v)
+{
+    memcpy(*p, &v, 8);
+    *p += 8;
+}
+
+static void put(uint8_t **p, const void *src, size_t n)
+{
+    memcpy(*p, src, n);
+    *p += n;
+}
+
+/* A block's header and layer table for cells [a, b) shaped as `ly`. */
+static void put_head(uint8_t **p, uint32_t a, uint32_t b, uint32_t n_layers, const struct layer *ly, int v_trans,
+                     int ext)
+{
+    put32(p, BLOCK_MAGIC);
+    put32(p, THAW_KVLAYOUT_BLOCK_VERSION | (uint32_t)((v_trans ? FLAG_VTRANS : 0) | (ext ? FLAG_EXT : 0)) << 16);
+    put32(p, a); /* positions are the cell indices */
+    put32(p, b - a);
+    put32(p, n_layers);
+    put32(p, 0);
+    for (uint32_t i = 0; i < n_layers; i++) {
+        put32(p, (uint32_t)ly[i].k_type);
+        put32(p, (uint32_t)ly[i].v_type);
+        put64(p, ly[i].k_row);
+        put64(p, ly[i].v_row);
+    }
+}
+
+int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct section *s = &l->s0;
+    size_t need = thaw_kvlayout_block_size(l, a, b), stride = meta_stride(l->ext);
+    uint8_t *p = dst;
+    size_t m = (size_t)b - a;
+
+    if (need == 0)
+        return THAW_EINVAL;
+    if (cap < need)
+        return THAW_ETOOBIG;
+    put_head(&p, a, b, s->n_layers, s->layers, (int)s->v_trans, l->ext);
+    for (uint32_t c = a; c < b; c++) {
+        const uint8_t *cell = l->buf + s->meta_off + (size_t)c * stride;
+        put(&p, cell, 4); /* pos */
+        if (l->ext)
+            put(&p, cell + 8, CELL_EXT);
+    }
+    for (uint32_t i = 0; i < s->n_layers; i++)
+        put(&p, l->buf + s->layers[i].k_off + a * s->layers[i].k_row, m * s->layers[i].k_row);
+    for (uint32_t i = 0; i < s->n_layers; i++) {
+        const struct layer *ly = &s->layers[i];
+        if (!s->v_trans) {
+            put(&p, l->buf + ly->v_off + a * ly->v_row, m * ly->v_row);
+            continue;
+        }
+        /* transposed: element j of every cell is one column of n_cells */
+        size_t n_embd_v = ly->v_row / ly->v_el;
+        for (size_t j = 0; j < n_embd_v; j++)
+            put(&p, l->buf + ly->v_off + (j * s->n_cells + a) * ly->v_el, m * ly->v_el);
+    }
+    return 0;
+}
+
+/* ---- blocks cut from the cache's memory ---------------------------------------- */
+
+struct thaw_kvlayout_mem {
+    uint32_t n_layers;
+    int v_trans;
+    size_t cell_bytes;
+    struct layer *layers;  /* the shape, from a parsed capture */
+    const uint8_t **k, **v; /* each layer's stream 0 */
+    size_t *ss;             /* bytes from one stream to the next (K and V alike) */
+    size_t *v_stride;
+};
+
+void thaw_kvlayout_mem_free(struct thaw_kvlayout_mem *m)
+{
+    if (!m)
+        return;
+    free(m->layers);
+    free(m->k);
+    free(m->v);
+    free(m->v_stride);
+    free(m->ss);
+    free(m);
+}
+
+/* A cutter shaped as section s (cell_bytes: its K + V bytes per cell). */
+static int mem_new_section(const struct section *s, size_t cell_bytes, struct thaw_kvlayout_mem **out)
+{
+    struct thaw_kvlayout_mem *m;
+    uint32_t n = s->n_layers;
+
+    *out = NULL;
+    if (n == 0)
+        return THAW_ELAYOUT;
+    if (!(m = calloc(1, sizeof *m)) || !(m->layers = malloc(n * sizeof *m->layers)) ||
+        !(m->k = calloc(n, sizeof *m->k)) || !(m->v = calloc(n, sizeof *m->v)) ||
+        !(m->v_stride = calloc(n, sizeof *m->v_stride)) || !(m->ss = calloc(2 * (size_t)n, sizeof *m->ss))) {
+        thaw_kvlayout_mem_free(m);
+        return THAW_ENOMEM;
+    }
+    memcpy(m->layers, s->layers, n * sizeof *m->layers);
+    m->n_layers = n;
+    m->v_trans = (int)s->v_trans;
+    m->cell_bytes = cell_bytes;
+    *out = m;
+    return 0;
+}
+
+int thaw_kvlayout_mem_new(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
+{
+    *out = NULL;
+    if (l->ext)
+        return THAW_ELAYOUT; /* cells with ext: not cut from memory */
+    return mem_new_section(&l->s0, l->cell_bytes, out);
+}
+
+/* ---- SWA rows (DESIGN §12) ----------------------------------------------------- */
+
+uint32_t thaw_kvlayout_swa_n_cells(const struct thaw_kvlayout *l)
+{
+    return l->s1.n_layers ? l->s1.n_cells : 0;
+}
+
+int thaw_kvlayout_has_swa(const struct thaw_kvlayout *l)
+{
+    return l->tail_off != l->n;
+}
+
+int thaw_kvlayout_swa_pos_range(const struct thaw_kvlayout *l, int32_t *lo, int32_t *hi)
+{
+    const struct section *s = &l->s1;
+    size_t stride = meta_stride(l->ext);
+
+    if (!s->n_layers || !s->n_cells)
+        return THAW_ENOTFOUND;
+    *lo = INT32_MAX;
+    *hi = -1;
+    for (uint32_t i = 0; i < s->n_cells; i++) {
+        int32_t pos;
+        memcpy(&pos, l->buf + s->meta_off + (size_t)i * stride, 4);
+        if (pos < *lo)
+            *lo = pos;
+        if (pos > *hi)
+            *hi = pos;
+    }
+    return 0;
+}
+
+int thaw_kvlayout_swa_find(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, int32_t *idx)
+{
+    const struct section *s = &l->s1;
+    size_t stride = meta_stride(l->ext);
+
+    if (!s->n_layers || a >= b)
+        return THAW_ENOTFOUND;
+    for (uint32_t i = 0; i < b - a; i++)
+        idx[i] = -1;
+    for (uint32_t i = 0; i < s->n_cells; i++) {
+        int32_t pos;
+        memcpy(&pos, l->buf + s->meta_off + (size_t)i * stride, 4);
+        if (pos >= (int32_t)a && pos < (int32_t)b)
+            idx[pos - (int32_t)a] = (int32_t)i;
+    }
+    for (uint32_t i = 0; i < b - a; i++)
+        if (idx[i] < 0)
+            return THAW_ENOTFOUND;
+    return 0;
+}
+
+int thaw_kvlayout_mem_new_swa(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
+{
+    *out = NULL;
+    if (l->ext)
+        return THAW_ELAYOUT;
+    return mem_new_section(&l->s1, l->s1_cell_bytes, out);
+}
+
+int thaw_kvlayout_swa_mem(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
+{
+    const struct section *s = &l->s1;
+    int rc = thaw_kvlayout_mem_new_swa(l, out);
+
+    if (rc != 0)
+        return rc;
+    /* the capture's own rows: one stream, cells by their index in the section */
+    for (uint32_t i = 0; i < s->n_layers; i++) {
+        const struct layer *ly = &s->layers[i];
+        thaw_kvlayout_mem_set(*out, i, l->buf + ly->k_off, 0, l->buf + ly->v_off, 0,
+                              s->v_trans ? (size_t)s->n_cells * ly->v_el : 0);
+    }
+    return 0;
+}
+
+void thaw_kvlayout_swa_copy_cell(const struct thaw_kvlayout *l, uint32_t i, uint32_t layer, void *k_dst,
+                                 void *v_dst, size_t v_dst_stride)
+{
+    const struct section *s = &l->s1;
+    const struct layer *ly = &s->layers[layer];
+
+    memcpy(k_dst, l->buf + ly->k_off + (size_t)i * ly->k_row, ly->k_row);
+    if (!s->v_trans) {
+        memcpy(v_dst, l->buf + ly->v_off + (size_t)i * ly->v_row, ly->v_row);
+        return;
+    }
+    size_t n_embd_v = ly->v_row / ly->v_el;
+    for (size_t e = 0; e < n_embd_v; e++)
+        memcpy((uint8_t *)v_dst + e * v_dst_stride, l->buf + ly->v_off + (e * s->n_cells + i) * ly->v_el, ly->v_el);
+}
+
+uint32_t thaw_kvlayout_mem_n_layers(const struct thaw_kvlayout_mem *m)
+{
+    return m->n_layers;
+}
+
+void thaw_kvlayout_mem_rows(const struct thaw_kvlayout_mem *m, uint32_t layer, uint64_t *k_row, uint64_t *v_row,
+                            uint32_t *v_el)
+{
+    *k_row = m->layers[layer].k_row;
+    *v_row = m->layers[layer].v_row;
+    *v_el = m->layers[layer].v_el;
+}
+
+void thaw_kvlayout_mem_set(struct thaw_kvlayout_mem *m, uint32_t layer, const void *k, size_t k_ss, const void *v,
+                           size_t v_ss, size_t v_stride)
+{
+    m->k[layer] = k;
+    m->v[layer] = v;
+    m->ss[2 * layer] = k_ss;
+    m->ss[2 * layer + 1] = v_ss;
+    m->v_stride[layer] = v_stride;
+}
+
+size_t thaw_kvlayout_mem_block_size(const struct thaw_kvlayout_mem *m, uint32_t a, uint32_t b)
+{
+    if (a >= b)
+        return 0;
+    size_t c = b - a;
+    return BLOCK_HEAD + (size_t)m->n_layers * BLOCK_LAYER + c * block_meta_stride(0) + c * m->cell_bytes;
+}
+
+int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m, uint32_t stream, uint32_t a, uint32_t b,
+                          const int32_t *cell, void *dst, size_t cap)
+{
+    size_t need = thaw_kvlayout_mem_block_size(m, a, b), n = (size_t)b - a;
+    uint8_t *p = dst;
+    int run = 1; /* the cells lie side by side: one copy per row run */
+
+    if (need == 0)
+        return THAW_EINVAL;
+    if (cap < need)
+        return THAW_ETOOBIG;
+    for (size_t i = 0; i < n; i++) {
+        if (cell[i] < 0)
+            return THAW_ENOTFOUND;
+        if (cell[i] != cell[0] + (int32_t)i)
+            run = 0;
+    }
+    for (uint32_t i = 0; i < m->n_layers; i++)
+        if (!m->k[i] || !m->v[i])
+            return THAW_ENOTFOUND;
+    put_head(&p, a, b, m->n_layers, m->layers, m->v_trans, 0);
+    for (uint32_t c = a; c < b; c++)
+        put32(&p, c);
+    for (uint32_t i = 0; i < m->n_layers; i++) {
+        size_t row = m->layers[i].k_row;
+        const uint8_t *k = m->k[i] + stream * m->ss[2 * i];
+        if (run) {
+            put(&p, k + (size_t)cell[0] * row, n * row);
+            continue;
+        }
+        for (size_t j = 0; j < n; j++)
+            put(&p, k + (size_t)cell[j] * row, row);
+    }
+    for (uint32_t i = 0; i < m->n_layers; i++) {
+        const struct layer *ly = &m->layers[i];
+        const uint8_t *v = m->v[i] + stream * m->ss[2 * i + 1];
+        if (!m->v_trans) {
+            if (run) {
+                put(&p, v + (size_t)cell[0] * ly->v_row, n * ly->v_row);
+                continue;
+            }
+            for (size_t j = 0; j < n; j++)
+                put(&p, v + (size_t)cell[j] * ly->v_row, ly->v_row);
+            continue;
+        }
+        size_t n_embd_v = ly->v_row / ly->v_el, el = ly->v_el;
+        for (size_t e = 0; e < n_embd_v; e++) {
+            const uint8_t *col = v + e * m->v_stride[i];
+            if (run) {
+                put(&p, col + (size_t)cell[0] * el, n * el);
+                continue;
+            }
+            for (size_t j = 0; j < n; j++)
+                put(&p, col + (size_t)cell[j] * el, el);
+        }
+    }
+    return 0;
+}
+
+/* A validated block: its header fields and where its parts start. */
+struct blk {
+    const uint8_t *p;
+    uint32_t pos0, n_cells, n_layers, flags;
+    const uint8_t *table, *meta, *data;
+};
+
+/* Validates a block's head (header, layer table, cell meta) within the n
+ * bytes at block; *total is the size the whole block must have. */
+static int block_parse_head(const void *block, size_t n, struct blk *k, uint64_t *total)
+{
+    struct rd r = {block, n, 0};
+    uint32_t magic, ver, reserved;
+    uint64_t cell_bytes = 0;
+    int rc;
+
+    if (!block)
+        return THAW_ECORRUPT;
+    if ((rc = rd_get(&r, &magic, 4)) != 0 || (rc = rd_get(&r, &ver, 4)) != 0 || (rc = rd_get(&r, &k->pos0, 4)) != 0 ||
+        (rc = rd_get(&r, &k->n_cells, 4)) != 0 || (rc = rd_get(&r, &k->n_layers, 4)) != 0 ||
+        (rc = rd_get(&r, &reserved, 4)) != 0)
+        return rc;
+    if (magic != BLOCK_MAGIC)
+        return THAW_ECORRUPT;
+    if ((ver & 0xffff) != THAW_KVLAYOUT_BLOCK_VERSION)
+        return THAW_EVERSION;
+    k->flags = ver >> 16;
+    if ((k->flags & ~(FLAG_VTRANS | FLAG_EXT)) || k->n_cells == 0 || k->n_layers == 0 || k->n_layers > MAX_LAYERS ||
+        reserved != 0 || (uint64_t)k->pos0 + k->n_cells > INT32_MAX)
+        return THAW_ECORRUPT;
+    k->p = block;
+    k->table = r.p + r.off;
+    if ((rc = rd_skip(&r, k->n_layers, BLOCK_LAYER)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < k->n_layers; i++) {
+        const uint8_t *e = k->table + (size_t)i * BLOCK_LAYER;
+        int32_t kt, vt;
+        uint64_t kr, vr;
+        memcpy(&kt, e, 4);
+        memcpy(&vt, e + 4, 4);
+        memcpy(&kr, e + 8, 8);
+        memcpy(&vr, e + 16, 8);
+        if (check_type(kt, kr, 0) != 0 || check_type(vt, vr, (k->flags & FLAG_VTRANS) != 0) != 0)
+            return THAW_ECORRUPT;
+        if (kr > UINT64_MAX / 4 - cell_bytes || vr > UINT64_MAX / 4 - cell_bytes - kr)
+            return THAW_ECORRUPT;
+        cell_bytes += kr + vr;
+    }
+    k->meta = r.p + r.off;
+    if ((rc = rd_skip(&r, k->n_cells, block_meta_stride(k->flags & FLAG_EXT))) != 0)
+        return rc;
+    size_t stride = block_meta_stride(k->flags & FLAG_EXT);
+    for (uint32_t c = 0; c < k->n_cells; c++) {
+        int32_t pos;
+        memcpy(&pos, k->meta + (size_t)c * stride, 4);
+        if (pos != (int32_t)(k->pos0 + c))
+            return THAW_ECORRUPT;
+    }
+    k->data = r.p + r.off;
+    if (cell_bytes != 0 && k->n_cells > (UINT64_MAX - r.off) / cell_bytes)
+        return THAW_ECORRUPT;
+    *total = r.off + (uint64_t)k->n_cells * cell_bytes;
+    return 0;
+}
+
+static int block_parse(const void *block, size_t n, struct blk *k)
+{
+    uint64_t total;
+    int rc = block_parse_head(block, n, k, &total);
+
+    if (rc != 0)
+        return rc;
+    return total == n ? 0 : THAW_ECORRUPT;
+}
+
+int thaw_kvlayout_block_head_size(const void *hdr, size_t n, size_t *n_head)
+{
+    uint32_t magic, ver, n_cells, n_layers;
+
+    if (!hdr || n < BLOCK_HEAD)
+        return THAW_ECORRUPT;
+    memcpy(&magic, hdr, 4);
+    memcpy(&ver, (const uint8_t *)hdr + 4, 4);
+    memcpy(&n_cells, (const uint8_t *)hdr + 12, 4);
+    memcpy(&n_layers, (const uint8_t *)hdr + 16, 4);
+    if (magic != BLOCK_MAGIC)
+        return THAW_ECORRUPT;
+    if ((ver & 0xffff) != THAW_KVLAYOUT_BLOCK_VERSION)
+        return THAW_EVERSION;
+    if (((ver >> 16) & ~(FLAG_VTRANS | FLAG_EXT)) || n_layers == 0 || n_layers > MAX_LAYERS || n_cells == 0 ||
+        n_cells > INT32_MAX)
+        return THAW_ECORRUPT;
+    *n_head = BLOCK_HEAD + (size_t)n_layers * BLOCK_LAYER + (size_t)n_cells * block_meta_stride((ver >> 16) & FLAG_EXT);
+    return 0;
+}
+
+int thaw_kvlayout_block_info(const void *block, size_t n, uint32_t *pos0, uint32_t *n_cells)
+{
+    struct blk k;
+    int rc = block_parse(block, n, &k);
+
+    if (rc == 0) {
+        *pos0 = k.pos0;
+        *n_cells = k.n_cells;
+    }
+    return rc;
+}
+
+/* ---- assembly ---------------------------------------------------------------- */
+
+int thaw_kvlayout_assemble(const void *const *blocks, const size_t *sizes, int n_blocks,
+                           const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, void **out,
+                           size_t *n_out)
+{
+    return thaw_kvlayout_assemble_ex(blocks, sizes, n_blocks, f, tail, n_tail, 0, out, n_out);
+}
+
+struct thaw_kvlayout_asm {
+    struct thaw_kvlayout_frame f;
+    uint32_t n_layers, flags, N, next; /* next: cells placed so far */
+    int vtrans, ext;
+    uint8_t *table;        /* block 0's layer table, which every block must repeat */
+    uint64_t *krow, *vrow; /* per layer, bytes per cell */
+    uint32_t *vel;         /* per layer, transposed V: bytes per element */
+    size_t *k_off, *v_off; /* per layer, offset in the state of its first K / V byte */
+    size_t meta_off, tail_off, size, n_tail, headroom;
+    uint8_t *buf;  /* headroom + size bytes; handed out by finish */
+    int blob;      /* buf is a blob (blob.h), not malloc'd */
+    uint8_t *base; /* the state in it (valid while the buffer lives) */
+};
+
+void thaw_kvlayout_asm_free(struct thaw_kvlayout_asm *a)
+{
+    if (!a)
+        return;
+    if (a->blob)
+        thaw_blob_unref(a->buf);
+    else
+        free(a->buf);
+    free(a->table);
+    free(a->krow);
+    free(a->vrow);
+    free(a->vel);
+    free(a->k_off);
+    free(a->v_off);
+    free(a);
+}
+
+/* Big states get 2 MiB-aligned memory the kernel may back with huge pages:
+ * the restore writes every byte once, and 4 KiB faults would cost more than
+ * the copy. */
+static void *alloc_state(size_t n)
+{
+    void *p = NULL;
+
+    if (n < (8u << 20))
+        return malloc(n);
+    if (posix_memalign(&p, 2u << 20, n) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, n, MADV_HUGEPAGE); /* advice only */
+#endif
+    return p;
+}
+
+int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, const struct thaw_kvlayout_frame *f,
+                          size_t n_tail, size_t headroom, unsigned flags, struct thaw_kvlayout_asm **out)
+{
+    struct thaw_kvlayout_asm *a;
+    struct blk k;
+    uint64_t total, cell_bytes = 0;
+    uint8_t *p;
+    int rc;
+
+    *out = NULL;
+    if (!f || f->n_stream == 0 || f->stream >= f->n_stream || f->n_stream > MAX_STREAMS || n_cells == 0 ||
+        n_cells > INT32_MAX)
+        return THAW_EINVAL;
+    if ((rc = block_parse_head(head0, n_head0, &k, &total)) != 0)
+        return rc;
+    if (!(a = calloc(1, sizeof *a)))
+        return THAW_ENOMEM;
+    a->f = *f;
+    a->n_layers = k.n_layers;
+    a->flags = k.flags;
+    a->vtrans = (k.flags & FLAG_VTRANS) != 0;
+    a->ext = (k.flags & FLAG_EXT) != 0;
+    a->N = n_cells;
+    a->n_tail = n_tail;
+    a->headroom = headroom;
+    uint32_t L = k.n_layers;
+    if (!(a->table = malloc((size_t)L * BLOCK_LAYER)) || !(a->krow = calloc(L, sizeof *a->krow)) ||
+        !(a->vrow = calloc(L, sizeof *a->vrow)) || !(a->vel = calloc(L, sizeof *a->vel)) ||
+        !(a->k_off = calloc(L, sizeof *a->k_off)) || !(a->v_off = calloc(L, sizeof *a->v_off))) {
+        rc = THAW_ENOMEM;
+        goto fail;
+    }
+    memcpy(a->table, k.table, (size_t)L * BLOCK_LAYER);
+    for (uint32_t l = 0; l < L; l++) {
+        int32_t vt;
+        memcpy(&vt, a->table + (size_t)l * BLOCK_LAYER + 4, 4);
+        memcpy(&a->krow[l], a->table + (size_t)l * BLOCK_LAYER + 8, 8);
+        memcpy(&a->vrow[l], a->table + (size_t)l * BLOCK_LAYER + 16, 8);
+        a->vel[l] = a->vtrans ? (uint32_t)ggml_type_size((enum ggml_type)vt) : 0;
+        cell_bytes += a->krow[l] + a->vrow[l]; /* bounded by block_parse_head */
+    }
+    /* the state's size; the cells' bytes must fit the address space */
+    if (cell_bytes > (SIZE_MAX / 2) / n_cells) {
+        rc = THAW_ENOMEM;
+        goto fail;
+    }
+    size_t off = 8 + 4 + 4 * (size_t)f->stream + 4;
+    a->meta_off = off;
+    off += (size_t)n_cells * meta_stride(a->ext) + 8;
+    for (uint32_t l = 0; l < L; l++) {
+        a->k_off[l] = off + 12;
+        off += 12 + (size_t)n_cells * a->krow[l];
+    }
+    for (uint32_t l = 0; l < L; l++) {
+        a->v_off[l] = off + 12;
+        off += 12 + (size_t)n_cells * a->vrow[l];
+    }
+    off += 4 * (size_t)(f->n_stream - f->stream - 1);
+    a->tail_off = off;
+    a->size = off + n_tail;
+    a->blob = (flags & THAW_KVLAYOUT_ASM_BLOB) != 0;
+    if (a->size > SIZE_MAX - headroom ||
+        !(a->buf = a->blob ? thaw_blob_alloc(headroom + a->size) : alloc_state(headroom + a->size))) {
+        rc = THAW_ENOMEM;
+        goto fail;
+    }
+    a->base = a->buf + headroom;
+    /* everything but the cells' meta and data, and the tail */
+    p = a->buf + headroom;
+    put32(&p, LLAMA_SEQ_MAGIC);
+    put32(&p, (uint32_t)f->seq_id);
+    put32(&p, f->n_stream);
+    for (uint32_t st = 0; st < f->stream; st++)
+        put32(&p, 0);
+    put32(&p, n_cells);
+    p = a->buf + headroom + a->meta_off + (size_t)n_cells * meta_stride(a->ext);
+    put32(&p, (uint32_t)a->vtrans);
+    put32(&p, L);
+    for (uint32_t l = 0; l < L; l++) {
+        p = a->buf + headroom + a->k_off[l] - 12;
+        put(&p, a->table + (size_t)l * BLOCK_LAYER, 4);
+        put64(&p, a->krow[l]);
+    }
+    for (uint32_t l = 0; l < L; l++) {
+        p = a->buf + headroom + a->v_off[l] - 12;
+        put(&p, a->table + (size_t)l * BLOCK_LAYER + 4, 4);
+        if (!a->vtrans) {
+            put64(&p, a->vrow[l]);
+        } else {
+            put32(&p, a->vel[l]);
+            put32(&p, (uint32_t)(a->vrow[l] / a->vel[l]));
+        }
+    }
+    p = a->buf + headroom + a->v_off[L - 1] + (size_t)n_cells * a->vrow[L - 1];
+    for (uint32_t st = f->stream + 1; st < f->n_stream; st++)
+        put32(&p, 0);
+    *out = a;
+    return 0;
+fail:
+    thaw_kvlayout_asm_free(a);
+    return rc;
+}
+
+/* Block k (parsed) is the next one: same shape as block 0, at the next
+ * position; its cells' meta written. */
+static int asm_place(struct thaw_kvlayout_asm *a, const struct blk *k)
+{
+    if (k->n_layers != a->n_layers || k->flags != a->flags ||
+        memcmp(k->table, a->table, (size_t)a->n_layers * BLOCK_LAYER) != 0)
+        return THAW_EMISMATCH;
+    if (k->pos0 != a->next || k->n_cells > a->N - a->next)
+        return THAW_EINVAL;
+    uint8_t *p = a->base + a->meta_off + (size_t)k->pos0 * meta_stride(a->ext);
+    size_t bstride = block_meta_stride(a->ext);
+    for (uint32_t c = 0; c < k->n_cells; c++) {
+        const uint8_t *m = k->meta + (size_t)c * bstride;
+        put(&p, m, 4);
+        put32(&p, 1);
+        if (a->ext)
+            put(&p, m + 4, CELL_EXT);
+        put32(&p, (uint32_t)a->f.seq_id);
+    }
+    a->next += k->n_cells;
+    return 0;
+}
+
+int thaw_kvlayout_asm_head(struct thaw_kvlayout_asm *a, const void *head, size_t n_head, uint64_t n_block,
+                           uint32_t *pos0, uint32_t *n_cells)
+{
+    struct blk k;
+    uint64_t total;
+    int rc;
+
+    if ((rc = block_parse_head(head, n_head, &k, &total)) != 0)
+        return rc;
+    if (total != n_block || (size_t)(k.data - (const uint8_t *)head) != n_head)
+        return THAW_ECORRUPT;
+    if ((rc = asm_place(a, &k)) != 0)
+        return rc;
+    *pos0 = k.pos0;
+    *n_cells = k.n_cells;
+    return 0;
+}
+
+int thaw_kvlayout_asm_segments(const struct thaw_kvlayout_asm *a, uint32_t pos0, uint32_t n_cells,
+                               struct thaw_kvlayout_cursor *cur, struct iovec *iov, int cap)
+{
+    uint8_t *base = a->base;
+    int n = 0;
+
+    while (n < cap && cur->part < 2) {
+        uint32_t l = cur->l;
+        if (l == a->n_layers) {
+            cur->part++;
+            cur->l = cur->j = 0;
+            continue;
+        }
+        if (cur->part == 0) { /* K: the block's rows, one run per layer */
+            iov[n].iov_base = base + a->k_off[l] + (size_t)pos0 * a->krow[l];
+            iov[n++].iov_len = (size_t)n_cells * a->krow[l];
+            cur->l++;
+        } else if (!a->vtrans) {
+            iov[n].iov_base = base + a->v_off[l] + (size_t)pos0 * a->vrow[l];
+            iov[n++].iov_len = (size_t)n_cells * a->vrow[l];
+            cur->l++;
+        } else { /* transposed V: one run per embedding column */
+            size_t el = a->vel[l];
+            iov[n].iov_base = base + a->v_off[l] + ((size_t)cur->j * a->N + pos0) * el;
+            iov[n++].iov_len = (size_t)n_cells * el;
+            if (++cur->j == a->vrow[l] / el) {
+                cur->j = 0;
+                cur->l++;
+            }
+        }
+    }
+    return n;
+}
+
+int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_t n, uint32_t *n_cells)
+{
+    struct thaw_kvlayout_cursor cur = {0};
+    struct iovec iov[64];
+    struct blk k;
+    int rc, m;
+
+    if ((rc = block_parse(block, n, &k)) != 0 || (rc = asm_place(a, &k)) != 0)
+        return rc;
+    const uint8_t *src = k.data;
+    while ((m = thaw_kvlayout_asm_segments(a, k.pos0, k.n_cells, &cur, iov, 64)) > 0)
+        for (int i = 0; i < m; i++) {
+            memcpy(iov[i].iov_base, src, iov[i].iov_len);
+            src += iov[i].iov_len;
+        }
+    if (n_cells)
+        *n_cells = k.n_cells;
+    return 0;
+}
+
+int thaw_kvlayout_asm_finish(struct thaw_kvlayout_asm *a, const void *tail, size_t n_tail, void **out, size_t *n_out)
+{
+    if (a->next != a->N || n_tail != a->n_tail || (n_tail && !tail))
+        return THAW_EINVAL;
+    if (n_tail)
+        memcpy(a->buf + a->headroom + a->tail_off, tail, n_tail);
+    *out = a->buf;
+    *n_out = a->size;
+    a->buf = NULL;
+    return 0;
+}
+
+int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, int n_blocks,
+                              const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, size_t headroom,
+                              void **out, size_t *n_out)
+{
+    struct thaw_kvlayout_asm *a = NULL;
+    struct blk k;
+    uint64_t n_cells = 0;
+    int rc;
+
+    *out = NULL;
+    *n_out = 0;
+    if (n_blocks <= 0 || !f || f->n_stream == 0 || f->stream >= f->n_stream || (n_tail && !tail))
+        return THAW_EINVAL;
+    for (int i = 0; i < n_blocks; i++) {
+        if ((rc = block_parse(blocks[i], sizes[i], &k)) != 0)
+            return rc;
+        n_cells += k.n_cells;
+    }
+    if (n_cells > INT32_MAX)
+        return THAW_EINVAL;
+    if ((rc = thaw_kvlayout_asm_new(blocks[0], sizes[0], (uint32_t)n_cells, f, n_tail, headroom, 0, &a)) != 0)
+        return rc;
+    for (int i = 0; i < n_blocks && rc == 0; i++)
+        rc = thaw_kvlayout_asm_copy(a, blocks[i], sizes[i], NULL);
+    if (rc == 0)
+        rc = thaw_kvlayout_asm_finish(a, tail, n_tail, out, n_out);
+    thaw_kvlayout_asm_free(a);
+    return rc;
+}
+
+/* One KV-cache section (the layout at the top) holding the cells of n
+ * blocks at consecutive positions, from any first position: the SWA
+ * section of a restore (DESIGN §12), whose window starts wherever the
+ * restore point minus the window falls. */
+int thaw_kvlayout_section(const void *const *blocks, const size_t *sizes, int n, const struct thaw_kvlayout_frame *f,
+                          void **out, size_t *n_out)
+{
+    struct blk *k = NULL;
+    uint64_t *kr = NULL, *vr = NULL, n_cells = 0, cell_bytes = 0, kall = 0;
+    uint8_t *buf = NULL, *p;
+    int rc = 0;
+
+    *out = NULL;
+    *n_out = 0;
+    if (n <= 0 || !f || f->n_stream == 0 || f->stream >= f->n_stream || f->n_stream > MAX_STREAMS)
+        return THAW_EINVAL;
+    if (!(k = calloc((size_t)n, sizeof *k)))
+        return THAW_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        if ((rc = block_parse(blocks[i], sizes[i], &k[i])) != 0)
+            goto out;
+        if (i > 0 && (k[i].n_layers != k[0].n_layers || k[i].flags != k[0].flags ||
+                      memcmp(k[i].table, k[0].table, (size_t)k[0].n_layers * BLOCK_LAYER) != 0)) {
+            rc = THAW_EMISMATCH;
+            goto out;
+        }
+        if (i > 0 && k[i].pos0 != k[i - 1].pos0 + k[i - 1].n_cells) {
+            rc = THAW_EINVAL;
+            goto out;
+        }
+        n_cells += k[i].n_cells;
+    }
+    if (n_cells > INT32_MAX) {
+        rc = THAW_EINVAL;
+        goto out;
+    }
+    const uint32_t L = k[0].n_layers, N = (uint32_t)n_cells;
+    const int vtrans = (k[0].flags & FLAG_VTRANS) != 0, ext = (k[0].flags & FLAG_EXT) != 0;
+    if (!(kr = calloc(L, sizeof *kr)) || !(vr = calloc(L, sizeof *vr))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    for (uint32_t l = 0; l < L; l++) {
+        memcpy(&kr[l], k[0].table + (size_t)l * BLOCK_LAYER + 8, 8);
+        memcpy(&vr[l], k[0].table + (size_t)l * BLOCK_LAYER + 16, 8);
+        cell_bytes += kr[l] + vr[l]; /* bounded by block_parse */
+        kall += kr[l];
+    }
+    if (cell_bytes > (SIZE_MAX / 2) / (N ? N : 1)) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    size_t size = 4 + 4 * (size_t)f->n_stream + (size_t)N * meta_stride(ext) + 8 + (size_t)L * 2 * 12 +
+                  (size_t)N * cell_bytes;
+    if (!(buf = malloc(size))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    p = buf;
+    put32(&p, f->n_stream);
+    for (uint32_t st = 0; st < f->stream; st++)
+        put32(&p, 0);
+    put32(&p, N);
+    size_t bstride = block_meta_stride(ext);
+    for (int i = 0; i < n; i++)
+        for (uint32_t c = 0; c < k[i].n_cells; c++) {
+            const uint8_t *m = k[i].meta + (size_t)c * bstride;
+            put(&p, m, 4);
+            put32(&p, 1);
+            if (ext)
+                put(&p, m + 4, CELL_EXT);
+            put32(&p, (uint32_t)f->seq_id);
+        }
+    put32(&p, (uint32_t)vtrans);
+    put32(&p, L);
+    /* a block's data: K of each layer [n_cells][k_row], then V of each layer */
+    uint64_t before = 0; /* of layer l's K, in cells x bytes: the K rows of the layers before */
+    for (uint32_t l = 0; l < L; l++) {
+        put(&p, k[0].table + (size_t)l * BLOCK_LAYER, 4);
+        put64(&p, kr[l]);
+        for (int i = 0; i < n; i++)
+            put(&p, k[i].data + (size_t)(k[i].n_cells * before), (size_t)k[i].n_cells * kr[l]);
+        before += kr[l];
+    }
+    before = kall; /* V of layer l follows all K and the V of the layers before */
+    for (uint32_t l = 0; l < L; l++) {
+        int32_t vt;
+        memcpy(&vt, k[0].table + (size_t)l * BLOCK_LAYER + 4, 4);
+        put32(&p, (uint32_t)vt);
+        if (!vtrans) {
+            put64(&p, vr[l]);
+            for (int i = 0; i < n; i++)
+                put(&p, k[i].data + (size_t)(k[i].n_cells * before), (size_t)k[i].n_cells * vr[l]);
+        } else {
+            size_t el = ggml_type_size((enum ggml_type)vt), n_embd_v = vr[l] / el;
+            put32(&p, (uint32_t)el);
+            put32(&p, (uint32_t)n_embd_v);
+            /* transposed: the section's column e is column e of every block in turn */
+            for (size_t e = 0; e < n_embd_v; e++)
+                for (int i = 0; i < n; i++)
+                    put(&p, k[i].data + (size_t)(k[i].n_cells * before) + e * k[i].n_cells * el,
+                        (size_t)k[i].n_cells * el);
+        }
+        before += vr[l];
+    }
+    for (uint32_t st = f->stream + 1; st < f->n_stream; st++)
+        put32(&p, 0);
+    *out = buf;
+    *n_out = (size_t)(p - buf);
+    buf = NULL;
+out:
+    free(buf);
+    free(kr);
+    free(vr);
+    free(k);
+    return rc;
+}
+
+/* ---- self-test --------------------------------------------------------------- */
+
+#define SELFTEST_TOKENS 8
+#define SELFTEST_BLOCK 2
+
+static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    size_t i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *why, size_t n_why)
+{
+    const struct llama_vocab *vocab = llama_model_get_vocab(llama_get_model(ctx));
+    llama_memory_t mem = llama_get_memory(ctx);
+    struct llama_batch batch = llama_batch_init(SELFTEST_TOKENS, 0, 1);
+    struct thaw_kvlayout *l = NULL;
+    uint8_t *state = NULL, *again = NULL, *blk[SELFTEST_TOKENS / SELFTEST_BLOCK] = {0};
+    size_t sizes[SELFTEST_TOKENS / SELFTEST_BLOCK] = {0};
+    void *asm_buf = NULL;
+    size_t n_state, n_asm;
+    int rc, nb = 0;
+
+    if (why && n_why)
+        why[0] = '\0';
+    llama_memory_seq_rm(mem, seq, -1, -1);
+    int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    for (int i = 0; i < SELFTEST_TOKENS; i++) {
+        batch.token[i] = (llama_token)((1 + 7 * i) % n_vocab);
+        batch.pos[i] = i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = seq;
+        batch.logits[i] = i == SELFTEST_TOKENS - 1;
+    }
+    batch.n_tokens = SELFTEST_TOKENS;
+    if (llama_decode(ctx, batch) != 0) {
+        rc = thaw_why(why, n_why, THAW_ELLAMA, "llama_decode failed");
+        goto done;
+    }
+    n_state = llama_state_seq_get_size(ctx, seq);
+    if (n_state == 0) {
+        rc = thaw_why(why, n_why, THAW_ELLAMA, "llama_state_seq_get_size returned 0");
+        goto done;
+    }
+    if (!(state = malloc(n_state)) || !(again = malloc(n_state))) {
+        rc = THAW_ENOMEM;
+        goto done;
+    }
+    if (llama_state_seq_get_data(ctx, state, n_state, seq) != n_state) {
+        rc = thaw_why(why, n_why, THAW_ELLAMA, "llama_state_seq_get_data failed");
+        goto done;
+    }
+    if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0) {
+        const struct llama_model *m = llama_get_model(ctx);
+        rc =
+            thaw_why(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "the state does not parse: %s%s", thaw_strerror(rc),
+                 llama_model_is_recurrent(m) || llama_model_is_hybrid(m) ? " (the model has recurrent memory)" : "");
+        goto done;
+    }
+    if (thaw_kvlayout_n_cells(l) != SELFTEST_TOKENS) {
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "the state holds %u cells for %d tokens", thaw_kvlayout_n_cells(l),
+                  SELFTEST_TOKENS);
+        goto done;
+    }
+    for (uint32_t a = 0; a < SELFTEST_TOKENS; a += SELFTEST_BLOCK, nb++) {
+        sizes[nb] = thaw_kvlayout_block_size(l, a, a + SELFTEST_BLOCK);
+        if (!(blk[nb] = malloc(sizes[nb]))) {
+            rc = THAW_ENOMEM;
+            goto done;
+        }
+        if ((rc = thaw_kvlayout_cut(l, a, a + SELFTEST_BLOCK, blk[nb], sizes[nb])) != 0) {
+            rc = thaw_why(why, n_why, THAW_ELAYOUT, "cutting cells %u..%u: %s", a, a + SELFTEST_BLOCK, thaw_strerror(rc));
+            goto done;
+        }
+    }
+    struct thaw_kvlayout_frame fr;
+    const void *tail;
+    size_t n_tail;
+    thaw_kvlayout_frame(l, &fr);
+    thaw_kvlayout_tail(l, &tail, &n_tail);
+    if ((rc = thaw_kvlayout_assemble((const void *const *)blk, sizes, nb, &fr, tail, n_tail, &asm_buf, &n_asm)) != 0) {
+        rc = thaw_why(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT, "assembly: %s", thaw_strerror(rc));
+        goto done;
+    }
+    if (n_asm != n_state || memcmp(asm_buf, state, n_state) != 0) {
+        rc = thaw_why(why, n_why, THAW_ELAYOUT,
+                  "the assembled state (%zu bytes) differs from the captured one (%zu) at byte %zu", n_asm, n_state,
+                  first_diff(asm_buf, state, n_asm < n_state ? n_asm : n_state));
+        goto done;
+    }
+    if (llama_state_seq_set_data(ctx, asm_buf, n_asm, seq) != n_asm) {
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "llama_state_seq_set_data refused the assembled state");
+        goto done;
+    }
+    if (llama_state_seq_get_size(ctx, seq) != n_state ||
+        llama_state_seq_get_data(ctx, again, n_state, seq) != n_state || memcmp(again, state, n_state) != 0) {
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "the restored sequence's state differs from the captured one");
+        goto done;
+    }
+    rc = 0;
+done:
+    llama_memory_seq_rm(mem, seq, -1, -1);
+    free(asm_buf);
+    for (int i = 0; i < SELFTEST_TOKENS / SELFTEST_BLOCK; i++)
+        free(blk[i]);
+    thaw_kvlayout_free(l);
+    free(again);
+    free(state);
+    llama_batch_free(batch);
+    return rc;
+}
