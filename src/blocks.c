@@ -5,6 +5,7 @@
 #include "cache_ram.h"
 #include "error.h"
 #include "kvstate.h"
+#include "snapshots.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -20,7 +21,7 @@
 
 struct manifest_header {
     uint32_t magic, version, n_tokens, block_tokens;
-    uint32_t n_blocks, reserved;
+    uint32_t n_blocks, n_snaps; /* n_snaps: 0 before snapshots (it was reserved) */
     uint64_t tail_size, swa_size;
 };
 
@@ -81,7 +82,7 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
         return THAW_EINVAL;
     if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0)
         return rc == THAW_ECORRUPT ? THAW_ELAYOUT : rc; /* fresh from libllama: not damage */
-    struct thaw_blocks_src src = {thaw_kvlayout_n_cells(l), layout_size, layout_cut, NULL, l, NULL, 0};
+    struct thaw_blocks_src src = {thaw_kvlayout_n_cells(l), layout_size, layout_cut, NULL, l, NULL, 0, NULL, 0};
     thaw_kvlayout_tail(l, &src.swa, &src.n_swa);
     rc = thaw_blocks_store_src(c, ram, binding, block_tokens, toks, n, &src, manifest, n_manifest, st);
     thaw_kvlayout_free(l);
@@ -168,26 +169,33 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
         st->written++;
         st->bytes_written += size;
     }
-    /* the manifest: tokens, ids, the cells past the last whole block, the SWA window */
-    size_t tail_size = a < (uint32_t)n ? src->size(src->ud, a, (uint32_t)n) : 0;
-    size_t head = sizeof(struct manifest_header) + (size_t)n * sizeof(int32_t) + (size_t)n_blocks * sizeof *ids;
-    size_t total = head + tail_size + src->n_swa;
+    /* the manifest: tokens, ids, the cells past the last whole block, the
+     * SWA window; or, for a hybrid, its snapshots instead of the last two */
+    uint32_t n_snaps = src->n_snaps;
+    size_t tail_size = a < (uint32_t)n && !n_snaps ? src->size(src->ud, a, (uint32_t)n) : 0;
+    size_t n_swa = n_snaps ? 0 : src->n_swa;
+    size_t head = sizeof(struct manifest_header) + (size_t)n * sizeof(int32_t) +
+                  ((size_t)n_blocks + n_snaps) * sizeof *ids;
+    size_t total = head + tail_size + n_swa;
     uint8_t *m = thaw_blob_alloc(total);
     if (!m) {
         rc = THAW_ENOMEM;
         goto out;
     }
-    struct manifest_header h = {MANIFEST_MAGIC, MANIFEST_VERSION, (uint32_t)n, block_tokens, n_blocks, 0,
-                                tail_size,      src->n_swa};
+    struct manifest_header h = {MANIFEST_MAGIC, MANIFEST_VERSION, (uint32_t)n, block_tokens, n_blocks, n_snaps,
+                                tail_size,      n_swa};
     memcpy(m, &h, sizeof h);
     memcpy(m + sizeof h, toks, (size_t)n * sizeof(int32_t));
     memcpy(m + sizeof h + (size_t)n * sizeof(int32_t), ids, (size_t)n_blocks * sizeof *ids);
+    if (n_snaps)
+        memcpy(m + sizeof h + (size_t)n * sizeof(int32_t) + (size_t)n_blocks * sizeof *ids, src->snaps,
+               (size_t)n_snaps * sizeof *ids);
     if (tail_size && (rc = src->cut(src->ud, a, (uint32_t)n, m + head, tail_size)) != 0) {
         thaw_blob_unref(m);
         goto out;
     }
-    if (src->n_swa)
-        memcpy(m + head + tail_size, src->swa, src->n_swa);
+    if (n_swa)
+        memcpy(m + head + tail_size, src->swa, n_swa);
     *manifest = m;
     *n_manifest = total;
     rc = 0;
@@ -560,10 +568,15 @@ static int manifest_header(const void *manifest, size_t n_manifest, struct manif
     if (h->version != MANIFEST_VERSION)
         return THAW_EVERSION;
     /* every length against the blob, in 64 bits */
-    uint64_t need = (uint64_t)sizeof *h + (uint64_t)h->n_tokens * 4 + (uint64_t)h->n_blocks * THAW_KEY_BYTES;
+    uint64_t need = (uint64_t)sizeof *h + (uint64_t)h->n_tokens * 4 +
+                    ((uint64_t)h->n_blocks + h->n_snaps) * THAW_KEY_BYTES;
     if (h->block_tokens == 0 || h->n_tokens == 0 || h->n_blocks != h->n_tokens / h->block_tokens ||
-        (h->tail_size == 0) != (h->n_tokens % h->block_tokens == 0) || h->tail_size > n_manifest ||
-        h->swa_size > n_manifest || need + h->tail_size + h->swa_size != n_manifest)
+        h->n_snaps > THAW_DISK_REFS_MAX || h->tail_size > n_manifest || h->swa_size > n_manifest ||
+        need + h->tail_size + h->swa_size != n_manifest)
+        return THAW_ECORRUPT;
+    /* the tail: inline, or in the last snapshot (which holds the swa part too) */
+    if (h->n_snaps ? h->tail_size != 0 || h->swa_size != 0
+                   : (h->tail_size == 0) != (h->n_tokens % h->block_tokens == 0))
         return THAW_ECORRUPT;
     return 0;
 }
@@ -576,7 +589,19 @@ int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids
     if (rc != 0)
         return rc;
     *ids = (const uint8_t *)manifest + sizeof h + (size_t)h.n_tokens * 4;
-    *n_ids = h.n_blocks;
+    *n_ids = h.n_blocks + h.n_snaps;
+    return 0;
+}
+
+int thaw_blocks_manifest_snaps(const void *manifest, size_t n, const uint8_t **snaps, uint32_t *n_snaps)
+{
+    struct manifest_header h;
+    int rc = manifest_header(manifest, n, &h);
+
+    if (rc != 0)
+        return rc;
+    *snaps = (const uint8_t *)manifest + sizeof h + (size_t)h.n_tokens * 4 + (size_t)h.n_blocks * THAW_KEY_BYTES;
+    *n_snaps = h.n_snaps;
     return 0;
 }
 
@@ -592,8 +617,8 @@ int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **ref
         }
         return THAW_DISK_KIND_ROOT;
     }
-    if (thaw_kvlayout_block_info(kv, n, &pos0, &cells) == 0)
-        return THAW_DISK_KIND_BLOCK;
+    if (thaw_kvlayout_block_info(kv, n, &pos0, &cells) == 0 || thaw_snapshots_is(kv, n))
+        return THAW_DISK_KIND_BLOCK; /* a snapshot lives as a block does: while a manifest names it */
     return THAW_DISK_KIND_ROOT;
 }
 
@@ -609,16 +634,58 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
         return rc;
     const uint8_t *toks = m + sizeof h;
     const uint8_t *ids = toks + (size_t)h.n_tokens * 4;
-    const uint8_t *tail = ids + (size_t)h.n_blocks * THAW_KEY_BYTES;
+    const uint8_t *snaps = ids + (size_t)h.n_blocks * THAW_KEY_BYTES;
+    const uint8_t *tail = snaps + (size_t)h.n_snaps * THAW_KEY_BYTES;
     llama_token *tokens = malloc((size_t)h.n_tokens * sizeof(llama_token)); /* aligned */
     if (!tokens)
         return THAW_ENOMEM;
     memcpy(tokens, toks, (size_t)h.n_tokens * sizeof(llama_token));
-    rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
-                     tail + h.tail_size, h.swa_size, f, tokens, (int)h.n_tokens, out);
+    if (h.n_snaps) {
+        /* a hybrid: the tail and the recurrent state are the last snapshot's */
+        struct thaw_snapshot_view sv;
+        void *snap = NULL;
+        size_t n_snap = 0;
+        rc = thaw_snapshots_fetch(c, ram, snaps + (size_t)(h.n_snaps - 1) * THAW_KEY_BYTES, &snap, &n_snap);
+        if (rc == 0 && (thaw_snapshots_parse(snap, n_snap, &sv) != 0 || sv.n_tokens != h.n_tokens ||
+                        sv.block_tokens != h.block_tokens))
+            rc = THAW_ECORRUPT;
+        if (rc == 0)
+            rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, sv.tail,
+                             sv.tail_size, sv.rec, sv.rec_size, f, tokens, (int)h.n_tokens, out);
+        else if (rc == THAW_ECORRUPT)
+            rc = THAW_ENOTFOUND; /* removed: this manifest is no use */
+        thaw_blob_unref(snap);
+    } else {
+        rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
+                         tail + h.tail_size, h.swa_size, f, tokens, (int)h.n_tokens, out);
+    }
     free(tokens);
     if (rc != 0)
         thaw_blocks_state_free(out);
+    return rc;
+}
+
+int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                        uint32_t block_tokens, const llama_token *toks, int p, const void *tail, size_t n_tail,
+                        const void *rest, size_t n_rest, const struct thaw_kvlayout_frame *f,
+                        struct thaw_blocks_state *out)
+{
+    uint8_t(*ids)[THAW_KEY_BYTES];
+    uint32_t n_blocks;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if (block_tokens == 0 || p <= 0 || (tail == NULL) != ((uint32_t)p % block_tokens == 0))
+        return THAW_EINVAL;
+    n_blocks = (uint32_t)p / block_tokens;
+    if (!(ids = malloc(((size_t)n_blocks + 1) * sizeof *ids)))
+        return THAW_ENOMEM;
+    thaw_blocks_ids(binding, block_tokens, toks, p, ids);
+    rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, n_blocks, block_tokens, tail, n_tail, rest, n_rest,
+                     f, toks, p, out);
+    if (rc != 0)
+        thaw_blocks_state_free(out);
+    free(ids);
     return rc;
 }
 

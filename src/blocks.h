@@ -17,9 +17,12 @@
  * The conversation's key names a manifest, its .kv part:
  *
  *   u32 magic "TMF1" | u32 version (1) | u32 n_tokens | u32 block_tokens (B)
- *   u32 n_blocks | u32 reserved (0) | u64 tail_size | u64 swa_size
+ *   u32 n_blocks | u32 n_snaps | u64 tail_size | u64 swa_size
  *   i32 tokens[n_tokens]
  *   u8  ids[n_blocks][32]
+ *   u8  snaps[n_snaps][32] a hybrid's snapshots (snapshots.h), the last one
+ *                         at n_tokens; with them tail and swa are empty
+ *                         (that snapshot holds both)
  *   u8  tail[tail_size]   the cells past the last whole block, as one
  *                         kvlayout block (absent when n_tokens % B == 0)
  *   u8  swa[swa_size]     the uncut SWA window section (kvlayout tail)
@@ -95,6 +98,10 @@ struct thaw_blocks_src {
     const void *ud;
     const void *swa; /* the uncut SWA section, or NULL */
     size_t n_swa;
+    /* a hybrid's snapshots (snapshots.h), the last one at n_cells: the
+     * manifest names them instead of carrying a tail and swa. NULL/0: none */
+    const uint8_t (*snaps)[THAW_KEY_BYTES];
+    uint32_t n_snaps;
 };
 
 /* thaw_blocks_store from src: what it does not know of the cells the store
@@ -107,9 +114,14 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
 /* 1 if blob starts like a manifest (magic), else 0. */
 int thaw_blocks_is_manifest(const void *blob, size_t n);
 
-/* The block ids a manifest names (pointing into it). Returns 0 or
+/* The ids a manifest names (pointing into it): its blocks, then its
+ * snapshots, contiguous. Returns 0 or
  * THAW_ECORRUPT / THAW_EVERSION (the manifest's lengths are checked). */
 int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids);
+
+/* The snapshot ids a manifest names (pointing into it; *n_snaps 0 for a
+ * manifest without). 0 or as thaw_blocks_manifest_ids. */
+int thaw_blocks_manifest_snaps(const void *manifest, size_t n, const uint8_t **snaps, uint32_t *n_snaps);
 
 /* What a disk entry's .kv is to the disk tier's collector: the classify
  * callback of struct thaw_disk_cache_params (cache_disk.h), ud unused.
@@ -149,6 +161,16 @@ int thaw_blocks_state_check(struct thaw_blocks_state *s);
  * corrupt and removed), THAW_ENOMEM, or a disk error. */
 int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out);
+
+/* The state of toks[0, p) from its blocks 0 .. p/B - 1 (ids computed
+ * here), then `tail` (the cells [p/B*B, p) as one kvlayout block; NULL/0
+ * when B divides p) and `rest` appended verbatim (a recurrent state), for
+ * frame f: a hybrid's restore at a snapshot (snapshots.c). Returns as
+ * thaw_blocks_load. */
+int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                        uint32_t block_tokens, const llama_token *toks, int p, const void *tail, size_t n_tail,
+                        const void *rest, size_t n_rest, const struct thaw_kvlayout_frame *f,
+                        struct thaw_blocks_state *out);
 
 /* Prefix lookup: the longest run of toks' whole blocks the disk holds,
  * from block 0, restorable for the slot of frame f. At least one token of
