@@ -574,9 +574,12 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
         /* a prefill that stopped at a snapshot position: keep the state there */
-        if (s->phase == THAW_SLOT_PREFILL && s->n_in_batch > 0 && s->i_batch < 0 && snapshot_at(e, s, s->n_tokens) &&
-            thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
+        if (s->phase != THAW_SLOT_PREFILL || s->n_in_batch == 0 || s->i_batch >= 0 || !snapshot_at(e, s, s->n_tokens))
+            continue;
+        if (thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
             LOG_WRN("slot %d: could not take a context checkpoint", s->id);
+        else
+            s->ckpts.v[s->ckpts.n - 1].flags |= THAW_CKPT_SNAPSHOT; /* stored as one (snapshots.h) */
     }
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];

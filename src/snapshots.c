@@ -184,7 +184,12 @@ int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
     /* the checkpoints inside the conversation, then its end */
     for (int i = 0; i < ckl.n; i++) {
         size_t n_rec = 0;
-        const void *rec = ckl.v[i].n_tokens > 0 && ckl.v[i].n_tokens < n ? ckpt_rec(&ckl.v[i], &n_rec) : NULL;
+        /* only those taken at snapshot positions: the one at each prompt's
+         * end serves the slot's own rollbacks; stored, it would add a
+         * partial block of attention rows every turn */
+        const void *rec = ckl.v[i].n_tokens > 0 && ckl.v[i].n_tokens < n && (ckl.v[i].flags & THAW_CKPT_SNAPSHOT)
+                              ? ckpt_rec(&ckl.v[i], &n_rec)
+                              : NULL;
         if (rec)
             at[n_at++] = (struct at){(uint32_t)ckl.v[i].n_tokens, rec, n_rec};
     }
@@ -288,12 +293,12 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
 
     *ckpt = NULL;
     *n_ckpt = 0;
-    if (thaw_blocks_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps <= 1)
+    if (thaw_blocks_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps == 0)
         return THAW_ENOTFOUND;
-    if (!(l.v = calloc(n_snaps - 1, sizeof *l.v)))
+    if (!(l.v = calloc(n_snaps, sizeof *l.v)))
         return THAW_ENOMEM;
-    l.cap = (int)n_snaps - 1;
-    for (uint32_t i = 0; i + 1 < n_snaps && rc == 0; i++) {
+    l.cap = (int)n_snaps;
+    for (uint32_t i = 0; i < n_snaps && rc == 0; i++) {
         struct thaw_snapshot_view v;
         void *snap = NULL;
         size_t n_snap = 0;
@@ -316,6 +321,7 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
                 ck->n_tokens = (int)v.n_tokens;
                 ck->pos_min = 0;
                 ck->pos_max = (llama_pos)v.n_tokens - 1;
+                ck->flags = THAW_CKPT_SNAPSHOT; /* stored: later manifests name it too */
                 l.n++;
             }
         }

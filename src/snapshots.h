@@ -94,8 +94,9 @@ int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
 int thaw_snapshots_fetch(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES],
                          void **blob, size_t *n);
 
-/* The context checkpoints a manifest's snapshots give (all but the last,
- * which is the manifest's own end) for sequence seq_id: a .ckpt blob
+/* The context checkpoints a manifest's snapshots give (its own end
+ * included, all flagged THAW_CKPT_SNAPSHOT: the next store names them
+ * again) for sequence seq_id: a .ckpt blob
  * (kvstate.h; *ckpt a blob reference, thaw_blob_unref), so that a
  * conversation restored from disk can still roll back to them.
  * THAW_ENOTFOUND (no such snapshot, or one is gone: none at all is
