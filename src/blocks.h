@@ -27,6 +27,28 @@
  *                         kvlayout block (absent when n_tokens % B == 0)
  *   u8  swa[swa_size]     the uncut SWA window section (kvlayout tail)
  *
+ * n_snaps was a reserved 0 before snapshots: a manifest written before
+ * them reads as one without. It means the same in both versions (below);
+ * the snapshot ids always come last of the ids, so that the ids a manifest
+ * names (blocks, SWA blocks, snapshots) are contiguous.
+ *
+ * A sliding-window model's manifest is version 2 when its blocks carry
+ * their SWA rows (DESIGN §12): each block k then has an SWA block, the SWA
+ * layers' rows of the same positions, stored as its own entry under
+ *
+ *   sid_k = BLAKE2b-256(key = id_k, "thaw-swa-v1")
+ *
+ * and the header goes on with u32 swa_first | u32 n_window | u64
+ * swa_tail_size; after ids come sids[swa_first, n_blocks) (the run of
+ * blocks whose SWA rows were stored, ending at the last), then the tail,
+ * then swa_tail (the SWA rows of the tail's cells), and swa_size is 0: no
+ * window is copied per turn. A restore at n installs section 0 from the
+ * blocks and rebuilds the SWA section from the SWA blocks covering
+ * [n - n_window, n). The manifest names the sids too (GC, holds).
+ * Version 2 is SWA rows, not snapshots: a version 2 manifest has n_snaps 0
+ * (a model with both a window and a recurrent state is not one kvlayout.h
+ * knows), and a version 1 manifest with snapshots is a hybrid's.
+ *
  * The manifest is submitted after its blocks, to the same FIFO writer, so
  * it commits last: a crash leaves blocks without a manifest (collected once
  * their grace is over, cache_disk.c), never a manifest whose blocks were
@@ -40,8 +62,9 @@
  * the slot that restores, so a conversation stored from slot 1 under -np 2
  * restores into slot 0 under -np 3.
  *
- * Layouts kvlayout.h refuses (recurrent, hybrid, MLA, another libllama
- * build) give THAW_ELAYOUT: the caller stores whole-state entries instead.
+ * Layouts kvlayout.h refuses (purely recurrent, MLA, another libllama
+ * build) give THAW_ELAYOUT: the caller stores whole-state entries instead
+ * (a hybrid's recurrent tail parses, and goes in snapshots: snapshots.h).
  */
 #ifndef THAW_BLOCKS_H
 #define THAW_BLOCKS_H
@@ -88,6 +111,15 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
                       uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
                       void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
 
+/* thaw_blocks_store for a sliding-window model (window > 0: its window,
+ * tokens): the capture's SWA section gives the SWA rows of the blocks it
+ * still holds; when they cover what a restore at n needs, the manifest is
+ * version 2 (no window copy), else as thaw_blocks_store. */
+int thaw_blocks_store_window(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
+                             const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t window,
+                             const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
+                             size_t *n_manifest, struct thaw_blocks_stats *st);
+
 /* Where a store cuts its blocks from: a parsed capture (thaw_blocks_store)
  * or the KV cache's own memory (kvtap.h). */
 struct thaw_blocks_src {
@@ -98,8 +130,17 @@ struct thaw_blocks_src {
     const void *ud;
     const void *swa; /* the uncut SWA section, or NULL */
     size_t n_swa;
+    /* SWA rows (DESIGN §12; NULL: none): the SWA block of [a, b), as size,
+     * cut and known above. A store that can give the SWA blocks a restore
+     * at n needs ([n - n_window, n), block-aligned) writes them, and every
+     * earlier one it can, instead of the window section */
+    size_t (*swa_size)(const void *ud, uint32_t a, uint32_t b);
+    int (*swa_cut)(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap);
+    int (*swa_known)(const void *ud, uint32_t a, uint32_t b);
+    uint32_t n_window; /* the sliding window, tokens (llama_model_n_swa) */
     /* a hybrid's snapshots (snapshots.h), the last one at n_cells: the
-     * manifest names them instead of carrying a tail and swa. NULL/0: none */
+     * manifest names them instead of carrying a tail and swa. NULL/0: none.
+     * Not with SWA rows (THAW_EINVAL) */
     const uint8_t (*snaps)[THAW_KEY_BYTES];
     uint32_t n_snaps;
 };
@@ -114,8 +155,8 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
 /* 1 if blob starts like a manifest (magic), else 0. */
 int thaw_blocks_is_manifest(const void *blob, size_t n);
 
-/* The ids a manifest names (pointing into it): its blocks, then its
- * snapshots, contiguous. Returns 0 or
+/* The ids a manifest names (pointing into it): its blocks, then its SWA
+ * blocks (version 2), then its snapshots, contiguous. Returns 0 or
  * THAW_ECORRUPT / THAW_EVERSION (the manifest's lengths are checked). */
 int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids);
 
@@ -181,5 +222,17 @@ int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
 int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                        uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
                        struct thaw_blocks_state *out);
+
+/* thaw_blocks_prefix for a sliding-window model (n_window > 0: its window,
+ * tokens): the deepest boundary b of the run whose SWA blocks covering
+ * [b - n_window, b) are stored too; the state holds the run's blocks and
+ * an SWA section rebuilt from those. n_window 0: thaw_blocks_prefix. */
+int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
+                           const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t n_window,
+                           const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                           struct thaw_blocks_state *out);
+
+/* The id of block id's SWA block. */
+void thaw_blocks_swa_id(const uint8_t id[THAW_KEY_BYTES], uint8_t sid[THAW_KEY_BYTES]);
 
 #endif

@@ -36,7 +36,8 @@ struct thaw_kvcache {
     uint8_t identity[THAW_KEY_BYTES];
     uint32_t block_tokens; /* 0: whole states (also after a layout blocks.c refused) */
     bool prefix_lookup;
-    bool snapshots; /* a hybrid: recurrent state as snapshots (snapshots.h) */
+    bool snapshots;    /* a hybrid: recurrent state as snapshots (snapshots.h) */
+    uint32_t n_window; /* SWA models: the window (blocks.h) */
     uint32_t n_stream;
     /* the block store's counters (/metrics) */
     atomic_uint_fast64_t blocks_written, blocks_skipped, blocks_dropped, store_bytes, prefix_hits, prefix_tokens;
@@ -186,6 +187,7 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
     c->block_tokens = p->block_tokens;
     c->prefix_lookup = p->prefix_lookup;
     c->snapshots = p->snapshots;
+    c->n_window = p->n_window;
     c->n_stream = p->n_stream ? p->n_stream : 1;
     if (p->ram_bytes > 0 && (rc = thaw_ram_cache_new(p->ram_bytes, p->ttl_s, &c->ram)) != 0)
         goto fail;
@@ -436,9 +438,11 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
         (!c->snapshots && (n_prompt - 1) / (int)c->block_tokens * (int)c->block_tokens <= n_past))
         return n_past; /* no run of blocks could beat what the slot holds */
     block_binding(c, ns, binding);
-    /* a hybrid resumes at its deepest snapshot, a dense model after its longest run of blocks */
+    /* a hybrid resumes at its deepest snapshot, a dense or SWA model after its
+     * longest run of blocks (an SWA model's with its window's SWA blocks) */
     int rc = c->snapshots ? thaw_snapshots_prefix(c->disk, c->ram, binding, c->block_tokens, prompt, n_prompt, &f, &bs)
-                          : thaw_blocks_prefix(c->disk, c->ram, binding, c->block_tokens, prompt, n_prompt, &f, &bs);
+                          : thaw_blocks_prefix_swa(c->disk, c->ram, binding, c->block_tokens, c->n_window, prompt,
+                                                   n_prompt, &f, &bs);
     if (rc != 0) {
         if (rc != THAW_ENOTFOUND)
             LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(rc));
@@ -517,8 +521,8 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
         }
     }
     if (rc == THAW_ELAYOUT)
-        rc = thaw_blocks_store(c->disk, c->ram, binding, c->block_tokens, v.tokens, v.n_tokens, v.state, v.n_state,
-                               &man, &n_man, &st);
+        rc = thaw_blocks_store_window(c->disk, c->ram, binding, c->block_tokens, c->n_window, v.tokens, v.n_tokens,
+                                      v.state, v.n_state, &man, &n_man, &st);
     count_blocks(c, &st);
     if (rc == THAW_ELAYOUT) {
         LOG_WRN("kv-cache: this model's state layout cannot be cut into blocks: whole states from now on");

@@ -107,7 +107,9 @@ struct thaw_kvlayout {
     struct section s0; /* the cut section */
     size_t tail_off;   /* == n when there is no tail */
     size_t cell_bytes; /* K + V bytes per cell, all layers */
-    int recurrent;     /* the tail is a recurrent state, not an SWA section */
+    int recurrent;     /* the tail is a recurrent state, not an SWA section (s1 then empty) */
+    struct section s1; /* the SWA section when there is one (n_layers 0 if it holds no cells) */
+    size_t s1_cell_bytes;
 };
 
 static size_t meta_stride(int ext)
@@ -213,6 +215,7 @@ void thaw_kvlayout_free(struct thaw_kvlayout *l)
     if (!l)
         return;
     free(l->s0.layers);
+    free(l->s1.layers);
     free(l);
 }
 
@@ -262,6 +265,14 @@ static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct 
     if (rc == 0 &&
         (tail.end != n || tail.n_stream != l->s0.n_stream || (tail.n_cells > 0 && tail.stream != l->s0.stream)))
         rc = THAW_ELAYOUT;
+    if (rc == 0 && tail.n_cells > 0 && (tail.v_trans != l->s0.v_trans)) /* one context, one V orientation */
+        rc = THAW_ELAYOUT;
+    if (rc == 0) {
+        l->s1 = tail; /* kept: SWA rows are cut from it (thaw_kvlayout_swa_*) */
+        for (uint32_t i = 0; i < tail.n_layers; i++)
+            l->s1_cell_bytes += tail.layers[i].k_row + tail.layers[i].v_row;
+        return 0;
+    }
     free(tail.layers);
     if (rc == THAW_ELAYOUT && is_recurrent_tail(b + l->tail_off, n - l->tail_off, l->s0.n_cells)) {
         l->recurrent = 1;
@@ -295,6 +306,9 @@ int thaw_kvlayout_parse(const void *buf, size_t n, struct thaw_kvlayout **out)
         /* section 0 did not parse with plain cells: try cells with ext */
         free(l->s0.layers);
         memset(&l->s0, 0, sizeof l->s0);
+        free(l->s1.layers);
+        memset(&l->s1, 0, sizeof l->s1);
+        l->s1_cell_bytes = 0;
         rc_ext = parse_as(b, n, seq_id, 1, l);
         /* a damaged buffer reads as damaged under at least one guess */
         if (rc_ext == 0 || rc_ext == THAW_ENOMEM || rc_ext == THAW_EINVAL || rc_ext == THAW_ECORRUPT)
@@ -457,26 +471,128 @@ void thaw_kvlayout_mem_free(struct thaw_kvlayout_mem *m)
     free(m);
 }
 
-int thaw_kvlayout_mem_new(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
+/* A cutter shaped as section s (cell_bytes: its K + V bytes per cell). */
+static int mem_new_section(const struct section *s, size_t cell_bytes, struct thaw_kvlayout_mem **out)
 {
     struct thaw_kvlayout_mem *m;
-    uint32_t n = l->s0.n_layers;
+    uint32_t n = s->n_layers;
 
     *out = NULL;
-    if (l->ext || l->tail_off != l->n)
-        return THAW_ELAYOUT; /* cells with ext, or an SWA section: not cut from memory */
+    if (n == 0)
+        return THAW_ELAYOUT;
     if (!(m = calloc(1, sizeof *m)) || !(m->layers = malloc(n * sizeof *m->layers)) ||
         !(m->k = calloc(n, sizeof *m->k)) || !(m->v = calloc(n, sizeof *m->v)) ||
         !(m->v_stride = calloc(n, sizeof *m->v_stride)) || !(m->ss = calloc(2 * (size_t)n, sizeof *m->ss))) {
         thaw_kvlayout_mem_free(m);
         return THAW_ENOMEM;
     }
-    memcpy(m->layers, l->s0.layers, n * sizeof *m->layers);
+    memcpy(m->layers, s->layers, n * sizeof *m->layers);
     m->n_layers = n;
-    m->v_trans = (int)l->s0.v_trans;
-    m->cell_bytes = l->cell_bytes;
+    m->v_trans = (int)s->v_trans;
+    m->cell_bytes = cell_bytes;
     *out = m;
     return 0;
+}
+
+int thaw_kvlayout_mem_new(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
+{
+    *out = NULL;
+    if (l->ext)
+        return THAW_ELAYOUT; /* cells with ext: not cut from memory */
+    return mem_new_section(&l->s0, l->cell_bytes, out);
+}
+
+/* ---- SWA rows (DESIGN §12) ----------------------------------------------------- */
+
+uint32_t thaw_kvlayout_swa_n_cells(const struct thaw_kvlayout *l)
+{
+    return l->s1.n_layers ? l->s1.n_cells : 0;
+}
+
+int thaw_kvlayout_has_swa(const struct thaw_kvlayout *l)
+{
+    return l->tail_off != l->n;
+}
+
+int thaw_kvlayout_swa_pos_range(const struct thaw_kvlayout *l, int32_t *lo, int32_t *hi)
+{
+    const struct section *s = &l->s1;
+    size_t stride = meta_stride(l->ext);
+
+    if (!s->n_layers || !s->n_cells)
+        return THAW_ENOTFOUND;
+    *lo = INT32_MAX;
+    *hi = -1;
+    for (uint32_t i = 0; i < s->n_cells; i++) {
+        int32_t pos;
+        memcpy(&pos, l->buf + s->meta_off + (size_t)i * stride, 4);
+        if (pos < *lo)
+            *lo = pos;
+        if (pos > *hi)
+            *hi = pos;
+    }
+    return 0;
+}
+
+int thaw_kvlayout_swa_find(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, int32_t *idx)
+{
+    const struct section *s = &l->s1;
+    size_t stride = meta_stride(l->ext);
+
+    if (!s->n_layers || a >= b)
+        return THAW_ENOTFOUND;
+    for (uint32_t i = 0; i < b - a; i++)
+        idx[i] = -1;
+    for (uint32_t i = 0; i < s->n_cells; i++) {
+        int32_t pos;
+        memcpy(&pos, l->buf + s->meta_off + (size_t)i * stride, 4);
+        if (pos >= (int32_t)a && pos < (int32_t)b)
+            idx[pos - (int32_t)a] = (int32_t)i;
+    }
+    for (uint32_t i = 0; i < b - a; i++)
+        if (idx[i] < 0)
+            return THAW_ENOTFOUND;
+    return 0;
+}
+
+int thaw_kvlayout_mem_new_swa(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
+{
+    *out = NULL;
+    if (l->ext)
+        return THAW_ELAYOUT;
+    return mem_new_section(&l->s1, l->s1_cell_bytes, out);
+}
+
+int thaw_kvlayout_swa_mem(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
+{
+    const struct section *s = &l->s1;
+    int rc = thaw_kvlayout_mem_new_swa(l, out);
+
+    if (rc != 0)
+        return rc;
+    /* the capture's own rows: one stream, cells by their index in the section */
+    for (uint32_t i = 0; i < s->n_layers; i++) {
+        const struct layer *ly = &s->layers[i];
+        thaw_kvlayout_mem_set(*out, i, l->buf + ly->k_off, 0, l->buf + ly->v_off, 0,
+                              s->v_trans ? (size_t)s->n_cells * ly->v_el : 0);
+    }
+    return 0;
+}
+
+void thaw_kvlayout_swa_copy_cell(const struct thaw_kvlayout *l, uint32_t i, uint32_t layer, void *k_dst,
+                                 void *v_dst, size_t v_dst_stride)
+{
+    const struct section *s = &l->s1;
+    const struct layer *ly = &s->layers[layer];
+
+    memcpy(k_dst, l->buf + ly->k_off + (size_t)i * ly->k_row, ly->k_row);
+    if (!s->v_trans) {
+        memcpy(v_dst, l->buf + ly->v_off + (size_t)i * ly->v_row, ly->v_row);
+        return;
+    }
+    size_t n_embd_v = ly->v_row / ly->v_el;
+    for (size_t e = 0; e < n_embd_v; e++)
+        memcpy((uint8_t *)v_dst + e * v_dst_stride, l->buf + ly->v_off + (e * s->n_cells + i) * ly->v_el, ly->v_el);
 }
 
 uint32_t thaw_kvlayout_mem_n_layers(const struct thaw_kvlayout_mem *m)
@@ -971,6 +1087,124 @@ int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, in
     if (rc == 0)
         rc = thaw_kvlayout_asm_finish(a, tail, n_tail, out, n_out);
     thaw_kvlayout_asm_free(a);
+    return rc;
+}
+
+/* One KV-cache section (the layout at the top) holding the cells of n
+ * blocks at consecutive positions, from any first position: the SWA
+ * section of a restore (DESIGN §12), whose window starts wherever the
+ * restore point minus the window falls. */
+int thaw_kvlayout_section(const void *const *blocks, const size_t *sizes, int n, const struct thaw_kvlayout_frame *f,
+                          void **out, size_t *n_out)
+{
+    struct blk *k = NULL;
+    uint64_t *kr = NULL, *vr = NULL, n_cells = 0, cell_bytes = 0, kall = 0;
+    uint8_t *buf = NULL, *p;
+    int rc = 0;
+
+    *out = NULL;
+    *n_out = 0;
+    if (n <= 0 || !f || f->n_stream == 0 || f->stream >= f->n_stream || f->n_stream > MAX_STREAMS)
+        return THAW_EINVAL;
+    if (!(k = calloc((size_t)n, sizeof *k)))
+        return THAW_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        if ((rc = block_parse(blocks[i], sizes[i], &k[i])) != 0)
+            goto out;
+        if (i > 0 && (k[i].n_layers != k[0].n_layers || k[i].flags != k[0].flags ||
+                      memcmp(k[i].table, k[0].table, (size_t)k[0].n_layers * BLOCK_LAYER) != 0)) {
+            rc = THAW_EMISMATCH;
+            goto out;
+        }
+        if (i > 0 && k[i].pos0 != k[i - 1].pos0 + k[i - 1].n_cells) {
+            rc = THAW_EINVAL;
+            goto out;
+        }
+        n_cells += k[i].n_cells;
+    }
+    if (n_cells > INT32_MAX) {
+        rc = THAW_EINVAL;
+        goto out;
+    }
+    const uint32_t L = k[0].n_layers, N = (uint32_t)n_cells;
+    const int vtrans = (k[0].flags & FLAG_VTRANS) != 0, ext = (k[0].flags & FLAG_EXT) != 0;
+    if (!(kr = calloc(L, sizeof *kr)) || !(vr = calloc(L, sizeof *vr))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    for (uint32_t l = 0; l < L; l++) {
+        memcpy(&kr[l], k[0].table + (size_t)l * BLOCK_LAYER + 8, 8);
+        memcpy(&vr[l], k[0].table + (size_t)l * BLOCK_LAYER + 16, 8);
+        cell_bytes += kr[l] + vr[l]; /* bounded by block_parse */
+        kall += kr[l];
+    }
+    if (cell_bytes > (SIZE_MAX / 2) / (N ? N : 1)) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    size_t size = 4 + 4 * (size_t)f->n_stream + (size_t)N * meta_stride(ext) + 8 + (size_t)L * 2 * 12 +
+                  (size_t)N * cell_bytes;
+    if (!(buf = malloc(size))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    p = buf;
+    put32(&p, f->n_stream);
+    for (uint32_t st = 0; st < f->stream; st++)
+        put32(&p, 0);
+    put32(&p, N);
+    size_t bstride = block_meta_stride(ext);
+    for (int i = 0; i < n; i++)
+        for (uint32_t c = 0; c < k[i].n_cells; c++) {
+            const uint8_t *m = k[i].meta + (size_t)c * bstride;
+            put(&p, m, 4);
+            put32(&p, 1);
+            if (ext)
+                put(&p, m + 4, CELL_EXT);
+            put32(&p, (uint32_t)f->seq_id);
+        }
+    put32(&p, (uint32_t)vtrans);
+    put32(&p, L);
+    /* a block's data: K of each layer [n_cells][k_row], then V of each layer */
+    uint64_t before = 0; /* of layer l's K, in cells x bytes: the K rows of the layers before */
+    for (uint32_t l = 0; l < L; l++) {
+        put(&p, k[0].table + (size_t)l * BLOCK_LAYER, 4);
+        put64(&p, kr[l]);
+        for (int i = 0; i < n; i++)
+            put(&p, k[i].data + (size_t)(k[i].n_cells * before), (size_t)k[i].n_cells * kr[l]);
+        before += kr[l];
+    }
+    before = kall; /* V of layer l follows all K and the V of the layers before */
+    for (uint32_t l = 0; l < L; l++) {
+        int32_t vt;
+        memcpy(&vt, k[0].table + (size_t)l * BLOCK_LAYER + 4, 4);
+        put32(&p, (uint32_t)vt);
+        if (!vtrans) {
+            put64(&p, vr[l]);
+            for (int i = 0; i < n; i++)
+                put(&p, k[i].data + (size_t)(k[i].n_cells * before), (size_t)k[i].n_cells * vr[l]);
+        } else {
+            size_t el = ggml_type_size((enum ggml_type)vt), n_embd_v = vr[l] / el;
+            put32(&p, (uint32_t)el);
+            put32(&p, (uint32_t)n_embd_v);
+            /* transposed: the section's column e is column e of every block in turn */
+            for (size_t e = 0; e < n_embd_v; e++)
+                for (int i = 0; i < n; i++)
+                    put(&p, k[i].data + (size_t)(k[i].n_cells * before) + e * k[i].n_cells * el,
+                        (size_t)k[i].n_cells * el);
+        }
+        before += vr[l];
+    }
+    for (uint32_t st = f->stream + 1; st < f->n_stream; st++)
+        put32(&p, 0);
+    *out = buf;
+    *n_out = (size_t)(p - buf);
+    buf = NULL;
+out:
+    free(buf);
+    free(kr);
+    free(vr);
+    free(k);
     return rc;
 }
 

@@ -11,8 +11,12 @@
  *
  *   u32 magic 0xaf143cd8 | i32 seq_id
  *   section 0: the attention KV cache (full-attention layers) — CUT
- *   section 1: optional, the SWA KV cache of an iSWA model — the TAIL,
- *              kept whole (it holds only the window; it cannot be cut);
+ *   section 1: optional, the SWA KV cache of an iSWA model — the TAIL:
+ *              it holds only the window (n_swa + n_ubatch cells at most, in
+ *              cell order, positions not from 0), so it is not cut like
+ *              section 0; its rows are cut by position into SWA blocks
+ *              (thaw_kvlayout_swa_*, DESIGN §12) while they are in it, and
+ *              a restore rebuilds it from them (thaw_kvlayout_section);
  *              or the recurrent state of a hybrid model (its attention
  *              layers are section 0) — also the TAIL, kept whole: it
  *              exists only at the sequence's last position (snapshots.h)
@@ -125,10 +129,42 @@ int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, voi
  * V transposed or not) comes from a parsed capture of the same context. */
 struct thaw_kvlayout_mem;
 
-/* A cutter shaped as l (cells without ext, no SWA section: THAW_ELAYOUT
+/* A cutter shaped as l's section 0 (cells without ext: THAW_ELAYOUT
  * otherwise). Its layers' memory is unset until thaw_kvlayout_mem_set.
  * 0, THAW_ELAYOUT or THAW_ENOMEM. */
 int thaw_kvlayout_mem_new(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out);
+
+/* ---- SWA rows (DESIGN §12) ----
+ * An SWA block is a block (the format below) of section 1's layers for
+ * positions [a, b). Its rows exist in libllama's memory only while [a, b)
+ * is in the window, so they are cut as they are written (kvtap.c) or from
+ * a capture's section 1 while it still holds them. */
+
+/* 1 when l has a section after section 0 (an SWA section). */
+int thaw_kvlayout_has_swa(const struct thaw_kvlayout *l);
+/* Cells in the SWA section (0: none, or it holds no cells). */
+uint32_t thaw_kvlayout_swa_n_cells(const struct thaw_kvlayout *l);
+/* The lowest and highest position in the SWA section; THAW_ENOTFOUND if empty. */
+int thaw_kvlayout_swa_pos_range(const struct thaw_kvlayout *l, int32_t *lo, int32_t *hi);
+/* idx[i] (b - a entries) = the index in the SWA section of position a + i.
+ * 0, or THAW_ENOTFOUND when one is not in it (idx then partly -1). */
+int thaw_kvlayout_swa_find(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, int32_t *idx);
+/* A cutter shaped as the SWA section, memory unset (as thaw_kvlayout_mem_new). */
+int thaw_kvlayout_mem_new_swa(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out);
+/* A cutter over the capture's own SWA section: stream 0, cell = the index
+ * thaw_kvlayout_swa_find gives. Valid while l's buffer lives. */
+int thaw_kvlayout_swa_mem(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out);
+/* Copies cell i of the SWA section, layer `layer`: its K row to k_dst and
+ * its V row to v_dst (transposed V: element e to v_dst + e * v_dst_stride). */
+void thaw_kvlayout_swa_copy_cell(const struct thaw_kvlayout *l, uint32_t i, uint32_t layer, void *k_dst,
+                                 void *v_dst, size_t v_dst_stride);
+/* Builds one KV-cache section (the layout above, as thaw_kvlayout_tail
+ * gives it) from n blocks at consecutive positions starting anywhere, for
+ * frame f: the SWA section of a restore. *out is malloc'd. 0,
+ * THAW_ECORRUPT / THAW_EVERSION, THAW_EMISMATCH (shapes differ),
+ * THAW_EINVAL (a gap, no blocks, a bad frame) or THAW_ENOMEM. */
+int thaw_kvlayout_section(const void *const *blocks, const size_t *sizes, int n, const struct thaw_kvlayout_frame *f,
+                          void **out, size_t *n_out);
 void thaw_kvlayout_mem_free(struct thaw_kvlayout_mem *m);
 uint32_t thaw_kvlayout_mem_n_layers(const struct thaw_kvlayout_mem *m);
 /* Layer `layer`'s bytes per cell (transposed V: n_embd_v * el) and V's

@@ -13,6 +13,27 @@
 
 #define MAX_LAYER_ID 4096 /* as kvlayout.c: more is not a layout we know */
 
+/* The SWA layers' rows, copied out of the SWA cache as each ubatch writes
+ * them (that cache keeps n_swa + n_ubatch cells: a block's rows are gone
+ * from it long before the store that needs them). Laid out as a cache of
+ * `cap` cells per stream with cell = position, so the same cutter as the
+ * base cache's (kvlayout_mem) cuts SWA blocks from it. */
+struct swa_shadow {
+    uint32_t n_layers, cap, n_stream;
+    int v_trans;
+    int *il;               /* [n_layers]: the layer id of SWA layer j (section 1's order) */
+    uint8_t **k, **v;      /* [n_layers]: [n_stream][cap][k_row]; V [n_stream][cap][v_row], or
+                            * transposed [n_stream][n_embd_v][cap][el] */
+    uint64_t *k_row, *v_row;
+    uint32_t *v_el;        /* transposed V: bytes per element */
+    uint16_t *done;        /* [n_stream][cap]: SWA layers copied for the position, in layer order */
+    int32_t *ident;        /* [cap]: cell = position, for the cutter */
+    struct thaw_kvlayout_mem *mem;
+    int64_t *ub_row;       /* the ubatch being computed: each token's row in the SWA cache ... */
+    int32_t *ub_pos;       /* ... and its position */
+    int64_t n_ub, ub_cap;
+};
+
 struct thaw_kvtap {
     /* learnt from the graphs */
     struct ggml_tensor **k, **v; /* the cache's tensors by layer id */
@@ -22,8 +43,14 @@ struct thaw_kvtap {
     uint32_t kv_size, n_stream;
     int32_t *cell; /* [stream][pos]: the cell holding pos, -1 unknown */
     int32_t *rev;  /* [stream][cell]: the pos cell holds per `cell`, -1 */
+    /* the other cache of an iSWA model (the cells of its SWA layers), learnt
+     * the same way; the self-test swaps the two so that the one above is
+     * the base (the larger) */
+    uint32_t o_kv_size, o_n_stream;
+    int32_t *o_cell, *o_rev;
     /* after the self-test */
     struct thaw_kvlayout_mem *mem;
+    struct swa_shadow *swa; /* NULL: no SWA layers, or their rows are not cut */
     int ready, off;
 };
 
@@ -31,6 +58,30 @@ int thaw_kvtap_new(struct thaw_kvtap **out)
 {
     *out = calloc(1, sizeof **out);
     return *out ? 0 : THAW_ENOMEM;
+}
+
+static void swa_free(struct swa_shadow *w)
+{
+    if (!w)
+        return;
+    for (uint32_t j = 0; j < w->n_layers; j++) {
+        if (w->k)
+            free(w->k[j]);
+        if (w->v)
+            free(w->v[j]);
+    }
+    free(w->il);
+    free(w->k);
+    free(w->v);
+    free(w->k_row);
+    free(w->v_row);
+    free(w->v_el);
+    free(w->done);
+    free(w->ident);
+    free(w->ub_row);
+    free(w->ub_pos);
+    thaw_kvlayout_mem_free(w->mem);
+    free(w);
 }
 
 void thaw_kvtap_free(struct thaw_kvtap *t)
@@ -41,7 +92,10 @@ void thaw_kvtap_free(struct thaw_kvtap *t)
     free(t->v);
     free(t->cell);
     free(t->rev);
+    free(t->o_cell);
+    free(t->o_rev);
     thaw_kvlayout_mem_free(t->mem);
+    swa_free(t->swa);
     free(t);
 }
 
@@ -87,9 +141,22 @@ static int grow_ids(struct thaw_kvtap *t, int il)
     return 0;
 }
 
+/* One cache's position -> cell map (the base's, or the other of an iSWA model). */
+struct cmap {
+    uint32_t *kv_size, *n_stream;
+    int32_t **cell, **rev;
+};
+
+static struct cmap map_of(struct thaw_kvtap *t, int other)
+{
+    return other ? (struct cmap){&t->o_kv_size, &t->o_n_stream, &t->o_cell, &t->o_rev}
+                 : (struct cmap){&t->kv_size, &t->n_stream, &t->cell, &t->rev};
+}
+
 /* The cells of a ubatch's tokens: K's index input, with the positions of
- * the ROPE node seen before it. */
-static void learn_cells(struct thaw_kvtap *t, const struct ggml_tensor *node, const struct ggml_tensor *cache)
+ * the ROPE node seen before it, into map m. */
+static void learn_map(struct thaw_kvtap *t, struct cmap m, const struct ggml_tensor *node,
+                      const struct ggml_tensor *cache)
 {
     const struct ggml_tensor *idx = node->src[1];
     uint32_t kv_size = (uint32_t)cache->ne[1], n_stream = (uint32_t)cache->ne[2];
@@ -105,19 +172,19 @@ static void learn_cells(struct thaw_kvtap *t, const struct ggml_tensor *node, co
                 (long long)t->n_pos);
         return;
     }
-    if (!t->cell) {
+    if (!*m.cell) {
         size_t total = (size_t)kv_size * n_stream;
-        if (!(t->cell = malloc(total * sizeof *t->cell)) || !(t->rev = malloc(total * sizeof *t->rev))) {
-            free(t->cell);
-            t->cell = NULL;
+        if (!(*m.cell = malloc(total * sizeof **m.cell)) || !(*m.rev = malloc(total * sizeof **m.rev))) {
+            free(*m.cell);
+            *m.cell = NULL;
             disable(t, "out of memory");
             return;
         }
-        memset(t->cell, 0xff, total * sizeof *t->cell);
-        memset(t->rev, 0xff, total * sizeof *t->rev);
-        t->kv_size = kv_size;
-        t->n_stream = n_stream;
-    } else if (kv_size != t->kv_size || n_stream != t->n_stream) {
+        memset(*m.cell, 0xff, total * sizeof **m.cell);
+        memset(*m.rev, 0xff, total * sizeof **m.rev);
+        *m.kv_size = kv_size;
+        *m.n_stream = n_stream;
+    } else if (kv_size != *m.kv_size || n_stream != *m.n_stream) {
         {
             disable(t, "the cache changed shape");
             return;
@@ -132,27 +199,182 @@ static void learn_cells(struct thaw_kvtap *t, const struct ggml_tensor *node, co
             return;
         }
         size_t st = (size_t)(g / kv_size), c = (size_t)(g % kv_size);
-        int32_t *rev = &t->rev[st * kv_size + c];
+        int32_t *cell = *m.cell, *rv = *m.rev;
+        int32_t *rev = &rv[st * kv_size + c];
         /* the cell's old position no longer lives there */
-        if (*rev >= 0 && t->cell[st * kv_size + (size_t)*rev] == (int32_t)c)
-            t->cell[st * kv_size + (size_t)*rev] = -1;
+        if (*rev >= 0 && cell[st * kv_size + (size_t)*rev] == (int32_t)c)
+            cell[st * kv_size + (size_t)*rev] = -1;
         *rev = -1;
         if (p < 0 || (uint32_t)p >= kv_size)
-            continue; /* a position past the cells is never cut */
-        int32_t *at = &t->cell[st * kv_size + (size_t)p];
-        if (*at >= 0 && t->rev[st * kv_size + (size_t)*at] == p)
-            t->rev[st * kv_size + (size_t)*at] = -1;
+            continue; /* a position past the cells is never cut (an SWA cache's: not mapped) */
+        int32_t *at = &cell[st * kv_size + (size_t)p];
+        if (*at >= 0 && rv[st * kv_size + (size_t)*at] == p)
+            rv[st * kv_size + (size_t)*at] = -1;
         *at = (int32_t)c;
         *rev = p;
     }
 }
 
+/* ---- SWA rows ---------------------------------------------------------------------- */
+
+/* SWA layer j of layer id il, or -1. */
+static int swa_layer(const struct swa_shadow *w, int il)
+{
+    for (uint32_t j = 0; j < w->n_layers; j++)
+        if (w->il[j] == il)
+            return (int)j;
+    return -1;
+}
+
+/* Copies SWA layer j's rows of position p, held in cell c of stream st of
+ * the SWA cache, into the shadow. */
+static void swa_copy_cell(struct thaw_kvtap *t, uint32_t j, size_t st, size_t c, uint32_t p)
+{
+    struct swa_shadow *w = t->swa;
+    const struct ggml_tensor *k = t->k[w->il[j]], *v = t->v[w->il[j]];
+    size_t at = st * w->cap + p;
+
+    memcpy(w->k[j] + at * w->k_row[j], (const uint8_t *)k->data + st * k->nb[2] + c * w->k_row[j], w->k_row[j]);
+    if (!w->v_trans) {
+        memcpy(w->v[j] + at * w->v_row[j], (const uint8_t *)v->data + st * v->nb[2] + c * w->v_row[j],
+               w->v_row[j]);
+    } else {
+        size_t el = w->v_el[j], n_embd_v = w->v_row[j] / el, kv = (size_t)v->ne[1];
+        uint8_t *dst = w->v[j] + st * w->cap * w->v_row[j] + (size_t)p * el;
+        const uint8_t *src = (const uint8_t *)v->data + st * v->nb[2] + c * el;
+        for (size_t e = 0; e < n_embd_v; e++)
+            memcpy(dst + e * w->cap * el, src + e * kv * el, el);
+    }
+    /* known once every SWA layer copied it, in layer order */
+    uint16_t *d = &w->done[at];
+    *d = j == 0 ? 1 : (*d == j ? (uint16_t)(j + 1) : 0);
+}
+
+/* Before the ubatch computes: which SWA-cache row each token goes to. */
+static void swa_note(struct thaw_kvtap *t, const struct ggml_tensor *node)
+{
+    struct swa_shadow *w = t->swa;
+    const struct ggml_tensor *idx = node->src[1];
+    int64_t n = ggml_nelements(idx);
+
+    if (!t->pos || t->n_pos != n || idx->type != GGML_TYPE_I64 || !idx->data) {
+        w->n_ub = 0;
+        return;
+    }
+    if (n > w->ub_cap) {
+        int64_t *r = realloc(w->ub_row, (size_t)n * sizeof *r);
+        if (r)
+            w->ub_row = r;
+        int32_t *q = r ? realloc(w->ub_pos, (size_t)n * sizeof *q) : NULL;
+        if (q)
+            w->ub_pos = q;
+        if (!r || !q) {
+            disable(t, "out of memory");
+            return;
+        }
+        w->ub_cap = n;
+    }
+    memcpy(w->ub_row, idx->data, (size_t)n * sizeof *w->ub_row);
+    memcpy(w->ub_pos, t->pos, (size_t)n * sizeof *w->ub_pos);
+    w->n_ub = n;
+}
+
+/* After SWA layer il's V write computed (its K write came before it in
+ * the graph): the ubatch's rows of that layer into the shadow. */
+static void swa_take(struct thaw_kvtap *t, int il)
+{
+    struct swa_shadow *w = t->swa;
+    int j = swa_layer(w, il);
+
+    if (j < 0)
+        return;
+    for (int64_t e = 0; e < w->n_ub; e++) {
+        int64_t g = w->ub_row[e];
+        int32_t p = w->ub_pos[e];
+        if (g < 0 || g >= (int64_t)t->o_kv_size * t->o_n_stream || p < 0 || (uint32_t)p >= w->cap)
+            continue;
+        swa_copy_cell(t, (uint32_t)j, (size_t)(g / t->o_kv_size), (size_t)(g % t->o_kv_size), (uint32_t)p);
+    }
+}
+
+int thaw_kvtap_has_swa(const struct thaw_kvtap *t)
+{
+    return thaw_kvtap_ready(t) && t->swa != NULL;
+}
+
+/* Positions [a, b) of seq are in the shadow (ready or not: the self-test's). */
+static int swa_has(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, uint32_t b)
+{
+    if (!t || !t->swa || t->off || seq < 0 || (uint32_t)seq >= t->swa->n_stream || b > t->swa->cap || a > b)
+        return 0;
+    const uint16_t *d = t->swa->done + (size_t)seq * t->swa->cap;
+    for (uint32_t p = a; p < b; p++)
+        if (d[p] != t->swa->n_layers)
+            return 0;
+    return 1;
+}
+
+int thaw_kvtap_swa_known(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, uint32_t b)
+{
+    return thaw_kvtap_ready(t) && swa_has(t, seq, a, b);
+}
+
+size_t thaw_kvtap_swa_block_size(const struct thaw_kvtap *t, uint32_t a, uint32_t b)
+{
+    return t->swa ? thaw_kvlayout_mem_block_size(t->swa->mem, a, b) : 0;
+}
+
+int thaw_kvtap_swa_cut(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    if (!swa_has(t, seq, a, b))
+        return THAW_ENOTFOUND;
+    return thaw_kvlayout_mem_cut(t->swa->mem, (uint32_t)seq, a, b, t->swa->ident + a, dst, cap);
+}
+
+/* Positions [from, cap) of seq are no longer the shadow's. */
+static void swa_forget(struct thaw_kvtap *t, llama_seq_id seq, uint32_t from)
+{
+    struct swa_shadow *w = t->swa;
+
+    if (!w || seq < 0 || (uint32_t)seq >= w->n_stream || from >= w->cap)
+        return;
+    memset(w->done + (size_t)seq * w->cap + from, 0, (size_t)(w->cap - from) * sizeof *w->done);
+}
+
+/* The other map's positions >= from of stream seq (the self-test's). */
+static void forget_other(struct thaw_kvtap *t, llama_seq_id seq, int from_pos)
+{
+    if (!t->o_cell || seq < 0 || (uint32_t)seq >= t->o_n_stream)
+        return;
+    size_t base = (size_t)seq * t->o_kv_size;
+    for (uint32_t p = from_pos > 0 ? (uint32_t)from_pos : 0; p < t->o_kv_size; p++) {
+        int32_t c = t->o_cell[base + p];
+        if (c >= 0) {
+            if (t->o_rev[base + (size_t)c] == (int32_t)p)
+                t->o_rev[base + (size_t)c] = -1;
+            t->o_cell[base + p] = -1;
+        }
+    }
+}
+
+/* ---- the eval callback ----------------------------------------------------------- */
+
 bool thaw_kvtap_eval_cb(struct ggml_tensor *node, bool ask, void *ud)
 {
     struct thaw_kvtap *t = ud;
+    char kind, end;
+    int il;
 
-    if (!ask)
-        return true; /* never asked for: go on */
+    if (!ask) {
+        /* only SWA layers' V writes are ever asked for: their rows now */
+        struct ggml_tensor *r = node;
+        while (r->view_src)
+            r = r->view_src;
+        if (!t->off && t->swa && node->op == GGML_OP_SET_ROWS &&
+            sscanf(r->name, "cache_%c_l%d%c", &kind, &il, &end) == 2 && kind == 'v')
+            swa_take(t, il);
+        return true; /* go on */
+    }
     if (t->off)
         return false;
     if (node->op == GGML_OP_ROPE) {
@@ -168,8 +390,6 @@ bool thaw_kvtap_eval_cb(struct ggml_tensor *node, bool ask, void *ud)
     struct ggml_tensor *root = node;
     while (root->view_src)
         root = root->view_src;
-    char kind, end;
-    int il;
     /* the base cache only: "cache_swa_k_l3" and the like do not match */
     if (sscanf(root->name, "cache_%c_l%d%c", &kind, &il, &end) != 2 || (kind != 'k' && kind != 'v') || il < 0 ||
         il >= MAX_LAYER_ID)
@@ -183,17 +403,32 @@ bool thaw_kvtap_eval_cb(struct ggml_tensor *node, bool ask, void *ud)
         return false;
     }
     if (kind == 'k') {
+        uint32_t kv = (uint32_t)root->ne[1];
         t->k[il] = root;
-        learn_cells(t, node, root);
-    } else {
-        t->v[il] = root;
+        /* an iSWA model has two caches of different sizes: a map each */
+        if (!t->cell || kv == t->kv_size) {
+            learn_map(t, map_of(t, 0), node, root);
+        } else if (!t->o_cell || kv == t->o_kv_size) {
+            learn_map(t, map_of(t, 1), node, root);
+            if (t->swa && !t->off)
+                swa_note(t, node);
+        } else {
+            disable(t, "more than two KV caches");
+        }
+        return false;
     }
-    return false;
+    t->v[il] = root;
+    /* an SWA layer's rows are taken once written: ask to see the node */
+    return t->swa && t->ready && swa_layer(t->swa, il) >= 0;
 }
 
 void thaw_kvtap_forget(struct thaw_kvtap *t, llama_seq_id seq, int from_pos)
 {
-    if (!t || !t->cell || seq < 0 || (uint32_t)seq >= t->n_stream)
+    if (!t)
+        return;
+    swa_forget(t, seq, from_pos > 0 ? (uint32_t)from_pos : 0);
+    forget_other(t, seq, from_pos);
+    if (!t->cell || seq < 0 || (uint32_t)seq >= t->n_stream)
         return;
     size_t base = (size_t)seq * t->kv_size;
     for (uint32_t p = from_pos > 0 ? (uint32_t)from_pos : 0; p < t->kv_size; p++) {
@@ -247,6 +482,38 @@ static int same_block(const struct thaw_kvtap *t, const struct thaw_kvlayout *l,
     return rc;
 }
 
+/* The SWA rows of an installed state (its section 1, the window) are the
+ * shadow's: a later store cuts the blocks they are part of. */
+static void swa_restored(struct thaw_kvtap *t, llama_seq_id seq, const struct thaw_kvlayout *l)
+{
+    struct swa_shadow *w = t->swa;
+    uint32_t m = thaw_kvlayout_swa_n_cells(l);
+
+    if (!w || m == 0 || seq < 0 || (uint32_t)seq >= w->n_stream)
+        return;
+    int32_t lo, hi;
+    if (thaw_kvlayout_swa_pos_range(l, &lo, &hi) != 0 || lo < 0 || (uint32_t)hi >= w->cap)
+        return;
+    uint32_t n = (uint32_t)(hi - lo + 1);
+    int32_t *idx = malloc((size_t)n * sizeof *idx);
+    if (!idx)
+        return;
+    /* a window with a gap is not taken: its blocks cannot be cut anyway */
+    if (thaw_kvlayout_swa_find(l, (uint32_t)lo, (uint32_t)hi + 1, idx) == 0) {
+        for (uint32_t i = 0; i < n; i++) {
+            size_t at = (size_t)seq * w->cap + (uint32_t)lo + i;
+            for (uint32_t j = 0; j < w->n_layers; j++) {
+                uint8_t *vd = w->v_trans ? w->v[j] + (size_t)seq * w->cap * w->v_row[j] + ((size_t)lo + i) * w->v_el[j]
+                                         : w->v[j] + at * w->v_row[j];
+                thaw_kvlayout_swa_copy_cell(l, (uint32_t)idx[i], j, w->k[j] + at * w->k_row[j], vd,
+                                            w->v_trans ? (size_t)w->cap * w->v_el[j] : 0);
+            }
+            w->done[at] = (uint16_t)w->n_layers;
+        }
+    }
+    free(idx);
+}
+
 void thaw_kvtap_restored(struct thaw_kvtap *t, llama_seq_id seq, const void *state, size_t n_state)
 {
     struct thaw_kvlayout *l = NULL;
@@ -271,6 +538,8 @@ void thaw_kvtap_restored(struct thaw_kvtap *t, llama_seq_id seq, const void *sta
     }
     if (same_block(t, l, seq, 0, 1) != 0 || same_block(t, l, seq, n - 1, n) != 0)
         thaw_kvtap_forget(t, seq, 0);
+    else
+        swa_restored(t, seq, l);
     thaw_kvlayout_free(l);
 }
 
@@ -301,6 +570,8 @@ static int bind_layers(struct thaw_kvtap *t, char *why, size_t n_why)
         struct ggml_tensor *k = t->k[il], *v = t->v[il];
         if (!k && !v)
             continue;
+        if (k && t->o_cell && (uint32_t)k->ne[1] == t->o_kv_size)
+            continue; /* an SWA layer: swa_setup's */
         if (!k || !v || i >= n)
             return thaw_why(why, n_why, THAW_ELAYOUT, "the graph's cache layers do not match the state's");
         uint64_t k_row, v_row;
@@ -318,7 +589,121 @@ static int bind_layers(struct thaw_kvtap *t, char *why, size_t n_why)
     return 0;
 }
 
+/* The shadow for l's SWA section: its layers are the graph's layers of the
+ * other cache, in layer order, each checked against the section's shape.
+ * cap: the base cache's cells per stream (positions beyond are never cut). */
+static int swa_setup(struct thaw_kvtap *t, const struct thaw_kvlayout *l, char *why, size_t n_why)
+{
+    struct swa_shadow *w = NULL;
+    int rc;
+
+    swa_free(t->swa);
+    t->swa = NULL;
+    if (!t->o_cell)
+        return thaw_why(why, n_why, THAW_ELAYOUT, "the SWA cache is as large as the base one (no separate window)");
+    if (!(w = calloc(1, sizeof *w)))
+        return THAW_ENOMEM;
+    if ((rc = thaw_kvlayout_mem_new_swa(l, &w->mem)) != 0) {
+        swa_free(w);
+        return thaw_why(why, n_why, rc, "the SWA section's cells carry extra position data");
+    }
+    uint32_t n = thaw_kvlayout_mem_n_layers(w->mem);
+    w->n_layers = n;
+    w->cap = t->kv_size;
+    w->n_stream = t->n_stream;
+    if (!(w->il = calloc(n, sizeof *w->il)) || !(w->k = calloc(n, sizeof *w->k)) ||
+        !(w->v = calloc(n, sizeof *w->v)) || !(w->k_row = calloc(n, sizeof *w->k_row)) ||
+        !(w->v_row = calloc(n, sizeof *w->v_row)) || !(w->v_el = calloc(n, sizeof *w->v_el)) ||
+        !(w->done = calloc((size_t)w->cap * w->n_stream, sizeof *w->done)) ||
+        !(w->ident = malloc((size_t)w->cap * sizeof *w->ident))) {
+        swa_free(w);
+        return THAW_ENOMEM;
+    }
+    for (uint32_t p = 0; p < w->cap; p++)
+        w->ident[p] = (int32_t)p;
+    uint32_t j = 0;
+    for (int il = 0; il < t->n_ids; il++) {
+        struct ggml_tensor *k = t->k[il], *v = t->v[il];
+        if (!k || (uint32_t)k->ne[1] != t->o_kv_size)
+            continue;
+        if (!v || j >= n) {
+            swa_free(w);
+            return thaw_why(why, n_why, THAW_ELAYOUT, "the graph's SWA layers do not match the state's");
+        }
+        uint64_t k_row, v_row;
+        uint32_t v_el;
+        thaw_kvlayout_mem_rows(w->mem, j, &k_row, &v_row, &v_el);
+        w->v_trans = v_el != 0;
+        if (!ggml_is_contiguous(k) || !ggml_is_contiguous(v) || (uint64_t)k->nb[1] != k_row ||
+            (v_el == 0 && (uint64_t)v->nb[1] != v_row) || (v_el != 0 && ggml_type_size(v->type) != v_el) ||
+            (v_el != 0 && (uint64_t)v->ne[0] * v_el != v_row)) {
+            swa_free(w);
+            return thaw_why(why, n_why, THAW_ELAYOUT, "SWA layer %d's cache rows are not the state's rows", il);
+        }
+        w->il[j] = il;
+        w->k_row[j] = k_row;
+        w->v_row[j] = v_row;
+        w->v_el[j] = v_el;
+        /* calloc: pages a stream never uses are never touched */
+        if (!(w->k[j] = calloc((size_t)w->cap * w->n_stream, k_row)) ||
+            !(w->v[j] = calloc((size_t)w->cap * w->n_stream, v_row))) {
+            swa_free(w);
+            return THAW_ENOMEM;
+        }
+        thaw_kvlayout_mem_set(w->mem, j, w->k[j], (size_t)w->cap * k_row, w->v[j], (size_t)w->cap * v_row,
+                              v_el ? (size_t)w->cap * v_el : 0);
+        j++;
+    }
+    if (j != n) {
+        swa_free(w);
+        return thaw_why(why, n_why, THAW_ELAYOUT, "the graph showed %u SWA layers, the state holds %u", j, n);
+    }
+    t->swa = w;
+    return 0;
+}
+
+/* Fills the shadow with seq's positions [0, n) from the SWA cache itself
+ * (the other map says where they are). */
+static int swa_fill_from_cache(struct thaw_kvtap *t, llama_seq_id seq, uint32_t n)
+{
+    for (uint32_t p = 0; p < n; p++) {
+        int32_t c = p < t->o_kv_size ? t->o_cell[(size_t)seq * t->o_kv_size + p] : -1;
+        if (c < 0)
+            return THAW_ENOTFOUND;
+        for (uint32_t j = 0; j < t->swa->n_layers; j++)
+            swa_copy_cell(t, j, (size_t)seq, (size_t)c, p);
+    }
+    return 0;
+}
+
+/* 0 when the shadow's SWA block of [a, b) equals the one cut from the
+ * capture's SWA section. */
+static int same_swa_block(const struct thaw_kvtap *t, const struct thaw_kvlayout *l, llama_seq_id seq, uint32_t a,
+                          uint32_t b)
+{
+    struct thaw_kvlayout_mem *cm = NULL;
+    int32_t *idx = malloc((size_t)(b - a) * sizeof *idx);
+    size_t n = thaw_kvtap_swa_block_size(t, a, b);
+    uint8_t *x = malloc(n ? n : 1), *y = malloc(n ? n : 1);
+    int rc = !idx || !x || !y ? THAW_ENOMEM : thaw_kvlayout_swa_find(l, a, b, idx);
+
+    if (rc == 0)
+        rc = thaw_kvlayout_swa_mem(l, &cm);
+    if (rc == 0)
+        rc = thaw_kvlayout_mem_cut(cm, 0, a, b, idx, x, n);
+    if (rc == 0)
+        rc = thaw_kvtap_swa_cut(t, seq, a, b, y, n);
+    if (rc == 0 && memcmp(x, y, n) != 0)
+        rc = THAW_EMISMATCH;
+    thaw_kvlayout_mem_free(cm);
+    free(idx);
+    free(x);
+    free(y);
+    return rc;
+}
+
 #define SELFTEST_TOKENS 12
+#define SELFTEST_SWA_MORE 4 /* decoded with the shadow live */
 
 int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_seq_id seq, char *why, size_t n_why)
 {
@@ -360,6 +745,13 @@ int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_s
         rc = thaw_why(why, n_why, THAW_ELAYOUT, "the graph wrote no KV cache the tap knows");
         goto done;
     }
+    if (t->o_cell && t->o_kv_size > t->kv_size) {
+        /* the first cache seen was the SWA one (gemma: layer 0 slides) */
+        uint32_t ks = t->kv_size, ns = t->n_stream;
+        int32_t *c = t->cell, *r = t->rev;
+        t->kv_size = t->o_kv_size, t->n_stream = t->o_n_stream, t->cell = t->o_cell, t->rev = t->o_rev;
+        t->o_kv_size = ks, t->o_n_stream = ns, t->o_cell = c, t->o_rev = r;
+    }
     if ((rc = capture(ctx, seq, &state, &n_state)) != 0) {
         rc = thaw_why(why, n_why, rc, "llama_state_seq_get_data failed");
         goto done;
@@ -371,11 +763,24 @@ int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_s
     thaw_kvlayout_mem_free(t->mem);
     t->mem = NULL;
     if ((rc = thaw_kvlayout_mem_new(l, &t->mem)) != 0) {
-        rc = thaw_why(why, n_why, rc, "cells with extra position data, or an SWA cache");
+        rc = thaw_why(why, n_why, rc, "cells with extra position data");
         goto done;
     }
     if ((rc = bind_layers(t, why, n_why)) != 0)
         goto done;
+    if (thaw_kvlayout_has_swa(l)) {
+        /* an iSWA cache: the SWA rows are taken as written (DESIGN §12) */
+        if ((rc = swa_setup(t, l, why, n_why)) != 0)
+            goto done;
+        if (swa_fill_from_cache(t, seq, SELFTEST_TOKENS) != 0 ||
+            same_swa_block(t, l, seq, 0, SELFTEST_TOKENS) != 0 || same_swa_block(t, l, seq, 5, 7) != 0) {
+            rc = thaw_why(why, n_why, THAW_ELAYOUT, "SWA rows cut from the SWA cache differ from the captured ones");
+            goto done;
+        }
+    } else if (t->o_cell) {
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "two KV caches but no SWA section in the state");
+        goto done;
+    }
     t->ready = 1;
     /* a block across both decodes, one inside each, the whole */
     static const uint32_t cuts[][2] = {{0, SELFTEST_TOKENS}, {0, 4}, {4, 8}, {8, SELFTEST_TOKENS}, {5, 7}};
@@ -386,6 +791,38 @@ int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_s
                       "cells %u..%u cut from the cache differ from the captured ones", cuts[i][0], cuts[i][1]);
             goto done;
         }
+    if (t->swa) {
+        /* and rows written with the shadow live are taken as they are written */
+        for (int i = 0; i < SELFTEST_SWA_MORE; i++) {
+            batch.token[i] = (llama_token)((5 + 13 * i) % n_vocab);
+            batch.pos[i] = SELFTEST_TOKENS + i;
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = seq;
+            batch.logits[i] = i == SELFTEST_SWA_MORE - 1;
+        }
+        batch.n_tokens = SELFTEST_SWA_MORE;
+        uint8_t *more = NULL;
+        size_t n_more = 0;
+        struct thaw_kvlayout *lm = NULL;
+        uint32_t end = SELFTEST_TOKENS + SELFTEST_SWA_MORE;
+        rc = llama_decode(ctx, batch) != 0 ? THAW_ELLAMA : capture(ctx, seq, &more, &n_more);
+        if (rc == 0)
+            rc = thaw_kvlayout_parse(more, n_more, &lm);
+        if (rc == 0 && (t->off || same_swa_block(t, lm, seq, SELFTEST_TOKENS - 2, end) != 0 ||
+                        same_swa_block(t, lm, seq, 0, end) != 0))
+            rc = THAW_ELAYOUT;
+        thaw_kvlayout_free(lm);
+        free(more);
+        /* back to the first SELFTEST_TOKENS, for the restore check below */
+        llama_memory_seq_rm(mem, seq, SELFTEST_TOKENS, -1);
+        thaw_kvtap_forget(t, seq, SELFTEST_TOKENS);
+        if (rc != 0) {
+            t->ready = 0;
+            rc = thaw_why(why, n_why, rc == THAW_ENOMEM ? rc : THAW_ELAYOUT,
+                          "SWA rows taken as the graph wrote them differ from the captured ones");
+            goto done;
+        }
+    }
     /* and a state installed anew is found where libllama puts it */
     if (llama_state_seq_set_data(ctx, state, n_state, seq) != n_state) {
         t->ready = 0;
@@ -398,10 +835,18 @@ int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_s
         rc = thaw_why(why, n_why, THAW_ELAYOUT, "a restored state's cells are not where the tap expects them");
         goto done;
     }
+    if (t->swa && (!thaw_kvtap_swa_known(t, seq, 0, SELFTEST_TOKENS) || same_swa_block(t, l, seq, 0, SELFTEST_TOKENS))) {
+        t->ready = 0;
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "a restored state's SWA rows are not the shadow's");
+        goto done;
+    }
     rc = 0;
 done:
-    if (rc != 0)
+    if (rc != 0) {
         t->off = 1; /* the context still calls it: it only returns */
+        swa_free(t->swa);
+        t->swa = NULL;
+    }
     llama_memory_seq_rm(mem, seq, -1, -1);
     thaw_kvtap_forget(t, seq, 0);
     thaw_kvlayout_free(l);
@@ -434,6 +879,20 @@ int thaw_kvtap_verify(struct thaw_kvtap *t, struct llama_context *ctx, llama_seq
         if ((rc = same_block(t, l, seq, a, b)) == THAW_EMISMATCH) {
             LOG_ERR("slot %d: cells %u..%u cut from the KV cache differ from the captured state", seq, a, b);
             disable(t, "a cut from the cache differed from the capture");
+        }
+    }
+    /* the shadow's SWA rows against the window the capture still holds */
+    int32_t lo, hi;
+    if (rc == 0 && t->swa && thaw_kvlayout_swa_pos_range(l, &lo, &hi) == 0 &&
+        thaw_kvtap_swa_known(t, seq, (uint32_t)lo, (uint32_t)hi + 1)) {
+        for (uint32_t a = (uint32_t)lo; a <= (uint32_t)hi && rc == 0; a += block_tokens) {
+            uint32_t b = a + block_tokens <= (uint32_t)hi + 1 ? a + block_tokens : (uint32_t)hi + 1;
+            if ((rc = same_swa_block(t, l, seq, a, b)) == THAW_EMISMATCH) {
+                LOG_ERR("slot %d: SWA rows %u..%u cut from the KV cache differ from the captured state", seq, a, b);
+                disable(t, "SWA rows taken from the cache differed from the capture");
+            } else if (rc == THAW_ENOTFOUND) {
+                rc = 0; /* a window with a gap: nothing to compare */
+            }
         }
     }
     thaw_kvlayout_free(l);

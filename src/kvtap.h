@@ -29,10 +29,19 @@
  * A store that needs an unknown cell gets THAW_ENOTFOUND and captures the
  * whole state as before.
  *
- * Only host memory (the CPU backend) and only a plain attention cache: the
- * engine installs the tap without GPU devices, and the self-test refuses
- * SWA, recurrent and M-RoPE layouts. Engine thread only (the callback runs
- * on the thread that calls llama_decode).
+ * Sliding-window (iSWA) models have a second cache for their SWA layers
+ * that holds only n_swa + n_ubatch cells: a block's SWA rows are gone from
+ * it long before the store that needs them. The tap asks the scheduler to
+ * show it each SWA layer's V write once computed (the only nodes it asks
+ * for; the graph then computes in one piece per SWA layer) and copies the
+ * ubatch's K and V rows of that layer into a shadow laid out by position,
+ * from which SWA blocks are cut (DESIGN §12). Installed states give the
+ * shadow their window. Costs host memory as --swa-full's cache would.
+ *
+ * Only host memory (the CPU backend): the engine installs the tap without
+ * GPU devices, and the self-test refuses recurrent and M-RoPE layouts, and
+ * an SWA cache as large as the base one. Engine thread only (the callback
+ * runs on the thread that calls llama_decode).
  */
 #ifndef THAW_KVTAP_H
 #define THAW_KVTAP_H
@@ -75,6 +84,15 @@ int thaw_kvtap_known(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, u
  * THAW_ENOTFOUND: a position unknown, THAW_ETOOBIG, THAW_EINVAL). */
 size_t thaw_kvtap_block_size(const struct thaw_kvtap *t, uint32_t a, uint32_t b);
 int thaw_kvtap_cut(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, uint32_t b, void *dst, size_t cap);
+
+/* SWA rows (iSWA models): 1 when the tap cuts them (ready, with an SWA
+ * cache); whether positions [a, b) of seq are in the shadow; the size of
+ * the SWA block of [a, b); the cut (0, THAW_ENOTFOUND, THAW_ETOOBIG,
+ * THAW_EINVAL). */
+int thaw_kvtap_has_swa(const struct thaw_kvtap *t);
+int thaw_kvtap_swa_known(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, uint32_t b);
+size_t thaw_kvtap_swa_block_size(const struct thaw_kvtap *t, uint32_t a, uint32_t b);
+int thaw_kvtap_swa_cut(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, uint32_t b, void *dst, size_t cap);
 
 /* THAW_TEST_KVTAP_VERIFY (testhooks.h): captures seq's whole state (n_tokens cells) and
  * compares the tap's cut of every known block of block_tokens cells, and

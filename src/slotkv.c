@@ -54,8 +54,9 @@ static int open_tiers(struct thaw_slotkv *k, const struct thaw_slotkv_params *p)
         .min_tokens = cfg->kv_cache_min_tokens,
         .metrics = p->metrics,
         .block_tokens = cfg->kv_cache_dir ? (uint32_t)cfg->kv_cache_block : 0,
-        .prefix_lookup = !k->partial, /* an SWA window or a recurrent state is no run of blocks */
-        .snapshots = k->recurrent,    /* a hybrid's recurrent state: snapshots (snapshots.h) */
+        .prefix_lookup = !k->recurrent, /* a recurrent state is no run of blocks; SWA blocks carry their rows */
+        .snapshots = k->recurrent,      /* a hybrid's recurrent state: snapshots (snapshots.h) */
+        .n_window = (uint32_t)k->n_swa,
         .n_stream = (uint32_t)llama_n_seq_max(p->ctx),
     };
     struct thaw_shared_params sp = {
@@ -81,9 +82,11 @@ static int open_tiers(struct thaw_slotkv *k, const struct thaw_slotkv_params *p)
     }
     if (p->tap) {
         char why[200] = "";
-        int trc = kp.block_tokens && !k->partial ? thaw_kvtap_selftest(p->tap, p->ctx, 0, why, sizeof why) : THAW_ELAYOUT;
+        int trc = kp.block_tokens && !k->recurrent ? thaw_kvtap_selftest(p->tap, p->ctx, 0, why, sizeof why)
+                                                   : THAW_ELAYOUT;
         if (trc == 0)
-            LOG_INF("kv-cache: stores cut their new blocks straight from the KV cache");
+            LOG_INF("kv-cache: stores cut their new blocks straight from the KV cache%s",
+                    thaw_kvtap_has_swa(p->tap) ? ", SWA rows as they are written" : "");
         else if (kp.block_tokens)
             LOG_INF("kv-cache: stores capture whole states: %s", why[0] ? why : thaw_strerror(trc));
     }
@@ -333,6 +336,23 @@ static int tap_known(const void *ud, uint32_t a, uint32_t b)
     return thaw_kvtap_known(u->tap, u->seq, a, b);
 }
 
+static size_t tap_swa_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvtap_swa_block_size(((const struct tap_ud *)ud)->tap, a, b);
+}
+
+static int tap_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_swa_cut(u->tap, u->seq, a, b, dst, cap);
+}
+
+static int tap_swa_known(const void *ud, uint32_t a, uint32_t b)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_swa_known(u->tap, u->seq, a, b);
+}
+
 /* Serialises the slot's state (and its draft's) and hands it to the RAM
  * tier and the disk writer under s->store_key. Never waits for I/O. */
 void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
@@ -364,7 +384,14 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
         if (k->tap_verify)
             (void)thaw_kvtap_verify(k->tap, k->ctx, s->id, s->n_tokens, thaw_kvcache_block_tokens(k->kv));
         struct thaw_blocks_src src = {(uint32_t)s->n_tokens, tap_size, tap_cut, tap_known, &(struct tap_ud){k->tap, s->id},
-                                      NULL, 0, NULL, 0};
+                                      NULL, 0, NULL, NULL, NULL, 0, NULL, 0};
+        if (thaw_kvtap_has_swa(k->tap)) {
+            /* the SWA rows the tap took as they were written (DESIGN §12) */
+            src.swa_size = tap_swa_size;
+            src.swa_cut = tap_swa_cut;
+            src.swa_known = tap_swa_known;
+            src.n_window = (uint32_t)k->n_swa;
+        }
         for (int p = 0; p < THAW_PART_COUNT; p++)
             sizes[p] = parts[p].size;
         where = thaw_kvcache_store_src(k->kv, s->id, s->store_key, s->ns, s->tokens, s->n_tokens, &src, parts,

@@ -231,7 +231,7 @@ int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
         st->bytes_written += size;
     }
     /* the blocks and the manifest naming them and the snapshots */
-    struct thaw_blocks_src src = {(uint32_t)n, layout_size, layout_cut, NULL, l, NULL, 0,
+    struct thaw_blocks_src src = {(uint32_t)n, layout_size, layout_cut, NULL, l, NULL, 0, NULL, NULL, NULL, 0,
                                   (const uint8_t(*)[THAW_KEY_BYTES])sids, n_at};
     rc = thaw_blocks_store_src(c, ram, binding, block_tokens, toks, n, &src, manifest, n_manifest, &bst);
     st->written += bst.written;

@@ -7,7 +7,8 @@
  *   ---- vocab ----        finding the vocab GGUF and template files, copying
  *                          the tokenizer.* keys, choosing a chat template
  *   ---- model ----        hyper-parameter keys and the tensor list per arch
- *                          (llama, gemma3, qwen3, gemma4, lfm2, qwen35)
+ *                          (llama, gemma3, qwen3, gemma4, lfm2, qwen35,
+ *                          gpt-oss)
  *   ---- writer ----       streaming the file: meta, then each tensor's data,
  *                          temp file -> fsync -> rename -> fsync(dir)
  *   ---- main ----         thaw_mkmodel_main()
@@ -90,6 +91,9 @@ static void mk_usage(FILE *f, const char *prog)
         "                       qwen35  hybrid (Qwen3.5): gated delta-net\n"
         "                               (recurrent state) layers and\n"
         "                               gated attention layers, tied   qwen35\n"
+        "                       gpt-oss SWA layers (window 128, every\n"
+        "                               2nd global), attention sinks,\n"
+        "                               MoE feed-forward               llama-bpe\n"
         "                                                       default llama\n"
         "  --vocab FILE|NAME  vocab GGUF to take the tokenizer from; a NAME (no\n"
         "                     '/', no .gguf) means <vocab dir>/ggml-vocab-NAME.gguf\n"
@@ -123,11 +127,14 @@ static void mk_usage(FILE *f, const char *prog)
         "  --kv-heads N       KV heads (GQA), must divide heads default heads/2\n"
         "                                                       (heads if odd)\n"
         "  --ff N             feed-forward width                default 4*embd\n"
-        "  --swa-window N     gemma3, gemma4: sliding window, tokens\n"
-        "                                                       default 32\n"
-        "  --swa-pattern N    gemma3, gemma4: every Nth layer is global, the rest\n"
-        "                     SWA; 0 = all SWA (gemma4: not 1)  default 6, or\n"
+        "  --swa-window N     gemma3, gemma4, gpt-oss: sliding window, tokens\n"
+        "                                                       default 32 (gpt-oss 128)\n"
+        "  --swa-pattern N    gemma3, gemma4, gpt-oss: every Nth layer is global,\n"
+        "                     the rest SWA; 0 = all SWA (gemma4: not 1)\n"
+        "                                                       default 6 (gpt-oss 2), or\n"
         "                                                       max(2, layers) if fewer\n"
+        "  --moe-experts N    gpt-oss: experts per MoE layer, 2..64; each token\n"
+        "                     uses 2 of them, each --ff wide    default 4\n"
         "  --attn-pattern N   lfm2, qwen35: every Nth layer is attention, the\n"
         "                     rest short-convolution (lfm2) or gated delta-net\n"
         "                     (qwen35); 2..layers               default 3 (qwen35:\n"
@@ -216,7 +223,15 @@ static void mk_sample(struct mk_rng *r, float *out, size_t n, float std)
 
 /* ---- options -------------------------------------------------------------- */
 
-enum mk_arch { MK_ARCH_LLAMA, MK_ARCH_GEMMA3, MK_ARCH_QWEN3, MK_ARCH_GEMMA4, MK_ARCH_LFM2, MK_ARCH_QWEN35 };
+enum mk_arch {
+    MK_ARCH_LLAMA,
+    MK_ARCH_GEMMA3,
+    MK_ARCH_QWEN3,
+    MK_ARCH_GEMMA4,
+    MK_ARCH_LFM2,
+    MK_ARCH_QWEN35,
+    MK_ARCH_GPTOSS
+};
 
 /* What the flags, the vocab and the template choice need to know of an
  * architecture; the hparams and tensors are in ---- model ----. */
@@ -239,6 +254,9 @@ static const struct mk_arch_info {
     /* Qwen3.5's own tokenizer and template; gated delta-net layers with a
      * full-attention layer every --attn-pattern (its full_attention_interval) */
     [MK_ARCH_QWEN35] = { "qwen35", "qwen35", "Qwen3.5-4B.jinja", 2, false, true },
+    /* the source tree has no o200k vocab: llama-bpe's tokenizer, and the
+     * built-in template that vocab renders (Harmony's markers would be text) */
+    [MK_ARCH_GPTOSS] = { "gpt-oss", "llama-bpe", NULL, 1, true, false },
 };
 #define MK_N_ARCHS (sizeof mk_archs / sizeof mk_archs[0])
 
@@ -256,6 +274,7 @@ struct mk_opts {
     uint32_t n_swa;       /* gemma3, gemma4: window in tokens */
     uint32_t swa_pattern; /* gemma3, gemma4: period; UINT32_MAX until defaulted */
     uint32_t attn_pattern; /* lfm2: period of attention layers; UINT32_MAX until defaulted */
+    uint32_t n_expert;    /* gpt-oss: experts per layer; 0 until defaulted */
     uint32_t n_ctx_train;
     uint64_t seed;
     enum ggml_type wtype; /* of the weight matrices */
@@ -265,6 +284,7 @@ struct mk_opts {
     bool help;
     bool set_swa;         /* --swa-window / --swa-pattern given: SWA archs only */
     bool set_attn;        /* --attn-pattern given: lfm2 only */
+    bool set_swa_window;  /* --swa-window given (gpt-oss defaults to 128) */
     bool set_tmpl;        /* --template or --draft-of given */
 };
 
@@ -367,7 +387,7 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
                     break;
             if (k == MK_N_ARCHS) {
                 fprintf(stderr, "mkmodel: --arch: expected llama, gemma3, qwen3, gemma4, "
-                                "lfm2 or qwen35, got '%s'\n", val);
+                                "lfm2, qwen35 or gpt-oss, got '%s'\n", val);
                 return THAW_EINVAL;
             }
             o->arch = (enum mk_arch)k;
@@ -422,6 +442,9 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
         } else if (strcmp(flag, "--swa-window") == 0) {
             rc = mk_parse_u32(flag, val, 1, 1u << 24, &o->n_swa);
             o->set_swa = true;
+            o->set_swa_window = true;
+        } else if (strcmp(flag, "--moe-experts") == 0) {
+            rc = mk_parse_u32(flag, val, 2, 64, &o->n_expert);
         } else if (strcmp(flag, "--swa-pattern") == 0) {
             rc = mk_parse_u32(flag, val, 0, MK_MAX_LAYERS, &o->swa_pattern);
             o->set_swa = true;
@@ -459,9 +482,21 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
         return THAW_EINVAL;
     }
     if (!mk_archs[o->arch].swa && o->set_swa) {
-        fprintf(stderr, "mkmodel: --swa-window/--swa-pattern apply to --arch gemma3 and "
-                        "gemma4 only\n");
+        fprintf(stderr, "mkmodel: --swa-window/--swa-pattern apply to --arch gemma3, "
+                        "gemma4 and gpt-oss only\n");
         return THAW_EINVAL;
+    }
+    if (o->arch != MK_ARCH_GPTOSS && o->n_expert != 0) {
+        fprintf(stderr, "mkmodel: --moe-experts applies to --arch gpt-oss only\n");
+        return THAW_EINVAL;
+    }
+    if (o->arch == MK_ARCH_GPTOSS) {
+        if (o->n_expert == 0)
+            o->n_expert = 4;
+        if (!o->set_swa_window)
+            o->n_swa = 128; /* gpt-oss's own window */
+        if (o->swa_pattern == UINT32_MAX)
+            o->swa_pattern = 2; /* alternating, as libllama defaults it */
     }
     if (!mk_archs[o->arch].hybrid && o->set_attn) {
         fprintf(stderr, "mkmodel: --attn-pattern applies to --arch lfm2 and qwen35 only\n");
@@ -1124,16 +1159,28 @@ static void mk_set_hparams(struct gguf_context *g, const struct mk_opts *o)
     case MK_ARCH_QWEN35:
         mk_set_hparams_qwen35(g, o);
         break;
+    case MK_ARCH_GPTOSS:
+        /* gpt-oss's: rope base 150000 (no YaRN here: the trained context
+         * is the flag's), 2 of the experts per token, each --ff wide */
+        mk_set_arch_f32(g, a, "rope.freq_base", 150000.0f);
+        mk_set_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-5f);
+        mk_set_arch_u32(g, a, "attention.sliding_window", o->n_swa);
+        mk_set_arch_u32(g, a, "attention.sliding_window_pattern", o->swa_pattern);
+        mk_set_arch_u32(g, a, "expert_count", o->n_expert);
+        mk_set_arch_u32(g, a, "expert_used_count", 2);
+        mk_set_arch_u32(g, a, "expert_feed_forward_length", o->n_ff);
+        break;
     }
 }
 
 /* Adds one tensor (ggml order: ne0 = the contiguous, input-side dimension)
  * to the meta context and the gguf, and records how to fill it. */
-static void mk_add(struct mk_model *m, const char *name, enum ggml_type type, int64_t ne0,
-                   int64_t ne1, enum mk_init init, float value)
+static void mk_add3(struct mk_model *m, const char *name, enum ggml_type type, int64_t ne0,
+                    int64_t ne1, int64_t ne2, enum mk_init init, float value)
 {
-    struct ggml_tensor *t = ne1 > 0 ? ggml_new_tensor_2d(m->meta, type, ne0, ne1)
-                                    : ggml_new_tensor_1d(m->meta, type, ne0);
+    struct ggml_tensor *t = ne2 > 0   ? ggml_new_tensor_3d(m->meta, type, ne0, ne1, ne2)
+                            : ne1 > 0 ? ggml_new_tensor_2d(m->meta, type, ne0, ne1)
+                                      : ggml_new_tensor_1d(m->meta, type, ne0);
 
     ggml_set_name(t, name);
     gguf_add_tensor(m->gguf, t);
@@ -1141,6 +1188,45 @@ static void mk_add(struct mk_model *m, const char *name, enum ggml_type type, in
     m->init[m->n_tensors].value = value;
     m->n_tensors++;
     m->n_params += (uint64_t)ggml_nelements(t);
+}
+
+static void mk_add(struct mk_model *m, const char *name, enum ggml_type type, int64_t ne0,
+                   int64_t ne1, enum mk_init init, float value)
+{
+    mk_add3(m, name, type, ne0, ne1, 0, init, value);
+}
+
+/* gpt-oss's block: attention with biases on the output and a learnt sink
+ * per head (0: a sink as likely as one more key), its post-attention norm
+ * in front of the MoE, whose router, experts and biases are all required
+ * (src/models/openai-moe.cpp). Biases start at 0. */
+static void mk_add_gptoss_block(struct mk_model *m, const struct mk_opts *o, uint32_t il)
+{
+    const int64_t E = o->n_embd, F = o->n_ff, X = o->n_expert;
+    const int64_t Q = (int64_t)o->n_head * (o->n_embd / o->n_head);
+    const int64_t KV = (int64_t)o->n_head_kv * (o->n_embd / o->n_head);
+    const enum ggml_type W = o->wtype, N = GGML_TYPE_F32;
+    const float sE = 1.0f / sqrtf((float)E), sQ = 1.0f / sqrtf((float)Q), sF = 1.0f / sqrtf((float)F);
+    char nm[GGML_MAX_NAME];
+
+#define MK_BLK(suffix) (snprintf(nm, sizeof nm, "blk.%" PRIu32 "." suffix, il), nm)
+    mk_add(m, MK_BLK("attn_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+    mk_add(m, MK_BLK("attn_q.weight"), W, E, Q, MK_INIT_RANDOM, 4.0f * sE);
+    mk_add(m, MK_BLK("attn_k.weight"), W, E, KV, MK_INIT_RANDOM, sE);
+    mk_add(m, MK_BLK("attn_v.weight"), W, E, KV, MK_INIT_RANDOM, sE);
+    mk_add(m, MK_BLK("attn_output.weight"), W, Q, E, MK_INIT_RANDOM, sQ);
+    mk_add(m, MK_BLK("attn_output.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+    mk_add(m, MK_BLK("attn_sinks.weight"), N, o->n_head, 0, MK_INIT_CONST, 0.0f);
+    mk_add(m, MK_BLK("post_attention_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+    mk_add(m, MK_BLK("ffn_gate_inp.weight"), N, E, X, MK_INIT_RANDOM, sE);
+    mk_add(m, MK_BLK("ffn_gate_inp.bias"), N, X, 0, MK_INIT_CONST, 0.0f);
+    mk_add3(m, MK_BLK("ffn_gate_exps.weight"), W, E, F, X, MK_INIT_RANDOM, sE);
+    mk_add(m, MK_BLK("ffn_gate_exps.bias"), N, F, X, MK_INIT_CONST, 0.0f);
+    mk_add3(m, MK_BLK("ffn_up_exps.weight"), W, E, F, X, MK_INIT_RANDOM, sE);
+    mk_add(m, MK_BLK("ffn_up_exps.bias"), N, F, X, MK_INIT_CONST, 0.0f);
+    mk_add3(m, MK_BLK("ffn_down_exps.weight"), W, F, E, X, MK_INIT_RANDOM, sF);
+    mk_add(m, MK_BLK("ffn_down_exps.bias"), N, E, X, MK_INIT_CONST, 0.0f);
+#undef MK_BLK
 }
 
 /* Initial values, chosen so that greedy decoding wanders through the vocab
@@ -1179,7 +1265,7 @@ static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
     const enum ggml_type W = o->wtype, N = GGML_TYPE_F32;
     const enum mk_arch a = o->arch;
     const bool gemma = a == MK_ARCH_GEMMA3 || a == MK_ARCH_GEMMA4; /* post-norms, scaled embd */
-    const bool tied = a != MK_ARCH_LLAMA;
+    const bool tied = a != MK_ARCH_LLAMA && a != MK_ARCH_GPTOSS;
     const bool qk_norm = a != MK_ARCH_LLAMA;
     const float sE = 1.0f / sqrtf((float)E), sQ = 1.0f / sqrtf((float)Q);
     const float sF = 1.0f / sqrtf((float)F);
@@ -1207,6 +1293,10 @@ static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
         mk_add(m, "rope_freqs.weight", N, D / 2, 0, MK_INIT_CONST, 1.0f);
 
     for (uint32_t il = 0; il < o->n_layer; il++) {
+        if (a == MK_ARCH_GPTOSS) {
+            mk_add_gptoss_block(m, o, il);
+            continue;
+        }
 #define MK_BLK(suffix) (snprintf(nm, sizeof nm, "blk.%" PRIu32 "." suffix, il), nm)
         mk_add(m, MK_BLK("attn_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
         if (mk_is_attn(o, il)) {
@@ -1309,8 +1399,8 @@ static void mk_model_free(struct mk_model *m)
 static int mk_model_build(struct mk_model *m, const struct mk_opts *o, const char *vocab_path)
 {
     /* per block: llama 9 tensors, gemma3 and gemma4 13, qwen3 11, lfm2 at
-     * most 11, qwen35 at most 14; plus at most 3 globals */
-    size_t max_tensors = (size_t)o->n_layer * 14 + 3;
+     * most 11, qwen35 at most 14, gpt-oss 16; plus at most 3 globals */
+    size_t max_tensors = (size_t)o->n_layer * 16 + 3;
     struct ggml_init_params gp = {
         .mem_size = max_tensors * ggml_tensor_overhead(),
         .mem_buffer = NULL,
@@ -1590,7 +1680,8 @@ int thaw_mkmodel_main(int argc, char **argv)
     }
     swa[0] = '\0';
     if (mk_archs[o.arch].swa)
-        snprintf(swa, sizeof swa, ", swa %" PRIu32 " every %" PRIu32, o.n_swa, o.swa_pattern);
+        snprintf(swa, sizeof swa, ", swa %" PRIu32 " every %" PRIu32 "%s", o.n_swa, o.swa_pattern,
+                 o.arch == MK_ARCH_GPTOSS ? ", moe" : "");
     else if (mk_archs[o.arch].hybrid)
         snprintf(swa, sizeof swa, ", attention every %" PRIu32, o.attn_pattern);
     fprintf(stderr,

@@ -121,7 +121,7 @@ def test_help_exits_zero_and_lists_flags():
         assert name.split(".jinja")[0] in r.stdout
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", *NEW_ARCHS])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", *NEW_ARCHS, "gpt-oss"])
 def test_same_seed_same_bytes(tmp_path, arch):
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     build(a, "--arch", arch, "--vocab", SPM, "--seed", 42)
@@ -226,7 +226,7 @@ def test_vocab_dir_env_and_name(tmp_path):
 
 BAD_FLAGS = [
     ([], "-o OUT.gguf is required"),
-    (["--arch", "gpt2"], "expected llama, gemma3, qwen3, gemma4, lfm2 or qwen35"),
+    (["--arch", "gpt2"], "expected llama, gemma3, qwen3, gemma4, lfm2, qwen35 or gpt-oss"),
     (["--layers", "0"], "--layers"),
     (["--layers", "513"], "--layers"),
     (["--layers", "2x"], "--layers"),
@@ -234,8 +234,11 @@ BAD_FLAGS = [
     (["--embd", "100", "--heads", "3"], "not a multiple of --heads"),
     (["--embd", "12", "--heads", "4"], "must be even"),
     (["--kv-heads", "3"], "must divide --heads"),
-    (["--swa-window", "16"], "apply to --arch gemma3 and gemma4 only"),
-    (["--arch", "qwen3", "--swa-pattern", "2"], "gemma4 only"),
+    (["--swa-window", "16"], "apply to --arch gemma3, gemma4 and gpt-oss only"),
+    (["--arch", "qwen3", "--swa-pattern", "2"], "gpt-oss only"),
+    (["--moe-experts", "4"], "--moe-experts applies to --arch gpt-oss only"),
+    (["--arch", "gpt-oss", "--moe-experts", "1"], "--moe-experts"),
+    (["--arch", "gpt-oss", "--moe-experts", "65"], "--moe-experts"),
     (["--arch", "gemma4", "--swa-pattern", "1"], "gemma4 needs an SWA layer"),
     (["--arch", "gemma4", "--layers", "1"], "needs --layers 2 or more"),
     (["--arch", "lfm2", "--layers", "1"], "needs --layers 2 or more"),
@@ -509,3 +512,49 @@ def test_served_and_greedy_deterministic(new_models, arch):
             assert s.stop() == 0
     assert replies[0] == replies[1]
     assert len(set(replies[0].split())) >= 4, replies[0]  # wanders, not one repeated token
+
+
+# ---- gpt-oss ----------------------------------------------------------------------
+
+def test_gptoss_layout(tmp_path):
+    out = tmp_path / "m.gguf"
+    r = build(out, "--arch", "gpt-oss", "--layers", 4, "--moe-experts", 6, "--ff", 96)
+    assert "swa 128 every 2, moe" in r.stderr
+    kv, tensors, _, _ = read_gguf(out)
+    assert kv["general.architecture"] == "gpt-oss"
+    # gpt-oss's window and alternation unless told otherwise
+    assert kv["gpt-oss.attention.sliding_window"] == 128
+    assert kv["gpt-oss.attention.sliding_window_pattern"] == 2
+    assert kv["gpt-oss.expert_count"] == 6
+    assert kv["gpt-oss.expert_used_count"] == 2
+    assert kv["gpt-oss.expert_feed_forward_length"] == 96
+    t = {name: ne for name, ne, _ in tensors}
+    assert t["blk.3.attn_sinks.weight"] == (4,)  # one sink per head
+    assert t["blk.0.ffn_gate_exps.weight"] == (64, 96, 6)
+    assert t["blk.0.ffn_down_exps.weight"] == (96, 64, 6)
+    assert t["blk.0.ffn_down_exps.bias"] == (64, 6)
+    assert t["blk.1.ffn_gate_inp.weight"] == (64, 6)
+    assert "output.weight" in t  # not tied
+    assert not any(n.endswith("ffn_norm.weight") for n in t)  # post_attention_norm leads the MoE
+    assert len(tensors) == 3 + 4 * 16
+    build(out, "--arch", "gpt-oss", "--swa-window", 64, "--swa-pattern", 3)
+    kv, _, _, _ = read_gguf(out)
+    assert kv["gpt-oss.attention.sliding_window"] == 64
+    assert kv["gpt-oss.attention.sliding_window_pattern"] == 3
+
+
+def test_gptoss_served_and_greedy_deterministic(tmp_path):
+    model = tmp_path / "gpt-oss.gguf"
+    build(model, "--arch", "gpt-oss", "--layers", 2, "--seed", 5)
+    replies = []
+    for _ in range(2):
+        with Server(str(model), "-np", "1", "--cache-ram", "0") as s:
+            r = s.chat(CHAT, max_tokens=16)
+            assert r["usage"]["completion_tokens"] >= 8
+            replies.append(r["choices"][0]["message"]["content"])
+            line = next(l for l in s.lines if "model gpt-oss.gguf: " in l)
+            assert "model gpt-oss.gguf: gpt-oss " in line, line
+            assert "(sliding window)" in line, line
+            assert s.stop() == 0
+    assert replies[0] == replies[1]
+    assert len(set(replies[0].split())) >= 4, replies[0]
