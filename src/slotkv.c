@@ -420,8 +420,9 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
                 (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
                 (double)took / 1000.0);
     else
-        LOG_INF("slot %d: stored %s: %d tokens, blocks cut from the cache%s -> %s in %.1f ms", s->id, hex,
-                s->n_tokens, sizes[2] ? " + draft" : "", where, (double)took / 1000.0);
+        LOG_INF("slot %d: stored %s: %d tokens, blocks cut from the cache%s%s -> %s in %.1f ms", s->id, hex,
+                s->n_tokens, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
+                (double)took / 1000.0);
 }
 
 
