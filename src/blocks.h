@@ -28,9 +28,9 @@
  *   u8  swa[swa_size]     the uncut SWA window section (kvlayout tail)
  *
  * n_snaps was a reserved 0 before snapshots: a manifest written before
- * them reads as one without. It means the same in both versions (below);
- * the snapshot ids always come last of the ids, so that the ids a manifest
- * names (blocks, SWA blocks, snapshots) are contiguous.
+ * them reads as one without. The snapshot ids are the last of the ids, so
+ * that all a manifest names (blocks, then version 2's SWA blocks, then
+ * snapshots) is one contiguous run (thaw_blocks_manifest_ids).
  *
  * A sliding-window model's manifest is version 2 when its blocks carry
  * their SWA rows (DESIGN §12): each block k then has an SWA block, the SWA
