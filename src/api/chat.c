@@ -12,6 +12,7 @@
 #include "api/template.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "llama/tokens.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -612,6 +613,37 @@ done:
     free(out);
     free(in);
     return rc;
+}
+
+int thaw_chat_branch_point(const struct thaw_chat *chat, const struct thaw_chat_request *req, const llama_token *prompt,
+                           int n_prompt)
+{
+    /* [lead..., user "a"] and [lead..., user "b"] agree up to the user's
+     * text: the leading messages as the template renders them, with the
+     * user turn's opening glue, whatever the conversation goes on with */
+    static const char *const a[1] = {"{\"role\":\"user\",\"content\":\"a\"}"};
+    static const char *const b[1] = {"{\"role\":\"user\",\"content\":\"b\"}"};
+    struct thaw_chat_request lead = *req;
+    llama_token *ta = NULL, *tb = NULL;
+    int na = 0, nb = 0, n = 0;
+
+    lead.n_messages = 0;
+    while (lead.n_messages < req->n_messages && req->messages[lead.n_messages].role &&
+           (strcmp(req->messages[lead.n_messages].role, "system") == 0 ||
+            strcmp(req->messages[lead.n_messages].role, "developer") == 0 ||
+            strcmp(req->messages[lead.n_messages].role, "tool") == 0))
+        lead.n_messages++;
+    if (lead.n_messages == 0 || lead.n_messages == req->n_messages)
+        return 0;
+    if (render_tokens(chat, &lead, (const char *const *)a, 1, &ta, &na) == 0 &&
+        render_tokens(chat, &lead, (const char *const *)b, 1, &tb, &nb) == 0) {
+        n = thaw_lcp(ta, na, tb, nb);
+        int in_prompt = thaw_lcp(ta, n, prompt, n_prompt); /* as this prompt tokenised it */
+        n = in_prompt < n ? in_prompt : n;
+    }
+    free(ta);
+    free(tb);
+    return n < n_prompt ? n : 0;
 }
 
 int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,

@@ -72,6 +72,14 @@ int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_re
  * before the next message's own text, so template glue that only appears
  * once another message follows (end-of-turn markers, stripped reasoning)
  * is already in. Returns 0, THAW_EINVAL or THAW_ENOMEM. */
+/* The branch point of req's prompt (prompt, n_prompt tokens): how many of
+ * its tokens the leading system / developer / tool messages take as every
+ * conversation that starts with them renders them (template glue
+ * included), the position new conversations share (snapshots.h). 0 when
+ * there are no such messages, nothing else, or the rendering fails. */
+int thaw_chat_branch_point(const struct thaw_chat *chat, const struct thaw_chat_request *req, const llama_token *prompt,
+                           int n_prompt);
+
 int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,
                         llama_token **tokens, int *n_tokens);
 

@@ -322,6 +322,10 @@ static const struct opt opts[] = {
      "diagnostic)", NULL},
     {"-ctxcp,--ctx-checkpoints,--swa-checkpoints", "N", OPT_INT, OFF(ctx_checkpoints), 0, 1024,
      "context checkpoints kept per slot (SWA / recurrent models)", NULL},
+    {"-cpent,--checkpoint-every-n-tokens", "N", OPT_INT, OFF(checkpoint_every), 0, 1 << 24,
+     "hybrid / recurrent models: also checkpoint the recurrent state every N tokens of a long prefill, stored as "
+     "snapshots new conversations can resume at (besides the end of every turn and of the leading system "
+     "messages); 0 = only those (default 4096)", NULL},
 
     /* ---- logging */
     {"-v,--verbose,--log-verbose", NULL, OPT_VERBOSE, 0, 0, 0, "more log output (repeatable)", NULL},
@@ -520,6 +524,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->kv_cache_block = 128;
     cfg->cache_ram_mib = 8192;
     cfg->ctx_checkpoints = 8;
+    cfg->checkpoint_every = 4096;
     cfg->kv_shared_timeout_ms = 2000;
     cfg->kv_shared_retry_s = 30;
     cfg->kv_shared_queue = 64;

@@ -81,6 +81,7 @@ struct thaw_config {
     int kv_cache_block;          /* --kv-cache-block: tokens per block, 0 = whole states */
     uint64_t cache_ram_mib;      /* --cache-ram, 0 = RAM tier off */
     int ctx_checkpoints;         /* --ctx-checkpoints: per slot */
+    int checkpoint_every;        /* --checkpoint-every-n-tokens: hybrids snapshot every N prefill tokens, 0 = off */
 
     /* shared tier (cache_shared.h) */
     const char *kv_shared;       /* --kv-shared s3://BUCKET[/PREFIX]; NULL = off */

@@ -4,6 +4,7 @@
 #include "base/blob.h"
 #include "base/error.h"
 #include "cache/cache_ram.h"
+#include "cache/snapshots.h"
 #include "llama/kvstate.h"
 
 #include <limits.h>
@@ -21,7 +22,7 @@
 
 struct manifest_header {
     uint32_t magic, version, n_tokens, block_tokens;
-    uint32_t n_blocks, reserved;
+    uint32_t n_blocks, n_snaps; /* n_snaps: 0 before snapshots (it was reserved) */
     uint64_t tail_size, swa_size;
 };
 
@@ -155,7 +156,8 @@ int thaw_blocks_store_window(struct thaw_disk_cache *c, struct thaw_ram_cache *r
         return THAW_EINVAL;
     if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0)
         return rc == THAW_ECORRUPT ? THAW_ELAYOUT : rc; /* fresh from libllama: not damage */
-    struct thaw_blocks_src src = {thaw_kvlayout_n_cells(l), layout_size, layout_cut, NULL, l, NULL, 0, NULL, NULL, NULL, 0};
+    struct thaw_blocks_src src = {thaw_kvlayout_n_cells(l), layout_size, layout_cut, NULL, l, NULL, 0,
+                                  NULL, NULL, NULL, 0, NULL, 0};
     thaw_kvlayout_tail(l, &src.swa, &src.n_swa);
     struct capture_swa cs = {l, NULL, 0};
     if (window > 0 && thaw_kvlayout_swa_n_cells(l) > 0 && thaw_kvlayout_swa_mem(l, &cs.mem) == 0) {
@@ -238,6 +240,8 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
         return THAW_EINVAL;
     if (src->n_cells != (uint32_t)n)
         return THAW_EINVAL;
+    if (src->n_snaps && src->swa_cut)
+        return THAW_EINVAL; /* snapshots or SWA rows (blocks.h): no layout has both */
     n_blocks = (uint32_t)n / block_tokens;
     if (!(ids = malloc((2 * (size_t)n_blocks + 1) * sizeof *ids)) || !(todo = calloc((size_t)n_blocks + 1, 1))) {
         rc = THAW_ENOMEM;
@@ -309,13 +313,16 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
             goto out;
     }
     /* the manifest: tokens, ids, the cells past the last whole block, the
-     * SWA window (or, with SWA rows, the SWA ids and the tail's SWA rows) */
+     * SWA window; or, with SWA rows, the SWA ids and the tail's SWA rows
+     * instead of the window; or, for a hybrid, its snapshots instead of
+     * the tail and the window (the last snapshot holds both) */
     uint32_t n_sids = swa ? n_blocks - swa_first : 0;
-    size_t tail_size = a < (uint32_t)n ? src->size(src->ud, a, (uint32_t)n) : 0;
+    uint32_t n_snaps = src->n_snaps;
+    size_t tail_size = a < (uint32_t)n && !n_snaps ? src->size(src->ud, a, (uint32_t)n) : 0;
     size_t swa_tail = swa && a < (uint32_t)n ? src->swa_size(src->ud, a, (uint32_t)n) : 0;
-    size_t window = swa ? 0 : src->n_swa;
+    size_t window = swa || n_snaps ? 0 : src->n_swa;
     size_t hsize = sizeof(struct manifest_header) + (swa ? sizeof(struct manifest_swa) : 0);
-    size_t head = hsize + (size_t)n * sizeof(int32_t) + ((size_t)n_blocks + n_sids) * sizeof *ids;
+    size_t head = hsize + (size_t)n * sizeof(int32_t) + ((size_t)n_blocks + n_sids + n_snaps) * sizeof *ids;
     size_t total = head + tail_size + swa_tail + window;
     uint8_t *m = thaw_blob_alloc(total);
     if (!m) {
@@ -323,7 +330,7 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
         goto out;
     }
     struct manifest_header h = {MANIFEST_MAGIC, swa ? MANIFEST_VERSION_SWA : MANIFEST_VERSION, (uint32_t)n,
-                                block_tokens,   n_blocks, 0, tail_size, window};
+                                block_tokens,   n_blocks, n_snaps, tail_size, window};
     memcpy(m, &h, sizeof h);
     if (swa) {
         struct manifest_swa hs = {swa_first, src->n_window, swa_tail};
@@ -334,6 +341,9 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
     if (n_sids)
         memcpy(m + hsize + (size_t)n * sizeof(int32_t) + (size_t)n_blocks * sizeof *ids, sids[swa_first],
                (size_t)n_sids * sizeof *ids);
+    if (n_snaps)
+        memcpy(m + hsize + (size_t)n * sizeof(int32_t) + ((size_t)n_blocks + n_sids) * sizeof *ids, src->snaps,
+               (size_t)n_snaps * sizeof *ids);
     if (tail_size && (rc = src->cut(src->ud, a, (uint32_t)n, m + head, tail_size)) != 0) {
         thaw_blob_unref(m);
         goto out;
@@ -740,10 +750,15 @@ static int manifest_header(const void *manifest, size_t n_manifest, struct manif
     }
     /* every length against the blob, in 64 bits */
     uint64_t need = (uint64_t)mf->hsize + (uint64_t)h->n_tokens * 4 +
-                    ((uint64_t)h->n_blocks + mf->n_sids) * THAW_KEY_BYTES;
+                    ((uint64_t)h->n_blocks + mf->n_sids + h->n_snaps) * THAW_KEY_BYTES;
     if (h->block_tokens == 0 || h->n_tokens == 0 || h->n_blocks != h->n_tokens / h->block_tokens ||
-        (h->tail_size == 0) != (h->n_tokens % h->block_tokens == 0) || h->tail_size > n_manifest ||
-        h->swa_size > n_manifest || need + h->tail_size + h->swa_size + mf->w.swa_tail_size != n_manifest)
+        h->n_snaps > THAW_DISK_REFS_MAX || h->tail_size > n_manifest || h->swa_size > n_manifest ||
+        need + h->tail_size + h->swa_size + mf->w.swa_tail_size != n_manifest)
+        return THAW_ECORRUPT;
+    /* the tail: inline, or in the last snapshot (which holds the swa part
+     * too); snapshots are version 1's (blocks.h): SWA rows are not */
+    if (h->n_snaps ? h->tail_size != 0 || h->swa_size != 0 || h->version != MANIFEST_VERSION
+                   : (h->tail_size == 0) != (h->n_tokens % h->block_tokens == 0))
         return THAW_ECORRUPT;
     /* a restore at n_tokens needs the SWA blocks from the window's start */
     if (h->version == MANIFEST_VERSION_SWA &&
@@ -761,7 +776,20 @@ int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids
     if (rc != 0)
         return rc;
     *ids = (const uint8_t *)manifest + mf.hsize + (size_t)mf.h.n_tokens * 4;
-    *n_ids = mf.h.n_blocks + mf.n_sids; /* the SWA ids follow the ids */
+    *n_ids = mf.h.n_blocks + mf.n_sids + mf.h.n_snaps; /* the SWA ids, then the snapshots, follow the ids */
+    return 0;
+}
+
+int thaw_blocks_manifest_snaps(const void *manifest, size_t n, const uint8_t **snaps, uint32_t *n_snaps)
+{
+    struct manifest mf;
+    int rc = manifest_header(manifest, n, &mf);
+
+    if (rc != 0)
+        return rc;
+    *snaps = (const uint8_t *)manifest + mf.hsize + (size_t)mf.h.n_tokens * 4 +
+             ((size_t)mf.h.n_blocks + mf.n_sids) * THAW_KEY_BYTES;
+    *n_snaps = mf.h.n_snaps;
     return 0;
 }
 
@@ -777,8 +805,8 @@ int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **ref
         }
         return THAW_DISK_KIND_ROOT;
     }
-    if (thaw_kvlayout_block_info(kv, n, &pos0, &cells) == 0)
-        return THAW_DISK_KIND_BLOCK;
+    if (thaw_kvlayout_block_info(kv, n, &pos0, &cells) == 0 || thaw_snapshots_is(kv, n))
+        return THAW_DISK_KIND_BLOCK; /* a snapshot lives as a block does: while a manifest names it */
     return THAW_DISK_KIND_ROOT;
 }
 
@@ -875,7 +903,8 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
     const uint8_t *toks = m + mf.hsize;
     const uint8_t *ids = toks + (size_t)h.n_tokens * 4;
     const uint8_t *sids = ids + (size_t)h.n_blocks * THAW_KEY_BYTES;
-    const uint8_t *tail = sids + (size_t)mf.n_sids * THAW_KEY_BYTES;
+    const uint8_t *snaps = sids + (size_t)mf.n_sids * THAW_KEY_BYTES;
+    const uint8_t *tail = snaps + (size_t)h.n_snaps * THAW_KEY_BYTES;
     const uint8_t *swa = tail + h.tail_size;
     size_t swa_size = h.swa_size;
     if (h.version == MANIFEST_VERSION_SWA) {
@@ -896,12 +925,53 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
         return THAW_ENOMEM;
     }
     memcpy(tokens, toks, (size_t)h.n_tokens * sizeof(llama_token));
-    rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
-                     swa, swa_size, f, tokens, (int)h.n_tokens, out);
+    if (h.n_snaps) {
+        /* a hybrid: the tail and the recurrent state are the last snapshot's */
+        struct thaw_snapshot_view sv;
+        void *snap = NULL;
+        size_t n_snap = 0;
+        rc = thaw_snapshots_fetch(c, ram, snaps + (size_t)(h.n_snaps - 1) * THAW_KEY_BYTES, &snap, &n_snap);
+        if (rc == 0 && (thaw_snapshots_parse(snap, n_snap, &sv) != 0 || sv.n_tokens != h.n_tokens ||
+                        sv.block_tokens != h.block_tokens))
+            rc = THAW_ECORRUPT;
+        if (rc == 0)
+            rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, sv.tail,
+                             sv.tail_size, sv.rec, sv.rec_size, f, tokens, (int)h.n_tokens, out);
+        else if (rc == THAW_ECORRUPT)
+            rc = THAW_ENOTFOUND; /* removed: this manifest is no use */
+        thaw_blob_unref(snap);
+    } else {
+        rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
+                         swa, swa_size, f, tokens, (int)h.n_tokens, out);
+    }
     free(tokens);
     free(sec);
     if (rc != 0)
         thaw_blocks_state_free(out);
+    return rc;
+}
+
+int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                        uint32_t block_tokens, const llama_token *toks, int p, const void *tail, size_t n_tail,
+                        const void *rest, size_t n_rest, const struct thaw_kvlayout_frame *f,
+                        struct thaw_blocks_state *out)
+{
+    uint8_t(*ids)[THAW_KEY_BYTES];
+    uint32_t n_blocks;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if (block_tokens == 0 || p <= 0 || (tail == NULL) != ((uint32_t)p % block_tokens == 0))
+        return THAW_EINVAL;
+    n_blocks = (uint32_t)p / block_tokens;
+    if (!(ids = malloc(((size_t)n_blocks + 1) * sizeof *ids)))
+        return THAW_ENOMEM;
+    thaw_blocks_ids(binding, block_tokens, toks, p, ids);
+    rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, n_blocks, block_tokens, tail, n_tail, rest, n_rest,
+                     f, toks, p, out);
+    if (rc != 0)
+        thaw_blocks_state_free(out);
+    free(ids);
     return rc;
 }
 

@@ -17,12 +17,20 @@
  * The conversation's key names a manifest, its .kv part:
  *
  *   u32 magic "TMF1" | u32 version (1) | u32 n_tokens | u32 block_tokens (B)
- *   u32 n_blocks | u32 reserved (0) | u64 tail_size | u64 swa_size
+ *   u32 n_blocks | u32 n_snaps | u64 tail_size | u64 swa_size
  *   i32 tokens[n_tokens]
  *   u8  ids[n_blocks][32]
+ *   u8  snaps[n_snaps][32] a hybrid's snapshots (snapshots.h), the last one
+ *                         at n_tokens; with them tail and swa are empty
+ *                         (that snapshot holds both)
  *   u8  tail[tail_size]   the cells past the last whole block, as one
  *                         kvlayout block (absent when n_tokens % B == 0)
  *   u8  swa[swa_size]     the uncut SWA window section (kvlayout tail)
+ *
+ * n_snaps was a reserved 0 before snapshots: a manifest written before
+ * them reads as one without. The snapshot ids are the last of the ids, so
+ * that all a manifest names (blocks, then version 2's SWA blocks, then
+ * snapshots) is one contiguous run (thaw_blocks_manifest_ids).
  *
  * A sliding-window model's manifest is version 2 when its blocks carry
  * their SWA rows (DESIGN §12): each block k then has an SWA block, the SWA
@@ -37,6 +45,9 @@
  * window is copied per turn. A restore at n installs section 0 from the
  * blocks and rebuilds the SWA section from the SWA blocks covering
  * [n - n_window, n). The manifest names the sids too (GC, holds).
+ * Version 2 is SWA rows, not snapshots: a version 2 manifest has n_snaps 0
+ * (a model with both a window and a recurrent state is not one kvlayout.h
+ * knows), and a version 1 manifest with snapshots is a hybrid's.
  *
  * The manifest is submitted after its blocks, to the same FIFO writer, so
  * it commits last: a crash leaves blocks without a manifest (collected once
@@ -51,8 +62,9 @@
  * the slot that restores, so a conversation stored from slot 1 under -np 2
  * restores into slot 0 under -np 3.
  *
- * Layouts kvlayout.h refuses (recurrent, hybrid, MLA, another libllama
- * build) give THAW_ELAYOUT: the caller stores whole-state entries instead.
+ * Layouts kvlayout.h refuses (purely recurrent, MLA, another libllama
+ * build) give THAW_ELAYOUT: the caller stores whole-state entries instead
+ * (a hybrid's recurrent tail parses, and goes in snapshots: snapshots.h).
  */
 #ifndef THAW_BLOCKS_H
 #define THAW_BLOCKS_H
@@ -126,6 +138,11 @@ struct thaw_blocks_src {
     int (*swa_cut)(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap);
     int (*swa_known)(const void *ud, uint32_t a, uint32_t b);
     uint32_t n_window; /* the sliding window, tokens (llama_model_n_swa) */
+    /* a hybrid's snapshots (snapshots.h), the last one at n_cells: the
+     * manifest names them instead of carrying a tail and swa. NULL/0: none.
+     * Not with SWA rows (THAW_EINVAL) */
+    const uint8_t (*snaps)[THAW_KEY_BYTES];
+    uint32_t n_snaps;
 };
 
 /* thaw_blocks_store from src: what it does not know of the cells the store
@@ -138,9 +155,14 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
 /* 1 if blob starts like a manifest (magic), else 0. */
 int thaw_blocks_is_manifest(const void *blob, size_t n);
 
-/* The block ids a manifest names (pointing into it). Returns 0 or
+/* The ids a manifest names (pointing into it): its blocks, then its SWA
+ * blocks (version 2), then its snapshots, contiguous. Returns 0 or
  * THAW_ECORRUPT / THAW_EVERSION (the manifest's lengths are checked). */
 int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids);
+
+/* The snapshot ids a manifest names (pointing into it; *n_snaps 0 for a
+ * manifest without). 0 or as thaw_blocks_manifest_ids. */
+int thaw_blocks_manifest_snaps(const void *manifest, size_t n, const uint8_t **snaps, uint32_t *n_snaps);
 
 /* What a disk entry's .kv is to the disk tier's collector: the classify
  * callback of struct thaw_disk_cache_params (cache_disk.h), ud unused.
@@ -180,6 +202,16 @@ int thaw_blocks_state_check(struct thaw_blocks_state *s);
  * corrupt and removed), THAW_ENOMEM, or a disk error. */
 int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out);
+
+/* The state of toks[0, p) from its blocks 0 .. p/B - 1 (ids computed
+ * here), then `tail` (the cells [p/B*B, p) as one kvlayout block; NULL/0
+ * when B divides p) and `rest` appended verbatim (a recurrent state), for
+ * frame f: a hybrid's restore at a snapshot (snapshots.c). Returns as
+ * thaw_blocks_load. */
+int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                        uint32_t block_tokens, const llama_token *toks, int p, const void *tail, size_t n_tail,
+                        const void *rest, size_t n_rest, const struct thaw_kvlayout_frame *f,
+                        struct thaw_blocks_state *out);
 
 /* Prefix lookup: the longest run of toks' whole blocks the disk holds,
  * from block 0, restorable for the slot of frame f. At least one token of

@@ -17,6 +17,7 @@
 #include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
 #include "cache/keys.h"
+#include "cache/snapshots.h"
 #include "llama/kvstate.h"
 
 #include <pthread.h>
@@ -35,6 +36,7 @@ struct thaw_kvcache {
     uint8_t identity[THAW_KEY_BYTES];
     uint32_t block_tokens; /* 0: whole states (also after a layout blocks.c refused) */
     bool prefix_lookup;
+    bool snapshots;    /* a hybrid: recurrent state as snapshots (snapshots.h) */
     uint32_t n_window; /* SWA models: the window (blocks.h) */
     uint32_t n_stream;
     /* the block store's counters (/metrics) */
@@ -184,6 +186,7 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
     memcpy(c->identity, p->identity, THAW_KEY_BYTES);
     c->block_tokens = p->block_tokens;
     c->prefix_lookup = p->prefix_lookup;
+    c->snapshots = p->snapshots;
     c->n_window = p->n_window;
     c->n_stream = p->n_stream ? p->n_stream : 1;
     if (p->ram_bytes > 0 && (rc = thaw_ram_cache_new(p->ram_bytes, p->ttl_s, &c->ram)) != 0)
@@ -283,7 +286,13 @@ static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob par
         return rc == THAW_ENOTFOUND ? THAW_ECORRUPT : rc; /* a block is gone: this manifest is no use */
     int64_t t1 = thaw_now_us();
     struct thaw_part_blob whole[THAW_PART_COUNT] = {{bs.kv, bs.n_kv}, parts[THAW_PART_CKPT], parts[THAW_PART_DFT]};
+    void *snap_ckpt = NULL; /* a hybrid's disk copy: its snapshots stand in for the .ckpt */
+    if (!whole[THAW_PART_CKPT].data &&
+        thaw_snapshots_ckpts(c->disk, c->ram, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, f.seq_id, &snap_ckpt,
+                             &whole[THAW_PART_CKPT].size) == 0)
+        whole[THAW_PART_CKPT].data = snap_ckpt;
     rc = sink->install(sink->ud, whole);
+    thaw_blob_unref(snap_ckpt);
     int64_t t2 = thaw_now_us();
     /* the blocks' checksums ran alongside: a bad one undoes the install */
     if (thaw_blocks_state_check(&bs) != 0) {
@@ -425,11 +434,15 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
     int64_t t0 = thaw_now_us();
     int got = n_past;
 
-    if (!c->disk || !c->block_tokens || !c->prefix_lookup || n_prompt - 1 <= n_past ||
-        (n_prompt - 1) / (int)c->block_tokens * (int)c->block_tokens <= n_past)
+    if (!c->disk || !c->block_tokens || !(c->prefix_lookup || c->snapshots) || n_prompt - 1 <= n_past ||
+        (!c->snapshots && (n_prompt - 1) / (int)c->block_tokens * (int)c->block_tokens <= n_past))
         return n_past; /* no run of blocks could beat what the slot holds */
     block_binding(c, ns, binding);
-    int rc = thaw_blocks_prefix_swa(c->disk, c->ram, binding, c->block_tokens, c->n_window, prompt, n_prompt, &f, &bs);
+    /* a hybrid resumes at its deepest snapshot, a dense or SWA model after its
+     * longest run of blocks (an SWA model's with its window's SWA blocks) */
+    int rc = c->snapshots ? thaw_snapshots_prefix(c->disk, c->ram, binding, c->block_tokens, prompt, n_prompt, &f, &bs)
+                          : thaw_blocks_prefix_swa(c->disk, c->ram, binding, c->block_tokens, c->n_window, prompt,
+                                                   n_prompt, &f, &bs);
     if (rc != 0) {
         if (rc != THAW_ENOTFOUND)
             LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(rc));
@@ -450,8 +463,8 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
     }
     thaw_blocks_state_free(&bs);
     if (got > n_past) {
-        LOG_INF("slot %d: %d prompt tokens from %d stored blocks (prefix lookup)", sink->slot_id, got,
-                got / (int)c->block_tokens);
+        LOG_INF("slot %d: %d prompt tokens from %d stored blocks%s (prefix lookup)", sink->slot_id, got,
+                got / (int)c->block_tokens, c->snapshots ? " and a snapshot" : "");
         atomic_fetch_add(&c->prefix_hits, 1);
         atomic_fetch_add(&c->prefix_tokens, (uint64_t)(got - n_past));
         *source = "blocks";
@@ -492,8 +505,24 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
     if ((rc = thaw_kvstate_parse(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &v)) != 0)
         return rc;
     block_binding(c, ns, binding);
-    rc = thaw_blocks_store_window(c->disk, c->ram, binding, c->block_tokens, c->n_window, v.tokens, v.n_tokens, v.state,
-                                  v.n_state, &man, &n_man, &st);
+    rc = THAW_ELAYOUT;
+    if (c->snapshots) {
+        rc = thaw_snapshots_store(c->disk, c->ram, binding, c->block_tokens, v.tokens, v.n_tokens, v.state, v.n_state,
+                                  w[THAW_PART_CKPT].data, w[THAW_PART_CKPT].size, &man, &n_man, &st);
+        if (rc == THAW_ELAYOUT) {
+            LOG_WRN("kv-cache: this hybrid's state layout is not one snapshots know: its recurrent state goes in "
+                    "each manifest, and no prefix lookup");
+            c->snapshots = false;
+        } else if (rc == 0) {
+            /* the manifest names the checkpoints as snapshots: no second copy in .ckpt */
+            thaw_blob_unref(w[THAW_PART_CKPT].data);
+            w[THAW_PART_CKPT].data = NULL;
+            w[THAW_PART_CKPT].size = 0;
+        }
+    }
+    if (rc == THAW_ELAYOUT)
+        rc = thaw_blocks_store_window(c->disk, c->ram, binding, c->block_tokens, c->n_window, v.tokens, v.n_tokens,
+                                      v.state, v.n_state, &man, &n_man, &st);
     count_blocks(c, &st);
     if (rc == THAW_ELAYOUT) {
         LOG_WRN("kv-cache: this model's state layout cannot be cut into blocks: whole states from now on");

@@ -45,6 +45,10 @@ struct thaw_kvcache_params {
                                        * tokens plus a manifest (blocks.h); 0 = whole states */
     bool prefix_lookup;               /* a prompt without an entry may restore its longest run of
                                        * stored blocks (not for recurrent models: a state is no block) */
+    bool snapshots;                   /* a hybrid model: its recurrent state as snapshots beside the
+                                       * attention blocks (snapshots.h), and the prefix lookup at
+                                       * the deepest one; falls back to whole states when the
+                                       * layout is not one kvlayout.c knows as hybrid */
     uint32_t n_window;                /* sliding window of an SWA model (0: none, or --swa-full): its
                                        * blocks carry SWA rows, a prefix needs its window's (blocks.h) */
     uint32_t n_stream;                /* the context's KV streams (one per slot): the frame a

@@ -7,7 +7,8 @@
  *   ---- vocab ----        finding the vocab GGUF and template files, copying
  *                          the tokenizer.* keys, choosing a chat template
  *   ---- model ----        hyper-parameter keys and the tensor list per arch
- *                          (llama, gemma3, qwen3, gemma4, lfm2, gpt-oss)
+ *                          (llama, gemma3, qwen3, gemma4, lfm2, qwen35,
+ *                          gpt-oss)
  *   ---- writer ----       streaming the file: meta, then each tensor's data,
  *                          temp file -> fsync -> rename -> fsync(dir)
  *   ---- main ----         thaw_mkmodel_main()
@@ -87,6 +88,9 @@ static void mk_usage(FILE *f, const char *prog)
         "                       lfm2    hybrid: gated short-convolution\n"
         "                               (recurrent state) layers and\n"
         "                               attention layers, tied         qwen2\n"
+        "                       qwen35  hybrid (Qwen3.5): gated delta-net\n"
+        "                               (recurrent state) layers and\n"
+        "                               gated attention layers, tied   qwen35\n"
         "                       gpt-oss SWA layers (window 128, every\n"
         "                               2nd global), attention sinks,\n"
         "                               MoE feed-forward               llama-bpe\n"
@@ -100,9 +104,10 @@ static void mk_usage(FILE *f, const char *prog)
         "  --draft-of FILE    make a draft model for FILE: take its tokenizer and\n"
         "                     chat template (same as --vocab FILE --template vocab)\n"
         "  --template NAME    chat template: auto | vocab | llama3 | chatml | gemma\n"
-        "                     auto: qwen3, gemma4, lfm2 embed their family's real\n"
-        "                     template from <vocab dir>/" MK_TMPL_SUBDIR "/ (Qwen-Qwen3-0.6B,\n"
-        "                     google-gemma-4-31B-it, LFM2.5-Instruct .jinja), or\n"
+        "                     auto: qwen3, gemma4, lfm2, qwen35 embed their family's\n"
+        "                     real template from <vocab dir>/" MK_TMPL_SUBDIR "/ (Qwen-Qwen3-0.6B,\n"
+        "                     google-gemma-4-31B-it, LFM2.5-Instruct, Qwen3.5-4B\n"
+        "                     .jinja), or\n"
         "                     the vocab's own if that file is missing, else chatml.\n"
         "                     llama, gemma3: the vocab's own if\n"
         "                     llama_chat_apply_template() renders it; else gemma\n"
@@ -114,7 +119,8 @@ static void mk_usage(FILE *f, const char *prog)
         "                     embed FILE's text (Jinja, up to 1 MiB) as\n"
         "                     tokenizer.chat_template instead; excludes --template\n"
         "                     and --draft-of\n"
-        "  --layers N         blocks, 1..%d (gemma4, lfm2: 2..)  default 2\n"
+        "  --layers N         blocks, 1..%d (gemma4, lfm2, qwen35: 2..)\n"
+        "                                                       default 2\n"
         "  --embd N           model width                       default 64\n"
         "  --heads N          attention heads; the head size embd/heads must be\n"
         "                     even                              default 4\n"
@@ -129,9 +135,10 @@ static void mk_usage(FILE *f, const char *prog)
         "                                                       max(2, layers) if fewer\n"
         "  --moe-experts N    gpt-oss: experts per MoE layer, 2..64; each token\n"
         "                     uses 2 of them, each --ff wide    default 4\n"
-        "  --attn-pattern N   lfm2: every Nth layer is attention, the rest\n"
-        "                     short-convolution; 2..layers      default 3, or\n"
-        "                                                       layers if fewer\n"
+        "  --attn-pattern N   lfm2, qwen35: every Nth layer is attention, the\n"
+        "                     rest short-convolution (lfm2) or gated delta-net\n"
+        "                     (qwen35); 2..layers               default 3 (qwen35:\n"
+        "                                                       4), or layers if fewer\n"
         "  --ctx-train N      trained context length, tokens    default 8192\n"
         "  --seed N           PRNG seed, decimal or 0x-hex      default 1\n"
         "  --type T           f16 | f32 for the weight matrices; norms are always\n"
@@ -216,7 +223,15 @@ static void mk_sample(struct mk_rng *r, float *out, size_t n, float std)
 
 /* ---- options -------------------------------------------------------------- */
 
-enum mk_arch { MK_ARCH_LLAMA, MK_ARCH_GEMMA3, MK_ARCH_QWEN3, MK_ARCH_GEMMA4, MK_ARCH_LFM2, MK_ARCH_GPTOSS };
+enum mk_arch {
+    MK_ARCH_LLAMA,
+    MK_ARCH_GEMMA3,
+    MK_ARCH_QWEN3,
+    MK_ARCH_GEMMA4,
+    MK_ARCH_LFM2,
+    MK_ARCH_QWEN35,
+    MK_ARCH_GPTOSS
+};
 
 /* What the flags, the vocab and the template choice need to know of an
  * architecture; the hparams and tensors are in ---- model ----. */
@@ -236,6 +251,9 @@ static const struct mk_arch_info {
     /* LFM2.5-Instruct is the dense lfm2 family's (LFM2-8B-A1B's is lfm2moe's);
      * at least one short-conv and one attention layer */
     [MK_ARCH_LFM2] = { "lfm2", "qwen2", "LFM2.5-Instruct.jinja", 2, false, true },
+    /* Qwen3.5's own tokenizer and template; gated delta-net layers with a
+     * full-attention layer every --attn-pattern (its full_attention_interval) */
+    [MK_ARCH_QWEN35] = { "qwen35", "qwen35", "Qwen3.5-4B.jinja", 2, false, true },
     /* the source tree has no o200k vocab: llama-bpe's tokenizer, and the
      * built-in template that vocab renders (Harmony's markers would be text) */
     [MK_ARCH_GPTOSS] = { "gpt-oss", "llama-bpe", NULL, 1, true, false },
@@ -369,7 +387,7 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
                     break;
             if (k == MK_N_ARCHS) {
                 fprintf(stderr, "mkmodel: --arch: expected llama, gemma3, qwen3, gemma4, "
-                                "lfm2 or gpt-oss, got '%s'\n", val);
+                                "lfm2, qwen35 or gpt-oss, got '%s'\n", val);
                 return THAW_EINVAL;
             }
             o->arch = (enum mk_arch)k;
@@ -481,7 +499,7 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
             o->swa_pattern = 2; /* alternating, as libllama defaults it */
     }
     if (!mk_archs[o->arch].hybrid && o->set_attn) {
-        fprintf(stderr, "mkmodel: --attn-pattern applies to --arch lfm2 only\n");
+        fprintf(stderr, "mkmodel: --attn-pattern applies to --arch lfm2 and qwen35 only\n");
         return THAW_EINVAL;
     }
     if (o->tmpl_file != NULL && o->set_tmpl) {
@@ -527,8 +545,10 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
                         "an SWA layer\n");
         return THAW_EINVAL;
     }
-    if (o->attn_pattern == UINT32_MAX)
-        o->attn_pattern = o->n_layer < 3 ? o->n_layer : 3;
+    if (o->attn_pattern == UINT32_MAX) {
+        uint32_t p = o->arch == MK_ARCH_QWEN35 ? 4 : 3; /* Qwen3.5's full_attention_interval */
+        o->attn_pattern = o->n_layer < p ? o->n_layer : p;
+    }
     if (mk_archs[o->arch].hybrid && o->attn_pattern > o->n_layer) {
         fprintf(stderr, "mkmodel: --attn-pattern %" PRIu32 " leaves no attention layer in "
                         "%" PRIu32 " layers\n", o->attn_pattern, o->n_layer);
@@ -1017,6 +1037,43 @@ static void mk_set_arch_arr(struct gguf_context *g, enum mk_arch a, const char *
     gguf_set_arr_data(g, key, type, data, n);
 }
 
+/* qwen35's shape of the gated delta-net (llama.cpp src/models/qwen35.cpp):
+ * heads of size D = embd/heads, keys with --kv-heads heads and values with
+ * --heads heads (Qwen3.5 also has more value than key heads), a 4-token
+ * causal convolution (Qwen3.5's) before the delta rule. */
+#define MK_QWEN35_CONV 4
+static void mk_qwen35_dims(const struct mk_opts *o, int64_t *d, int64_t *n_k, int64_t *n_v)
+{
+    *d = o->n_embd / o->n_head;
+    *n_k = o->n_head_kv;
+    *n_v = o->n_head;
+}
+
+/* qwen35's own keys: Qwen3.5's rope base and norm epsilon, its interleaved
+ * M-RoPE sections (text positions are equal in every section, so the split
+ * only has to cover the rotated half of a head), the delta-net sizes. */
+static void mk_set_hparams_qwen35(struct gguf_context *g, const struct mk_opts *o)
+{
+    const enum mk_arch a = MK_ARCH_QWEN35;
+    int64_t d, n_k, n_v;
+    int32_t half, sections[4];
+
+    mk_qwen35_dims(o, &d, &n_k, &n_v);
+    half = (int32_t)(d / 2);
+    sections[1] = sections[2] = half / 3;
+    sections[0] = half - 2 * (half / 3);
+    sections[3] = 0;
+    mk_set_arch_f32(g, a, "rope.freq_base", 10000000.0f);
+    mk_set_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-6f);
+    mk_set_arch_arr(g, a, "rope.dimension_sections", GGUF_TYPE_INT32, sections, 4);
+    mk_set_arch_u32(g, a, "ssm.conv_kernel", MK_QWEN35_CONV);
+    mk_set_arch_u32(g, a, "ssm.inner_size", (uint32_t)(d * n_v));
+    mk_set_arch_u32(g, a, "ssm.state_size", (uint32_t)d);
+    mk_set_arch_u32(g, a, "ssm.time_step_rank", (uint32_t)n_v);
+    mk_set_arch_u32(g, a, "ssm.group_count", (uint32_t)n_k);
+    mk_set_arch_u32(g, a, "full_attention_interval", o->attn_pattern);
+}
+
 /* The architecture's hyper-parameter keys, as llama.cpp v0.4.0 reads them
  * (llama_model_base::load_hparams + the arch's load_arch_hparams in
  * src/models/<arch>.cpp). Real models' values where the shape allows. */
@@ -1039,7 +1096,7 @@ static void mk_set_hparams(struct gguf_context *g, const struct mk_opts *o)
     mk_set_arch_u32(g, a, "block_count", o->n_layer);
     mk_set_arch_u32(g, a, "feed_forward_length", o->n_ff);
     mk_set_arch_u32(g, a, "attention.head_count", o->n_head);
-    if (mk_archs[a].hybrid) {
+    if (a == MK_ARCH_LFM2) {
         /* lfm2 tells a short-conv layer by its 0 KV heads */
         uint32_t kv[MK_MAX_LAYERS];
         for (uint32_t il = 0; il < o->n_layer; il++)
@@ -1098,6 +1155,9 @@ static void mk_set_hparams(struct gguf_context *g, const struct mk_opts *o)
         mk_set_arch_f32(g, a, "rope.freq_base", 1000000.0f);
         mk_set_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-5f);
         mk_set_arch_u32(g, a, "shortconv.l_cache", MK_LFM2_L_CACHE);
+        break;
+    case MK_ARCH_QWEN35:
+        mk_set_hparams_qwen35(g, o);
         break;
     case MK_ARCH_GPTOSS:
         /* gpt-oss's: rope base 150000 (no YaRN here: the trained context
@@ -1194,6 +1254,8 @@ static void mk_add_gptoss_block(struct mk_model *m, const struct mk_opts *o, uin
  *    (logit std 0.25) keeps the self-match below the noise;
  *  - lfm2's short convolution y = c * conv(b * x), b, c, x from in_proj:
  *    kernel std 1/sqrt(l_cache) keeps conv's output at unit scale. */
+static void mk_add_tensors_qwen35(struct mk_model *m, const struct mk_opts *o);
+
 static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
 {
     const int64_t E = o->n_embd, F = o->n_ff, V = m->n_vocab;
@@ -1211,6 +1273,10 @@ static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
     bool any_global = false;
     char nm[GGML_MAX_NAME];
 
+    if (a == MK_ARCH_QWEN35) {
+        mk_add_tensors_qwen35(m, o);
+        return;
+    }
     for (uint32_t il = 0; il < o->n_layer; il++)
         any_global |= !mk_is_swa(o, il);
 
@@ -1262,6 +1328,62 @@ static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
     }
 }
 
+/* qwen35 (src/models/qwen35.cpp): every block has attn_norm and
+ * post_attention_norm (the FFN's input norm) and a SwiGLU FFN. An attention
+ * block's attn_q is twice as wide (query and its output gate, interleaved
+ * per head), with q/k norms as qwen3's. A gated delta-net block projects
+ * q, k, v through one attn_qkv (then the causal convolution ssm_conv1d),
+ * the output gate z through attn_gate, the per-head write strength beta and
+ * decay alpha (decay = exp(ssm_a * softplus(alpha + ssm_dt.bias))) through
+ * ssm_beta and ssm_alpha; ssm_norm is the gated RMS norm before ssm_out.
+ * Values as mk_add_tensors explains; ssm_a = -1 and a zero dt bias keep the
+ * decay near exp(-softplus(0)) = 0.5 a token: the state remembers a few
+ * tokens, as the real models' heads do on average. */
+static void mk_add_tensors_qwen35(struct mk_model *m, const struct mk_opts *o)
+{
+    const int64_t E = o->n_embd, F = o->n_ff, V = m->n_vocab;
+    const enum ggml_type W = o->wtype, N = GGML_TYPE_F32;
+    int64_t D, n_k, n_v;
+    char nm[GGML_MAX_NAME];
+
+    mk_qwen35_dims(o, &D, &n_k, &n_v);
+    const int64_t Q = o->n_head * D, KV = (int64_t)o->n_head_kv * D;
+    const int64_t key_dim = D * n_k, value_dim = D * n_v, conv_dim = 2 * key_dim + value_dim;
+    const float sE = 1.0f / sqrtf((float)E), sQ = 1.0f / sqrtf((float)Q);
+    const float sF = 1.0f / sqrtf((float)F), sVd = 1.0f / sqrtf((float)value_dim);
+
+    mk_add(m, "token_embd.weight", W, E, V, MK_INIT_RANDOM, sE);
+    mk_add(m, "output_norm.weight", N, E, 0, MK_INIT_CONST, 1.0f);
+    for (uint32_t il = 0; il < o->n_layer; il++) {
+#define MK_BLK(suffix) (snprintf(nm, sizeof nm, "blk.%" PRIu32 "." suffix, il), nm)
+        mk_add(m, MK_BLK("attn_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+        mk_add(m, MK_BLK("post_attention_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+        if (mk_is_attn(o, il)) {
+            mk_add(m, MK_BLK("attn_q.weight"), W, E, 2 * Q, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("attn_k.weight"), W, E, KV, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("attn_v.weight"), W, E, KV, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("attn_output.weight"), W, Q, E, MK_INIT_RANDOM, sQ);
+            mk_add(m, MK_BLK("attn_q_norm.weight"), N, D, 0, MK_INIT_CONST, 2.0f);
+            mk_add(m, MK_BLK("attn_k_norm.weight"), N, D, 0, MK_INIT_CONST, 2.0f);
+        } else {
+            mk_add(m, MK_BLK("attn_qkv.weight"), W, E, conv_dim, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("attn_gate.weight"), W, E, value_dim, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("ssm_conv1d.weight"), N, MK_QWEN35_CONV, conv_dim, MK_INIT_RANDOM,
+                   1.0f / sqrtf((float)MK_QWEN35_CONV));
+            mk_add(m, MK_BLK("ssm_dt.bias"), N, n_v, 0, MK_INIT_CONST, 0.0f);
+            mk_add(m, MK_BLK("ssm_a"), N, n_v, 0, MK_INIT_CONST, -1.0f);
+            mk_add(m, MK_BLK("ssm_beta.weight"), W, E, n_v, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("ssm_alpha.weight"), W, E, n_v, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("ssm_norm.weight"), N, D, 0, MK_INIT_CONST, 1.0f);
+            mk_add(m, MK_BLK("ssm_out.weight"), W, value_dim, E, MK_INIT_RANDOM, sVd);
+        }
+        mk_add(m, MK_BLK("ffn_gate.weight"), W, E, F, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_BLK("ffn_up.weight"), W, E, F, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_BLK("ffn_down.weight"), W, F, E, MK_INIT_RANDOM, sF);
+#undef MK_BLK
+    }
+}
+
 static void mk_model_free(struct mk_model *m)
 {
     free(m->init);
@@ -1277,7 +1399,7 @@ static void mk_model_free(struct mk_model *m)
 static int mk_model_build(struct mk_model *m, const struct mk_opts *o, const char *vocab_path)
 {
     /* per block: llama 9 tensors, gemma3 and gemma4 13, qwen3 11, lfm2 at
-     * most 11, gpt-oss 16; plus at most 3 globals */
+     * most 11, qwen35 at most 14, gpt-oss 16; plus at most 3 globals */
     size_t max_tensors = (size_t)o->n_layer * 16 + 3;
     struct ggml_init_params gp = {
         .mem_size = max_tensors * ggml_tensor_overhead(),

@@ -236,6 +236,18 @@ static void batch_add(struct llama_batch *b, llama_token tok, llama_pos pos, lla
     b->logits[i] = logits;
 }
 
+/* A hybrid's prefill stops at p, a snapshot position (snapshots.h): the end
+ * of the leading system messages, every --checkpoint-every-n-tokens; the
+ * recurrent state exists there only between two decodes. */
+static bool snapshot_at(const struct thaw_engine *e, const struct thaw_slot *s, int p)
+{
+    const struct thaw_task *t = s->task;
+
+    if (!e->recurrent || e->cfg->ctx_checkpoints == 0 || !t || p <= 0 || p >= t->n_prompt)
+        return false;
+    return p == t->n_branch || (e->cfg->checkpoint_every > 0 && p % e->cfg->checkpoint_every == 0);
+}
+
 /* Fills e->batch: first the next token of every generating slot (so
  * generation never waits behind a long prompt), then prompt tokens, then
  * FIXUP tokens (nobody waits for those). */
@@ -264,6 +276,8 @@ static void build_batch(struct thaw_engine *e)
         const struct thaw_task *t = s->task;
         while (s->n_prompt_done + s->n_in_batch < t->n_prompt && b->n_tokens < e->n_batch) {
             int p = s->n_prompt_done + s->n_in_batch;
+            if (s->n_in_batch > 0 && snapshot_at(e, s, p))
+                break; /* checkpointed after this decode (after_decode) */
             bool last = p == t->n_prompt - 1;
             if (last)
                 s->i_batch = b->n_tokens;
@@ -334,7 +348,7 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
         if (s->phase == THAW_SLOT_GEN) {
             if (s->n_drafts == 0)
                 s->tokens[s->n_tokens++] = s->next_token;
-            /* else: slot_verify decides how many of the batch's tokens stay */
+            /* else: thaw_gen_verify decides how many of the batch's tokens stay */
         } else if (s->phase == THAW_SLOT_FIXUP) {
             memcpy(s->tokens + s->n_tokens, s->fix + s->n_tokens, (size_t)s->n_in_batch * sizeof(llama_token));
             s->n_tokens += s->n_in_batch;
@@ -353,6 +367,16 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
         e->fixup_us_per_tok = thaw_sched_fixup_cost(e->fixup_us_per_tok, t1 - t0, e->batch.n_tokens);
     finish_fixups(e, false);
 
+    for (int i = 0; i < e->n_slots; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        /* a prefill that stopped at a snapshot position: keep the state there */
+        if (s->phase != THAW_SLOT_PREFILL || s->n_in_batch == 0 || s->i_batch >= 0 || !snapshot_at(e, s, s->n_tokens))
+            continue;
+        if (thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
+            LOG_WRN("slot %d: could not take a context checkpoint", s->id);
+        else
+            s->ckpts.v[s->ckpts.n - 1].flags |= THAW_CKPT_SNAPSHOT; /* stored as one (snapshots.h) */
+    }
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
         if (!s->task || s->i_batch < 0)

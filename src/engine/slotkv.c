@@ -56,6 +56,7 @@ static int open_tiers(struct thaw_slotkv *k, const struct thaw_slotkv_params *p)
         .metrics = p->metrics,
         .block_tokens = cfg->kv_cache_dir ? (uint32_t)cfg->kv_cache_block : 0,
         .prefix_lookup = !k->recurrent, /* a recurrent state is no run of blocks; SWA blocks carry their rows */
+        .snapshots = k->recurrent,      /* a hybrid's recurrent state: snapshots (snapshots.h) */
         .n_window = (uint32_t)k->n_swa,
         .n_stream = (uint32_t)llama_n_seq_max(p->ctx),
     };
@@ -298,9 +299,17 @@ int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct
         got = thaw_kvcache_lookup(k->kv, t->lookup_key, n_past, &sink, &s->timings.cache_source,
                                   &s->timings.restore_ms);
     }
-    if (got <= n_past) /* no entry (a first turn, an edit, a fork): stored blocks may still serve it */
-        got = thaw_kvcache_lookup_prefix(k->kv, t->ns, t->prompt, t->n_prompt, got, &sink, &s->timings.cache_source,
-                                         &s->timings.restore_ms);
+    if (got <= n_past) { /* no entry (a first turn, an edit, a fork): stored blocks may still serve it */
+        /* recurrent memory resumes only where a checkpoint takes it: a
+         * snapshot deeper than that is worth installing */
+        const struct thaw_ckpt *c;
+        int reach = k->recurrent ? thaw_slotkv_rollback_target(k, s, got, &c) : got;
+        ic.n_past = reach; /* what slot_install must beat */
+        int pre = thaw_kvcache_lookup_prefix(k->kv, t->ns, t->prompt, t->n_prompt, reach, &sink,
+                                             &s->timings.cache_source, &s->timings.restore_ms);
+        if (pre > reach || pre < got) /* a snapshot was installed (or the slot emptied) */
+            got = pre;
+    }
     count_lookup(k->metrics, got > n_past ? s->timings.cache_source : NULL);
     return got;
 }
@@ -376,7 +385,7 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
         if (k->tap_verify)
             (void)thaw_kvtap_verify(k->tap, k->ctx, s->id, s->n_tokens, thaw_kvcache_block_tokens(k->kv));
         struct thaw_blocks_src src = {(uint32_t)s->n_tokens, tap_size, tap_cut, tap_known, &(struct tap_ud){k->tap, s->id},
-                                      NULL, 0, NULL, NULL, NULL, 0};
+                                      NULL, 0, NULL, NULL, NULL, 0, NULL, 0};
         if (thaw_kvtap_has_swa(k->tap)) {
             /* the SWA rows the tap took as they were written (DESIGN §12) */
             src.swa_size = tap_swa_size;
@@ -413,8 +422,9 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
                 (double)sizes[0] / 1048576.0, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
                 (double)took / 1000.0);
     else
-        LOG_INF("slot %d: stored %s: %d tokens, blocks cut from the cache%s -> %s in %.1f ms", s->id, hex,
-                s->n_tokens, sizes[2] ? " + draft" : "", where, (double)took / 1000.0);
+        LOG_INF("slot %d: stored %s: %d tokens, blocks cut from the cache%s%s -> %s in %.1f ms", s->id, hex,
+                s->n_tokens, sizes[1] ? " + checkpoints" : "", sizes[2] ? " + draft" : "", where,
+                (double)took / 1000.0);
 }
 
 

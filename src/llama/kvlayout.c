@@ -107,6 +107,7 @@ struct thaw_kvlayout {
     struct section s0; /* the cut section */
     size_t tail_off;   /* == n when there is no tail */
     size_t cell_bytes; /* K + V bytes per cell, all layers */
+    int recurrent;     /* the tail is a recurrent state, not an SWA section (s1 then empty) */
     struct section s1; /* the SWA section when there is one (n_layers 0 if it holds no cells) */
     size_t s1_cell_bytes;
 };
@@ -218,6 +219,30 @@ void thaw_kvlayout_free(struct thaw_kvlayout *l)
     free(l);
 }
 
+/* A hybrid memory's recurrent part after its attention section
+ * (llama-memory-recurrent.cpp state_write for one sequence):
+ *   u32 cell_count (1) | i32 pos (n_cells - 1) | u32 n_seq_id (0)
+ *   u32 s_trans (0) | u32 n_layer | per recurrent layer: the R (conv)
+ *   rows, then the S (ssm) rows, each with its type and row size
+ * It is kept whole (it exists only at its last position: it cannot be
+ * cut), so only its head is checked here; the round trip of
+ * thaw_kvlayout_selftest checks the rest. */
+static int is_recurrent_tail(const uint8_t *t, size_t n, uint32_t n_cells)
+{
+    uint32_t count, n_seq, s_trans, n_layer;
+    int32_t pos;
+
+    if (n < 20)
+        return 0;
+    memcpy(&count, t, 4);
+    memcpy(&pos, t + 4, 4);
+    memcpy(&n_seq, t + 8, 4);
+    memcpy(&s_trans, t + 12, 4);
+    memcpy(&n_layer, t + 16, 4);
+    return count == 1 && pos == (int32_t)n_cells - 1 && n_seq == 0 && s_trans == 0 && n_layer > 0 &&
+           n_layer <= MAX_LAYERS;
+}
+
 /* The whole buffer, assuming cells with (ext) or without ext. */
 static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct thaw_kvlayout *l)
 {
@@ -232,7 +257,8 @@ static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct 
     l->tail_off = l->s0.end;
     if (l->tail_off == n)
         return 0;
-    /* bytes follow: only the SWA section of an iSWA cache is understood */
+    /* bytes follow: the SWA section of an iSWA cache, or the recurrent
+     * state of a hybrid memory */
     rc = parse_section(b, n, l->tail_off, seq_id, ext, 0, &tail);
     if (rc == THAW_ECORRUPT) /* extra bytes and a cut-off tail look alike: both are not ours */
         rc = THAW_ELAYOUT;
@@ -248,6 +274,10 @@ static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct 
         return 0;
     }
     free(tail.layers);
+    if (rc == THAW_ELAYOUT && is_recurrent_tail(b + l->tail_off, n - l->tail_off, l->s0.n_cells)) {
+        l->recurrent = 1;
+        rc = 0;
+    }
     return rc;
 }
 
@@ -319,6 +349,11 @@ void thaw_kvlayout_frame(const struct thaw_kvlayout *l, struct thaw_kvlayout_fra
     f->seq_id = l->seq_id;
     f->n_stream = l->s0.n_stream;
     f->stream = l->s0.stream;
+}
+
+int thaw_kvlayout_recurrent(const struct thaw_kvlayout *l)
+{
+    return l->recurrent;
 }
 
 void thaw_kvlayout_tail(const struct thaw_kvlayout *l, const void **tail, size_t *n_tail)

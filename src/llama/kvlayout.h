@@ -16,7 +16,10 @@
  *              cell order, positions not from 0), so it is not cut like
  *              section 0; its rows are cut by position into SWA blocks
  *              (thaw_kvlayout_swa_*, DESIGN §12) while they are in it, and
- *              a restore rebuilds it from them (thaw_kvlayout_section)
+ *              a restore rebuilds it from them (thaw_kvlayout_section);
+ *              or the recurrent state of a hybrid model (its attention
+ *              layers are section 0) — also the TAIL, kept whole: it
+ *              exists only at the sequence's last position (snapshots.h)
  *
  *   a section (one llama_kv_cache):
  *     u32 n_stream                  (n_seq_max when kv_unified is off)
@@ -36,9 +39,9 @@
  * only untransposed). Section 0's cells must hold positions 0..n-1 in order
  * (a thaw slot's sequence does).
  * Refused (THAW_ELAYOUT): a different magic, more than one stream with cells,
- * layers without V (MLA), a recurrent or hybrid memory (its section does not
- * parse as a KV cache), unknown types or row sizes, positions out of order,
- * any bytes left over.
+ * layers without V (MLA), a purely recurrent memory (no attention section),
+ * a hybrid whose recurrent head is not one cell at the last position,
+ * unknown types or row sizes, positions out of order, any bytes left over.
  *
  * ---- a block (this module's own format, host byte order = little-endian) --
  *
@@ -103,7 +106,10 @@ int thaw_kvlayout_v_trans(const struct thaw_kvlayout *l);
 /* Bytes of K and V per cell over all layers of section 0. */
 size_t thaw_kvlayout_bytes_per_cell(const struct thaw_kvlayout *l);
 void thaw_kvlayout_frame(const struct thaw_kvlayout *l, struct thaw_kvlayout_frame *f);
-/* The uncut tail (the SWA section): *tail points into the parsed buffer,
+/* 1 when the tail is a hybrid model's recurrent state, 0 for an SWA
+ * section or none. */
+int thaw_kvlayout_recurrent(const struct thaw_kvlayout *l);
+/* The uncut tail (the SWA section or recurrent state): *tail points into the parsed buffer,
  * *n_tail 0 when there is none. */
 void thaw_kvlayout_tail(const struct thaw_kvlayout *l, const void **tail, size_t *n_tail);
 

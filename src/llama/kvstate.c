@@ -206,7 +206,7 @@ int thaw_ckpt_serialize(const struct thaw_ckpt_list *l, void **out, size_t *n_ou
     memcpy(blob, &h, sizeof h);
     p = blob + sizeof h;
     for (int i = 0; i < l->n; i++) {
-        struct ckpt_record r = {l->v[i].n_tokens, l->v[i].pos_min, l->v[i].pos_max, 0, l->v[i].size};
+        struct ckpt_record r = {l->v[i].n_tokens, l->v[i].pos_min, l->v[i].pos_max, l->v[i].flags, l->v[i].size};
         memcpy(p, &r, sizeof r);
         memcpy(p + sizeof r, l->v[i].data, l->v[i].size);
         p += sizeof r + l->v[i].size;
@@ -245,7 +245,7 @@ int thaw_ckpt_parse(const void *blob, size_t n, struct thaw_ckpt_list *l)
             rc = THAW_ECORRUPT;
             goto error;
         }
-        struct thaw_ckpt c = {r.n_tokens, r.pos_min, r.pos_max, malloc(r.size), (size_t)r.size};
+        struct thaw_ckpt c = {r.n_tokens, r.pos_min, r.pos_max, malloc(r.size), (size_t)r.size, r.reserved};
         if (!c.data) {
             rc = THAW_ENOMEM;
             goto error;

@@ -11,7 +11,7 @@
  *
  *   .ckpt blob
  *     u32 magic "TCK1" | u32 version (1) | u32 count | u32 reserved (0)
- *     count x { i32 n_tokens | i32 pos_min | i32 pos_max | u32 reserved
+ *     count x { i32 n_tokens | i32 pos_min | i32 pos_max | u32 flags (THAW_CKPT_*)
  *               u64 size | u8 data[size] }  llama_state_seq_get_data_ext(PARTIAL_ONLY)
  *
  * Parsing validates every length against the blob before reading, so a
@@ -71,7 +71,9 @@ struct thaw_ckpt {
     llama_pos pos_min, pos_max; /* positions its (partial) state covers */
     void *data;         /* malloc'd, owned by the list */
     size_t size;
+    uint32_t flags;     /* THAW_CKPT_SNAPSHOT: taken where a hybrid stores a snapshot (snapshots.h) */
 };
+#define THAW_CKPT_SNAPSHOT 1u
 
 struct thaw_ckpt_list {
     struct thaw_ckpt *v;

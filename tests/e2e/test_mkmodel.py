@@ -19,10 +19,10 @@ THAW = Path(os.environ.get("THAW_BIN", REPO / "build" / "thaw"))
 VOCAB_DIR = REPO / ".deps" / "llama.cpp" / "models"
 SPM = VOCAB_DIR / "ggml-vocab-llama-spm.gguf"
 TEMPLATES = VOCAB_DIR / "templates"
-NEW_ARCHS = ["qwen3", "gemma4", "lfm2"]
+NEW_ARCHS = ["qwen3", "gemma4", "lfm2", "qwen35"]
 # the family template --template auto embeds for each new arch
 FAMILY = {"qwen3": "Qwen-Qwen3-0.6B.jinja", "gemma4": "google-gemma-4-31B-it.jinja",
-          "lfm2": "LFM2.5-Instruct.jinja"}
+          "lfm2": "LFM2.5-Instruct.jinja", "qwen35": "Qwen3.5-4B.jinja"}
 
 
 def mkmodel(*args, env=None, timeout=120):
@@ -226,7 +226,7 @@ def test_vocab_dir_env_and_name(tmp_path):
 
 BAD_FLAGS = [
     ([], "-o OUT.gguf is required"),
-    (["--arch", "gpt2"], "expected llama, gemma3, qwen3, gemma4, lfm2 or gpt-oss"),
+    (["--arch", "gpt2"], "expected llama, gemma3, qwen3, gemma4, lfm2, qwen35 or gpt-oss"),
     (["--layers", "0"], "--layers"),
     (["--layers", "513"], "--layers"),
     (["--layers", "2x"], "--layers"),
@@ -242,7 +242,7 @@ BAD_FLAGS = [
     (["--arch", "gemma4", "--swa-pattern", "1"], "gemma4 needs an SWA layer"),
     (["--arch", "gemma4", "--layers", "1"], "needs --layers 2 or more"),
     (["--arch", "lfm2", "--layers", "1"], "needs --layers 2 or more"),
-    (["--attn-pattern", "2"], "lfm2 only"),
+    (["--attn-pattern", "2"], "lfm2 and qwen35 only"),
     (["--arch", "lfm2", "--attn-pattern", "1"], "--attn-pattern"),
     (["--arch", "lfm2", "--layers", "4", "--attn-pattern", "5"], "leaves no attention layer"),
     (["--chat-template-file", "/nonexistent/t.jinja"], "No such file"),
@@ -382,6 +382,41 @@ def test_lfm2_layout(tmp_path):
     assert kv["lfm2.attention.head_count_kv"] == [0, 2, 0, 2]
 
 
+def test_qwen35_layout(tmp_path):
+    out = tmp_path / "m.gguf"
+    r = build(out, "--arch", "qwen35", "--layers", 8, "--heads", 4, "--kv-heads", 2)
+    assert "ggml-vocab-qwen35.gguf" in r.stderr and "attention every 4" in r.stderr
+    kv, t = tensor_map(out)
+    assert kv["general.architecture"] == "qwen35"
+    assert all(k.startswith(("general.", "qwen35.", "tokenizer.")) for k in kv)
+    # what libllama v0.4.0 requires of qwen35 (src/models/qwen35.cpp)
+    assert kv["qwen35.full_attention_interval"] == 4
+    assert kv["qwen35.ssm.conv_kernel"] == 4 and kv["qwen35.ssm.state_size"] == 16
+    assert kv["qwen35.ssm.group_count"] == 2 and kv["qwen35.ssm.time_step_rank"] == 4
+    assert kv["qwen35.ssm.inner_size"] == 64
+    assert len(kv["qwen35.rope.dimension_sections"]) == 4
+    assert sum(kv["qwen35.rope.dimension_sections"]) == 8  # the rotated half of a 16-wide head
+    assert "output.weight" not in t  # tied
+    for il in (3, 7):  # gated attention: q and its gate in one projection
+        assert t[f"blk.{il}.attn_q.weight"][0] == (64, 128)
+        assert t[f"blk.{il}.attn_k.weight"][0] == (64, 32)
+        assert t[f"blk.{il}.attn_q_norm.weight"] == ((16,), 0)
+        assert f"blk.{il}.ssm_a" not in t
+    for il in (0, 1, 2, 4, 5, 6):  # gated delta-net: q, k (2 heads), v (4 heads)
+        assert t[f"blk.{il}.attn_qkv.weight"][0] == (64, 2 * 32 + 64)
+        assert t[f"blk.{il}.ssm_conv1d.weight"] == ((4, 128), 0)
+        assert t[f"blk.{il}.ssm_a"] == ((4,), 0) and t[f"blk.{il}.ssm_dt.bias"] == ((4,), 0)
+        assert t[f"blk.{il}.ssm_out.weight"][0] == (64, 64)
+        assert f"blk.{il}.attn_q.weight" not in t
+    for il in range(8):
+        assert f"blk.{il}.post_attention_norm.weight" in t and f"blk.{il}.ffn_norm.weight" not in t
+    assert len(t) == 2 + 11 * 2 + 14 * 6
+    build(out, "--arch", "qwen35", "--layers", 4, "--attn-pattern", 2)
+    kv, t = tensor_map(out)
+    assert kv["qwen35.full_attention_interval"] == 2
+    assert "blk.1.attn_q.weight" in t and "blk.0.attn_qkv.weight" in t
+
+
 @pytest.mark.parametrize("arch", NEW_ARCHS)
 def test_family_template_embedded(tmp_path, arch):
     out = tmp_path / "m.gguf"
@@ -453,6 +488,13 @@ CHAT = [{"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Tell me about rivers, stones and the light on winter mornings."}]
 
 
+def text(r):
+    """The reply; Qwen3.5's template opens a <think> block, so its
+    gibberish is all reasoning."""
+    m = r["choices"][0]["message"]
+    return m.get("content") or m.get("reasoning_content") or ""
+
+
 @pytest.mark.parametrize("arch", NEW_ARCHS)
 def test_served_and_greedy_deterministic(new_models, arch):
     replies = []
@@ -460,13 +502,13 @@ def test_served_and_greedy_deterministic(new_models, arch):
         with Server(new_models[arch], "-np", "1", "--cache-ram", "0") as s:
             r = s.chat(CHAT, max_tokens=16)
             assert r["usage"]["completion_tokens"] >= 8  # random weights: rarely an end token
-            replies.append(r["choices"][0]["message"]["content"])
+            replies.append(text(r))
             # the model line names the architecture llama.cpp loaded
             line = next(l for l in s.lines if f"model {arch}.gguf: " in l)
             assert f"model {arch}.gguf: {arch} " in line, line
             assert ("(sliding window)" in line) == (arch == "gemma4"), line
             again = s.chat(CHAT, max_tokens=16)  # and again from the same server
-            assert again["choices"][0]["message"]["content"] == replies[-1]
+            assert text(again) == replies[-1]
             assert s.stop() == 0
     assert replies[0] == replies[1]
     assert len(set(replies[0].split())) >= 4, replies[0]  # wanders, not one repeated token

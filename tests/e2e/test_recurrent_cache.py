@@ -45,7 +45,10 @@ def test_restart_between_turns_restores_from_disk_with_checkpoints(serve, partia
     conv = conversation(i, 600)
     ref1, ref2, ref3 = reference(serve, model, conv, i)
 
-    flags = ["-np", "1", *kv_flags(tmp_path, "--kv-cache-min-tokens", "16")]
+    # lfm2 as whole states with their .ckpt: with blocks (the default) a
+    # hybrid stores snapshots instead, tests/e2e/test_blocks_hybrid.py
+    whole = ["--kv-cache-block", "0"] if arch == "lfm2" else []
+    flags = ["-np", "1", *kv_flags(tmp_path, "--kv-cache-min-tokens", "16", *whole)]
     s = serve(model, *flags)
     r1 = chat(s, conv)
     assert reply(r1) == reply(ref1)
@@ -102,7 +105,9 @@ def test_recurrent_checkpoints_table(serve, partial_models, tmp_path):
     conv = conversation(1, 300)
     rows, replies = {}, {}
     for name, extra in [("off", None), ("no-ckpt", ["--ctx-checkpoints", "0"]), ("ckpt", [])]:
-        flags = [] if extra is None else kv_flags(tmp_path / name, "--kv-cache-min-tokens", "16", *extra)
+        # whole states and .ckpt files (blocks and snapshots: test_blocks_hybrid.py)
+        flags = [] if extra is None else kv_flags(tmp_path / name, "--kv-cache-min-tokens", "16",
+                                                  "--kv-cache-block", "0", *extra)
         # turn 2 always waits for turn 1's re-decode: under load that takes
         # longer than the default --fixup-wait-ms, turn 2 cut it short and
         # prefilled the rest (cache_n 332 of 449), a policy tested elsewhere;

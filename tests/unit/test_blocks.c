@@ -9,7 +9,11 @@
  *     removed, and the prefix run ends before it; a damaged manifest is
  *     refused; once the manifests are gone (what kvcache.c does with one
  *     that misses), the blocks they named are collected (cache_disk.c GC,
- *     with thaw_blocks_classify telling blocks from manifests).
+ *     with thaw_blocks_classify telling blocks from manifests);
+ *   - one manifest format for both extensions: version 1 with a hybrid's
+ *     snapshots (named in the former reserved field), version 2 with SWA
+ *     rows, and a version 1 without either each parse as what they are,
+ *     and neither is taken for the other.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -132,15 +136,20 @@ static uint8_t *state_of(llama_seq_id seq, size_t *n)
     return s;
 }
 
-static struct thaw_disk_cache *open_cache(void)
+static struct thaw_disk_cache *open_cache_at(const char *dir)
 {
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
     struct thaw_disk_cache *c = NULL;
-    p.dir = g_cache;
+    p.dir = dir;
     p.classify = thaw_blocks_classify;
     p.block_grace_s = 0;
     assert_int_equal(thaw_disk_cache_open(&p, &c), 0);
     return c;
+}
+
+static struct thaw_disk_cache *open_cache(void)
+{
+    return open_cache_at(g_cache);
 }
 
 static void frame(llama_seq_id seq, struct thaw_kvlayout_frame *f)
@@ -369,11 +378,186 @@ static void test_corrupt_block_is_a_miss(void **state)
     thaw_disk_cache_close(c);
 }
 
+/* ---- one manifest format: snapshots (v1) and SWA rows (v2) ---- */
+
+static size_t lay_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvlayout_block_size(ud, a, b);
+}
+
+static int lay_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    return thaw_kvlayout_cut(ud, a, b, dst, cap);
+}
+
+static int lay_known(const void *ud, uint32_t a, uint32_t b)
+{
+    (void)ud;
+    (void)a;
+    (void)b;
+    return 1;
+}
+
+static uint32_t u32_at(const void *m, size_t off)
+{
+    uint32_t v;
+    memcpy(&v, (const uint8_t *)m + off, 4);
+    return v;
+}
+
+/* The manifest of src over t[0, n) (its holds dropped: nothing is kept). */
+static int store_manifest(struct thaw_disk_cache *c, const llama_token *t, int n, const struct thaw_blocks_src *src,
+                          void **man, size_t *n_man)
+{
+    int rc = thaw_blocks_store_src(c, NULL, g_binding, B, t, n, src, man, n_man, NULL);
+    const uint8_t *ids;
+    uint32_t n_ids;
+    if (rc == 0 && thaw_blocks_manifest_ids(*man, *n_man, &ids, &n_ids) == 0)
+        thaw_disk_cache_unhold(c, ids, n_ids);
+    thaw_disk_cache_flush(c);
+    return rc;
+}
+
+static void test_manifest_versions(void **state)
+{
+    (void)state;
+    char dir[320];
+    snprintf(dir, sizeof dir, "%s/versions", g_dir);
+    struct thaw_disk_cache *c = open_cache_at(dir);
+    const int n = 200;
+    const uint32_t n_blocks = 200 / B, W = 64, swa_first_needed = (200 - 64) / B; /* 4 */
+    llama_token t[200];
+    size_t n_state, n_man;
+    void *man;
+    const uint8_t *ids, *snaps;
+    uint32_t n_ids, n_snaps;
+    struct thaw_kvlayout *l;
+    struct thaw_kvlayout_frame f;
+    struct thaw_blocks_state bs;
+    tokens(t, n, 0, 7);
+    frame(1, &f);
+    llama_memory_seq_rm(llama_get_memory(g_ctx), 0, -1, -1);
+    free(decode(0, t, 0, n));
+    uint8_t *s = state_of(0, &n_state);
+    assert_int_equal(thaw_kvlayout_parse(s, n_state, &l), 0);
+    struct thaw_blocks_src plain = {(uint32_t)n, lay_size, lay_cut, NULL, l, NULL, 0,
+                                    NULL, NULL, NULL, 0, NULL, 0};
+
+    /* version 1 without either: what a store wrote before both (the
+     * reserved word 0); it names its blocks and no snapshot, and loads */
+    assert_int_equal(store_manifest(c, t, n, &plain, &man, &n_man), 0);
+    assert_int_equal(u32_at(man, 4), 1);
+    assert_int_equal(u32_at(man, 20), 0);
+    assert_int_equal(thaw_blocks_manifest_ids(man, n_man, &ids, &n_ids), 0);
+    assert_int_equal(n_ids, n_blocks);
+    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(n_snaps, 0);
+    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_state_check(&bs), 0);
+    assert_int_equal(bs.n_tokens, n);
+    thaw_blocks_state_free(&bs);
+    thaw_blob_unref(man);
+
+    /* version 1 with snapshots (a hybrid's): n_snaps in the header's
+     * former reserved field, their ids right after the block ids, no tail */
+    uint8_t sn[2][THAW_KEY_BYTES];
+    memset(sn[0], 0x5a, THAW_KEY_BYTES);
+    memset(sn[1], 0xa5, THAW_KEY_BYTES);
+    struct thaw_blocks_src hyb = plain;
+    hyb.snaps = (const uint8_t(*)[THAW_KEY_BYTES])sn;
+    hyb.n_snaps = 2;
+    assert_int_equal(store_manifest(c, t, n, &hyb, &man, &n_man), 0);
+    assert_int_equal(u32_at(man, 4), 1);
+    assert_int_equal(u32_at(man, 20), 2);
+    assert_int_equal(n_man, 40 + 4 * (size_t)n + (n_blocks + 2) * (size_t)THAW_KEY_BYTES);
+    assert_int_equal(thaw_blocks_manifest_ids(man, n_man, &ids, &n_ids), 0);
+    assert_int_equal(n_ids, n_blocks + 2); /* the collector keeps the snapshots too */
+    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(n_snaps, 2);
+    assert_ptr_equal(snaps, ids + (size_t)n_blocks * THAW_KEY_BYTES);
+    assert_memory_equal(snaps, sn, sizeof sn);
+    assert_int_equal(thaw_blocks_classify(NULL, man, n_man, &ids, &n_ids), THAW_DISK_KIND_ROOT);
+    assert_int_equal(n_ids, n_blocks + 2);
+    /* its tail is the last snapshot's: not on this disk, a miss */
+    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
+    /* read as version 2 it is no SWA manifest */
+    uint8_t *bad = malloc(n_man);
+    memcpy(bad, man, n_man);
+    bad[4] = 2;
+    assert_int_equal(thaw_blocks_manifest_ids(bad, n_man, &ids, &n_ids), THAW_ECORRUPT);
+    free(bad);
+    thaw_blob_unref(man);
+
+    /* version 2 (SWA rows; here the rows of section 0 stand in for them:
+     * an SWA block has a block's format): the SWA header, the SWA ids
+     * after the block ids, n_snaps 0 */
+    struct thaw_blocks_src swa = plain;
+    swa.swa_size = lay_size;
+    swa.swa_cut = lay_cut;
+    swa.swa_known = lay_known;
+    swa.n_window = W;
+    assert_int_equal(store_manifest(c, t, n, &swa, &man, &n_man), 0);
+    assert_int_equal(u32_at(man, 4), 2);
+    assert_int_equal(u32_at(man, 20), 0);
+    assert_int_equal(u32_at(man, 40), 0);        /* swa_first: every block's rows were there */
+    assert_int_equal(u32_at(man, 44), W);        /* n_window */
+    assert_int_equal(thaw_blocks_manifest_ids(man, n_man, &ids, &n_ids), 0);
+    assert_int_equal(n_ids, 2 * n_blocks);       /* blocks, then their SWA blocks */
+    uint8_t sid[THAW_KEY_BYTES];
+    thaw_blocks_swa_id(ids, sid);
+    assert_memory_equal(ids + (size_t)n_blocks * THAW_KEY_BYTES, sid, THAW_KEY_BYTES);
+    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(n_snaps, 0);
+    /* it loads with an SWA section rebuilt from the window's SWA blocks */
+    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), 0);
+    assert_int_equal(thaw_blocks_state_check(&bs), 0);
+    struct thaw_kvstate_view v;
+    struct thaw_kvlayout *got;
+    int32_t lo, hi;
+    assert_int_equal(thaw_kvstate_parse(bs.kv, bs.n_kv, &v), 0);
+    assert_int_equal(thaw_kvlayout_parse(v.state, v.n_state, &got), 0);
+    assert_true(thaw_kvlayout_has_swa(got));
+    assert_false(thaw_kvlayout_recurrent(got));
+    assert_int_equal(thaw_kvlayout_swa_pos_range(got, &lo, &hi), 0);
+    assert_int_equal(lo, (int32_t)(swa_first_needed * B));
+    assert_int_equal(hi, n - 1);
+    thaw_kvlayout_free(got);
+    thaw_blocks_state_free(&bs);
+    /* with a snapshot count it is neither: refused, never read as a hybrid's */
+    size_t n_bad = n_man + THAW_KEY_BYTES, ids_end = 56 + 4 * (size_t)n + 2 * n_blocks * (size_t)THAW_KEY_BYTES;
+    bad = calloc(1, n_bad);
+    memcpy(bad, man, ids_end);
+    memcpy(bad + ids_end + THAW_KEY_BYTES, (const uint8_t *)man + ids_end, n_man - ids_end);
+    bad[20] = 1;
+    assert_int_equal(thaw_blocks_manifest_ids(bad, n_bad, &ids, &n_ids), THAW_ECORRUPT);
+    assert_int_equal(thaw_blocks_load(c, NULL, bad, n_bad, &f, &bs), THAW_ECORRUPT);
+    free(bad);
+    /* read as version 1 it is no manifest either */
+    bad = malloc(n_man);
+    memcpy(bad, man, n_man);
+    bad[4] = 1;
+    assert_int_equal(thaw_blocks_manifest_ids(bad, n_man, &ids, &n_ids), THAW_ECORRUPT);
+    free(bad);
+    thaw_blob_unref(man);
+
+    /* a source with both is refused: no layout has a window and a recurrent state */
+    struct thaw_blocks_src both = swa;
+    both.snaps = (const uint8_t(*)[THAW_KEY_BYTES])sn;
+    both.n_snaps = 2;
+    assert_int_equal(thaw_blocks_store_src(c, NULL, g_binding, B, t, n, &both, &man, &n_man, NULL), THAW_EINVAL);
+    assert_null(man);
+
+    thaw_kvlayout_free(l);
+    free(s);
+    thaw_disk_cache_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_restore_share_prefix),
         cmocka_unit_test(test_corrupt_block_is_a_miss),
+        cmocka_unit_test(test_manifest_versions),
     };
     int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
     g_fa = LLAMA_FLASH_ATTN_TYPE_DISABLED;

@@ -1,0 +1,115 @@
+/* snapshots.h — a hybrid model's recurrent state, stored at chosen
+ * positions, content-addressed like blocks (DESIGN §12).
+ *
+ * A hybrid (qwen35, lfm2, granitehybrid, ...) keeps attention layers, cut
+ * into blocks as for a dense model (blocks.h), and recurrent layers (gated
+ * delta-net, Mamba, short convolutions) whose state exists only as a
+ * whole, at one position: it cannot be cut, nor rolled back. So it is
+ * stored as a snapshot at a few positions p, each one a disk entry of its
+ * own:
+ *
+ *   u32 magic "TSN1" | u32 version (1) | u32 n_tokens (p) | u32 block_tokens (B)
+ *   u64 tail_size | u64 rec_size
+ *   u8  tail[tail_size]  the attention cells [floor(p/B)*B, p) as one
+ *                        kvlayout block (absent when B divides p)
+ *   u8  rec[rec_size]    the recurrent state at p, as libllama writes it
+ *                        after the attention section (kvlayout.h: the tail)
+ *
+ * under the id
+ *
+ *   BLAKE2b-256(key = binding, "thaw-snap-v1" | id of block floor(p/B)-1
+ *               (32 zero bytes when p < B) | u32 p | tokens[floor(p/B)*B, p))
+ *
+ * which names the whole prefix [0, p) (the block chain up to its last whole
+ * block, then the tokens past it): conversations that share a prefix share
+ * its snapshots, and a snapshot is written once, ever. A restore at p takes
+ * blocks 0 .. floor(p/B)-1 and the snapshot.
+ *
+ * Where (thaw_slotkv and the engine choose; each is a context checkpoint
+ * of the slot, kvstate.h, taken as the decode passes p):
+ *   - the end of every turn: the manifest names its snapshots, the last one
+ *     at the manifest's own end (it replaces the manifest's tail);
+ *   - the end of the leading system/developer/tool messages: the branch
+ *     point new conversations share (a grid alone misses it: vllm#45238);
+ *   - every --kv-cache-snapshot-every tokens of a long prefill.
+ * A prefix lookup (no manifest for the conversation) resumes at the deepest
+ * snapshot inside the prompt whose blocks are stored.
+ *
+ * GC and crash safety are the blocks': a snapshot is an entry of kind
+ * block (thaw_blocks_classify), named by the manifests that use it, held
+ * from the store until its manifest is queued, written before that
+ * manifest by the same FIFO writer; a crash leaves at most an unnamed
+ * snapshot, collected after its grace.
+ */
+#ifndef THAW_SNAPSHOTS_H
+#define THAW_SNAPSHOTS_H
+
+#include "base/key.h"
+#include "cache/blocks.h"
+#include "cache/cache_disk.h"
+#include "cache/cache_ram.h"
+#include "llama/kvlayout.h"
+
+#include <llama.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The id of the snapshot at p (1 <= p): prev is the id of block p/B - 1
+ * (NULL when p < B), toks the conversation's tokens (at least p). */
+void thaw_snapshots_id(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const uint8_t *prev,
+                       const llama_token *toks, uint32_t p, uint8_t out[THAW_KEY_BYTES]);
+
+/* 1 if blob starts like a snapshot (magic), else 0. */
+int thaw_snapshots_is(const void *blob, size_t n);
+
+struct thaw_snapshot_view {
+    uint32_t n_tokens, block_tokens;
+    const void *tail; /* NULL when tail_size is 0 */
+    size_t tail_size;
+    const void *rec;
+    size_t rec_size;
+};
+
+/* Validates a snapshot and points v into it. 0, THAW_ECORRUPT or
+ * THAW_EVERSION. */
+int thaw_snapshots_parse(const void *blob, size_t n, struct thaw_snapshot_view *v);
+
+/* Stores a hybrid model's capture as blocks and snapshots: the state of
+ * toks[0, n) (state, n_state: llama_state_seq_get_data output) and the
+ * slot's checkpoints (ckpt, n_ckpt: a .ckpt blob, kvstate.h; may be empty)
+ * each at or below n become snapshots (those the disk lacks are submitted),
+ * the state's own end the last one; then the blocks and the manifest,
+ * which names the snapshots (thaw_blocks_store_src). On 0 the manifest's
+ * blocks and snapshots are held as thaw_blocks_store holds its blocks.
+ * Returns 0, THAW_ELAYOUT (not a hybrid layout: use thaw_blocks_store),
+ * THAW_ECORRUPT (a bad .ckpt blob), or thaw_blocks_store's errors. */
+int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                         uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
+                         const void *ckpt, size_t n_ckpt, void **manifest, size_t *n_manifest,
+                         struct thaw_blocks_stats *st);
+
+/* A snapshot's bytes: from the RAM tier, the writer's queue or the disk
+ * (its checksum verified). On 0 *blob is a blob reference (thaw_blob_unref)
+ * of *n bytes. THAW_ENOTFOUND, THAW_ECORRUPT (removed) or a disk error. */
+int thaw_snapshots_fetch(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES],
+                         void **blob, size_t *n);
+
+/* The context checkpoints a manifest's snapshots give (its own end
+ * included, all flagged THAW_CKPT_SNAPSHOT: the next store names them
+ * again) for sequence seq_id: a .ckpt blob
+ * (kvstate.h; *ckpt a blob reference, thaw_blob_unref), so that a
+ * conversation restored from disk can still roll back to them.
+ * THAW_ENOTFOUND (no such snapshot, or one is gone: none at all is
+ * simpler than some), THAW_ENOMEM. */
+int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest,
+                         size_t n_manifest, int32_t seq_id, void **ckpt, size_t *n_ckpt);
+
+/* Prefix lookup for a hybrid: the deepest snapshot at p <= n - 1 of toks
+ * the disk holds, with blocks 0 .. p/B - 1, assembled for frame f.
+ * Returns 0 (out->n_tokens = p), THAW_ENOTFOUND, or an error as
+ * thaw_blocks_load. */
+int thaw_snapshots_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
+                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                          struct thaw_blocks_state *out);
+
+#endif
