@@ -19,7 +19,6 @@
 
 /* ---- parsing ------------------------------------------------------------------ */
 
-static char *dump(json_t *root);
 
 int thaw_api_fail(char *err, size_t errlen, const char *fmt, ...)
 {
@@ -753,13 +752,13 @@ char *thaw_api_tokens_json(const int32_t *tokens, size_t n, char *const *pieces)
                 json_array_append_new(piece, json_integer(*p));
         json_array_append_new(arr, json_pack("{s:i, s:o}", "id", (int)tokens[i], "piece", piece));
     }
-    return dump(json_pack("{s:o}", "tokens", arr));
+    return thaw_api_dump(json_pack("{s:o}", "tokens", arr));
 }
 
 char *thaw_api_string_json(const char *key, const char *text)
 {
     char *clean = thaw_utf8_sanitize(text, strlen(text));
-    char *out = clean ? dump(json_pack("{s:s}", key, clean)) : NULL;
+    char *out = clean ? thaw_api_dump(json_pack("{s:s}", key, clean)) : NULL;
 
     free(clean);
     return out;
@@ -786,14 +785,14 @@ char *thaw_api_cache_json(const char *text)
         if (*p == '\n')
             p++;
     }
-    return m ? dump(json_pack("{s:s, s:o}", "object", "thaw.cache", "metrics", m)) : NULL;
+    return m ? thaw_api_dump(json_pack("{s:s, s:o}", "object", "thaw.cache", "metrics", m)) : NULL;
 }
 
 char *thaw_api_props_json(const char *model, const char *chat_template, int total_slots, int n_ctx_slot,
                           bool jinja, bool kv_cache)
 {
     char *clean = thaw_utf8_sanitize(chat_template, strlen(chat_template));
-    char *out = clean ? dump(json_pack("{s:{s:i}, s:i, s:s, s:s, s:b, s:b}", "default_generation_settings", "n_ctx",
+    char *out = clean ? thaw_api_dump(json_pack("{s:{s:i}, s:i, s:s, s:s, s:b, s:b}", "default_generation_settings", "n_ctx",
                                        n_ctx_slot, "total_slots", total_slots, "model_alias", model, "chat_template",
                                        clean, "jinja", jinja, "kv_cache", kv_cache))
                       : NULL;
@@ -804,7 +803,7 @@ char *thaw_api_props_json(const char *model, const char *chat_template, int tota
 
 /* ---- responses ---------------------------------------------------------------- */
 
-static char *dump(json_t *root)
+char *thaw_api_dump(json_t *root)
 {
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
 
@@ -812,7 +811,7 @@ static char *dump(json_t *root)
     return s;
 }
 
-static json_t *timings_json(const struct thaw_timings *t)
+json_t *thaw_api_timings_json(const struct thaw_timings *t)
 {
     double pps = t->prompt_ms > 0 ? t->prompt_n * 1000.0 / t->prompt_ms : 0;
     double gps = t->predicted_ms > 0 ? t->predicted_n * 1000.0 / t->predicted_ms : 0;
@@ -827,7 +826,7 @@ static json_t *timings_json(const struct thaw_timings *t)
                      t->draft_restored);
 }
 
-static json_t *usage_json(int prompt_tokens, const struct thaw_timings *t)
+json_t *thaw_api_usage_json(int prompt_tokens, const struct thaw_timings *t)
 {
     return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", prompt_tokens, "completion_tokens",
                      t->predicted_n, "total_tokens", prompt_tokens + t->predicted_n, "prompt_tokens_details",
@@ -849,7 +848,7 @@ char *thaw_api_error_json(int status, const char *message)
         type = "unavailable_error";
     else if (status >= 500)
         type = "server_error";
-    char *out = clean ? dump(json_pack("{s:{s:s, s:s, s:i}}", "error", "message", clean, "type", type, "code", status))
+    char *out = clean ? thaw_api_dump(json_pack("{s:{s:s, s:s, s:i}}", "error", "message", clean, "type", type, "code", status))
                       : NULL;
     free(clean);
     return out;
@@ -857,7 +856,7 @@ char *thaw_api_error_json(int status, const char *message)
 
 char *thaw_api_ctx_error_json(const char *message, int n_prompt, int n_ctx_slot)
 {
-    return dump(json_pack("{s:{s:s, s:s, s:i, s:i, s:i}}", "error", "message", message, "type",
+    return thaw_api_dump(json_pack("{s:{s:s, s:s, s:i, s:i, s:i}}", "error", "message", message, "type",
                           "exceed_context_size_error", "code", 400, "n_prompt_tokens", n_prompt, "n_ctx", n_ctx_slot));
 }
 
@@ -869,10 +868,10 @@ char *thaw_api_completion_json(const char *id, const char *model, long created, 
 
     if (!msg)
         return NULL;
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s}], s:o, s:o}", "id", id, "object",
+    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s}], s:o, s:o}", "id", id, "object",
                           "chat.completion", "created", (json_int_t)created, "model", model, "choices", "index", 0,
-                          "message", msg, "finish_reason", finish_reason, "usage", usage_json(prompt_tokens, t),
-                          "timings", timings_json(t)));
+                          "message", msg, "finish_reason", finish_reason, "usage", thaw_api_usage_json(prompt_tokens, t),
+                          "timings", thaw_api_timings_json(t)));
 }
 
 int thaw_api_diff_chunks(const char *id, const char *model, long created, const char *diffs_json, char ***out, int *n)
@@ -934,7 +933,7 @@ char *thaw_api_chunk_delta_json(const char *id, const char *model, long created,
         json_object_set_new(delta, "tool_calls", json_pack("[o]", call));
     }
     json_decref(d);
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n}]}", "id", id, "object", "chat.completion.chunk",
+    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n}]}", "id", id, "object", "chat.completion.chunk",
                           "created", (json_int_t)created, "model", model, "choices", "index", 0, "delta", delta,
                           "finish_reason"));
 }
@@ -963,10 +962,10 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
     }
     json_object_set_new(root, "choices", choices);
     if (timings)
-        json_object_set_new(root, "timings", timings_json(timings));
+        json_object_set_new(root, "timings", thaw_api_timings_json(timings));
     if (usage_only)
-        json_object_set_new(root, "usage", usage_json(prompt_tokens, timings));
-    return dump(root);
+        json_object_set_new(root, "usage", thaw_api_usage_json(prompt_tokens, timings));
+    return thaw_api_dump(root);
 }
 
 char *thaw_api_models_json(const char *model, long created, const struct thaw_model_meta *m)
@@ -977,7 +976,7 @@ char *thaw_api_models_json(const char *model, long created, const struct thaw_mo
     json_t *details = json_pack("{s:s, s:s, s:s, s:[s], s:s, s:s}", "parent_model", "", "format", "gguf", "family", "",
                                 "families", "", "parameter_size", "", "quantization_level", "");
 
-    return dump(json_pack("{s:[{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s], s:[s], s:s, s:o}], s:s, "
+    return thaw_api_dump(json_pack("{s:[{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s], s:[s], s:s, s:o}], s:s, "
                           "s:[{s:s, s:[s], s:[], s:s, s:I, s:s, s:o}]}",
                           "models", "name", model, "model", model, "modified_at", "", "size", "", "digest", "", "type",
                           "model", "description", "", "tags", "", "capabilities", "completion", "parameters", "",

@@ -529,14 +529,6 @@ int thaw_anthropic_parse(const char *body, size_t len, bool default_cache_prompt
 
 /* ---- responses -------------------------------------------------------------------- */
 
-static char *dump(json_t *v)
-{
-    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
-
-    json_decref(v);
-    return s;
-}
-
 char *thaw_anthropic_error_json(int status, const char *message)
 {
     const char *type = "api_error";
@@ -558,7 +550,7 @@ char *thaw_anthropic_error_json(int status, const char *message)
         type = "rate_limit_error";
     else if (status == 503 || status == 529)
         type = "overloaded_error";
-    char *out = clean ? dump(json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", type, "message", clean))
+    char *out = clean ? thaw_api_dump(json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", type, "message", clean))
                       : NULL;
     free(clean);
     return out;
@@ -577,11 +569,11 @@ const char *thaw_anthropic_stop_reason(const char *finish_reason, const char *st
 
 char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int output_tokens)
 {
-    return dump(json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", n_prompt - cache_n, "cache_creation_input_tokens", 0,
+    return thaw_api_dump(json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", n_prompt - cache_n, "cache_creation_input_tokens", 0,
                           "cache_read_input_tokens", cache_n, "output_tokens", output_tokens));
 }
 
-char *thaw_anthropic_count_json(int n_tokens) { return dump(json_pack("{s:i}", "input_tokens", n_tokens)); }
+char *thaw_anthropic_count_json(int n_tokens) { return thaw_api_dump(json_pack("{s:i}", "input_tokens", n_tokens)); }
 
 void thaw_anthropic_signature(const char *thinking, size_t n, char out[THAW_ANTHROPIC_SIGNATURE_LEN])
 {
@@ -632,7 +624,7 @@ char *thaw_anthropic_message_json(const char *id, const char *model, const char 
         goto fail;
     free(u);
     json_decref(msg);
-    return dump(json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o, s:o}", "id", id, "type", "message", "role", "assistant",
+    return thaw_api_dump(json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o, s:o}", "id", id, "type", "message", "role", "assistant",
                           "model", model, "content", blocks, "stop_reason",
                           thaw_anthropic_stop_reason(finish_reason, stop_sequence), "stop_sequence",
                           stop_sequence ? json_string(stop_sequence) : json_null(), "usage", usage));

@@ -134,34 +134,6 @@ out:
 
 /* ---- replies ------------------------------------------------------------------------ */
 
-static char *dump(json_t *v)
-{
-    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
-
-    json_decref(v);
-    return s;
-}
-
-/* llama-server's timings object (the fields its clients read) */
-static json_t *timings(const struct thaw_timings *t)
-{
-    return json_pack("{s:i, s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:s}", "cache_n", t->cache_n, "prompt_n",
-                     t->prompt_n, "prompt_ms", t->prompt_ms, "prompt_per_token_ms",
-                     t->prompt_n ? t->prompt_ms / t->prompt_n : 0.0, "prompt_per_second",
-                     t->prompt_ms > 0 ? t->prompt_n * 1000.0 / t->prompt_ms : 0.0, "predicted_n", t->predicted_n,
-                     "predicted_ms", t->predicted_ms, "predicted_per_token_ms",
-                     t->predicted_n ? t->predicted_ms / t->predicted_n : 0.0, "predicted_per_second",
-                     t->predicted_ms > 0 ? t->predicted_n * 1000.0 / t->predicted_ms : 0.0, "cache_source",
-                     t->cache_source ? t->cache_source : "none");
-}
-
-static json_t *usage(int prompt_tokens, const struct thaw_timings *t)
-{
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", prompt_tokens, "completion_tokens", t->predicted_n,
-                     "total_tokens", prompt_tokens + t->predicted_n, "prompt_tokens_details", "cached_tokens",
-                     t->cache_n);
-}
-
 /* JSON strings must be valid UTF-8: a reply may end mid-character */
 static json_t *text_value(const char *text)
 {
@@ -181,10 +153,10 @@ static char *text_completion(const char *id, const char *model, long created, co
                           finish_reason ? json_string(finish_reason) : json_null());
 
     if (o && t) {
-        json_object_set_new(o, "usage", usage(prompt_tokens, t));
-        json_object_set_new(o, "timings", timings(t));
+        json_object_set_new(o, "usage", thaw_api_usage_json(prompt_tokens, t));
+        json_object_set_new(o, "timings", thaw_api_timings_json(t));
     }
-    return dump(o);
+    return thaw_api_dump(o);
 }
 
 char *thaw_api_text_completion_json(const char *id, const char *model, long created, const char *text,
@@ -203,12 +175,12 @@ char *thaw_api_llama_completion_json(const char *model, const char *text, bool f
                                      int prompt_tokens, const struct thaw_timings *t)
 {
     if (!final)
-        return dump(json_pack("{s:i, s:o, s:[], s:b}", "index", 0, "content", text_value(text), "tokens", "stop", 0));
+        return thaw_api_dump(json_pack("{s:i, s:o, s:[], s:b}", "index", 0, "content", text_value(text), "tokens", "stop", 0));
     bool limit = finish_reason && strcmp(finish_reason, "length") == 0;
-    return dump(json_pack("{s:i, s:o, s:[], s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:b, s:o}", "index", 0, "content",
+    return thaw_api_dump(json_pack("{s:i, s:o, s:[], s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:b, s:o}", "index", 0, "content",
                           text_value(text), "tokens", "model", model, "stop", 1, "stop_type", limit ? "limit" : "eos",
                           "stopping_word", "", "tokens_predicted", t->predicted_n, "tokens_evaluated", prompt_tokens,
-                          "tokens_cached", t->cache_n, "truncated", 0, "timings", timings(t)));
+                          "tokens_cached", t->cache_n, "truncated", 0, "timings", thaw_api_timings_json(t)));
 }
 
 char *thaw_api_message_content(const char *message_json)

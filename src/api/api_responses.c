@@ -495,7 +495,5 @@ char *thaw_responses_json(const char *id, const char *model, long created, const
                                  : json_null());
     }
     json_decref(msg);
-    char *s = r ? json_dumps(r, JSON_COMPACT) : NULL;
-    json_decref(r);
-    return s;
+    return thaw_api_dump(r);
 }

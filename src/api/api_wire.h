@@ -1,5 +1,6 @@
-/* api_wire.h — what the Anthropic (api_anthropic.c) and Responses
- * (api_responses.c) codecs share with the chat-completions one (api.c).
+/* api_wire.h — what the Anthropic (api_anthropic.c), Responses
+ * (api_responses.c) and completions (api_completions.c) codecs share with
+ * the chat-completions one (api.c).
  *
  * Both translate their request into a chat-completions body and parse that
  * with thaw_api_parse_chat: one internal request, so every field is checked
@@ -25,5 +26,13 @@ typedef int (*thaw_api_convert_fn)(json_t *root, json_t *oai, char *err, size_t 
  * as thaw_api_parse_chat does (same returns; `out` empty on error). */
 int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,
                             struct thaw_chat_request *out, char *err, size_t errlen);
+
+/* json_dumps(root) compact, then root's reference dropped; NULL if root is
+ * NULL or on ENOMEM. The caller frees the string. */
+char *thaw_api_dump(json_t *root);
+/* llama-server's `timings` object with thaw's cache_source, restore_ms and
+ * draft counts; OpenAI's `usage` with cached_tokens. New references. */
+json_t *thaw_api_timings_json(const struct thaw_timings *t);
+json_t *thaw_api_usage_json(int prompt_tokens, const struct thaw_timings *t);
 
 #endif
