@@ -9,6 +9,7 @@ written. Outputs are compared with the resident reference: each
 conversation served alone from a --swa-full slot with no cache tier."""
 import glob
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -233,11 +234,22 @@ def test_a_damaged_swa_block_is_a_miss_and_removed(serve, swa_models, tmp_path, 
         b = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0xFF]))
+    # The same store with that block missing instead: a damaged block must be
+    # served exactly as a missing one (the same restore, the same prefill). A
+    # fresh resident reference prefills in other batches, and on some CPU
+    # variants (x64) such batches differ in the last bits: not a property of
+    # the cache, so it is not what this test compares against.
+    missing = tmp_path.parent / (tmp_path.name + "-missing")
+    shutil.copytree(tmp_path, missing)
+    for f in glob.glob(str(missing / f"{sids[-1]}.*")):
+        os.remove(f)
     t2 = convs[0] + [{"role": "assistant", "content": reply(r1)}, ask(9)]
-    ref = reference(serve, m, [t2, convs[1]])
+    s = serve(m, "-np", "1", "-c", "8192", *flags(missing))
+    want = [reply(chat(s, t2)), reply(chat(s, convs[1]))]
+    s.stop()
     s = serve(m, "-np", "1", "-c", "8192", *flags(tmp_path))
     got = [chat(s, t2), chat(s, convs[1])]
-    assert [reply(r) for r in got] == ref
+    assert [reply(r) for r in got] == want
     assert s.metrics()["thaw_kv_disk_corrupt_removed_total"] >= 1
     assert s.get("/health").status_code == 200
 
