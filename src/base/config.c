@@ -84,13 +84,14 @@ static int fn_log_colors(struct thaw_config *cfg, const char *flag, const char *
 static int fn_log_verbosity(struct thaw_config *cfg, const char *flag, const char *v);
 static int fn_api_key_file(struct thaw_config *cfg, const char *flag, const char *v);
 static int fn_cache_ram(struct thaw_config *cfg, const char *flag, const char *v);
+static int fn_cpu_mask(struct thaw_config *cfg, const char *flag, const char *v);
 
 #define WHY_DOWNLOAD "thaw downloads nothing: pass a local GGUF with -m"
 #define WHY_EMBED "thaw serves chat, not embeddings or reranking"
 #define WHY_MEDIA "thaw serves text chat: no vision or audio projector"
 #define WHY_ADAPTER "thaw loads no LoRA adapters or control vectors (a stored conversation's KV would not say which were applied)"
 #define WHY_ROUTER "thaw serves one model per process: no router mode"
-#define WHY_PIN "thaw does not pin or prioritise its threads: run it under taskset / numactl / nice"
+#define WHY_PIN "thaw places the draft model's threads as the model's: use -C, -Cr, --cpu-strict, --prio, --poll"
 #define WHY_NGRAM "thaw speculates with a draft model only (-md)"
 #define WHY_PRESET "presets download their models: " WHY_DOWNLOAD
 #define WHY_NOT_YET "not implemented in thaw yet"
@@ -371,16 +372,17 @@ static const struct opt opts[] = {
     /* ---- llama-server flags thaw refuses */
     REFUSE("-cl,--cache-list", NULL, WHY_DOWNLOAD),
     REFUSE("--completion-bash", NULL, "thaw prints no shell completion script"),
-    REFUSE("-C,--cpu-mask", "M", WHY_PIN),
-    REFUSE("-Cr,--cpu-range", "LO-HI", WHY_PIN),
-    REFUSE("--cpu-strict", "0|1", WHY_PIN),
-    REFUSE("--prio", "N", WHY_PIN),
-    REFUSE("--poll", "0..100", WHY_PIN),
-    REFUSE("-Cb,--cpu-mask-batch", "M", WHY_PIN),
-    REFUSE("-Crb,--cpu-range-batch", "LO-HI", WHY_PIN),
-    REFUSE("--cpu-strict-batch", "0|1", WHY_PIN),
-    REFUSE("--prio-batch", "N", WHY_PIN),
-    REFUSE("--poll-batch", "0|1", WHY_PIN),
+    FN("-C,--cpu-mask", "M", fn_cpu_mask, "CPUs the generation threads may run on: a hex mask, the last digit CPUs 0-3 (adds to -Cr)"),
+    FN("-Cr,--cpu-range", "LO-HI", fn_cpu_mask, "CPUs the generation threads may run on, a range (adds to -C)"),
+    {"--cpu-strict", "0|1", OPT_INT, OFF(cpu.strict), 0, 1, "pin each generation thread to one CPU of the mask, in order", NULL},
+    {"--prio", "N", OPT_INT, OFF(cpu.prio), -1, 3, "thread priority: -1 low, 0 normal, 1 medium, 2 high, 3 realtime", NULL},
+    {"--poll", "0..100", OPT_INT, OFF(cpu.poll), 0, 100,
+     "how long a waiting compute thread spins before it sleeps (0: no spinning; 100: mostly spinning)", NULL},
+    FN("-Cb,--cpu-mask-batch", "M", fn_cpu_mask, "-C for the prompt-processing threads (default: same as -C)"),
+    FN("-Crb,--cpu-range-batch", "LO-HI", fn_cpu_mask, "-Cr for the prompt-processing threads (default: same as -Cr)"),
+    {"--cpu-strict-batch", "0|1", OPT_INT, OFF(cpu_batch.strict), 0, 1, "--cpu-strict for the prompt-processing threads (default: same as --cpu-strict)", NULL},
+    {"--prio-batch", "N", OPT_INT, OFF(cpu_batch.prio), -1, 3, "--prio for the prompt-processing threads (default: same as --prio)", NULL},
+    {"--poll-batch", "0..100", OPT_INT, OFF(cpu_batch.poll), 0, 100, "--poll for the prompt-processing threads (default: same as --poll)", NULL},
     REFUSE("-lcs,--lookup-cache-static", "FILE", WHY_NGRAM),
     REFUSE("-lcd,--lookup-cache-dynamic", "FILE", WHY_NGRAM),
     REFUSE("--kv-unified-per-slot", "N", "thaw keeps each slot's KV cells apart (-c is split evenly across -np)"),
@@ -503,6 +505,8 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->n_parallel = 1;
     cfg->n_threads = 0; /* resolved after parsing: number of CPUs */
     cfg->n_threads_batch = 0;
+    cfg->cpu.poll = 50; /* llama-server's */
+    cfg->cpu_batch.prio = cfg->cpu_batch.poll = cfg->cpu_batch.strict = INT_MIN; /* unset: same as cfg->cpu */
     cfg->n_batch = 2048;
     cfg->n_ubatch = 512;
     cfg->n_predict = -1;
@@ -996,6 +1000,23 @@ static int fn_cache_ram(struct thaw_config *cfg, const char *flag, const char *v
     return 0;
 }
 
+/* -C / -Cr and their -batch forms: the CPUs named add to the mask */
+static int fn_cpu_mask(struct thaw_config *cfg, const char *flag, const char *v)
+{
+    bool batch = strstr(flag, "batch") != NULL || !strcmp(flag, "-Cb") || !strcmp(flag, "-Crb");
+    bool range = strstr(flag, "range") != NULL || !strcmp(flag, "-Cr") || !strcmp(flag, "-Crb");
+    struct thaw_cpu_cfg *c = batch ? &cfg->cpu_batch : &cfg->cpu;
+    bool ok = range ? thaw_cpumask_parse_range(v, c->mask) : thaw_cpumask_parse_hex(v, c->mask);
+
+    if (!ok) {
+        fprintf(stderr, "thaw: %s '%s': expected %s\n", flag, v,
+                range ? "a CPU range LO-HI (0-7, 4-, -3)" : "a hex CPU mask (ff, 0x3c)");
+        return THAW_EINVAL;
+    }
+    c->mask_valid = true;
+    return 0;
+}
+
 /* ---- parsing ------------------------------------------------------------------- */
 
 static bool name_matches(const char *names, const char *arg)
@@ -1352,6 +1373,16 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
     }
     if (cfg->n_threads_batch == 0)
         cfg->n_threads_batch = cfg->n_threads;
+    if (cfg->cpu_batch.prio == INT_MIN)
+        cfg->cpu_batch.prio = cfg->cpu.prio;
+    if (cfg->cpu_batch.poll == INT_MIN)
+        cfg->cpu_batch.poll = cfg->cpu.poll;
+    if (cfg->cpu_batch.strict == INT_MIN)
+        cfg->cpu_batch.strict = cfg->cpu.strict;
+    if (!cfg->cpu_batch.mask_valid && cfg->cpu.mask_valid) {
+        memcpy(cfg->cpu_batch.mask, cfg->cpu.mask, sizeof cfg->cpu.mask);
+        cfg->cpu_batch.mask_valid = true;
+    }
     return 0;
 }
 
@@ -1382,7 +1413,8 @@ static void print_default(FILE *f, const struct opt *o)
     const char *field = (const char *)&d + o->off;
     switch (o->kind) {
     case OPT_INT:
-        if (o->off != OFF(n_threads) && o->off != OFF(n_threads_batch)) /* 0 = resolved at start-up */
+        if (o->off != OFF(n_threads) && o->off != OFF(n_threads_batch) && /* 0 = resolved at start-up */
+            *(const int *)field != INT_MIN)                              /* unset: "same as" */
             fprintf(f, " [default: %d]", *(const int *)field);
         break;
     case OPT_U64:

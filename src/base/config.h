@@ -7,6 +7,8 @@
 #ifndef THAW_CONFIG_H
 #define THAW_CONFIG_H
 
+#include "base/cpumask.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,6 +34,8 @@ struct thaw_config {
     int n_parallel;              /* -np: slots */
     int n_threads;               /* -t */
     int n_threads_batch;         /* -tb */
+    struct thaw_cpu_cfg cpu;     /* -C, -Cr, --cpu-strict, --prio, --poll: the generation threads */
+    struct thaw_cpu_cfg cpu_batch; /* their -batch forms (-Cb ...): what is not given is the same as above */
     int n_batch;                 /* -b: logical batch, tokens per llama_decode */
     int n_ubatch;                /* -ub: physical batch */
     int n_predict;               /* -n: default max tokens per reply, -1 = until context is full */

@@ -5,6 +5,7 @@
 #include "base/log.h"
 #include "llama/kvstate.h"
 #include "llama/params.h"
+#include "llama/threads.h"
 #include "llama/tokens.h"
 
 #include <math.h>
@@ -20,6 +21,7 @@ struct thaw_draft {
     struct llama_model *model;
     const struct llama_vocab *vocab;
     struct llama_context *ctx;
+    struct thaw_threads *threads; /* its CPU threadpools: the model's placement, the draft's thread counts */
     struct llama_batch batch;
     int n_batch, n_ctx_seq, n_vocab;
     struct dseq *seqs;
@@ -111,6 +113,9 @@ int thaw_draft_new(const struct thaw_config *cfg, const struct llama_model *targ
         rc = THAW_ELLAMA;
         goto error;
     }
+    if ((rc = thaw_threads_attach(d->ctx, (int)cp.n_threads, &cfg->cpu, (int)cp.n_threads_batch, &cfg->cpu_batch,
+                                  &d->threads)) != 0)
+        goto error;
     d->n_batch = (int)llama_n_batch(d->ctx);
     d->n_ctx_seq = (int)llama_n_ctx_seq(d->ctx);
     d->n_vocab = llama_vocab_n_tokens(d->vocab);
@@ -144,6 +149,7 @@ void thaw_draft_free(struct thaw_draft *d)
         llama_batch_free(d->batch);
     if (d->ctx)
         llama_free(d->ctx);
+    thaw_threads_free(d->threads);
     if (d->model)
         llama_model_free(d->model);
     free(d);

@@ -38,6 +38,7 @@
 #include "llama/fingerprint.h"
 #include "llama/kvtap.h"
 #include "llama/params.h"
+#include "llama/threads.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -570,7 +571,7 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         goto error;
     }
     struct llama_context_params cp;
-    if ((rc = thaw_params_open(cfg, cfg->kv_cache_dir && cfg->kv_tap, &e->model, &e->ctx, &e->tap, &cp)) != 0)
+    if ((rc = thaw_params_open(cfg, cfg->kv_cache_dir && cfg->kv_tap, &e->model, &e->ctx, &e->tap, &e->threads, &cp)) != 0)
         goto error;
     e->tap_verify = e->tap && thaw_test_hook(THAW_HOOK_KVTAP_VERIFY) != 0;
     e->vocab = llama_model_get_vocab(e->model);
@@ -670,6 +671,7 @@ error:
     thaw_chat_free(e->chat);
     if (e->ctx)
         llama_free(e->ctx);
+    thaw_threads_free(e->threads);
     thaw_kvtap_free(e->tap); /* after the context that calls it */
     if (e->model)
         llama_model_free(e->model);
@@ -708,6 +710,7 @@ void thaw_engine_free(struct thaw_engine *e)
     thaw_chat_free(e->chat);
     free(e->model_name);
     llama_free(e->ctx);
+    thaw_threads_free(e->threads);
     thaw_kvtap_free(e->tap);
     llama_model_free(e->model);
     llama_backend_free();

@@ -29,6 +29,7 @@ struct thaw_engine {
     double fixup_us_per_tok;   /* decode cost of a FIXUP token alone (moving average), 0 = unknown */
     bool batch_fixup_only;     /* the batch in flight holds FIXUP tokens only */
     bool fixup_awaited;        /* a queued request waits for a FIXUP slot to finish (admit): full speed */
+    struct thaw_threads *threads; /* the context's CPU threadpools (threads.h); NULL: ggml's per graph */
     struct thaw_kvtap *tap;    /* where the KV cache's cells are: stores cut blocks from it (kvtap.h); NULL = off */
     bool tap_verify;           /* THAW_TEST_KVTAP_VERIFY: check every cut against a capture */
     struct thaw_slotkv *skv;   /* the slots' sequences: rollback, restore, store (slotkv.h) */

@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "llama/kvtap.h"
+#include "llama/threads.h"
 
 #include <ggml-backend.h>
 #include <stdlib.h>
@@ -403,7 +404,8 @@ static bool load_progress(float p, void *ud)
 }
 
 int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_model **model,
-                     struct llama_context **ctx, struct thaw_kvtap **tap, struct llama_context_params *cp_out)
+                     struct llama_context **ctx, struct thaw_kvtap **tap, struct thaw_threads **threads,
+                     struct llama_context_params *cp_out)
 {
     struct thaw_params pp = {0}; /* what mp points into, until the context exists */
     int64_t progress[2] = {thaw_now_us(), 1};
@@ -412,6 +414,7 @@ int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_
     *model = NULL;
     *ctx = NULL;
     *tap = NULL;
+    *threads = NULL;
     llama_log_set(llama_log_cb, NULL);
     llama_backend_init();
     thaw_params_load_backends(cfg);
@@ -456,6 +459,12 @@ int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_
         LOG_ERR("llama.cpp could not create a context (-c %d, -np %d): too little memory?", cfg->n_ctx,
                 cfg->n_parallel);
         rc = THAW_ELLAMA;
+        goto error;
+    }
+    if ((rc = thaw_threads_attach(*ctx, cfg->n_threads, &cfg->cpu, cfg->n_threads_batch, &cfg->cpu_batch, threads)) !=
+        0) {
+        llama_free(*ctx);
+        *ctx = NULL;
         goto error;
     }
     thaw_params_free(&pp);

@@ -17,6 +17,7 @@
 
 struct thaw_config;
 struct thaw_kvtap;
+struct thaw_threads;
 
 struct thaw_params {
     ggml_backend_dev_t *devices;                        /* NULL-terminated, or NULL = every device */
@@ -69,8 +70,11 @@ void thaw_params_load_backends(const struct thaw_config *cfg);
  * memory (no GPU device), a tap (kvtap.h) watches the context's graphs;
  * *tap is NULL otherwise. *cp_out: the context's settings (the cache keys
  * bind its KV types). Returns 0, or an error (logged) with nothing left
- * open. The caller frees the context, then the tap, then the model. */
+ * open. *threads: the context's CPU threadpools (threads.h; NULL when
+ * ggml makes its own). The caller frees the context, then the threads and
+ * the tap, then the model. */
 int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_model **model,
-                     struct llama_context **ctx, struct thaw_kvtap **tap, struct llama_context_params *cp_out);
+                     struct llama_context **ctx, struct thaw_kvtap **tap, struct thaw_threads **threads,
+                     struct llama_context_params *cp_out);
 
 #endif

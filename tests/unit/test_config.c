@@ -203,6 +203,46 @@ static void test_dry_breakers(void **state)
     thaw_config_free(&c);
 }
 
+/* -C / -Cr as llama-server parses them (the last hex digit is CPUs 0-3,
+ * both add to one mask); what the -batch forms leave unset is the same as
+ * the generation threads' */
+static void test_cpu_placement(void **state)
+{
+    struct thaw_config c;
+    const char *argv[] = {"serve", "-m", "x.gguf", "-C", "0x12", "-Cr", "8-9", "--poll", "0", "--prio", "2",
+                          "--poll-batch", "30"};
+    static const char *const bad[][2] = {{"-C", "0xg1"}, {"-C", "0x"}, {"-Cr", "7"}, {"-Cr", "9-3"},
+                                         {"-Cr", "0-512"}, {"--poll", "101"}, {"--prio", "-2"}};
+
+    (void)state;
+    assert_int_equal(parse(&c, sizeof argv / sizeof *argv, argv), 0);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(c.cpu.mask[i], i == 1 || i == 4 || i == 8 || i == 9);
+    assert_true(c.cpu.mask_valid);
+    assert_int_equal(c.cpu.poll, 0);
+    assert_int_equal(c.cpu.prio, 2);
+    assert_int_equal(c.cpu_batch.poll, 30);
+    assert_int_equal(c.cpu_batch.prio, 2);
+    assert_int_equal(c.cpu_batch.strict, 0);
+    assert_true(c.cpu_batch.mask_valid && c.cpu_batch.mask[4] && !c.cpu_batch.mask[5]);
+    thaw_config_free(&c);
+
+    const char *dflt[] = {"serve", "-m", "x.gguf", "-Crb", "-1"};
+    assert_int_equal(parse(&c, 5, dflt), 0);
+    assert_false(c.cpu.mask_valid);
+    assert_int_equal(c.cpu.poll, 50); /* llama-server's */
+    assert_int_equal(c.cpu_batch.poll, 50);
+    assert_true(c.cpu_batch.mask_valid && c.cpu_batch.mask[0] && c.cpu_batch.mask[1] && !c.cpu_batch.mask[2]);
+    thaw_config_free(&c);
+
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *a[] = {"serve", "-m", "x.gguf", bad[i][0], bad[i][1]};
+        if (parse(&c, 5, a) != THAW_EINVAL)
+            fail_msg("accepted: %s %s", bad[i][0], bad[i][1]);
+        thaw_config_free(&c);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -214,6 +254,7 @@ int main(void)
         cmocka_unit_test(test_llama_server_values),
         cmocka_unit_test(test_refused_and_bad_values),
         cmocka_unit_test(test_dry_breakers),
+        cmocka_unit_test(test_cpu_placement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
