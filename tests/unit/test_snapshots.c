@@ -59,7 +59,9 @@ static int group_setup(void **state)
     (void)state;
     llama_log_set(quiet, NULL);
     llama_backend_init();
-    ggml_backend_load_all_from_path(THAW_LLAMA_LIB_DIR);
+    /* $THAW_BACKEND_DIR as the server takes it: another CPU variant */
+    const char *bdir = getenv("THAW_BACKEND_DIR");
+    ggml_backend_load_all_from_path(bdir && *bdir ? bdir : THAW_LLAMA_LIB_DIR);
     strcpy(g_dir, "/tmp/thaw_snapshots_XXXXXX");
     if (!mkdtemp(g_dir))
         return -1;
