@@ -3,7 +3,9 @@ delta-net; DESIGN §12, src/cache/snapshots.h): attention layers in blocks, the
 recurrent state as snapshots at the end of every turn and of the leading
 system messages. After a restart a new conversation resumes at the shared
 system prompt's snapshot, an edited history at the last turn's end, and two
-conversations that diverge past a snapshot each get their own output.
+conversations that diverge past a snapshot each get their own output; a
+kill -9 while blocks, snapshots and manifests are written leaves a store
+that verifies and serves only exact outputs.
 
 Exact, as DESIGN §6 asks: each output equals a resident slot's (no cache
 tier) that reached the same position the same way. A resident slot also
@@ -12,10 +14,14 @@ the engine checkpoints there), so a conversation restored at that snapshot
 and one served from scratch decode the same batches."""
 import glob
 import os
+import signal
+import subprocess
+import time
 
 import pytest
 
 from conftest import mkmodel
+from harness import THAW, Server
 from test_kv_cache import chat, reply, text
 
 B = 32  # small blocks: the test conversations span several
@@ -127,4 +133,74 @@ def test_edited_history_and_divergence_past_a_snapshot(serve, hybrids, tmp_path,
         # come back as the slot's checkpoints), or the snapshot on disk
         assert t["cache_source"] in (("disk", "blocks") if k == 0 else ("slot", "blocks")), (t, s.log())
         assert t["cache_n"] > n1, (t, n1)
+    s.stop()
+
+
+def snapshots_on_disk(d):
+    n = 0
+    for kv in glob.glob(str(d / "*.kv")):
+        with open(kv, "rb") as f:
+            n += f.read(4) == b"TSN1"
+    return n
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_kill_9_while_writing_snapshots(serve, hybrids, tmp_path, arch):
+    """Each turn 1 is killed (SIGKILL) at a different moment of its store:
+    every fsync is slowed, so the writer is somewhere in its blocks, its
+    snapshots (the branch point's, the turn end's) or the manifest. Then
+    the store verifies, the startup sweep leaves no temporary file, and
+    each turn 2 equals its reference: the resident slot served turn 1 then
+    turn 2 when turn 1's end was restored (cache_n past turn 1's prompt),
+    else the conversation served from scratch (resumed at the branch
+    point's snapshot, or nothing: the same batches, module docstring)."""
+    model = hybrids[arch]
+    convs = [[system(), ask(20 + i)] for i in range(3)]
+    srv_flags = flags(tmp_path)
+    r1, n1 = {}, {}
+    # a store is about a dozen slowed fsyncs: killed before it starts, at
+    # points through it, and once after it (so that some of it lands)
+    for k, delay in enumerate([0.0, 0.1, 0.2, 0.3, 0.45, 0.6, None]):
+        s = Server(model, *srv_flags, env={"THAW_TEST_DISK_FSYNC_DELAY_MS": "30"})
+        try:
+            i = k % 3
+            r = chat(s, convs[i])
+            r1.setdefault(i, r)
+            n1[i] = r["usage"]["prompt_tokens"]
+            if delay is not None:
+                time.sleep(delay)  # the writer is storing now: a different moment each time
+            for _ in range(600 if delay is None else 0):  # the last: once a snapshot is committed
+                if snapshots_on_disk(tmp_path):
+                    break
+                time.sleep(0.05)
+        finally:
+            s.proc.send_signal(signal.SIGKILL)
+            s.proc.wait()
+    assert "kv-cache: whole states" not in s.log()
+    assert snapshots_on_disk(tmp_path) >= 1, os.listdir(tmp_path)  # some writes landed
+    p = subprocess.run([THAW, "cache", "verify", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+    def history(i):
+        return convs[i] + [{"role": "assistant", "content": reply(r1[i])}, ask(40 + i)]
+
+    resident, scratch = {}, {}
+    for i in range(3):
+        s = serve(model, "-np", "1", "--cache-ram", "0")
+        assert out(chat(s, convs[i])) == out(r1[i])
+        resident[i] = out(chat(s, history(i)))
+        s.stop()
+        s = serve(model, "-np", "1", "--cache-ram", "0")
+        scratch[i] = out(chat(s, history(i)))
+        s.stop()
+
+    s = serve(model, *srv_flags)
+    assert not glob.glob(str(tmp_path / "*.tmp*")), "startup sweep left temporary files"
+    for i in range(3):
+        reset(s)
+        r = chat(s, history(i))
+        t = r["timings"]
+        want = resident[i] if t["cache_n"] > n1[i] else scratch[i]
+        assert out(r) == want, (i, t, s.log())
+    assert s.get("/health").status_code == 200
     s.stop()
