@@ -608,6 +608,15 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
                 thaw_blob_ref(parts[p].data);
         }
         rc = cut ? 0 : to_blocks(c, slot_id, ns, w);
+        /* blocks with their SWA rows rebuild the window wherever a restore
+         * needs it: checkpoints (a window each) would copy it again */
+        if (rc == 0 && w[THAW_PART_CKPT].data &&
+            thaw_blocks_manifest_swa_rows(w[THAW_PART_KV].data, w[THAW_PART_KV].size)) {
+            thaw_blob_unref(w[THAW_PART_CKPT].data);
+            if (c->ram)
+                thaw_blob_unref(parts[THAW_PART_CKPT].data); /* its own reference to the same bytes */
+            w[THAW_PART_CKPT] = parts[THAW_PART_CKPT] = (struct thaw_part_blob){NULL, 0};
+        }
         /* with blocks the RAM tier keeps the manifest (its blocks are
          * held there once each), not a second whole copy of the state */
         if (rc == 0 && c->ram) {
