@@ -682,6 +682,15 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
             goto fail;
         }
     }
+    /* the kernel starts on the first READ_AHEAD bytes of files now: the
+     * heads read next (one per section, cold, before anything can be laid
+     * out) then come from reads already under way */
+    uint64_t early = 0;
+    for (k = 0; k < n_all && early < READ_AHEAD; k++)
+        if (!ck->src[k].mem) {
+            thaw_disk_kv_willneed(&ck->src[k].f);
+            early += ck->src[k].f.size;
+        }
     /* the shapes: each section's first block's head; every file block of
      * a section has the same head size */
     if ((rc = group_head(ck, 0, n_ids, &head0, &n_head0, &own0)) != 0 ||

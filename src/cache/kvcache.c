@@ -143,7 +143,9 @@ static int find_largest(void *ud, const struct thaw_disk_entry_info *e)
     struct largest *l = ud;
     if (!e->same_model)
         return 0;
-    if (e->is_block && e->n_tokens > 0)
+    /* the largest rate: an SWA model's blocks come in two shapes (its
+     * global and its SWA layers' rows) */
+    if (e->is_block && e->n_tokens > 0 && (double)e->part_size[THAW_PART_KV] / e->n_tokens > l->block_bytes_per_token)
         l->block_bytes_per_token = (double)e->part_size[THAW_PART_KV] / e->n_tokens;
     else if (e->n_refs > 0 && e->n_tokens > l->max_tokens)
         l->max_tokens = e->n_tokens;
@@ -164,7 +166,9 @@ static void warm_restore_buffer(struct thaw_kvcache *c)
     if (!c->disk || !c->block_tokens || thaw_disk_cache_foreach(c->disk, find_largest, &l) != 0 || !l.max_tokens ||
         l.block_bytes_per_token <= 0)
         return;
-    double want = l.max_tokens * l.block_bytes_per_token + ((size_t)1 << 20);
+    /* an SWA model's state has two sections, each at most that rate: the
+     * global layers' rows of every token and the SWA layers' of the window */
+    double want = l.max_tokens * l.block_bytes_per_token * (c->n_window ? 2 : 1) + ((size_t)1 << 20);
     if (want > (double)((size_t)256 << 20))
         want = (double)((size_t)256 << 20);
     int64_t t0 = thaw_now_us();
