@@ -393,6 +393,9 @@ struct src {
     size_t n_mem;
     struct thaw_disk_kv_file f; /* else its file: f.fd >= 0 */
     uint8_t *head;              /* the file's head as read (n_head bytes) */
+    size_t n_head;
+    struct thaw_kvlayout_asm *a; /* the section it goes into: section 0, or the SWA section */
+    uint32_t pos0;               /* its first position */
 };
 
 struct thaw_blocks_check {
@@ -400,7 +403,6 @@ struct thaw_blocks_check {
     struct thaw_kvlayout_asm *a;
     struct src *src;
     uint32_t n, n_src, block_tokens; /* n: blocks to check; n_src: sources to free */
-    size_t n_head;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint32_t n_ready; /* blocks read so far */
@@ -422,8 +424,8 @@ static int block_sum_ok(struct thaw_blocks_check *ck, uint32_t k)
     if (!st)
         return 0; /* cannot check: treat as bad, a miss */
     XXH3_64bits_reset(st);
-    XXH3_64bits_update(st, ck->src[k].head, ck->n_head);
-    while ((m = thaw_kvlayout_asm_segments(ck->a, k * ck->block_tokens, ck->block_tokens, &cur, iov, 256)) > 0)
+    XXH3_64bits_update(st, ck->src[k].head, ck->src[k].n_head);
+    while ((m = thaw_kvlayout_asm_segments(ck->src[k].a, ck->src[k].pos0, ck->block_tokens, &cur, iov, 256)) > 0)
         for (int i = 0; i < m; i++)
             XXH3_64bits_update(st, iov[i].iov_base, iov[i].iov_len);
     ok = XXH3_64bits_digest(st) == ck->src[k].f.xxh3;
@@ -509,8 +511,9 @@ int thaw_blocks_state_check(struct thaw_blocks_state *s)
  * time (a 2-core VM's virtual disk); 16 MiB ahead read fastest. */
 #define READ_AHEAD ((uint64_t)16 << 20)
 
-/* Reads file block k (B cells at kB) into place: its head and data in one
- * preadv per IOV_MAX segments, then the head checked and its meta written. */
+/* Reads file block k (B cells at its pos0) into place in its section: its
+ * head and data in one preadv per IOV_MAX segments, then the head checked
+ * and its meta written. */
 static int read_block(struct thaw_blocks_check *ck, uint32_t k)
 {
     struct src *b = &ck->src[k];
@@ -520,13 +523,13 @@ static int read_block(struct thaw_blocks_check *ck, uint32_t k)
     uint32_t pos0, cells;
     int m, first = 1, rc;
 
-    if (!(b->head = malloc(ck->n_head)))
+    if (!(b->head = malloc(b->n_head)))
         return THAW_ENOMEM;
     do {
         m = 0;
         if (first)
-            iov[m++] = (struct iovec){b->head, ck->n_head};
-        m += thaw_kvlayout_asm_segments(ck->a, k * ck->block_tokens, ck->block_tokens, &cur, iov + m, IOV_MAX - m);
+            iov[m++] = (struct iovec){b->head, b->n_head};
+        m += thaw_kvlayout_asm_segments(b->a, b->pos0, ck->block_tokens, &cur, iov + m, IOV_MAX - m);
         first = 0;
         size_t want = 0;
         for (int i = 0; i < m; i++)
@@ -552,9 +555,9 @@ static int read_block(struct thaw_blocks_check *ck, uint32_t k)
     } while (cur.part < 2);
     if (off != b->f.size)
         return THAW_ECORRUPT;
-    if ((rc = thaw_kvlayout_asm_head(ck->a, b->head, ck->n_head, b->f.size, &pos0, &cells)) != 0)
+    if ((rc = thaw_kvlayout_asm_head(b->a, b->head, b->n_head, b->f.size, &pos0, &cells)) != 0)
         return rc;
-    return pos0 == k * ck->block_tokens && cells == ck->block_tokens ? 0 : THAW_ECORRUPT;
+    return pos0 == b->pos0 && cells == ck->block_tokens ? 0 : THAW_ECORRUPT;
 }
 
 /* The head of file block f: n_head bytes from its first 24. */
@@ -572,87 +575,161 @@ static int file_head_size(struct thaw_disk_cache *c, const struct thaw_disk_kv_f
     return rc == 0 && *n_head <= f->size ? 0 : THAW_ECORRUPT;
 }
 
+/* The SWA rows of a restore (DESIGN §12): SWA blocks sids[0, n_sids) of
+ * positions pos0.. in B steps, then `tail` (the SWA rows of the cells past
+ * the last whole block; NULL: none), read into the state's SWA section as
+ * section 0's blocks are into theirs. */
+struct swa_rows {
+    const uint8_t (*sids)[THAW_KEY_BYTES];
+    uint32_t n_sids, pos0;
+    const void *tail;
+    size_t n_tail;
+};
+
+/* Sources [k0, k1) of ck share one shape: the files' head size (every
+ * file block of a section has the same), and the head of the first (a
+ * malloc'd copy, or the memory block itself: *own 0). *head NULL when the
+ * range is empty. */
+static int group_head(struct thaw_blocks_check *ck, uint32_t k0, uint32_t k1, uint8_t **head, size_t *n_head,
+                      int *own)
+{
+    uint32_t k;
+    size_t n_file = 0;
+    int rc;
+
+    *head = NULL;
+    *n_head = 0;
+    *own = 0;
+    if (k0 == k1)
+        return 0;
+    for (k = k0; k < k1 && ck->src[k].mem; k++)
+        ;
+    if (k < k1) {
+        if ((rc = file_head_size(ck->c, &ck->src[k].f, &n_file)) != 0) {
+            thaw_disk_kv_close(ck->c, &ck->src[k].f, 1); /* removed: bad */
+            return rc;
+        }
+        for (uint32_t j = k0; j < k1; j++)
+            ck->src[j].n_head = n_file;
+    }
+    if (ck->src[k0].mem) {
+        *head = ck->src[k0].mem;
+        *n_head = ck->src[k0].n_mem;
+        return 0;
+    }
+    if (!(*head = malloc(n_file)))
+        return THAW_ENOMEM;
+    struct iovec iov = {*head, n_file};
+    ssize_t got = thaw_disk_kv_preadv(ck->c, &ck->src[k0].f, &iov, 1, 0);
+    if (got != (ssize_t)n_file) {
+        free(*head);
+        *head = NULL;
+        return got < 0 ? (int)got : THAW_ECORRUPT;
+    }
+    *n_head = n_file;
+    *own = 1;
+    return 0;
+}
+
 /* Reads blocks ids[0, n_ids) (block k must hold positions [kB, (k+1)B)),
- * then appends the extra block (the tail; may be NULL) and the SWA window,
- * and assembles them for frame f. The checksums of the blocks read from
- * files go on in out->check. */
+ * then appends the extra block (the tail; may be NULL) and either `rest`
+ * verbatim (a version 1 manifest's window, a hybrid's recurrent state) or
+ * the SWA section built from `swa` in place, and assembles them for frame
+ * f. The checksums of the blocks read from files go on in out->check. */
 static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
                        const uint8_t (*ids)[THAW_KEY_BYTES], uint32_t n_ids, uint32_t block_tokens,
-                       const void *tail, size_t tail_size, const void *swa, size_t swa_size,
-                       const struct thaw_kvlayout_frame *f, const llama_token *toks, int n_toks,
-                       struct thaw_blocks_state *out)
+                       const void *tail, size_t tail_size, const void *rest, size_t n_rest,
+                       const struct swa_rows *swa, const struct thaw_kvlayout_frame *f, const llama_token *toks,
+                       int n_toks, struct thaw_blocks_state *out)
 {
     struct thaw_blocks_check *ck = calloc(1, sizeof *ck);
-    uint8_t *head0 = NULL;
-    size_t n_head0 = 0;
+    uint32_t n_sids = swa ? swa->n_sids : 0, n_all = n_ids + n_sids;
+    uint8_t *head0 = NULL, *shead0 = NULL;
+    size_t n_head0 = 0, n_shead0 = 0, n_sec = 0;
+    int own0 = 0, sown0 = 0;
     uint32_t k = 0;
     int rc = 0;
 
-    if (!ck || !(ck->src = calloc((size_t)n_ids + 1, sizeof *ck->src))) {
+    if (swa && rest) {
+        free(ck);
+        return THAW_EINVAL;
+    }
+    if (!ck || !(ck->src = calloc((size_t)n_all + 1, sizeof *ck->src))) {
         free(ck);
         return THAW_ENOMEM;
     }
     ck->c = c;
-    ck->n = ck->n_src = n_ids;
+    ck->n = ck->n_src = n_all;
     ck->block_tokens = block_tokens;
     ck->bad = -1;
     pthread_mutex_init(&ck->mu, NULL);
     pthread_cond_init(&ck->cv, NULL);
-    for (k = 0; k < n_ids; k++)
+    for (k = 0; k < n_all; k++)
         ck->src[k].f.fd = -1;
     /* open them all first (blocks the RAM tier or the writer's queue holds
      * are copied from memory) */
-    for (k = 0; k < n_ids; k++) {
+    for (k = 0; k < n_all; k++) {
         struct thaw_part_blob pend[THAW_PART_COUNT];
-        if ((ck->src[k].mem = thaw_ram_cache_block(ram, ids[k], &ck->src[k].n_mem)) != NULL) {
+        const uint8_t *id = k < n_ids ? ids[k] : swa->sids[k - n_ids];
+        if ((ck->src[k].mem = thaw_ram_cache_block(ram, id, &ck->src[k].n_mem)) != NULL) {
             continue; /* the RAM tier's copy */
-        } else if (thaw_disk_cache_pending(c, ids[k], pend) == 0) {
+        } else if (thaw_disk_cache_pending(c, id, pend) == 0) {
             for (int p = 1; p < THAW_PART_COUNT; p++)
                 thaw_blob_unref(pend[p].data);
             ck->src[k].mem = pend[THAW_PART_KV].data;
             ck->src[k].n_mem = pend[THAW_PART_KV].size;
-        } else if ((rc = thaw_disk_cache_open_kv(c, ids[k], &ck->src[k].f)) != 0) {
+        } else if ((rc = thaw_disk_cache_open_kv(c, id, &ck->src[k].f)) != 0) {
             goto fail;
         }
     }
-    /* the shape: block 0's head; every file block has the same head size */
-    for (k = 0; k < n_ids && ck->src[k].mem; k++)
-        ;
-    if (k < n_ids && (rc = file_head_size(c, &ck->src[k].f, &ck->n_head)) != 0) {
-        thaw_disk_kv_close(c, &ck->src[k].f, 1);
+    /* the kernel starts on the first READ_AHEAD bytes of files now: the
+     * heads read next (one per section, cold, before anything can be laid
+     * out) then come from reads already under way */
+    uint64_t early = 0;
+    for (k = 0; k < n_all && early < READ_AHEAD; k++)
+        if (!ck->src[k].mem) {
+            thaw_disk_kv_willneed(&ck->src[k].f);
+            early += ck->src[k].f.size;
+        }
+    /* the shapes: each section's first block's head; every file block of
+     * a section has the same head size */
+    if ((rc = group_head(ck, 0, n_ids, &head0, &n_head0, &own0)) != 0 ||
+        (rc = group_head(ck, n_ids, n_all, &shead0, &n_shead0, &sown0)) != 0)
         goto fail;
-    }
-    if (n_ids && ck->src[0].mem) {
-        head0 = ck->src[0].mem;
-        n_head0 = ck->src[0].n_mem;
-    } else if (n_ids) {
-        struct iovec iov;
-        if (!(head0 = malloc(ck->n_head))) {
-            rc = THAW_ENOMEM;
-            goto fail;
-        }
-        iov = (struct iovec){head0, ck->n_head};
-        ssize_t got = thaw_disk_kv_preadv(c, &ck->src[0].f, &iov, 1, 0);
-        if (got != (ssize_t)ck->n_head) {
-            rc = got < 0 ? (int)got : THAW_ECORRUPT;
-            free(head0);
-            goto fail;
-        }
-        n_head0 = ck->n_head;
-    } else {
+    if (!n_ids) {
         head0 = (void *)tail;
         n_head0 = tail_size;
     }
+    uint32_t swa_cells = n_sids * block_tokens;
+    if (swa && swa->tail) {
+        uint32_t tpos, tcells;
+        if ((rc = thaw_kvlayout_block_info(swa->tail, swa->n_tail, &tpos, &tcells)) != 0)
+            goto fail;
+        swa_cells += tcells;
+        if (!n_sids) {
+            shead0 = (void *)swa->tail;
+            n_shead0 = swa->n_tail;
+        }
+    }
+    if (swa && (!shead0 || (rc = thaw_kvlayout_section_size(shead0, n_shead0, swa_cells, f, &n_sec)) != 0)) {
+        rc = rc ? rc : THAW_EINVAL;
+        goto fail;
+    }
     size_t headroom = thaw_kvstate_head_size(n_toks);
-    rc = thaw_kvlayout_asm_new(head0, n_head0, (uint32_t)n_toks, f, swa_size, headroom, THAW_KVLAYOUT_ASM_BLOB, &ck->a);
-    if (n_ids && !ck->src[0].mem)
-        free(head0);
+    rc = thaw_kvlayout_asm_new(head0, n_head0, (uint32_t)n_toks, f, swa ? n_sec : n_rest, headroom,
+                               THAW_KVLAYOUT_ASM_BLOB, &ck->a);
+    if (rc == 0 && swa)
+        rc = thaw_kvlayout_asm_swa(ck->a, shead0, n_shead0, swa->pos0, swa_cells);
     if (rc != 0)
         goto fail;
+    for (k = 0; k < n_all; k++) {
+        ck->src[k].a = k < n_ids ? ck->a : thaw_kvlayout_asm_swa_part(ck->a);
+        ck->src[k].pos0 = k < n_ids ? k * block_tokens : swa->pos0 + (k - n_ids) * block_tokens;
+    }
     ck->threaded = pthread_create(&ck->th, NULL, check_main, ck) == 0;
     uint32_t ahead = 0; /* files asked for up to here */
     uint64_t asked = 0; /* their bytes past the file being read */
-    for (k = 0; k < n_ids; k++) {
+    for (k = 0; k < n_all; k++) {
         /* the kernel reads READ_AHEAD bytes of the next files while this
          * one is copied: a cold disk serves several files at once, and the
          * one needed next is not queued behind all the others */
@@ -662,16 +739,16 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
         } else if (!ck->src[k].mem) {
             asked -= ck->src[k].f.size;
         }
-        for (; ahead < n_ids && (ahead == k || asked < READ_AHEAD); ahead++)
+        for (; ahead < n_all && (ahead == k || asked < READ_AHEAD); ahead++)
             if (!ck->src[ahead].mem) {
                 thaw_disk_kv_willneed(&ck->src[ahead].f);
                 if (ahead > k)
                     asked += ck->src[ahead].f.size;
             }
         if (ck->src[k].mem) {
-            /* placed at the next position (kB: every block before it held B) */
+            /* placed at the next position (every block before it held B) */
             uint32_t cells;
-            rc = thaw_kvlayout_asm_copy(ck->a, ck->src[k].mem, ck->src[k].n_mem, &cells);
+            rc = thaw_kvlayout_asm_copy(ck->src[k].a, ck->src[k].mem, ck->src[k].n_mem, &cells);
             if (rc == 0 && cells != block_tokens)
                 rc = THAW_ECORRUPT;
         } else {
@@ -682,37 +759,51 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
         if (ck->threaded)
             check_ready(ck, k + 1, 0);
     }
-    /* the tail must hold exactly the cells past the whole blocks: placed at
-     * the next position, and finish checks that every cell is there */
+    /* the tails must hold exactly the cells past the whole blocks: placed
+     * at the next position, and finish checks that every cell is there */
     if (rc == 0 && tail_size)
         rc = thaw_kvlayout_asm_copy(ck->a, tail, tail_size, NULL);
+    if (rc == 0 && swa && swa->tail)
+        rc = thaw_kvlayout_asm_copy(thaw_kvlayout_asm_swa_part(ck->a), swa->tail, swa->n_tail, NULL);
     size_t n_state;
     if (rc == 0)
-        rc = thaw_kvlayout_asm_finish(ck->a, swa, swa_size, &out->kv, &n_state);
+        rc = thaw_kvlayout_asm_finish(ck->a, swa ? NULL : rest, swa ? 0 : n_rest, &out->kv, &n_state);
     if (rc != 0) {
         /* a block file that reads short or whose head does not fit its
          * place is bad: removed like a checksum mismatch */
         int bad = (rc == THAW_ECORRUPT || rc == THAW_EMISMATCH || rc == THAW_EINVAL || rc == THAW_EVERSION) &&
-                          k < n_ids && ck->src[k].f.fd >= 0
+                          k < n_all && ck->src[k].f.fd >= 0
                       ? (int)k
                       : -1;
         if (ck->threaded) {
             check_ready(ck, 0, 1);
             pthread_join(ck->th, NULL);
         }
+        if (own0)
+            free(head0);
+        if (sown0)
+            free(shead0);
         ck_free(ck, bad >= 0 ? bad : ck->bad);
         if (rc == THAW_EINVAL || rc == THAW_EMISMATCH || rc == THAW_EVERSION)
             rc = THAW_ECORRUPT; /* blocks that do not fit together */
         return rc;
     }
+    if (own0)
+        free(head0);
+    if (sown0)
+        free(shead0);
     thaw_kvstate_write_head(out->kv, toks, n_toks, n_state);
     out->n_kv = headroom + n_state;
     out->n_tokens = n_toks;
-    out->n_blocks = (int)n_ids;
+    out->n_blocks = (int)n_all;
     out->check = ck;
     return 0;
 
 fail:
+    if (own0)
+        free(head0);
+    if (sown0)
+        free(shead0);
     ck_free(ck, -1);
     if (rc == THAW_ECORRUPT)
         rc = THAW_ENOTFOUND; /* removed by the disk tier */
@@ -780,6 +871,13 @@ int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids
     return 0;
 }
 
+int thaw_blocks_manifest_swa_rows(const void *manifest, size_t n)
+{
+    struct manifest mf;
+
+    return manifest_header(manifest, n, &mf) == 0 && mf.h.version == MANIFEST_VERSION_SWA;
+}
+
 int thaw_blocks_manifest_snaps(const void *manifest, size_t n, const uint8_t **snaps, uint32_t *n_snaps)
 {
     struct manifest mf;
@@ -810,90 +908,11 @@ int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **ref
     return THAW_DISK_KIND_ROOT;
 }
 
-/* ---- SWA sections from SWA blocks ---- */
-
-/* Block id's bytes (a blob reference): the RAM tier, the writer's queue,
- * or its file, read whole and checked against its checksum (a bad one is
- * removed). 0, THAW_ENOTFOUND, THAW_ENOMEM or a disk error. */
-static int read_whole(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES],
-                      void **out, size_t *n_out)
-{
-    struct thaw_part_blob pend[THAW_PART_COUNT];
-    struct thaw_disk_kv_file f;
-    int rc;
-
-    if ((*out = thaw_ram_cache_block(ram, id, n_out)) != NULL)
-        return 0;
-    if (thaw_disk_cache_pending(c, id, pend) == 0) {
-        for (int p = 1; p < THAW_PART_COUNT; p++)
-            thaw_blob_unref(pend[p].data);
-        *out = pend[THAW_PART_KV].data;
-        *n_out = pend[THAW_PART_KV].size;
-        return 0;
-    }
-    if ((rc = thaw_disk_cache_open_kv(c, id, &f)) != 0)
-        return rc;
-    uint8_t *buf = thaw_blob_alloc(f.size ? f.size : 1);
-    if (!buf) {
-        thaw_disk_kv_close(c, &f, 0);
-        return THAW_ENOMEM;
-    }
-    uint64_t off = 0;
-    while (off < f.size) {
-        struct iovec iov = {buf + off, (size_t)(f.size - off)};
-        ssize_t got = thaw_disk_kv_preadv(c, &f, &iov, 1, off);
-        if (got <= 0)
-            break;
-        off += (uint64_t)got;
-    }
-    int bad = off != f.size || XXH3_64bits(buf, (size_t)f.size) != f.xxh3;
-    thaw_disk_kv_close(c, &f, bad);
-    if (bad) {
-        thaw_blob_unref(buf);
-        return THAW_ENOTFOUND; /* removed by the disk tier */
-    }
-    *out = buf;
-    *n_out = (size_t)f.size;
-    return 0;
-}
-
-/* The SWA section of a restore: SWA blocks sids[0, n_sids) at consecutive
- * positions, then the extra block `tail` (NULL: none), for frame f.
- * *out is malloc'd. */
-static int swa_section(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t (*sids)[THAW_KEY_BYTES],
-                       uint32_t n_sids, const void *tail, size_t n_tail, const struct thaw_kvlayout_frame *f,
-                       void **out, size_t *n_out)
-{
-    uint32_t n = n_sids + (tail ? 1 : 0);
-    void **blk = calloc(n ? n : 1, sizeof *blk);
-    size_t *sizes = calloc(n ? n : 1, sizeof *sizes);
-    int rc = blk && sizes ? 0 : THAW_ENOMEM;
-
-    for (uint32_t i = 0; rc == 0 && i < n_sids; i++)
-        rc = read_whole(c, ram, sids[i], &blk[i], &sizes[i]);
-    if (rc == 0) {
-        if (tail) {
-            blk[n_sids] = (void *)tail;
-            sizes[n_sids] = n_tail;
-        }
-        rc = thaw_kvlayout_section((const void *const *)blk, sizes, (int)n, f, out, n_out);
-        if (rc == THAW_EINVAL || rc == THAW_EMISMATCH || rc == THAW_EVERSION)
-            rc = THAW_ECORRUPT;
-    }
-    for (uint32_t i = 0; blk && i < n_sids; i++)
-        thaw_blob_unref(blk[i]);
-    free(blk);
-    free(sizes);
-    return rc;
-}
-
 int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out)
 {
     struct manifest mf;
     const uint8_t *m = manifest;
-    void *sec = NULL;
-    size_t n_sec = 0;
     int rc;
 
     memset(out, 0, sizeof *out);
@@ -906,24 +925,21 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
     const uint8_t *snaps = sids + (size_t)mf.n_sids * THAW_KEY_BYTES;
     const uint8_t *tail = snaps + (size_t)h.n_snaps * THAW_KEY_BYTES;
     const uint8_t *swa = tail + h.tail_size;
-    size_t swa_size = h.swa_size;
+    struct swa_rows rows = {NULL, 0, 0, NULL, 0};
     if (h.version == MANIFEST_VERSION_SWA) {
-        /* the window's SWA blocks, then the tail's SWA rows */
+        /* the window's SWA blocks, then the tail's SWA rows, into place */
         uint32_t k0 = swa_first_needed(h.n_tokens, mf.w.n_window, h.block_tokens);
         if (k0 > h.n_blocks)
             k0 = h.n_blocks;
-        rc = swa_section(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])(sids + (size_t)(k0 - mf.w.swa_first) * THAW_KEY_BYTES),
-                         h.n_blocks - k0, mf.w.swa_tail_size ? swa : NULL, mf.w.swa_tail_size, f, &sec, &n_sec);
-        if (rc != 0)
-            return rc;
-        swa = sec;
-        swa_size = n_sec;
+        rows.sids = (const uint8_t(*)[THAW_KEY_BYTES])(sids + (size_t)(k0 - mf.w.swa_first) * THAW_KEY_BYTES);
+        rows.n_sids = h.n_blocks - k0;
+        rows.pos0 = k0 * h.block_tokens;
+        rows.tail = mf.w.swa_tail_size ? swa : NULL;
+        rows.n_tail = mf.w.swa_tail_size;
     }
     llama_token *tokens = malloc((size_t)h.n_tokens * sizeof(llama_token)); /* aligned */
-    if (!tokens) {
-        free(sec);
+    if (!tokens)
         return THAW_ENOMEM;
-    }
     memcpy(tokens, toks, (size_t)h.n_tokens * sizeof(llama_token));
     if (h.n_snaps) {
         /* a hybrid: the tail and the recurrent state are the last snapshot's */
@@ -936,16 +952,16 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
             rc = THAW_ECORRUPT;
         if (rc == 0)
             rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, sv.tail,
-                             sv.tail_size, sv.rec, sv.rec_size, f, tokens, (int)h.n_tokens, out);
+                             sv.tail_size, sv.rec, sv.rec_size, NULL, f, tokens, (int)h.n_tokens, out);
         else if (rc == THAW_ECORRUPT)
             rc = THAW_ENOTFOUND; /* removed: this manifest is no use */
         thaw_blob_unref(snap);
     } else {
+        bool v2 = h.version == MANIFEST_VERSION_SWA;
         rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
-                         swa, swa_size, f, tokens, (int)h.n_tokens, out);
+                         v2 ? NULL : swa, v2 ? 0 : h.swa_size, v2 ? &rows : NULL, f, tokens, (int)h.n_tokens, out);
     }
     free(tokens);
-    free(sec);
     if (rc != 0)
         thaw_blocks_state_free(out);
     return rc;
@@ -968,7 +984,7 @@ int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
         return THAW_ENOMEM;
     thaw_blocks_ids(binding, block_tokens, toks, p, ids);
     rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, n_blocks, block_tokens, tail, n_tail, rest, n_rest,
-                     f, toks, p, out);
+                     NULL, f, toks, p, out);
     if (rc != 0)
         thaw_blocks_state_free(out);
     free(ids);
@@ -1029,24 +1045,17 @@ int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram
         uint32_t run = 0;
         while (run < n_blocks && (thaw_ram_cache_has_block(ram, ids[run]) || thaw_disk_cache_has(c, ids[run])))
             run++;
-        void *sec = NULL;
-        size_t n_sec = 0;
+        struct swa_rows rows = {NULL, 0, 0, NULL, 0};
         if (run > 0 && n_window > 0) {
             /* a boundary is a hit only with its window's SWA rows */
             uint32_t k0 = 0;
             run = swa_run(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, sids, run, n_window, block_tokens, &k0);
-            if (run > 0 && (rc = swa_section(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])sids[k0], run - k0, NULL, 0, f,
-                                             &sec, &n_sec)) != 0) {
-                if (rc == THAW_ENOTFOUND)
-                    continue; /* one was bad and is gone: look again */
-                break;
-            }
+            rows = (struct swa_rows){(const uint8_t(*)[THAW_KEY_BYTES])sids[k0], run - k0, k0 * block_tokens, NULL, 0};
         }
         if (run == 0)
             break;
-        rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, run, block_tokens, NULL, 0, sec, n_sec, f,
-                         toks, (int)(run * block_tokens), out);
-        free(sec);
+        rc = load_blocks(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, run, block_tokens, NULL, 0, NULL, 0,
+                         n_window > 0 ? &rows : NULL, f, toks, (int)(run * block_tokens), out);
         if (rc != 0)
             thaw_blocks_state_free(out);
     }

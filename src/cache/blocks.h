@@ -160,6 +160,12 @@ int thaw_blocks_is_manifest(const void *blob, size_t n);
  * THAW_ECORRUPT / THAW_EVERSION (the manifest's lengths are checked). */
 int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids);
 
+/* 1 when the blob is a manifest whose blocks carry their SWA rows
+ * (version 2): a restore rebuilds the window from them, so the
+ * conversation's checkpoints (a window copy each) need not be stored with
+ * it. 0 otherwise (not a manifest, version 1, damaged). */
+int thaw_blocks_manifest_swa_rows(const void *manifest, size_t n);
+
 /* The snapshot ids a manifest names (pointing into it; *n_snaps 0 for a
  * manifest without). 0 or as thaw_blocks_manifest_ids. */
 int thaw_blocks_manifest_snaps(const void *manifest, size_t n, const uint8_t **snaps, uint32_t *n_snaps);

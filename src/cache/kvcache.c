@@ -143,7 +143,9 @@ static int find_largest(void *ud, const struct thaw_disk_entry_info *e)
     struct largest *l = ud;
     if (!e->same_model)
         return 0;
-    if (e->is_block && e->n_tokens > 0)
+    /* the largest rate: an SWA model's blocks come in two shapes (its
+     * global and its SWA layers' rows) */
+    if (e->is_block && e->n_tokens > 0 && (double)e->part_size[THAW_PART_KV] / e->n_tokens > l->block_bytes_per_token)
         l->block_bytes_per_token = (double)e->part_size[THAW_PART_KV] / e->n_tokens;
     else if (e->n_refs > 0 && e->n_tokens > l->max_tokens)
         l->max_tokens = e->n_tokens;
@@ -164,7 +166,9 @@ static void warm_restore_buffer(struct thaw_kvcache *c)
     if (!c->disk || !c->block_tokens || thaw_disk_cache_foreach(c->disk, find_largest, &l) != 0 || !l.max_tokens ||
         l.block_bytes_per_token <= 0)
         return;
-    double want = l.max_tokens * l.block_bytes_per_token + ((size_t)1 << 20);
+    /* an SWA model's state has two sections, each at most that rate: the
+     * global layers' rows of every token and the SWA layers' of the window */
+    double want = l.max_tokens * l.block_bytes_per_token * (c->n_window ? 2 : 1) + ((size_t)1 << 20);
     if (want > (double)((size_t)256 << 20))
         want = (double)((size_t)256 << 20);
     int64_t t0 = thaw_now_us();
@@ -608,6 +612,15 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
                 thaw_blob_ref(parts[p].data);
         }
         rc = cut ? 0 : to_blocks(c, slot_id, ns, w);
+        /* blocks with their SWA rows rebuild the window wherever a restore
+         * needs it: checkpoints (a window each) would copy it again */
+        if (rc == 0 && w[THAW_PART_CKPT].data &&
+            thaw_blocks_manifest_swa_rows(w[THAW_PART_KV].data, w[THAW_PART_KV].size)) {
+            thaw_blob_unref(w[THAW_PART_CKPT].data);
+            if (c->ram)
+                thaw_blob_unref(parts[THAW_PART_CKPT].data); /* its own reference to the same bytes */
+            w[THAW_PART_CKPT] = parts[THAW_PART_CKPT] = (struct thaw_part_blob){NULL, 0};
+        }
         /* with blocks the RAM tier keeps the manifest (its blocks are
          * held there once each), not a second whole copy of the state */
         if (rc == 0 && c->ram) {

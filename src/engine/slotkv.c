@@ -309,6 +309,21 @@ int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct
                                              &s->timings.cache_source, &s->timings.restore_ms);
         if (pre > reach || pre < got) /* a snapshot was installed (or the slot emptied) */
             got = pre;
+    } else if (k->n_swa > 0 && !k->recurrent) {
+        /* An SWA conversation's entry comes without checkpoints when its
+         * blocks carry their SWA rows (kvcache.c): where the prompt parts
+         * from it further back than the restored window reaches, its
+         * blocks still serve it up to the last boundary before that */
+        const struct thaw_ckpt *c;
+        int want = got < t->n_prompt ? got : t->n_prompt - 1; /* one token is decoded (engine.c) */
+        int reach = thaw_slotkv_rollback_target(k, s, want, &c);
+        if (reach < want) {
+            ic.n_past = reach;
+            int pre = thaw_kvcache_lookup_prefix(k->kv, t->ns, t->prompt, t->n_prompt, reach, &sink,
+                                                 &s->timings.cache_source, &s->timings.restore_ms);
+            if (pre != reach) /* the blocks were installed (or the slot emptied) */
+                got = pre;
+        }
     }
     count_lookup(k->metrics, got > n_past ? s->timings.cache_source : NULL);
     return got;
@@ -366,7 +381,13 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
         return;
     thaw_keys_short(s->store_key, hex);
     int64_t t0 = thaw_now_us();
-    if (k->partial &&
+    /* cut from the tap with SWA rows, the blocks hold every position's
+     * window rows: a restore rebuilds the window at any boundary and the
+     * checkpoints (a window each) are not stored (DESIGN §12); they stay
+     * the slot's, for its own rollbacks */
+    bool cut = thaw_kvtap_ready(k->tap) && thaw_kvcache_cuts_blocks(k->kv);
+    bool swa_rows = cut && thaw_kvtap_has_swa(k->tap);
+    if (k->partial && !swa_rows &&
         (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0) {
         LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
         return;
@@ -381,7 +402,7 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
     const char *where = NULL;
     /* the blocks straight from the cache's memory: as much work on a 16k
      * history as on a 2k one (kvtap.h) */
-    if (thaw_kvtap_ready(k->tap) && thaw_kvcache_cuts_blocks(k->kv)) {
+    if (cut) {
         if (k->tap_verify)
             (void)thaw_kvtap_verify(k->tap, k->ctx, s->id, s->n_tokens, thaw_kvcache_block_tokens(k->kv));
         struct thaw_blocks_src src = {(uint32_t)s->n_tokens, tap_size, tap_cut, tap_known, &(struct tap_ud){k->tap, s->id},
@@ -400,6 +421,15 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
         atomic_fetch_add(where ? &k->metrics->stores_cut : &k->metrics->stores_captured, 1);
     }
     if (!where) {
+        /* a capture: its manifest may have to carry the window, and then
+         * the checkpoints go too (kvcache.c drops them when it need not) */
+        if (k->partial && swa_rows &&
+            (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0) {
+            LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                thaw_blob_unref(parts[p].data);
+            return;
+        }
         if ((rc = thaw_kvstate_capture_reuse(k->ctx, s->id, s->tokens, s->n_tokens, &k->capture, &k->capture_cap,
                                              &parts[THAW_PART_KV].data, &parts[THAW_PART_KV].size)) != 0) {
             LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));

@@ -805,6 +805,7 @@ int thaw_kvlayout_assemble(const void *const *blocks, const size_t *sizes, int n
 struct thaw_kvlayout_asm {
     struct thaw_kvlayout_frame f;
     uint32_t n_layers, flags, N, next; /* next: cells placed so far */
+    uint32_t pos0;         /* the section's first position (0 for section 0) */
     int vtrans, ext;
     uint8_t *table;        /* block 0's layer table, which every block must repeat */
     uint64_t *krow, *vrow; /* per layer, bytes per cell */
@@ -814,13 +815,21 @@ struct thaw_kvlayout_asm {
     uint8_t *buf;  /* headroom + size bytes; handed out by finish */
     int blob;      /* buf is a blob (blob.h), not malloc'd */
     uint8_t *base; /* the state in it (valid while the buffer lives) */
+    /* the tail laid out as an SWA section whose blocks go straight into
+     * place (thaw_kvlayout_asm_swa): an assembler of its own over this
+     * one's buffer, which it does not own */
+    struct thaw_kvlayout_asm *swa;
+    int sub;
 };
 
 void thaw_kvlayout_asm_free(struct thaw_kvlayout_asm *a)
 {
     if (!a)
         return;
-    if (a->blob)
+    thaw_kvlayout_asm_free(a->swa);
+    if (a->sub)
+        ; /* the buffer is the outer assembler's */
+    else if (a->blob)
         thaw_blob_unref(a->buf);
     else
         free(a->buf);
@@ -850,39 +859,31 @@ static void *alloc_state(size_t n)
     return p;
 }
 
-int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, const struct thaw_kvlayout_frame *f,
-                          size_t n_tail, size_t headroom, unsigned flags, struct thaw_kvlayout_asm **out)
+/* Lays out one section (kvlayout.h: u32 n_stream, ...) of n_cells cells
+ * from position pos0, shaped as block k, its first word at offset sec_off
+ * of the state: a's shape and offsets; *end is the offset past it.
+ * Writes nothing. 0, THAW_EINVAL or THAW_ENOMEM. */
+static int asm_shape(struct thaw_kvlayout_asm *a, const struct blk *k, uint32_t n_cells, uint32_t pos0,
+                     const struct thaw_kvlayout_frame *f, size_t sec_off, size_t *end)
 {
-    struct thaw_kvlayout_asm *a;
-    struct blk k;
-    uint64_t total, cell_bytes = 0;
-    uint8_t *p;
-    int rc;
+    uint64_t cell_bytes = 0;
 
-    *out = NULL;
     if (!f || f->n_stream == 0 || f->stream >= f->n_stream || f->n_stream > MAX_STREAMS || n_cells == 0 ||
-        n_cells > INT32_MAX)
+        n_cells > INT32_MAX || (uint64_t)pos0 + n_cells > INT32_MAX)
         return THAW_EINVAL;
-    if ((rc = block_parse_head(head0, n_head0, &k, &total)) != 0)
-        return rc;
-    if (!(a = calloc(1, sizeof *a)))
-        return THAW_ENOMEM;
     a->f = *f;
-    a->n_layers = k.n_layers;
-    a->flags = k.flags;
-    a->vtrans = (k.flags & FLAG_VTRANS) != 0;
-    a->ext = (k.flags & FLAG_EXT) != 0;
+    a->n_layers = k->n_layers;
+    a->flags = k->flags;
+    a->vtrans = (k->flags & FLAG_VTRANS) != 0;
+    a->ext = (k->flags & FLAG_EXT) != 0;
     a->N = n_cells;
-    a->n_tail = n_tail;
-    a->headroom = headroom;
-    uint32_t L = k.n_layers;
+    a->pos0 = pos0;
+    uint32_t L = k->n_layers;
     if (!(a->table = malloc((size_t)L * BLOCK_LAYER)) || !(a->krow = calloc(L, sizeof *a->krow)) ||
         !(a->vrow = calloc(L, sizeof *a->vrow)) || !(a->vel = calloc(L, sizeof *a->vel)) ||
-        !(a->k_off = calloc(L, sizeof *a->k_off)) || !(a->v_off = calloc(L, sizeof *a->v_off))) {
-        rc = THAW_ENOMEM;
-        goto fail;
-    }
-    memcpy(a->table, k.table, (size_t)L * BLOCK_LAYER);
+        !(a->k_off = calloc(L, sizeof *a->k_off)) || !(a->v_off = calloc(L, sizeof *a->v_off)))
+        return THAW_ENOMEM;
+    memcpy(a->table, k->table, (size_t)L * BLOCK_LAYER);
     for (uint32_t l = 0; l < L; l++) {
         int32_t vt;
         memcpy(&vt, a->table + (size_t)l * BLOCK_LAYER + 4, 4);
@@ -891,12 +892,10 @@ int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, c
         a->vel[l] = a->vtrans ? (uint32_t)ggml_type_size((enum ggml_type)vt) : 0;
         cell_bytes += a->krow[l] + a->vrow[l]; /* bounded by block_parse_head */
     }
-    /* the state's size; the cells' bytes must fit the address space */
-    if (cell_bytes > (SIZE_MAX / 2) / n_cells) {
-        rc = THAW_ENOMEM;
-        goto fail;
-    }
-    size_t off = 8 + 4 + 4 * (size_t)f->stream + 4;
+    /* the section's size; the cells' bytes must fit the address space */
+    if (cell_bytes > (SIZE_MAX / 4) / n_cells)
+        return THAW_ENOMEM;
+    size_t off = sec_off + 4 + 4 * (size_t)f->stream + 4;
     a->meta_off = off;
     off += (size_t)n_cells * meta_stride(a->ext) + 8;
     for (uint32_t l = 0; l < L; l++) {
@@ -908,33 +907,32 @@ int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, c
         off += 12 + (size_t)n_cells * a->vrow[l];
     }
     off += 4 * (size_t)(f->n_stream - f->stream - 1);
-    a->tail_off = off;
-    a->size = off + n_tail;
-    a->blob = (flags & THAW_KVLAYOUT_ASM_BLOB) != 0;
-    if (a->size > SIZE_MAX - headroom ||
-        !(a->buf = a->blob ? thaw_blob_alloc(headroom + a->size) : alloc_state(headroom + a->size))) {
-        rc = THAW_ENOMEM;
-        goto fail;
-    }
-    a->base = a->buf + headroom;
-    /* everything but the cells' meta and data, and the tail */
-    p = a->buf + headroom;
-    put32(&p, LLAMA_SEQ_MAGIC);
-    put32(&p, (uint32_t)f->seq_id);
+    *end = off;
+    return 0;
+}
+
+/* Writes a's section's words (all but the cells' meta and data), its
+ * first word at sec_off of a->base. */
+static void asm_write_section(struct thaw_kvlayout_asm *a, size_t sec_off)
+{
+    const struct thaw_kvlayout_frame *f = &a->f;
+    uint32_t L = a->n_layers;
+    uint8_t *p = a->base + sec_off;
+
     put32(&p, f->n_stream);
     for (uint32_t st = 0; st < f->stream; st++)
         put32(&p, 0);
-    put32(&p, n_cells);
-    p = a->buf + headroom + a->meta_off + (size_t)n_cells * meta_stride(a->ext);
+    put32(&p, a->N);
+    p = a->base + a->meta_off + (size_t)a->N * meta_stride(a->ext);
     put32(&p, (uint32_t)a->vtrans);
     put32(&p, L);
     for (uint32_t l = 0; l < L; l++) {
-        p = a->buf + headroom + a->k_off[l] - 12;
+        p = a->base + a->k_off[l] - 12;
         put(&p, a->table + (size_t)l * BLOCK_LAYER, 4);
         put64(&p, a->krow[l]);
     }
     for (uint32_t l = 0; l < L; l++) {
-        p = a->buf + headroom + a->v_off[l] - 12;
+        p = a->base + a->v_off[l] - 12;
         put(&p, a->table + (size_t)l * BLOCK_LAYER + 4, 4);
         if (!a->vtrans) {
             put64(&p, a->vrow[l]);
@@ -943,14 +941,103 @@ int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, c
             put32(&p, (uint32_t)(a->vrow[l] / a->vel[l]));
         }
     }
-    p = a->buf + headroom + a->v_off[L - 1] + (size_t)n_cells * a->vrow[L - 1];
+    p = a->base + a->v_off[L - 1] + (size_t)a->N * a->vrow[L - 1];
     for (uint32_t st = f->stream + 1; st < f->n_stream; st++)
         put32(&p, 0);
+}
+
+int thaw_kvlayout_section_size(const void *head0, size_t n_head0, uint32_t n_cells,
+                               const struct thaw_kvlayout_frame *f, size_t *n)
+{
+    struct thaw_kvlayout_asm a = {0};
+    struct blk k;
+    uint64_t total;
+    size_t end = 0;
+    int rc = block_parse_head(head0, n_head0, &k, &total);
+
+    if (rc == 0)
+        rc = asm_shape(&a, &k, n_cells, 0, f, 0, &end);
+    free(a.table);
+    free(a.krow);
+    free(a.vrow);
+    free(a.vel);
+    free(a.k_off);
+    free(a.v_off);
+    *n = end;
+    return rc;
+}
+
+int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, const struct thaw_kvlayout_frame *f,
+                          size_t n_tail, size_t headroom, unsigned flags, struct thaw_kvlayout_asm **out)
+{
+    struct thaw_kvlayout_asm *a;
+    struct blk k;
+    uint64_t total;
+    size_t end;
+    uint8_t *p;
+    int rc;
+
+    *out = NULL;
+    if ((rc = block_parse_head(head0, n_head0, &k, &total)) != 0)
+        return rc;
+    if (!(a = calloc(1, sizeof *a)))
+        return THAW_ENOMEM;
+    if ((rc = asm_shape(a, &k, n_cells, 0, f, 8, &end)) != 0)
+        goto fail;
+    a->n_tail = n_tail;
+    a->headroom = headroom;
+    a->tail_off = end;
+    a->size = end + n_tail;
+    a->blob = (flags & THAW_KVLAYOUT_ASM_BLOB) != 0;
+    if (a->size < end || a->size > SIZE_MAX - headroom ||
+        !(a->buf = a->blob ? thaw_blob_alloc(headroom + a->size) : alloc_state(headroom + a->size))) {
+        rc = THAW_ENOMEM;
+        goto fail;
+    }
+    a->base = a->buf + headroom;
+    /* everything but the cells' meta and data, and the tail */
+    p = a->base;
+    put32(&p, LLAMA_SEQ_MAGIC);
+    put32(&p, (uint32_t)f->seq_id);
+    asm_write_section(a, 8);
     *out = a;
     return 0;
 fail:
     thaw_kvlayout_asm_free(a);
     return rc;
+}
+
+int thaw_kvlayout_asm_swa(struct thaw_kvlayout_asm *a, const void *head0, size_t n_head0, uint32_t pos0,
+                          uint32_t n_cells)
+{
+    struct thaw_kvlayout_asm *w;
+    struct blk k;
+    uint64_t total;
+    size_t end;
+    int rc;
+
+    if (a->swa || a->sub || !a->buf)
+        return THAW_EINVAL;
+    if ((rc = block_parse_head(head0, n_head0, &k, &total)) != 0)
+        return rc;
+    if (!(w = calloc(1, sizeof *w)))
+        return THAW_ENOMEM;
+    w->sub = 1;
+    if ((rc = asm_shape(w, &k, n_cells, pos0, &a->f, a->tail_off, &end)) != 0 ||
+        (rc = end - a->tail_off == a->n_tail ? 0 : THAW_EINVAL) != 0) {
+        thaw_kvlayout_asm_free(w);
+        return rc;
+    }
+    w->buf = a->buf;
+    w->base = a->base;
+    asm_write_section(w, a->tail_off);
+    a->swa = w;
+    return 0;
+}
+
+struct thaw_kvlayout_asm *thaw_kvlayout_asm_swa_part(struct thaw_kvlayout_asm *a)
+{
+    return a->swa;
 }
 
 /* Block k (parsed) is the next one: same shape as block 0, at the next
@@ -960,9 +1047,9 @@ static int asm_place(struct thaw_kvlayout_asm *a, const struct blk *k)
     if (k->n_layers != a->n_layers || k->flags != a->flags ||
         memcmp(k->table, a->table, (size_t)a->n_layers * BLOCK_LAYER) != 0)
         return THAW_EMISMATCH;
-    if (k->pos0 != a->next || k->n_cells > a->N - a->next)
+    if (k->pos0 != a->pos0 + a->next || k->n_cells > a->N - a->next)
         return THAW_EINVAL;
-    uint8_t *p = a->base + a->meta_off + (size_t)k->pos0 * meta_stride(a->ext);
+    uint8_t *p = a->base + a->meta_off + (size_t)a->next * meta_stride(a->ext);
     size_t bstride = block_meta_stride(a->ext);
     for (uint32_t c = 0; c < k->n_cells; c++) {
         const uint8_t *m = k->meta + (size_t)c * bstride;
@@ -1000,6 +1087,9 @@ int thaw_kvlayout_asm_segments(const struct thaw_kvlayout_asm *a, uint32_t pos0,
     uint8_t *base = a->base;
     int n = 0;
 
+    if (pos0 < a->pos0)
+        return 0; /* not this section's (asm_head refused it) */
+    pos0 -= a->pos0; /* the section's cell */
     while (n < cap && cur->part < 2) {
         uint32_t l = cur->l;
         if (l == a->n_layers) {
@@ -1050,7 +1140,9 @@ int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_
 
 int thaw_kvlayout_asm_finish(struct thaw_kvlayout_asm *a, const void *tail, size_t n_tail, void **out, size_t *n_out)
 {
-    if (a->next != a->N || n_tail != a->n_tail || (n_tail && !tail))
+    if (a->sub || a->next != a->N)
+        return THAW_EINVAL;
+    if (a->swa ? n_tail != 0 || a->swa->next != a->swa->N : n_tail != a->n_tail || (n_tail && !tail))
         return THAW_EINVAL;
     if (n_tail)
         memcpy(a->buf + a->headroom + a->tail_off, tail, n_tail);

@@ -253,6 +253,26 @@ int thaw_kvlayout_asm_segments(const struct thaw_kvlayout_asm *a, uint32_t pos0,
 /* A whole block in memory, checked as thaw_kvlayout_asm_head checks a
  * head, put in place; *n_cells (may be NULL) gets its cell count. */
 int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_t n, uint32_t *n_cells);
+/* The bytes of one section (the layout at the top, as thaw_kvlayout_tail
+ * gives it) of n_cells cells shaped as the block whose head is head0, for
+ * frame f: the n_tail to give thaw_kvlayout_asm_new for an SWA section
+ * built in place. 0, THAW_ECORRUPT / THAW_EVERSION, THAW_EINVAL or
+ * THAW_ENOMEM. */
+int thaw_kvlayout_section_size(const void *head0, size_t n_head0, uint32_t n_cells,
+                               const struct thaw_kvlayout_frame *f, size_t *n);
+/* Lays out a's tail (n_tail bytes, exactly thaw_kvlayout_section_size of
+ * the same shape) as an SWA section of n_cells cells from position pos0,
+ * shaped as the block whose head is head0 (DESIGN §12: the window a
+ * restore rebuilds from SWA blocks, read straight into place like section
+ * 0's). Its blocks then go in through thaw_kvlayout_asm_swa_part(a), with
+ * thaw_kvlayout_asm_head, _segments and _copy as for a, in position order
+ * from pos0; thaw_kvlayout_asm_finish(a, NULL, 0, ...) checks both
+ * sections are whole. 0, THAW_ECORRUPT / THAW_EVERSION, THAW_EINVAL (sizes
+ * that do not match, called twice) or THAW_ENOMEM. */
+int thaw_kvlayout_asm_swa(struct thaw_kvlayout_asm *a, const void *head0, size_t n_head0, uint32_t pos0,
+                          uint32_t n_cells);
+/* The SWA section's assembler (owned by a; NULL before thaw_kvlayout_asm_swa). */
+struct thaw_kvlayout_asm *thaw_kvlayout_asm_swa_part(struct thaw_kvlayout_asm *a);
 /* Checks every cell was placed, appends the tail; on 0 *out is the
  * allocation (free() it, or thaw_blob_unref() with THAW_KVLAYOUT_ASM_BLOB:
  * headroom, then *n_out bytes of state). */

@@ -9,6 +9,7 @@ written. Outputs are compared with the resident reference: each
 conversation served alone from a --swa-full slot with no cache tier."""
 import glob
 import os
+import re
 import shutil
 import signal
 import struct
@@ -277,3 +278,51 @@ def test_kill_9_while_writing_swa_rows(serve, swa_models, tmp_path, arch):
     s = serve(m, *srv_flags)
     assert not glob.glob(str(tmp_path / "*.tmp*")), "startup sweep left temporary files"
     assert [reply(chat(s, t, 8)) for t in turn2] == ref
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_crash_while_swa_blocks_are_written(serve, swa_models, tmp_path, arch):
+    """A kill -9 at a chosen moment: the writer has put some of the
+    conversation's SWA blocks on disk and not yet its manifest (every fsync
+    made slow so that moment lasts). After the restart the directory
+    verifies, no manifest names a missing block, the blocks written before
+    the crash are named again by the next store (none left for GC to
+    collect), and the outputs equal the reference."""
+    m = swa_models[arch]
+    conv = [shared_system(), ask(40)]
+    # the same store once, to learn the ids of its SWA blocks (content
+    # addressed: the crash run writes the same ones)
+    probe = tmp_path / "probe"
+    s = serve(m, "-np", "1", "-c", "8192", *flags(probe))
+    r1 = chat(s, conv, 8)
+    s.stop()
+    (_, _, _, _, _, _, _, sids), = check_swa_manifests(probe, WINDOW[arch])
+    d = tmp_path / "crash"
+    srv = Server(m, "-np", "1", "-c", "8192", *flags(d), env={"THAW_TEST_DISK_FSYNC_DELAY_MS": "150"})
+    try:
+        assert reply(chat(srv, conv, 8)) == reply(r1)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if any(os.path.exists(d / f"{sid}.kv") or os.path.exists(d / f"{sid}.kv.tmp") for sid in sids):
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("no SWA block was written")
+        assert not manifests(d), "the manifest committed before the crash: the moment was missed"
+    finally:
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait()
+    p = subprocess.run([THAW, "cache", "verify", str(d)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    turn2 = conv + [{"role": "assistant", "content": reply(r1)}, ask(41)]
+    ref = reference(serve, m, [conv, turn2], n=8)
+    s = serve(m, "-np", "1", "-c", "8192", *flags(d))
+    assert not glob.glob(str(d / "*.tmp*")), "startup sweep left temporary files"
+    assert reply(chat(s, conv, 8)) == ref[0]  # stored again: its blocks are named once more
+    s.stop()
+    for _, _, _, n_blk, _, _, _, ms_sids in check_swa_manifests(d, WINDOW[arch]):
+        assert set(sids) <= set(ms_sids)
+    out = subprocess.run([THAW, "cache", "stats", str(d)], capture_output=True, text=True).stdout
+    assert re.search(r"^unnamed blocks +0 ", out, re.M), out
+    s = serve(m, "-np", "1", "-c", "8192", *flags(d))
+    assert reply(chat(s, turn2, 8)) == ref[1]
