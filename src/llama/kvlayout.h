@@ -16,7 +16,7 @@
  *              cell order, positions not from 0), so it is not cut like
  *              section 0; its rows are cut by position into SWA blocks
  *              (thaw_kvlayout_swa_*, DESIGN §12) while they are in it, and
- *              a restore rebuilds it from them (thaw_kvlayout_section);
+ *              a restore reads them into place (thaw_kvlayout_asm_swa);
  *              or the recurrent state of a hybrid model (its attention
  *              layers are section 0) — also the TAIL, kept whole: it
  *              exists only at the sequence's last position (snapshots.h)
@@ -158,13 +158,6 @@ int thaw_kvlayout_swa_mem(const struct thaw_kvlayout *l, struct thaw_kvlayout_me
  * its V row to v_dst (transposed V: element e to v_dst + e * v_dst_stride). */
 void thaw_kvlayout_swa_copy_cell(const struct thaw_kvlayout *l, uint32_t i, uint32_t layer, void *k_dst,
                                  void *v_dst, size_t v_dst_stride);
-/* Builds one KV-cache section (the layout above, as thaw_kvlayout_tail
- * gives it) from n blocks at consecutive positions starting anywhere, for
- * frame f: the SWA section of a restore. *out is malloc'd. 0,
- * THAW_ECORRUPT / THAW_EVERSION, THAW_EMISMATCH (shapes differ),
- * THAW_EINVAL (a gap, no blocks, a bad frame) or THAW_ENOMEM. */
-int thaw_kvlayout_section(const void *const *blocks, const size_t *sizes, int n, const struct thaw_kvlayout_frame *f,
-                          void **out, size_t *n_out);
 void thaw_kvlayout_mem_free(struct thaw_kvlayout_mem *m);
 uint32_t thaw_kvlayout_mem_n_layers(const struct thaw_kvlayout_mem *m);
 /* Layer `layer`'s bytes per cell (transposed V: n_embd_v * el) and V's
