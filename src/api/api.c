@@ -5,7 +5,9 @@
  *   ---- responses ----  completion, chunk, error, models JSON
  */
 #include "api/api.h"
+
 #include "api/api_wire.h"
+#include "api/template.h"
 
 #include "base/error.h"
 #include "base/utf8.h"
@@ -325,7 +327,7 @@ static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char 
             if (desc && !json_is_null(desc) && !json_is_string(desc))
                 return fail(err, errlen, "tools[%zu].function.description must be a string", i);
         }
-        if (json_array_size(tools) > 0 && !(out->tools_json = json_dumps(tools, JSON_COMPACT | JSON_SORT_KEYS)))
+        if (json_array_size(tools) > 0 && !(out->tools_json = json_dumps(tools, JSON_COMPACT)))
             return THAW_ENOMEM;
     }
 
@@ -376,7 +378,7 @@ static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char 
             json_t *schema = json_object_get(rf, "schema");
             if (schema && !json_is_null(schema) && !json_is_object(schema))
                 return fail(err, errlen, "'response_format.schema' must be a JSON schema object");
-            if (!(out->json_schema = json_is_object(schema) ? json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS)
+            if (!(out->json_schema = json_is_object(schema) ? json_dumps(schema, JSON_COMPACT)
                                                             : strdup("{\"type\":\"object\"}")))
                 return THAW_ENOMEM;
         } else if (strcmp(ty, "json_schema") == 0) {
@@ -384,7 +386,7 @@ static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char 
             json_t *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
             if (!json_is_object(schema))
                 return fail(err, errlen, "'response_format.json_schema.schema' must be a JSON schema object");
-            if (!(out->json_schema = json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS)))
+            if (!(out->json_schema = json_dumps(schema, JSON_COMPACT)))
                 return THAW_ENOMEM;
         } else if (strcmp(ty, "text") != 0) {
             return fail(err, errlen, "'response_format.type' '%s' is not one of text, json_object, json_schema", ty);
@@ -398,7 +400,7 @@ static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char 
             return fail(err, errlen, "'json_schema' must be a JSON schema object");
         if (out->json_schema)
             return fail(err, errlen, "send one of 'json_schema' and 'response_format', not both");
-        if (!(out->json_schema = json_dumps(js, JSON_COMPACT | JSON_SORT_KEYS)))
+        if (!(out->json_schema = json_dumps(js, JSON_COMPACT)))
             return THAW_ENOMEM;
     }
     if (gr && !json_is_null(gr)) {
@@ -452,6 +454,57 @@ static int refuse_unsupported(json_t *root, char *err, size_t errlen)
     return 0;
 }
 
+/* add_generation_prompt, continue_final_message and the assistant prefill,
+ * with llama-server's checks (server-common.cpp, oaicompat_chat_params_parse) */
+static int parse_continuation(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_t *agp = json_object_get(root, "add_generation_prompt"), *cfm = json_object_get(root, "continue_final_message");
+    const char *last = out->n_messages ? out->messages[out->n_messages - 1].role : NULL;
+    bool last_asst = last && strcmp(last, "assistant") == 0;
+    bool agp_sent = agp && !json_is_null(agp), cfm_off = false;
+
+    out->add_generation_prompt = true;
+    if (agp_sent && !json_is_boolean(agp))
+        return fail(err, errlen, "'add_generation_prompt' must be true or false");
+    if (agp_sent)
+        out->add_generation_prompt = json_is_true(agp);
+    if (cfm && !json_is_null(cfm)) {
+        if (json_is_boolean(cfm)) {
+            out->continue_final = json_is_true(cfm);
+            cfm_off = !out->continue_final;
+        } else if (json_is_string(cfm) && (strcmp(json_string_value(cfm), "content") == 0 ||
+                                           strcmp(json_string_value(cfm), "reasoning_content") == 0)) {
+            out->continue_final = true;
+        } else {
+            return fail(err, errlen, "'continue_final_message' must be true, false, \"content\" or \"reasoning_content\"");
+        }
+    }
+    if (!out->continue_final && !cfm_off && last_asst) { /* llama-server's prefill_assistant */
+        if (out->n_messages >= 2 && strcmp(out->messages[out->n_messages - 2].role, "assistant") == 0)
+            return fail(err, errlen, "Cannot have 2 or more assistant messages at the end of the list.");
+        if (agp_sent && out->add_generation_prompt)
+            return fail(err, errlen, "Cannot set both add_generation_prompt and continue_final_message to true.");
+        out->continue_final = true;
+        out->add_generation_prompt = false;
+    }
+    if (out->continue_final && out->add_generation_prompt) {
+        if (agp_sent)
+            return fail(err, errlen, "Cannot set both add_generation_prompt and continue_final_message to true.");
+        out->add_generation_prompt = false;
+    }
+    if (out->continue_final && !last_asst)
+        return fail(err, errlen, "'continue_final_message' needs an assistant message last");
+    if (out->continue_final) {
+        json_t *m = json_loads(out->messages[out->n_messages - 1].json, 0, NULL);
+        bool calls = json_array_size(json_object_get(m, "tool_calls")) > 0;
+        json_decref(m);
+        if (calls)
+            return fail(err, errlen, "Cannot continue an assistant message that contains tool calls.");
+        out->last_transient = true; /* the reply is the continued message, whole */
+    }
+    return 0;
+}
+
 static int parse_stop(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
 {
     json_t *stop = json_object_get(root, "stop");
@@ -500,6 +553,9 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
     out->min_p = NAN;
     out->top_k = -1;
     out->cache_prompt = default_cache_prompt;
+    out->add_generation_prompt = true;
+    out->id_slot = -1;
+    out->verbose = -1;
 
     root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
@@ -594,6 +650,21 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
     if ((rc = parse_stop(root, out, err, errlen)) != 0)
         goto error;
     if ((rc = get_bool(root, "cache_prompt", &out->cache_prompt, err, errlen)) != 0)
+        goto error;
+    if ((rc = parse_continuation(root, out, err, errlen)) != 0)
+        goto error;
+    if ((rc = get_int(root, "id_slot", -1, 1 << 20, &d, &present, err, errlen)) != 0)
+        goto error;
+    if (present)
+        out->id_slot = (int)d;
+    json_t *verbose = json_object_get(root, "verbose");
+    if (verbose && !json_is_null(verbose)) {
+        bool b = false;
+        if ((rc = get_bool(root, "verbose", &b, err, errlen)) != 0)
+            goto error;
+        out->verbose = b;
+    }
+    if ((rc = get_bool(root, "return_progress", &out->return_progress, err, errlen)) != 0)
         goto error;
 
     json_decref(root);
@@ -868,10 +939,11 @@ char *thaw_api_completion_json(const char *id, const char *model, long created, 
 
     if (!msg)
         return NULL;
-    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s}], s:o, s:o}", "id", id, "object",
-                          "chat.completion", "created", (json_int_t)created, "model", model, "choices", "index", 0,
-                          "message", msg, "finish_reason", finish_reason, "usage", thaw_api_usage_json(prompt_tokens, t),
-                          "timings", thaw_api_timings_json(t)));
+    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:o, s:s}], s:o, s:o}", "id", id, "object",
+                          "chat.completion", "created", (json_int_t)created, "model", model, "system_fingerprint",
+                          thaw_tmpl_build_fingerprint(), "choices", "index", 0, "message", msg, "finish_reason",
+                          finish_reason, "usage", thaw_api_usage_json(prompt_tokens, t), "timings",
+                          thaw_api_timings_json(t)));
 }
 
 int thaw_api_diff_chunks(const char *id, const char *model, long created, const char *diffs_json, char ***out, int *n)
@@ -933,8 +1005,9 @@ char *thaw_api_chunk_delta_json(const char *id, const char *model, long created,
         json_object_set_new(delta, "tool_calls", json_pack("[o]", call));
     }
     json_decref(d);
-    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n}]}", "id", id, "object", "chat.completion.chunk",
-                          "created", (json_int_t)created, "model", model, "choices", "index", 0, "delta", delta,
+    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:o, s:n}]}", "id", id, "object",
+                          "chat.completion.chunk", "created", (json_int_t)created, "model", model,
+                          "system_fingerprint", thaw_tmpl_build_fingerprint(), "choices", "index", 0, "delta", delta,
                           "finish_reason"));
 }
 
@@ -942,8 +1015,8 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
                           const char *content, const char *finish_reason, const struct thaw_timings *timings,
                           int prompt_tokens, bool usage_only)
 {
-    json_t *root = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "chat.completion.chunk", "created",
-                             (json_int_t)created, "model", model);
+    json_t *root = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", id, "object", "chat.completion.chunk", "created",
+                             (json_int_t)created, "model", model, "system_fingerprint", thaw_tmpl_build_fingerprint());
     json_t *choices = json_array();
 
     if (!root || !choices) {

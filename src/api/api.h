@@ -43,14 +43,30 @@ struct thaw_chat_request {
     char *stop[THAW_API_MAX_STOP]; /* n_stop, owned */
     int n_stop;
     bool cache_prompt;
+    /* The template's generation prompt (llama-server's and transformers'
+     * add_generation_prompt, default true) and assistant prefill: with
+     * continue_final the last message is an assistant message the reply
+     * continues (rendered open, no end of turn). A trailing assistant
+     * message turns it on unless the request says continue_final_message
+     * false, as llama-server's prefill_assistant does; it and an explicit
+     * add_generation_prompt true are a 400, as are two trailing assistant
+     * messages and a prefill with tool calls. */
+    bool add_generation_prompt;
+    bool continue_final;
+    int id_slot;                   /* llama-server's id_slot: the slot to run on, -1 = any */
+    int verbose;                   /* llama-server's 'verbose' (the reply's __verbose): 1, 0, -1 = not sent
+                                    * (the server's -v decides) */
+    bool return_progress;          /* llama-server's: a stream reports prompt_progress as the prompt is read */
 
-    /* agents (NULL = absent); JSON texts compact with sorted keys */
+    /* agents (NULL = absent); JSON texts compact; tools and the schema keep
+     * the client's key order (templates print tools as JSON, and a schema's
+     * property order is the reply's: llama-server renders both as sent) */
     char *tools_json;              /* the 'tools' array, validated */
     char *tool_choice;             /* "auto" | "none" | "required" */
     char *tool_choice_name;        /* a named function (tool_choice is then "required") */
     bool parallel_tool_calls;
     char *json_schema;             /* response_format's schema ({"type":"object"} for json_object) */
-    char *template_kwargs;         /* chat_template_kwargs object */
+    char *template_kwargs;         /* chat_template_kwargs object, keys sorted */
     char *grammar;                 /* GBNF from the request's 'grammar' (it wins over a template's); NULL = none */
 
     /* a raw completion (POST /v1/completions, /completion): no messages;
@@ -63,7 +79,9 @@ struct thaw_chat_request {
 
     /* The last message is rendered for this request only: the client never
      * echoes it in a later turn (Claude Code's max-tokens recovery prompt,
-     * api_anthropic.c), so the reply is stored and keyed as the history
+     * api_anthropic.c; an assistant prefill, which the reply carries whole:
+     * the chat library parses the prefill back into the reply's content, as
+     * llama-server answers), so the reply is stored and keyed as the history
      * without it (thaw_chat_request_n_history). */
     bool last_transient;
 };

