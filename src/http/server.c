@@ -792,7 +792,39 @@ static const struct route {
     {"/webui/", NULL, "GET", route_webui, true, true, NULL},
 };
 
-/* The origin to allow for a browser's request, or NULL (--cors-origin). */
+/* An origin on this machine: http(s)://localhost, 127.0.0.1 or [::1],
+ * with any port or none, nothing after (llama-server's origin_is_localhost). */
+static bool origin_is_localhost(const char *origin)
+{
+    static const char *const schemes[] = {"http://", "https://"};
+    static const char *const hosts[] = {"localhost", "127.0.0.1", "[::1]"};
+    const char *p = NULL;
+
+    for (int i = 0; i < 2 && !p; i++)
+        if (strncmp(origin, schemes[i], strlen(schemes[i])) == 0)
+            p = origin + strlen(schemes[i]);
+    if (!p)
+        return false;
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(hosts[i]);
+        if (strncmp(p, hosts[i], n) != 0)
+            continue;
+        const char *q = p + n;
+        if (*q == '\0')
+            return true;
+        if (*q != ':' || !q[1])
+            return false;
+        while (*++q)
+            if (*q < '0' || *q > '9')
+                return false;
+        return true;
+    }
+    return false;
+}
+
+/* The origin to allow for a browser's request, or NULL (--cors-origin):
+ * "*", an origin of the list, echoed, or any of this machine's origins
+ * when the list says `localhost` (as llama-server's --cors-origins). */
 static const char *cors_allow(const struct server *srv, const char *origin)
 {
     const char *list = srv->cfg.cors_origin;
@@ -806,11 +838,28 @@ static const char *cors_allow(const struct server *srv, const char *origin)
         size_t len = strcspn(p, ",");
         if (len == n && strncmp(p, origin, n) == 0)
             return origin; /* echoed: it is one of ours */
+        if (len == 9 && strncmp(p, "localhost", 9) == 0 && origin_is_localhost(origin))
+            return origin;
         p += len;
         if (*p == ',')
             p++;
     }
     return NULL;
+}
+
+/* The headers a preflight asked for, when they are header names (a
+ * browser SDK sends its own: x-api-key, anthropic-version, x-stainless-*;
+ * a fixed list would refuse them, and "*" does not cover Authorization in
+ * the Fetch standard). NULL = the default list. */
+static const char *cors_headers(const char *asked)
+{
+    if (!asked || !*asked || strlen(asked) > 1024)
+        return NULL;
+    for (const char *p = asked; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+              *p == '_' || *p == ',' || *p == ' '))
+            return NULL;
+    return asked;
 }
 
 static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_http_response *r)
@@ -832,18 +881,22 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
             (routes[i].prefix && strncmp(url, routes[i].path, strlen(routes[i].path)) == 0))
             rt = &routes[i];
     r->allow_origin = cors_allow(srv, hr->origin);
-    if (!rt && srv->cfg.n_api_keys > 0 && strcmp(hr->method, "OPTIONS") != 0 && authenticate(srv, hr, ns) != 0) {
+    if (strcmp(hr->method, "OPTIONS") == 0) {
+        /* a browser's preflight, on any path (it carries no key): an empty
+         * 200 as llama-server answers; without an allowed origin it has no
+         * Access-Control-Allow-Origin, and the browser refuses the call */
+        set_json(r, 200, strdup(""));
+        r->content_type = "text/plain";
+        r->cors_preflight = r->allow_origin != NULL;
+        r->allow_headers = cors_headers(hr->cors_request_headers);
+        r->allow = rt ? rt->method : NULL;
+    } else if (!rt && srv->cfg.n_api_keys > 0 && authenticate(srv, hr, ns) != 0) {
         /* as llama-server: without a key, no path is told apart from another */
         set_wire_error(r, &wire_chat, 401, wire_chat.auth_hint);
     } else if (!rt) {
         char msg[128];
         snprintf(msg, sizeof msg, "no route for %s %.80s", hr->method, hr->url);
         set_wire_error(r, errors_for(hr->url), 404, msg);
-    } else if (strcmp(hr->method, "OPTIONS") == 0 && r->allow_origin) {
-        /* a browser's preflight: no key (it carries none), no body */
-        r->status = 204;
-        r->cors_preflight = true;
-        r->allow = rt->method;
     } else if (strcmp(hr->method, rt->method) != 0) {
         char msg[96];
         snprintf(msg, sizeof msg, "use %s for %s", rt->method, rt->path);

@@ -142,3 +142,37 @@ def test_tools_and_schema_keep_the_clients_key_order(serve, compat_models):
                                                             "json_schema": {"name": "x", "schema": schema}}})
     out = r.json()["choices"][0]["message"]["content"]
     assert list(json.loads(out).keys()) == ["zz", "aa"], out
+
+
+def preflight(s, origin, path="/v1/completions", headers="Authorization"):
+    import requests
+    return requests.options(s.url + path, headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                                                    "Access-Control-Request-Headers": headers}, timeout=30)
+
+
+def test_cors_preflight(serve):
+    # no --cors-origin: a preflight is answered (200, as llama-server), but
+    # allows no origin, so the browser refuses the call; thaw does not open
+    # the API to every web page by default as llama-server does (see README)
+    s = serve("llama", "--api-key", "k")
+    r = preflight(s, "http://localhost:8080")
+    assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers
+    assert preflight(s, "http://x", path="/no/such/route").status_code == 200  # before the key and the route
+    # `localhost`: this machine's origins on any port, nothing that only looks like one
+    s = serve("llama", "--cors-origin", "localhost,http://app.example")
+    for origin in ("http://localhost", "http://localhost:5173", "http://127.0.0.1:3000", "http://[::1]:8080",
+                   "https://localhost:8443", "http://app.example"):
+        r = preflight(s, origin, headers="Authorization, x-stainless-os, anthropic-version")
+        assert r.status_code == 200 and r.headers.get("Access-Control-Allow-Origin") == origin, (origin, r.headers)
+        # the SDKs' own headers are allowed as asked (a fixed list would refuse them)
+        assert r.headers["Access-Control-Allow-Headers"] == "Authorization, x-stainless-os, anthropic-version"
+        assert "POST" in r.headers["Access-Control-Allow-Methods"]
+    for origin in ("http://localhost.evil.com", "http://notlocalhost", "http://127.0.0.1.evil.com",
+                   "http://localhost:80x", "http://evil.com"):
+        r = preflight(s, origin)
+        assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers, origin
+    # the real request carries the origin back
+    import requests
+    r = requests.post(s.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 1},
+                      headers={"Origin": "http://localhost:5173"}, timeout=60)
+    assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
