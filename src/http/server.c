@@ -389,6 +389,13 @@ static int prepare(struct server *srv, const struct thaw_http_request *hr, const
         set_wire_error(r, w, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         return rc;
     }
+    if (req->id_slot >= srv->cfg.n_parallel) {
+        snprintf(err, sizeof err, "'id_slot' %d: the server has %d slots (-np), 0 to %d", req->id_slot,
+                 srv->cfg.n_parallel, srv->cfg.n_parallel - 1);
+        set_wire_error(r, w, 400, err);
+        thaw_chat_request_free(req);
+        return THAW_EINVAL;
+    }
     /* cheap bounds first: no template or tokenizer work for what cannot fit */
     if ((rc = thaw_api_admit(req, thaw_engine_n_ctx_slot(srv->engine), thaw_engine_max_token_bytes(srv->engine),
                              err, sizeof err)) != 0) {

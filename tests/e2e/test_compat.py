@@ -176,3 +176,28 @@ def test_cors_preflight(serve):
     r = requests.post(s.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 1},
                       headers={"Origin": "http://localhost:5173"}, timeout=60)
     assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
+
+
+def test_id_slot_runs_on_the_named_slot(serve):
+    s = serve("llama", "-np", "2", "-c", "1024")
+    a, b = "alpha " * 6 + "one", "beta " * 6 + "two"
+
+    def slot_text():
+        return {x["id"]: x["prompt"] for x in s.get("/slots").json()}
+
+    r = s.post("/completion", {"prompt": a, "n_predict": 2, "id_slot": 1})
+    assert r.status_code == 200, r.text
+    held = slot_text()
+    assert a in held[1] and a not in held[0], held
+    # the same prompt again, sent to slot 0: it runs there, although slot 1
+    # holds it and would be chosen (its prefix)
+    r = s.post("/completion", {"prompt": a, "n_predict": 2, "id_slot": 0})
+    assert r.status_code == 200 and r.json()["tokens_cached"] == 0, r.text
+    held = slot_text()
+    assert a in held[0] and a in held[1]
+    r = s.post("/v1/chat/completions", {"messages": [user(b)], "max_tokens": 2, "id_slot": 1})
+    assert r.status_code == 200
+    held = slot_text()
+    assert b in held[1] and b not in held[0]
+    r = s.post("/completion", {"prompt": a, "n_predict": 2, "id_slot": 2})
+    assert r.status_code == 400 and "id_slot" in r.json()["error"]["message"]
