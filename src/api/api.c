@@ -8,6 +8,7 @@
 
 #include "api/api_wire.h"
 #include "api/template.h"
+#include "base/sampling.h"
 
 #include "base/error.h"
 #include "base/utf8.h"
@@ -859,14 +860,22 @@ char *thaw_api_cache_json(const char *text)
     return m ? thaw_api_dump(json_pack("{s:s, s:o}", "object", "thaw.cache", "metrics", m)) : NULL;
 }
 
-char *thaw_api_props_json(const char *model, const char *chat_template, int total_slots, int n_ctx_slot,
-                          bool jinja, bool kv_cache)
+char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
+                          int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict)
 {
     char *clean = thaw_utf8_sanitize(chat_template, strlen(chat_template));
-    char *out = clean ? thaw_api_dump(json_pack("{s:{s:i}, s:i, s:s, s:s, s:b, s:b}", "default_generation_settings", "n_ctx",
-                                       n_ctx_slot, "total_slots", total_slots, "model_alias", model, "chat_template",
-                                       clean, "jinja", jinja, "kv_cache", kv_cache))
-                      : NULL;
+    json_t *params = json_pack("{s:I, s:f, s:i, s:f, s:f, s:i, s:f, s:f, s:f, s:b}", "seed", (json_int_t)smp->seed,
+                               "temperature", (double)smp->temp, "top_k", smp->top_k, "top_p", (double)smp->top_p,
+                               "min_p", (double)smp->min_p, "n_predict", n_predict, "repeat_penalty",
+                               (double)smp->penalty_repeat, "presence_penalty", (double)smp->penalty_present,
+                               "frequency_penalty", (double)smp->penalty_freq, "ignore_eos", smp->ignore_eos);
+    char *out = clean && params
+                    ? thaw_api_dump(json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:b, s:b, s:s}",
+                                              "default_generation_settings", "n_ctx", n_ctx_slot, "params", params,
+                                              "total_slots", total_slots, "model_alias", model, "model_path",
+                                              model_path ? model_path : "", "chat_template", clean, "jinja", jinja,
+                                              "kv_cache", kv_cache, "build_info", thaw_tmpl_build_fingerprint()))
+                    : (json_decref(params), NULL);
 
     free(clean);
     return out;
@@ -1041,20 +1050,45 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
     return thaw_api_dump(root);
 }
 
-char *thaw_api_models_json(const char *model, long created, const struct thaw_model_meta *m)
+/* "a,b,c" -> ["a","b","c"] (empty names dropped); NULL -> []. */
+static json_t *comma_list(const char *s)
+{
+    json_t *a = json_array();
+
+    for (const char *p = s; a && p && *p;) {
+        size_t n = strcspn(p, ",");
+        if (n > 0)
+            json_array_append_new(a, json_stringn(p, n));
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    return a;
+}
+
+char *thaw_api_models_json(const char *model, const char *tags, long created, const struct thaw_model_meta *m)
 {
     json_t *meta = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:I}", "vocab_type", m->vocab_type, "n_vocab", m->n_vocab,
                              "n_ctx", m->n_ctx_slot, "n_ctx_train", m->n_ctx_train, "n_embd", m->n_embd, "n_params",
                              (json_int_t)m->n_params, "size", (json_int_t)m->size_bytes);
     json_t *details = json_pack("{s:s, s:s, s:s, s:[s], s:s, s:s}", "parent_model", "", "format", "gguf", "family", "",
                                 "families", "", "parameter_size", "", "quantization_level", "");
+    json_t *aliases = comma_list(model), *v;
+    const char *id = NULL;
+    size_t i;
 
+    json_array_foreach(aliases, i, v)
+        if (!id || strcmp(json_string_value(v), id) < 0)
+            id = json_string_value(v);
+    if (!id)
+        id = model;
     return thaw_api_dump(json_pack("{s:[{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s], s:[s], s:s, s:o}], s:s, "
-                          "s:[{s:s, s:[s], s:[], s:s, s:I, s:s, s:o}]}",
-                          "models", "name", model, "model", model, "modified_at", "", "size", "", "digest", "", "type",
+                          "s:[{s:s, s:o, s:o, s:s, s:I, s:s, s:o}]}",
+                          "models", "name", id, "model", id, "modified_at", "", "size", "", "digest", "", "type",
                           "model", "description", "", "tags", "", "capabilities", "completion", "parameters", "",
-                          "details", details, "object", "list", "data", "id", model, "aliases", model, "tags",
-                          "object", "model", "created", (json_int_t)created, "owned_by", "thaw", "meta", meta));
+                          "details", details, "object", "list", "data", "id", id, "aliases", aliases, "tags",
+                          comma_list(tags), "object", "model", "created", (json_int_t)created, "owned_by", "thaw",
+                          "meta", meta));
 }
 
 int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,

@@ -144,9 +144,13 @@ int thaw_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t
 char *thaw_api_tokens_json(const int32_t *tokens, size_t n, char *const *pieces);
 /* {key: text} (text made valid UTF-8): /detokenize's "content", /apply-template's "prompt". */
 char *thaw_api_string_json(const char *key, const char *text);
-/* GET /props, llama-server's shape (the fields clients read). */
-char *thaw_api_props_json(const char *model, const char *chat_template, int total_slots, int n_ctx_slot,
-                          bool jinja, bool kv_cache);
+/* GET /props, llama-server's shape (the fields clients read): the model's
+ * alias and path, default_generation_settings (n_ctx of a slot and the
+ * sampling defaults a request gets, `smp`, with -n as n_predict),
+ * build_info. */
+struct thaw_sampling;
+char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
+                          int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict);
 /* GET /cache: {"object":"thaw.cache","metrics":{name: number}} from the
  * Prometheus text of thaw_metrics_render (its sample lines, "thaw_" cut from
  * each name), so the page and /metrics can never disagree: counts and sizes
@@ -190,8 +194,10 @@ struct thaw_model_meta {
     uint64_t n_params, size_bytes;
     int n_vocab, vocab_type, n_ctx_train, n_embd, n_ctx_slot;
 };
-/* GET /v1/models body: OpenAI's list ("data") with llama-server's "meta"
- * and "aliases", and its Ollama-style "models" array. */
-char *thaw_api_models_json(const char *model, long created, const struct thaw_model_meta *m);
+/* GET /v1/models body: OpenAI's list ("data") with llama-server's "meta",
+ * "aliases" (`model` split at commas; the id is the first of them in byte
+ * order, as llama-server picks it) and "tags" (`tags` split the same way,
+ * NULL = none), and its Ollama-style "models" array. */
+char *thaw_api_models_json(const char *model, const char *tags, long created, const struct thaw_model_meta *m);
 
 #endif

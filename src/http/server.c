@@ -582,6 +582,43 @@ static void route_count_tokens(struct server *srv, const struct thaw_http_reques
     thaw_chat_request_free(&req);
 }
 
+/* POST /v1/chat/completions/input_tokens and /v1/responses/input_tokens
+ * (llama-server's): {"input_tokens": n}, the prompt the request renders to,
+ * counted; nothing is generated. */
+static void count_input_tokens(struct server *srv, const struct thaw_http_request *hr, struct thaw_http_response *r,
+                               const struct wire *w)
+{
+    struct thaw_chat_request req;
+    llama_token *prompt = NULL;
+    struct thaw_chat_gen gen;
+    int n_prompt = 0;
+    char buf[48];
+
+    if (prepare(srv, hr, w, r, &req, &prompt, &n_prompt, &gen) != 0)
+        return;
+    snprintf(buf, sizeof buf, "{\"input_tokens\":%d}", n_prompt);
+    set_json(r, 200, strdup(buf));
+    if (!r->body)
+        set_wire_error(r, w, 500, "out of memory");
+    free(prompt);
+    thaw_chat_gen_free(&gen);
+    thaw_chat_request_free(&req);
+}
+
+static void route_chat_input_tokens(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                                    struct thaw_http_response *r)
+{
+    (void)ns;
+    count_input_tokens(srv, hr, r, &wire_chat);
+}
+
+static void route_responses_input_tokens(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                                         struct thaw_http_response *r)
+{
+    (void)ns;
+    count_input_tokens(srv, hr, r, &wire_responses);
+}
+
 /* ---- other routes ---------------------------------------------------------------- */
 
 static void route_health(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
@@ -601,7 +638,7 @@ static void route_models(struct server *srv, const struct thaw_http_request *hr,
     (void)hr;
     (void)ns;
     thaw_engine_model_meta(srv->engine, &m);
-    set_json(r, 200, thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->started, &m));
+    set_json(r, 200, thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->cfg.tags, srv->started, &m));
 }
 
 static void route_metrics(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
@@ -747,9 +784,10 @@ static void route_props(struct server *srv, const struct thaw_http_request *hr, 
     (void)hr;
     (void)ns;
     set_json(r, 200,
-             thaw_api_props_json(thaw_engine_model_name(srv->engine), thaw_chat_template(thaw_engine_chat(srv->engine)),
-                                 srv->cfg.n_parallel, thaw_engine_n_ctx_slot(srv->engine), srv->cfg.jinja,
-                                 srv->cfg.kv_cache_dir != NULL));
+             thaw_api_props_json(thaw_engine_model_name(srv->engine), srv->cfg.model_path,
+                                 thaw_chat_template(thaw_engine_chat(srv->engine)), srv->cfg.n_parallel,
+                                 thaw_engine_n_ctx_slot(srv->engine), srv->cfg.jinja, srv->cfg.kv_cache_dir != NULL,
+                                 &srv->cfg.sampling, srv->cfg.n_predict));
 }
 
 /* GET /slots: llama-server's array, each slot's conversation (the
@@ -783,8 +821,13 @@ static const struct route {
     {"/health", "/v1/health", "GET", route_health, true, false, NULL},
     {"/v1/chat/completions", "/chat/completions", "POST", route_chat, false, false, NULL},
     {"/v1/messages", NULL, "POST", route_messages, false, false, &wire_messages},
-    {"/v1/completions", "/completions", "POST", route_completions, false, false, NULL},
-    {"/completion", NULL, "POST", route_completion, false, false, NULL},
+    {"/v1/completions", NULL, "POST", route_completions, false, false, NULL},
+    /* llama-server's own shape at both, as there; only /v1/completions is OpenAI's */
+    {"/completion", "/completions", "POST", route_completion, false, false, NULL},
+    {"/v1/chat/completions/input_tokens", "/chat/completions/input_tokens", "POST", route_chat_input_tokens, false,
+     false, NULL},
+    {"/v1/responses/input_tokens", "/responses/input_tokens", "POST", route_responses_input_tokens, false, false,
+     NULL},
     {"/v1/responses", "/responses", "POST", route_responses, false, false, NULL},
     {"/v1/messages/count_tokens", NULL, "POST", route_count_tokens, false, false, &wire_messages},
     {"/v1/models", "/models", "GET", route_models, false, false, NULL},

@@ -201,3 +201,21 @@ def test_id_slot_runs_on_the_named_slot(serve):
     assert b in held[1] and b not in held[0]
     r = s.post("/completion", {"prompt": a, "n_predict": 2, "id_slot": 2})
     assert r.status_code == 400 and "id_slot" in r.json()["error"]["message"]
+
+
+def test_props_models_and_paths(serve, models):
+    s = serve("llama", "--alias", "tiny-2,fim,code", "--tags", "chat,small", "-np", "2", "-c", "1024", "-s", "42",
+              "--temp", "0.5")
+    p = s.get("/props").json()
+    assert p["model_path"] == models["llama"] and p["build_info"].startswith("b")
+    g = p["default_generation_settings"]
+    assert g["n_ctx"] == 512 and g["params"]["seed"] == 42 and abs(g["params"]["temperature"] - 0.5) < 1e-6
+    d = s.get("/v1/models").json()["data"][0]
+    assert set(d["aliases"]) == {"tiny-2", "fim", "code"} and d["id"] == "code" and d["tags"] == ["chat", "small"]
+    # llama-server's paths: /completions is its own shape (only /v1/completions is OpenAI's)
+    r = s.post("/completions", {"prompt": "Once", "n_predict": 2}).json()
+    assert "content" in r and "choices" not in r
+    r = s.post("/v1/chat/completions/input_tokens", {"messages": BOOK})
+    assert r.status_code == 200
+    n = r.json()["input_tokens"]
+    assert n == s.chat(BOOK, max_tokens=1)["usage"]["prompt_tokens"]
