@@ -442,8 +442,6 @@ static int refuse_unsupported(json_t *root, char *err, size_t errlen)
             if (!json_is_string(mo) || strcmp(json_string_value(mo), "text") != 0)
                 return fail(err, errlen, "'modalities' other than \"text\" are not supported");
     }
-    if ((v = json_object_get(root, "logit_bias")) && json_is_object(v) && json_object_size(v) > 0)
-        return fail(err, errlen, "'logit_bias' is not supported");
     static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, penalties[i])) && json_is_number(v) && json_number_value(v) != 0)
@@ -502,6 +500,109 @@ static int parse_continuation(json_t *root, struct thaw_chat_request *out, char 
         if (calls)
             return fail(err, errlen, "Cannot continue an assistant message that contains tool calls.");
         out->last_transient = true; /* the reply is the continued message, whole */
+    }
+    return 0;
+}
+
+/* One logit_bias value: a number, or false (banned). */
+static int bias_value(json_t *v, const char *where, float *out, char *err, size_t errlen)
+{
+    if (json_is_false(v)) {
+        *out = -INFINITY;
+        return 0;
+    }
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return fail(err, errlen, "%s must be a number or false", where);
+    *out = (float)json_number_value(v);
+    return 0;
+}
+
+static int parse_logit_bias(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_t *lb = json_object_get(root, "logit_bias"), *v;
+    size_t n = json_is_object(lb) ? json_object_size(lb) : json_is_array(lb) ? json_array_size(lb) : 0, i = 0;
+    char where[64];
+
+    if (!lb || json_is_null(lb) || n == 0)
+        return 0;
+    if (n > 65536)
+        return fail(err, errlen, "'logit_bias' holds more than 65536 entries");
+    if (!(out->bias = calloc(n, sizeof *out->bias)))
+        return THAW_ENOMEM;
+    if (json_is_object(lb)) {
+        const char *k;
+        json_object_foreach(lb, k, v) {
+            char *end;
+            long id = strtol(k, &end, 10);
+            struct thaw_api_bias *b = &out->bias[out->n_bias];
+            snprintf(where, sizeof where, "logit_bias[\"%.24s\"]", k);
+            if (!*k || *end || id < 0 || id > INT32_MAX) { /* llama-server: a key that is no id is text */
+                b->token = -1;
+                if (!(b->text = strdup(k)))
+                    return THAW_ENOMEM;
+            } else {
+                b->token = (int32_t)id;
+            }
+            out->n_bias++;
+            if (bias_value(v, where, &b->bias, err, errlen) != 0)
+                return THAW_EINVAL;
+        }
+        return 0;
+    }
+    json_array_foreach(lb, i, v) {
+        json_t *key = json_array_get(v, 0);
+        struct thaw_api_bias *b = &out->bias[out->n_bias];
+        snprintf(where, sizeof where, "logit_bias[%zu][1]", i);
+        if (!json_is_array(v) || json_array_size(v) != 2 || !(json_is_integer(key) || json_is_string(key)))
+            return fail(err, errlen, "logit_bias[%zu] must be [token id or text, bias or false]", i);
+        if (json_is_integer(key)) {
+            if (json_integer_value(key) < 0 || json_integer_value(key) > INT32_MAX)
+                return fail(err, errlen, "logit_bias[%zu][0] must be a token id", i);
+            b->token = (int32_t)json_integer_value(key);
+        } else {
+            b->token = -1;
+            if (!(b->text = strdup(json_string_value(key))))
+                return THAW_ENOMEM;
+        }
+        out->n_bias++;
+        if (bias_value(json_array_get(v, 1), where, &b->bias, err, errlen) != 0)
+            return THAW_EINVAL;
+    }
+    return 0;
+}
+
+int thaw_api_resolve_bias(struct thaw_chat_request *req, int n_vocab,
+                          int32_t *(*tokenize)(void *ud, const char *text, int *n), void *ud, char *err,
+                          size_t errlen)
+{
+    int cap = 0;
+
+    for (int i = 0; i < req->n_bias; i++) {
+        int32_t *toks = NULL;
+        int n = 1;
+        if (req->bias[i].text && !(toks = tokenize(ud, req->bias[i].text, &n)))
+            return THAW_ENOMEM;
+        if (!req->bias[i].text && req->bias[i].token >= n_vocab)
+            return fail(err, errlen, "logit_bias: token %d is not in the vocabulary (%d tokens)", req->bias[i].token,
+                        n_vocab);
+        if (req->n_bias_tok + n > cap) {
+            int nc = 2 * (req->n_bias_tok + n);
+            int32_t *nt = realloc(req->bias_tok, (size_t)nc * sizeof *nt);
+            if (nt)
+                req->bias_tok = nt;
+            float *nv = nt ? realloc(req->bias_val, (size_t)nc * sizeof *nv) : NULL;
+            if (!nt || !nv) {
+                free(toks);
+                return THAW_ENOMEM;
+            }
+            req->bias_val = nv;
+            cap = nc;
+        }
+        for (int j = 0; j < n; j++) {
+            req->bias_tok[req->n_bias_tok] = toks ? toks[j] : req->bias[i].token;
+            req->bias_val[req->n_bias_tok++] = req->bias[i].bias;
+        }
+        free(toks);
     }
     return 0;
 }
@@ -654,6 +755,8 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
         goto error;
     if ((rc = parse_continuation(root, out, err, errlen)) != 0)
         goto error;
+    if ((rc = parse_logit_bias(root, out, err, errlen)) != 0)
+        goto error;
     if ((rc = get_int(root, "id_slot", -1, 1 << 20, &d, &present, err, errlen)) != 0)
         goto error;
     if (present)
@@ -684,6 +787,11 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
         free(req->messages[i].content);
         free(req->messages[i].json);
     }
+    for (int i = 0; i < req->n_bias; i++)
+        free(req->bias[i].text);
+    free(req->bias);
+    free(req->bias_tok);
+    free(req->bias_val);
     free(req->tools_json);
     free(req->tool_choice);
     free(req->tool_choice_name);

@@ -544,6 +544,26 @@ int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool
     return 0;
 }
 
+int thaw_chat_tokenize_plain(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out)
+{
+    size_t len = strlen(text);
+    llama_token *toks;
+    int n;
+
+    if (len > INT32_MAX / 2)
+        return THAW_ETOOBIG;
+    if (!(toks = malloc((len + 16) * sizeof *toks)))
+        return THAW_ENOMEM;
+    n = llama_tokenize(chat->vocab, text, (int32_t)len, toks, (int32_t)(len + 16), false, false);
+    if (n < 0) {
+        free(toks);
+        return THAW_EINVAL;
+    }
+    *out = toks;
+    *n_out = n;
+    return 0;
+}
+
 char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok)
 {
     char *buf = malloc(256);

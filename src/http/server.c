@@ -366,6 +366,19 @@ static int apply_defaults(const struct thaw_config *cfg, struct thaw_chat_reques
     return 0;
 }
 
+/* A logit_bias text's tokens (thaw_api_resolve_bias): as the text reads
+ * inside a reply, no BOS, special tokens not parsed. */
+static int32_t *bias_tokenize(void *ud, const char *text, int *n)
+{
+    const struct thaw_chat *chat = ud;
+    llama_token *toks = NULL;
+
+    *n = 0;
+    if (thaw_chat_tokenize_plain(chat, text, &toks, n) != 0)
+        return NULL;
+    return toks;
+}
+
 /* Parse, the cheap bounds, the template: the request and its prompt, or an
  * answered error (then returns nonzero and nothing needs freeing). */
 static int prepare(struct server *srv, const struct thaw_http_request *hr, const struct wire *w,
@@ -387,6 +400,12 @@ static int prepare(struct server *srv, const struct thaw_http_request *hr, const
     rc = w->parse(hr->body, hr->n_body, srv->cfg.cache_prompt, req, err, sizeof err);
     if (rc != 0) {
         set_wire_error(r, w, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        return rc;
+    }
+    if (req->n_bias > 0 &&
+        (rc = thaw_api_resolve_bias(req, thaw_chat_n_vocab(chat), bias_tokenize, (void *)chat, err, sizeof err)) != 0) {
+        set_wire_error(r, w, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        thaw_chat_request_free(req);
         return rc;
     }
     if (req->id_slot >= srv->cfg.n_parallel) {

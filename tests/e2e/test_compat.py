@@ -219,3 +219,27 @@ def test_props_models_and_paths(serve, models):
     assert r.status_code == 200
     n = r.json()["input_tokens"]
     assert n == s.chat(BOOK, max_tokens=1)["usage"]["prompt_tokens"]
+
+
+def test_logit_bias_changes_the_reply(serve):
+    s = serve("llama")
+
+    def gen(**kw):
+        r = s.post("/completion", {"prompt": "What is the best book", "n_predict": 6, "temperature": 0, **kw})
+        assert r.status_code == 200, r.text
+        return r.json()["content"]
+
+    free = gen()
+    first = s.post("/tokenize", {"content": free, "add_special": False}).json()["tokens"][0]
+    piece = s.post("/tokenize", {"content": free, "add_special": False, "with_pieces": True}).json()["tokens"][0]
+    for bias in ([[first, False]], [[first, -100]], {str(first): -100}):
+        out = gen(logit_bias=bias)
+        assert out != free and not out.startswith(piece["piece"] if isinstance(piece["piece"], str) else "\0"), bias
+    # a text entry biases its tokens: banning the free reply's text changes it
+    assert gen(logit_bias=[[free, False]]) != free
+    # the chat API takes OpenAI's shape too
+    a = s.chat(BOOK, max_tokens=4)["choices"][0]["message"]["content"]
+    t = s.post("/tokenize", {"content": a, "add_special": False}).json()["tokens"][0]
+    assert s.chat(BOOK, max_tokens=4, logit_bias={str(t): -100})["choices"][0]["message"]["content"] != a
+    assert s.post("/completion", {"prompt": "x", "logit_bias": [["a", "b"]]}).status_code == 400
+    assert s.post("/completion", {"prompt": "x", "logit_bias": [[10 ** 9, 1]]}).status_code == 400
