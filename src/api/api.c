@@ -790,6 +790,7 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
     for (int i = 0; i < req->n_bias; i++)
         free(req->bias[i].text);
     free(req->bias);
+    free(req->response_fields);
     free(req->bias_tok);
     free(req->bias_val);
     free(req->tools_json);

@@ -66,6 +66,7 @@ struct thaw_chat_request {
     int32_t *bias_tok;
     float *bias_val;
     int n_bias_tok;
+    char *response_fields;         /* /completion's response_fields: a JSON array of "a/b" paths, NULL = all */
     int id_slot;                   /* llama-server's id_slot: the slot to run on, -1 = any */
     int verbose;                   /* llama-server's 'verbose' (the reply's __verbose): 1, 0, -1 = not sent
                                     * (the server's -v decides) */

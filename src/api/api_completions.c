@@ -99,6 +99,17 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
     }
     if ((rc = refuse_fields(root, err, errlen)) != 0)
         goto out;
+    json_t *rf = json_object_get(root, "response_fields"), *f;
+    size_t k;
+    if (rf && !json_is_null(rf)) {
+        bool ok = json_is_array(rf);
+        json_array_foreach(rf, k, f)
+            ok &= json_is_string(f);
+        if (!ok) {
+            rc = thaw_api_fail(err, errlen, "'response_fields' must be an array of strings");
+            goto out;
+        }
+    }
     /* the rest is a chat request's: one stand-in message, dropped after */
     if (!(chat = json_copy(root))) {
         rc = THAW_ENOMEM;
@@ -108,6 +119,7 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
     json_object_del(chat, "logprobs");
     json_object_del(chat, "tools");
     json_object_del(chat, "response_format");
+    json_object_del(chat, "response_fields");
     json_object_set_new(chat, "messages", json_pack("[{s:s, s:s}]", "role", "user", "content", "."));
     if (!(text = json_dumps(chat, JSON_COMPACT))) {
         rc = THAW_ENOMEM;
@@ -124,6 +136,11 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
     out->messages = NULL;
     out->n_messages = 0;
     out->raw = true;
+    if (json_array_size(rf) > 0 && !(out->response_fields = json_dumps(rf, JSON_COMPACT))) {
+        thaw_chat_request_free(out);
+        rc = THAW_ENOMEM;
+        goto out;
+    }
     if ((rc = take_prompt(prompt, out, err, errlen)) != 0)
         thaw_chat_request_free(out);
 out:

@@ -239,51 +239,103 @@ struct deferred {
     struct server *srv;
 };
 
-/* llama-server's __verbose (a request's "verbose": true, or the server's
- * -v when the request does not say): the prompt as the model read it, each
- * token's text as the vocabulary has it (special tokens rendered), and the
- * reply's text and counts. Added to `body` (a reply object's JSON); the
- * body is left as it was when anything fails. */
-static char *add_verbose(const struct server *srv, const struct thaw_task *t, char *body)
+/* The prompt as the model read it: each token's text as the vocabulary
+ * has it (special tokens rendered), made valid UTF-8, as llama-server
+ * shows it ("<s> " + text). malloc'd; NULL on ENOMEM. */
+static char *prompt_text(const struct server *srv, const struct thaw_task *t)
 {
     const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
-    json_t *root = json_loads(body, 0, NULL);
-    char *prompt = NULL, *content = thaw_api_message_content(t->message_json), *out = NULL;
+    char *prompt = malloc(1), *out;
     size_t n = 0, cap = 1;
 
-    if (!json_is_object(root) || !content || !(prompt = malloc(cap)))
-        goto done;
+    if (!prompt)
+        return NULL;
     prompt[0] = '\0';
     for (int i = 0; i < t->n_prompt; i++) {
         char *piece = thaw_chat_token_piece(chat, t->prompt[i]), *np;
         size_t len = piece ? strlen(piece) : 0;
         if (!piece || !(np = n + len + 1 > cap ? realloc(prompt, cap = 2 * (n + len + 1)) : prompt)) {
             free(piece);
-            goto done;
+            free(prompt);
+            return NULL;
         }
         prompt = np;
         memcpy(prompt + n, piece, len + 1);
         n += len;
         free(piece);
     }
-    char *clean = thaw_utf8_sanitize(prompt, n), *cclean = thaw_utf8_sanitize(content, strlen(content));
-    if (clean && cclean)
+    out = thaw_utf8_sanitize(prompt, n);
+    free(prompt);
+    return out;
+}
+
+/* llama-server's __verbose (a request's "verbose": true, or the server's
+ * -v when the request does not say): the prompt as the model read it and
+ * the reply's text and counts. Added to `body` (a reply object's JSON);
+ * the body is left as it was when anything fails. */
+static char *add_verbose(const struct server *srv, const struct thaw_task *t, char *body)
+{
+    json_t *root = json_loads(body, 0, NULL);
+    char *prompt = prompt_text(srv, t), *content = thaw_api_message_content(t->message_json), *out = NULL;
+    char *cclean = content ? thaw_utf8_sanitize(content, strlen(content)) : NULL;
+
+    if (json_is_object(root) && prompt && cclean)
         json_object_set_new(root, "__verbose",
-                            json_pack("{s:s, s:s, s:i, s:i, s:i, s:s}", "prompt", clean, "content", cclean,
+                            json_pack("{s:s, s:s, s:i, s:i, s:i, s:s}", "prompt", prompt, "content", cclean,
                                       "tokens_evaluated", t->n_prompt, "tokens_predicted", t->timings.predicted_n,
                                       "tokens_cached", t->timings.cache_n, "finish_reason",
                                       t->finish_reason ? t->finish_reason : ""));
-    free(clean);
-    free(cclean);
     out = json_object_get(root, "__verbose") ? json_dumps(root, JSON_COMPACT) : NULL;
-done:
     json_decref(root);
     free(prompt);
     free(content);
+    free(cclean);
     if (!out)
         return body;
     free(body);
     return out;
+}
+
+/* /completion's response_fields: only the named fields, each "a/b" path
+ * read from the whole reply (with its prompt and generation_settings, as
+ * llama-server's) and keyed by the path; a path that names nothing is left
+ * out. Takes `body`; NULL on ENOMEM. */
+static char *pick_fields(const struct server *srv, const struct thaw_task *t, char *body)
+{
+    json_t *root = json_loads(body, 0, NULL), *fields = json_loads(t->req.response_fields, 0, NULL), *out = NULL;
+    json_t *f;
+    char *prompt = prompt_text(srv, t), *text = NULL;
+    size_t i;
+
+    free(body);
+    if (!json_is_object(root) || !json_is_array(fields) || !prompt || !(out = json_object()))
+        goto done;
+    json_object_set_new(root, "prompt", json_string(prompt));
+    json_object_set_new(root, "generation_settings",
+                        json_pack("{s:i, s:i, s:b}", "n_predict", t->max_tokens, "n_probs", 0, "stream",
+                                  t->req.stream));
+    json_array_foreach(fields, i, f) {
+        const char *path = json_string_value(f);
+        json_t *v = root;
+        for (const char *p = path; v && *p;) {
+            size_t n = strcspn(p, "/");
+            char key[256];
+            snprintf(key, sizeof key, "%.*s", (int)(n < 255 ? n : 255), p);
+            v = json_object_get(v, key);
+            p += n;
+            if (*p == '/')
+                p++;
+        }
+        if (v)
+            json_object_set(out, path, v);
+    }
+    text = json_dumps(out, JSON_COMPACT);
+done:
+    json_decref(out);
+    json_decref(fields);
+    json_decref(root);
+    free(prompt);
+    return text;
 }
 
 static bool wants_verbose(const struct server *srv, const struct thaw_task *t, const struct wire *w)
@@ -324,6 +376,8 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
     char *body = t->message_json ? d->wire->reply_json(t, id) : NULL;
     if (body && wants_verbose(d->srv, t, d->wire))
         body = add_verbose(d->srv, t, body);
+    if (body && t->req.response_fields && d->wire == &wire_completion)
+        body = pick_fields(d->srv, t, body);
     set_json(r, 200, body);
     if (!r->body)
         set_wire_error(r, d->wire, 500, "out of memory");

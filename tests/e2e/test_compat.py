@@ -243,3 +243,16 @@ def test_logit_bias_changes_the_reply(serve):
     assert s.chat(BOOK, max_tokens=4, logit_bias={str(t): -100})["choices"][0]["message"]["content"] != a
     assert s.post("/completion", {"prompt": "x", "logit_bias": [["a", "b"]]}).status_code == 400
     assert s.post("/completion", {"prompt": "x", "logit_bias": [[10 ** 9, 1]]}).status_code == 400
+
+
+def test_completion_response_fields(serve):
+    s = serve("llama")
+    prompt = "I believe the meaning of life is"
+    full = s.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0}).json()
+    r = s.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0,
+                               "response_fields": ["content", "generation_settings/n_predict", "prompt",
+                                                   "timings/predicted_n", "no/such"]}).json()
+    assert set(r) == {"content", "generation_settings/n_predict", "prompt", "timings/predicted_n"}, r
+    assert r["content"] == full["content"] and r["generation_settings/n_predict"] == 8
+    assert r["timings/predicted_n"] == full["tokens_predicted"]
+    assert r["prompt"].endswith(prompt) and len(r["prompt"]) > len(prompt)  # BOS rendered, as llama-server
