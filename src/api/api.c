@@ -257,6 +257,17 @@ static int normalize_message(json_t *m, size_t i, struct thaw_message *out, char
         return fail(err, errlen, "messages[%zu].tool_calls must be an array", i);
     }
     out->json = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS);
+    if (out->json && json_is_array(content) && json_array_size(content) > 1) {
+        json_t *parts = json_array(), *part;
+        size_t k;
+        json_array_foreach(content, k, part)
+            json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", json_object_get(part, "text")));
+        json_object_set_new(norm, "content", parts);
+        if (!(out->render = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS))) {
+            free(out->json);
+            out->json = NULL;
+        }
+    }
     json_decref(norm);
     return out->json ? 0 : THAW_ENOMEM;
 }
@@ -299,6 +310,7 @@ int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size
     json_decref(root);
     free(m.role);
     free(m.content);
+    free(m.render);
     if (rc == 0)
         *out = m.json;
     else
@@ -786,6 +798,7 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
         free(req->messages[i].role);
         free(req->messages[i].content);
         free(req->messages[i].json);
+        free(req->messages[i].render);
     }
     for (int i = 0; i < req->n_bias; i++)
         free(req->bias[i].text);

@@ -23,6 +23,9 @@ struct thaw_message {
                     * (developer -> system), content (string or null),
                     * tool_calls, tool_call_id, name, reasoning_content;
                     * compact, keys sorted */
+    char *render;  /* the message as the template gets it, when it differs from json: content of several
+                    * text parts kept as parts (the chat library joins them as the template wants, as
+                    * llama-server passes them); NULL = json */
 };
 
 struct thaw_chat_request {

@@ -131,6 +131,7 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
         free(out->messages[i].role);
         free(out->messages[i].content);
         free(out->messages[i].json);
+        free(out->messages[i].render);
     }
     free(out->messages);
     out->messages = NULL;

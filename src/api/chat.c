@@ -203,7 +203,9 @@ static char *inputs_json(const struct thaw_chat *chat, const struct thaw_chat_re
     if (!in || !msgs || !kw)
         goto done;
     for (size_t i = 0; i < n; i++)
-        json_array_append_new(msgs, renderable(json_loads(req->messages[i].json, 0, &jerr)));
+        json_array_append_new(msgs, renderable(json_loads(req->messages[i].render ? req->messages[i].render
+                                                                                   : req->messages[i].json,
+                                                          0, &jerr)));
     for (int i = 0; i < n_extra; i++)
         json_array_append_new(msgs, renderable(json_loads(extra[i], 0, &jerr)));
     json_object_set(in, "messages", msgs);

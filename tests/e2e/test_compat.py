@@ -69,6 +69,11 @@ def test_assistant_prefill_is_continued(serve, compat_models):
     raw = s.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0})
     assert raw.status_code == 200, raw.text
     assert chat == "Whill" + raw.json()["content"]
+    # a prefill in text parts reaches the template as parts (the library
+    # joins them as the template wants, as llama-server passes them)
+    parts = BOOK + [{"role": "assistant", "content": [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]}]
+    r = s.post("/apply-template", {"messages": parts})
+    assert r.status_code == 200 and r.json()["prompt"].endswith(ASSISTANT_OPEN + "Wh\n\nill"), r.text
     # without the prefill the generation prompt closes nothing: another prompt
     plain = s.post("/apply-template", {"messages": BOOK}).json()["prompt"]
     assert plain.endswith(ASSISTANT_OPEN) and plain + "Whill" == prompt
