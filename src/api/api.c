@@ -780,8 +780,6 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
             goto error;
         out->verbose = b;
     }
-    if ((rc = get_bool(root, "return_progress", &out->return_progress, err, errlen)) != 0)
-        goto error;
 
     json_decref(root);
     return 0;

@@ -73,7 +73,6 @@ struct thaw_chat_request {
     int id_slot;                   /* llama-server's id_slot: the slot to run on, -1 = any */
     int verbose;                   /* llama-server's 'verbose' (the reply's __verbose): 1, 0, -1 = not sent
                                     * (the server's -v decides) */
-    bool return_progress;          /* llama-server's: a stream reports prompt_progress as the prompt is read */
 
     /* agents (NULL = absent); JSON texts compact; tools and the schema keep
      * the client's key order (templates print tools as JSON, and a schema's
