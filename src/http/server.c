@@ -296,24 +296,28 @@ static char *add_verbose(const struct server *srv, const struct thaw_task *t, ch
     return out;
 }
 
-/* /completion's response_fields: only the named fields, each "a/b" path
- * read from the whole reply (with its prompt and generation_settings, as
- * llama-server's) and keyed by the path; a path that names nothing is left
- * out. Takes `body`; NULL on ENOMEM. */
-static char *pick_fields(const struct server *srv, const struct thaw_task *t, char *body)
+/* /completion's whole reply, as llama-server's: with the prompt the model
+ * read and generation_settings; then, with response_fields, only the named
+ * fields, each "a/b" path read from that whole reply and keyed by the path
+ * (a path that names nothing is left out). Takes `body`; NULL on ENOMEM. */
+static char *completion_fields(const struct server *srv, const struct thaw_task *t, char *body)
 {
-    json_t *root = json_loads(body, 0, NULL), *fields = json_loads(t->req.response_fields, 0, NULL), *out = NULL;
-    json_t *f;
+    json_t *root = json_loads(body, 0, NULL), *out = NULL, *f;
+    json_t *fields = t->req.response_fields ? json_loads(t->req.response_fields, 0, NULL) : NULL;
     char *prompt = prompt_text(srv, t), *text = NULL;
     size_t i;
 
     free(body);
-    if (!json_is_object(root) || !json_is_array(fields) || !prompt || !(out = json_object()))
+    if (!json_is_object(root) || !prompt || !(out = json_object()))
         goto done;
     json_object_set_new(root, "prompt", json_string(prompt));
     json_object_set_new(root, "generation_settings",
                         json_pack("{s:i, s:i, s:b}", "n_predict", t->max_tokens, "n_probs", 0, "stream",
                                   t->req.stream));
+    if (!json_is_array(fields)) {
+        text = json_dumps(root, JSON_COMPACT);
+        goto done;
+    }
     json_array_foreach(fields, i, f) {
         const char *path = json_string_value(f);
         json_t *v = root;
@@ -376,8 +380,8 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
     char *body = t->message_json ? d->wire->reply_json(t, id) : NULL;
     if (body && wants_verbose(d->srv, t, d->wire))
         body = add_verbose(d->srv, t, body);
-    if (body && t->req.response_fields && d->wire == &wire_completion)
-        body = pick_fields(d->srv, t, body);
+    if (body && d->wire == &wire_completion)
+        body = completion_fields(d->srv, t, body);
     set_json(r, 200, body);
     if (!r->body)
         set_wire_error(r, d->wire, 500, "out of memory");

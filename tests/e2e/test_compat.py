@@ -254,6 +254,7 @@ def test_completion_response_fields(serve):
     s = serve("llama")
     prompt = "I believe the meaning of life is"
     full = s.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0}).json()
+    assert full["generation_settings"]["n_predict"] == 8 and full["prompt"].endswith(prompt)
     r = s.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0,
                                "response_fields": ["content", "generation_settings/n_predict", "prompt",
                                                    "timings/predicted_n", "no/such"]}).json()
