@@ -5,7 +5,10 @@
  *   ---- responses ----  completion, chunk, error, models JSON
  */
 #include "api/api.h"
+
 #include "api/api_wire.h"
+#include "api/template.h"
+#include "base/sampling.h"
 
 #include "base/error.h"
 #include "base/utf8.h"
@@ -254,6 +257,17 @@ static int normalize_message(json_t *m, size_t i, struct thaw_message *out, char
         return fail(err, errlen, "messages[%zu].tool_calls must be an array", i);
     }
     out->json = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS);
+    if (out->json && json_is_array(content) && json_array_size(content) > 1) {
+        json_t *parts = json_array(), *part;
+        size_t k;
+        json_array_foreach(content, k, part)
+            json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", json_object_get(part, "text")));
+        json_object_set_new(norm, "content", parts);
+        if (!(out->render = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS))) {
+            free(out->json);
+            out->json = NULL;
+        }
+    }
     json_decref(norm);
     return out->json ? 0 : THAW_ENOMEM;
 }
@@ -296,6 +310,7 @@ int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size
     json_decref(root);
     free(m.role);
     free(m.content);
+    free(m.render);
     if (rc == 0)
         *out = m.json;
     else
@@ -325,7 +340,7 @@ static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char 
             if (desc && !json_is_null(desc) && !json_is_string(desc))
                 return fail(err, errlen, "tools[%zu].function.description must be a string", i);
         }
-        if (json_array_size(tools) > 0 && !(out->tools_json = json_dumps(tools, JSON_COMPACT | JSON_SORT_KEYS)))
+        if (json_array_size(tools) > 0 && !(out->tools_json = json_dumps(tools, JSON_COMPACT)))
             return THAW_ENOMEM;
     }
 
@@ -376,7 +391,7 @@ static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char 
             json_t *schema = json_object_get(rf, "schema");
             if (schema && !json_is_null(schema) && !json_is_object(schema))
                 return fail(err, errlen, "'response_format.schema' must be a JSON schema object");
-            if (!(out->json_schema = json_is_object(schema) ? json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS)
+            if (!(out->json_schema = json_is_object(schema) ? json_dumps(schema, JSON_COMPACT)
                                                             : strdup("{\"type\":\"object\"}")))
                 return THAW_ENOMEM;
         } else if (strcmp(ty, "json_schema") == 0) {
@@ -384,7 +399,7 @@ static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char 
             json_t *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
             if (!json_is_object(schema))
                 return fail(err, errlen, "'response_format.json_schema.schema' must be a JSON schema object");
-            if (!(out->json_schema = json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS)))
+            if (!(out->json_schema = json_dumps(schema, JSON_COMPACT)))
                 return THAW_ENOMEM;
         } else if (strcmp(ty, "text") != 0) {
             return fail(err, errlen, "'response_format.type' '%s' is not one of text, json_object, json_schema", ty);
@@ -398,7 +413,7 @@ static int parse_agent_fields(json_t *root, struct thaw_chat_request *out, char 
             return fail(err, errlen, "'json_schema' must be a JSON schema object");
         if (out->json_schema)
             return fail(err, errlen, "send one of 'json_schema' and 'response_format', not both");
-        if (!(out->json_schema = json_dumps(js, JSON_COMPACT | JSON_SORT_KEYS)))
+        if (!(out->json_schema = json_dumps(js, JSON_COMPACT)))
             return THAW_ENOMEM;
     }
     if (gr && !json_is_null(gr)) {
@@ -439,8 +454,6 @@ static int refuse_unsupported(json_t *root, char *err, size_t errlen)
             if (!json_is_string(mo) || strcmp(json_string_value(mo), "text") != 0)
                 return fail(err, errlen, "'modalities' other than \"text\" are not supported");
     }
-    if ((v = json_object_get(root, "logit_bias")) && json_is_object(v) && json_object_size(v) > 0)
-        return fail(err, errlen, "'logit_bias' is not supported");
     static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, penalties[i])) && json_is_number(v) && json_number_value(v) != 0)
@@ -449,6 +462,160 @@ static int refuse_unsupported(json_t *root, char *err, size_t errlen)
         return fail(err, errlen, "'functions' is deprecated and not supported: send 'tools'");
     if ((v = json_object_get(root, "prediction")) && !json_is_null(v))
         return fail(err, errlen, "'prediction' is not supported");
+    return 0;
+}
+
+/* add_generation_prompt, continue_final_message and the assistant prefill,
+ * with llama-server's checks (server-common.cpp, oaicompat_chat_params_parse) */
+static int parse_continuation(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_t *agp = json_object_get(root, "add_generation_prompt"), *cfm = json_object_get(root, "continue_final_message");
+    const char *last = out->n_messages ? out->messages[out->n_messages - 1].role : NULL;
+    bool last_asst = last && strcmp(last, "assistant") == 0;
+    bool agp_sent = agp && !json_is_null(agp), cfm_off = false;
+
+    out->add_generation_prompt = true;
+    if (agp_sent && !json_is_boolean(agp))
+        return fail(err, errlen, "'add_generation_prompt' must be true or false");
+    if (agp_sent)
+        out->add_generation_prompt = json_is_true(agp);
+    if (cfm && !json_is_null(cfm)) {
+        if (json_is_boolean(cfm)) {
+            out->continue_final = json_is_true(cfm);
+            cfm_off = !out->continue_final;
+        } else if (json_is_string(cfm) && (strcmp(json_string_value(cfm), "content") == 0 ||
+                                           strcmp(json_string_value(cfm), "reasoning_content") == 0)) {
+            out->continue_final = true;
+        } else {
+            return fail(err, errlen, "'continue_final_message' must be true, false, \"content\" or \"reasoning_content\"");
+        }
+    }
+    if (!out->continue_final && !cfm_off && last_asst) { /* llama-server's prefill_assistant */
+        if (out->n_messages >= 2 && strcmp(out->messages[out->n_messages - 2].role, "assistant") == 0)
+            return fail(err, errlen, "Cannot have 2 or more assistant messages at the end of the list.");
+        if (agp_sent && out->add_generation_prompt)
+            return fail(err, errlen, "Cannot set both add_generation_prompt and continue_final_message to true.");
+        out->continue_final = true;
+        out->add_generation_prompt = false;
+    }
+    if (out->continue_final && out->add_generation_prompt) {
+        if (agp_sent)
+            return fail(err, errlen, "Cannot set both add_generation_prompt and continue_final_message to true.");
+        out->add_generation_prompt = false;
+    }
+    if (out->continue_final && !last_asst)
+        return fail(err, errlen, "'continue_final_message' needs an assistant message last");
+    if (out->continue_final) {
+        json_t *m = json_loads(out->messages[out->n_messages - 1].json, 0, NULL);
+        bool calls = json_array_size(json_object_get(m, "tool_calls")) > 0;
+        json_decref(m);
+        if (calls)
+            return fail(err, errlen, "Cannot continue an assistant message that contains tool calls.");
+        out->last_transient = true; /* the reply is the continued message, whole */
+    }
+    return 0;
+}
+
+/* One logit_bias value: a number, or false (banned). */
+static int bias_value(json_t *v, const char *where, float *out, char *err, size_t errlen)
+{
+    if (json_is_false(v)) {
+        *out = -INFINITY;
+        return 0;
+    }
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return fail(err, errlen, "%s must be a number or false", where);
+    *out = (float)json_number_value(v);
+    return 0;
+}
+
+static int parse_logit_bias(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_t *lb = json_object_get(root, "logit_bias"), *v;
+    size_t n = json_is_object(lb) ? json_object_size(lb) : json_is_array(lb) ? json_array_size(lb) : 0, i = 0;
+    char where[64];
+
+    if (!lb || json_is_null(lb) || n == 0)
+        return 0;
+    if (n > 65536)
+        return fail(err, errlen, "'logit_bias' holds more than 65536 entries");
+    if (!(out->bias = calloc(n, sizeof *out->bias)))
+        return THAW_ENOMEM;
+    if (json_is_object(lb)) {
+        const char *k;
+        json_object_foreach(lb, k, v) {
+            char *end;
+            long id = strtol(k, &end, 10);
+            struct thaw_api_bias *b = &out->bias[out->n_bias];
+            snprintf(where, sizeof where, "logit_bias[\"%.24s\"]", k);
+            if (!*k || *end || id < 0 || id > INT32_MAX) { /* llama-server: a key that is no id is text */
+                b->token = -1;
+                if (!(b->text = strdup(k)))
+                    return THAW_ENOMEM;
+            } else {
+                b->token = (int32_t)id;
+            }
+            out->n_bias++;
+            if (bias_value(v, where, &b->bias, err, errlen) != 0)
+                return THAW_EINVAL;
+        }
+        return 0;
+    }
+    json_array_foreach(lb, i, v) {
+        json_t *key = json_array_get(v, 0);
+        struct thaw_api_bias *b = &out->bias[out->n_bias];
+        snprintf(where, sizeof where, "logit_bias[%zu][1]", i);
+        if (!json_is_array(v) || json_array_size(v) != 2 || !(json_is_integer(key) || json_is_string(key)))
+            return fail(err, errlen, "logit_bias[%zu] must be [token id or text, bias or false]", i);
+        if (json_is_integer(key)) {
+            if (json_integer_value(key) < 0 || json_integer_value(key) > INT32_MAX)
+                return fail(err, errlen, "logit_bias[%zu][0] must be a token id", i);
+            b->token = (int32_t)json_integer_value(key);
+        } else {
+            b->token = -1;
+            if (!(b->text = strdup(json_string_value(key))))
+                return THAW_ENOMEM;
+        }
+        out->n_bias++;
+        if (bias_value(json_array_get(v, 1), where, &b->bias, err, errlen) != 0)
+            return THAW_EINVAL;
+    }
+    return 0;
+}
+
+int thaw_api_resolve_bias(struct thaw_chat_request *req, int n_vocab,
+                          int32_t *(*tokenize)(void *ud, const char *text, int *n), void *ud, char *err,
+                          size_t errlen)
+{
+    int cap = 0;
+
+    for (int i = 0; i < req->n_bias; i++) {
+        int32_t *toks = NULL;
+        int n = 1;
+        if (req->bias[i].text && !(toks = tokenize(ud, req->bias[i].text, &n)))
+            return THAW_ENOMEM;
+        if (!req->bias[i].text && req->bias[i].token >= n_vocab)
+            return fail(err, errlen, "logit_bias: token %d is not in the vocabulary (%d tokens)", req->bias[i].token,
+                        n_vocab);
+        if (req->n_bias_tok + n > cap) {
+            int nc = 2 * (req->n_bias_tok + n);
+            int32_t *nt = realloc(req->bias_tok, (size_t)nc * sizeof *nt);
+            if (nt)
+                req->bias_tok = nt;
+            float *nv = nt ? realloc(req->bias_val, (size_t)nc * sizeof *nv) : NULL;
+            if (!nt || !nv) {
+                free(toks);
+                return THAW_ENOMEM;
+            }
+            req->bias_val = nv;
+            cap = nc;
+        }
+        for (int j = 0; j < n; j++) {
+            req->bias_tok[req->n_bias_tok] = toks ? toks[j] : req->bias[i].token;
+            req->bias_val[req->n_bias_tok++] = req->bias[i].bias;
+        }
+        free(toks);
+    }
     return 0;
 }
 
@@ -500,6 +667,9 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
     out->min_p = NAN;
     out->top_k = -1;
     out->cache_prompt = default_cache_prompt;
+    out->add_generation_prompt = true;
+    out->id_slot = -1;
+    out->verbose = -1;
 
     root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
@@ -595,6 +765,21 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
         goto error;
     if ((rc = get_bool(root, "cache_prompt", &out->cache_prompt, err, errlen)) != 0)
         goto error;
+    if ((rc = parse_continuation(root, out, err, errlen)) != 0)
+        goto error;
+    if ((rc = parse_logit_bias(root, out, err, errlen)) != 0)
+        goto error;
+    if ((rc = get_int(root, "id_slot", -1, 1 << 20, &d, &present, err, errlen)) != 0)
+        goto error;
+    if (present)
+        out->id_slot = (int)d;
+    json_t *verbose = json_object_get(root, "verbose");
+    if (verbose && !json_is_null(verbose)) {
+        bool b = false;
+        if ((rc = get_bool(root, "verbose", &b, err, errlen)) != 0)
+            goto error;
+        out->verbose = b;
+    }
 
     json_decref(root);
     return 0;
@@ -611,7 +796,14 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
         free(req->messages[i].role);
         free(req->messages[i].content);
         free(req->messages[i].json);
+        free(req->messages[i].render);
     }
+    for (int i = 0; i < req->n_bias; i++)
+        free(req->bias[i].text);
+    free(req->bias);
+    free(req->response_fields);
+    free(req->bias_tok);
+    free(req->bias_val);
     free(req->tools_json);
     free(req->tool_choice);
     free(req->tool_choice_name);
@@ -788,14 +980,22 @@ char *thaw_api_cache_json(const char *text)
     return m ? thaw_api_dump(json_pack("{s:s, s:o}", "object", "thaw.cache", "metrics", m)) : NULL;
 }
 
-char *thaw_api_props_json(const char *model, const char *chat_template, int total_slots, int n_ctx_slot,
-                          bool jinja, bool kv_cache)
+char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
+                          int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict)
 {
     char *clean = thaw_utf8_sanitize(chat_template, strlen(chat_template));
-    char *out = clean ? thaw_api_dump(json_pack("{s:{s:i}, s:i, s:s, s:s, s:b, s:b}", "default_generation_settings", "n_ctx",
-                                       n_ctx_slot, "total_slots", total_slots, "model_alias", model, "chat_template",
-                                       clean, "jinja", jinja, "kv_cache", kv_cache))
-                      : NULL;
+    json_t *params = json_pack("{s:I, s:f, s:i, s:f, s:f, s:i, s:f, s:f, s:f, s:b}", "seed", (json_int_t)smp->seed,
+                               "temperature", (double)smp->temp, "top_k", smp->top_k, "top_p", (double)smp->top_p,
+                               "min_p", (double)smp->min_p, "n_predict", n_predict, "repeat_penalty",
+                               (double)smp->penalty_repeat, "presence_penalty", (double)smp->penalty_present,
+                               "frequency_penalty", (double)smp->penalty_freq, "ignore_eos", smp->ignore_eos);
+    char *out = clean && params
+                    ? thaw_api_dump(json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:b, s:b, s:s}",
+                                              "default_generation_settings", "n_ctx", n_ctx_slot, "params", params,
+                                              "total_slots", total_slots, "model_alias", model, "model_path",
+                                              model_path ? model_path : "", "chat_template", clean, "jinja", jinja,
+                                              "kv_cache", kv_cache, "build_info", thaw_tmpl_build_fingerprint()))
+                    : (json_decref(params), NULL);
 
     free(clean);
     return out;
@@ -868,10 +1068,11 @@ char *thaw_api_completion_json(const char *id, const char *model, long created, 
 
     if (!msg)
         return NULL;
-    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s}], s:o, s:o}", "id", id, "object",
-                          "chat.completion", "created", (json_int_t)created, "model", model, "choices", "index", 0,
-                          "message", msg, "finish_reason", finish_reason, "usage", thaw_api_usage_json(prompt_tokens, t),
-                          "timings", thaw_api_timings_json(t)));
+    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:o, s:s}], s:o, s:o}", "id", id, "object",
+                          "chat.completion", "created", (json_int_t)created, "model", model, "system_fingerprint",
+                          thaw_tmpl_build_fingerprint(), "choices", "index", 0, "message", msg, "finish_reason",
+                          finish_reason, "usage", thaw_api_usage_json(prompt_tokens, t), "timings",
+                          thaw_api_timings_json(t)));
 }
 
 int thaw_api_diff_chunks(const char *id, const char *model, long created, const char *diffs_json, char ***out, int *n)
@@ -933,8 +1134,9 @@ char *thaw_api_chunk_delta_json(const char *id, const char *model, long created,
         json_object_set_new(delta, "tool_calls", json_pack("[o]", call));
     }
     json_decref(d);
-    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n}]}", "id", id, "object", "chat.completion.chunk",
-                          "created", (json_int_t)created, "model", model, "choices", "index", 0, "delta", delta,
+    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:o, s:n}]}", "id", id, "object",
+                          "chat.completion.chunk", "created", (json_int_t)created, "model", model,
+                          "system_fingerprint", thaw_tmpl_build_fingerprint(), "choices", "index", 0, "delta", delta,
                           "finish_reason"));
 }
 
@@ -942,8 +1144,8 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
                           const char *content, const char *finish_reason, const struct thaw_timings *timings,
                           int prompt_tokens, bool usage_only)
 {
-    json_t *root = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "chat.completion.chunk", "created",
-                             (json_int_t)created, "model", model);
+    json_t *root = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", id, "object", "chat.completion.chunk", "created",
+                             (json_int_t)created, "model", model, "system_fingerprint", thaw_tmpl_build_fingerprint());
     json_t *choices = json_array();
 
     if (!root || !choices) {
@@ -968,20 +1170,45 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
     return thaw_api_dump(root);
 }
 
-char *thaw_api_models_json(const char *model, long created, const struct thaw_model_meta *m)
+/* "a,b,c" -> ["a","b","c"] (empty names dropped); NULL -> []. */
+static json_t *comma_list(const char *s)
+{
+    json_t *a = json_array();
+
+    for (const char *p = s; a && p && *p;) {
+        size_t n = strcspn(p, ",");
+        if (n > 0)
+            json_array_append_new(a, json_stringn(p, n));
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    return a;
+}
+
+char *thaw_api_models_json(const char *model, const char *tags, long created, const struct thaw_model_meta *m)
 {
     json_t *meta = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:I}", "vocab_type", m->vocab_type, "n_vocab", m->n_vocab,
                              "n_ctx", m->n_ctx_slot, "n_ctx_train", m->n_ctx_train, "n_embd", m->n_embd, "n_params",
                              (json_int_t)m->n_params, "size", (json_int_t)m->size_bytes);
     json_t *details = json_pack("{s:s, s:s, s:s, s:[s], s:s, s:s}", "parent_model", "", "format", "gguf", "family", "",
                                 "families", "", "parameter_size", "", "quantization_level", "");
+    json_t *aliases = comma_list(model), *v;
+    const char *id = NULL;
+    size_t i;
 
+    json_array_foreach(aliases, i, v)
+        if (!id || strcmp(json_string_value(v), id) < 0)
+            id = json_string_value(v);
+    if (!id)
+        id = model;
     return thaw_api_dump(json_pack("{s:[{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s], s:[s], s:s, s:o}], s:s, "
-                          "s:[{s:s, s:[s], s:[], s:s, s:I, s:s, s:o}]}",
-                          "models", "name", model, "model", model, "modified_at", "", "size", "", "digest", "", "type",
+                          "s:[{s:s, s:o, s:o, s:s, s:I, s:s, s:o}]}",
+                          "models", "name", id, "model", id, "modified_at", "", "size", "", "digest", "", "type",
                           "model", "description", "", "tags", "", "capabilities", "completion", "parameters", "",
-                          "details", details, "object", "list", "data", "id", model, "aliases", model, "tags",
-                          "object", "model", "created", (json_int_t)created, "owned_by", "thaw", "meta", meta));
+                          "details", details, "object", "list", "data", "id", id, "aliases", aliases, "tags",
+                          comma_list(tags), "object", "model", "created", (json_int_t)created, "owned_by", "thaw",
+                          "meta", meta));
 }
 
 int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,

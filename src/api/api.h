@@ -23,6 +23,9 @@ struct thaw_message {
                     * (developer -> system), content (string or null),
                     * tool_calls, tool_call_id, name, reasoning_content;
                     * compact, keys sorted */
+    char *render;  /* the message as the template gets it, when it differs from json: content of several
+                    * text parts kept as parts (the chat library joins them as the template wants, as
+                    * llama-server passes them); NULL = json */
 };
 
 struct thaw_chat_request {
@@ -43,14 +46,43 @@ struct thaw_chat_request {
     char *stop[THAW_API_MAX_STOP]; /* n_stop, owned */
     int n_stop;
     bool cache_prompt;
+    /* The template's generation prompt (llama-server's and transformers'
+     * add_generation_prompt, default true) and assistant prefill: with
+     * continue_final the last message is an assistant message the reply
+     * continues (rendered open, no end of turn). A trailing assistant
+     * message turns it on unless the request says continue_final_message
+     * false, as llama-server's prefill_assistant does; it and an explicit
+     * add_generation_prompt true are a 400, as are two trailing assistant
+     * messages and a prefill with tool calls. */
+    bool add_generation_prompt;
+    bool continue_final;
+    /* logit_bias: OpenAI's {"token id": bias} or llama-server's [[id or
+     * text, bias or false], ...]; false bans. A text entry biases each of
+     * its tokens: resolved into bias_tok/bias_val (owned, n_bias_tok) by
+     * thaw_api_resolve_bias once the vocabulary is at hand. */
+    struct thaw_api_bias {
+        int32_t token;             /* -1 when `text` is set */
+        char *text;                /* owned */
+        float bias;                /* -INFINITY = banned */
+    } *bias;
+    int n_bias;
+    int32_t *bias_tok;
+    float *bias_val;
+    int n_bias_tok;
+    char *response_fields;         /* /completion's response_fields: a JSON array of "a/b" paths, NULL = all */
+    int id_slot;                   /* llama-server's id_slot: the slot to run on, -1 = any */
+    int verbose;                   /* llama-server's 'verbose' (the reply's __verbose): 1, 0, -1 = not sent
+                                    * (the server's -v decides) */
 
-    /* agents (NULL = absent); JSON texts compact with sorted keys */
+    /* agents (NULL = absent); JSON texts compact; tools and the schema keep
+     * the client's key order (templates print tools as JSON, and a schema's
+     * property order is the reply's: llama-server renders both as sent) */
     char *tools_json;              /* the 'tools' array, validated */
     char *tool_choice;             /* "auto" | "none" | "required" */
     char *tool_choice_name;        /* a named function (tool_choice is then "required") */
     bool parallel_tool_calls;
     char *json_schema;             /* response_format's schema ({"type":"object"} for json_object) */
-    char *template_kwargs;         /* chat_template_kwargs object */
+    char *template_kwargs;         /* chat_template_kwargs object, keys sorted */
     char *grammar;                 /* GBNF from the request's 'grammar' (it wins over a template's); NULL = none */
 
     /* a raw completion (POST /v1/completions, /completion): no messages;
@@ -63,7 +95,9 @@ struct thaw_chat_request {
 
     /* The last message is rendered for this request only: the client never
      * echoes it in a later turn (Claude Code's max-tokens recovery prompt,
-     * api_anthropic.c), so the reply is stored and keyed as the history
+     * api_anthropic.c; an assistant prefill, which the reply carries whole:
+     * the chat library parses the prefill back into the reply's content, as
+     * llama-server answers), so the reply is stored and keyed as the history
      * without it (thaw_chat_request_n_history). */
     bool last_transient;
 };
@@ -106,6 +140,14 @@ void thaw_chat_request_free(struct thaw_chat_request *req);
  * malloc'd *out, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
 int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size_t errlen);
 
+/* Resolves req->bias into bias_tok/bias_val: ids checked against n_vocab,
+ * texts tokenized with `tokenize` (no BOS, no special tokens; returns a
+ * malloc'd array and its count, or NULL). Returns 0, THAW_EINVAL (reason
+ * in err) or THAW_ENOMEM. */
+int thaw_api_resolve_bias(struct thaw_chat_request *req, int n_vocab,
+                          int32_t *(*tokenize)(void *ud, const char *text, int *n), void *ud, char *err,
+                          size_t errlen);
+
 /* Admission: bounds that need no template or tokenizer, so a request that
  * cannot fit is refused before any costly work. A prompt must leave a slot
  * of `n_ctx_slot` tokens one free for the reply, so it cannot have as many
@@ -126,9 +168,13 @@ int thaw_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t
 char *thaw_api_tokens_json(const int32_t *tokens, size_t n, char *const *pieces);
 /* {key: text} (text made valid UTF-8): /detokenize's "content", /apply-template's "prompt". */
 char *thaw_api_string_json(const char *key, const char *text);
-/* GET /props, llama-server's shape (the fields clients read). */
-char *thaw_api_props_json(const char *model, const char *chat_template, int total_slots, int n_ctx_slot,
-                          bool jinja, bool kv_cache);
+/* GET /props, llama-server's shape (the fields clients read): the model's
+ * alias and path, default_generation_settings (n_ctx of a slot and the
+ * sampling defaults a request gets, `smp`, with -n as n_predict),
+ * build_info. */
+struct thaw_sampling;
+char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
+                          int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict);
 /* GET /cache: {"object":"thaw.cache","metrics":{name: number}} from the
  * Prometheus text of thaw_metrics_render (its sample lines, "thaw_" cut from
  * each name), so the page and /metrics can never disagree: counts and sizes
@@ -172,8 +218,10 @@ struct thaw_model_meta {
     uint64_t n_params, size_bytes;
     int n_vocab, vocab_type, n_ctx_train, n_embd, n_ctx_slot;
 };
-/* GET /v1/models body: OpenAI's list ("data") with llama-server's "meta"
- * and "aliases", and its Ollama-style "models" array. */
-char *thaw_api_models_json(const char *model, long created, const struct thaw_model_meta *m);
+/* GET /v1/models body: OpenAI's list ("data") with llama-server's "meta",
+ * "aliases" (`model` split at commas; the id is the first of them in byte
+ * order, as llama-server picks it) and "tags" (`tags` split the same way,
+ * NULL = none), and its Ollama-style "models" array. */
+char *thaw_api_models_json(const char *model, const char *tags, long created, const struct thaw_model_meta *m);
 
 #endif

@@ -8,6 +8,7 @@
 #include "api/api_completions.h"
 
 #include "api/api_wire.h"
+#include "api/template.h"
 #include "base/error.h"
 #include "base/utf8.h"
 
@@ -98,6 +99,17 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
     }
     if ((rc = refuse_fields(root, err, errlen)) != 0)
         goto out;
+    json_t *rf = json_object_get(root, "response_fields"), *f;
+    size_t k;
+    if (rf && !json_is_null(rf)) {
+        bool ok = json_is_array(rf);
+        json_array_foreach(rf, k, f)
+            ok &= json_is_string(f);
+        if (!ok) {
+            rc = thaw_api_fail(err, errlen, "'response_fields' must be an array of strings");
+            goto out;
+        }
+    }
     /* the rest is a chat request's: one stand-in message, dropped after */
     if (!(chat = json_copy(root))) {
         rc = THAW_ENOMEM;
@@ -107,6 +119,7 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
     json_object_del(chat, "logprobs");
     json_object_del(chat, "tools");
     json_object_del(chat, "response_format");
+    json_object_del(chat, "response_fields");
     json_object_set_new(chat, "messages", json_pack("[{s:s, s:s}]", "role", "user", "content", "."));
     if (!(text = json_dumps(chat, JSON_COMPACT))) {
         rc = THAW_ENOMEM;
@@ -118,11 +131,17 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
         free(out->messages[i].role);
         free(out->messages[i].content);
         free(out->messages[i].json);
+        free(out->messages[i].render);
     }
     free(out->messages);
     out->messages = NULL;
     out->n_messages = 0;
     out->raw = true;
+    if (json_array_size(rf) > 0 && !(out->response_fields = json_dumps(rf, JSON_COMPACT))) {
+        thaw_chat_request_free(out);
+        rc = THAW_ENOMEM;
+        goto out;
+    }
     if ((rc = take_prompt(prompt, out, err, errlen)) != 0)
         thaw_chat_request_free(out);
 out:
@@ -149,7 +168,7 @@ static char *text_completion(const char *id, const char *model, long created, co
 {
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:o, s:i, s:n, s:o}]}", "id", id, "object",
                           "text_completion", "created", (json_int_t)created, "model", model, "system_fingerprint",
-                          "thaw", "choices", "text", text_value(text), "index", 0, "logprobs", "finish_reason",
+                          thaw_tmpl_build_fingerprint(), "choices", "text", text_value(text), "index", 0, "logprobs", "finish_reason",
                           finish_reason ? json_string(finish_reason) : json_null());
 
     if (o && t) {
@@ -172,15 +191,17 @@ char *thaw_api_text_completion_chunk_json(const char *id, const char *model, lon
 }
 
 char *thaw_api_llama_completion_json(const char *model, const char *text, bool final, const char *finish_reason,
-                                     int prompt_tokens, const struct thaw_timings *t)
+                                     const char *stop_word, int prompt_tokens, const struct thaw_timings *t)
 {
     if (!final)
         return thaw_api_dump(json_pack("{s:i, s:o, s:[], s:b}", "index", 0, "content", text_value(text), "tokens", "stop", 0));
     bool limit = finish_reason && strcmp(finish_reason, "length") == 0;
+    const char *type = limit ? "limit" : stop_word ? "word" : "eos";
     return thaw_api_dump(json_pack("{s:i, s:o, s:[], s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:b, s:o}", "index", 0, "content",
-                          text_value(text), "tokens", "model", model, "stop", 1, "stop_type", limit ? "limit" : "eos",
-                          "stopping_word", "", "tokens_predicted", t->predicted_n, "tokens_evaluated", prompt_tokens,
-                          "tokens_cached", t->cache_n, "truncated", 0, "timings", thaw_api_timings_json(t)));
+                          text_value(text), "tokens", "model", model, "stop", 1, "stop_type", type, "stopping_word",
+                          stop_word && !limit ? stop_word : "", "tokens_predicted", t->predicted_n, "tokens_evaluated",
+                          prompt_tokens, "tokens_cached", t->cache_n, "truncated", 0, "timings",
+                          thaw_api_timings_json(t)));
 }
 
 char *thaw_api_message_content(const char *message_json)

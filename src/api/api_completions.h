@@ -31,11 +31,12 @@ char *thaw_api_text_completion_chunk_json(const char *id, const char *model, lon
                                           const char *finish_reason, int prompt_tokens, const struct thaw_timings *t);
 
 /* llama-server's /completion object: content, stop, stop_type ("eos" |
- * "limit"), tokens_predicted, tokens_evaluated, tokens_cached, timings.
- * With `final` false, a streamed piece: {"index", "content", "tokens": [],
- * "stop": false}. */
+ * "limit" | "word": `stop_word`, one of the request's stop strings, ended
+ * the reply; NULL = none did), stopping_word, tokens_predicted,
+ * tokens_evaluated, tokens_cached, timings. With `final` false, a streamed
+ * piece: {"index", "content", "tokens": [], "stop": false}. */
 char *thaw_api_llama_completion_json(const char *model, const char *text, bool final, const char *finish_reason,
-                                     int prompt_tokens, const struct thaw_timings *t);
+                                     const char *stop_word, int prompt_tokens, const struct thaw_timings *t);
 
 /* The "content" of an assistant message (JSON text), "" when null:
  * malloc'd, NULL on ENOMEM. */

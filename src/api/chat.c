@@ -190,9 +190,11 @@ static json_t *renderable(json_t *m)
 }
 
 /* The inputs JSON for thaw_tmpl_apply: messages[0..n) (+ `extra`, a
- * message JSON), the request's tools, choice, schema and kwargs. */
+ * message JSON), the request's tools, choice, schema and kwargs.
+ * `continue_final`: the last message is left open for the reply to go on
+ * (assistant prefill). */
 static char *inputs_json(const struct thaw_chat *chat, const struct thaw_chat_request *req, size_t n,
-                         const char *const *extra, int n_extra, bool add_generation_prompt)
+                         const char *const *extra, int n_extra, bool add_generation_prompt, bool continue_final)
 {
     json_t *in = json_object(), *msgs = json_array(), *kw = json_object();
     json_error_t jerr;
@@ -201,7 +203,9 @@ static char *inputs_json(const struct thaw_chat *chat, const struct thaw_chat_re
     if (!in || !msgs || !kw)
         goto done;
     for (size_t i = 0; i < n; i++)
-        json_array_append_new(msgs, renderable(json_loads(req->messages[i].json, 0, &jerr)));
+        json_array_append_new(msgs, renderable(json_loads(req->messages[i].render ? req->messages[i].render
+                                                                                   : req->messages[i].json,
+                                                          0, &jerr)));
     for (int i = 0; i < n_extra; i++)
         json_array_append_new(msgs, renderable(json_loads(extra[i], 0, &jerr)));
     json_object_set(in, "messages", msgs);
@@ -226,6 +230,8 @@ static char *inputs_json(const struct thaw_chat *chat, const struct thaw_chat_re
     if (req->json_schema)
         json_object_set_new(in, "json_schema", json_loads(req->json_schema, 0, &jerr));
     json_object_set_new(in, "add_generation_prompt", json_boolean(add_generation_prompt));
+    if (continue_final)
+        json_object_set_new(in, "continue_final_message", json_true());
     if (chat->default_kwargs)
         json_object_update(kw, chat->default_kwargs);
     if (req->template_kwargs) {
@@ -400,7 +406,7 @@ static json_t *apply_request(const struct thaw_chat *chat, const struct thaw_cha
         *rc = THAW_EINVAL;
         return NULL;
     }
-    if (!(in = inputs_json(chat, req, req->n_messages, NULL, 0, true)))
+    if (!(in = inputs_json(chat, req, req->n_messages, NULL, 0, req->add_generation_prompt, req->continue_final)))
         return NULL;
     if (!(out = thaw_tmpl_apply(chat->tmpl, in, err, errlen)))
         *rc = THAW_EINVAL;
@@ -540,6 +546,26 @@ int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool
     return 0;
 }
 
+int thaw_chat_tokenize_plain(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out)
+{
+    size_t len = strlen(text);
+    llama_token *toks;
+    int n;
+
+    if (len > INT32_MAX / 2)
+        return THAW_ETOOBIG;
+    if (!(toks = malloc((len + 16) * sizeof *toks)))
+        return THAW_ENOMEM;
+    n = llama_tokenize(chat->vocab, text, (int32_t)len, toks, (int32_t)(len + 16), false, false);
+    if (n < 0) {
+        free(toks);
+        return THAW_EINVAL;
+    }
+    *out = toks;
+    *n_out = n;
+    return 0;
+}
+
 char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok)
 {
     char *buf = malloc(256);
@@ -595,7 +621,7 @@ static int render_tokens(const struct thaw_chat *chat, const struct thaw_chat_re
 {
     char err[256];
     /* the history the reply joins: without a message rendered for its request only */
-    char *in = inputs_json(chat, req, thaw_chat_request_n_history(req), extra, n_extra, false), *out = NULL;
+    char *in = inputs_json(chat, req, thaw_chat_request_n_history(req), extra, n_extra, false, false), *out = NULL;
     json_t *res = NULL;
     json_error_t jerr;
     int rc = THAW_ENOMEM;

@@ -100,6 +100,10 @@ int thaw_chat_render_prompt(const struct thaw_chat *chat, const struct thaw_chat
  * when add_special. Returns 0, THAW_EINVAL, THAW_ETOOBIG or THAW_ENOMEM. */
 int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool add_special, llama_token **out,
                             int *n_out);
+/* Text as it reads inside a reply (logit_bias's words): no BOS, special
+ * tokens taken as text. A malloc'd array (at least one element allocated)
+ * and its count. Returns 0, THAW_EINVAL, THAW_ETOOBIG or THAW_ENOMEM. */
+int thaw_chat_tokenize_plain(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out);
 /* POST /detokenize: malloc'd text, or NULL when a token is out of the
  * vocabulary (or ENOMEM). */
 char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n);

@@ -14,6 +14,7 @@ extern "C" {
 #include "base/error.h"
 }
 
+#include <common/build-info.h>
 #include <common/chat.h>
 #include <common/json-schema-to-grammar.h>
 
@@ -199,6 +200,8 @@ char *thaw_tmpl_apply(const struct thaw_tmpl *t, const char *inputs_json, char *
             ci.json_schema = in.at("json_schema").dump();
         if (in.contains("add_generation_prompt"))
             ci.add_generation_prompt = in.at("add_generation_prompt").get<bool>();
+        if (in.contains("continue_final_message"))
+            ci.continue_final_message = common_chat_continuation_parse(in.at("continue_final_message"));
         ci.reasoning_format = reasoning_format(in);
         if (in.contains("chat_template_kwargs")) {
             const common_json &kw = in.at("chat_template_kwargs");
@@ -315,6 +318,13 @@ int thaw_tmpl_sampler_sample(struct llama_sampler *smpl, struct llama_context *c
         set_err(err, errlen, "sampling failed", "unknown error");
     }
     return THAW_EINVAL;
+}
+
+/* ---- build ------------------------------------------------------------------- */
+
+const char *thaw_tmpl_build_fingerprint(void)
+{
+    return llama_build_info(); /* what llama-server sends: "b<number>-<commit>" */
 }
 
 /* ---- schemas ------------------------------------------------------------------ */

@@ -43,6 +43,8 @@ bool thaw_tmpl_jinja(const struct thaw_tmpl *t);
  *   {"messages": [OpenAI messages], "tools": [OpenAI tools] | absent,
  *    "tool_choice": "auto"|"none"|"required", "parallel_tool_calls": bool,
  *    "json_schema": {...} | absent, "add_generation_prompt": bool,
+ *    "continue_final_message": true | absent (the last message, an
+ *    assistant prefill, rendered open for the reply to continue),
  *    "chat_template_kwargs": {...}, "reasoning_format": "none"|"deepseek"|"auto"}
  * Returns malloc'd JSON (caller frees):
  *   {"prompt": s, "grammar": s, "grammar_lazy": b,
@@ -69,6 +71,10 @@ char *thaw_tmpl_diffs(const char *prev_msg_json, const char *next_msg_json, char
  * reason in err (not JSON, a schema it cannot convert). For a raw prompt or
  * --no-jinja, where no template renders the schema. */
 char *thaw_tmpl_schema_grammar(const char *schema_json, char *err, size_t errlen);
+
+/* llama-server's system_fingerprint: llama_build_info() of the llama.cpp
+ * (libllama-common) thaw runs on, "b<build number>-<commit>". Static. */
+const char *thaw_tmpl_build_fingerprint(void);
 
 /* libllama's samplers are C++ inside: a grammar that cannot go on (a
  * token it does not allow) throws, and an exception crossing thaw's C

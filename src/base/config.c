@@ -100,7 +100,10 @@ static int fn_cpu_mask(struct thaw_config *cfg, const char *flag, const char *v)
 static const struct opt opts[] = {
     /* ---- model + context */
     {"-m,--model", "FILE", OPT_STR, OFF(model_path), 0, 0, "model GGUF to serve (required)", NULL},
-    {"-a,--alias", "NAME", OPT_STR, OFF(alias), 0, 0, "model name reported by /v1/models (default: file name)", NULL},
+    {"-a,--alias", "NAME[,NAME]", OPT_STR, OFF(alias), 0, 0,
+     "model name(s) reported by /v1/models, comma-separated (default: file name)", NULL},
+    {"--tags", "TAG[,TAG]", OPT_STR, OFF(tags), 0, 0, "model tags listed by /v1/models, comma-separated (informational)",
+     NULL},
     {"--chat-template", "NAME|TEXT", OPT_STR, OFF(chat_template), 0, 0,
      "chat template: a llama.cpp built-in name (chatml, llama3, gemma, ...) or template text (default: the model's)", NULL},
     {"--chat-template-file", "FILE", OPT_STR, OFF(chat_template_file), 0, 0,
@@ -415,7 +418,6 @@ static const struct opt opts[] = {
     REFUSE("--control-vector-scaled", "FILE", WHY_ADAPTER),
     REFUSE("--control-vector-layer-range", "START", WHY_ADAPTER),
     REFUSE("--lora-init-without-apply", NULL, WHY_ADAPTER),
-    REFUSE("--tags", "TAGS", WHY_ROUTER),
     REFUSE("-mu,--model-url", "URL", WHY_DOWNLOAD),
     REFUSE("-dr,--docker-repo", "REPO", WHY_DOWNLOAD),
     REFUSE("-hf,-hfr,--hf-repo", "REPO", WHY_DOWNLOAD),

@@ -23,7 +23,8 @@
 struct thaw_config {
     /* model + context */
     const char *model_path;      /* -m */
-    const char *alias;           /* --alias; NULL = file name of -m */
+    const char *alias;           /* --alias: NAME[,NAME...]; NULL = file name of -m */
+    const char *tags;            /* --tags: TAG[,TAG...], listed by /v1/models (informational); NULL = none */
     const char *chat_template;   /* --chat-template (name or text) or --chat-template-file's text; NULL = model's */
     const char *chat_template_file; /* --chat-template-file: path */
     char *chat_template_text;    /* that file's contents (owned) */

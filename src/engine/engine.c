@@ -143,16 +143,19 @@ static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const str
     thaw_engine_slot_idle(e, s);
 }
 
-/* Slot s as the scheduler sees it for task t (scheduler.h). */
+/* Slot s as the scheduler sees it for task t (scheduler.h). A task that
+ * names its slot (llama-server's id_slot) sees every other slot as taken:
+ * it waits for its own. */
 static struct thaw_slot_view slot_view(const struct thaw_slot *s, const struct thaw_task *t)
 {
     /* another tenant's prefix is no prefix: it must not be reused, nor
      * steer the choice (its timing would leak it) */
     bool same_ns = memcmp(s->ns, t->ns, THAW_KEY_BYTES) == 0;
+    bool mine = t->req.id_slot < 0 || t->req.id_slot == s->id;
 
     return (struct thaw_slot_view){
-        .idle = s->phase == THAW_SLOT_IDLE,
-        .fixup = s->phase == THAW_SLOT_FIXUP,
+        .idle = mine && s->phase == THAW_SLOT_IDLE,
+        .fixup = mine && s->phase == THAW_SLOT_FIXUP,
         .tokens = s->tokens,
         .n_tokens = same_ns ? s->n_tokens : 0,
         .last_used_us = s->last_used_us,
@@ -201,8 +204,8 @@ static int admit(struct thaw_engine *e, bool block)
                                              e->fixup_us_per_tok};
         struct thaw_sched_admission a = thaw_sched_admit(views, e->n_slots, &tv, &sp);
         if (a.action == THAW_SCHED_NONE || a.action == THAW_SCHED_WAIT) {
-            /* NONE cannot happen while open > 0; WAIT: finish that FIXUP at
-             * full speed, then come back */
+            /* NONE: its id_slot is busy (otherwise it cannot happen while
+             * open > 0); WAIT: finish that FIXUP at full speed, then come back */
             thaw_sched_unpop(e->sched, t);
             e->fixup_awaited = a.action == THAW_SCHED_WAIT;
             break;

@@ -187,6 +187,17 @@ struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const st
             }
         llama_sampler_chain_add(c, gr);
     }
+    if (req->n_bias_tok > 0) { /* the request's logit_bias (api.h), beside the server's --logit-bias */
+        llama_logit_bias *lb = malloc((size_t)req->n_bias_tok * sizeof *lb);
+        if (!lb) {
+            llama_sampler_free(c);
+            return NULL;
+        }
+        for (int i = 0; i < req->n_bias_tok; i++)
+            lb[i] = (llama_logit_bias){req->bias_tok[i], req->bias_val[i]};
+        llama_sampler_chain_add(c, llama_sampler_init_logit_bias(llama_vocab_n_tokens(vocab), req->n_bias_tok, lb));
+        free(lb); /* it copies them */
+    }
     /* the server's defaults (--temp, --top-k, --samplers, ...), the request's own fields over them */
     struct thaw_sampling sp = *defaults;
     if (!isnan(req->temperature))

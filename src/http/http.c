@@ -71,6 +71,7 @@ struct thaw_http_conn {
     thaw_http_resume_fn resume;
     void *defer_ud;
     void (*defer_free)(void *);
+    const char *allow_origin;  /* the handler's CORS answer, kept for the resumed response */
 
     /* a stream in progress */
     thaw_http_stream_fn stream;
@@ -217,7 +218,8 @@ static enum MHD_Result queue(struct thaw_http_conn *hc, struct MHD_Connection *c
     }
     if (r->cors_preflight) {
         MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                                r->allow_headers ? r->allow_headers : "Authorization, Content-Type");
         MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
     }
     for (const char *const *h = r->headers; h && h[0] && h[1]; h += 2)
@@ -345,6 +347,7 @@ static enum MHD_Result respond(struct thaw_http_conn *hc, struct MHD_Connection 
             hc->resume = r->resume;
             hc->defer_ud = r->defer_ud;
             hc->defer_free = r->defer_free;
+            hc->allow_origin = r->allow_origin;
         }
         if (!hc->resume)
             return answer_error(hc, c, 500, "internal error: deferred without a resume callback");
@@ -353,7 +356,7 @@ static enum MHD_Result respond(struct thaw_http_conn *hc, struct MHD_Connection 
         if (suspend_unless_woken(hc, seen))
             return MHD_YES; /* MHD calls on_request again once resumed */
         seen = wakes_now(hc);
-        *r = (struct thaw_http_response){.status = 500};
+        *r = (struct thaw_http_response){.status = 500, .allow_origin = hc->allow_origin};
         hc->resume(hc->defer_ud, r);
     }
     if (r->body && !r->n_body)
@@ -391,7 +394,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_NO;
 
     unsigned seen = wakes_now(hc);
-    struct thaw_http_response resp = {.status = 500};
+    struct thaw_http_response resp = {.status = 500, .allow_origin = hc->allow_origin};
     if (hc->deferred) {
         hc->resume(hc->defer_ud, &resp);
         return respond(hc, c, &resp, seen);
@@ -408,6 +411,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
         .x_api_key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"),
         .origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"),
+        .cors_request_headers = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers"),
         .conversation_id = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Conversation-Id"),
         .conn = hc,
     };

@@ -36,6 +36,7 @@ struct thaw_http_request {
     const char *authorization; /* header value or NULL */
     const char *x_api_key;     /* x-api-key header (Anthropic's clients) or NULL */
     const char *origin;        /* Origin header or NULL (browsers) */
+    const char *cors_request_headers; /* a preflight's Access-Control-Request-Headers, or NULL */
     const char *conversation_id; /* X-Conversation-Id header or NULL (what a proxy routes on) */
     struct thaw_http_conn *conn; /* borrowed for the handler's duration */
 };
@@ -63,6 +64,8 @@ struct thaw_http_response {
     const char *allow;         /* Allow header for 405 */
     const char *allow_origin;  /* Access-Control-Allow-Origin (+ Vary: Origin); NULL = none */
     bool cors_preflight;       /* + the preflight's Allow-Methods / Allow-Headers / Max-Age */
+    const char *allow_headers; /* the preflight's Allow-Headers (valid until the handler returns);
+                                * NULL = "Authorization, Content-Type" */
     const char *const *headers; /* more headers: name, value, ..., NULL (static strings); NULL = none */
     /* deferred: no response yet; `resume` fills it after thaw_http_wake().
      * `defer_free(defer_ud)` runs once when the connection is done. */

@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/utf8.h"
 #include "engine/engine.h"
 #include "engine/slots_view.h"
 #include "engine/task.h"
@@ -28,6 +29,7 @@
 #include "http/webui.h"
 #include "llama/params.h"
 
+#include <jansson.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sodium.h>
@@ -136,8 +138,8 @@ static char *completions_reply(const struct thaw_task *t, const char *id)
 static char *completion_reply(const struct thaw_task *t, const char *id)
 {
     char *text = thaw_api_message_content(t->message_json);
-    char *out = text ? thaw_api_llama_completion_json(t->model_name, text, true, t->finish_reason, t->n_prompt,
-                                                      &t->timings)
+    char *out = text ? thaw_api_llama_completion_json(t->model_name, text, true, t->finish_reason,
+                                                      t->stop_sequence, t->n_prompt, &t->timings)
                      : NULL;
 
     (void)id;
@@ -234,7 +236,117 @@ static const struct thaw_task_client http_client = {client_wake, client_alive, c
 struct deferred {
     struct thaw_task *task;
     const struct wire *wire;
+    struct server *srv;
 };
+
+/* The prompt as the model read it: each token's text as the vocabulary
+ * has it (special tokens rendered), made valid UTF-8, as llama-server
+ * shows it ("<s> " + text). malloc'd; NULL on ENOMEM. */
+static char *prompt_text(const struct server *srv, const struct thaw_task *t)
+{
+    const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
+    char *prompt = malloc(1), *out;
+    size_t n = 0, cap = 1;
+
+    if (!prompt)
+        return NULL;
+    prompt[0] = '\0';
+    for (int i = 0; i < t->n_prompt; i++) {
+        char *piece = thaw_chat_token_piece(chat, t->prompt[i]), *np;
+        size_t len = piece ? strlen(piece) : 0;
+        if (!piece || !(np = n + len + 1 > cap ? realloc(prompt, cap = 2 * (n + len + 1)) : prompt)) {
+            free(piece);
+            free(prompt);
+            return NULL;
+        }
+        prompt = np;
+        memcpy(prompt + n, piece, len + 1);
+        n += len;
+        free(piece);
+    }
+    out = thaw_utf8_sanitize(prompt, n);
+    free(prompt);
+    return out;
+}
+
+/* llama-server's __verbose (a request's "verbose": true, or the server's
+ * -v when the request does not say): the prompt as the model read it and
+ * the reply's text and counts. Added to `body` (a reply object's JSON);
+ * the body is left as it was when anything fails. */
+static char *add_verbose(const struct server *srv, const struct thaw_task *t, char *body)
+{
+    json_t *root = json_loads(body, 0, NULL);
+    char *prompt = prompt_text(srv, t), *content = thaw_api_message_content(t->message_json), *out = NULL;
+    char *cclean = content ? thaw_utf8_sanitize(content, strlen(content)) : NULL;
+
+    if (json_is_object(root) && prompt && cclean)
+        json_object_set_new(root, "__verbose",
+                            json_pack("{s:s, s:s, s:i, s:i, s:i, s:s}", "prompt", prompt, "content", cclean,
+                                      "tokens_evaluated", t->n_prompt, "tokens_predicted", t->timings.predicted_n,
+                                      "tokens_cached", t->timings.cache_n, "finish_reason",
+                                      t->finish_reason ? t->finish_reason : ""));
+    out = json_object_get(root, "__verbose") ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    free(prompt);
+    free(content);
+    free(cclean);
+    if (!out)
+        return body;
+    free(body);
+    return out;
+}
+
+/* /completion's whole reply, as llama-server's: with the prompt the model
+ * read and generation_settings; then, with response_fields, only the named
+ * fields, each "a/b" path read from that whole reply and keyed by the path
+ * (a path that names nothing is left out). Takes `body`; NULL on ENOMEM. */
+static char *completion_fields(const struct server *srv, const struct thaw_task *t, char *body)
+{
+    json_t *root = json_loads(body, 0, NULL), *out = NULL, *f;
+    json_t *fields = t->req.response_fields ? json_loads(t->req.response_fields, 0, NULL) : NULL;
+    char *prompt = prompt_text(srv, t), *text = NULL;
+    size_t i;
+
+    free(body);
+    if (!json_is_object(root) || !prompt || !(out = json_object()))
+        goto done;
+    json_object_set_new(root, "prompt", json_string(prompt));
+    json_object_set_new(root, "generation_settings",
+                        json_pack("{s:i, s:i, s:b}", "n_predict", t->max_tokens, "n_probs", 0, "stream",
+                                  t->req.stream));
+    if (!json_is_array(fields)) {
+        text = json_dumps(root, JSON_COMPACT);
+        goto done;
+    }
+    json_array_foreach(fields, i, f) {
+        const char *path = json_string_value(f);
+        json_t *v = root;
+        for (const char *p = path; v && *p;) {
+            size_t n = strcspn(p, "/");
+            char key[256];
+            snprintf(key, sizeof key, "%.*s", (int)(n < 255 ? n : 255), p);
+            v = json_object_get(v, key);
+            p += n;
+            if (*p == '/')
+                p++;
+        }
+        if (v)
+            json_object_set(out, path, v);
+    }
+    text = json_dumps(out, JSON_COMPACT);
+done:
+    json_decref(out);
+    json_decref(fields);
+    json_decref(root);
+    free(prompt);
+    return text;
+}
+
+static bool wants_verbose(const struct server *srv, const struct thaw_task *t, const struct wire *w)
+{
+    bool on = t->req.verbose >= 0 ? t->req.verbose > 0 : srv->cfg.verbosity >= THAW_LOG_DEBUG;
+    return on && (w == &wire_chat || w == &wire_completions || w == &wire_completion);
+}
 
 /* The connection is done with a deferred request (answered, or the client
  * gone): nobody is left to read what the engine would still produce. */
@@ -265,7 +377,12 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
         return;
     }
     make_id(d->wire->id_prefix, id);
-    set_json(r, 200, t->message_json ? d->wire->reply_json(t, id) : NULL);
+    char *body = t->message_json ? d->wire->reply_json(t, id) : NULL;
+    if (body && wants_verbose(d->srv, t, d->wire))
+        body = add_verbose(d->srv, t, body);
+    if (body && d->wire == &wire_completion)
+        body = completion_fields(d->srv, t, body);
+    set_json(r, 200, body);
     if (!r->body)
         set_wire_error(r, d->wire, 500, "out of memory");
 }
@@ -307,6 +424,19 @@ static int apply_defaults(const struct thaw_config *cfg, struct thaw_chat_reques
     return 0;
 }
 
+/* A logit_bias text's tokens (thaw_api_resolve_bias): as the text reads
+ * inside a reply, no BOS, special tokens not parsed. */
+static int32_t *bias_tokenize(void *ud, const char *text, int *n)
+{
+    const struct thaw_chat *chat = ud;
+    llama_token *toks = NULL;
+
+    *n = 0;
+    if (thaw_chat_tokenize_plain(chat, text, &toks, n) != 0)
+        return NULL;
+    return toks;
+}
+
 /* Parse, the cheap bounds, the template: the request and its prompt, or an
  * answered error (then returns nonzero and nothing needs freeing). */
 static int prepare(struct server *srv, const struct thaw_http_request *hr, const struct wire *w,
@@ -329,6 +459,19 @@ static int prepare(struct server *srv, const struct thaw_http_request *hr, const
     if (rc != 0) {
         set_wire_error(r, w, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         return rc;
+    }
+    if (req->n_bias > 0 &&
+        (rc = thaw_api_resolve_bias(req, thaw_chat_n_vocab(chat), bias_tokenize, (void *)chat, err, sizeof err)) != 0) {
+        set_wire_error(r, w, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        thaw_chat_request_free(req);
+        return rc;
+    }
+    if (req->id_slot >= srv->cfg.n_parallel) {
+        snprintf(err, sizeof err, "'id_slot' %d: the server has %d slots (-np), 0 to %d", req->id_slot,
+                 srv->cfg.n_parallel, srv->cfg.n_parallel - 1);
+        set_wire_error(r, w, 400, err);
+        thaw_chat_request_free(req);
+        return THAW_EINVAL;
     }
     /* cheap bounds first: no template or tokenizer work for what cannot fit */
     if ((rc = thaw_api_admit(req, thaw_engine_n_ctx_slot(srv->engine), thaw_engine_max_token_bytes(srv->engine),
@@ -454,6 +597,7 @@ static void serve_chat(struct server *srv, const struct thaw_http_request *hr, c
     }
     d->task = t;
     d->wire = w;
+    d->srv = srv;
     r->defer = true;
     r->resume = chat_resume;
     r->defer_ud = d;
@@ -515,6 +659,43 @@ static void route_count_tokens(struct server *srv, const struct thaw_http_reques
     thaw_chat_request_free(&req);
 }
 
+/* POST /v1/chat/completions/input_tokens and /v1/responses/input_tokens
+ * (llama-server's): {"input_tokens": n}, the prompt the request renders to,
+ * counted; nothing is generated. */
+static void count_input_tokens(struct server *srv, const struct thaw_http_request *hr, struct thaw_http_response *r,
+                               const struct wire *w)
+{
+    struct thaw_chat_request req;
+    llama_token *prompt = NULL;
+    struct thaw_chat_gen gen;
+    int n_prompt = 0;
+    char buf[48];
+
+    if (prepare(srv, hr, w, r, &req, &prompt, &n_prompt, &gen) != 0)
+        return;
+    snprintf(buf, sizeof buf, "{\"input_tokens\":%d}", n_prompt);
+    set_json(r, 200, strdup(buf));
+    if (!r->body)
+        set_wire_error(r, w, 500, "out of memory");
+    free(prompt);
+    thaw_chat_gen_free(&gen);
+    thaw_chat_request_free(&req);
+}
+
+static void route_chat_input_tokens(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                                    struct thaw_http_response *r)
+{
+    (void)ns;
+    count_input_tokens(srv, hr, r, &wire_chat);
+}
+
+static void route_responses_input_tokens(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                                         struct thaw_http_response *r)
+{
+    (void)ns;
+    count_input_tokens(srv, hr, r, &wire_responses);
+}
+
 /* ---- other routes ---------------------------------------------------------------- */
 
 static void route_health(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
@@ -534,7 +715,7 @@ static void route_models(struct server *srv, const struct thaw_http_request *hr,
     (void)hr;
     (void)ns;
     thaw_engine_model_meta(srv->engine, &m);
-    set_json(r, 200, thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->started, &m));
+    set_json(r, 200, thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->cfg.tags, srv->started, &m));
 }
 
 static void route_metrics(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
@@ -680,9 +861,10 @@ static void route_props(struct server *srv, const struct thaw_http_request *hr, 
     (void)hr;
     (void)ns;
     set_json(r, 200,
-             thaw_api_props_json(thaw_engine_model_name(srv->engine), thaw_chat_template(thaw_engine_chat(srv->engine)),
-                                 srv->cfg.n_parallel, thaw_engine_n_ctx_slot(srv->engine), srv->cfg.jinja,
-                                 srv->cfg.kv_cache_dir != NULL));
+             thaw_api_props_json(thaw_engine_model_name(srv->engine), srv->cfg.model_path,
+                                 thaw_chat_template(thaw_engine_chat(srv->engine)), srv->cfg.n_parallel,
+                                 thaw_engine_n_ctx_slot(srv->engine), srv->cfg.jinja, srv->cfg.kv_cache_dir != NULL,
+                                 &srv->cfg.sampling, srv->cfg.n_predict));
 }
 
 /* GET /slots: llama-server's array, each slot's conversation (the
@@ -716,8 +898,13 @@ static const struct route {
     {"/health", "/v1/health", "GET", route_health, true, false, NULL},
     {"/v1/chat/completions", "/chat/completions", "POST", route_chat, false, false, NULL},
     {"/v1/messages", NULL, "POST", route_messages, false, false, &wire_messages},
-    {"/v1/completions", "/completions", "POST", route_completions, false, false, NULL},
-    {"/completion", NULL, "POST", route_completion, false, false, NULL},
+    {"/v1/completions", NULL, "POST", route_completions, false, false, NULL},
+    /* llama-server's own shape at both, as there; only /v1/completions is OpenAI's */
+    {"/completion", "/completions", "POST", route_completion, false, false, NULL},
+    {"/v1/chat/completions/input_tokens", "/chat/completions/input_tokens", "POST", route_chat_input_tokens, false,
+     false, NULL},
+    {"/v1/responses/input_tokens", "/responses/input_tokens", "POST", route_responses_input_tokens, false, false,
+     NULL},
     {"/v1/responses", "/responses", "POST", route_responses, false, false, NULL},
     {"/v1/messages/count_tokens", NULL, "POST", route_count_tokens, false, false, &wire_messages},
     {"/v1/models", "/models", "GET", route_models, false, false, NULL},
@@ -732,7 +919,39 @@ static const struct route {
     {"/webui/", NULL, "GET", route_webui, true, true, NULL},
 };
 
-/* The origin to allow for a browser's request, or NULL (--cors-origin). */
+/* An origin on this machine: http(s)://localhost, 127.0.0.1 or [::1],
+ * with any port or none, nothing after (llama-server's origin_is_localhost). */
+static bool origin_is_localhost(const char *origin)
+{
+    static const char *const schemes[] = {"http://", "https://"};
+    static const char *const hosts[] = {"localhost", "127.0.0.1", "[::1]"};
+    const char *p = NULL;
+
+    for (int i = 0; i < 2 && !p; i++)
+        if (strncmp(origin, schemes[i], strlen(schemes[i])) == 0)
+            p = origin + strlen(schemes[i]);
+    if (!p)
+        return false;
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(hosts[i]);
+        if (strncmp(p, hosts[i], n) != 0)
+            continue;
+        const char *q = p + n;
+        if (*q == '\0')
+            return true;
+        if (*q != ':' || !q[1])
+            return false;
+        while (*++q)
+            if (*q < '0' || *q > '9')
+                return false;
+        return true;
+    }
+    return false;
+}
+
+/* The origin to allow for a browser's request, or NULL (--cors-origin):
+ * "*", an origin of the list, echoed, or any of this machine's origins
+ * when the list says `localhost` (as llama-server's --cors-origins). */
 static const char *cors_allow(const struct server *srv, const char *origin)
 {
     const char *list = srv->cfg.cors_origin;
@@ -746,11 +965,28 @@ static const char *cors_allow(const struct server *srv, const char *origin)
         size_t len = strcspn(p, ",");
         if (len == n && strncmp(p, origin, n) == 0)
             return origin; /* echoed: it is one of ours */
+        if (len == 9 && strncmp(p, "localhost", 9) == 0 && origin_is_localhost(origin))
+            return origin;
         p += len;
         if (*p == ',')
             p++;
     }
     return NULL;
+}
+
+/* The headers a preflight asked for, when they are header names (a
+ * browser SDK sends its own: x-api-key, anthropic-version, x-stainless-*;
+ * a fixed list would refuse them, and "*" does not cover Authorization in
+ * the Fetch standard). NULL = the default list. */
+static const char *cors_headers(const char *asked)
+{
+    if (!asked || !*asked || strlen(asked) > 1024)
+        return NULL;
+    for (const char *p = asked; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+              *p == '_' || *p == ',' || *p == ' '))
+            return NULL;
+    return asked;
 }
 
 static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_http_response *r)
@@ -772,18 +1008,22 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
             (routes[i].prefix && strncmp(url, routes[i].path, strlen(routes[i].path)) == 0))
             rt = &routes[i];
     r->allow_origin = cors_allow(srv, hr->origin);
-    if (!rt && srv->cfg.n_api_keys > 0 && strcmp(hr->method, "OPTIONS") != 0 && authenticate(srv, hr, ns) != 0) {
+    if (strcmp(hr->method, "OPTIONS") == 0) {
+        /* a browser's preflight, on any path (it carries no key): an empty
+         * 200 as llama-server answers; without an allowed origin it has no
+         * Access-Control-Allow-Origin, and the browser refuses the call */
+        set_json(r, 200, strdup(""));
+        r->content_type = "text/plain";
+        r->cors_preflight = r->allow_origin != NULL;
+        r->allow_headers = cors_headers(hr->cors_request_headers);
+        r->allow = rt ? rt->method : NULL;
+    } else if (!rt && srv->cfg.n_api_keys > 0 && authenticate(srv, hr, ns) != 0) {
         /* as llama-server: without a key, no path is told apart from another */
         set_wire_error(r, &wire_chat, 401, wire_chat.auth_hint);
     } else if (!rt) {
         char msg[128];
         snprintf(msg, sizeof msg, "no route for %s %.80s", hr->method, hr->url);
         set_wire_error(r, errors_for(hr->url), 404, msg);
-    } else if (strcmp(hr->method, "OPTIONS") == 0 && r->allow_origin) {
-        /* a browser's preflight: no key (it carries none), no body */
-        r->status = 204;
-        r->cors_preflight = true;
-        r->allow = rt->method;
     } else if (strcmp(hr->method, rt->method) != 0) {
         char msg[96];
         snprintf(msg, sizeof msg, "use %s for %s", rt->method, rt->path);

@@ -574,15 +574,15 @@ static int oai_cmpl_close(struct thaw_stream *st)
 
 static int llama_cmpl_delta(struct thaw_stream *st, json_t *diff)
 {
-    return emit_text(st, NULL, thaw_api_llama_completion_json(st->model, diff_text(diff), false, NULL, 0, NULL));
+    return emit_text(st, NULL, thaw_api_llama_completion_json(st->model, diff_text(diff), false, NULL, NULL, 0, NULL));
 }
 
 static int llama_cmpl_close(struct thaw_stream *st)
 {
     struct thaw_task *t = st->task;
 
-    return emit_text(st, NULL, thaw_api_llama_completion_json(st->model, "", true, t->finish_reason, t->n_prompt,
-                                                              &t->timings));
+    return emit_text(st, NULL, thaw_api_llama_completion_json(st->model, "", true, t->finish_reason,
+                                                              t->stop_sequence, t->n_prompt, &t->timings));
 }
 
 static const struct writer oai_cmpl_writer = {false, cmpl_open, oai_cmpl_delta, oai_cmpl_close, chat_fail};

@@ -194,7 +194,7 @@ def test_template_endpoints(serve, family_models):
     import requests
     pre = requests.options(s.url + "/v1/chat/completions", headers={"Origin": "http://app.example",
                                                                      "Access-Control-Request-Method": "POST"})
-    assert pre.status_code == 204 and pre.headers["Access-Control-Allow-Origin"] == "http://app.example"
+    assert pre.status_code == 200 and pre.headers["Access-Control-Allow-Origin"] == "http://app.example"
     assert "POST" in pre.headers["Access-Control-Allow-Methods"]
     other = requests.get(s.url + "/v1/models", headers={"Origin": "http://evil.example"})
     assert "Access-Control-Allow-Origin" not in other.headers

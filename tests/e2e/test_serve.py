@@ -109,7 +109,13 @@ def test_stop_strings_and_array_content(serve):
     parts = [system("You are a terse assistant."),
              {"role": "user", "content": [{"type": "text", "text": "Tell me about the sea "},
                                           {"type": "text", "text": "and the sky."}]}]
-    assert s.chat(parts, max_tokens=24)["choices"][0]["message"]["content"] == full
+    # text parts reach the template as parts (llama.cpp's chat library joins
+    # them as the template does, as llama-server passes them): the reply is
+    # that prompt's, completed raw by the same server
+    prompt = s.post("/apply-template", {"messages": parts}).json()["prompt"]
+    assert "Tell me about the sea " in prompt and "and the sky." in prompt
+    raw = s.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0}).json()["content"]
+    assert s.chat(parts, max_tokens=8)["choices"][0]["message"]["content"] == raw
     text, final, _, _ = s.chat_stream(CONV, max_tokens=24, stop=cut)
     assert text == full[:full.index(cut)]
 

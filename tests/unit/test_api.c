@@ -279,6 +279,65 @@ static void test_prompt_cache_key(void **state)
 
 /* GET /cache: every sample line of the Prometheus text, "thaw_" cut, integers
  * exact; HELP/TYPE lines and anything not thaw's are not carried over. */
+/* assistant prefill, continue_final_message and add_generation_prompt, with
+ * llama-server's 400s; logit_bias in both shapes */
+static void test_continuation_and_bias(void **state)
+{
+    struct thaw_chat_request r;
+    char err[256];
+
+    (void)state;
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r, err), 0);
+    assert_true(r.add_generation_prompt);
+    assert_false(r.continue_final);
+    assert_int_equal(r.id_slot, -1);
+    assert_int_equal(r.verbose, -1);
+    thaw_chat_request_free(&r);
+    /* a trailing assistant message is a prefill: continued, no generation prompt, not in the history */
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                           "{\"role\":\"assistant\",\"content\":\"Wh\"}]}", &r, err), 0);
+    assert_true(r.continue_final);
+    assert_false(r.add_generation_prompt);
+    assert_int_equal(thaw_chat_request_n_history(&r), 1);
+    thaw_chat_request_free(&r);
+    /* continue_final_message false: rendered closed, as the history it is */
+    assert_int_equal(parse("{\"continue_final_message\":false,\"add_generation_prompt\":false,\"messages\":["
+                           "{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"Wh\"}]}",
+                           &r, err), 0);
+    assert_false(r.continue_final);
+    assert_int_equal(thaw_chat_request_n_history(&r), 2);
+    thaw_chat_request_free(&r);
+    static const char *const bad[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"},"
+        "{\"role\":\"assistant\",\"content\":\"c\"}]}",
+        "{\"add_generation_prompt\":true,\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+        "{\"role\":\"assistant\",\"content\":\"b\"}]}",
+        "{\"continue_final_message\":true,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        "{\"continue_final_message\":\"maybe\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":null,"
+        "\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]}",
+        "{\"logit_bias\":[[1]],\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        "{\"logit_bias\":{\"5\":\"x\"},\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(parse(bad[i], &r, err), THAW_EINVAL);
+    assert_int_equal(parse("{\"logit_bias\":{\"5\":-100,\"7\":false},\"id_slot\":1,\"verbose\":true,"
+                           "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", &r, err), 0);
+    assert_int_equal(r.n_bias, 2);
+    assert_int_equal(r.bias[0].token, 5);
+    assert_true(r.bias[0].bias == -100.0f);
+    assert_true(r.bias[1].bias < -1e30f);
+    assert_int_equal(r.id_slot, 1);
+    assert_int_equal(r.verbose, 1);
+    thaw_chat_request_free(&r);
+    assert_int_equal(parse("{\"logit_bias\":[[\" the\",2.5],[9,false]],"
+                           "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", &r, err), 0);
+    assert_int_equal(r.n_bias, 2);
+    assert_string_equal(r.bias[0].text, " the");
+    assert_int_equal(r.bias[1].token, 9);
+    thaw_chat_request_free(&r);
+}
+
 static void test_cache_json_from_metrics_text(void **state)
 {
     const char *text = "# HELP thaw_kv_cache_hits_disk_total lookups served by the disk tier\n"
@@ -309,6 +368,7 @@ int main(void)
         cmocka_unit_test(test_agent_fields),
         cmocka_unit_test(test_prompt_cache_key),
         cmocka_unit_test(test_cache_json_from_metrics_text),
+        cmocka_unit_test(test_continuation_and_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -35,7 +35,7 @@ static void test_binding_separates_tenants_and_identity(void **state)
 {
     uint8_t fp[THAW_KEY_BYTES] = {1}, nsa[THAW_KEY_BYTES], nsb[THAW_KEY_BYTES];
     uint8_t ba[THAW_KEY_BYTES], bb[THAW_KEY_BYTES], id[THAW_KEY_BYTES], ka[THAW_KEY_BYTES], kb[THAW_KEY_BYTES];
-    struct thaw_message m[] = {{(char *)"user", (char *)"hi", (char *)"{\"content\":\"hi\",\"role\":\"user\"}"}};
+    struct thaw_message m[] = {{(char *)"user", (char *)"hi", (char *)"{\"content\":\"hi\",\"role\":\"user\"}", NULL}};
 
     (void)state;
     thaw_keys_namespace("alpha", 5, nsa);

@@ -1,0 +1,264 @@
+"""llama-server parity on the fields llama.cpp's own server tests check
+(tests/compat/run-upstream runs those): system_fingerprint, assistant
+prefill and continue_final_message, add_generation_prompt, __verbose,
+stop_type "word", tools and schemas in the client's key order, id_slot,
+return_progress and CORS. Generated models (random weights, a real
+tokenizer and template), so outputs are compared with a reference served
+by the same server, never with fixed text."""
+import json
+import os
+import re
+
+import pytest
+
+from conftest import REPO, mkmodel, system, user
+
+TEMPLATES = os.path.join(REPO, ".deps", "llama.cpp", "models", "templates")
+LLAMA31 = os.path.join(TEMPLATES, "meta-llama-Llama-3.1-8B-Instruct.jinja")
+ASSISTANT_OPEN = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+@pytest.fixture(scope="module")
+def compat_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("compat")
+    return {
+        "llama3.1": mkmodel(d / "llama31.gguf", "--arch", "llama", "--chat-template-file", LLAMA31, "--seed", "3"),
+        "qwen3": mkmodel(d / "qwen3.gguf", "--arch", "qwen3", "--seed", "3"),
+    }
+
+
+def events(resp):
+    out = []
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("data: ") and line[6:] != "[DONE]":
+            out.append(json.loads(line[6:]))
+    return out
+
+
+BOOK = [system("Book"), user("What is the best book")]
+
+
+def test_system_fingerprint_is_llama_servers_build(serve):
+    s = serve("llama")
+    fp = s.chat(BOOK, max_tokens=2)["system_fingerprint"]
+    assert re.fullmatch(r"b\d+-\S+", fp), fp
+    r = s.post("/v1/chat/completions", {"messages": BOOK, "max_tokens": 2, "stream": True,
+                                        "stream_options": {"include_usage": True}}, stream=True)
+    chunks = events(r)
+    assert chunks and all(c["system_fingerprint"] == fp for c in chunks)
+    r = s.post("/v1/completions", {"prompt": "Once upon", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["system_fingerprint"] == fp
+
+
+def test_assistant_prefill_is_continued(serve, compat_models):
+    s = serve(compat_models["llama3.1"])
+    prefill = BOOK + [{"role": "assistant", "content": "Whill"}]
+    r = s.post("/apply-template", {"messages": prefill})
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    assert prompt.endswith("What is the best book<|eot_id|>" + ASSISTANT_OPEN + "Whill"), prompt
+    # the explicit vLLM/transformers spelling renders the same prompt
+    r = s.post("/apply-template", {"messages": prefill, "add_generation_prompt": False,
+                                   "continue_final_message": True})
+    assert r.status_code == 200 and r.json()["prompt"] == prompt
+    # the chat reply goes on from the prefill: the same greedy text as the
+    # rendered prompt completed raw by the same server; the message comes
+    # back whole, prefill included (llama.cpp's chat library parses it back
+    # in, as llama-server answers)
+    chat = s.chat(prefill, max_tokens=8)["choices"][0]["message"]["content"]
+    raw = s.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0})
+    assert raw.status_code == 200, raw.text
+    assert chat == "Whill" + raw.json()["content"]
+    # a prefill in text parts reaches the template as parts (the library
+    # joins them as the template wants, as llama-server passes them)
+    parts = BOOK + [{"role": "assistant", "content": [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]}]
+    r = s.post("/apply-template", {"messages": parts})
+    assert r.status_code == 200 and r.json()["prompt"].endswith(ASSISTANT_OPEN + "Wh\n\nill"), r.text
+    # without the prefill the generation prompt closes nothing: another prompt
+    plain = s.post("/apply-template", {"messages": BOOK}).json()["prompt"]
+    assert plain.endswith(ASSISTANT_OPEN) and plain + "Whill" == prompt
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": BOOK + [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]},
+    {"messages": [user("Hi"), {"role": "assistant", "content": "Hello"}], "add_generation_prompt": True,
+     "continue_final_message": True},
+    {"messages": [user("Hi"), {"role": "assistant", "content": "Hello"}], "add_generation_prompt": True},
+    {"messages": BOOK, "continue_final_message": True},
+], ids=["two-trailing-assistants", "both-true", "prefill-with-generation-prompt", "nothing-to-continue"])
+def test_continuation_conflicts_are_400(serve, body):
+    s = serve("llama")
+    for path in ("/v1/chat/completions", "/apply-template"):
+        r = s.post(path, {**body, "max_tokens": 2})
+        assert r.status_code == 400, (path, r.text)
+
+
+def test_apply_template_honours_add_generation_prompt(serve, compat_models):
+    s = serve(compat_models["llama3.1"])
+    on = s.post("/apply-template", {"messages": BOOK}).json()["prompt"]
+    off = s.post("/apply-template", {"messages": BOOK, "add_generation_prompt": False}).json()["prompt"]
+    assert on.endswith(ASSISTANT_OPEN)
+    assert not off.endswith(ASSISTANT_OPEN) and on == off + ASSISTANT_OPEN
+
+
+def test_verbose_shows_the_prompt(serve, compat_models):
+    s = serve(compat_models["llama3.1"])
+    prompt = s.post("/apply-template", {"messages": BOOK}).json()["prompt"]
+    r = s.post("/v1/chat/completions", {"messages": BOOK, "max_tokens": 2, "verbose": True})
+    v = r.json()["__verbose"]
+    # each prompt token's text: the template's rendering as the model read it
+    assert v["prompt"].endswith(prompt.split("<|start_header_id|>", 1)[1]), (v["prompt"], prompt)
+    assert "What is the best book" in v["prompt"] and v["tokens_evaluated"] == r.json()["usage"]["prompt_tokens"]
+    assert v["content"] == r.json()["choices"][0]["message"]["content"]
+    assert "__verbose" not in s.chat(BOOK, max_tokens=2)
+    # -v: on unless the request says no
+    s2 = serve(compat_models["llama3.1"], "-v")
+    assert "Book" in s2.chat(BOOK, max_tokens=2)["__verbose"]["prompt"]
+    assert "__verbose" not in s2.chat(BOOK, max_tokens=2, verbose=False)
+
+
+def test_completion_stop_type_word(serve):
+    s = serve("llama")
+    prompt = "The sea and the sky and the"
+    free = s.post("/completion", {"prompt": prompt, "n_predict": 16, "temperature": 0}).json()
+    assert free["stop_type"] in ("limit", "eos") and free["stopping_word"] == ""
+    text = free["content"]
+    word = text[len(text) // 2:len(text) // 2 + 3]
+    assert word.strip(), text
+    r = s.post("/completion", {"prompt": prompt, "n_predict": 16, "temperature": 0, "stop": [word]}).json()
+    assert r["stop_type"] == "word" and r["stopping_word"] == word, r
+    assert text.startswith(r["content"]) and word not in r["content"]
+
+
+def test_tools_and_schema_keep_the_clients_key_order(serve, compat_models):
+    s = serve(compat_models["qwen3"])
+    tool = {"type": "function", "function": {
+        "name": "pick", "description": "Pick one",
+        "parameters": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "string"}},
+                       "required": ["zeta", "alpha"]}}}
+    prompt = s.post("/apply-template", {"messages": [user("hi")], "tools": [tool]}).json()["prompt"]
+    # Qwen3 prints each tool as JSON: as the client wrote it, not sorted
+    assert prompt.index('"zeta"') < prompt.index('"alpha"'), prompt
+    assert prompt.index('"name"') < prompt.index('"description"') < prompt.index('"parameters"')
+    # a schema's property order is the reply's
+    schema = {"type": "object", "properties": {"zz": {"enum": [1]}, "aa": {"enum": [2]}}, "required": ["zz", "aa"]}
+    r = s.post("/v1/chat/completions", {"messages": [user("json")], "max_tokens": 60, "temperature": 0,
+                                        "response_format": {"type": "json_schema",
+                                                            "json_schema": {"name": "x", "schema": schema}}})
+    out = r.json()["choices"][0]["message"]["content"]
+    assert list(json.loads(out).keys()) == ["zz", "aa"], out
+
+
+def preflight(s, origin, path="/v1/completions", headers="Authorization"):
+    import requests
+    return requests.options(s.url + path, headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                                                    "Access-Control-Request-Headers": headers}, timeout=30)
+
+
+def test_cors_preflight(serve):
+    # no --cors-origin: a preflight is answered (200, as llama-server), but
+    # allows no origin, so the browser refuses the call; thaw does not open
+    # the API to every web page by default as llama-server does (see README)
+    s = serve("llama", "--api-key", "k")
+    r = preflight(s, "http://localhost:8080")
+    assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers
+    assert preflight(s, "http://x", path="/no/such/route").status_code == 200  # before the key and the route
+    # `localhost`: this machine's origins on any port, nothing that only looks like one
+    s = serve("llama", "--cors-origin", "localhost,http://app.example")
+    for origin in ("http://localhost", "http://localhost:5173", "http://127.0.0.1:3000", "http://[::1]:8080",
+                   "https://localhost:8443", "http://app.example"):
+        r = preflight(s, origin, headers="Authorization, x-stainless-os, anthropic-version")
+        assert r.status_code == 200 and r.headers.get("Access-Control-Allow-Origin") == origin, (origin, r.headers)
+        # the SDKs' own headers are allowed as asked (a fixed list would refuse them)
+        assert r.headers["Access-Control-Allow-Headers"] == "Authorization, x-stainless-os, anthropic-version"
+        assert "POST" in r.headers["Access-Control-Allow-Methods"]
+    for origin in ("http://localhost.evil.com", "http://notlocalhost", "http://127.0.0.1.evil.com",
+                   "http://localhost:80x", "http://evil.com"):
+        r = preflight(s, origin)
+        assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers, origin
+    # the real request carries the origin back
+    import requests
+    r = requests.post(s.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 1},
+                      headers={"Origin": "http://localhost:5173"}, timeout=60)
+    assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
+
+
+def test_id_slot_runs_on_the_named_slot(serve):
+    s = serve("llama", "-np", "2", "-c", "1024")
+    a, b = "alpha " * 6 + "one", "beta " * 6 + "two"
+
+    def slot_text():
+        return {x["id"]: x["prompt"] or "" for x in s.get("/slots").json()}  # null: nothing held yet
+
+    r = s.post("/completion", {"prompt": a, "n_predict": 2, "id_slot": 1})
+    assert r.status_code == 200, r.text
+    held = slot_text()
+    assert a in held[1] and a not in held[0], held
+    # the same prompt again, sent to slot 0: it runs there, although slot 1
+    # holds it and would be chosen (its prefix)
+    r = s.post("/completion", {"prompt": a, "n_predict": 2, "id_slot": 0})
+    assert r.status_code == 200 and r.json()["tokens_cached"] == 0, r.text
+    held = slot_text()
+    assert a in held[0] and a in held[1]
+    r = s.post("/v1/chat/completions", {"messages": [user(b)], "max_tokens": 2, "id_slot": 1})
+    assert r.status_code == 200
+    held = slot_text()
+    assert b in held[1] and b not in held[0]
+    r = s.post("/completion", {"prompt": a, "n_predict": 2, "id_slot": 2})
+    assert r.status_code == 400 and "id_slot" in r.json()["error"]["message"]
+
+
+def test_props_models_and_paths(serve, models):
+    s = serve("llama", "--alias", "tiny-2,fim,code", "--tags", "chat,small", "-np", "2", "-c", "1024", "-s", "42",
+              "--temp", "0.5")
+    p = s.get("/props").json()
+    assert p["model_path"] == models["llama"] and p["build_info"].startswith("b")
+    g = p["default_generation_settings"]
+    assert g["n_ctx"] == 512 and g["params"]["seed"] == 42 and abs(g["params"]["temperature"] - 0.5) < 1e-6
+    d = s.get("/v1/models").json()["data"][0]
+    assert set(d["aliases"]) == {"tiny-2", "fim", "code"} and d["id"] == "code" and d["tags"] == ["chat", "small"]
+    # llama-server's paths: /completions is its own shape (only /v1/completions is OpenAI's)
+    r = s.post("/completions", {"prompt": "Once", "n_predict": 2}).json()
+    assert "content" in r and "choices" not in r
+    r = s.post("/v1/chat/completions/input_tokens", {"messages": BOOK})
+    assert r.status_code == 200
+    n = r.json()["input_tokens"]
+    assert n == s.chat(BOOK, max_tokens=1)["usage"]["prompt_tokens"]
+
+
+def test_logit_bias_changes_the_reply(serve):
+    s = serve("llama")
+
+    def gen(**kw):
+        r = s.post("/completion", {"prompt": "What is the best book", "n_predict": 6, "temperature": 0, **kw})
+        assert r.status_code == 200, r.text
+        return r.json()["content"]
+
+    free = gen()
+    first = s.post("/tokenize", {"content": free, "add_special": False}).json()["tokens"][0]
+    piece = s.post("/tokenize", {"content": free, "add_special": False, "with_pieces": True}).json()["tokens"][0]
+    for bias in ([[first, False]], [[first, -100]], {str(first): -100}):
+        out = gen(logit_bias=bias)
+        assert out != free and not out.startswith(piece["piece"] if isinstance(piece["piece"], str) else "\0"), bias
+    # a text entry biases its tokens: banning the free reply's text changes it
+    assert gen(logit_bias=[[free, False]]) != free
+    # the chat API takes OpenAI's shape too
+    a = s.chat(BOOK, max_tokens=4)["choices"][0]["message"]["content"]
+    t = s.post("/tokenize", {"content": a, "add_special": False}).json()["tokens"][0]
+    assert s.chat(BOOK, max_tokens=4, logit_bias={str(t): -100})["choices"][0]["message"]["content"] != a
+    assert s.post("/completion", {"prompt": "x", "logit_bias": [["a", "b"]]}).status_code == 400
+    assert s.post("/completion", {"prompt": "x", "logit_bias": [[10 ** 9, 1]]}).status_code == 400
+
+
+def test_completion_response_fields(serve):
+    s = serve("llama")
+    prompt = "I believe the meaning of life is"
+    full = s.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0}).json()
+    assert full["generation_settings"]["n_predict"] == 8 and full["prompt"].endswith(prompt)
+    r = s.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0,
+                               "response_fields": ["content", "generation_settings/n_predict", "prompt",
+                                                   "timings/predicted_n", "no/such"]}).json()
+    assert set(r) == {"content", "generation_settings/n_predict", "prompt", "timings/predicted_n"}, r
+    assert r["content"] == full["content"] and r["generation_settings/n_predict"] == 8
+    assert r["timings/predicted_n"] == full["tokens_predicted"]
+    assert r["prompt"].endswith(prompt) and len(r["prompt"]) > len(prompt)  # BOS rendered, as llama-server
