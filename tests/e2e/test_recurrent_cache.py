@@ -45,10 +45,10 @@ def test_restart_between_turns_restores_from_disk_with_checkpoints(serve, partia
     conv = conversation(i, 600)
     ref1, ref2, ref3 = reference(serve, model, conv, i)
 
-    # lfm2 as whole states with their .ckpt: with blocks (the default) a
-    # hybrid stores snapshots instead, tests/e2e/test_blocks_hybrid.py
-    whole = ["--kv-cache-block", "0"] if arch == "lfm2" else []
-    flags = ["-np", "1", *kv_flags(tmp_path, "--kv-cache-min-tokens", "16", *whole)]
+    # whole states with their .ckpt: with blocks (the default) a hybrid
+    # stores snapshots instead (tests/e2e/test_blocks_hybrid.py) and an SWA
+    # model its window's rows in the blocks (tests/e2e/test_blocks_swa.py)
+    flags = ["-np", "1", *kv_flags(tmp_path, "--kv-cache-min-tokens", "16", "--kv-cache-block", "0")]
     s = serve(model, *flags)
     r1 = chat(s, conv)
     assert reply(r1) == reply(ref1)
