@@ -525,8 +525,9 @@ int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_re
     return rc;
 }
 
-int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool add_special, llama_token **out,
-                            int *n_out)
+/* text's tokens, special-token text parsed as special tokens or not */
+static int tokenize(const struct thaw_chat *chat, const char *text, bool add_special, bool parse_special,
+                    llama_token **out, int *n_out)
 {
     size_t len = strlen(text);
     llama_token *toks;
@@ -536,7 +537,7 @@ int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool
         return THAW_ETOOBIG;
     if (!(toks = malloc((len + 16) * sizeof *toks)))
         return THAW_ENOMEM;
-    n = llama_tokenize(chat->vocab, text, (int32_t)len, toks, (int32_t)(len + 16), add_special, true);
+    n = llama_tokenize(chat->vocab, text, (int32_t)len, toks, (int32_t)(len + 16), add_special, parse_special);
     if (n < 0) {
         free(toks);
         return THAW_EINVAL;
@@ -546,24 +547,15 @@ int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool
     return 0;
 }
 
+int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool add_special, llama_token **out,
+                            int *n_out)
+{
+    return tokenize(chat, text, add_special, true, out, n_out);
+}
+
 int thaw_chat_tokenize_plain(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out)
 {
-    size_t len = strlen(text);
-    llama_token *toks;
-    int n;
-
-    if (len > INT32_MAX / 2)
-        return THAW_ETOOBIG;
-    if (!(toks = malloc((len + 16) * sizeof *toks)))
-        return THAW_ENOMEM;
-    n = llama_tokenize(chat->vocab, text, (int32_t)len, toks, (int32_t)(len + 16), false, false);
-    if (n < 0) {
-        free(toks);
-        return THAW_EINVAL;
-    }
-    *out = toks;
-    *n_out = n;
-    return 0;
+    return tokenize(chat, text, false, false, out, n_out);
 }
 
 char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok)

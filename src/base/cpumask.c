@@ -1,19 +1,10 @@
 /* cpumask.c — -C / -Cr values (cpumask.h). */
 #include "base/cpumask.h"
 
+#include "base/fmt.h"
+
 #include <stddef.h>
 #include <string.h>
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 bool thaw_cpumask_parse_hex(const char *s, bool mask[THAW_MAX_CPUS])
 {
@@ -23,10 +14,10 @@ bool thaw_cpumask_parse_hex(const char *s, bool mask[THAW_MAX_CPUS])
     if (n == 0 || n * 4 > THAW_MAX_CPUS)
         return false;
     for (size_t i = 0; i < n; i++)
-        if (hexval(s[i]) < 0)
+        if (thaw_hex_digit(s[i]) < 0)
             return false;
     for (size_t i = 0; i < n; i++) {
-        int v = hexval(s[n - 1 - i]);
+        int v = thaw_hex_digit(s[n - 1 - i]);
         for (int b = 0; b < 4; b++)
             if (v & (1 << b))
                 mask[i * 4 + (size_t)b] = true;

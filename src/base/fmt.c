@@ -16,7 +16,7 @@ void thaw_hex(const uint8_t *b, size_t n, char *out)
     out[2 * n] = '\0';
 }
 
-static int hex_digit(char ch)
+int thaw_hex_digit(char ch)
 {
     if (ch >= '0' && ch <= '9')
         return ch - '0';
@@ -30,11 +30,11 @@ static int hex_digit(char ch)
 int thaw_unhex(const char *s, size_t n, uint8_t *out)
 {
     for (size_t i = 0; i < n; i++) {
-        int hi = hex_digit(s[2 * i]), lo;
+        int hi = thaw_hex_digit(s[2 * i]), lo;
 
         if (hi < 0)
             return THAW_EINVAL;
-        lo = hex_digit(s[2 * i + 1]);
+        lo = thaw_hex_digit(s[2 * i + 1]);
         if (lo < 0)
             return THAW_EINVAL;
         out[i] = (uint8_t)(hi << 4 | lo);

@@ -14,4 +14,7 @@ void thaw_fmt_bytes(uint64_t n, char out[24]);
  * THAW_EINVAL (out partly written). */
 int thaw_unhex(const char *s, size_t n, uint8_t *out);
 
+/* One hex digit's value (either case), or -1. */
+int thaw_hex_digit(char ch);
+
 #endif
