@@ -11,13 +11,39 @@
 #include "api/grammar.h"
 #include "api/template.h"
 #include "base/error.h"
+#include "base/key.h"
 #include "base/log.h"
 #include "llama/tokens.h"
 
 #include <jansson.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Branch points lately computed (thaw_chat_branch_point). Every request
+ * of a session presents the same leading messages and tools, whose two
+ * renderings cost as much as the prompt's own (Claude Code: 17k tokens of
+ * system prompt and tool schemas, rendered and tokenized twice more per
+ * request). Keyed by the tenant and the exact rendering input, so a hit
+ * returns what the renderings would, and one tenant's timing never tells
+ * what another has sent. */
+#define BRANCH_MEMO_N 4
+
+struct branch_memo {
+    uint8_t ns[THAW_KEY_BYTES];
+    char *in;            /* the rendering input: leading messages, tools, options */
+    llama_token *tokens; /* their rendering's tokens up to the branch point */
+    int n;
+    uint64_t used; /* least recently used goes first */
+};
+
+struct branch_memos {
+    pthread_mutex_t mu;
+    struct branch_memo e[BRANCH_MEMO_N];
+    uint64_t clock;
+};
 
 struct thaw_chat {
     const struct llama_model *model;
@@ -25,6 +51,7 @@ struct thaw_chat {
     struct thaw_tmpl *tmpl;
     json_t *default_kwargs;      /* --chat-template-kwargs, an object or NULL */
     char *reasoning_format;
+    struct branch_memos *memos; /* mutable behind the const handle the HTTP threads share */
 };
 
 /* ---- templates ------------------------------------------------------------------ */
@@ -40,10 +67,14 @@ int thaw_chat_new(const struct llama_model *model, const struct thaw_chat_params
     chat->model = model;
     chat->vocab = llama_model_get_vocab(model);
     chat->reasoning_format = strdup(p->reasoning_format ? p->reasoning_format : "auto");
-    if (!chat->reasoning_format) {
+    chat->memos = calloc(1, sizeof *chat->memos);
+    if (!chat->reasoning_format || !chat->memos) {
+        free(chat->reasoning_format);
+        free(chat->memos);
         free(chat);
         return THAW_ENOMEM;
     }
+    pthread_mutex_init(&chat->memos->mu, NULL);
     if (p->default_kwargs) {
         json_error_t jerr;
         chat->default_kwargs = json_loads(p->default_kwargs, 0, &jerr);
@@ -71,6 +102,12 @@ void thaw_chat_free(struct thaw_chat *chat)
     thaw_tmpl_free(chat->tmpl);
     json_decref(chat->default_kwargs);
     free(chat->reasoning_format);
+    for (int i = 0; i < BRANCH_MEMO_N; i++) {
+        free(chat->memos->e[i].in);
+        free(chat->memos->e[i].tokens);
+    }
+    pthread_mutex_destroy(&chat->memos->mu);
+    free(chat->memos);
     free(chat);
 }
 
@@ -608,33 +645,86 @@ int thaw_chat_n_vocab(const struct thaw_chat *chat) { return llama_vocab_n_token
 
 /* ---- replies ---------------------------------------------------------------------- */
 
-static int render_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *const *extra,
-                         int n_extra, llama_token **tokens, int *n_tokens)
+/* The inputs JSON `in` rendered and tokenized. */
+static int render_input(const struct thaw_chat *chat, const char *in, llama_token **tokens, int *n_tokens)
 {
     char err[256];
-    /* the history the reply joins: without a message rendered for its request only */
-    char *in = inputs_json(chat, req, thaw_chat_request_n_history(req), extra, n_extra, false, false), *out = NULL;
+    char *out = thaw_tmpl_apply(chat->tmpl, in, err, sizeof err);
     json_t *res = NULL;
     json_error_t jerr;
     int rc = THAW_ENOMEM;
 
-    if (!in)
-        return THAW_ENOMEM;
-    if (!(out = thaw_tmpl_apply(chat->tmpl, in, err, sizeof err))) {
-        rc = THAW_EINVAL;
-        goto done;
-    }
+    if (!out)
+        return THAW_EINVAL;
     if ((res = json_loads(out, 0, &jerr)))
         rc = thaw_chat_tokenize(chat, json_string_value(json_object_get(res, "prompt")), tokens, n_tokens);
-done:
     json_decref(res);
     free(out);
+    return rc;
+}
+
+static char *history_input(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *const *extra,
+                           int n_extra)
+{
+    /* the history the reply joins: without a message rendered for its request only */
+    return inputs_json(chat, req, thaw_chat_request_n_history(req), extra, n_extra, false, false);
+}
+
+static int render_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *const *extra,
+                         int n_extra, llama_token **tokens, int *n_tokens)
+{
+    char *in = history_input(chat, req, extra, n_extra);
+    int rc = in ? render_input(chat, in, tokens, n_tokens) : THAW_ENOMEM;
+
     free(in);
     return rc;
 }
 
-int thaw_chat_branch_point(const struct thaw_chat *chat, const struct thaw_chat_request *req, const llama_token *prompt,
-                           int n_prompt)
+/* A remembered branch point for (ns, in): its tokens copied out, or -1. */
+static int memo_find(struct branch_memos *m, const uint8_t *ns, const char *in, llama_token **tokens)
+{
+    int n = -1;
+
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < BRANCH_MEMO_N; i++) {
+        struct branch_memo *e = &m->e[i];
+        if (!e->in || memcmp(e->ns, ns, THAW_KEY_BYTES) != 0 || strcmp(e->in, in) != 0)
+            continue;
+        if ((*tokens = malloc(((size_t)e->n + 1) * sizeof **tokens))) {
+            memcpy(*tokens, e->tokens, (size_t)e->n * sizeof **tokens);
+            n = e->n;
+            e->used = ++m->clock;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
+/* Remembers (ns, in) -> tokens[0, n), taking `in`, over the least recently used. */
+static void memo_put(struct branch_memos *m, const uint8_t *ns, char *in, const llama_token *tokens, int n)
+{
+    llama_token *copy = malloc(((size_t)n + 1) * sizeof *copy);
+
+    if (!copy) {
+        free(in);
+        return;
+    }
+    memcpy(copy, tokens, (size_t)n * sizeof *copy);
+    pthread_mutex_lock(&m->mu);
+    struct branch_memo *e = &m->e[0];
+    for (int i = 1; i < BRANCH_MEMO_N; i++)
+        if (m->e[i].used < e->used)
+            e = &m->e[i];
+    free(e->in);
+    free(e->tokens);
+    *e = (struct branch_memo){.in = in, .tokens = copy, .n = n, .used = ++m->clock};
+    memcpy(e->ns, ns, THAW_KEY_BYTES);
+    pthread_mutex_unlock(&m->mu);
+}
+
+int thaw_chat_branch_point(const struct thaw_chat *chat, const uint8_t *ns, const struct thaw_chat_request *req,
+                           const llama_token *prompt, int n_prompt, bool *remembered)
 {
     /* [lead..., user "a"] and [lead..., user "b"] agree up to the user's
      * text: the leading messages as the template renders them, with the
@@ -643,25 +733,32 @@ int thaw_chat_branch_point(const struct thaw_chat *chat, const struct thaw_chat_
     static const char *const b[1] = {"{\"role\":\"user\",\"content\":\"b\"}"};
     struct thaw_chat_request lead = *req;
     llama_token *ta = NULL, *tb = NULL;
-    int na = 0, nb = 0, n = 0;
+    int na = 0, nb = 0, n = -1;
+    char *in;
 
+    *remembered = false;
     lead.n_messages = 0;
     while (lead.n_messages < req->n_messages && req->messages[lead.n_messages].role &&
            (strcmp(req->messages[lead.n_messages].role, "system") == 0 ||
             strcmp(req->messages[lead.n_messages].role, "developer") == 0 ||
             strcmp(req->messages[lead.n_messages].role, "tool") == 0))
         lead.n_messages++;
-    if (lead.n_messages == 0 || lead.n_messages == req->n_messages)
+    if (lead.n_messages == 0 || lead.n_messages == req->n_messages || !(in = history_input(chat, &lead, a, 1)))
         return 0;
-    if (render_tokens(chat, &lead, (const char *const *)a, 1, &ta, &na) == 0 &&
-        render_tokens(chat, &lead, (const char *const *)b, 1, &tb, &nb) == 0) {
+    if ((n = memo_find(chat->memos, ns, in, &ta)) >= 0) {
+        *remembered = true;
+        free(in);
+    } else if (render_input(chat, in, &ta, &na) == 0 && render_tokens(chat, &lead, b, 1, &tb, &nb) == 0) {
         n = thaw_lcp(ta, na, tb, nb);
-        int in_prompt = thaw_lcp(ta, n, prompt, n_prompt); /* as this prompt tokenised it */
-        n = in_prompt < n ? in_prompt : n;
+        memo_put(chat->memos, ns, in, ta, n);
+    } else {
+        free(in);
     }
+    if (n > 0)
+        n = thaw_lcp(ta, n, prompt, n_prompt); /* as this prompt tokenised it */
     free(ta);
     free(tb);
-    return n < n_prompt ? n : 0;
+    return n > 0 && n < n_prompt ? n : 0;
 }
 
 int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,

@@ -76,9 +76,11 @@ int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_re
  * its tokens the leading system / developer / tool messages take as every
  * conversation that starts with them renders them (template glue
  * included), the position new conversations share (snapshots.h). 0 when
- * there are no such messages, nothing else, or the rendering fails. */
-int thaw_chat_branch_point(const struct thaw_chat *chat, const struct thaw_chat_request *req, const llama_token *prompt,
-                           int n_prompt);
+ * there are no such messages, nothing else, or the rendering fails.
+ * The leading messages' rendering is remembered per tenant `ns`
+ * (THAW_KEY_BYTES): `*remembered` says whether it was. */
+int thaw_chat_branch_point(const struct thaw_chat *chat, const uint8_t *ns, const struct thaw_chat_request *req,
+                           const llama_token *prompt, int n_prompt, bool *remembered);
 
 int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,
                         llama_token **tokens, int *n_tokens);

@@ -524,7 +524,9 @@ static void serve_chat(struct server *srv, const struct thaw_http_request *hr, c
             snprintf(t->id_prefix + 2 * i, 3, "%02x", rnd[i]);
     }
     t->model_name = thaw_engine_model_name(srv->engine);
-    t->n_branch = thaw_chat_branch_point(thaw_engine_chat(srv->engine), &t->req, t->prompt, t->n_prompt);
+    bool branch_remembered;
+    t->n_branch =
+        thaw_chat_branch_point(thaw_engine_chat(srv->engine), ns, &t->req, t->prompt, t->n_prompt, &branch_remembered);
     /* max_tokens 0: nothing to generate, answered after one token as OpenAI does */
     t->max_tokens = t->req.max_tokens > 0 ? t->req.max_tokens : t->req.max_tokens == 0 ? 1 : srv->cfg.n_predict;
     memcpy(t->ns, ns, THAW_KEY_BYTES);
@@ -537,9 +539,10 @@ static void serve_chat(struct server *srv, const struct thaw_http_request *hr, c
     }
     if (thaw_log_verbosity() >= THAW_LOG_DEBUG) {
         char pck[4 * THAW_API_MAX_CONVERSATION_ID + 1], xci[4 * THAW_API_MAX_CONVERSATION_ID + 1];
-        LOG_DBG("chat: %zu messages, %d prompt tokens (%d of the leading system messages)%s, prompt_cache_key %s, "
+        LOG_DBG("chat: %zu messages, %d prompt tokens (%d of the leading system messages%s)%s, prompt_cache_key %s, "
                 "X-Conversation-Id %s",
-                t->req.n_messages, n_prompt, t->n_branch, t->req.stream ? ", streamed" : "", log_id(t->req.prompt_cache_key, pck),
+                t->req.n_messages, n_prompt, t->n_branch, branch_remembered ? ", remembered" : "",
+                t->req.stream ? ", streamed" : "", log_id(t->req.prompt_cache_key, pck),
                 log_id(hr->conversation_id, xci));
     }
     /* before submit: the engine may finish (and wake) at once */

@@ -6,6 +6,7 @@ compared with the resident reference (each conversation served alone from
 a slot, no cache tier); greedy, real binary, real files."""
 import glob
 import os
+import re
 
 from test_kv_cache import chat, drained, reply, text
 
@@ -253,6 +254,35 @@ def test_tenants_never_share_blocks(serve, tmp_path):
     # and alpha's own blocks still serve alpha
     t = as_tenant(s, "alpha")
     assert t["cache_n"] > 0, t
+
+
+def test_branch_point_is_remembered_per_tenant(serve, tmp_path):
+    # Every request of a session presents the same leading messages: their
+    # branch point (two renderings of them) is remembered, per tenant, and
+    # gives what rendering them again would
+    keys = ["--api-key", "alpha,beta"]
+    s = serve("llama", "-np", "1", "-c", "8192", "-v", *flags(tmp_path), *keys)
+    seen = []
+
+    def send(key, conv):
+        r = s.post("/v1/chat/completions", {"messages": conv, "max_tokens": 2, "temperature": 0},
+                   headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        lines = re.findall(r"prompt tokens \((\d+) of the leading system messages(, remembered)?\)", s.log())
+        assert len(lines) == len(seen) + 1, s.log()
+        seen.append(lines[-1])
+        return int(lines[-1][0]), bool(lines[-1][1])
+
+    first = send("alpha", [shared_system(), ask(1)])
+    assert first[0] > 200 and not first[1], first
+    assert send("alpha", [shared_system(), ask(2)]) == (first[0], True)
+    # another tenant renders its own: one's timing tells nothing of another's
+    assert send("beta", [shared_system(), ask(3)]) == (first[0], False)
+    assert send("beta", [shared_system(), ask(4)]) == (first[0], True)
+    # other leading messages are not the remembered ones
+    other = {"role": "system", "content": "Other rules. " + text(100, 9)}
+    n, remembered = send("alpha", [other, ask(5)])
+    assert not remembered and 0 < n < first[0], (n, first)
 
 
 def test_budget_evicts_old_conversations_and_keeps_the_shared_prefix(serve, tmp_path):
