@@ -59,6 +59,7 @@ static int open_tiers(struct thaw_slotkv *k, const struct thaw_slotkv_params *p)
         .snapshots = k->recurrent,      /* a hybrid's recurrent state: snapshots (snapshots.h) */
         .n_window = (uint32_t)k->n_swa,
         .n_stream = (uint32_t)llama_n_seq_max(p->ctx),
+        .snapshot_idle_s = (uint32_t)cfg->kv_snapshot_idle_s,
     };
     struct thaw_shared_params sp = {
         .url = cfg->kv_shared,
@@ -136,6 +137,7 @@ struct thaw_kvcache *thaw_slotkv_cache(const struct thaw_slotkv *k) { return k->
  * what the tap knows of it (kvtap.h): every removal goes through here. */
 bool thaw_slotkv_rm(struct thaw_slotkv *k, const struct thaw_slot *s, int p)
 {
+    thaw_kvcache_slot_cut(k->kv, s->id, p); /* a kept turn-end snapshot there is written first */
     bool ok = llama_memory_seq_rm(llama_get_memory(k->ctx), s->id, p > 0 ? p : -1, -1);
     thaw_kvtap_forget(k->tap, s->id, p);
     return ok;

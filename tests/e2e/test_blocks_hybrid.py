@@ -204,3 +204,146 @@ def test_kill_9_while_writing_snapshots(serve, hybrids, tmp_path, arch):
         assert out(r) == want, (i, t, s.log())
     assert s.get("/health").status_code == 200
     s.stop()
+
+
+# ---- turn-end snapshots written when the slot loses the conversation ----
+# (snapshots.h, "Written when"): a turn's end is kept in its slot and
+# written only when another conversation takes the slot, at shutdown, or
+# after --kv-snapshot-idle seconds of idleness.
+
+def disk_metric(s, name):
+    return s.metrics().get("thaw_kv_disk_" + name, 0)
+
+
+def turns(conv, rs, asks):
+    """conv extended by each reply in rs and the next user message in asks."""
+    h = list(conv)
+    for r, a in zip(rs, asks):
+        h += [{"role": "assistant", "content": reply(r)}, a]
+    return h
+
+
+def resident(serve, model, conv, asks):
+    """The reference (DESIGN §6): one slot serving the conversation's turns
+    back to back, no cache tier. Returns the responses."""
+    s = serve(model, "-np", "1", "--cache-ram", "0")
+    rs = []
+    for k in range(len(asks) + 1):
+        rs.append(chat(s, turns(conv, rs, asks[:k])))
+    s.stop()
+    return rs
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_two_conversations_alternating_restore_each_others_handover_snapshot(serve, hybrids, tmp_path, arch):
+    """Two conversations alternate on one slot: each turn takes the slot
+    from the other, whose turn-end snapshot is written at that moment, and
+    each next turn resumes exactly there (its whole history from disk,
+    deeper than the branch point) with the resident reference's output."""
+    model = hybrids[arch]
+    convs = [[system(), ask(50 + i)] for i in range(2)]
+    asks = [[ask(60 + i), ask(70 + i)] for i in range(2)]
+    ref = [resident(serve, model, convs[i], asks[i]) for i in range(2)]
+    assert out(ref[0][-1]) != out(ref[1][-1])
+
+    s = serve(model, *flags(tmp_path))
+    got = [[], []]
+    for k in range(3):
+        for i in range(2):
+            r = chat(s, turns(convs[i], got[i], asks[i][:k]))
+            assert out(r) == out(ref[i][k]), (arch, i, k, r["timings"], s.log())
+            if k > 0:
+                t = r["timings"]
+                n_prev = got[i][-1]["usage"]["prompt_tokens"]
+                assert t["cache_source"] == "disk", (i, k, t, s.log())
+                assert t["cache_n"] > n_prev, (i, k, t, n_prev)  # past the last prompt: the reply's end
+            got[i].append(r)
+    # each turn but the last two was written when the other took the slot
+    assert disk_metric(s, "turn_snapshots_written_total") >= 4, s.get("/metrics").text
+    s.stop()
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_turn_ends_kept_in_the_slot_then_written_at_shutdown(serve, hybrids, tmp_path, arch):
+    """One conversation keeps its slot for three turns: no turn-end
+    snapshot is written (only the branch point's, shared), each is
+    superseded by the next. SIGTERM writes the last one; after the restart
+    the fourth turn resumes at the third's end, equal to the reference."""
+    model = hybrids[arch]
+    conv = [system(), ask(80)]
+    asks = [ask(81), ask(82), ask(83)]
+    ref = resident(serve, model, conv, asks)
+
+    s = serve(model, *flags(tmp_path))
+    got = []
+    for k in range(3):
+        r = chat(s, turns(conv, got, asks[:k]))
+        assert out(r) == out(ref[k]), (k, s.log())
+        got.append(r)
+    # the last turn is stored just after its reply (an earlier one may not
+    # be: its next turn can arrive during its canonical re-decode, then
+    # continue on it and store for both, engine.c slot_cut_fixup)
+    for _ in range(200):
+        m = {k[len("thaw_kv_disk_turn_"):]: v for k, v in s.metrics().items() if k.startswith("thaw_kv_disk_turn_")}
+        if m["snapshots_kept_total"] >= 1 and m["snapshots_kept_total"] == s.log().count("slot 0: stored "):
+            break
+        time.sleep(0.05)
+    assert m["snapshots_kept_total"] == s.log().count("slot 0: stored ") >= 1, m
+    assert m["snapshots_superseded_total"] == m["snapshots_kept_total"] - 1, m
+    assert m["snapshots_written_total"] == 0, m
+    for _ in range(200):  # the writer is done with the turn's blocks and manifest
+        if disk_metric(s, "queue_bytes") == 0:
+            break
+        time.sleep(0.05)
+    assert snapshots_on_disk(tmp_path) == 1, os.listdir(tmp_path)  # the branch point's
+    assert s.stop() == 0
+    assert "turn-end snapshots the slots kept" in s.log()
+    assert snapshots_on_disk(tmp_path) == 2
+
+    s = serve(model, *flags(tmp_path))
+    r = chat(s, turns(conv, got, asks))
+    t = r["timings"]
+    assert t["cache_source"] == "disk", (t, s.log())
+    assert t["cache_n"] > got[-1]["usage"]["prompt_tokens"], t
+    assert out(r) == out(ref[3])
+    s.stop()
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_kill_9_with_a_kept_turn_end_falls_back_to_the_branch_point(serve, hybrids, tmp_path, arch):
+    """kill -9 once turn 1's blocks and manifest are on disk but its end's
+    snapshot is still kept in the slot: after the restart turn 2 finds the
+    manifest without its last snapshot, resumes at the deepest snapshot on
+    disk (the branch point) with its blocks and prefills the rest, which
+    gives the output of the conversation served from scratch (the same
+    batches: module docstring)."""
+    model = hybrids[arch]
+    conv = [system(), ask(90)]
+    s = serve(model, "-np", "1", "--cache-ram", "0")
+    r1 = chat(s, conv)
+    h2 = turns(conv, [r1], [ask(91)])
+    s.stop()
+    s = serve(model, "-np", "1", "--cache-ram", "0")
+    scratch = out(chat(s, h2))
+    s.stop()
+
+    s = Server(model, *flags(tmp_path))
+    try:
+        assert out(chat(s, conv)) == out(r1)
+        for _ in range(200):  # stored just after the reply, then written
+            if disk_metric(s, "turn_snapshots_kept_total") >= 1 and disk_metric(s, "queue_bytes") == 0:
+                break
+            time.sleep(0.05)
+        assert disk_metric(s, "turn_snapshots_kept_total") == 1
+        assert snapshots_on_disk(tmp_path) == 1  # the branch point's only
+    finally:
+        s.proc.send_signal(signal.SIGKILL)
+        s.proc.wait()
+
+    s = serve(model, *flags(tmp_path))
+    r = chat(s, h2)
+    t = r["timings"]
+    assert t["cache_source"] == "blocks", (t, s.log())
+    assert 0 < t["cache_n"] < r1["usage"]["prompt_tokens"], t
+    assert out(r) == scratch
+    s.stop()

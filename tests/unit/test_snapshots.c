@@ -318,7 +318,7 @@ static void *store(struct thaw_disk_cache *c, const llama_token *t, int n, const
     size_t n_state = llama_state_seq_get_size(g_ctx, 0);
     uint8_t *s = malloc(n_state);
     assert_int_equal(llama_state_seq_get_data(g_ctx, s, n_state, 0), n_state);
-    assert_int_equal(thaw_snapshots_store(c, NULL, g_binding, B, t, n, s, n_state, ckpt, n_ckpt, &man, n_man, st), 0);
+    assert_int_equal(thaw_snapshots_store(c, NULL, g_binding, B, t, n, s, n_state, ckpt, n_ckpt, &man, n_man, NULL, st), 0);
     assert_true(thaw_blocks_is_manifest(man, *n_man));
     const uint8_t *ids;
     uint32_t n_ids;
