@@ -268,6 +268,16 @@ void thaw_kvcache_slot_cut(struct thaw_kvcache *c, int slot_id, int p)
         flush_pending(c, (uint32_t)slot_id, "the slot lost the conversation");
 }
 
+void thaw_kvcache_slot_drop(struct thaw_kvcache *c, int slot_id)
+{
+    if (!c || !c->pending || slot_id < 0 || (uint32_t)slot_id >= c->n_stream || !c->pending[slot_id].blob)
+        return;
+    LOG_DBG("slot %d: turn-end snapshot at %u tokens not kept: the next turn parts from these tokens before it",
+            slot_id, c->pending[slot_id].p);
+    thaw_snapshots_pending_drop(&c->pending[slot_id]);
+    atomic_fetch_add(&c->turn_snaps_superseded, 1);
+}
+
 int64_t thaw_kvcache_flush_idle(struct thaw_kvcache *c)
 {
     int64_t next = -1, now = thaw_now_us();
@@ -614,7 +624,9 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
     block_binding(c, ns, binding);
     rc = THAW_ELAYOUT;
     if (c->snapshots) {
-        bool keep = c->pending && slot_id >= 0 && (uint32_t)slot_id < c->n_stream;
+        /* not with a shared tier: its upload of this turn reads the
+         * manifest's entries from the disk now (cache_shared.c) */
+        bool keep = c->pending && !c->shared && slot_id >= 0 && (uint32_t)slot_id < c->n_stream;
         struct thaw_snapshot_pending pd;
         rc = thaw_snapshots_store(c->disk, c->ram, binding, c->block_tokens, v.tokens, v.n_tokens, v.state, v.n_state,
                                   w[THAW_PART_CKPT].data, w[THAW_PART_CKPT].size, &man, &n_man, keep ? &pd : NULL,
@@ -884,7 +896,8 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
     C("turn_snapshots_written_total",
       "kept turn-end snapshots written once the slot lost the conversation, sat idle, or at shutdown",
       atomic_load(&c->turn_snaps_written));
-    C("turn_snapshots_superseded_total", "kept turn-end snapshots never written: the conversation's next turn came",
+    C("turn_snapshots_superseded_total",
+      "kept turn-end snapshots never written: the conversation's next turn came (or will part from them before)",
       atomic_load(&c->turn_snaps_superseded));
     C("turn_snapshots_dropped_total", "kept turn-end snapshots the writer refused (queue full, shutting down)",
       atomic_load(&c->turn_snaps_dropped));

@@ -120,6 +120,11 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
  * without a kept snapshot, or none at all: no-op). */
 void thaw_kvcache_slot_cut(struct thaw_kvcache *c, int slot_id, int p);
 
+/* Drops slot slot_id's kept turn-end snapshot unwritten: the caller knows
+ * no prompt will present its tokens (stored as generated, and the next
+ * turn parts from them before its end). No-op without one. */
+void thaw_kvcache_slot_drop(struct thaw_kvcache *c, int slot_id);
+
 /* Writes the kept turn-end snapshots older than --kv-snapshot-idle.
  * Returns the microseconds until the next one is due, or -1 when none is
  * (nothing kept, or the flag is 0). NULL: -1. */

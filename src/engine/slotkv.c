@@ -443,6 +443,12 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
             sizes[p] = parts[p].size;
         where = thaw_kvcache_store(k->kv, s->id, s->store_key, s->ns, s->n_tokens, parts, supersedes);
     }
+    /* stored as generated, past where the next turn parts from it: a
+     * hybrid's turn-end snapshot there would serve no prompt (the next
+     * turn rolls back below it), so it is not kept for later either */
+    if (s->store_parts_at > 0)
+        thaw_kvcache_slot_drop(k->kv, s->id);
+    s->store_parts_at = 0;
     thaw_slot_hold(s, s->store_key);
     thaw_slots_view_stored(s->view, s->id, where);
     s->has_prev_key = false;
@@ -472,6 +478,7 @@ void thaw_slotkv_prepare_store(struct thaw_slotkv *k, struct thaw_slot *s, llama
 {
     const struct thaw_task *t = s->task;
 
+    s->store_parts_at = 0;
     if (!canon) {
         defer_store(k, s);
         return;
@@ -486,6 +493,8 @@ void thaw_slotkv_prepare_store(struct thaw_slotkv *k, struct thaw_slot *s, llama
         if (lcp != n_canon)
             LOG_DBG("slot %d: canonical form differs at %d, cannot roll back there: storing as generated", s->id,
                     lcp);
+        if (lcp < s->n_tokens)
+            s->store_parts_at = lcp;
         free(canon);
         defer_store(k, s);
         return;

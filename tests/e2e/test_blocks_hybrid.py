@@ -223,6 +223,17 @@ def turns(conv, rs, asks):
     return h
 
 
+def wait_stored(s, n):
+    """Until the slot has stored n turns: a request that arrives during a
+    turn's canonical re-decode cuts it short, and the turn is stored
+    shorter (engine.c slot_cut_fixup), which a loaded machine makes likely."""
+    for _ in range(600):
+        if s.log().count("slot 0: stored ") >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{n} stores expected: " + s.log())
+
+
 def resident(serve, model, conv, asks):
     """The reference (DESIGN §6): one slot serving the conversation's turns
     back to back, no cache tier. Returns the responses."""
@@ -243,69 +254,90 @@ def test_two_conversations_alternating_restore_each_others_handover_snapshot(ser
     model = hybrids[arch]
     convs = [[system(), ask(50 + i)] for i in range(2)]
     asks = [[ask(60 + i), ask(70 + i)] for i in range(2)]
-    ref = [resident(serve, model, convs[i], asks[i]) for i in range(2)]
+    ref = [resident(serve, model, convs[i], asks[i][:1]) for i in range(2)]
     assert out(ref[0][-1]) != out(ref[1][-1])
 
     s = serve(model, *flags(tmp_path))
     got = [[], []]
-    for k in range(3):
+    for k in range(2):
         for i in range(2):
             r = chat(s, turns(convs[i], got[i], asks[i][:k]))
             assert out(r) == out(ref[i][k]), (arch, i, k, r["timings"], s.log())
             if k > 0:
                 t = r["timings"]
                 n_prev = got[i][-1]["usage"]["prompt_tokens"]
-                assert t["cache_source"] == "disk", (i, k, t, s.log())
-                assert t["cache_n"] > n_prev, (i, k, t, n_prev)  # past the last prompt: the reply's end
+                # past the last prompt: at the reply's end, the handover's
+                # snapshot (through the manifest, or a prefix lookup where
+                # the key differs: qwen35's unterminated reasoning)
+                assert t["cache_source"] in ("disk", "blocks"), (i, k, t, s.log())
+                assert t["cache_n"] > n_prev, (i, k, t, n_prev)
             got[i].append(r)
-    # each turn but the last two was written when the other took the slot
-    assert disk_metric(s, "turn_snapshots_written_total") >= 4, s.get("/metrics").text
+            wait_stored(s, 2 * k + i + 1)
+    # A1's written when B1 took the slot, B1's when A2 did
+    assert disk_metric(s, "turn_snapshots_written_total") >= 2, s.get("/metrics").text
     s.stop()
 
 
 @pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
-def test_turn_ends_kept_in_the_slot_then_written_at_shutdown(serve, hybrids, tmp_path, arch):
-    """One conversation keeps its slot for three turns: no turn-end
-    snapshot is written (only the branch point's, shared), each is
-    superseded by the next. SIGTERM writes the last one; after the restart
-    the fourth turn resumes at the third's end, equal to the reference."""
+def test_turn_ends_kept_while_the_slot_keeps_the_conversation(serve, hybrids, tmp_path, arch):
+    """One conversation keeps its slot for two turns: no turn-end snapshot
+    is written (only the branch point's, shared by new conversations);
+    turn 1's is superseded by turn 2's store. (qwen35's turn 2 is stored as
+    generated: its unterminated reasoning parts from the canonical form
+    inside the prompt, so its own end is dropped too: no prompt presents it.)"""
     model = hybrids[arch]
     conv = [system(), ask(80)]
-    asks = [ask(81), ask(82), ask(83)]
+    asks = [ask(81)]
     ref = resident(serve, model, conv, asks)
 
     s = serve(model, *flags(tmp_path))
     got = []
-    for k in range(3):
+    for k in range(2):
         r = chat(s, turns(conv, got, asks[:k]))
         assert out(r) == out(ref[k]), (k, s.log())
         got.append(r)
-    # the last turn is stored just after its reply (an earlier one may not
-    # be: its next turn can arrive during its canonical re-decode, then
-    # continue on it and store for both, engine.c slot_cut_fixup)
-    for _ in range(200):
-        m = {k[len("thaw_kv_disk_turn_"):]: v for k, v in s.metrics().items() if k.startswith("thaw_kv_disk_turn_")}
-        if m["snapshots_kept_total"] >= 1 and m["snapshots_kept_total"] == s.log().count("slot 0: stored "):
-            break
-        time.sleep(0.05)
-    assert m["snapshots_kept_total"] == s.log().count("slot 0: stored ") >= 1, m
-    assert m["snapshots_superseded_total"] == m["snapshots_kept_total"] - 1, m
-    assert m["snapshots_written_total"] == 0, m
-    for _ in range(200):  # the writer is done with the turn's blocks and manifest
+        wait_stored(s, k + 1)
+    m = {k[len("thaw_kv_disk_turn_"):]: v for k, v in s.metrics().items() if k.startswith("thaw_kv_disk_turn_")}
+    assert m["snapshots_kept_total"] == 2, m
+    assert 1 <= m["snapshots_superseded_total"] <= 2, m
+    assert m["snapshots_written_total"] == 0, (m, s.log())
+    for _ in range(200):  # the writer is done with the turns' blocks and manifests
         if disk_metric(s, "queue_bytes") == 0:
             break
         time.sleep(0.05)
     assert snapshots_on_disk(tmp_path) == 1, os.listdir(tmp_path)  # the branch point's
+    s.stop()
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_restart_after_sigterm_resumes_at_the_shutdown_snapshot(serve, hybrids, tmp_path, arch):
+    """SIGTERM writes the turn end the slot kept; after the restart turn 2
+    resumes there (past turn 1's prompt), equal to the resident reference."""
+    model = hybrids[arch]
+    conv = [system(), ask(85)]
+    asks = [ask(86)]
+    ref = resident(serve, model, conv, asks)
+
+    s = serve(model, *flags(tmp_path))
+    r1 = chat(s, conv)
+    assert out(r1) == out(ref[0])
+    wait_stored(s, 1)
+    for _ in range(200):  # the writer is done with the turn's blocks and manifest
+        if disk_metric(s, "queue_bytes") == 0:
+            break
+        time.sleep(0.05)
+    assert disk_metric(s, "turn_snapshots_kept_total") == 1
+    assert snapshots_on_disk(tmp_path) == 1, os.listdir(tmp_path)
     assert s.stop() == 0
     assert "turn-end snapshots the slots kept" in s.log()
     assert snapshots_on_disk(tmp_path) == 2
 
     s = serve(model, *flags(tmp_path))
-    r = chat(s, turns(conv, got, asks))
+    r = chat(s, turns(conv, [r1], asks))
     t = r["timings"]
-    assert t["cache_source"] == "disk", (t, s.log())
-    assert t["cache_n"] > got[-1]["usage"]["prompt_tokens"], t
-    assert out(r) == out(ref[3])
+    assert t["cache_source"] in ("disk", "blocks"), (t, s.log())  # as in the alternating test
+    assert t["cache_n"] > r1["usage"]["prompt_tokens"], t
+    assert out(r) == out(ref[1])
     s.stop()
 
 
@@ -346,4 +378,24 @@ def test_kill_9_with_a_kept_turn_end_falls_back_to_the_branch_point(serve, hybri
     assert t["cache_source"] == "blocks", (t, s.log())
     assert 0 < t["cache_n"] < r1["usage"]["prompt_tokens"], t
     assert out(r) == scratch
+    s.stop()
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_kept_turn_end_written_after_idle_seconds(serve, hybrids, tmp_path, arch):
+    """--kv-snapshot-idle 1: the slot keeps the conversation, and its turn
+    end is written once the slot has been idle a second."""
+    s = serve(hybrids[arch], *flags(tmp_path, "--kv-snapshot-idle", "1"))
+    chat(s, [system(), ask(95)])
+    for _ in range(300):
+        if disk_metric(s, "turn_snapshots_written_total") >= 1:
+            break
+        time.sleep(0.05)
+    assert disk_metric(s, "turn_snapshots_kept_total") == 1
+    assert disk_metric(s, "turn_snapshots_written_total") == 1
+    for _ in range(200):
+        if snapshots_on_disk(tmp_path) == 2:
+            break
+        time.sleep(0.05)
+    assert snapshots_on_disk(tmp_path) == 2  # the branch point's and the turn end's
     s.stop()
