@@ -330,6 +330,11 @@ static const struct opt opts[] = {
      "hybrid / recurrent models: also checkpoint the recurrent state every N tokens of a long prefill, stored as "
      "snapshots new conversations can resume at (besides the end of every turn and of the leading system "
      "messages); 0 = only those (default 4096)", NULL},
+    {"--kv-snapshot-idle", "SECONDS", OPT_INT, OFF(kv_snapshot_idle_s), 0, 1 << 24,
+     "hybrid models: the recurrent state at a turn's end stays in the slot and is written to --kv-cache-dir only "
+     "when another conversation takes the slot, at shutdown, or after the slot has been idle this long (0 = never "
+     "for idleness). A crash loses only those not written yet: such a conversation resumes at its deepest stored "
+     "snapshot and prefills the rest", NULL},
 
     /* ---- logging */
     {"-v,--verbose,--log-verbose", NULL, OPT_VERBOSE, 0, 0, 0, "more log output (repeatable)", NULL},
@@ -531,6 +536,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->cache_ram_mib = 8192;
     cfg->ctx_checkpoints = 8;
     cfg->checkpoint_every = 4096;
+    cfg->kv_snapshot_idle_s = 300;
     cfg->kv_shared_timeout_ms = 2000;
     cfg->kv_shared_retry_s = 30;
     cfg->kv_shared_queue = 64;

@@ -87,6 +87,8 @@ struct thaw_config {
     uint64_t cache_ram_mib;      /* --cache-ram, 0 = RAM tier off */
     int ctx_checkpoints;         /* --ctx-checkpoints: per slot */
     int checkpoint_every;        /* --checkpoint-every-n-tokens: hybrids snapshot every N prefill tokens, 0 = off */
+    int kv_snapshot_idle_s;      /* --kv-snapshot-idle: a hybrid slot's turn-end snapshot is written after this
+                                  * many idle seconds (else on handover, shutdown); 0 = not for idleness */
 
     /* shared tier (cache_shared.h) */
     const char *kv_shared;       /* --kv-shared s3://BUCKET[/PREFIX]; NULL = off */

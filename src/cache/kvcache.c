@@ -39,8 +39,17 @@ struct thaw_kvcache {
     bool snapshots;    /* a hybrid: recurrent state as snapshots (snapshots.h) */
     uint32_t n_window; /* SWA models: the window (blocks.h) */
     uint32_t n_stream;
+    /* a hybrid's turn-end snapshot per slot (by slot id, n_stream of them;
+     * NULL without snapshots), written when the slot loses the
+     * conversation (snapshots.h, "Written when"); engine thread only */
+    struct thaw_snapshot_pending *pending;
+    int64_t snapshot_idle_us; /* --kv-snapshot-idle; 0 = never for idleness */
     /* the block store's counters (/metrics) */
     atomic_uint_fast64_t blocks_written, blocks_skipped, blocks_dropped, store_bytes, prefix_hits, prefix_tokens;
+    /* turn-end snapshots: kept in the slot, written later (handover, idle,
+     * shutdown), superseded by the next turn in the same slot (never
+     * written), dropped (the writer refused them) */
+    atomic_uint_fast64_t turn_snaps_kept, turn_snaps_written, turn_snaps_superseded, turn_snaps_dropped;
 };
 
 static void block_binding(const struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES])
@@ -193,10 +202,15 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
     c->snapshots = p->snapshots;
     c->n_window = p->n_window;
     c->n_stream = p->n_stream ? p->n_stream : 1;
+    c->snapshot_idle_us = (int64_t)p->snapshot_idle_s * 1000000;
     if (p->ram_bytes > 0 && (rc = thaw_ram_cache_new(p->ram_bytes, p->ttl_s, &c->ram)) != 0)
         goto fail;
     if (p->disk_dir && (rc = open_disk(c, p)) != 0)
         goto fail;
+    if (c->disk && c->snapshots && p->block_tokens && !(c->pending = calloc(c->n_stream, sizeof *c->pending))) {
+        rc = THAW_ENOMEM;
+        goto fail;
+    }
     warm_restore_buffer(c);
     if (p->shared) {
 #ifdef THAW_HAVE_SHARED
@@ -216,10 +230,87 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
     *out = c;
     return 0;
 fail:
+    free(c->pending);
     thaw_disk_cache_close(c->disk);
     thaw_ram_cache_free(c->ram);
     free(c);
     return rc;
+}
+
+/* ---- turn-end snapshots kept in the slots -------------------------------------- */
+
+/* Writes slot i's pending turn-end snapshot (why: for the log). */
+static void flush_pending(struct thaw_kvcache *c, uint32_t i, const char *why)
+{
+    struct thaw_snapshot_pending *pd = &c->pending[i];
+    uint32_t p = pd->p;
+    size_t n = 0;
+
+    if (!pd->blob)
+        return;
+    int rc = thaw_snapshots_flush(c->disk, pd, &n);
+    if (rc == 0 && n > 0) {
+        atomic_fetch_add(&c->turn_snaps_written, 1);
+        atomic_fetch_add(&c->store_bytes, n);
+        LOG_DBG("slot %u: turn-end snapshot at %u tokens written (%s): %.1f KiB", i, p, why, (double)n / 1024.0);
+    } else if (rc != 0) {
+        atomic_fetch_add(&c->turn_snaps_dropped, 1);
+        LOG_DBG("slot %u: turn-end snapshot at %u tokens dropped (%s): %s", i, p, why, thaw_strerror(rc));
+    }
+}
+
+void thaw_kvcache_slot_cut(struct thaw_kvcache *c, int slot_id, int p)
+{
+    if (!c || !c->pending || slot_id < 0 || (uint32_t)slot_id >= c->n_stream)
+        return;
+    const struct thaw_snapshot_pending *pd = &c->pending[slot_id];
+    if (pd->blob && (p <= 0 || (uint32_t)p < pd->p))
+        flush_pending(c, (uint32_t)slot_id, "the slot lost the conversation");
+}
+
+void thaw_kvcache_slot_drop(struct thaw_kvcache *c, int slot_id)
+{
+    if (!c || !c->pending || slot_id < 0 || (uint32_t)slot_id >= c->n_stream || !c->pending[slot_id].blob)
+        return;
+    LOG_DBG("slot %d: turn-end snapshot at %u tokens not kept: the next turn parts from these tokens before it",
+            slot_id, c->pending[slot_id].p);
+    thaw_snapshots_pending_drop(&c->pending[slot_id]);
+    atomic_fetch_add(&c->turn_snaps_superseded, 1);
+}
+
+int64_t thaw_kvcache_flush_idle(struct thaw_kvcache *c)
+{
+    int64_t next = -1, now = thaw_now_us();
+
+    if (!c || !c->pending || c->snapshot_idle_us <= 0)
+        return -1;
+    for (uint32_t i = 0; i < c->n_stream; i++) {
+        const struct thaw_snapshot_pending *pd = &c->pending[i];
+        if (!pd->blob)
+            continue;
+        int64_t due = pd->since_us + c->snapshot_idle_us - now;
+        if (due <= 0)
+            flush_pending(c, i, "the slot was idle for --kv-snapshot-idle");
+        else if (next < 0 || due < next)
+            next = due;
+    }
+    return next;
+}
+
+/* A lookup of a manifest whose last snapshot a slot still keeps (the same
+ * conversation on another slot): written first, so the lookup finds it in
+ * the writer's queue. */
+static void flush_named(struct thaw_kvcache *c, const void *manifest, size_t n_manifest)
+{
+    const uint8_t *snaps;
+    uint32_t n_snaps;
+
+    if (!c->pending || thaw_blocks_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps == 0)
+        return;
+    for (uint32_t i = 0; i < c->n_stream; i++)
+        if (c->pending[i].blob &&
+            memcmp(c->pending[i].id, snaps + (size_t)(n_snaps - 1) * THAW_KEY_BYTES, THAW_KEY_BYTES) == 0)
+            flush_pending(c, i, "another slot looks it up");
 }
 
 void thaw_kvcache_close(struct thaw_kvcache *c)
@@ -238,6 +329,27 @@ void thaw_kvcache_close(struct thaw_kvcache *c)
     }
     thaw_shared_close(c->shared); /* before the disk tier it reads and writes */
 #endif
+    if (c->pending) {
+        /* each slot's last turn end, so that those conversations resume
+         * there after the restart; bounded by the slots, one snapshot each */
+        uint64_t bytes = 0;
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < c->n_stream; i++)
+            if (c->pending[i].blob) {
+                bytes += c->pending[i].size;
+                n++;
+            }
+        if (n) {
+            char size[24];
+            thaw_fmt_bytes(bytes, size);
+            LOG_INF("kv-cache: writing %u turn-end snapshots the slots kept (%s) before exit", n, size);
+            thaw_disk_cache_flush(c->disk); /* room in the writer's queue */
+            for (uint32_t i = 0; i < c->n_stream; i++)
+                flush_pending(c, i, "shutdown");
+        }
+        free(c->pending);
+        c->pending = NULL;
+    }
     if (c->disk) {
         struct thaw_disk_cache_stats st;
         char size[24];
@@ -285,6 +397,7 @@ static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob par
     struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
     struct thaw_blocks_state bs;
     int64_t t0 = thaw_now_us();
+    flush_named(c, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size);
     int rc = thaw_blocks_load(c->disk, c->ram, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &f, &bs);
     if (rc != 0)
         return rc == THAW_ENOTFOUND ? THAW_ECORRUPT : rc; /* a block is gone: this manifest is no use */
@@ -511,8 +624,25 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
     block_binding(c, ns, binding);
     rc = THAW_ELAYOUT;
     if (c->snapshots) {
+        /* not with a shared tier: its upload of this turn reads the
+         * manifest's entries from the disk now (cache_shared.c) */
+        bool keep = c->pending && !c->shared && slot_id >= 0 && (uint32_t)slot_id < c->n_stream;
+        struct thaw_snapshot_pending pd;
         rc = thaw_snapshots_store(c->disk, c->ram, binding, c->block_tokens, v.tokens, v.n_tokens, v.state, v.n_state,
-                                  w[THAW_PART_CKPT].data, w[THAW_PART_CKPT].size, &man, &n_man, &st);
+                                  w[THAW_PART_CKPT].data, w[THAW_PART_CKPT].size, &man, &n_man, keep ? &pd : NULL,
+                                  &st);
+        if (rc == 0 && keep) {
+            /* the slot still held its last pending one's prefix (a cut
+             * below it would have written it): this turn supersedes it */
+            if (c->pending[slot_id].blob)
+                atomic_fetch_add(&c->turn_snaps_superseded, 1);
+            thaw_snapshots_pending_drop(&c->pending[slot_id]);
+            if (pd.blob) {
+                pd.since_us = thaw_now_us();
+                c->pending[slot_id] = pd;
+                atomic_fetch_add(&c->turn_snaps_kept, 1);
+            }
+        }
         if (rc == THAW_ELAYOUT) {
             LOG_WRN("kv-cache: this hybrid's state layout is not one snapshots know: its recurrent state goes in "
                     "each manifest, and no prefix lookup");
@@ -760,6 +890,17 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
     C("prefix_hits_total", "lookups served by a run of stored blocks (no entry for the conversation)",
       atomic_load(&c->prefix_hits));
     C("prefix_tokens_total", "prompt tokens served by prefix lookups", atomic_load(&c->prefix_tokens));
+    C("turn_snapshots_kept_total",
+      "a hybrid's turn-end snapshots kept in the slot instead of written with the turn (snapshots.h)",
+      atomic_load(&c->turn_snaps_kept));
+    C("turn_snapshots_written_total",
+      "kept turn-end snapshots written once the slot lost the conversation, sat idle, or at shutdown",
+      atomic_load(&c->turn_snaps_written));
+    C("turn_snapshots_superseded_total",
+      "kept turn-end snapshots never written: the conversation's next turn came (or will part from them before)",
+      atomic_load(&c->turn_snaps_superseded));
+    C("turn_snapshots_dropped_total", "kept turn-end snapshots the writer refused (queue full, shutting down)",
+      atomic_load(&c->turn_snaps_dropped));
     C("evictions_enospc_total", "entries evicted to make room when the disk was full", st.evictions_enospc);
     C("evictions_ttl_total", "conversations (manifests, whole states) evicted by --kv-cache-ttl", st.evictions_ttl);
     C("evictions_lru_total", "conversations (manifests, whole states) evicted by --kv-cache-max", st.evictions_lru);

@@ -53,6 +53,9 @@ struct thaw_kvcache_params {
                                        * blocks carry SWA rows, a prefix needs its window's (blocks.h) */
     uint32_t n_stream;                /* the context's KV streams (one per slot): the frame a
                                        * manifest or a run of blocks is assembled for */
+    uint32_t snapshot_idle_s;         /* --kv-snapshot-idle: a hybrid slot's kept turn-end snapshot
+                                       * is written after this many idle seconds; 0 = only when the
+                                       * slot loses the conversation and at shutdown */
     struct thaw_metrics *metrics;     /* must outlive the cache */
     const struct thaw_shared_params *shared; /* --kv-shared (cache_shared.h); NULL = that tier off. Its
                                               * disk, identity and block fields are filled in here */
@@ -64,7 +67,8 @@ struct thaw_kvcache_params {
  * THAW_ELOCKED, -errno, ...). */
 int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache **out);
 
-/* Writes what the disk writer still holds, then frees all. NULL: no-op. */
+/* Writes the turn-end snapshots the slots keep (thaw_kvcache_slot_cut),
+ * then what the disk writer still holds, then frees all. NULL: no-op. */
 void thaw_kvcache_close(struct thaw_kvcache *c);
 
 /* Whether any tier is on. */
@@ -108,6 +112,23 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
 const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
                                const uint8_t ns[THAW_KEY_BYTES], int n_tokens,
                                struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes);
+
+/* A hybrid's turn-end snapshot is kept per slot, not written with the
+ * turn (snapshots.h, "Written when"): slot slot_id's sequence is about to
+ * lose its positions >= p (p <= 0: all of them). When that takes the kept
+ * snapshot's position, it goes to the disk writer now. Any slot id (one
+ * without a kept snapshot, or none at all: no-op). */
+void thaw_kvcache_slot_cut(struct thaw_kvcache *c, int slot_id, int p);
+
+/* Drops slot slot_id's kept turn-end snapshot unwritten: the caller knows
+ * no prompt will present its tokens (stored as generated, and the next
+ * turn parts from them before its end). No-op without one. */
+void thaw_kvcache_slot_drop(struct thaw_kvcache *c, int slot_id);
+
+/* Writes the kept turn-end snapshots older than --kv-snapshot-idle.
+ * Returns the microseconds until the next one is due, or -1 when none is
+ * (nothing kept, or the flag is 0). NULL: -1. */
+int64_t thaw_kvcache_flush_idle(struct thaw_kvcache *c);
 
 /* 1 when stores go to the disk as blocks (thaw_kvcache_store_src can
  * serve them). */

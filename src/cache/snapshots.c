@@ -3,7 +3,8 @@
  * Map:
  *   ---- ids and format ----  the id, the entry's bytes
  *   ---- store ----           the capture's end and the slot's checkpoints
- *                             as snapshots, then blocks and the manifest
+ *                             as snapshots, then blocks and the manifest;
+ *                             a turn end kept back, written later (flush)
  *   ---- restore ----         fetch, the deepest snapshot of a prompt
  */
 #include "cache/snapshots.h"
@@ -151,7 +152,7 @@ static int cmp_at(const void *x, const void *y)
 int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                          uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
                          const void *ckpt, size_t n_ckpt, void **manifest, size_t *n_manifest,
-                         struct thaw_blocks_stats *st)
+                         struct thaw_snapshot_pending *defer, struct thaw_blocks_stats *st)
 {
     struct thaw_blocks_stats local = {0}, bst = {0};
     struct thaw_kvlayout *l = NULL;
@@ -163,6 +164,8 @@ int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
 
     *manifest = NULL;
     *n_manifest = 0;
+    if (defer)
+        memset(defer, 0, sizeof *defer);
     if (!st)
         st = &local;
     memset(st, 0, sizeof *st);
@@ -222,6 +225,15 @@ int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
                                                parts[THAW_PART_KV].size);
         }
         size_t size = parts[THAW_PART_KV].size;
+        if (defer && i == n_at - 1) {
+            /* the turn's end: kept for the caller, written when the slot
+             * loses the conversation (snapshots.h, "Written when") */
+            memcpy(defer->id, sids[i], THAW_KEY_BYTES);
+            defer->p = at[i].p;
+            defer->blob = parts[THAW_PART_KV].data;
+            defer->size = size;
+            continue;
+        }
         if ((rc = thaw_disk_cache_submit(c, sids[i], at[i].p, parts, NULL, 0)) != 0) {
             thaw_blob_unref(parts[THAW_PART_KV].data);
             st->dropped++;
@@ -241,12 +253,41 @@ int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
 out:
     if (rc != 0 && held)
         thaw_disk_cache_unhold(c, sids[0], n_at);
+    if (rc != 0 && defer)
+        thaw_snapshots_pending_drop(defer);
     thaw_ckpt_clear(&ckl);
     free(sids);
     free(bids);
     free(at);
     thaw_kvlayout_free(l);
     return rc;
+}
+
+int thaw_snapshots_flush(struct thaw_disk_cache *c, struct thaw_snapshot_pending *pd, size_t *n_written)
+{
+    struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+    int rc = 0;
+
+    if (n_written)
+        *n_written = 0;
+    if (!pd->blob)
+        return 0;
+    if (!thaw_disk_cache_has(c, pd->id)) {
+        parts[THAW_PART_KV] = (struct thaw_part_blob){pd->blob, pd->size};
+        if ((rc = thaw_disk_cache_submit(c, pd->id, pd->p, parts, NULL, 0)) == 0) {
+            pd->blob = NULL; /* the writer's now */
+            if (n_written)
+                *n_written = pd->size;
+        }
+    }
+    thaw_snapshots_pending_drop(pd);
+    return rc;
+}
+
+void thaw_snapshots_pending_drop(struct thaw_snapshot_pending *pd)
+{
+    thaw_blob_unref(pd->blob);
+    memset(pd, 0, sizeof *pd);
 }
 
 /* ---- restore ----------------------------------------------------------------- */

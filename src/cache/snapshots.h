@@ -35,11 +35,34 @@
  * A prefix lookup (no manifest for the conversation) resumes at the deepest
  * snapshot inside the prompt whose blocks are stored.
  *
+ * Written when (the turn's end): a turn-end snapshot is kept in memory by
+ * the caller (thaw_snapshot_pending, one per slot: kvcache.c), not
+ * written with its turn, and written (thaw_snapshots_flush) only when the
+ * slot is about to lose the conversation: its sequence cut below that
+ * position (another conversation takes the slot, a rollback, an error),
+ * the next turn's store of a different conversation, the slot idle for
+ * --kv-snapshot-idle seconds, or a clean shutdown. A conversation that
+ * keeps its slot writes none: its next turn's store supersedes it
+ * (dropped, never written). On a real hybrid the recurrent state is tens
+ * of MB a turn, more than the turn's attention rows; so is a partial
+ * block of attention rows at each turn's end (the snapshot's tail). The
+ * manifest and blocks of every turn are still written with the turn; the
+ * pending snapshot has the id today's would have, so the manifest names
+ * it and the next turn's key finds it once written. The price: a crash
+ * (kill -9, power) loses the pending ones, and a returning conversation
+ * then finds its manifest without its last snapshot (a miss: the manifest
+ * is removed) and resumes at the deepest snapshot persisted (the branch
+ * point, every -cpent tokens, an earlier handover) with its blocks, and
+ * prefills the rest: exact, only slower.
+ *
  * GC and crash safety are the blocks': a snapshot is an entry of kind
  * block (thaw_blocks_classify), named by the manifests that use it, held
  * from the store until its manifest is queued, written before that
  * manifest by the same FIFO writer; a crash leaves at most an unnamed
- * snapshot, collected after its grace.
+ * snapshot, collected after its grace. A turn-end snapshot written late
+ * follows its manifest: named from the moment it lands (refcounts go by
+ * id, cache_disk.c), and a crash before it lands leaves a manifest
+ * without its last snapshot, which a lookup removes (above).
  */
 #ifndef THAW_SNAPSHOTS_H
 #define THAW_SNAPSHOTS_H
@@ -74,6 +97,15 @@ struct thaw_snapshot_view {
  * THAW_EVERSION. */
 int thaw_snapshots_parse(const void *blob, size_t n, struct thaw_snapshot_view *v);
 
+/* A turn-end snapshot not written yet: its entry's bytes, ready to submit. */
+struct thaw_snapshot_pending {
+    uint8_t id[THAW_KEY_BYTES]; /* thaw_snapshots_id at p */
+    uint32_t p;                 /* its position: the stored conversation's length */
+    void *blob;                 /* the entry (a blob reference, owned here); NULL: none pending */
+    size_t size;                /* of blob */
+    int64_t since_us;           /* when it was kept (the caller's clock, for --kv-snapshot-idle) */
+};
+
 /* Stores a hybrid model's capture as blocks and snapshots: the state of
  * toks[0, n) (state, n_state: llama_state_seq_get_data output) and the
  * slot's checkpoints (ckpt, n_ckpt: a .ckpt blob, kvstate.h; may be empty)
@@ -81,12 +113,27 @@ int thaw_snapshots_parse(const void *blob, size_t n, struct thaw_snapshot_view *
  * the state's own end the last one; then the blocks and the manifest,
  * which names the snapshots (thaw_blocks_store_src). On 0 the manifest's
  * blocks and snapshots are held as thaw_blocks_store holds its blocks.
- * Returns 0, THAW_ELAYOUT (not a hybrid layout: use thaw_blocks_store),
- * THAW_ECORRUPT (a bad .ckpt blob), or thaw_blocks_store's errors. */
+ * defer (NULL: write it now, as the others): the end's snapshot, when the
+ * disk lacks it, is built but not submitted; *defer takes it (defer->blob
+ * NULL when there was nothing to write; since_us is left 0), and the
+ * manifest still names it. Returns 0, THAW_ELAYOUT (not a hybrid layout:
+ * use thaw_blocks_store), THAW_ECORRUPT (a bad .ckpt blob), or
+ * thaw_blocks_store's errors (then *defer is empty). */
 int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                          uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
                          const void *ckpt, size_t n_ckpt, void **manifest, size_t *n_manifest,
-                         struct thaw_blocks_stats *st);
+                         struct thaw_snapshot_pending *defer, struct thaw_blocks_stats *st);
+
+/* Writes a pending snapshot: submitted to the disk writer unless the disk
+ * holds it already; *pd is empty afterwards either way. *n_written (may be
+ * NULL): its bytes when submitted, else 0. Returns 0 (also when nothing
+ * was pending or the disk had it) or thaw_disk_cache_submit's error (the
+ * snapshot is dropped: a returning conversation resumes further back). */
+int thaw_snapshots_flush(struct thaw_disk_cache *c, struct thaw_snapshot_pending *pd, size_t *n_written);
+
+/* Drops a pending snapshot unwritten (its conversation went on: the next
+ * turn's store supersedes it). Empty or NULL blob: no-op. */
+void thaw_snapshots_pending_drop(struct thaw_snapshot_pending *pd);
 
 /* A snapshot's bytes: from the RAM tier, the writer's queue or the disk
  * (its checksum verified). On 0 *blob is a blob reference (thaw_blob_unref)

@@ -176,6 +176,9 @@ static int admit(struct thaw_engine *e, bool block)
     int count[THAW_SLOT_PHASE_COUNT], held = 0;
 
     e->fixup_awaited = false;
+    /* kept turn-end snapshots of slots idle long enough (kvcache.h); the
+     * wait below ends when the next one is due */
+    int64_t due_us = thaw_kvcache_flush_idle(e->kv);
     thaw_slot_count(e->slots, e->n_slots, count);
     for (int i = 0; i < e->n_slots; i++)
         held += fixup_held(e, &e->slots[i]);
@@ -183,7 +186,8 @@ static int admit(struct thaw_engine *e, bool block)
     int working = busy - held;
     int open = count[THAW_SLOT_IDLE] + count[THAW_SLOT_FIXUP];
     while (open > 0) {
-        struct thaw_task *t = thaw_sched_pop(e->sched, block && working == 0 && !atomic_load(&e->stop));
+        bool wait = block && working == 0 && !atomic_load(&e->stop);
+        struct thaw_task *t = wait ? thaw_sched_pop_for(e->sched, due_us) : thaw_sched_pop(e->sched, false);
         if (!t)
             break;
         atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));

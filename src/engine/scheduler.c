@@ -5,6 +5,7 @@
 #include "base/error.h"
 
 #include <stdlib.h>
+#include <time.h>
 
 struct thaw_sched {
     pthread_mutex_t mu;
@@ -70,11 +71,27 @@ int thaw_sched_push(struct thaw_sched *s, struct thaw_task *t)
 
 struct thaw_task *thaw_sched_pop(struct thaw_sched *s, bool wait)
 {
-    struct thaw_task *t = NULL;
+    return wait ? thaw_sched_pop_for(s, -1) : thaw_sched_pop_for(s, 0);
+}
 
+struct thaw_task *thaw_sched_pop_for(struct thaw_sched *s, int64_t wait_us)
+{
+    struct thaw_task *t = NULL;
+    struct timespec until;
+
+    if (wait_us > 0) {
+        clock_gettime(CLOCK_REALTIME, &until); /* the condition variable's clock */
+        int64_t ns = (int64_t)until.tv_nsec + wait_us % 1000000 * 1000;
+        until.tv_sec += (time_t)(wait_us / 1000000 + ns / 1000000000);
+        until.tv_nsec = (long)(ns % 1000000000);
+    }
     pthread_mutex_lock(&s->mu);
-    while (wait && s->count == 0 && !s->kicked && !s->closed)
-        pthread_cond_wait(&s->cv, &s->mu);
+    while (wait_us != 0 && s->count == 0 && !s->kicked && !s->closed) {
+        if (wait_us < 0)
+            pthread_cond_wait(&s->cv, &s->mu);
+        else if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0)
+            break; /* ETIMEDOUT */
+    }
     s->kicked = false;
     if (s->count > 0) {
         t = s->ring[s->head];

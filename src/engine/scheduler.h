@@ -48,6 +48,10 @@ int thaw_sched_push(struct thaw_sched *s, struct thaw_task *t);
  * With `wait`, blocks until a task arrives or thaw_sched_close/kick. */
 struct thaw_task *thaw_sched_pop(struct thaw_sched *s, bool wait);
 
+/* thaw_sched_pop with `wait`, but for at most wait_us microseconds
+ * (< 0: no limit); NULL when that passes first. */
+struct thaw_task *thaw_sched_pop_for(struct thaw_sched *s, int64_t wait_us);
+
 /* Puts a task just popped back at the head of the queue (its reference
  * moves back to the queue). Never fails: the queue keeps room for one. */
 void thaw_sched_unpop(struct thaw_sched *s, struct thaw_task *t);

@@ -97,6 +97,8 @@ struct thaw_slot {
     int n_fix;
     int64_t fix_since_us; /* when the slot entered FIXUP */
     uint8_t store_key[THAW_KEY_BYTES];
+    int store_parts_at; /* > 0: the next turn presents tokens that part from the stored ones at this
+                         * position (stored as generated: no rollback reached the canonical form) */
 
     struct thaw_slots_view *view; /* published to at each move (slots_view.h); NULL = none */
 };

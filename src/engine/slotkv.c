@@ -59,6 +59,7 @@ static int open_tiers(struct thaw_slotkv *k, const struct thaw_slotkv_params *p)
         .snapshots = k->recurrent,      /* a hybrid's recurrent state: snapshots (snapshots.h) */
         .n_window = (uint32_t)k->n_swa,
         .n_stream = (uint32_t)llama_n_seq_max(p->ctx),
+        .snapshot_idle_s = (uint32_t)cfg->kv_snapshot_idle_s,
     };
     struct thaw_shared_params sp = {
         .url = cfg->kv_shared,
@@ -136,6 +137,7 @@ struct thaw_kvcache *thaw_slotkv_cache(const struct thaw_slotkv *k) { return k->
  * what the tap knows of it (kvtap.h): every removal goes through here. */
 bool thaw_slotkv_rm(struct thaw_slotkv *k, const struct thaw_slot *s, int p)
 {
+    thaw_kvcache_slot_cut(k->kv, s->id, p); /* a kept turn-end snapshot there is written first */
     bool ok = llama_memory_seq_rm(llama_get_memory(k->ctx), s->id, p > 0 ? p : -1, -1);
     thaw_kvtap_forget(k->tap, s->id, p);
     return ok;
@@ -441,6 +443,12 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
             sizes[p] = parts[p].size;
         where = thaw_kvcache_store(k->kv, s->id, s->store_key, s->ns, s->n_tokens, parts, supersedes);
     }
+    /* stored as generated, past where the next turn parts from it: a
+     * hybrid's turn-end snapshot there would serve no prompt (the next
+     * turn rolls back below it), so it is not kept for later either */
+    if (s->store_parts_at > 0)
+        thaw_kvcache_slot_drop(k->kv, s->id);
+    s->store_parts_at = 0;
     thaw_slot_hold(s, s->store_key);
     thaw_slots_view_stored(s->view, s->id, where);
     s->has_prev_key = false;
@@ -470,6 +478,7 @@ void thaw_slotkv_prepare_store(struct thaw_slotkv *k, struct thaw_slot *s, llama
 {
     const struct thaw_task *t = s->task;
 
+    s->store_parts_at = 0;
     if (!canon) {
         defer_store(k, s);
         return;
@@ -484,6 +493,8 @@ void thaw_slotkv_prepare_store(struct thaw_slotkv *k, struct thaw_slot *s, llama
         if (lcp != n_canon)
             LOG_DBG("slot %d: canonical form differs at %d, cannot roll back there: storing as generated", s->id,
                     lcp);
+        if (lcp < s->n_tokens)
+            s->store_parts_at = lcp;
         free(canon);
         defer_store(k, s);
         return;

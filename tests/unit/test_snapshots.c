@@ -301,8 +301,8 @@ static void test_codec(void **state)
 /* Decodes t[0, n) into seq 0 as a slot would (stopping at the branch point
  * and at the prompt's end, checkpointing at both), captures the state and
  * stores it; the manifest goes in under key. Returns the manifest (a blob). */
-static void *store(struct thaw_disk_cache *c, const llama_token *t, int n, const uint8_t key[32],
-                   struct thaw_blocks_stats *st, size_t *n_man)
+static void *store_ex(struct thaw_disk_cache *c, const llama_token *t, int n, const uint8_t key[32],
+                      struct thaw_blocks_stats *st, size_t *n_man, struct thaw_snapshot_pending *defer)
 {
     struct thaw_ckpt_list ckl = {0};
     void *ckpt = NULL, *man = NULL;
@@ -318,7 +318,7 @@ static void *store(struct thaw_disk_cache *c, const llama_token *t, int n, const
     size_t n_state = llama_state_seq_get_size(g_ctx, 0);
     uint8_t *s = malloc(n_state);
     assert_int_equal(llama_state_seq_get_data(g_ctx, s, n_state, 0), n_state);
-    assert_int_equal(thaw_snapshots_store(c, NULL, g_binding, B, t, n, s, n_state, ckpt, n_ckpt, &man, n_man, st), 0);
+    assert_int_equal(thaw_snapshots_store(c, NULL, g_binding, B, t, n, s, n_state, ckpt, n_ckpt, &man, n_man, defer, st), 0);
     assert_true(thaw_blocks_is_manifest(man, *n_man));
     const uint8_t *ids;
     uint32_t n_ids;
@@ -332,6 +332,12 @@ static void *store(struct thaw_disk_cache *c, const llama_token *t, int n, const
     thaw_ckpt_clear(&ckl);
     free(s);
     return man;
+}
+
+static void *store(struct thaw_disk_cache *c, const llama_token *t, int n, const uint8_t key[32],
+                   struct thaw_blocks_stats *st, size_t *n_man)
+{
+    return store_ex(c, t, n, key, st, n_man, NULL);
 }
 
 /* Installs st into seq 1; the next token must decode as `want`. */
@@ -535,6 +541,87 @@ static void test_damaged_snapshot_falls_back_and_gc(void **state)
     thaw_disk_cache_close(c);
 }
 
+/* The turn's end kept back (snapshots.h, "Written when"): the blocks, the
+ * branch point's snapshot and the manifest naming the end's are written;
+ * the end's only on flush, under the id the manifest names. Before it, the
+ * manifest does not load and a prefix lookup resumes at the branch point;
+ * after it, both reach the end. */
+static void test_turn_end_kept_until_flushed(void **state)
+{
+    (void)state;
+    struct thaw_disk_cache *c = open_cache();
+    struct thaw_snapshot_pending pd;
+    struct thaw_blocks_stats st;
+    struct thaw_kvlayout_frame f;
+    struct thaw_blocks_state bs;
+    llama_token a[N_A], whole[N_A + 1];
+    uint8_t ka[32] = {0xc}, s150[32];
+    const uint8_t *snaps;
+    uint32_t n_snaps;
+    size_t n_man, n = 0;
+    tokens(a, N_A, 80, 5);
+    sid_at(a, N_A, s150);
+    memcpy(whole, a, sizeof a);
+    whole[N_A] = 7;
+    frame(1, &f);
+
+    void *man = store_ex(c, a, N_A, ka, &st, &n_man, &pd);
+    assert_int_equal(st.written, N_A / B + 1); /* the blocks and the branch point's */
+    assert_non_null(pd.blob);
+    assert_int_equal(pd.p, N_A);
+    assert_memory_equal(pd.id, s150, 32);
+    assert_false(thaw_disk_cache_has(c, s150));
+    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(n_snaps, 2);
+    assert_memory_equal(snaps + 32, s150, 32); /* named all the same */
+    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, whole, N_A + 1, &f, &bs), 0);
+    assert_int_equal(bs.n_tokens, BRANCH);
+    thaw_blocks_state_free(&bs);
+
+    assert_int_equal(thaw_snapshots_flush(c, &pd, &n), 0);
+    assert_null(pd.blob);
+    assert_true(n > 0);
+    thaw_disk_cache_flush(c);
+    assert_true(thaw_disk_cache_has(c, s150));
+    assert_int_equal(thaw_disk_cache_evict(c), 0); /* named by the manifest: kept */
+    assert_true(thaw_disk_cache_has(c, s150));
+    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), 0);
+    assert_int_equal(bs.n_tokens, N_A);
+    assert_int_equal(thaw_blocks_state_check(&bs), 0);
+    /* the reference decodes a in the store's batches (store_ex) */
+    clear(0);
+    free(decode(0, a, 0, BRANCH));
+    free(decode(0, a + BRANCH, BRANCH, PROMPT - BRANCH));
+    free(decode(0, a + PROMPT, PROMPT, N_A - PROMPT));
+    llama_token next = 7;
+    float *want = decode(0, &next, N_A, 1);
+    restore_and_check(&bs, next, want);
+    free(want);
+    thaw_blocks_state_free(&bs);
+    assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, whole, N_A + 1, &f, &bs), 0);
+    assert_int_equal(bs.n_tokens, N_A);
+    thaw_blocks_state_free(&bs);
+    /* flushing again, or one the disk holds: nothing written */
+    assert_int_equal(thaw_snapshots_flush(c, &pd, &n), 0);
+    assert_int_equal(n, 0);
+    thaw_blob_unref(man);
+
+    /* dropped instead (the conversation went on in its slot): never written */
+    llama_token b[N_A];
+    uint8_t kb[32] = {0xd}, sb[32];
+    tokens(b, N_A, 80, 6);
+    sid_at(b, N_A, sb);
+    man = store_ex(c, b, N_A, kb, &st, &n_man, &pd);
+    assert_non_null(pd.blob);
+    thaw_snapshots_pending_drop(&pd);
+    assert_null(pd.blob);
+    thaw_disk_cache_flush(c);
+    assert_false(thaw_disk_cache_has(c, sb));
+    thaw_blob_unref(man);
+    thaw_disk_cache_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -542,6 +629,7 @@ int main(void)
         cmocka_unit_test(test_codec),
         cmocka_unit_test(test_store_places_and_restores),
         cmocka_unit_test(test_damaged_snapshot_falls_back_and_gc),
+        cmocka_unit_test(test_turn_end_kept_until_flushed),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
