@@ -73,6 +73,13 @@ struct thaw_chat_request {
     int id_slot;                   /* llama-server's id_slot: the slot to run on, -1 = any */
     int verbose;                   /* llama-server's 'verbose' (the reply's __verbose): 1, 0, -1 = not sent
                                     * (the server's -v decides) */
+    /* per-token probabilities (logprobs.h): OpenAI's logprobs + top_logprobs
+     * (chat; default 20 candidates, as llama-server), an integer logprobs
+     * (/v1/completions), llama-server's n_probs > 0; post_sampling_probs:
+     * the candidates after the sampler chain, as probabilities */
+    bool logprobs;
+    int n_probs;                   /* candidates per token, 0..THAW_LOGPROBS_MAX */
+    bool post_sampling_probs;
 
     /* agents (NULL = absent); JSON texts compact; tools and the schema keep
      * the client's key order (templates print tools as JSON, and a schema's

@@ -402,14 +402,10 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             continue;
         }
         llama_token tok;
-        char err[256];
-        if (thaw_tmpl_sampler_sample(s->smpl, e->ctx, s->i_batch, &tok, err, sizeof err) != 0) {
-            /* a grammar at a dead end: this request fails, the server lives */
-            LOG_WRN("slot %d: %s", s->id, err);
-            thaw_engine_slot_fail(e, s, 500, err);
+        struct thaw_token_probs probs;
+        if (thaw_gen_sample(e, s, s->i_batch, &tok, &probs) != 0)
             continue;
-        }
-        thaw_gen_take_token(e, s, tok);
+        thaw_gen_take_token(e, s, tok, &probs);
     }
 }
 

@@ -312,8 +312,8 @@ static char *completion_fields(const struct server *srv, const struct thaw_task 
         goto done;
     json_object_set_new(root, "prompt", json_string(prompt));
     json_object_set_new(root, "generation_settings",
-                        json_pack("{s:i, s:i, s:b}", "n_predict", t->max_tokens, "n_probs", 0, "stream",
-                                  t->req.stream));
+                        json_pack("{s:i, s:i, s:b, s:b}", "n_predict", t->max_tokens, "n_probs", t->req.n_probs,
+                                  "post_sampling_probs", t->req.post_sampling_probs, "stream", t->req.stream));
     if (!json_is_array(fields)) {
         text = json_dumps(root, JSON_COMPACT);
         goto done;
@@ -340,6 +340,33 @@ done:
     json_decref(root);
     free(prompt);
     return text;
+}
+
+/* The reply's per-token probabilities (logprobs.h) in its API's place:
+ * choices[0].logprobs {"content"} (chat), OpenAI completions' legacy
+ * object, /completion's completion_probabilities. Takes `body`; NULL on
+ * ENOMEM. */
+static char *add_logprobs(struct thaw_task *t, const struct wire *w, char *body)
+{
+    json_t *root = json_loads(body, 0, NULL), *choice = json_array_get(json_object_get(root, "choices"), 0);
+    size_t to;
+    json_t *lp = thaw_task_logprobs(t, 0, t->n_text, true, w == &wire_completions, &to);
+    char *out = NULL;
+
+    free(body);
+    if (!json_is_object(root) || !lp)
+        goto done;
+    if (w == &wire_completion)
+        json_object_set(root, "completion_probabilities", lp);
+    else if (w == &wire_completions && choice)
+        json_object_set(choice, "logprobs", lp);
+    else if (choice)
+        json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", lp));
+    out = json_dumps(root, JSON_COMPACT);
+done:
+    json_decref(lp);
+    json_decref(root);
+    return out;
 }
 
 static bool wants_verbose(const struct server *srv, const struct thaw_task *t, const struct wire *w)
@@ -380,6 +407,8 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
     char *body = t->message_json ? d->wire->reply_json(t, id) : NULL;
     if (body && wants_verbose(d->srv, t, d->wire))
         body = add_verbose(d->srv, t, body);
+    if (body && t->req.logprobs)
+        body = add_logprobs(t, d->wire, body);
     if (body && d->wire == &wire_completion)
         body = completion_fields(d->srv, t, body);
     set_json(r, 200, body);
