@@ -804,7 +804,8 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
         goto error;
     if (present)
         out->id_slot = (int)d;
-    if ((rc = parse_probs(root, out, err, errlen)) != 0)
+    if ((rc = parse_probs(root, out, err, errlen)) != 0 ||
+        (rc = get_bool(root, "return_progress", &out->return_progress, err, errlen)) != 0)
         goto error;
     json_t *verbose = json_object_get(root, "verbose");
     if (verbose && !json_is_null(verbose)) {

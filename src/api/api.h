@@ -80,6 +80,7 @@ struct thaw_chat_request {
     bool logprobs;
     int n_probs;                   /* candidates per token, 0..THAW_LOGPROBS_MAX */
     bool post_sampling_probs;
+    bool return_progress;          /* llama-server's: a stream reports each prefill batch (prompt_progress) */
 
     /* agents (NULL = absent); JSON texts compact; tools and the schema keep
      * the client's key order (templates print tools as JSON, and a schema's

@@ -106,6 +106,8 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     s->n_prompt_done = n_past;
     s->timings.cache_n = n_past;
     thaw_task_started(t, n_past);
+    if (thaw_task_progress(t, n_past, (thaw_now_us() - s->t_start_us) / 1000) != 0)
+        LOG_WRN("slot %d: out of memory for a progress report", s->id);
     atomic_fetch_add(&e->metrics->prompt_cached_tokens, (uint64_t)n_past);
     LOG_DBG("slot %d: start, prompt %d tokens, %d reused (%s)", s->id, t->n_prompt, n_past, s->timings.cache_source);
     return 0;
@@ -362,6 +364,8 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             s->n_tokens += s->n_in_batch;
             s->n_prompt_done += s->n_in_batch;
             n_prompt_tokens += s->n_in_batch;
+            if (thaw_task_progress(s->task, s->n_prompt_done, (t1 - s->t_start_us) / 1000) != 0)
+                LOG_WRN("slot %d: out of memory for a progress report", s->id);
         }
     }
     atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n_prompt_tokens);

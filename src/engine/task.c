@@ -39,6 +39,7 @@ void thaw_task_release(struct thaw_task *t)
     thaw_chat_gen_free(&t->gen);
     free(t->message_json);
     thaw_logprobs_free(&t->logprobs);
+    free(t->progress);
     free(t->prompt);
     free(t->text);
     free(t->error);
@@ -134,6 +135,40 @@ int thaw_task_add_logprobs(struct thaw_task *t, const struct thaw_logprob_in *sa
     return rc;
 }
 
+int thaw_task_progress(struct thaw_task *t, int processed, int64_t time_ms)
+{
+    int rc = 0;
+
+    if (!t->req.return_progress || !t->req.stream)
+        return 0;
+    pthread_mutex_lock(&t->mu);
+    if (t->n_progress == t->cap_progress) {
+        int cap = t->cap_progress ? t->cap_progress * 2 : 8;
+        struct thaw_task_progress *nb = realloc(t->progress, (size_t)cap * sizeof *nb);
+        if (!nb) {
+            rc = THAW_ENOMEM;
+            goto out;
+        }
+        t->progress = nb;
+        t->cap_progress = cap;
+    }
+    t->progress[t->n_progress++] = (struct thaw_task_progress){processed, time_ms};
+    wake(t);
+out:
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+bool thaw_task_progress_at(struct thaw_task *t, int i, struct thaw_task_progress *out)
+{
+    pthread_mutex_lock(&t->mu);
+    bool ok = i >= 0 && i < t->n_progress;
+    if (ok)
+        *out = t->progress[i];
+    pthread_mutex_unlock(&t->mu);
+    return ok;
+}
+
 void thaw_task_started(struct thaw_task *t, int cache_n)
 {
     pthread_mutex_lock(&t->mu);
@@ -155,6 +190,7 @@ int thaw_task_news(struct thaw_task *t, size_t from, struct thaw_task_news *out)
     out->started = t->started || t->done;
     out->cache_n = t->done && t->http_status == 200 ? t->timings.cache_n : t->cache_n;
     out->n_text = t->n_text;
+    out->n_progress = t->n_progress;
     out->text = NULL;
     if (from < t->n_text && !(out->text = thaw_utf8_sanitize(t->text + from, t->n_text - from)))
         rc = THAW_ENOMEM;

@@ -51,6 +51,8 @@ struct thaw_task {
     int cache_n;                   /* prompt tokens reused, once started */
     char *message_json;            /* the reply as a message (content, reasoning, tool calls), set with done */
     struct thaw_logprobs logprobs; /* req.logprobs: one entry per sampled token (logprobs.h) */
+    struct thaw_task_progress *progress; /* req.return_progress on a stream: one report per prefill batch, */
+    int n_progress, cap_progress;        /* the first when the slot chose what to reuse */
     struct thaw_timings timings;
 
     atomic_bool cancelled;         /* the client went away: stop generating */
@@ -95,6 +97,21 @@ void thaw_task_fail(struct thaw_task *t, int http_status, const char *message);
 int thaw_task_add_logprobs(struct thaw_task *t, const struct thaw_logprob_in *sampled,
                            const struct thaw_logprob_in *top, int n_top, uint32_t start, uint32_t end);
 
+/* llama-server's prompt_progress: of the prompt's n_prompt tokens (total)
+ * cache_n were reused (cache) and `processed` are in the KV (reused ones
+ * included), time_ms after the slot took the task. */
+struct thaw_task_progress {
+    int processed;
+    int64_t time_ms;
+};
+
+/* Records a progress report (only a streamed request with return_progress
+ * keeps them) and wakes the client. 0 or THAW_ENOMEM. */
+int thaw_task_progress(struct thaw_task *t, int processed, int64_t time_ms);
+
+/* Report i (false when there is none yet). */
+bool thaw_task_progress_at(struct thaw_task *t, int i, struct thaw_task_progress *out);
+
 /* The slot has chosen what to reuse (`cache_n` prompt tokens): a stream
  * whose opening event reports usage (Anthropic's message_start) waits for
  * it. Wakes a streaming client. */
@@ -112,6 +129,7 @@ struct thaw_task_news {
     bool started;   /* cache_n is known */
     int cache_n;
     size_t n_text;  /* bytes of reply text so far */
+    int n_progress; /* progress reports so far (thaw_task_progress_at) */
     char *text;     /* malloc'd copy of text[from, n_text), made valid UTF-8; NULL when from >= n_text */
 };
 /* Fills `out` (free out->text). Returns 0 or THAW_ENOMEM (then out->text

@@ -61,6 +61,7 @@ struct thaw_stream {
     bool opened, finished;
     int cache_n;      /* from the news that opened the stream */
     size_t n_news;    /* the task's text length at the last news turned into events */
+    int n_progress;   /* the task's progress reports sent (return_progress) */
 
     /* the request's logprobs (logprobs.h): entries before lp_from are sent;
      * a writer takes those that go with the text as of this refill */
@@ -691,6 +692,35 @@ static int llama_cmpl_close(struct thaw_stream *st)
 static const struct writer oai_cmpl_writer = {false, cmpl_open, oai_cmpl_delta, oai_cmpl_close, chat_fail};
 static const struct writer llama_cmpl_writer = {false, cmpl_open, llama_cmpl_delta, llama_cmpl_close, chat_fail};
 
+/* llama-server's prompt_progress chunk (return_progress): in the chat
+ * stream a role delta, in a completions stream an empty piece, each with
+ * {total, cache, processed, time_ms}; the other wires send none. */
+static int progress_chunk(struct thaw_stream *st, const struct thaw_task_progress *p, int cache_n)
+{
+    struct thaw_task *t = st->task;
+    char *chunk = NULL;
+
+    if (st->w == &chat_writer)
+        chunk = thaw_api_chunk_json(st->id, st->model, st->created, "assistant", NULL, NULL, NULL, 0, false);
+    else if (st->w == &oai_cmpl_writer)
+        chunk = thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", NULL, 0, NULL);
+    else if (st->w == &llama_cmpl_writer)
+        chunk = thaw_api_llama_completion_json(st->model, "", false, NULL, NULL, 0, NULL);
+    else
+        return 0;
+    json_t *root = chunk ? json_loads(chunk, 0, NULL) : NULL;
+    free(chunk);
+    if (!root)
+        return THAW_ENOMEM;
+    if (st->w == &chat_writer) /* llama-server's role delta says content null */
+        json_object_set_new(json_object_get(json_array_get(json_object_get(root, "choices"), 0), "delta"), "content",
+                            json_null());
+    json_object_set_new(root, "prompt_progress",
+                        json_pack("{s:i, s:i, s:i, s:I}", "total", t->n_prompt, "cache", cache_n, "processed",
+                                  p->processed, "time_ms", (json_int_t)p->time_ms));
+    return emit(st, NULL, root);
+}
+
 /* Produces the next events. Returns 0, STREAM_NOTHING_YET (the engine has
  * no news: wait for its wake) or THAW_ENOMEM. Never blocks. */
 #define STREAM_NOTHING_YET 1
@@ -712,6 +742,17 @@ static int refill(struct thaw_stream *st)
     }
     if ((rc = thaw_task_news(t, parser ? 0 : st->n_seen, &nw)) != 0)
         return rc;
+    if (st->n_progress < nw.n_progress) { /* prefill batches come before any text */
+        struct thaw_task_progress p;
+        while (rc == 0 && st->n_progress < nw.n_progress && thaw_task_progress_at(t, st->n_progress, &p)) {
+            rc = progress_chunk(st, &p, nw.cache_n);
+            st->n_progress++;
+        }
+        if (rc != 0 || (!nw.done && nw.n_text <= st->n_news)) {
+            free(nw.text);
+            return rc;
+        }
+    }
     if (!nw.done && nw.n_text <= st->n_news) {
         free(nw.text);
         return STREAM_NOTHING_YET;
