@@ -787,11 +787,11 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
         out->seed = (uint32_t)d;
         out->has_seed = true;
     }
-    json_t *n = json_object_get(root, "n");
-    if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1)) {
-        rc = fail(err, errlen, "'n' must be 1: one choice per request is supported");
+    out->n_choices = 1;
+    if ((rc = get_int(root, "n", 1, THAW_API_MAX_N, &d, &present, err, errlen)) != 0)
         goto error;
-    }
+    if (present)
+        out->n_choices = (int)d;
     if ((rc = parse_stop(root, out, err, errlen)) != 0)
         goto error;
     if ((rc = get_bool(root, "cache_prompt", &out->cache_prompt, err, errlen)) != 0)

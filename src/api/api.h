@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #define THAW_API_MAX_STOP 4
+/* Most choices one request may ask for ('n'): each is a generation of its own */
+#define THAW_API_MAX_N 8
 /* Longest conversation id a client may send (prompt_cache_key, the
  * X-Conversation-Id header), in bytes: an id, not a payload. */
 #define THAW_API_MAX_CONVERSATION_ID 1024
@@ -80,6 +82,7 @@ struct thaw_chat_request {
     bool logprobs;
     int n_probs;                   /* candidates per token, 0..THAW_LOGPROBS_MAX */
     bool post_sampling_probs;
+    int n_choices;                 /* 'n': choices wanted, 1..THAW_API_MAX_N (the route serves each as a task) */
     bool return_progress;          /* llama-server's: a stream reports each prefill batch (prompt_progress) */
 
     /* agents (NULL = absent); JSON texts compact; tools and the schema keep
