@@ -6,6 +6,8 @@
  */
 #include "api/api.h"
 
+#include "api/logprobs.h"
+
 #include "api/api_wire.h"
 #include "api/template.h"
 #include "base/sampling.h"
@@ -441,10 +443,6 @@ static int refuse_unsupported(json_t *root, char *err, size_t errlen)
 {
     json_t *v;
 
-    if ((v = json_object_get(root, "logprobs")) && json_is_true(v))
-        return fail(err, errlen, "'logprobs' is not supported");
-    if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v))
-        return fail(err, errlen, "'top_logprobs' is not supported");
     if ((v = json_object_get(root, "audio")) && !json_is_null(v))
         return fail(err, errlen, "'audio' output is not supported");
     if ((v = json_object_get(root, "modalities")) && json_is_array(v)) {
@@ -463,6 +461,39 @@ static int refuse_unsupported(json_t *root, char *err, size_t errlen)
     if ((v = json_object_get(root, "prediction")) && !json_is_null(v))
         return fail(err, errlen, "'prediction' is not supported");
     return 0;
+}
+
+/* Per-token probabilities: OpenAI's logprobs (true) + top_logprobs
+ * (0..20; without logprobs a 400, as OpenAI and llama-server answer it;
+ * absent: 20, llama-server's default), llama-server's n_probs (0..100; it
+ * wins where both are sent) and post_sampling_probs. /v1/completions'
+ * integer logprobs is its codec's (api_completions.c). */
+static int parse_probs(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_t *lp = json_object_get(root, "logprobs");
+    double d;
+    bool present;
+    int rc;
+
+    if (lp && !json_is_null(lp) && !json_is_boolean(lp))
+        return fail(err, errlen, "'logprobs' must be true or false");
+    out->logprobs = json_is_true(lp);
+    out->n_probs = 20;
+    if ((rc = get_int(root, "top_logprobs", 0, THAW_LOGPROBS_MAX_OAI, &d, &present, err, errlen)) != 0)
+        return rc;
+    if (present && !out->logprobs)
+        return fail(err, errlen, "'top_logprobs' requires 'logprobs' to be true");
+    if (present)
+        out->n_probs = (int)d;
+    if ((rc = get_int(root, "n_probs", 0, THAW_LOGPROBS_MAX, &d, &present, err, errlen)) != 0)
+        return rc;
+    if (present) {
+        out->logprobs = d > 0;
+        out->n_probs = (int)d;
+    }
+    if (!out->logprobs)
+        out->n_probs = 0;
+    return get_bool(root, "post_sampling_probs", &out->post_sampling_probs, err, errlen);
 }
 
 /* add_generation_prompt, continue_final_message and the assistant prefill,
@@ -756,11 +787,11 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
         out->seed = (uint32_t)d;
         out->has_seed = true;
     }
-    json_t *n = json_object_get(root, "n");
-    if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1)) {
-        rc = fail(err, errlen, "'n' must be 1: one choice per request is supported");
+    out->n_choices = 1;
+    if ((rc = get_int(root, "n", 1, THAW_API_MAX_N, &d, &present, err, errlen)) != 0)
         goto error;
-    }
+    if (present)
+        out->n_choices = (int)d;
     if ((rc = parse_stop(root, out, err, errlen)) != 0)
         goto error;
     if ((rc = get_bool(root, "cache_prompt", &out->cache_prompt, err, errlen)) != 0)
@@ -773,6 +804,9 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
         goto error;
     if (present)
         out->id_slot = (int)d;
+    if ((rc = parse_probs(root, out, err, errlen)) != 0 ||
+        (rc = get_bool(root, "return_progress", &out->return_progress, err, errlen)) != 0)
+        goto error;
     json_t *verbose = json_object_get(root, "verbose");
     if (verbose && !json_is_null(verbose)) {
         bool b = false;

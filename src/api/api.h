@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #define THAW_API_MAX_STOP 4
+/* Most choices one request may ask for ('n'): each is a generation of its own */
+#define THAW_API_MAX_N 8
 /* Longest conversation id a client may send (prompt_cache_key, the
  * X-Conversation-Id header), in bytes: an id, not a payload. */
 #define THAW_API_MAX_CONVERSATION_ID 1024
@@ -73,6 +75,15 @@ struct thaw_chat_request {
     int id_slot;                   /* llama-server's id_slot: the slot to run on, -1 = any */
     int verbose;                   /* llama-server's 'verbose' (the reply's __verbose): 1, 0, -1 = not sent
                                     * (the server's -v decides) */
+    /* per-token probabilities (logprobs.h): OpenAI's logprobs + top_logprobs
+     * (chat; default 20 candidates, as llama-server), an integer logprobs
+     * (/v1/completions), llama-server's n_probs > 0; post_sampling_probs:
+     * the candidates after the sampler chain, as probabilities */
+    bool logprobs;
+    int n_probs;                   /* candidates per token, 0..THAW_LOGPROBS_MAX */
+    bool post_sampling_probs;
+    int n_choices;                 /* 'n': choices wanted, 1..THAW_API_MAX_N (the route serves each as a task) */
+    bool return_progress;          /* llama-server's: a stream reports each prefill batch (prompt_progress) */
 
     /* agents (NULL = absent); JSON texts compact; tools and the schema keep
      * the client's key order (templates print tools as JSON, and a schema's

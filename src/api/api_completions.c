@@ -8,6 +8,7 @@
 #include "api/api_completions.h"
 
 #include "api/api_wire.h"
+#include "api/logprobs.h"
 #include "api/template.h"
 #include "base/error.h"
 #include "base/utf8.h"
@@ -68,12 +69,27 @@ static int refuse_fields(json_t *root, char *err, size_t errlen)
         return thaw_api_fail(err, errlen, "'suffix' is not supported (no infill)");
     if ((v = json_object_get(root, "best_of")) && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
         return thaw_api_fail(err, errlen, "'best_of' must be 1");
-    /* an integer here (OpenAI's completions), a boolean in chat */
-    if ((v = json_object_get(root, "logprobs")) && !json_is_null(v) && !json_is_false(v) &&
-        !(json_is_integer(v) && json_integer_value(v) == 0))
-        return thaw_api_fail(err, errlen, "'logprobs' is not supported");
-    if ((v = json_object_get(root, "n_probs")) && json_is_integer(v) && json_integer_value(v) > 0)
-        return thaw_api_fail(err, errlen, "'n_probs' is not supported");
+    return 0;
+}
+
+/* OpenAI's completions logprobs: an integer, the candidates per token
+ * (0..20; 0 = none, as llama-server reads it as n_probs); llama-server's
+ * own n_probs, when sent, wins (thaw_api_parse_chat reads it). -1 = none
+ * asked here. */
+static int take_logprobs(json_t *root, int *n, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, "logprobs");
+
+    *n = -1;
+    if (!v || json_is_null(v) || json_is_false(v))
+        return 0;
+    if (json_is_true(v)) { /* the chat form, which llama-server also takes here */
+        *n = 20;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > THAW_LOGPROBS_MAX_OAI)
+        return thaw_api_fail(err, errlen, "'logprobs' must be an integer from 0 to %d", THAW_LOGPROBS_MAX_OAI);
+    *n = (int)json_integer_value(v);
     return 0;
 }
 
@@ -97,7 +113,8 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
         rc = thaw_api_fail(err, errlen, "'prompt' is required");
         goto out;
     }
-    if ((rc = refuse_fields(root, err, errlen)) != 0)
+    int n_logprobs;
+    if ((rc = refuse_fields(root, err, errlen)) != 0 || (rc = take_logprobs(root, &n_logprobs, err, errlen)) != 0)
         goto out;
     json_t *rf = json_object_get(root, "response_fields"), *f;
     size_t k;
@@ -137,6 +154,11 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
     out->messages = NULL;
     out->n_messages = 0;
     out->raw = true;
+    json_t *np = json_object_get(root, "n_probs");
+    if (n_logprobs >= 0 && (!np || json_is_null(np))) {
+        out->logprobs = n_logprobs > 0;
+        out->n_probs = n_logprobs;
+    }
     if (json_array_size(rf) > 0 && !(out->response_fields = json_dumps(rf, JSON_COMPACT))) {
         thaw_chat_request_free(out);
         rc = THAW_ENOMEM;

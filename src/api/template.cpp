@@ -320,6 +320,33 @@ int thaw_tmpl_sampler_sample(struct llama_sampler *smpl, struct llama_context *c
     return THAW_EINVAL;
 }
 
+int thaw_tmpl_sampler_sample_cur(struct llama_sampler *smpl, struct llama_context *ctx, int idx, llama_token_data *buf,
+                                 int n_vocab, llama_token_data_array *cur, char *err, size_t errlen)
+{
+    try {
+        const float *logits = llama_get_logits_ith(ctx, idx);
+        if (!logits) {
+            set_err(err, errlen, "sampling failed", "no logits at that row");
+            return THAW_EINVAL;
+        }
+        for (llama_token t = 0; t < n_vocab; t++)
+            buf[t] = llama_token_data{t, logits[t], 0.0f};
+        *cur = llama_token_data_array{buf, (size_t)n_vocab, -1, false};
+        llama_sampler_apply(smpl, cur);
+        if (cur->selected < 0 || cur->selected >= (int64_t)cur->size) {
+            set_err(err, errlen, "sampling failed", "the sampler chain selected no token");
+            return THAW_EINVAL;
+        }
+        llama_sampler_accept(smpl, cur->data[cur->selected].id);
+        return 0;
+    } catch (const std::exception &e) {
+        set_err(err, errlen, "sampling failed", e.what());
+    } catch (...) {
+        set_err(err, errlen, "sampling failed", "unknown error");
+    }
+    return THAW_EINVAL;
+}
+
 /* ---- build ------------------------------------------------------------------- */
 
 const char *thaw_tmpl_build_fingerprint(void)

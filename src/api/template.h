@@ -84,6 +84,14 @@ const char *thaw_tmpl_build_fingerprint(void);
 int thaw_tmpl_sampler_accept(struct llama_sampler *smpl, llama_token tok, char *err, size_t errlen);
 int thaw_tmpl_sampler_sample(struct llama_sampler *smpl, struct llama_context *ctx, int idx, llama_token *out,
                              char *err, size_t errlen);
+/* The same as thaw_tmpl_sampler_sample, done as llama_sampler_sample does
+ * it on the CPU, keeping what the chain left: the candidates from the
+ * logits at row idx are written to buf (n_vocab of room), the chain
+ * applied to them and the pick accepted; *cur is the result (its data in
+ * buf, probabilities where the chain computed them, 0 elsewhere) and its
+ * `selected` the sampled token. */
+int thaw_tmpl_sampler_sample_cur(struct llama_sampler *smpl, struct llama_context *ctx, int idx, llama_token_data *buf,
+                                 int n_vocab, llama_token_data_array *cur, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

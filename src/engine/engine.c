@@ -106,6 +106,8 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     s->n_prompt_done = n_past;
     s->timings.cache_n = n_past;
     thaw_task_started(t, n_past);
+    if (thaw_task_progress(t, n_past, (thaw_now_us() - s->t_start_us) / 1000) != 0)
+        LOG_WRN("slot %d: out of memory for a progress report", s->id);
     atomic_fetch_add(&e->metrics->prompt_cached_tokens, (uint64_t)n_past);
     LOG_DBG("slot %d: start, prompt %d tokens, %d reused (%s)", s->id, t->n_prompt, n_past, s->timings.cache_source);
     return 0;
@@ -366,6 +368,8 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             s->n_tokens += s->n_in_batch;
             s->n_prompt_done += s->n_in_batch;
             n_prompt_tokens += s->n_in_batch;
+            if (thaw_task_progress(s->task, s->n_prompt_done, (t1 - s->t_start_us) / 1000) != 0)
+                LOG_WRN("slot %d: out of memory for a progress report", s->id);
         }
     }
     atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n_prompt_tokens);
@@ -406,14 +410,10 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             continue;
         }
         llama_token tok;
-        char err[256];
-        if (thaw_tmpl_sampler_sample(s->smpl, e->ctx, s->i_batch, &tok, err, sizeof err) != 0) {
-            /* a grammar at a dead end: this request fails, the server lives */
-            LOG_WRN("slot %d: %s", s->id, err);
-            thaw_engine_slot_fail(e, s, 500, err);
+        struct thaw_token_probs probs;
+        if (thaw_gen_sample(e, s, s->i_batch, &tok, &probs) != 0)
             continue;
-        }
-        thaw_gen_take_token(e, s, tok);
+        thaw_gen_take_token(e, s, tok, &probs);
     }
 }
 

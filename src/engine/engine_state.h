@@ -58,9 +58,19 @@ struct thaw_engine {
 void thaw_engine_slot_idle(struct thaw_engine *e, struct thaw_slot *s);
 void thaw_engine_slot_fail(struct thaw_engine *e, struct thaw_slot *s, int status, const char *msg);
 
-/* generate.c: takes one sampled token: text out, stop conditions, the
- * next decode (the slot stays in GEN) or the reply's end (FIXUP or IDLE). */
-void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token tok);
+/* generate.c: samples the slot's row idx of the last decode into *tok,
+ * and its probabilities into *probs when the request wants them (probs
+ * may be NULL otherwise). Returns 0, or nonzero once the slot has failed
+ * (logged, the task answered). */
+struct thaw_token_probs;
+int thaw_gen_sample(struct thaw_engine *e, struct thaw_slot *s, int idx, llama_token *tok,
+                    struct thaw_token_probs *probs);
+/* Takes one sampled token: text out, its probabilities (the request's
+ * logprobs: `probs`, from thaw_gen_sample) recorded with its bytes, stop
+ * conditions, the next decode (the slot stays in GEN) or the reply's end
+ * (FIXUP or IDLE). */
+void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token tok,
+                         const struct thaw_token_probs *probs);
 /* Asks the draft for up to `room` tokens after the slot's next token, into
  * s->drafts; returns how many (0: none worth verifying). */
 int thaw_gen_draft(struct thaw_engine *e, struct thaw_slot *s, int room);

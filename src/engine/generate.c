@@ -8,9 +8,11 @@
 
 #include "api/keys_request.h"
 #include "api/template.h"
+#include "base/error.h"
 #include "base/log.h"
 #include "base/utf8.h" /* thaw_utf8_sanitize */
 #include "engine/draft.h"
+#include "engine/sampler.h"
 #include "engine/slotkv.h"
 
 #include <stdlib.h>
@@ -77,8 +79,47 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
     free(reply);
 }
 
+/* The entry of a token whose text is s->gen[start, end) (logprobs.h);
+ * the candidates' pieces as the token's own is rendered. */
+static int record_probs(struct thaw_engine *e, struct thaw_slot *s, llama_token tok, const struct thaw_token_probs *p,
+                        size_t start, size_t end)
+{
+    struct thaw_logprob_in top[THAW_LOGPROBS_MAX], sampled = {tok, p->p, s->gen + start, end - start};
+    char (*pieces)[256] = p->n_top > 0 ? malloc((size_t)p->n_top * sizeof *pieces) : NULL;
+    int rc;
+
+    if (p->n_top > 0 && !pieces)
+        return THAW_ENOMEM;
+    for (int i = 0; i < p->n_top; i++) {
+        bool special = false;
+        for (int j = 0; j < s->task->gen.n_preserved && !special; j++)
+            special = s->task->gen.preserved[j] == p->top[i];
+        int n = llama_token_to_piece(e->vocab, p->top[i], pieces[i], sizeof pieces[i], 0, special);
+        top[i] = (struct thaw_logprob_in){p->top[i], p->top_p[i], pieces[i], n > 0 ? (size_t)n : 0};
+    }
+    rc = thaw_task_add_logprobs(s->task, &sampled, top, p->n_top, (uint32_t)start, (uint32_t)end);
+    free(pieces);
+    return rc;
+}
+
+int thaw_gen_sample(struct thaw_engine *e, struct thaw_slot *s, int idx, llama_token *tok, struct thaw_token_probs *probs)
+{
+    const struct thaw_chat_request *req = &s->task->req;
+    char err[256];
+    int rc = thaw_sampler_sample(s->smpl, e->ctx, idx, llama_vocab_n_tokens(e->vocab), req->n_probs,
+                                 req->post_sampling_probs, req->logprobs ? probs : NULL, tok, err, sizeof err);
+
+    if (rc != 0) {
+        /* a grammar at a dead end: this request fails, the server lives */
+        LOG_WRN("slot %d: %s", s->id, rc == THAW_EINVAL ? err : "out of memory");
+        thaw_engine_slot_fail(e, s, 500, rc == THAW_EINVAL ? err : "out of memory");
+    }
+    return rc;
+}
+
 /* Takes one sampled token: text out, stop conditions, next decode. */
-void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token tok)
+void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token tok,
+                         const struct thaw_token_probs *probs)
 {
     const struct thaw_task *t = s->task;
     char piece[256];
@@ -96,7 +137,8 @@ void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token
     if (n < 0)
         n = 0; /* a piece longer than 256 bytes: no real vocab has one */
     size_t before = s->n_gen;
-    if (thaw_slot_gen_append(s, piece, (size_t)n) != 0) {
+    if (thaw_slot_gen_append(s, piece, (size_t)n) != 0 ||
+        (t->req.logprobs && record_probs(e, s, tok, probs, before, s->n_gen) != 0)) {
         thaw_engine_slot_fail(e, s, 500, "out of memory");
         return;
     }
@@ -149,12 +191,17 @@ void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s)
 {
     llama_token emitted[THAW_DRAFT_MAX + 1];
     int base = s->n_tokens, n_emit = 0;
+    /* every emitted token is sampled at its own row: its probabilities are
+     * the target's there, as without a draft */
+    struct thaw_token_probs *probs = NULL;
 
-    char err[256];
+    if (s->task->req.logprobs && !(probs = malloc((size_t)(s->n_drafts + 1) * sizeof *probs))) {
+        thaw_engine_slot_fail(e, s, 500, "out of memory");
+        return;
+    }
     for (int i = 0; i <= s->n_drafts; i++) {
-        if (thaw_tmpl_sampler_sample(s->smpl, e->ctx, s->i_batch + i, &emitted[n_emit], err, sizeof err) != 0) {
-            LOG_WRN("slot %d: %s", s->id, err);
-            thaw_engine_slot_fail(e, s, 500, err);
+        if (thaw_gen_sample(e, s, s->i_batch + i, &emitted[n_emit], probs ? &probs[n_emit] : NULL) != 0) {
+            free(probs);
             return;
         }
         n_emit++;
@@ -173,8 +220,9 @@ void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s)
     s->n_drafts = 0;
     for (int i = 0; i < n_emit; i++) {
         s->n_tokens = base + 1 + i;
-        thaw_gen_take_token(e, s, emitted[i]);
+        thaw_gen_take_token(e, s, emitted[i], probs ? &probs[i] : NULL);
         if (s->phase != THAW_SLOT_GEN)
             break;
     }
+    free(probs);
 }

@@ -217,3 +217,91 @@ struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const st
     return c;
 }
 
+
+/* ---- probabilities ---------------------------------------------------------------- */
+
+/* Keeps the n_max largest values seen in top/top_v (most first), *n of them. */
+static void keep_top(llama_token *top, float *top_v, int *n, int n_max, llama_token id, float v)
+{
+    int i = *n < n_max ? (*n)++ : n_max;
+
+    if (n_max == 0 || (i == n_max && v <= top_v[n_max - 1]))
+        return;
+    if (i == n_max)
+        i = n_max - 1;
+    while (i > 0 && top_v[i - 1] < v) {
+        top[i] = top[i - 1];
+        top_v[i] = top_v[i - 1];
+        i--;
+    }
+    top[i] = id;
+    top_v[i] = v;
+}
+
+/* Before sampling: the softmax of row idx's logits over the vocabulary. */
+static void probs_pre(const float *logits, int n_vocab, int n_probs, llama_token tok, struct thaw_token_probs *out)
+{
+    float max = -INFINITY;
+    double sum = 0;
+
+    for (int i = 0; i < n_vocab; i++)
+        if (logits[i] > max)
+            max = logits[i];
+    out->n_top = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        sum += exp((double)logits[i] - max);
+        keep_top(out->top, out->top_p, &out->n_top, n_probs, i, logits[i]);
+    }
+    for (int i = 0; i < out->n_top; i++)
+        out->top_p[i] = (float)(exp((double)out->top_p[i] - max) / sum);
+    out->p = (float)(exp((double)logits[tok] - max) / sum);
+}
+
+/* After the chain: its candidates by probability, none at 0. */
+static void probs_post(const llama_token_data_array *cur, int n_probs, struct thaw_token_probs *out)
+{
+    const llama_token_data *sel = &cur->data[cur->selected];
+
+    out->n_top = 0;
+    if (sel->p <= 0.0f) { /* greedy computes no probabilities: the pick is certain */
+        out->p = 1.0f;
+        if (n_probs > 0) {
+            out->top[0] = sel->id;
+            out->top_p[0] = 1.0f;
+            out->n_top = 1;
+        }
+        return;
+    }
+    out->p = sel->p;
+    for (size_t i = 0; i < cur->size; i++)
+        if (cur->data[i].p > 0.0f)
+            keep_top(out->top, out->top_p, &out->n_top, n_probs, cur->data[i].id, cur->data[i].p);
+}
+
+int thaw_sampler_sample(struct llama_sampler *smpl, struct llama_context *ctx, int idx, int n_vocab, int n_probs,
+                        bool post, struct thaw_token_probs *probs, llama_token *tok, char *err, size_t errlen)
+{
+    if (n_probs > THAW_LOGPROBS_MAX)
+        n_probs = THAW_LOGPROBS_MAX;
+    if (!probs)
+        return thaw_tmpl_sampler_sample(smpl, ctx, idx, tok, err, errlen);
+    if (!post) {
+        int rc = thaw_tmpl_sampler_sample(smpl, ctx, idx, tok, err, errlen);
+        if (rc == 0)
+            probs_pre(llama_get_logits_ith(ctx, idx), n_vocab, n_probs, *tok, probs);
+        return rc;
+    }
+    llama_token_data *buf = malloc((size_t)n_vocab * sizeof *buf);
+    llama_token_data_array cur;
+    int rc;
+
+    if (!buf)
+        return THAW_ENOMEM;
+    rc = thaw_tmpl_sampler_sample_cur(smpl, ctx, idx, buf, n_vocab, &cur, err, errlen);
+    if (rc == 0) {
+        *tok = cur.data[cur.selected].id;
+        probs_post(&cur, n_probs, probs);
+    }
+    free(buf);
+    return rc;
+}

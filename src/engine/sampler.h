@@ -11,6 +11,7 @@
 #ifndef THAW_SAMPLER_H
 #define THAW_SAMPLER_H
 
+#include "api/logprobs.h"
 #include "base/sampling.h"
 #include "engine/task.h"
 
@@ -21,5 +22,24 @@
  * generation prompt (logged), or on ENOMEM. */
 struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const struct thaw_sampling *defaults,
                                        int n_ctx_slot, const struct thaw_task *t);
+
+/* A sampled token's probabilities, as llama-server computes them
+ * (logprobs.h): before sampling, the softmax of the logits over the whole
+ * vocabulary; after (post_sampling_probs), what the chain left, and for a
+ * greedy pick (which computes none) the pick alone at 1. */
+struct thaw_token_probs {
+    float p;                            /* the sampled token's */
+    int n_top;                          /* candidates in top/top_p, most probable first */
+    llama_token top[THAW_LOGPROBS_MAX];
+    float top_p[THAW_LOGPROBS_MAX];
+};
+
+/* Samples row idx of the last decode with smpl (accepting the token) into
+ * *tok. With `probs` non-NULL also the token's probabilities and its
+ * n_probs (<= THAW_LOGPROBS_MAX) most probable candidates, after the chain
+ * when `post`. Returns 0, THAW_EINVAL (a grammar at a dead end; reason in
+ * err) or THAW_ENOMEM. */
+int thaw_sampler_sample(struct llama_sampler *smpl, struct llama_context *ctx, int idx, int n_vocab, int n_probs,
+                        bool post, struct thaw_token_probs *probs, llama_token *tok, char *err, size_t errlen);
 
 #endif

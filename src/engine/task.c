@@ -38,6 +38,8 @@ void thaw_task_release(struct thaw_task *t)
     thaw_chat_request_free(&t->req);
     thaw_chat_gen_free(&t->gen);
     free(t->message_json);
+    thaw_logprobs_free(&t->logprobs);
+    free(t->progress);
     free(t->prompt);
     free(t->text);
     free(t->error);
@@ -124,6 +126,49 @@ void thaw_task_fail(struct thaw_task *t, int http_status, const char *message)
     pthread_mutex_unlock(&t->mu);
 }
 
+int thaw_task_add_logprobs(struct thaw_task *t, const struct thaw_logprob_in *sampled,
+                           const struct thaw_logprob_in *top, int n_top, uint32_t start, uint32_t end)
+{
+    pthread_mutex_lock(&t->mu);
+    int rc = thaw_logprobs_add(&t->logprobs, sampled, top, n_top, start, end);
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+int thaw_task_progress(struct thaw_task *t, int processed, int64_t time_ms)
+{
+    int rc = 0;
+
+    if (!t->req.return_progress || !t->req.stream)
+        return 0;
+    pthread_mutex_lock(&t->mu);
+    if (t->n_progress == t->cap_progress) {
+        int cap = t->cap_progress ? t->cap_progress * 2 : 8;
+        struct thaw_task_progress *nb = realloc(t->progress, (size_t)cap * sizeof *nb);
+        if (!nb) {
+            rc = THAW_ENOMEM;
+            goto out;
+        }
+        t->progress = nb;
+        t->cap_progress = cap;
+    }
+    t->progress[t->n_progress++] = (struct thaw_task_progress){processed, time_ms};
+    wake(t);
+out:
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+bool thaw_task_progress_at(struct thaw_task *t, int i, struct thaw_task_progress *out)
+{
+    pthread_mutex_lock(&t->mu);
+    bool ok = i >= 0 && i < t->n_progress;
+    if (ok)
+        *out = t->progress[i];
+    pthread_mutex_unlock(&t->mu);
+    return ok;
+}
+
 void thaw_task_started(struct thaw_task *t, int cache_n)
 {
     pthread_mutex_lock(&t->mu);
@@ -145,11 +190,45 @@ int thaw_task_news(struct thaw_task *t, size_t from, struct thaw_task_news *out)
     out->started = t->started || t->done;
     out->cache_n = t->done && t->http_status == 200 ? t->timings.cache_n : t->cache_n;
     out->n_text = t->n_text;
+    out->n_progress = t->n_progress;
     out->text = NULL;
     if (from < t->n_text && !(out->text = thaw_utf8_sanitize(t->text + from, t->n_text - from)))
         rc = THAW_ENOMEM;
     pthread_mutex_unlock(&t->mu);
     return rc;
+}
+
+json_t *thaw_task_logprobs(struct thaw_task *t, size_t from, size_t n_text, bool done, bool legacy, size_t *to)
+{
+    pthread_mutex_lock(&t->mu);
+    *to = thaw_logprobs_upto(&t->logprobs, from, n_text, done);
+    json_t *v = thaw_logprobs_json(&t->logprobs, from, *to, t->req.post_sampling_probs, legacy);
+    pthread_mutex_unlock(&t->mu);
+    return v;
+}
+
+char *thaw_task_text(struct thaw_task *t, size_t from, size_t to)
+{
+    pthread_mutex_lock(&t->mu);
+    if (to > t->n_text)
+        to = t->n_text;
+    if (from > to)
+        from = to;
+    char *s = thaw_utf8_sanitize(t->text ? t->text + from : "", to - from);
+    pthread_mutex_unlock(&t->mu);
+    return s;
+}
+
+bool thaw_task_logprob_span(struct thaw_task *t, size_t i, uint32_t *start, uint32_t *end)
+{
+    pthread_mutex_lock(&t->mu);
+    bool ok = i < t->logprobs.n;
+    if (ok) {
+        *start = t->logprobs.v[i].start;
+        *end = t->logprobs.v[i].end;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return ok;
 }
 
 bool thaw_task_done(struct thaw_task *t)

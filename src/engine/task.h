@@ -12,6 +12,7 @@
 
 #include "api/api.h"
 #include "api/chat.h"
+#include "api/logprobs.h"
 #include "base/clock.h" /* t_submit_us */
 #include "cache/keys.h"
 
@@ -49,6 +50,9 @@ struct thaw_task {
     bool started;                  /* a slot took the task and chose what to reuse */
     int cache_n;                   /* prompt tokens reused, once started */
     char *message_json;            /* the reply as a message (content, reasoning, tool calls), set with done */
+    struct thaw_logprobs logprobs; /* req.logprobs: one entry per sampled token (logprobs.h) */
+    struct thaw_task_progress *progress; /* req.return_progress on a stream: one report per prefill batch, */
+    int n_progress, cap_progress;        /* the first when the slot chose what to reuse */
     struct thaw_timings timings;
 
     atomic_bool cancelled;         /* the client went away: stop generating */
@@ -88,6 +92,26 @@ void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const char
                       const struct thaw_timings *timings, char *message_json);
 void thaw_task_fail(struct thaw_task *t, int http_status, const char *message);
 
+/* Appends a sampled token's probabilities (logprobs.h): its bytes
+ * [start, end) of the reply text. 0 or THAW_ENOMEM. */
+int thaw_task_add_logprobs(struct thaw_task *t, const struct thaw_logprob_in *sampled,
+                           const struct thaw_logprob_in *top, int n_top, uint32_t start, uint32_t end);
+
+/* llama-server's prompt_progress: of the prompt's n_prompt tokens (total)
+ * cache_n were reused (cache) and `processed` are in the KV (reused ones
+ * included), time_ms after the slot took the task. */
+struct thaw_task_progress {
+    int processed;
+    int64_t time_ms;
+};
+
+/* Records a progress report (only a streamed request with return_progress
+ * keeps them) and wakes the client. 0 or THAW_ENOMEM. */
+int thaw_task_progress(struct thaw_task *t, int processed, int64_t time_ms);
+
+/* Report i (false when there is none yet). */
+bool thaw_task_progress_at(struct thaw_task *t, int i, struct thaw_task_progress *out);
+
 /* The slot has chosen what to reuse (`cache_n` prompt tokens): a stream
  * whose opening event reports usage (Anthropic's message_start) waits for
  * it. Wakes a streaming client. */
@@ -105,11 +129,27 @@ struct thaw_task_news {
     bool started;   /* cache_n is known */
     int cache_n;
     size_t n_text;  /* bytes of reply text so far */
+    int n_progress; /* progress reports so far (thaw_task_progress_at) */
     char *text;     /* malloc'd copy of text[from, n_text), made valid UTF-8; NULL when from >= n_text */
 };
 /* Fills `out` (free out->text). Returns 0 or THAW_ENOMEM (then out->text
  * is NULL and nothing else is meaningful). */
 int thaw_task_news(struct thaw_task *t, size_t from, struct thaw_task_news *out);
+
+/* The entries from `from` that go with the first n_text bytes of the
+ * reply (all of it when done), thaw_logprobs_upto's rule: *to gets the
+ * index past them, and the return value their JSON (thaw_logprobs_json
+ * with the request's post_sampling_probs; `legacy`: OpenAI completions'
+ * object), a new reference, NULL on ENOMEM. */
+json_t *thaw_task_logprobs(struct thaw_task *t, size_t from, size_t n_text, bool done, bool legacy, size_t *to);
+
+/* A malloc'd copy of the reply's bytes [from, to) made valid UTF-8
+ * (clipped to what exists); NULL on ENOMEM. */
+char *thaw_task_text(struct thaw_task *t, size_t from, size_t to);
+
+/* The byte span of entry i of the reply's text: false when there is no
+ * such entry yet. */
+bool thaw_task_logprob_span(struct thaw_task *t, size_t i, uint32_t *start, uint32_t *end);
 
 /* True once the engine finished or failed the task. */
 bool thaw_task_done(struct thaw_task *t);

@@ -234,7 +234,8 @@ static const struct thaw_task_client http_client = {client_wake, client_alive, c
 
 /* A non-streaming request waiting for the engine: its task and its API. */
 struct deferred {
-    struct thaw_task *task;
+    struct thaw_task *task[THAW_API_MAX_N]; /* n_tasks: one per choice ('n') */
+    int n_tasks;
     const struct wire *wire;
     struct server *srv;
 };
@@ -312,8 +313,8 @@ static char *completion_fields(const struct server *srv, const struct thaw_task 
         goto done;
     json_object_set_new(root, "prompt", json_string(prompt));
     json_object_set_new(root, "generation_settings",
-                        json_pack("{s:i, s:i, s:b}", "n_predict", t->max_tokens, "n_probs", 0, "stream",
-                                  t->req.stream));
+                        json_pack("{s:i, s:i, s:b, s:b}", "n_predict", t->max_tokens, "n_probs", t->req.n_probs,
+                                  "post_sampling_probs", t->req.post_sampling_probs, "stream", t->req.stream));
     if (!json_is_array(fields)) {
         text = json_dumps(root, JSON_COMPACT);
         goto done;
@@ -342,6 +343,33 @@ done:
     return text;
 }
 
+/* The reply's per-token probabilities (logprobs.h) in its API's place:
+ * choices[0].logprobs {"content"} (chat), OpenAI completions' legacy
+ * object, /completion's completion_probabilities. Takes `body`; NULL on
+ * ENOMEM. */
+static char *add_logprobs(struct thaw_task *t, const struct wire *w, char *body)
+{
+    json_t *root = json_loads(body, 0, NULL), *choice = json_array_get(json_object_get(root, "choices"), 0);
+    size_t to;
+    json_t *lp = thaw_task_logprobs(t, 0, t->n_text, true, w == &wire_completions, &to);
+    char *out = NULL;
+
+    free(body);
+    if (!json_is_object(root) || !lp)
+        goto done;
+    if (w == &wire_completion)
+        json_object_set(root, "completion_probabilities", lp);
+    else if (w == &wire_completions && choice)
+        json_object_set(choice, "logprobs", lp);
+    else if (choice)
+        json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", lp));
+    out = json_dumps(root, JSON_COMPACT);
+done:
+    json_decref(lp);
+    json_decref(root);
+    return out;
+}
+
 static bool wants_verbose(const struct server *srv, const struct thaw_task *t, const struct wire *w)
 {
     bool on = t->req.verbose >= 0 ? t->req.verbose > 0 : srv->cfg.verbosity >= THAW_LOG_DEBUG;
@@ -354,34 +382,83 @@ static void deferred_free(void *ud)
 {
     struct deferred *d = ud;
 
-    thaw_task_abandon(d->task);
+    for (int i = 0; i < d->n_tasks; i++)
+        thaw_task_abandon(d->task[i]);
     free(d);
 }
 
 /* A non-streaming reply, once the engine is done (the request was deferred
  * until then; a wake before the end only defers it again). */
+/* One task's whole reply in its wire's shape (logprobs and __verbose
+ * added); NULL on ENOMEM. */
+static char *reply_body(struct server *srv, struct thaw_task *t, const struct wire *w, const char *id)
+{
+    char *body = t->message_json ? w->reply_json(t, id) : NULL;
+
+    if (body && wants_verbose(srv, t, w))
+        body = add_verbose(srv, t, body);
+    if (body && t->req.logprobs)
+        body = add_logprobs(t, w, body);
+    if (body && w == &wire_completion)
+        body = completion_fields(srv, t, body);
+    return body;
+}
+
+/* n > 1: choice 0 of `other` (taken) appended to body's choices as
+ * choice `index`, its completion tokens added to the usage. Takes body;
+ * NULL on ENOMEM. */
+static char *merge_choice(char *body, char *other, int index)
+{
+    json_t *a = json_loads(body, 0, NULL), *b = other ? json_loads(other, 0, NULL) : NULL;
+    json_t *choice = json_array_get(json_object_get(b, "choices"), 0);
+    json_t *ua = json_object_get(a, "usage"), *ub = json_object_get(b, "usage");
+    char *out = NULL;
+
+    free(body);
+    free(other);
+    if (json_is_object(a) && json_is_object(choice) && json_is_array(json_object_get(a, "choices"))) {
+        json_object_set_new(choice, "index", json_integer(index));
+        json_array_append(json_object_get(a, "choices"), choice);
+        if (ua && ub) {
+            json_int_t ct = json_integer_value(json_object_get(ua, "completion_tokens")) +
+                            json_integer_value(json_object_get(ub, "completion_tokens"));
+            json_object_set_new(ua, "completion_tokens", json_integer(ct));
+            json_object_set_new(ua, "total_tokens",
+                                json_integer(json_integer_value(json_object_get(ua, "prompt_tokens")) + ct));
+        }
+        out = json_dumps(a, JSON_COMPACT);
+    }
+    json_decref(a);
+    json_decref(b);
+    return out;
+}
+
+/* A non-streaming reply, once the engine is done with every choice (the
+ * request was deferred until then; a wake before the end only defers it
+ * again). */
 static void chat_resume(void *ud, struct thaw_http_response *r)
 {
     struct deferred *d = ud;
-    struct thaw_task *t = d->task;
     char id[48];
 
-    if (!thaw_task_done(t)) {
-        r->defer = true;
-        r->resume = chat_resume;
-        r->defer_ud = d;
-        return;
-    }
-    if (t->http_status != 200) {
-        set_wire_error(r, d->wire, t->http_status, t->error ? t->error : "error");
-        return;
+    for (int i = 0; i < d->n_tasks; i++)
+        if (!thaw_task_done(d->task[i])) {
+            r->defer = true;
+            r->resume = chat_resume;
+            r->defer_ud = d;
+            return;
+        }
+    for (int i = 0; i < d->n_tasks; i++) {
+        struct thaw_task *t = d->task[i];
+        if (t->http_status != 200) {
+            set_wire_error(r, d->wire, t->http_status, t->error ? t->error : "error");
+            return;
+        }
     }
     make_id(d->wire->id_prefix, id);
-    char *body = t->message_json ? d->wire->reply_json(t, id) : NULL;
-    if (body && wants_verbose(d->srv, t, d->wire))
-        body = add_verbose(d->srv, t, body);
-    if (body && d->wire == &wire_completion)
-        body = completion_fields(d->srv, t, body);
+    char *body = reply_body(d->srv, d->task[0], d->wire, id);
+    for (int i = 1; i < d->n_tasks && body; i++)
+        body = merge_choice(body, reply_body(d->srv, d->task[i], d->wire, id), i);
     set_json(r, 200, body);
     if (!r->body)
         set_wire_error(r, d->wire, 500, "out of memory");
@@ -494,23 +571,27 @@ static int prepare(struct server *srv, const struct thaw_http_request *hr, const
     return 0;
 }
 
-static void serve_chat(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
-                       struct thaw_http_response *r, const struct wire *w)
+/* Parse, prepare and set up one task for the request (not submitted; the
+ * connection referenced for it). NULL when the request was answered
+ * (an error in r). */
+static struct thaw_task *build_task(struct server *srv, const struct thaw_http_request *hr,
+                                    const uint8_t ns[THAW_KEY_BYTES], struct thaw_http_response *r,
+                                    const struct wire *w)
 {
     struct thaw_chat_request req;
     llama_token *prompt = NULL;
     struct thaw_chat_gen gen;
     struct thaw_task *t = NULL;
-    int n_prompt = 0, rc;
+    int n_prompt = 0;
 
     if (prepare(srv, hr, w, r, &req, &prompt, &n_prompt, &gen) != 0)
-        return;
+        return NULL;
     if (!(t = thaw_task_new(&req, prompt, n_prompt))) {
         free(prompt);
         thaw_chat_request_free(&req);
         thaw_chat_gen_free(&gen);
         set_wire_error(r, w, 500, "out of memory");
-        return;
+        return NULL;
     }
     t->gen = gen;
     if (gen.grammar)
@@ -549,31 +630,59 @@ static void serve_chat(struct server *srv, const struct thaw_http_request *hr, c
     thaw_http_conn_ref(hr->conn);
     t->client = &http_client;
     t->client_ud = hr->conn;
+    return t;
+}
 
-    rc = thaw_engine_submit(srv->engine, t);
-    if (rc != 0) {
-        char msg[160];
-        int status = 500;
-        if (rc == THAW_ECTXFULL) {
-            status = 400;
-            w->too_long(msg, sizeof msg, n_prompt, thaw_engine_n_ctx_slot(srv->engine));
-        } else if (rc == THAW_EBUSY) {
-            status = 503;
-            snprintf(msg, sizeof msg, "the server is busy: every slot is working and the queue is full; retry later");
-        } else if (rc == THAW_ESHUTDOWN) {
-            status = 503;
-            snprintf(msg, sizeof msg, "the server is shutting down");
-        } else {
-            snprintf(msg, sizeof msg, "%s", thaw_strerror(rc));
-        }
-        if (rc == THAW_ECTXFULL && w->error_json == thaw_api_error_json) /* llama-server's shape, with the numbers */
-            set_json(r, 400, thaw_api_ctx_error_json(msg, n_prompt, thaw_engine_n_ctx_slot(srv->engine)));
-        else
-            set_wire_error(r, w, status, msg);
+/* Submits t, or answers the engine's refusal in r (then t's reference is
+ * dropped). Returns the engine's rc. */
+static int submit(struct server *srv, struct thaw_task *t, struct thaw_http_response *r, const struct wire *w)
+{
+    int rc = thaw_engine_submit(srv->engine, t);
+
+    if (rc == 0) {
+        atomic_fetch_add(&srv->metrics.chat_requests, 1);
+        return 0;
+    }
+    char msg[160];
+    int status = 500;
+    if (rc == THAW_ECTXFULL) {
+        status = 400;
+        w->too_long(msg, sizeof msg, t->n_prompt, thaw_engine_n_ctx_slot(srv->engine));
+    } else if (rc == THAW_EBUSY) {
+        status = 503;
+        snprintf(msg, sizeof msg, "the server is busy: every slot is working and the queue is full; retry later");
+    } else if (rc == THAW_ESHUTDOWN) {
+        status = 503;
+        snprintf(msg, sizeof msg, "the server is shutting down");
+    } else {
+        snprintf(msg, sizeof msg, "%s", thaw_strerror(rc));
+    }
+    if (rc == THAW_ECTXFULL && w->error_json == thaw_api_error_json) /* llama-server's shape, with the numbers */
+        set_json(r, 400, thaw_api_ctx_error_json(msg, t->n_prompt, thaw_engine_n_ctx_slot(srv->engine)));
+    else
+        set_wire_error(r, w, status, msg);
+    thaw_task_release(t);
+    return rc;
+}
+
+static void serve_chat(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
+                       struct thaw_http_response *r, const struct wire *w)
+{
+    struct thaw_task *t = build_task(srv, hr, ns, r, w);
+    struct deferred *d = NULL;
+
+    if (!t)
+        return;
+    int n = t->req.n_choices;
+    if (n > 1 && (t->req.stream || (w != &wire_chat && w != &wire_completions))) {
+        set_wire_error(r, w, 400,
+                       t->req.stream ? "'n' > 1 is served without streaming: send 'stream': false, or one request per choice"
+                                     : "'n' > 1 is for /v1/chat/completions and /v1/completions");
         thaw_task_release(t);
         return;
     }
-    atomic_fetch_add(&srv->metrics.chat_requests, 1);
+    if (submit(srv, t, r, w) != 0)
+        return;
 
     if (t->req.stream) {
         char id[48];
@@ -592,15 +701,25 @@ static void serve_chat(struct server *srv, const struct thaw_http_request *hr, c
         return;
     }
     /* the connection sleeps until the engine is done (no thread waits) */
-    struct deferred *d = malloc(sizeof *d);
-    if (!d) {
+    if (!(d = calloc(1, sizeof *d))) {
         thaw_task_abandon(t);
         set_wire_error(r, w, 500, "out of memory");
         return;
     }
-    d->task = t;
+    d->task[d->n_tasks++] = t;
     d->wire = w;
     d->srv = srv;
+    /* n > 1: each further choice is a task of its own, built from the same
+     * body (its own sampler and seed); they queue for slots like any
+     * request, and after the first the prompt is usually a cache hit */
+    while (d->n_tasks < n) {
+        struct thaw_task *ti = build_task(srv, hr, ns, r, w);
+        if (!ti || submit(srv, ti, r, w) != 0) {
+            deferred_free(d); /* r holds the answer */
+            return;
+        }
+        d->task[d->n_tasks++] = ti;
+    }
     r->defer = true;
     r->resume = chat_resume;
     r->defer_ud = d;

@@ -60,6 +60,15 @@ struct thaw_stream {
     size_t n_pending, off_pending, cap_pending;
     bool opened, finished;
     int cache_n;      /* from the news that opened the stream */
+    size_t n_news;    /* the task's text length at the last news turned into events */
+    int n_progress;   /* the task's progress reports sent (return_progress) */
+
+    /* the request's logprobs (logprobs.h): entries before lp_from are sent;
+     * a writer takes those that go with the text as of this refill */
+    size_t lp_from;
+    size_t lp_text;   /* the reply's bytes handed out, as of this refill */
+    size_t text_from; /* where this refill's text starts in the reply */
+    bool lp_done;
 
     /* Anthropic's content block, or the Responses API's output item, now open */
     enum block block;
@@ -147,6 +156,40 @@ static int emit(struct thaw_stream *st, const char *event, json_t *v)
     return emit_text(st, event, s);
 }
 
+/* ---- probabilities --------------------------------------------------------------------- */
+
+/* The entries that go with the text so far and are not yet sent (marked
+ * sent): llama-server's array, or with `legacy` OpenAI completions'
+ * object. NULL on ENOMEM. */
+static json_t *lp_take(struct thaw_stream *st, bool legacy)
+{
+    size_t to;
+    json_t *v = thaw_task_logprobs(st->task, st->lp_from, st->lp_text, st->lp_done, legacy, &to);
+
+    if (v)
+        st->lp_from = to;
+    return v;
+}
+
+/* Sets choices[0].logprobs of the chunk `chunk` (JSON text, taken) to the
+ * entries not yet sent: {"content": [...]} (chat) or the legacy object;
+ * the chunk as it was when the request wants none. */
+static char *lp_attach(struct thaw_stream *st, char *chunk, bool legacy)
+{
+    if (!chunk || !st->task->req.logprobs)
+        return chunk;
+    json_t *root = json_loads(chunk, 0, NULL), *choice = json_array_get(json_object_get(root, "choices"), 0);
+    json_t *lp = choice ? lp_take(st, legacy) : NULL;
+    char *out = NULL;
+
+    if (lp)
+        json_object_set_new(choice, "logprobs", legacy ? lp : json_pack("{s:o}", "content", lp));
+    out = lp ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    free(chunk);
+    return out;
+}
+
 /* ---- OpenAI chat ---------------------------------------------------------------------- */
 
 static int chat_open(struct thaw_stream *st, const struct thaw_task_news *nw)
@@ -161,14 +204,18 @@ static int chat_delta(struct thaw_stream *st, json_t *diff)
     char *chunk = ds ? thaw_api_chunk_delta_json(st->id, st->model, st->created, ds) : NULL;
 
     free(ds);
-    return emit_text(st, NULL, chunk);
+    return emit_text(st, NULL, lp_attach(st, chunk, false));
 }
 
 static int chat_close(struct thaw_stream *st)
 {
     struct thaw_task *t = st->task;
-    int rc = emit_text(st, NULL, thaw_api_chunk_json(st->id, st->model, st->created, NULL, NULL, t->finish_reason,
-                                                     &t->timings, t->n_prompt, false));
+    /* entries of text no delta carried (a parser that held it to the end) */
+    char *last = thaw_api_chunk_json(st->id, st->model, st->created, NULL, NULL, t->finish_reason, &t->timings,
+                                     t->n_prompt, false);
+    size_t to;
+    json_decref(t->req.logprobs ? thaw_task_logprobs(t, st->lp_from, st->lp_text, true, false, &to) : NULL);
+    int rc = emit_text(st, NULL, t->req.logprobs && to > st->lp_from ? lp_attach(st, last, false) : last);
 
     if (rc == 0 && t->req.include_usage)
         rc = emit_text(st, NULL, thaw_api_chunk_json(st->id, st->model, st->created, NULL, NULL, NULL, &t->timings,
@@ -560,21 +607,78 @@ static const char *diff_text(json_t *diff)
 static int oai_cmpl_delta(struct thaw_stream *st, json_t *diff)
 {
     return emit_text(st, NULL,
-                     thaw_api_text_completion_chunk_json(st->id, st->model, st->created, diff_text(diff), NULL, 0, NULL));
+                     lp_attach(st,
+                               thaw_api_text_completion_chunk_json(st->id, st->model, st->created, diff_text(diff),
+                                                                   NULL, 0, NULL),
+                               true));
 }
 
 static int oai_cmpl_close(struct thaw_stream *st)
 {
     struct thaw_task *t = st->task;
-    int rc = emit_text(st, NULL, thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", t->finish_reason,
-                                                                     t->n_prompt, &t->timings));
+    int rc = emit_text(st, NULL,
+                       lp_attach(st,
+                                 thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "",
+                                                                     t->finish_reason, t->n_prompt, &t->timings),
+                                 true));
 
     return rc ? rc : pending_put(st, "data: [DONE]\n\n", 14);
 }
 
+/* One /completion piece; with `probs` (taken) its completion_probabilities. */
+static int llama_cmpl_piece(struct thaw_stream *st, const char *text, json_t *probs)
+{
+    char *chunk = thaw_api_llama_completion_json(st->model, text, false, NULL, NULL, 0, NULL);
+    json_t *root = chunk && probs ? json_loads(chunk, 0, NULL) : NULL;
+
+    if (root) {
+        json_object_set(root, "completion_probabilities", probs);
+        free(chunk);
+        chunk = json_dumps(root, JSON_COMPACT);
+    } else if (probs) {
+        free(chunk);
+        chunk = NULL;
+    }
+    json_decref(root);
+    json_decref(probs);
+    return emit_text(st, NULL, chunk);
+}
+
+/* With n_probs, llama-server sends one piece per token, each with that
+ * token's entry: the text is cut at the entries' ends, read from the
+ * reply's bytes (a piece may end inside a character; what follows the last
+ * entry waits for its token, unless the reply is done). */
 static int llama_cmpl_delta(struct thaw_stream *st, json_t *diff)
 {
-    return emit_text(st, NULL, thaw_api_llama_completion_json(st->model, diff_text(diff), false, NULL, NULL, 0, NULL));
+    size_t off = st->text_from, n_text = st->lp_text;
+    uint32_t start, end;
+    int rc = 0;
+
+    if (!st->task->req.logprobs)
+        return llama_cmpl_piece(st, diff_text(diff), NULL);
+    while (rc == 0 && thaw_task_logprob_span(st->task, st->lp_from, &start, &end) &&
+           (end <= n_text || (st->lp_done && start < n_text))) {
+        size_t cut = end < n_text ? end : n_text;
+        if (cut < off)
+            cut = off;
+        char *piece = thaw_task_text(st->task, off, cut);
+        size_t to;
+        json_t *probs = piece ? thaw_task_logprobs(st->task, st->lp_from, SIZE_MAX, true, false, &to) : NULL;
+        while (probs && json_array_size(probs) > 1) /* this entry only */
+            json_array_remove(probs, json_array_size(probs) - 1);
+        rc = probs ? llama_cmpl_piece(st, piece, probs) : THAW_ENOMEM;
+        free(piece);
+        st->lp_from++;
+        off = cut;
+    }
+    if (rc == 0 && off < n_text && st->lp_done) { /* text no token of its own stands for */
+        char *piece = thaw_task_text(st->task, off, n_text);
+        rc = piece ? llama_cmpl_piece(st, piece, NULL) : THAW_ENOMEM;
+        free(piece);
+        off = n_text;
+    }
+    st->n_seen = off; /* the rest comes again with the next news */
+    return rc;
 }
 
 static int llama_cmpl_close(struct thaw_stream *st)
@@ -587,6 +691,35 @@ static int llama_cmpl_close(struct thaw_stream *st)
 
 static const struct writer oai_cmpl_writer = {false, cmpl_open, oai_cmpl_delta, oai_cmpl_close, chat_fail};
 static const struct writer llama_cmpl_writer = {false, cmpl_open, llama_cmpl_delta, llama_cmpl_close, chat_fail};
+
+/* llama-server's prompt_progress chunk (return_progress): in the chat
+ * stream a role delta, in a completions stream an empty piece, each with
+ * {total, cache, processed, time_ms}; the other wires send none. */
+static int progress_chunk(struct thaw_stream *st, const struct thaw_task_progress *p, int cache_n)
+{
+    struct thaw_task *t = st->task;
+    char *chunk = NULL;
+
+    if (st->w == &chat_writer)
+        chunk = thaw_api_chunk_json(st->id, st->model, st->created, "assistant", NULL, NULL, NULL, 0, false);
+    else if (st->w == &oai_cmpl_writer)
+        chunk = thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", NULL, 0, NULL);
+    else if (st->w == &llama_cmpl_writer)
+        chunk = thaw_api_llama_completion_json(st->model, "", false, NULL, NULL, 0, NULL);
+    else
+        return 0;
+    json_t *root = chunk ? json_loads(chunk, 0, NULL) : NULL;
+    free(chunk);
+    if (!root)
+        return THAW_ENOMEM;
+    if (st->w == &chat_writer) /* llama-server's role delta says content null */
+        json_object_set_new(json_object_get(json_array_get(json_object_get(root, "choices"), 0), "delta"), "content",
+                            json_null());
+    json_object_set_new(root, "prompt_progress",
+                        json_pack("{s:i, s:i, s:i, s:I}", "total", t->n_prompt, "cache", cache_n, "processed",
+                                  p->processed, "time_ms", (json_int_t)p->time_ms));
+    return emit(st, NULL, root);
+}
 
 /* Produces the next events. Returns 0, STREAM_NOTHING_YET (the engine has
  * no news: wait for its wake) or THAW_ENOMEM. Never blocks. */
@@ -609,11 +742,26 @@ static int refill(struct thaw_stream *st)
     }
     if ((rc = thaw_task_news(t, parser ? 0 : st->n_seen, &nw)) != 0)
         return rc;
-    if (!nw.done && nw.n_text <= st->n_seen) {
+    if (st->n_progress < nw.n_progress) { /* prefill batches come before any text */
+        struct thaw_task_progress p;
+        while (rc == 0 && st->n_progress < nw.n_progress && thaw_task_progress_at(t, st->n_progress, &p)) {
+            rc = progress_chunk(st, &p, nw.cache_n);
+            st->n_progress++;
+        }
+        if (rc != 0 || (!nw.done && nw.n_text <= st->n_news)) {
+            free(nw.text);
+            return rc;
+        }
+    }
+    if (!nw.done && nw.n_text <= st->n_news) {
         free(nw.text);
         return STREAM_NOTHING_YET;
     }
-    st->n_seen = nw.n_text;
+    st->n_news = nw.n_text;
+    st->text_from = st->n_seen;
+    st->n_seen = nw.n_text; /* a writer may keep some back (llama_cmpl_delta) */
+    st->lp_text = nw.n_text;
+    st->lp_done = nw.done;
     if (parser) {
         /* content, reasoning and tool calls: parse what exists so far and
          * send what changed (the final parse is the engine's) */

@@ -262,3 +262,67 @@ def test_completion_response_fields(serve):
     assert r["content"] == full["content"] and r["generation_settings/n_predict"] == 8
     assert r["timings/predicted_n"] == full["tokens_predicted"]
     assert r["prompt"].endswith(prompt) and len(r["prompt"]) > len(prompt)  # BOS rendered, as llama-server
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/completion"])
+def test_return_progress_reports_every_prefill_batch(serve, path):
+    """llama-server's prompt_progress: one report when the slot has chosen
+    what to reuse (cache == processed), then one per prefill batch,
+    processed growing to total; a second turn reports its reuse."""
+    s = serve("llama", "-b", "64", "-ub", "64", "-np", "1", "-c", "1024")
+    body = {"max_tokens": 4, "temperature": 0, "stream": True, "return_progress": True}
+    if path == "/v1/chat/completions":
+        body["messages"] = [user("This is a test " * 40)]
+    else:
+        body["prompt"] = "This is a test " * 40
+
+    def reports():
+        out = [c["prompt_progress"] for c in events(s.post(path, body, stream=True)) if "prompt_progress" in c]
+        assert out, "no prompt_progress"
+        first, last = out[0], out[-1]
+        assert first["cache"] == first["processed"] and last["processed"] == last["total"]
+        assert all(p["total"] == first["total"] and p["cache"] == first["cache"] for p in out)
+        assert all(b["processed"] > a["processed"] for a, b in zip(out, out[1:]))
+        assert all(b["time_ms"] >= a["time_ms"] for a, b in zip(out, out[1:]))
+        assert len(out) == 1 + -(-(first["total"] - first["cache"]) // 64)  # 64-token batches
+        return out
+
+    cold = reports()
+    assert cold[0]["cache"] == 0 and cold[0]["total"] > 128  # three batches at least
+    warm = reports()
+    assert warm[0]["cache"] > 0 and len(warm) == 2
+    # without return_progress (or not streamed) nothing changes
+    body["return_progress"] = False
+    assert not [c for c in events(s.post(path, body, stream=True)) if "prompt_progress" in c]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_n_choices(serve, path):
+    """'n': one generation per choice, each a task of its own on the slots
+    (forced onto one slot: they queue, the scheduler does not lock up);
+    greedy choices are the same reply, sampled ones each their own."""
+    s = serve("llama", "-np", "2", "-c", "1024")
+    body = {"max_tokens": 8, "n": 3, "temperature": 0, "id_slot": 0}
+    if path == "/v1/chat/completions":
+        body["messages"] = BOOK
+        content = lambda c: c["message"]["content"]  # noqa: E731
+    else:
+        body["prompt"] = "What is the best book"
+        content = lambda c: c["text"]  # noqa: E731
+    one = s.post(path, {**body, "n": 1}).json()
+    for _ in range(2):
+        r = s.post(path, body)
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"]
+        assert [c["index"] for c in ch] == [0, 1, 2]
+        assert all(content(c) == content(one["choices"][0]) for c in ch)
+        assert r.json()["usage"]["completion_tokens"] == 3 * one["usage"]["completion_tokens"]
+    r = s.post(path, {**body, "n": 4, "temperature": 1.0, "id_slot": -1, "max_tokens": 16, "logprobs": True}
+               if path == "/v1/chat/completions" else {**body, "n": 4, "temperature": 1.0, "id_slot": -1,
+                                                        "max_tokens": 16, "logprobs": 1})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"]
+    assert len(ch) == 4 and all(c["logprobs"] for c in ch)
+    assert len({content(c) for c in ch}) > 1  # each choice sampled with its own random seed
+    for bad in ({**body, "n": 2, "stream": True}, {**body, "n": 0}, {**body, "n": 9}):
+        assert s.post(path, bad).status_code == 400

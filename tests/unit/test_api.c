@@ -207,13 +207,27 @@ static void test_agent_fields(void **state)
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"yaml\"}}", "'response_format.type'"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\"}}", "json_schema.schema"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[]}", "'chat_template_kwargs'"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", "'logprobs'"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", "'n'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":3}", "'logprobs'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", "'top_logprobs' requires"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", "'top_logprobs'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n_probs\":101}", "'n_probs'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":9}", "'n'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"return_progress\":1}", "'return_progress'"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", "image_url"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[]}]}", "only assistant"},
         {"{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\",\"tool_calls\":[{\"function\":{\"name\":3}}]}]}", "tool_calls[0].function.name"},
         {"{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":5}]}", "tool_call_id"},
     };
+    /* accepted: logprobs (default 20 candidates, llama-server's), n_probs over it, n, return_progress */
+    static const char okp[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+                             "\"post_sampling_probs\":true,\"n\":3,\"return_progress\":true}";
+    assert_int_equal(thaw_api_parse_chat(okp, strlen(okp), true, &req, err, sizeof err), 0);
+    assert_true(req.logprobs && req.n_probs == 20 && req.post_sampling_probs && req.n_choices == 3 && req.return_progress);
+    thaw_chat_request_free(&req);
+    static const char np[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n_probs\":0,\"logprobs\":true}";
+    assert_int_equal(thaw_api_parse_chat(np, strlen(np), true, &req, err, sizeof err), 0);
+    assert_false(req.logprobs); /* llama-server's n_probs wins: 0 is none */
+    thaw_chat_request_free(&req);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         if (thaw_api_parse_chat(bad[i].body, strlen(bad[i].body), true, &req, err, sizeof err) != THAW_EINVAL)
             fail_msg("accepted: %s", bad[i].body);
