@@ -3,6 +3,7 @@
 
 #include "base/blob.h"
 #include "base/error.h"
+#include "base/workers.h"
 #include "cache/cache_ram.h"
 #include "cache/snapshots.h"
 #include "llama/kvstate.h"
@@ -384,9 +385,10 @@ void thaw_blocks_state_free(struct thaw_blocks_state *s)
  * to start reading it, so a cold disk serves them in parallel); then each
  * is read with preadv straight into its place in the state buffer: its
  * head into a buffer of its own, its K and V runs where they belong. No
- * block is copied twice. The checksums run on another thread, behind the
- * reads and then alongside libllama's copy of the state: the caller
- * installs, then thaw_blocks_state_check() says whether to undo. */
+ * block is copied twice. The checksums run on the disk tier's worker pool
+ * (thaw_disk_cache_workers; none: on the caller's thread at the check),
+ * behind the reads and then alongside libllama's copy of the state: the
+ * caller installs, then thaw_blocks_state_check() says whether to undo. */
 
 struct src {
     void *mem; /* a block still in the writer's queue (a blob reference) */
@@ -408,8 +410,8 @@ struct thaw_blocks_check {
     uint32_t n_ready; /* blocks read so far */
     int aborted;      /* the reader gave up: stop */
     int bad;          /* index of the first block that failed its checksum, or -1 */
-    pthread_t th;
-    int threaded;
+    struct thaw_job job; /* check_main on the disk tier's pool (or the waiter's thread) */
+    int submitted;
 };
 
 /* The checksum of file block k as it lies in the state: its head, then its
@@ -433,7 +435,7 @@ static int block_sum_ok(struct thaw_blocks_check *ck, uint32_t k)
     return ok;
 }
 
-static void *check_main(void *arg)
+static void check_main(void *arg)
 {
     struct thaw_blocks_check *ck = arg;
 
@@ -452,7 +454,6 @@ static void *check_main(void *arg)
             break;
         }
     }
-    return NULL;
 }
 
 static void check_ready(struct thaw_blocks_check *ck, uint32_t n_ready, int aborted)
@@ -488,10 +489,7 @@ static int check_end(struct thaw_blocks_check *ck)
 
     if (!ck)
         return 0;
-    if (ck->threaded)
-        pthread_join(ck->th, NULL);
-    else
-        check_main(ck);
+    thaw_workers_wait(thaw_disk_cache_workers(ck->c), &ck->job); /* not started: runs here */
     bad = ck->bad;
     ck_free(ck, bad);
     return bad >= 0 ? THAW_ECORRUPT : 0;
@@ -726,7 +724,8 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
         ck->src[k].a = k < n_ids ? ck->a : thaw_kvlayout_asm_swa_part(ck->a);
         ck->src[k].pos0 = k < n_ids ? k * block_tokens : swa->pos0 + (k - n_ids) * block_tokens;
     }
-    ck->threaded = pthread_create(&ck->th, NULL, check_main, ck) == 0;
+    (void)thaw_workers_submit(thaw_disk_cache_workers(c), &ck->job, check_main, ck); /* refused: runs at wait */
+    ck->submitted = 1;
     uint32_t ahead = 0; /* files asked for up to here */
     uint64_t asked = 0; /* their bytes past the file being read */
     for (k = 0; k < n_all; k++) {
@@ -756,8 +755,7 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
         }
         if (rc != 0)
             break;
-        if (ck->threaded)
-            check_ready(ck, k + 1, 0);
+        check_ready(ck, k + 1, 0);
     }
     /* the tails must hold exactly the cells past the whole blocks: placed
      * at the next position, and finish checks that every cell is there */
@@ -775,9 +773,9 @@ static int load_blocks(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
                           k < n_all && ck->src[k].f.fd >= 0
                       ? (int)k
                       : -1;
-        if (ck->threaded) {
+        if (ck->submitted) {
             check_ready(ck, 0, 1);
-            pthread_join(ck->th, NULL);
+            thaw_workers_wait(thaw_disk_cache_workers(c), &ck->job);
         }
         if (own0)
             free(head0);

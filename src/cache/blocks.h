@@ -193,8 +193,9 @@ struct thaw_blocks_state {
 void thaw_blocks_state_free(struct thaw_blocks_state *s);
 
 /* The blocks of a loaded state are read straight into place and their
- * checksums computed on another thread while the caller installs the
- * state; this waits for them. Returns 0, or THAW_ECORRUPT: a block did not
+ * checksums computed on the disk tier's worker pool while the caller
+ * installs the state; this waits for them (or computes them here when no
+ * worker has started them). Returns 0, or THAW_ECORRUPT: a block did not
  * match (it has been removed), so the installed state must be undone
  * before anything is decoded from it. Call once, before freeing. */
 int thaw_blocks_state_check(struct thaw_blocks_state *s);

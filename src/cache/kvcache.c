@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/testhooks.h"
+#include "base/workers.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
@@ -32,6 +33,7 @@ struct thaw_kvcache {
     struct thaw_disk_cache *disk; /* NULL = disk tier off */
     struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
     struct thaw_shared *shared;   /* NULL = shared tier off (cache_shared.h) */
+    struct thaw_workers *workers; /* the background pool of all tiers (workers.h); NULL: none started */
     struct thaw_metrics *metrics;
     uint8_t identity[THAW_KEY_BYTES];
     uint32_t block_tokens; /* 0: whole states (also after a layout blocks.c refused) */
@@ -95,6 +97,28 @@ static const struct thaw_vfs *disk_vfs(void)
     return &slow_vfs;
 }
 
+/* The pool the tiers hand their background work to: a disk restore's
+ * .kv verify and its blocks' checksums (one each, both at once), and the
+ * shared tier's parallel GETs (THAW_SHARED_WORKERS). Without it that work
+ * runs on the thread that waits for it: slower, never wrong, so a pool
+ * that does not start is a warning. */
+static void open_workers(struct thaw_kvcache *c, const struct thaw_kvcache_params *kp)
+{
+    struct thaw_workers_params wp = thaw_workers_default_params();
+    int rc;
+
+    wp.n_threads = 2;
+#ifdef THAW_HAVE_SHARED
+    if (kp->shared)
+        wp.n_threads += THAW_SHARED_WORKERS;
+#else
+    (void)kp;
+#endif
+    if ((rc = thaw_workers_new(&wp, &c->workers)) != 0)
+        LOG_WRN("kv-cache: no background threads (%s): checksums and fetches run on the threads that wait for them",
+                thaw_strerror(rc));
+}
+
 static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *kp)
 {
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
@@ -109,6 +133,7 @@ static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *k
     p.log = disk_log;
     p.vfs = disk_vfs();
     p.classify = thaw_blocks_classify; /* blocks and what manifests name: for GC (cache_disk.h) */
+    p.workers = c->workers;            /* a restore's block checksums */
     if ((rc = thaw_disk_cache_open(&p, &c->disk)) != 0) {
         if (rc == THAW_ELOCKED)
             LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw "
@@ -193,6 +218,8 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
     c->snapshots = p->snapshots;
     c->n_window = p->n_window;
     c->n_stream = p->n_stream ? p->n_stream : 1;
+    if (p->disk_dir || p->shared)
+        open_workers(c, p);
     if (p->ram_bytes > 0 && (rc = thaw_ram_cache_new(p->ram_bytes, p->ttl_s, &c->ram)) != 0)
         goto fail;
     if (p->disk_dir && (rc = open_disk(c, p)) != 0)
@@ -202,6 +229,7 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
 #ifdef THAW_HAVE_SHARED
         struct thaw_shared_params sp = *p->shared;
         sp.disk = c->disk;
+        sp.workers = c->workers;
         sp.block_tokens = c->block_tokens;
         sp.prefix_fetch = sp.prefix_fetch && c->prefix_lookup;
         memcpy(sp.identity, c->identity, THAW_KEY_BYTES);
@@ -218,6 +246,7 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
 fail:
     thaw_disk_cache_close(c->disk);
     thaw_ram_cache_free(c->ram);
+    thaw_workers_free(c->workers);
     free(c);
     return rc;
 }
@@ -250,6 +279,7 @@ void thaw_kvcache_close(struct thaw_kvcache *c)
     }
     thaw_disk_cache_close(c->disk); /* writes what is still queued */
     thaw_ram_cache_free(c->ram);
+    thaw_workers_free(c->workers); /* after every tier that hands it work */
     free(c);
 }
 
@@ -267,12 +297,11 @@ struct verify_job {
     int rc;
 };
 
-static void *verify_main(void *arg)
+static void verify_main(void *arg)
 {
     struct verify_job *j = arg;
 
     j->rc = thaw_disk_entry_verify(j->disk, j->entry);
-    return NULL;
 }
 
 /* Installs parts through the sink; a manifest's blocks are read and
@@ -319,17 +348,17 @@ static int install_disk(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES
 {
     struct thaw_part_blob parts[THAW_PART_COUNT];
     struct verify_job job = {c->disk, de, 0};
-    pthread_t th;
+    struct thaw_job vj;
     char hex[17];
     int got;
 
     for (int p = 0; p < THAW_PART_COUNT; p++)
         parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_part)p, &parts[p].size);
-    if (pthread_create(&th, NULL, verify_main, &job) == 0) {
+    if (thaw_workers_submit(c->workers, &vj, verify_main, &job) == 0) {
         got = install_parts(c, parts, sink);
-        pthread_join(th, NULL);
+        thaw_workers_wait(c->workers, &vj); /* not started yet: verified here */
     } else {
-        verify_main(&job); /* no thread: check first, then install */
+        thaw_workers_wait(c->workers, &vj); /* no pool: check first, then install */
         got = job.rc == 0 ? install_parts(c, parts, sink) : job.rc;
     }
     if (got >= 0 && job.rc != 0) {
