@@ -71,6 +71,7 @@
 
 #include "base/key.h"
 #include "cache/cache_disk.h"
+#include "cache/block_reader.h" /* struct thaw_blocks_state: what a load gives */
 #include "cache/cache_ram.h"
 #include "llama/kvlayout.h"
 
@@ -177,27 +178,6 @@ int thaw_blocks_manifest_snaps(const void *manifest, size_t n, const uint8_t **s
  * state, a manifest that does not parse) THAW_DISK_KIND_ROOT naming nothing.
  * This keeps cache_disk.c free of the formats and the formats here. */
 int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs);
-
-/* A restorable state: a .kv blob in kvstate.h's format (header, tokens,
- * then what llama_state_seq_set_data takes), built in place. Free with
- * thaw_blocks_state_free. */
-struct thaw_blocks_state {
-    void *kv; /* a blob (blob.h) */
-    size_t n_kv;
-    int n_tokens;
-    int n_blocks;                    /* blocks read from disk */
-    struct thaw_blocks_check *check; /* checksums still running; see below */
-};
-
-/* Frees s (waiting for its checksums first). */
-void thaw_blocks_state_free(struct thaw_blocks_state *s);
-
-/* The blocks of a loaded state are read straight into place and their
- * checksums computed on another thread while the caller installs the
- * state; this waits for them. Returns 0, or THAW_ECORRUPT: a block did not
- * match (it has been removed), so the installed state must be undone
- * before anything is decoded from it. Call once, before freeing. */
-int thaw_blocks_state_check(struct thaw_blocks_state *s);
 
 /* Builds the state a manifest describes, taking its blocks from the RAM
  * tier `ram` (may be NULL), the disk writer's queue or the disk

@@ -343,6 +343,7 @@ struct job {
 struct thaw_disk_cache {
     char *dir;
     const struct thaw_vfs *vfs;
+    struct thaw_workers *workers; /* borrowed (params) */
     uint64_t max_bytes;
     int64_t ttl_s;
     uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE];
@@ -1340,6 +1341,7 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     c->classify = p->classify;
     c->classify_ud = p->classify_ud;
     c->block_grace_s = p->block_grace_s;
+    c->workers = p->workers;
     if (pthread_mutex_init(&c->mu, NULL)) {
         ret = THAW_ENOMEM;
         goto err_free;
@@ -2345,6 +2347,11 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
         *out = en;
     }
     return ret;
+}
+
+struct thaw_workers *thaw_disk_cache_workers(const struct thaw_disk_cache *c)
+{
+    return c->workers;
 }
 
 void thaw_disk_kv_willneed(const struct thaw_disk_kv_file *f)

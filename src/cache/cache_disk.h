@@ -60,6 +60,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct thaw_workers; /* base/workers.h */
+
 
 /* Open flags. */
 #define THAW_DISK_CACHE_NO_WRITER 0x1u /* no writer thread: submit() fails */
@@ -122,6 +124,11 @@ struct thaw_disk_cache_params {
      * except SHARED, which cannot see a server's holds and queue. 0 =
      * collected at the first eviction pass. */
     int64_t block_grace_s;
+    /* The background pool (workers.h) that work reading this tier's files
+     * beside a request runs on (a restore's block checksums, blocks.c);
+     * not the writer's. Borrowed: must outlive the cache. NULL = that work
+     * runs on the caller's thread. */
+    struct thaw_workers *workers;
 };
 
 #define THAW_DISK_KIND_ROOT 0
@@ -314,6 +321,8 @@ int thaw_disk_cache_open_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KE
 /* Asks the kernel to start reading f (POSIX_FADV_WILLNEED) while the
  * caller reads the files before it. */
 void thaw_disk_kv_willneed(const struct thaw_disk_kv_file *f);
+/* The pool of the params (NULL: none). */
+struct thaw_workers *thaw_disk_cache_workers(const struct thaw_disk_cache *c);
 /* preadv of f at off: bytes read or -errno (THAW_VFS_PREAD for faults). */
 ssize_t thaw_disk_kv_preadv(struct thaw_disk_cache *c, const struct thaw_disk_kv_file *f, const struct iovec *iov,
                             int n_iov, uint64_t off);

@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/testhooks.h"
+#include "base/workers.h"
 #include "cache/blocks.h"
 #include "cache/keys.h"
 #include "cache/s3.h"
@@ -42,6 +43,7 @@
 #define N_FETCHERS 2
 #define FETCH_PARALLEL 4 /* GETs in flight per fetch: a store's round trip, not its bandwidth, bounds small blocks */
 #define FETCH_WINDOW 8   /* blocks fetched ahead of the first not yet installed (memory bound) */
+_Static_assert(THAW_SHARED_WORKERS == N_FETCHERS * (FETCH_PARALLEL - 1), "the pool's share (cache_shared.h)");
 #define FETCH_QUEUE 32
 #define TAKEN_RING 64
 #define SEEN_CAP 65536u            /* block ids the uploader knows the store holds */
@@ -89,6 +91,7 @@ struct thaw_shared {
     char prefix[256]; /* "" or "PREFIX/" (thaw_s3_location's) */
     char *bucket, *endpoint, *access_key, *secret_key, *region;
     struct thaw_disk_cache *disk;
+    struct thaw_workers *workers; /* borrowed: a fetch's parallel GETs */
     long timeout_ms, retry_s;
     uint32_t block_tokens;
     bool prefix_fetch;
@@ -425,7 +428,7 @@ struct run_worker {
     struct thaw_s3 *cli;
 };
 
-static void *run_main(void *arg)
+static void run_main(void *arg)
 {
     struct run_worker *w = arg;
     struct run *r = w->r;
@@ -463,7 +466,6 @@ static void *run_main(void *arg)
         pthread_cond_broadcast(&r->cv);
     }
     pthread_mutex_unlock(&r->mu);
-    return NULL;
 }
 
 /* Fetches and installs ids[0..n) in order. Returns 0 (all installed) or
@@ -475,8 +477,8 @@ static int fetch_run(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PAR
     struct run r = {s, ns, ids, n, deadline_us, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, n, 0,
                     NULL};
     struct run_worker w[FETCH_PARALLEL];
-    pthread_t th[FETCH_PARALLEL];
-    int n_th = 0;
+    struct thaw_job jobs[FETCH_PARALLEL];
+    int n_jobs = 0;
 
     *installed = 0;
     if (n <= 0)
@@ -485,12 +487,13 @@ static int fetch_run(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PAR
         return THAW_ENOMEM;
     for (int i = 0; i < FETCH_PARALLEL; i++)
         w[i] = (struct run_worker){&r, clis[i]};
-    for (int i = 1; i < FETCH_PARALLEL && i < n; i++)
-        if (pthread_create(&th[n_th], NULL, run_main, &w[i]) == 0)
-            n_th++;
+    /* a helper no pool thread has started by the time this thread is done
+     * runs at its wait, finds nothing left and returns */
+    for (int i = 1; i < FETCH_PARALLEL && i < n; i++, n_jobs++)
+        (void)thaw_workers_submit(s->workers, &jobs[n_jobs], run_main, &w[i]);
     run_main(&w[0]); /* this thread is a worker too */
-    for (int i = 0; i < n_th; i++)
-        pthread_join(th[i], NULL);
+    for (int i = 0; i < n_jobs; i++)
+        thaw_workers_wait(s->workers, &jobs[i]);
     for (int k = r.next_install; k < n; k++) /* fetched past a failure: not used */
         for (int p = 0; p < THAW_PART_COUNT; p++)
             thaw_blob_unref(r.res[k].parts[p].data);
@@ -1031,6 +1034,7 @@ int thaw_shared_open(const struct thaw_shared_params *p, struct thaw_shared **ou
     pthread_cond_init(&s->fcv, NULL);
     pthread_cond_init(&s->idle, NULL);
     s->disk = p->disk;
+    s->workers = p->workers;
     s->timeout_ms = p->timeout_ms > 0 ? p->timeout_ms : 2000;
     s->retry_s = p->retry_s > 0 ? p->retry_s : 30;
     s->ucap = p->queue ? p->queue : 64;

@@ -75,7 +75,14 @@ struct thaw_shared_params {
     bool prefix_fetch;       /* a first turn may fetch its prompt's run of blocks */
     uint8_t identity[THAW_KEY_BYTES]; /* the model's (keys.h), bound into every object */
     struct thaw_disk_cache *disk;     /* the local tier: read to upload, written by fetches */
+    struct thaw_workers *workers;     /* background pool (workers.h) a fetch's parallel GETs run
+                                       * on, THAW_SHARED_WORKERS of them at most; borrowed, must
+                                       * outlive the tier. NULL: a fetch's GETs one at a time */
 };
+
+/* Jobs the shared tier may have on the pool at once: its fetch threads
+ * times the GETs each runs beside its own. */
+#define THAW_SHARED_WORKERS 6
 
 /* Reads the secret and the credentials (AWS_ACCESS_KEY_ID,
  * AWS_SECRET_ACCESS_KEY, AWS_REGION), starts the uploader and fetch

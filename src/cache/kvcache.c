@@ -4,7 +4,8 @@
  *   ---- open / close ----  the tiers, the start-up line
  *   ---- lookup ----        RAM, the disk writer's queue, then disk with the .kv
  *                           verified alongside
- *   ---- store ----         fan-out, what RAM keeps
+ *   ---- store ----         fan-out, what RAM keeps; a sequence's blocks cut from
+ *                           the tap, else a capture (thaw_kvcache_store_seq)
  *   ---- metrics ----       prefetch, the disk tier's gauges
  */
 #include "cache/kvcache.h"
@@ -13,12 +14,14 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/testhooks.h"
+#include "base/workers.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
 #include "cache/keys.h"
 #include "cache/snapshots.h"
 #include "llama/kvstate.h"
+#include "llama/kvtap.h"
 
 #include <pthread.h>
 #include <sodium.h>
@@ -32,6 +35,7 @@ struct thaw_kvcache {
     struct thaw_disk_cache *disk; /* NULL = disk tier off */
     struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
     struct thaw_shared *shared;   /* NULL = shared tier off (cache_shared.h) */
+    struct thaw_workers *workers; /* the background pool of all tiers (workers.h); NULL: none started */
     struct thaw_metrics *metrics;
     uint8_t identity[THAW_KEY_BYTES];
     uint32_t block_tokens; /* 0: whole states (also after a layout blocks.c refused) */
@@ -104,6 +108,28 @@ static const struct thaw_vfs *disk_vfs(void)
     return &slow_vfs;
 }
 
+/* The pool the tiers hand their background work to: a disk restore's
+ * .kv verify and its blocks' checksums (one each, both at once), and the
+ * shared tier's parallel GETs (THAW_SHARED_WORKERS). Without it that work
+ * runs on the thread that waits for it: slower, never wrong, so a pool
+ * that does not start is a warning. */
+static void open_workers(struct thaw_kvcache *c, const struct thaw_kvcache_params *kp)
+{
+    struct thaw_workers_params wp = thaw_workers_default_params();
+    int rc;
+
+    wp.n_threads = 2;
+#ifdef THAW_HAVE_SHARED
+    if (kp->shared)
+        wp.n_threads += THAW_SHARED_WORKERS;
+#else
+    (void)kp;
+#endif
+    if ((rc = thaw_workers_new(&wp, &c->workers)) != 0)
+        LOG_WRN("kv-cache: no background threads (%s): checksums and fetches run on the threads that wait for them",
+                thaw_strerror(rc));
+}
+
 static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *kp)
 {
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
@@ -118,6 +144,7 @@ static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *k
     p.log = disk_log;
     p.vfs = disk_vfs();
     p.classify = thaw_blocks_classify; /* blocks and what manifests name: for GC (cache_disk.h) */
+    p.workers = c->workers;            /* a restore's block checksums */
     if ((rc = thaw_disk_cache_open(&p, &c->disk)) != 0) {
         if (rc == THAW_ELOCKED)
             LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw "
@@ -203,6 +230,8 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
     c->n_window = p->n_window;
     c->n_stream = p->n_stream ? p->n_stream : 1;
     c->snapshot_idle_us = (int64_t)p->snapshot_idle_s * 1000000;
+    if (p->disk_dir || p->shared)
+        open_workers(c, p);
     if (p->ram_bytes > 0 && (rc = thaw_ram_cache_new(p->ram_bytes, p->ttl_s, &c->ram)) != 0)
         goto fail;
     if (p->disk_dir && (rc = open_disk(c, p)) != 0)
@@ -216,6 +245,7 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
 #ifdef THAW_HAVE_SHARED
         struct thaw_shared_params sp = *p->shared;
         sp.disk = c->disk;
+        sp.workers = c->workers;
         sp.block_tokens = c->block_tokens;
         sp.prefix_fetch = sp.prefix_fetch && c->prefix_lookup;
         memcpy(sp.identity, c->identity, THAW_KEY_BYTES);
@@ -233,6 +263,7 @@ fail:
     free(c->pending);
     thaw_disk_cache_close(c->disk);
     thaw_ram_cache_free(c->ram);
+    thaw_workers_free(c->workers);
     free(c);
     return rc;
 }
@@ -362,6 +393,7 @@ void thaw_kvcache_close(struct thaw_kvcache *c)
     }
     thaw_disk_cache_close(c->disk); /* writes what is still queued */
     thaw_ram_cache_free(c->ram);
+    thaw_workers_free(c->workers); /* after every tier that hands it work */
     free(c);
 }
 
@@ -379,12 +411,11 @@ struct verify_job {
     int rc;
 };
 
-static void *verify_main(void *arg)
+static void verify_main(void *arg)
 {
     struct verify_job *j = arg;
 
     j->rc = thaw_disk_entry_verify(j->disk, j->entry);
-    return NULL;
 }
 
 /* Installs parts through the sink; a manifest's blocks are read and
@@ -432,17 +463,17 @@ static int install_disk(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES
 {
     struct thaw_part_blob parts[THAW_PART_COUNT];
     struct verify_job job = {c->disk, de, 0};
-    pthread_t th;
+    struct thaw_job vj;
     char hex[17];
     int got;
 
     for (int p = 0; p < THAW_PART_COUNT; p++)
         parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_part)p, &parts[p].size);
-    if (pthread_create(&th, NULL, verify_main, &job) == 0) {
+    if (thaw_workers_submit(c->workers, &vj, verify_main, &job) == 0) {
         got = install_parts(c, parts, sink);
-        pthread_join(th, NULL);
+        thaw_workers_wait(c->workers, &vj); /* not started yet: verified here */
     } else {
-        verify_main(&job); /* no thread: check first, then install */
+        thaw_workers_wait(c->workers, &vj); /* no pool: check first, then install */
         got = job.rc == 0 ? install_parts(c, parts, sink) : job.rc;
     }
     if (got >= 0 && job.rc != 0) {
@@ -813,6 +844,113 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
         thaw_ram_cache_remove(c->ram, supersedes);
     ram_gauges(c);
     return where;
+}
+
+/* The tap as a store's source (blocks.h) for one sequence. */
+struct tap_ud {
+    struct thaw_kvtap *tap;
+    llama_seq_id seq;
+};
+
+static size_t tap_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvtap_block_size(((const struct tap_ud *)ud)->tap, a, b);
+}
+
+static int tap_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_cut(u->tap, u->seq, a, b, dst, cap);
+}
+
+static int tap_known(const void *ud, uint32_t a, uint32_t b)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_known(u->tap, u->seq, a, b);
+}
+
+static size_t tap_swa_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvtap_swa_block_size(((const struct tap_ud *)ud)->tap, a, b);
+}
+
+static int tap_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_swa_cut(u->tap, u->seq, a, b, dst, cap);
+}
+
+static int tap_swa_known(const void *ud, uint32_t a, uint32_t b)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_swa_known(u->tap, u->seq, a, b);
+}
+
+static void drop_parts(struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        thaw_blob_unref(parts[p].data);
+    memset(parts, 0, THAW_PART_COUNT * sizeof *parts);
+}
+
+const char *thaw_kvcache_store_seq(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                                   const uint8_t ns[THAW_KEY_BYTES], const struct thaw_kvcache_seq *seq,
+                                   struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes,
+                                   size_t sizes[THAW_PART_COUNT])
+{
+    const char *where = NULL;
+    char hex[17];
+    int rc;
+
+    thaw_keys_short(key, hex);
+    /* cut from the tap with SWA rows, the blocks hold every position's
+     * window rows: a restore rebuilds the window at any boundary and the
+     * checkpoints (a window each) are not stored (DESIGN §12); they stay
+     * the slot's, for its own rollbacks */
+    bool cut = seq->tap && thaw_kvtap_ready(seq->tap) && thaw_kvcache_cuts_blocks(c);
+    bool swa_rows = cut && thaw_kvtap_has_swa(seq->tap);
+    if (seq->ckpts && !swa_rows &&
+        (rc = seq->ckpts(seq->ckpts_ud, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)
+        goto fail;
+    /* the blocks straight from the cache's memory: as much work on a 16k
+     * history as on a 2k one (kvtap.h) */
+    if (cut) {
+        if (seq->tap_verify)
+            (void)thaw_kvtap_verify(seq->tap, seq->ctx, seq->seq_id, seq->n_tokens, thaw_kvcache_block_tokens(c));
+        struct thaw_blocks_src src = {(uint32_t)seq->n_tokens, tap_size, tap_cut, tap_known,
+                                      &(struct tap_ud){seq->tap, seq->seq_id}, NULL, 0, NULL, NULL, NULL, 0, NULL, 0};
+        if (thaw_kvtap_has_swa(seq->tap)) {
+            /* the SWA rows the tap took as they were written (DESIGN §12) */
+            src.swa_size = tap_swa_size;
+            src.swa_cut = tap_swa_cut;
+            src.swa_known = tap_swa_known;
+            src.n_window = seq->n_swa;
+        }
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            sizes[p] = parts[p].size;
+        where = thaw_kvcache_store_src(c, slot_id, key, ns, seq->toks, seq->n_tokens, &src, parts, supersedes);
+        atomic_fetch_add(where ? &c->metrics->stores_cut : &c->metrics->stores_captured, 1);
+    }
+    if (!where) {
+        /* a capture: its manifest may have to carry the window, and then
+         * the checkpoints go too (store drops them when it need not) */
+        if (seq->ckpts && swa_rows &&
+            (rc = seq->ckpts(seq->ckpts_ud, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)
+            goto fail;
+        if ((rc = thaw_kvstate_capture_reuse(seq->ctx, seq->seq_id, seq->toks, seq->n_tokens, seq->capture,
+                                             seq->capture_cap, &parts[THAW_PART_KV].data,
+                                             &parts[THAW_PART_KV].size)) != 0)
+            goto fail;
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            sizes[p] = parts[p].size;
+        where = thaw_kvcache_store(c, slot_id, key, ns, seq->n_tokens, parts, supersedes);
+    }
+    return where;
+
+fail:
+    LOG_WRN("slot %d: could not capture state for %s: %s", slot_id, hex, thaw_strerror(rc));
+    drop_parts(parts);
+    return NULL;
 }
 
 /* ---- metrics

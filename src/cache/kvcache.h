@@ -12,8 +12,9 @@
  *            dropped from RAM once the disk holds it (a regenerated reply
  *            would look it up again until then)
  *
- * It knows nothing of slots or llama_context: a lookup hands the parts to
- * the caller's install callback. Engine thread only, except
+ * It knows nothing of slots: a lookup hands the parts to the caller's
+ * install callback, and a store of a sequence (thaw_kvcache_store_seq)
+ * takes the llama_context and the tap to cut or capture it from. Engine thread only, except
  * thaw_kvcache_prefetch and thaw_kvcache_metrics (any thread).
  */
 #ifndef THAW_KVCACHE_H
@@ -145,6 +146,41 @@ const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const ui
                                    const uint8_t ns[THAW_KEY_BYTES], const llama_token *toks, int n_tokens,
                                    const struct thaw_blocks_src *src, struct thaw_part_blob parts[THAW_PART_COUNT],
                                    const uint8_t *supersedes);
+
+/* A sequence to store (thaw_kvcache_store_seq): where its attention KV
+ * can come from. */
+struct thaw_kvtap; /* llama/kvtap.h */
+struct thaw_kvcache_seq {
+    struct llama_context *ctx;
+    struct thaw_kvtap *tap; /* the KV cache's memory (kvtap.h); NULL: captures only */
+    bool tap_verify;        /* THAW_HOOK_KVTAP_VERIFY: check the tap against a capture first */
+    uint32_t n_swa;         /* the model's sliding window (llama_model_n_swa), 0: none */
+    int seq_id;
+    const llama_token *toks;
+    int n_tokens;
+    void **capture; /* a capture's buffer, reused once the tiers let go of it (kvstate.h) */
+    size_t *capture_cap;
+    /* the sequence's checkpoints serialised (a blob), for a model that
+     * needs them (SWA, recurrent); NULL: none. Called only when the store
+     * needs them: not for blocks cut with their SWA rows (a restore
+     * rebuilds the window from those). Returns 0 or an error */
+    int (*ckpts)(void *ud, void **data, size_t *size);
+    void *ckpts_ud;
+};
+
+/* The one store path of a sequence: the blocks cut from the tap when it
+ * and the disk's blocks are on and it knows the cells (counted as
+ * stores_cut), else a capture of the sequence (stores_captured when the
+ * tap was tried), with the checkpoints when they are needed, then handed
+ * to the tiers as thaw_kvcache_store. parts[THAW_PART_DFT] may hold the
+ * draft's state (taken, as thaw_kvcache_store takes it); the others must
+ * be empty. sizes gets each part's bytes as handed over (sizes[KV] 0:
+ * blocks cut from the tap). Returns the tiers it went to, or NULL when the
+ * capture failed (logged; nothing stored, the parts dropped). */
+const char *thaw_kvcache_store_seq(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
+                                   const uint8_t ns[THAW_KEY_BYTES], const struct thaw_kvcache_seq *seq,
+                                   struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes,
+                                   size_t sizes[THAW_PART_COUNT]);
 
 /* Starts reading key's disk entry into memory while its request waits for
  * a slot (any thread). Counts a prefetch when it did. */

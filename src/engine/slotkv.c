@@ -6,8 +6,8 @@
  *   ---- cutting back ----              removal, rollback (checkpoints for SWA /
  *                                       recurrent memory)
  *   ---- from and to the cache tiers ---- install a cached state, the lookup
- *                                       (slot, then the tiers), the store (blocks
- *                                       cut from the tap, else a whole capture)
+ *                                       (slot, then the tiers), the store (the
+ *                                       draft's part; the rest kvcache.c's)
  */
 #include "engine/slotkv.h"
 
@@ -331,44 +331,9 @@ int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct
     return got;
 }
 
-/* The tap as a store's source (blocks.h) for one slot. */
-struct tap_ud {
-    struct thaw_kvtap *tap;
-    llama_seq_id seq;
-};
-
-static size_t tap_size(const void *ud, uint32_t a, uint32_t b)
+static int ckpts_cb(void *ud, void **data, size_t *size)
 {
-    return thaw_kvtap_block_size(((const struct tap_ud *)ud)->tap, a, b);
-}
-
-static int tap_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_cut(u->tap, u->seq, a, b, dst, cap);
-}
-
-static int tap_known(const void *ud, uint32_t a, uint32_t b)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_known(u->tap, u->seq, a, b);
-}
-
-static size_t tap_swa_size(const void *ud, uint32_t a, uint32_t b)
-{
-    return thaw_kvtap_swa_block_size(((const struct tap_ud *)ud)->tap, a, b);
-}
-
-static int tap_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_swa_cut(u->tap, u->seq, a, b, dst, cap);
-}
-
-static int tap_swa_known(const void *ud, uint32_t a, uint32_t b)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_swa_known(u->tap, u->seq, a, b);
+    return thaw_ckpt_serialize(&((struct thaw_slot *)ud)->ckpts, data, size);
 }
 
 /* Serialises the slot's state (and its draft's) and hands it to the RAM
@@ -377,78 +342,31 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
 {
     struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
     char hex[17];
-    int rc;
 
     if (s->n_tokens < k->min_tokens || s->n_tokens == 0)
         return;
     thaw_keys_short(s->store_key, hex);
     int64_t t0 = thaw_now_us();
-    /* cut from the tap with SWA rows, the blocks hold every position's
-     * window rows: a restore rebuilds the window at any boundary and the
-     * checkpoints (a window each) are not stored (DESIGN §12); they stay
-     * the slot's, for its own rollbacks */
-    bool cut = thaw_kvtap_ready(k->tap) && thaw_kvcache_cuts_blocks(k->kv);
-    bool swa_rows = cut && thaw_kvtap_has_swa(k->tap);
-    if (k->partial && !swa_rows &&
-        (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0) {
-        LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
-        return;
-    }
     /* the draft catches up with the stored tokens first, so the next turn
      * restores it as far as the target */
     if (k->draft && (thaw_draft_sync(k->draft, s->id, s->tokens, s->n_tokens) < 0 ||
                      thaw_draft_capture(k->draft, s->id, &parts[THAW_PART_DFT].data, &parts[THAW_PART_DFT].size) != 0))
         LOG_WRN("slot %d: draft state not stored with %s: the next turn prefills the draft", s->id, hex);
     const uint8_t *supersedes = s->has_prev_key ? s->prev_key : NULL;
-    size_t sizes[THAW_PART_COUNT];
-    const char *where = NULL;
-    /* the blocks straight from the cache's memory: as much work on a 16k
-     * history as on a 2k one (kvtap.h) */
-    if (cut) {
-        if (k->tap_verify)
-            (void)thaw_kvtap_verify(k->tap, k->ctx, s->id, s->n_tokens, thaw_kvcache_block_tokens(k->kv));
-        struct thaw_blocks_src src = {(uint32_t)s->n_tokens, tap_size, tap_cut, tap_known, &(struct tap_ud){k->tap, s->id},
-                                      NULL, 0, NULL, NULL, NULL, 0, NULL, 0};
-        if (thaw_kvtap_has_swa(k->tap)) {
-            /* the SWA rows the tap took as they were written (DESIGN §12) */
-            src.swa_size = tap_swa_size;
-            src.swa_cut = tap_swa_cut;
-            src.swa_known = tap_swa_known;
-            src.n_window = (uint32_t)k->n_swa;
-        }
-        for (int p = 0; p < THAW_PART_COUNT; p++)
-            sizes[p] = parts[p].size;
-        where = thaw_kvcache_store_src(k->kv, s->id, s->store_key, s->ns, s->tokens, s->n_tokens, &src, parts,
-                                       supersedes);
-        atomic_fetch_add(where ? &k->metrics->stores_cut : &k->metrics->stores_captured, 1);
-    }
-    if (!where) {
-        /* a capture: its manifest may have to carry the window, and then
-         * the checkpoints go too (kvcache.c drops them when it need not) */
-        if (k->partial && swa_rows &&
-            (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0) {
-            LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
-            for (int p = 0; p < THAW_PART_COUNT; p++)
-                thaw_blob_unref(parts[p].data);
-            return;
-        }
-        if ((rc = thaw_kvstate_capture_reuse(k->ctx, s->id, s->tokens, s->n_tokens, &k->capture, &k->capture_cap,
-                                             &parts[THAW_PART_KV].data, &parts[THAW_PART_KV].size)) != 0) {
-            LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
-            for (int p = 0; p < THAW_PART_COUNT; p++)
-                thaw_blob_unref(parts[p].data);
-            return;
-        }
-        for (int p = 0; p < THAW_PART_COUNT; p++)
-            sizes[p] = parts[p].size;
-        where = thaw_kvcache_store(k->kv, s->id, s->store_key, s->ns, s->n_tokens, parts, supersedes);
-    }
+    size_t sizes[THAW_PART_COUNT] = {0, 0, 0};
+    /* blocks cut from the tap, else a capture: kvcache.c's choice */
+    const struct thaw_kvcache_seq seq = {k->ctx,     k->tap,        k->tap_verify, (uint32_t)k->n_swa,
+                                         s->id,      s->tokens,     s->n_tokens,   &k->capture,
+                                         &k->capture_cap, k->partial ? ckpts_cb : NULL, s};
+    const char *where = thaw_kvcache_store_seq(k->kv, s->id, s->store_key, s->ns, &seq, parts, supersedes, sizes);
     /* stored as generated, past where the next turn parts from it: a
      * hybrid's turn-end snapshot there would serve no prompt (the next
      * turn rolls back below it), so it is not kept for later either */
     if (s->store_parts_at > 0)
         thaw_kvcache_slot_drop(k->kv, s->id);
     s->store_parts_at = 0;
+    if (!where)
+        return; /* logged */
     thaw_slot_hold(s, s->store_key);
     thaw_slots_view_stored(s->view, s->id, where);
     s->has_prev_key = false;
