@@ -111,6 +111,27 @@ static int get_int(json_t *root, const char *name, double lo, double hi, double 
     return get_number(root, name, lo, hi, out, present, err, errlen);
 }
 
+/* llama-server's per-request sampling fields; the bounds are --help's */
+const struct thaw_api_smp_field thaw_api_smp_fields[THAW_API_SMP_COUNT] = {
+    [THAW_API_SMP_REPEAT_PENALTY] = {"repeat_penalty", 0, 1e6, false},
+    [THAW_API_SMP_REPEAT_LAST_N] = {"repeat_last_n", -1, 1 << 30, true},
+    [THAW_API_SMP_PRESENCE_PENALTY] = {"presence_penalty", -1e6, 1e6, false},
+    [THAW_API_SMP_FREQUENCY_PENALTY] = {"frequency_penalty", -1e6, 1e6, false},
+    [THAW_API_SMP_TYPICAL_P] = {"typical_p", 0, 1, false},
+    [THAW_API_SMP_TOP_N_SIGMA] = {"top_n_sigma", -1, 1e6, false},
+    [THAW_API_SMP_XTC_PROBABILITY] = {"xtc_probability", 0, 1, false},
+    [THAW_API_SMP_XTC_THRESHOLD] = {"xtc_threshold", 0, 1, false},
+    [THAW_API_SMP_DRY_MULTIPLIER] = {"dry_multiplier", 0, 1e6, false},
+    [THAW_API_SMP_DRY_BASE] = {"dry_base", 1, 1e6, false},
+    [THAW_API_SMP_DRY_ALLOWED_LENGTH] = {"dry_allowed_length", 0, 1 << 30, true},
+    [THAW_API_SMP_DRY_PENALTY_LAST_N] = {"dry_penalty_last_n", -1, 1 << 30, true},
+    [THAW_API_SMP_DYNATEMP_RANGE] = {"dynatemp_range", 0, 1e6, false},
+    [THAW_API_SMP_DYNATEMP_EXPONENT] = {"dynatemp_exponent", 0, 1e6, false},
+    [THAW_API_SMP_MIROSTAT] = {"mirostat", 0, 2, true},
+    [THAW_API_SMP_MIROSTAT_TAU] = {"mirostat_tau", 0, 1e6, false},
+    [THAW_API_SMP_MIROSTAT_ETA] = {"mirostat_eta", 0, 1e6, false},
+};
+
 static int get_bool(json_t *root, const char *name, bool *out, char *err, size_t errlen)
 {
     json_t *v = json_object_get(root, name);
@@ -452,10 +473,12 @@ static int refuse_unsupported(json_t *root, char *err, size_t errlen)
             if (!json_is_string(mo) || strcmp(json_string_value(mo), "text") != 0)
                 return fail(err, errlen, "'modalities' other than \"text\" are not supported");
     }
-    static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
+    static const char *const per_server[][2] = {{"samplers", "--samplers"},
+                                                {"dry_sequence_breakers", "--dry-sequence-breaker"}};
     for (int i = 0; i < 2; i++)
-        if ((v = json_object_get(root, penalties[i])) && json_is_number(v) && json_number_value(v) != 0)
-            return fail(err, errlen, "'%s' is not supported (only 0)", penalties[i]);
+        if ((v = json_object_get(root, per_server[i][0])) && !json_is_null(v))
+            return fail(err, errlen, "'%s' is not supported per request: the server's %s sets it", per_server[i][0],
+                        per_server[i][1]);
     if ((v = json_object_get(root, "functions")) && !json_is_null(v))
         return fail(err, errlen, "'functions' is deprecated and not supported: send 'tools'");
     if ((v = json_object_get(root, "prediction")) && !json_is_null(v))
@@ -697,6 +720,9 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
     out->top_p = NAN;
     out->min_p = NAN;
     out->top_k = -1;
+    for (int i = 0; i < THAW_API_SMP_COUNT; i++)
+        out->smp[i] = NAN;
+    out->ignore_eos = -1;
     out->cache_prompt = default_cache_prompt;
     out->add_generation_prompt = true;
     out->id_slot = -1;
@@ -786,6 +812,18 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
     if (present && d >= 0) {
         out->seed = (uint32_t)d;
         out->has_seed = true;
+    }
+    for (int i = 0; i < THAW_API_SMP_COUNT; i++) {
+        const struct thaw_api_smp_field *f = &thaw_api_smp_fields[i];
+        if ((rc = (f->integer ? get_int : get_number)(root, f->name, f->lo, f->hi, &d, &present, err, errlen)) != 0)
+            goto error;
+        out->smp[i] = present ? d : NAN;
+    }
+    if (json_object_get(root, "ignore_eos") && !json_is_null(json_object_get(root, "ignore_eos"))) {
+        bool b = false;
+        if ((rc = get_bool(root, "ignore_eos", &b, err, errlen)) != 0)
+            goto error;
+        out->ignore_eos = b;
     }
     out->n_choices = 1;
     if ((rc = get_int(root, "n", 1, THAW_API_MAX_N, &d, &present, err, errlen)) != 0)

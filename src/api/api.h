@@ -30,6 +30,37 @@ struct thaw_message {
                     * llama-server passes them); NULL = json */
 };
 
+/* The request's sampling fields beyond temperature/top_p/min_p/top_k/seed,
+ * by llama-server's names (thaw_api_smp_names). */
+enum thaw_api_smp {
+    THAW_API_SMP_REPEAT_PENALTY,
+    THAW_API_SMP_REPEAT_LAST_N,
+    THAW_API_SMP_PRESENCE_PENALTY,
+    THAW_API_SMP_FREQUENCY_PENALTY,
+    THAW_API_SMP_TYPICAL_P,
+    THAW_API_SMP_TOP_N_SIGMA,
+    THAW_API_SMP_XTC_PROBABILITY,
+    THAW_API_SMP_XTC_THRESHOLD,
+    THAW_API_SMP_DRY_MULTIPLIER,
+    THAW_API_SMP_DRY_BASE,
+    THAW_API_SMP_DRY_ALLOWED_LENGTH,
+    THAW_API_SMP_DRY_PENALTY_LAST_N,
+    THAW_API_SMP_DYNATEMP_RANGE,
+    THAW_API_SMP_DYNATEMP_EXPONENT,
+    THAW_API_SMP_MIROSTAT,
+    THAW_API_SMP_MIROSTAT_TAU,
+    THAW_API_SMP_MIROSTAT_ETA,
+    THAW_API_SMP_COUNT
+};
+
+/* Each field's JSON name, bounds, and whether it is an integer. */
+struct thaw_api_smp_field {
+    const char *name;
+    double lo, hi;
+    bool integer;
+};
+extern const struct thaw_api_smp_field thaw_api_smp_fields[THAW_API_SMP_COUNT];
+
 struct thaw_chat_request {
     struct thaw_message *messages; /* n_messages, owned */
     size_t n_messages;
@@ -45,6 +76,11 @@ struct thaw_chat_request {
     int top_k;                     /* -1 = not sent (--top-k) */
     uint32_t seed;
     bool has_seed;
+    /* llama-server's other sampling fields (repeat_penalty, presence_penalty,
+     * dry_multiplier, mirostat, ...), over the server's flags: indexed by
+     * enum thaw_api_smp, NAN = not sent (thaw_api_smp_names) */
+    double smp[THAW_API_SMP_COUNT];
+    int ignore_eos;                /* -1 = not sent (--ignore-eos) */
     char *stop[THAW_API_MAX_STOP]; /* n_stop, owned */
     int n_stop;
     bool cache_prompt;

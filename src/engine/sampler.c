@@ -210,6 +210,30 @@ struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const st
         sp.top_k = req->top_k;
     if (req->has_seed)
         sp.seed = req->seed;
+    const double *f = req->smp;
+#define OVER(i, field)                                                                                                 \
+    if (!isnan(f[i]))                                                                                                  \
+    sp.field = (__typeof__(sp.field))f[i]
+    OVER(THAW_API_SMP_REPEAT_PENALTY, penalty_repeat);
+    OVER(THAW_API_SMP_REPEAT_LAST_N, penalty_last_n);
+    OVER(THAW_API_SMP_PRESENCE_PENALTY, penalty_present);
+    OVER(THAW_API_SMP_FREQUENCY_PENALTY, penalty_freq);
+    OVER(THAW_API_SMP_TYPICAL_P, typ_p);
+    OVER(THAW_API_SMP_TOP_N_SIGMA, top_n_sigma);
+    OVER(THAW_API_SMP_XTC_PROBABILITY, xtc_probability);
+    OVER(THAW_API_SMP_XTC_THRESHOLD, xtc_threshold);
+    OVER(THAW_API_SMP_DRY_MULTIPLIER, dry_multiplier);
+    OVER(THAW_API_SMP_DRY_BASE, dry_base);
+    OVER(THAW_API_SMP_DRY_ALLOWED_LENGTH, dry_allowed_length);
+    OVER(THAW_API_SMP_DRY_PENALTY_LAST_N, dry_penalty_last_n);
+    OVER(THAW_API_SMP_DYNATEMP_RANGE, dynatemp_range);
+    OVER(THAW_API_SMP_DYNATEMP_EXPONENT, dynatemp_exponent);
+    OVER(THAW_API_SMP_MIROSTAT, mirostat);
+    OVER(THAW_API_SMP_MIROSTAT_TAU, mirostat_tau);
+    OVER(THAW_API_SMP_MIROSTAT_ETA, mirostat_eta);
+#undef OVER
+    if (req->ignore_eos >= 0)
+        sp.ignore_eos = req->ignore_eos;
     if (build_settings(&sp, vocab, n_ctx_slot, t->prompt, t->n_prompt, c) != 0) {
         llama_sampler_free(c);
         return NULL;

@@ -198,6 +198,32 @@ def test_penalties_dry_mirostat_and_friends_serve(serve):
     assert content(s)["usage"]["completion_tokens"] > 0
 
 
+def test_a_requests_own_sampling_fields_act_as_the_flags_do(serve):
+    # llama-server's per-request names for the penalties, DRY, typical,
+    # mirostat...: a request that sends them samples what a server started
+    # with the same flags samples (same seed, same machine); before, the
+    # penalties were a 400 and the rest were ignored
+    flags = {"--repeat-penalty": ("repeat_penalty", 1.6), "--repeat-last-n": ("repeat_last_n", 32),
+             "--presence-penalty": ("presence_penalty", 1.2), "--frequency-penalty": ("frequency_penalty", 0.7),
+             "--dry-multiplier": ("dry_multiplier", 0.8), "--typical": ("typical_p", 0.9)}
+    args = [x for k, (_, v) in flags.items() for x in (k, str(v))]
+    fields = {name: v for name, v in flags.values()}
+    by_flags = serve("llama", *args)
+    plain = serve("llama")
+    for seed in (3, 11):
+        want = content(by_flags, temperature=0.9, seed=seed)["choices"][0]["message"]["content"]
+        got = content(plain, temperature=0.9, seed=seed, **fields)["choices"][0]["message"]["content"]
+        assert got == want, (seed, got, want)
+    m = content(serve("llama", "--mirostat", "2", "--mirostat-ent", "3"), temperature=0.9, seed=5)
+    assert content(plain, temperature=0.9, seed=5, mirostat=2, mirostat_tau=3)["choices"] == m["choices"]
+    for bad in ({"mirostat": 3}, {"typical_p": 2}, {"repeat_penalty": "high"}, {"ignore_eos": 1},
+                {"repeat_last_n": 1.5}, {"samplers": ["top_k"]}, {"dry_sequence_breakers": ["\\n"]}):
+        r = plain.post("/v1/chat/completions", {"messages": CONV, "max_tokens": 4, **bad})
+        assert r.status_code == 400 and next(iter(bad)) in r.json()["error"]["message"], (bad, r.text)
+    r = content(plain, temperature=0, ignore_eos=True, max_tokens=40)
+    assert r["usage"]["completion_tokens"] == 40 and r["choices"][0]["finish_reason"] == "length"
+
+
 # ---- KV cache types ------------------------------------------------------------------
 
 def reply(r):
