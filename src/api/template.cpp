@@ -293,41 +293,45 @@ char *thaw_tmpl_diffs(const char *prev_msg_json, const char *next_msg_json, char
 
 /* ---- samplers ---------------------------------------------------------------------- */
 
-int thaw_tmpl_sampler_accept(struct llama_sampler *smpl, llama_token tok, char *err, size_t errlen)
+/* Runs f (returning 0 or a THAW_ error) with every exception caught at the
+ * C boundary: THAW_EINVAL with err set to "what: the exception's message". */
+template <typename F> static int int_call(char *err, size_t errlen, const char *what, F &&f)
 {
     try {
-        llama_sampler_accept(smpl, tok);
-        return 0;
+        return f();
     } catch (const std::exception &e) {
-        set_err(err, errlen, "the grammar rejected a token", e.what());
+        set_err(err, errlen, what, e.what());
     } catch (...) {
-        set_err(err, errlen, "the grammar rejected a token", "unknown error");
+        set_err(err, errlen, what, "unknown error");
     }
     return THAW_EINVAL;
+}
+
+int thaw_tmpl_sampler_accept(struct llama_sampler *smpl, llama_token tok, char *err, size_t errlen)
+{
+    return int_call(err, errlen, "the grammar rejected a token", [&] {
+        llama_sampler_accept(smpl, tok);
+        return 0;
+    });
 }
 
 int thaw_tmpl_sampler_sample(struct llama_sampler *smpl, struct llama_context *ctx, int idx, llama_token *out,
                              char *err, size_t errlen)
 {
-    try {
+    return int_call(err, errlen, "sampling failed", [&] {
         *out = llama_sampler_sample(smpl, ctx, idx);
         return 0;
-    } catch (const std::exception &e) {
-        set_err(err, errlen, "sampling failed", e.what());
-    } catch (...) {
-        set_err(err, errlen, "sampling failed", "unknown error");
-    }
-    return THAW_EINVAL;
+    });
 }
 
 int thaw_tmpl_sampler_sample_cur(struct llama_sampler *smpl, struct llama_context *ctx, int idx, llama_token_data *buf,
                                  int n_vocab, llama_token_data_array *cur, char *err, size_t errlen)
 {
-    try {
+    return int_call(err, errlen, "sampling failed", [&] {
         const float *logits = llama_get_logits_ith(ctx, idx);
         if (!logits) {
             set_err(err, errlen, "sampling failed", "no logits at that row");
-            return THAW_EINVAL;
+            return (int)THAW_EINVAL;
         }
         for (llama_token t = 0; t < n_vocab; t++)
             buf[t] = llama_token_data{t, logits[t], 0.0f};
@@ -335,16 +339,11 @@ int thaw_tmpl_sampler_sample_cur(struct llama_sampler *smpl, struct llama_contex
         llama_sampler_apply(smpl, cur);
         if (cur->selected < 0 || cur->selected >= (int64_t)cur->size) {
             set_err(err, errlen, "sampling failed", "the sampler chain selected no token");
-            return THAW_EINVAL;
+            return (int)THAW_EINVAL;
         }
         llama_sampler_accept(smpl, cur->data[cur->selected].id);
         return 0;
-    } catch (const std::exception &e) {
-        set_err(err, errlen, "sampling failed", e.what());
-    } catch (...) {
-        set_err(err, errlen, "sampling failed", "unknown error");
-    }
-    return THAW_EINVAL;
+    });
 }
 
 /* ---- build ------------------------------------------------------------------- */
