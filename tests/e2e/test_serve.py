@@ -143,7 +143,7 @@ BAD = [
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "'stream'"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stop": [1]}', 400, "stop[0]"),
     (b'{"messages": [{"role": "user", "content": "x"}], "top_k": 1.5}', 400, "'top_k'"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "'n'"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "n": 9}', 400, "'n'"),
     (b'{"messages": [{"role": "user", "content": "\\u0000x"}], "x": 1, "x": 2}', 400, "not valid JSON"),
 ]
 
