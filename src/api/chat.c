@@ -789,6 +789,33 @@ int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_req
     return 0;
 }
 
+int thaw_chat_gen_prompt_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req)
+{
+    static const char *const one[1] = {"{\"role\":\"user\",\"content\":\"a\"}"};
+    /* without the tools, choice and schema: they render before the
+     * messages, and the generation prompt does not depend on them */
+    struct thaw_chat_request bare = *req;
+    llama_token *tg = NULL, *th = NULL;
+    int ng = 0, nh = 0, n = 0;
+    char *ing = NULL, *inh = NULL;
+
+    if (req->raw || !req->add_generation_prompt || req->continue_final)
+        return 0;
+    bare.tools_json = NULL;
+    bare.tool_choice = NULL;
+    bare.tool_choice_name = NULL;
+    bare.json_schema = NULL;
+    if ((ing = inputs_json(chat, &bare, 0, one, 1, true, false)) &&
+        (inh = inputs_json(chat, &bare, 0, one, 1, false, false)) && render_input(chat, ing, &tg, &ng) == 0 &&
+        render_input(chat, inh, &th, &nh) == 0)
+        n = ng - thaw_lcp(tg, ng, th, nh);
+    free(ing);
+    free(inh);
+    free(tg);
+    free(th);
+    return n > 0 ? n : 0;
+}
+
 int thaw_chat_parse_reply(const char *parser, const char *text, bool partial, const char *id_prefix, char **msg_json,
                           char **norm_json, char *err, size_t errlen)
 {

@@ -85,6 +85,15 @@ int thaw_chat_branch_point(const struct thaw_chat *chat, const uint8_t *ns, cons
 int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,
                         llama_token **tokens, int *n_tokens);
 
+/* How many tokens req's generation prompt adds at its prompt's end (the
+ * assistant turn's opening, with the template's reasoning glue such as
+ * "<think>\n" for the request's kwargs), from a one-message rendering
+ * with and without it: a hybrid checkpoints before them, since the next
+ * turn renders the reply as history from there (reasoning stripped) and
+ * parts from what was generated within them. 0 for a raw prompt, an
+ * assistant prefill or a failed rendering. */
+int thaw_chat_gen_prompt_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req);
+
 /* Generated text -> the assistant message the client gets (JSON: role,
  * content (null when empty and there are tool calls), reasoning_content?,
  * tool_calls? with ids `call_<id_prefix><i>`), and its normalised form for

@@ -258,6 +258,19 @@ static bool snapshot_at(const struct thaw_engine *e, const struct thaw_slot *s, 
     return p == t->n_branch || (e->cfg->checkpoint_every > 0 && p % e->cfg->checkpoint_every == 0);
 }
 
+/* A hybrid's prefill also stops where its generation prompt starts: the
+ * next turn renders the reply as history from there (the assistant's
+ * opening without "<think>\n", say), so the canonical form (slotkv.h) can
+ * only be re-decoded from a checkpoint at or before it. In RAM only: the
+ * turn's stored end supersedes it. */
+static bool gen_prompt_at(const struct thaw_engine *e, const struct thaw_slot *s, int p)
+{
+    const struct thaw_task *t = s->task;
+
+    return e->recurrent && e->cfg->ctx_checkpoints > 0 && t && t->n_gen_prompt > 0 && p > 0 &&
+           p == t->n_prompt - t->n_gen_prompt;
+}
+
 /* Fills e->batch: first the next token of every generating slot (so
  * generation never waits behind a long prompt), then prompt tokens, then
  * FIXUP tokens (nobody waits for those). */
@@ -286,7 +299,7 @@ static void build_batch(struct thaw_engine *e)
         const struct thaw_task *t = s->task;
         while (s->n_prompt_done + s->n_in_batch < t->n_prompt && b->n_tokens < e->n_batch) {
             int p = s->n_prompt_done + s->n_in_batch;
-            if (s->n_in_batch > 0 && snapshot_at(e, s, p))
+            if (s->n_in_batch > 0 && (snapshot_at(e, s, p) || gen_prompt_at(e, s, p)))
                 break; /* checkpointed after this decode (after_decode) */
             bool last = p == t->n_prompt - 1;
             if (last)
@@ -381,12 +394,16 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
 
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
-        /* a prefill that stopped at a snapshot position: keep the state there */
-        if (s->phase != THAW_SLOT_PREFILL || s->n_in_batch == 0 || s->i_batch >= 0 || !snapshot_at(e, s, s->n_tokens))
+        /* a prefill that stopped at a snapshot position or before the
+         * generation prompt: keep the state there */
+        if (s->phase != THAW_SLOT_PREFILL || s->n_in_batch == 0 || s->i_batch >= 0)
+            continue;
+        bool snap = snapshot_at(e, s, s->n_tokens);
+        if (!snap && !gen_prompt_at(e, s, s->n_tokens))
             continue;
         if (thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
             LOG_WRN("slot %d: could not take a context checkpoint", s->id);
-        else
+        else if (snap)
             s->ckpts.v[s->ckpts.n - 1].flags |= THAW_CKPT_SNAPSHOT; /* stored as one (snapshots.h) */
     }
     for (int i = 0; i < e->n_slots; i++) {
@@ -730,6 +747,10 @@ const char *thaw_engine_model_name(const struct thaw_engine *e) { return e->mode
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; }
 int thaw_engine_max_token_bytes(const struct thaw_engine *e) { return e->max_token_bytes; }
 int thaw_engine_n_ctx_train(const struct thaw_engine *e) { return llama_model_n_ctx_train(e->model); }
+bool thaw_engine_recurrent(const struct thaw_engine *e)
+{
+    return e->recurrent;
+}
 uint64_t thaw_engine_n_params(const struct thaw_engine *e) { return llama_model_n_params(e->model); }
 void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta *m)
 {

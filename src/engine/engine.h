@@ -47,6 +47,8 @@ int thaw_engine_n_ctx_slot(const struct thaw_engine *e);
 /* The longest text any one token stands for, in bytes (>= 1). */
 int thaw_engine_max_token_bytes(const struct thaw_engine *e);
 int thaw_engine_n_ctx_train(const struct thaw_engine *e);
+/* Recurrent or hybrid memory: rolls back only to a checkpoint. */
+bool thaw_engine_recurrent(const struct thaw_engine *e);
 uint64_t thaw_engine_n_params(const struct thaw_engine *e);
 /* The model's numbers GET /v1/models reports. */
 void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta *m);

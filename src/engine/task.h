@@ -33,6 +33,8 @@ struct thaw_task {
     char id_prefix[16];            /* tool-call ids are call_<id_prefix><i> */
     int n_branch;                  /* prompt tokens of the leading system/developer/tool messages
                                     * (thaw_chat_branch_point): where a hybrid snapshots; 0 none */
+    int n_gen_prompt;              /* hybrids: tokens the generation prompt adds at the prompt's end
+                                    * (thaw_chat_gen_prompt_tokens), checkpointed before; 0 none */
     bool has_lookup_key;           /* the conversation has an assistant message */
     uint8_t lookup_key[THAW_KEY_BYTES];
     uint8_t binding[THAW_KEY_BYTES]; /* to derive the store key from the reply */

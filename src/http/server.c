@@ -608,6 +608,8 @@ static struct thaw_task *build_task(struct server *srv, const struct thaw_http_r
     bool branch_remembered;
     t->n_branch =
         thaw_chat_branch_point(thaw_engine_chat(srv->engine), ns, &t->req, t->prompt, t->n_prompt, &branch_remembered);
+    if (thaw_engine_recurrent(srv->engine))
+        t->n_gen_prompt = thaw_chat_gen_prompt_tokens(thaw_engine_chat(srv->engine), &t->req);
     /* max_tokens 0: nothing to generate, answered after one token as OpenAI does */
     t->max_tokens = t->req.max_tokens > 0 ? t->req.max_tokens : t->req.max_tokens == 0 ? 1 : srv->cfg.n_predict;
     memcpy(t->ns, ns, THAW_KEY_BYTES);

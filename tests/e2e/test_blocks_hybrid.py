@@ -282,9 +282,7 @@ def test_two_conversations_alternating_restore_each_others_handover_snapshot(ser
 def test_turn_ends_kept_while_the_slot_keeps_the_conversation(serve, hybrids, tmp_path, arch):
     """One conversation keeps its slot for two turns: no turn-end snapshot
     is written (only the branch point's, shared by new conversations);
-    turn 1's is superseded by turn 2's store. (qwen35's turn 2 is stored as
-    generated: its unterminated reasoning parts from the canonical form
-    inside the prompt, so its own end is dropped too: no prompt presents it.)"""
+    turn 1's is superseded by turn 2's store."""
     model = hybrids[arch]
     conv = [system(), ask(80)]
     asks = [ask(81)]
@@ -306,6 +304,39 @@ def test_turn_ends_kept_while_the_slot_keeps_the_conversation(serve, hybrids, tm
             break
         time.sleep(0.05)
     assert snapshots_on_disk(tmp_path) == 1, os.listdir(tmp_path)  # the branch point's
+    s.stop()
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_each_turn_resumes_at_the_last_ones_end_in_its_slot(serve, hybrids, tmp_path, arch):
+    """A conversation that keeps its slot resumes each turn where the last
+    one ended, its reply included as the next prompt renders it. qwen35's
+    reply is reasoning the history drops, so its history form parts from
+    what was generated inside the generation prompt ("<think>\n"): the
+    engine checkpoints where the generation prompt starts, and the turn's
+    canonical form is re-decoded from there. (Without that checkpoint each
+    qwen35 turn rolled back to the system prompt's end and prefilled the
+    whole conversation again.)"""
+    model = hybrids[arch]
+    conv = [system(), ask(90)]
+    asks = [ask(91), ask(92)]
+    ref = resident(serve, model, conv, asks)
+
+    s = serve(model, *flags(tmp_path))
+    got = []
+    for k in range(3):
+        r = chat(s, turns(conv, got, asks[:k]))
+        assert out(r) == out(ref[k]), (k, s.log())
+        if k:
+            t, n_prev = r["timings"], got[-1]["usage"]["prompt_tokens"]
+            # the last prompt and the reply's history form from the slot;
+            # prefilled: only this turn's own message
+            assert t["cache_source"] == "slot", (k, t, s.log())
+            assert t["cache_n"] > n_prev, (k, t, n_prev, s.log())
+            assert t["prompt_n"] < 64, (k, t)
+        got.append(r)
+        wait_stored(s, k + 1)
+    assert "cannot roll back there" not in s.log()
     s.stop()
 
 
