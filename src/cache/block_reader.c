@@ -6,6 +6,7 @@
 #include "base/blob.h"
 #include "base/error.h"
 #include "base/workers.h"
+#include "cache/tiers.h"
 #include "llama/kvstate.h"
 
 #include <limits.h>
@@ -298,18 +299,10 @@ int thaw_block_reader_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram
     /* open them all first (blocks the RAM tier or the writer's queue holds
      * are copied from memory) */
     for (k = 0; k < n_all; k++) {
-        struct thaw_part_blob pend[THAW_PART_COUNT];
         const uint8_t *id = k < n_ids ? ids[k] : swa->sids[k - n_ids];
-        if ((ck->src[k].mem = thaw_ram_cache_block(ram, id, &ck->src[k].n_mem)) != NULL) {
-            continue; /* the RAM tier's copy */
-        } else if (thaw_disk_cache_pending(c, id, pend) == 0) {
-            for (int p = 1; p < THAW_PART_COUNT; p++)
-                thaw_blob_unref(pend[p].data);
-            ck->src[k].mem = pend[THAW_PART_KV].data;
-            ck->src[k].n_mem = pend[THAW_PART_KV].size;
-        } else if ((rc = thaw_disk_cache_open_kv(c, id, &ck->src[k].f)) != 0) {
+        if (thaw_tiers_held(c, ram, id, &ck->src[k].mem, &ck->src[k].n_mem) != 0 &&
+            (rc = thaw_disk_cache_open_kv(c, id, &ck->src[k].f)) != 0)
             goto fail;
-        }
     }
     /* the kernel starts on the first READ_AHEAD bytes of files now: the
      * heads read next (one per section, cold, before anything can be laid

@@ -1,9 +1,9 @@
 /* block_reader.h — reads a run of blocks into one restorable state
  * (DESIGN §9): the disk side of a restore, under the tier policy.
  *
- * For each block the tier order is the RAM tier's copy, then the disk
- * writer's queue (a block submitted but not yet committed), then its file.
- * Files are opened first (each open starts the kernel's read), read ahead
+ * Each block comes from the first tier that has it, in tiers.h's order:
+ * the RAM tier's copy, the disk writer's queue, then its file. Files are
+ * opened first (each open starts the kernel's read), read ahead
  * READ_AHEAD bytes past the one being copied, and preadv'd straight into
  * their place in the state being assembled (kvlayout.h); their checksums
  * run on the disk tier's worker pool (workers.h) behind the reads and then

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "cache/cache_ram.h"
 #include "cache/snapshots.h"
+#include "cache/tiers.h"
 #include "llama/kvstate.h"
 
 #include <sodium.h>
@@ -211,12 +212,6 @@ static int put_block(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
     return 0;
 }
 
-/* Held by the disk or the RAM tier. */
-static bool stored(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES])
-{
-    return thaw_disk_cache_has(c, id) || thaw_ram_cache_has_block(ram, id);
-}
-
 int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                           uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
                           void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
@@ -276,7 +271,7 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
         swa_first = n_blocks;
         for (uint32_t k = n_blocks; swa && k-- > 0;) {
             thaw_blocks_swa_id(ids[k], sids[k]);
-            if (!stored(c, ram, sids[k]) && !src->swa_known(src->ud, k * block_tokens, (k + 1) * block_tokens))
+            if (!thaw_tiers_has(c, ram, sids[k]) && !src->swa_known(src->ud, k * block_tokens, (k + 1) * block_tokens))
                 break;
             swa_first = k;
         }
@@ -501,7 +496,7 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
         struct thaw_snapshot_view sv;
         void *snap = NULL;
         size_t n_snap = 0;
-        rc = thaw_snapshots_fetch(c, ram, snaps + (size_t)(h.n_snaps - 1) * THAW_KEY_BYTES, &snap, &n_snap);
+        rc = thaw_tiers_fetch(c, ram, snaps + (size_t)(h.n_snaps - 1) * THAW_KEY_BYTES, &snap, &n_snap);
         if (rc == 0 && (thaw_snapshots_parse(snap, n_snap, &sv) != 0 || sv.n_tokens != h.n_tokens ||
                         sv.block_tokens != h.block_tokens))
             rc = THAW_ECORRUPT;
@@ -563,7 +558,7 @@ static uint32_t swa_run(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
         uint32_t k0 = swa_first_needed(b * block_tokens, n_window, block_tokens), k = b;
         while (k > k0) {
             thaw_blocks_swa_id(ids[k - 1], sids[k - 1]);
-            if (!stored(c, ram, sids[k - 1]))
+            if (!thaw_tiers_has(c, ram, sids[k - 1]))
                 break;
             k--;
         }
@@ -598,7 +593,7 @@ int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram
     rc = THAW_ENOTFOUND;
     for (int attempt = 0; attempt < 3 && rc == THAW_ENOTFOUND; attempt++) {
         uint32_t run = 0;
-        while (run < n_blocks && (thaw_ram_cache_has_block(ram, ids[run]) || thaw_disk_cache_has(c, ids[run])))
+        while (run < n_blocks && thaw_tiers_has(c, ram, ids[run]))
             run++;
         struct thaw_block_swa_rows rows = {NULL, 0, 0, NULL, 0};
         if (run > 0 && n_window > 0) {

@@ -11,6 +11,7 @@
 
 #include "base/blob.h"
 #include "base/error.h"
+#include "cache/tiers.h"
 #include "llama/kvstate.h"
 
 #include <sodium.h>
@@ -292,38 +293,6 @@ void thaw_snapshots_pending_drop(struct thaw_snapshot_pending *pd)
 
 /* ---- restore ----------------------------------------------------------------- */
 
-int thaw_snapshots_fetch(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES],
-                         void **blob, size_t *n)
-{
-    struct thaw_part_blob pend[THAW_PART_COUNT];
-    struct thaw_disk_entry *e = NULL;
-    int rc;
-
-    *blob = NULL;
-    *n = 0;
-    if ((*blob = thaw_ram_cache_block(ram, id, n)) != NULL)
-        return 0;
-    if (thaw_disk_cache_pending(c, id, pend) == 0) {
-        for (int p = 1; p < THAW_PART_COUNT; p++)
-            thaw_blob_unref(pend[p].data);
-        *blob = pend[THAW_PART_KV].data;
-        *n = pend[THAW_PART_KV].size;
-        return *blob ? 0 : THAW_ENOTFOUND;
-    }
-    if ((rc = thaw_disk_cache_lookup(c, id, &e)) != 0)
-        return rc; /* a bad one was removed (THAW_ECORRUPT) */
-    size_t size = 0;
-    const void *kv = thaw_disk_entry_part(e, THAW_PART_KV, &size);
-    if (!kv || !(*blob = thaw_blob_alloc(size))) {
-        thaw_disk_entry_release(e);
-        return kv ? THAW_ENOMEM : THAW_ECORRUPT;
-    }
-    memcpy(*blob, kv, size);
-    *n = size;
-    thaw_disk_entry_release(e);
-    return 0;
-}
-
 int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest,
                          size_t n_manifest, int32_t seq_id, void **ckpt, size_t *n_ckpt)
 {
@@ -343,7 +312,7 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
         struct thaw_snapshot_view v;
         void *snap = NULL;
         size_t n_snap = 0;
-        if ((rc = thaw_snapshots_fetch(c, ram, snaps + (size_t)i * THAW_KEY_BYTES, &snap, &n_snap)) != 0)
+        if ((rc = thaw_tiers_fetch(c, ram, snaps + (size_t)i * THAW_KEY_BYTES, &snap, &n_snap)) != 0)
             break;
         if (thaw_snapshots_parse(snap, n_snap, &v) != 0) {
             rc = THAW_ECORRUPT;
@@ -374,11 +343,6 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
     return rc == 0 ? 0 : rc == THAW_ENOMEM ? rc : THAW_ENOTFOUND;
 }
 
-static int held(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES])
-{
-    return thaw_ram_cache_has_block(ram, id) || thaw_disk_cache_has(c, id);
-}
-
 int thaw_snapshots_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                           uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
                           struct thaw_blocks_state *out)
@@ -400,13 +364,13 @@ int thaw_snapshots_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
     int tries = 0;
     for (uint32_t p = last; p >= 1 && tries < 4; p--) {
         thaw_snapshots_id(binding, block_tokens, p >= block_tokens ? bids[p / block_tokens - 1] : NULL, toks, p, sid);
-        if (!held(c, ram, sid))
+        if (!thaw_tiers_has(c, ram, sid))
             continue;
         tries++;
         struct thaw_snapshot_view v;
         void *snap = NULL;
         size_t n_snap = 0;
-        if ((rc = thaw_snapshots_fetch(c, ram, sid, &snap, &n_snap)) != 0) {
+        if ((rc = thaw_tiers_fetch(c, ram, sid, &snap, &n_snap)) != 0) {
             rc = rc == THAW_ENOMEM ? rc : THAW_ENOTFOUND;
             if (rc == THAW_ENOMEM)
                 break;

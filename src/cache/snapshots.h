@@ -135,12 +135,6 @@ int thaw_snapshots_flush(struct thaw_disk_cache *c, struct thaw_snapshot_pending
  * turn's store supersedes it). Empty or NULL blob: no-op. */
 void thaw_snapshots_pending_drop(struct thaw_snapshot_pending *pd);
 
-/* A snapshot's bytes: from the RAM tier, the writer's queue or the disk
- * (its checksum verified). On 0 *blob is a blob reference (thaw_blob_unref)
- * of *n bytes. THAW_ENOTFOUND, THAW_ECORRUPT (removed) or a disk error. */
-int thaw_snapshots_fetch(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES],
-                         void **blob, size_t *n);
-
 /* The context checkpoints a manifest's snapshots give (its own end
  * included, all flagged THAW_CKPT_SNAPSHOT: the next store names them
  * again) for sequence seq_id: a .ckpt blob

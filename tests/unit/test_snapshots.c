@@ -35,6 +35,7 @@
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
 #include "cache/snapshots.h"
+#include "cache/tiers.h"
 #include "cli/mkmodel.h"
 #include "llama/kvstate.h"
 
@@ -394,7 +395,7 @@ static void test_store_places_and_restores(void **state)
     struct thaw_snapshot_view v;
     void *blob;
     size_t n;
-    assert_int_equal(thaw_snapshots_fetch(c, NULL, s70, &blob, &n), 0);
+    assert_int_equal(thaw_tiers_fetch(c, NULL, s70, &blob, &n), 0);
     assert_int_equal(thaw_snapshots_parse(blob, n, &v), 0);
     assert_int_equal(v.n_tokens, BRANCH);
     assert_int_equal(v.block_tokens, B);
@@ -405,7 +406,7 @@ static void test_store_places_and_restores(void **state)
     size_t rec = v.rec_size;
     assert_true(rec > 0);
     thaw_blob_unref(blob);
-    assert_int_equal(thaw_snapshots_fetch(c, NULL, s150, &blob, &n), 0);
+    assert_int_equal(thaw_tiers_fetch(c, NULL, s150, &blob, &n), 0);
     assert_int_equal(thaw_snapshots_parse(blob, n, &v), 0);
     assert_int_equal(v.n_tokens, N_A);
     assert_int_equal(thaw_kvlayout_block_info(v.tail, v.tail_size, &pos0, &n_cells), 0);
