@@ -33,6 +33,10 @@ def hybrids(tmp_path_factory):
     return {
         "lfm2": mkmodel(d / "lfm2.gguf", "--arch", "lfm2", "--layers", "4", "--seed", "7"),
         "qwen35": mkmodel(d / "qwen35.gguf", "--arch", "qwen35", "--layers", "4", "--seed", "8"),
+        # heads of 32: q8_0's blocks of 32 values must divide a head
+        "lfm2-h32": mkmodel(d / "lfm2-h32.gguf", "--arch", "lfm2", "--layers", "4", "--embd", "256", "--heads", "8", "--seed", "9"),
+        "qwen35-h32": mkmodel(d / "qwen35-h32.gguf", "--arch", "qwen35", "--layers", "4", "--embd", "256", "--heads", "8",
+                              "--seed", "10"),
     }
 
 
@@ -92,6 +96,55 @@ def test_shared_system_prompt_restored_for_new_conversations_after_a_restart(ser
         assert t["cache_n"] < r["usage"]["prompt_tokens"]
     assert "and a snapshot (prefix lookup)" in s.log()
     s.stop()
+
+
+def block_size(d):
+    """The bytes of one block file (every block holds B tokens' rows, so
+    all have one size): the replies differ with the KV type, so the two
+    conversations need not store as many blocks."""
+    sizes = set()
+    for kv in glob.glob(str(d / "*.kv")):
+        with open(kv, "rb") as f:
+            if f.read(4) == b"TKB1":
+                sizes.add(os.path.getsize(kv))
+    assert len(sizes) == 1, sizes
+    return sizes.pop()
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_q8_0_kv_round_trip(serve, hybrids, tmp_path, arch):
+    """-ctk q8_0 -ctv q8_0: the attention blocks hold quantized rows (and
+    the snapshots' partial blocks), the recurrent state stays libllama's
+    f32. A new conversation restored at the shared system prompt's snapshot
+    after a restart gets what a resident slot with the same KV type gives;
+    the blocks take about half the bytes of f16's."""
+    model = hybrids[arch + "-h32"]
+    kv = ["-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"]
+    convs = [[system(), ask(95 + i)] for i in range(2)]
+    s = serve(model, "-np", "1", "--cache-ram", "0", *kv)
+    ref = []
+    for c in convs:
+        reset(s)
+        ref.append(out(chat(s, c)))
+    s.stop()
+
+    d = tmp_path / "q8"
+    s = serve(model, *flags(d, *kv))
+    assert out(chat(s, convs[0])) == ref[0]
+    assert s.stop() == 0
+    assert "kv-cache: whole states" not in s.log()
+    s = serve(model, *flags(d, *kv))
+    r = chat(s, convs[1])
+    assert out(r) == ref[1], s.log()
+    t = r["timings"]
+    assert t["cache_source"] == "blocks" and t["cache_n"] >= 0.75 * r["usage"]["prompt_tokens"], t
+    s.stop()
+    # the same conversation in f16: q8_0 rows are 34 bytes per 32 values
+    d16 = tmp_path / "f16"
+    s = serve(model, *flags(d16, "-fa", "on"))
+    chat(s, convs[0])
+    s.stop()
+    assert block_size(d) <= 0.6 * block_size(d16), (block_size(d), block_size(d16))
 
 
 @pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
