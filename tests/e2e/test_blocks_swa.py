@@ -142,6 +142,35 @@ def test_next_turn_restores_from_the_manifest_after_a_restart(serve, swa_models,
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_without_the_tap_blocks_come_from_a_capture_and_stay_exact(serve, swa_models, tmp_path, arch):
+    """--no-kv-tap is the path a GPU build takes when the KV cache is in
+    device memory (kvtap.c turns itself off: "not in host memory"): each
+    store cuts its blocks from a whole capture of the sequence (libllama
+    copies it to the host), whose SWA rows are only the window's at that
+    moment. The next turn still restores from its manifest after a restart,
+    a new conversation sharing the prefix gets what the capture could keep,
+    and every output equals the reference."""
+    m = swa_models[arch]
+    conv = [shared_system(), ask(6)]
+    s = serve(m, "-np", "1", "-c", "8192", *flags(tmp_path, "--no-kv-tap"))
+    assert "SWA rows as they are written" not in s.log()
+    r1 = chat(s, conv)
+    s.stop()
+    t2 = conv + [{"role": "assistant", "content": reply(r1)}, ask(7)]
+    other = [shared_system(), ask(8)]
+    ref = reference(serve, m, [conv, t2, other])
+    assert reply(r1) == ref[0]
+    s = serve(m, "-np", "1", "-c", "8192", *flags(tmp_path, "--no-kv-tap"))
+    r = chat(s, t2)
+    assert reply(r) == ref[1]
+    assert r["timings"]["cache_source"] == "disk", r["timings"]
+    assert r["timings"]["cache_n"] > 0.8 * r["usage"]["prompt_tokens"]
+    r = chat(s, other)
+    assert reply(r) == ref[2], (r["timings"], s.log())
+    s.stop()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_edited_history_restores_up_to_the_edit(serve, swa_models, tmp_path, arch, fa=("-fa", "on")):
     m = swa_models[arch]
     first = [shared_system(), ask(1)]
