@@ -295,6 +295,58 @@ def test_kill_9_while_writing_snapshots(serve, hybrids, tmp_path, arch):
     s.stop()
 
 
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_budget_evicts_conversations_with_their_own_snapshots_and_keeps_the_branch_point(serve, hybrids, tmp_path,
+                                                                                          arch):
+    """--kv-cache-max over a hybrid's store: LRU evicts the oldest
+    conversations with the blocks and turn-end snapshots only they name;
+    the shared system prompt's blocks and its snapshot stay (newer
+    conversations name them). After a restart the oldest conversation's
+    turn 2 resumes at that branch point, the newest at its own turn end,
+    both exact; the store verifies."""
+    model = hybrids[arch]
+    big = {"role": "system", "content": "Shared rules and tools. " + text(2600, 3)}
+    convs = [[big, {"role": "user", "content": f"Job {i}: " + text(1400, 200 + i)}] for i in range(5)]
+    f = ["-c", "8192", *flags(tmp_path, "--kv-cache-max", "1")]
+    s = serve(model, *f)
+    r1 = [chat(s, c, 4) for c in convs]
+    for _ in range(200):  # the writer is done
+        if disk_metric(s, "queue_bytes") == 0:
+            break
+        time.sleep(0.05)
+    assert disk_metric(s, "evictions_lru_total") >= 1 and disk_metric(s, "blocks_collected_total") >= 1, s.metrics()
+    assert s.stop() == 0
+    p = subprocess.run([THAW, "cache", "verify", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # 5 turn ends were written (4 handovers, the shutdown) and the branch
+    # point's: the evicted conversations' went with them
+    assert 1 <= snapshots_on_disk(tmp_path) < 6, os.listdir(tmp_path)
+    turn2 = [c + [{"role": "assistant", "content": reply(r)}, ask(9)] for c, r in zip(convs, r1)]
+    refs = []
+    for i in (0, 4):
+        sr = serve(model, "-np", "1", "-c", "8192", "--cache-ram", "0")
+        refs.append(out(chat(sr, turn2[i], 4)))  # from scratch: the branch point's batches
+        sr.stop()
+    sr = serve(model, "-np", "1", "-c", "8192", "--cache-ram", "0")
+    assert out(chat(sr, convs[4], 4)) == out(r1[4])
+    refs[1] = out(chat(sr, turn2[4], 4))  # the newest: resident, resumed at turn 1's end
+    sr.stop()
+
+    s = serve(model, *f)
+    m = {k: v for k, v in s.metrics().items() if k.startswith("thaw_kv_disk_")}
+    assert m["thaw_kv_disk_bytes"] <= 1 << 20, m
+    r = chat(s, turn2[0], 4)
+    t = r["timings"]
+    assert out(r) == refs[0], (t, s.log())
+    assert t["cache_source"] == "blocks" and 2000 < t["cache_n"] < r1[0]["usage"]["prompt_tokens"], t
+    reset(s)
+    r = chat(s, turn2[4], 4)
+    t = r["timings"]
+    assert out(r) == refs[1], (t, s.log())
+    assert t["cache_source"] in ("disk", "blocks") and t["cache_n"] > r1[4]["usage"]["prompt_tokens"], t
+    s.stop()
+
+
 # ---- turn-end snapshots written when the slot loses the conversation ----
 # (snapshots.h, "Written when"): a turn's end is kept in its slot and
 # written only when another conversation takes the slot, at shutdown, or
