@@ -69,95 +69,95 @@
 static void mk_usage(FILE *f, const char *prog)
 {
     fprintf(f,
-            "usage: thaw %s -o OUT.gguf [flags]\n"
-            "\n"
-            "Write a GGUF model with random weights and a real tokenizer (the\n"
-            "tokenizer.* keys of a vocab-only GGUF). llama.cpp loads and decodes it\n"
-            "like a real model of the same shape; its output is gibberish. The same\n"
-            "flags and seed give a byte-identical file.\n"
-            "\n"
-            "  -o, --output FILE  where to write (required); written to a temp file\n"
-            "                     next to it, fsynced, then renamed into place\n"
-            "  --arch NAME        the architecture; each has its default vocab:\n"
-            "                       llama   plain attention                llama-bpe\n"
-            "                       gemma3  SWA layers, q/k norms, output\n"
-            "                               tied to the embedding          llama-bpe\n"
-            "                       qwen3   q/k norms, output tied         qwen2\n"
-            "                       gemma4  SWA layers, q/k/v norms, GELU,\n"
-            "                               unscaled attention, tied       gemma-4\n"
-            "                       lfm2    hybrid: gated short-convolution\n"
-            "                               (recurrent state) layers and\n"
-            "                               attention layers, tied         qwen2\n"
-            "                       qwen35  hybrid (Qwen3.5): gated delta-net\n"
-            "                               (recurrent state) layers and\n"
-            "                               gated attention layers, tied   qwen35\n"
-            "                       gpt-oss SWA layers (window 128, every\n"
-            "                               2nd global), attention sinks,\n"
-            "                               MoE feed-forward               llama-bpe\n"
-            "                       deepseek2 MLA attention (a K-only latent\n"
-            "                               KV cache: rank 64 + 32 rope\n"
-            "                               dims), 1 dense layer, then MoE\n"
-            "                               with a shared expert           deepseek-llm\n"
-            "                                                       default llama\n"
-            "  --vocab FILE|NAME  vocab GGUF to take the tokenizer from; a NAME (no\n"
-            "                     '/', no .gguf) means <vocab dir>/ggml-vocab-NAME.gguf\n"
-            "                                                       default: the arch's\n"
-            "                     vocab dir: $THAW_VOCAB_DIR if set, else the first\n"
-            "                     " MK_VOCAB_SUBDIR "/ found walking up from the thaw\n"
-            "                     executable, then from the current directory\n"
-            "  --draft-of FILE    make a draft model for FILE: take its tokenizer and\n"
-            "                     chat template (same as --vocab FILE --template vocab)\n"
-            "  --template NAME    chat template: auto | vocab | llama3 | chatml | gemma\n"
-            "                     auto: qwen3, gemma4, lfm2, qwen35 embed their family's\n"
-            "                     real template from <vocab dir>/" MK_TMPL_SUBDIR "/ (Qwen-Qwen3-0.6B,\n"
-            "                     google-gemma-4-31B-it, LFM2.5-Instruct, Qwen3.5-4B\n"
-            "                     .jinja), or\n"
-            "                     the vocab's own if that file is missing, else chatml.\n"
-            "                     llama, gemma3: the vocab's own if\n"
-            "                     llama_chat_apply_template() renders it; else gemma\n"
-            "                     for gemma3; for llama, llama3 if the vocab has\n"
-            "                     <|start_header_id|>, else chatml.\n"
-            "                     vocab: the vocab's own, whatever it is\n"
-            "                                                       default auto\n"
-            "  --chat-template-file FILE\n"
-            "                     embed FILE's text (Jinja, up to 1 MiB) as\n"
-            "                     tokenizer.chat_template instead; excludes --template\n"
-            "                     and --draft-of\n"
-            "  --layers N         blocks, 1..%d (gemma4, lfm2, qwen35, deepseek2: 2..)\n"
-            "                                                       default 2\n"
-            "  --embd N           model width                       default 64\n"
-            "  --heads N          attention heads; the head size embd/heads must be\n"
-            "                     even                              default 4\n"
-            "  --kv-heads N       KV heads (GQA), must divide heads default heads/2\n"
-            "                                                       (heads if odd)\n"
-            "  --ff N             feed-forward width                default 4*embd\n"
-            "  --swa-window N     gemma3, gemma4, gpt-oss: sliding window, tokens\n"
-            "                                                       default 32 (gpt-oss 128)\n"
-            "  --swa-pattern N    gemma3, gemma4, gpt-oss: every Nth layer is global,\n"
-            "                     the rest SWA; 0 = all SWA (gemma4: not 1)\n"
-            "                                                       default 6 (gpt-oss 2), or\n"
-            "                                                       max(2, layers) if fewer\n"
-            "  --moe-experts N    gpt-oss, deepseek2: experts per MoE layer, 2..64;\n"
-            "                     each token uses 2 of them, each --ff wide\n"
-            "                                                       default 4\n"
-            "  --attn-pattern N   lfm2, qwen35: every Nth layer is attention, the\n"
-            "                     rest short-convolution (lfm2) or gated delta-net\n"
-            "                     (qwen35); 2..layers               default 3 (qwen35:\n"
-            "                                                       4), or layers if fewer\n"
-            "  --ctx-train N      trained context length, tokens    default 8192\n"
-            "  --seed N           PRNG seed, decimal or 0x-hex      default 1\n"
-            "  --type T           f16 | f32 for the weight matrices; norms are always\n"
-            "                     f32                               default f16\n"
-            "  -h, --help         this text\n"
-            "\n"
-            "thaw serve renders the embedded template with Jinja. With --no-jinja it\n"
-            "uses llama_chat_apply_template(), which recognises template families by\n"
-            "marker strings: one it does not know (gemma4's) then needs serve's\n"
-            "--chat-template NAME; mkmodel notes when that is the case.\n"
-            "\n"
-            "Flags take their value as the next argument or after '='.\n"
-            "Exit status: 0 written, 1 failed (nothing left behind), 2 bad usage.\n",
-            prog, MK_MAX_LAYERS);
+        "usage: thaw %s -o OUT.gguf [flags]\n"
+        "\n"
+        "Write a GGUF model with random weights and a real tokenizer (the\n"
+        "tokenizer.* keys of a vocab-only GGUF). llama.cpp loads and decodes it\n"
+        "like a real model of the same shape; its output is gibberish. The same\n"
+        "flags and seed give a byte-identical file.\n"
+        "\n"
+        "  -o, --output FILE  where to write (required); written to a temp file\n"
+        "                     next to it, fsynced, then renamed into place\n"
+        "  --arch NAME        the architecture; each has its default vocab:\n"
+        "                       llama   plain attention                llama-bpe\n"
+        "                       gemma3  SWA layers, q/k norms, output\n"
+        "                               tied to the embedding          llama-bpe\n"
+        "                       qwen3   q/k norms, output tied         qwen2\n"
+        "                       gemma4  SWA layers, q/k/v norms, GELU,\n"
+        "                               unscaled attention, tied       gemma-4\n"
+        "                       lfm2    hybrid: gated short-convolution\n"
+        "                               (recurrent state) layers and\n"
+        "                               attention layers, tied         qwen2\n"
+        "                       qwen35  hybrid (Qwen3.5): gated delta-net\n"
+        "                               (recurrent state) layers and\n"
+        "                               gated attention layers, tied   qwen35\n"
+        "                       gpt-oss SWA layers (window 128, every\n"
+        "                               2nd global), attention sinks,\n"
+        "                               MoE feed-forward               llama-bpe\n"
+        "                       deepseek2 MLA attention (a K-only latent\n"
+        "                               KV cache: rank 64 + 32 rope\n"
+        "                               dims), 1 dense layer, then MoE\n"
+        "                               with a shared expert           deepseek-llm\n"
+        "                                                       default llama\n"
+        "  --vocab FILE|NAME  vocab GGUF to take the tokenizer from; a NAME (no\n"
+        "                     '/', no .gguf) means <vocab dir>/ggml-vocab-NAME.gguf\n"
+        "                                                       default: the arch's\n"
+        "                     vocab dir: $THAW_VOCAB_DIR if set, else the first\n"
+        "                     " MK_VOCAB_SUBDIR "/ found walking up from the thaw\n"
+        "                     executable, then from the current directory\n"
+        "  --draft-of FILE    make a draft model for FILE: take its tokenizer and\n"
+        "                     chat template (same as --vocab FILE --template vocab)\n"
+        "  --template NAME    chat template: auto | vocab | llama3 | chatml | gemma\n"
+        "                     auto: qwen3, gemma4, lfm2, qwen35 embed their family's\n"
+        "                     real template from <vocab dir>/" MK_TMPL_SUBDIR "/ (Qwen-Qwen3-0.6B,\n"
+        "                     google-gemma-4-31B-it, LFM2.5-Instruct, Qwen3.5-4B\n"
+        "                     .jinja), or\n"
+        "                     the vocab's own if that file is missing, else chatml.\n"
+        "                     llama, gemma3: the vocab's own if\n"
+        "                     llama_chat_apply_template() renders it; else gemma\n"
+        "                     for gemma3; for llama, llama3 if the vocab has\n"
+        "                     <|start_header_id|>, else chatml.\n"
+        "                     vocab: the vocab's own, whatever it is\n"
+        "                                                       default auto\n"
+        "  --chat-template-file FILE\n"
+        "                     embed FILE's text (Jinja, up to 1 MiB) as\n"
+        "                     tokenizer.chat_template instead; excludes --template\n"
+        "                     and --draft-of\n"
+        "  --layers N         blocks, 1..%d (gemma4, lfm2, qwen35, deepseek2: 2..)\n"
+        "                                                       default 2\n"
+        "  --embd N           model width                       default 64\n"
+        "  --heads N          attention heads; the head size embd/heads must be\n"
+        "                     even                              default 4\n"
+        "  --kv-heads N       KV heads (GQA), must divide heads default heads/2\n"
+        "                                                       (heads if odd)\n"
+        "  --ff N             feed-forward width                default 4*embd\n"
+        "  --swa-window N     gemma3, gemma4, gpt-oss: sliding window, tokens\n"
+        "                                                       default 32 (gpt-oss 128)\n"
+        "  --swa-pattern N    gemma3, gemma4, gpt-oss: every Nth layer is global,\n"
+        "                     the rest SWA; 0 = all SWA (gemma4: not 1)\n"
+        "                                                       default 6 (gpt-oss 2), or\n"
+        "                                                       max(2, layers) if fewer\n"
+        "  --moe-experts N    gpt-oss, deepseek2: experts per MoE layer, 2..64;\n"
+        "                     each token uses 2 of them, each --ff wide\n"
+        "                                                       default 4\n"
+        "  --attn-pattern N   lfm2, qwen35: every Nth layer is attention, the\n"
+        "                     rest short-convolution (lfm2) or gated delta-net\n"
+        "                     (qwen35); 2..layers               default 3 (qwen35:\n"
+        "                                                       4), or layers if fewer\n"
+        "  --ctx-train N      trained context length, tokens    default 8192\n"
+        "  --seed N           PRNG seed, decimal or 0x-hex      default 1\n"
+        "  --type T           f16 | f32 for the weight matrices; norms are always\n"
+        "                     f32                               default f16\n"
+        "  -h, --help         this text\n"
+        "\n"
+        "thaw serve renders the embedded template with Jinja. With --no-jinja it\n"
+        "uses llama_chat_apply_template(), which recognises template families by\n"
+        "marker strings: one it does not know (gemma4's) then needs serve's\n"
+        "--chat-template NAME; mkmodel notes when that is the case.\n"
+        "\n"
+        "Flags take their value as the next argument or after '='.\n"
+        "Exit status: 0 written, 1 failed (nothing left behind), 2 bad usage.\n",
+        prog, MK_MAX_LAYERS);
 }
 
 /* ---- prng ----------------------------------------------------------------- */
@@ -249,23 +249,23 @@ static const struct mk_arch_info {
     bool swa;           /* takes --swa-window / --swa-pattern */
     bool hybrid;        /* takes --attn-pattern */
 } mk_archs[] = {
-    [MK_ARCH_LLAMA] = {"llama", "llama-bpe", NULL, 1, false, false},
-    [MK_ARCH_GEMMA3] = {"gemma3", "llama-bpe", NULL, 1, true, false},
-    [MK_ARCH_QWEN3] = {"qwen3", "qwen2", "Qwen-Qwen3-0.6B.jinja", 1, false, false},
+    [MK_ARCH_LLAMA] = { "llama", "llama-bpe", NULL, 1, false, false },
+    [MK_ARCH_GEMMA3] = { "gemma3", "llama-bpe", NULL, 1, true, false },
+    [MK_ARCH_QWEN3] = { "qwen3", "qwen2", "Qwen-Qwen3-0.6B.jinja", 1, false, false },
     /* libllama asserts two KV layers (its KV-sharing hook) */
-    [MK_ARCH_GEMMA4] = {"gemma4", "gemma-4", "google-gemma-4-31B-it.jinja", 2, true, false},
+    [MK_ARCH_GEMMA4] = { "gemma4", "gemma-4", "google-gemma-4-31B-it.jinja", 2, true, false },
     /* LFM2.5-Instruct is the dense lfm2 family's (LFM2-8B-A1B's is lfm2moe's);
      * at least one short-conv and one attention layer */
-    [MK_ARCH_LFM2] = {"lfm2", "qwen2", "LFM2.5-Instruct.jinja", 2, false, true},
+    [MK_ARCH_LFM2] = { "lfm2", "qwen2", "LFM2.5-Instruct.jinja", 2, false, true },
     /* Qwen3.5's own tokenizer and template; gated delta-net layers with a
      * full-attention layer every --attn-pattern (its full_attention_interval) */
-    [MK_ARCH_QWEN35] = {"qwen35", "qwen35", "Qwen3.5-4B.jinja", 2, false, true},
+    [MK_ARCH_QWEN35] = { "qwen35", "qwen35", "Qwen3.5-4B.jinja", 2, false, true },
     /* the source tree has no o200k vocab: llama-bpe's tokenizer, and the
      * built-in template that vocab renders (Harmony's markers would be text) */
-    [MK_ARCH_GPTOSS] = {"gpt-oss", "llama-bpe", NULL, 1, true, false},
+    [MK_ARCH_GPTOSS] = { "gpt-oss", "llama-bpe", NULL, 1, true, false },
     /* DeepSeek V2's own tokenizer (DeepSeek LLM's, 102400 tokens) and the
      * template it carries; a dense leading layer, then MoE layers */
-    [MK_ARCH_DEEPSEEK2] = {"deepseek2", "deepseek-llm", NULL, 2, false, false},
+    [MK_ARCH_DEEPSEEK2] = { "deepseek2", "deepseek-llm", NULL, 2, false, false },
 };
 #define MK_N_ARCHS (sizeof mk_archs / sizeof mk_archs[0])
 
@@ -395,10 +395,8 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
                 if (strcmp(val, mk_archs[k].name) == 0)
                     break;
             if (k == MK_N_ARCHS) {
-                fprintf(stderr,
-                        "mkmodel: --arch: expected llama, gemma3, qwen3, gemma4, "
-                        "lfm2, qwen35, gpt-oss or deepseek2, got '%s'\n",
-                        val);
+                fprintf(stderr, "mkmodel: --arch: expected llama, gemma3, qwen3, gemma4, "
+                                "lfm2, qwen35, gpt-oss or deepseek2, got '%s'\n", val);
                 return THAW_EINVAL;
             }
             o->arch = (enum mk_arch)k;
