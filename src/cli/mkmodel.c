@@ -8,7 +8,7 @@
  *                          the tokenizer.* keys, choosing a chat template
  *   ---- model ----        hyper-parameter keys and the tensor list per arch
  *                          (llama, gemma3, qwen3, gemma4, lfm2, qwen35,
- *                          gpt-oss)
+ *                          gpt-oss, deepseek2)
  *   ---- writer ----       streaming the file: meta, then each tensor's data,
  *                          temp file -> fsync -> rename -> fsync(dir)
  *   ---- main ----         thaw_mkmodel_main()
@@ -94,6 +94,10 @@ static void mk_usage(FILE *f, const char *prog)
         "                       gpt-oss SWA layers (window 128, every\n"
         "                               2nd global), attention sinks,\n"
         "                               MoE feed-forward               llama-bpe\n"
+        "                       deepseek2 MLA attention (a K-only latent\n"
+        "                               KV cache: rank 64 + 32 rope\n"
+        "                               dims), 1 dense layer, then MoE\n"
+        "                               with a shared expert           deepseek-llm\n"
         "                                                       default llama\n"
         "  --vocab FILE|NAME  vocab GGUF to take the tokenizer from; a NAME (no\n"
         "                     '/', no .gguf) means <vocab dir>/ggml-vocab-NAME.gguf\n"
@@ -119,7 +123,7 @@ static void mk_usage(FILE *f, const char *prog)
         "                     embed FILE's text (Jinja, up to 1 MiB) as\n"
         "                     tokenizer.chat_template instead; excludes --template\n"
         "                     and --draft-of\n"
-        "  --layers N         blocks, 1..%d (gemma4, lfm2, qwen35: 2..)\n"
+        "  --layers N         blocks, 1..%d (gemma4, lfm2, qwen35, deepseek2: 2..)\n"
         "                                                       default 2\n"
         "  --embd N           model width                       default 64\n"
         "  --heads N          attention heads; the head size embd/heads must be\n"
@@ -133,8 +137,9 @@ static void mk_usage(FILE *f, const char *prog)
         "                     the rest SWA; 0 = all SWA (gemma4: not 1)\n"
         "                                                       default 6 (gpt-oss 2), or\n"
         "                                                       max(2, layers) if fewer\n"
-        "  --moe-experts N    gpt-oss: experts per MoE layer, 2..64; each token\n"
-        "                     uses 2 of them, each --ff wide    default 4\n"
+        "  --moe-experts N    gpt-oss, deepseek2: experts per MoE layer, 2..64;\n"
+        "                     each token uses 2 of them, each --ff wide\n"
+        "                                                       default 4\n"
         "  --attn-pattern N   lfm2, qwen35: every Nth layer is attention, the\n"
         "                     rest short-convolution (lfm2) or gated delta-net\n"
         "                     (qwen35); 2..layers               default 3 (qwen35:\n"
@@ -230,7 +235,8 @@ enum mk_arch {
     MK_ARCH_GEMMA4,
     MK_ARCH_LFM2,
     MK_ARCH_QWEN35,
-    MK_ARCH_GPTOSS
+    MK_ARCH_GPTOSS,
+    MK_ARCH_DEEPSEEK2
 };
 
 /* What the flags, the vocab and the template choice need to know of an
@@ -257,6 +263,9 @@ static const struct mk_arch_info {
     /* the source tree has no o200k vocab: llama-bpe's tokenizer, and the
      * built-in template that vocab renders (Harmony's markers would be text) */
     [MK_ARCH_GPTOSS] = { "gpt-oss", "llama-bpe", NULL, 1, true, false },
+    /* DeepSeek V2's own tokenizer (DeepSeek LLM's, 102400 tokens) and the
+     * template it carries; a dense leading layer, then MoE layers */
+    [MK_ARCH_DEEPSEEK2] = { "deepseek2", "deepseek-llm", NULL, 2, false, false },
 };
 #define MK_N_ARCHS (sizeof mk_archs / sizeof mk_archs[0])
 
@@ -387,7 +396,7 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
                     break;
             if (k == MK_N_ARCHS) {
                 fprintf(stderr, "mkmodel: --arch: expected llama, gemma3, qwen3, gemma4, "
-                                "lfm2, qwen35 or gpt-oss, got '%s'\n", val);
+                                "lfm2, qwen35, gpt-oss or deepseek2, got '%s'\n", val);
                 return THAW_EINVAL;
             }
             o->arch = (enum mk_arch)k;
@@ -486,9 +495,19 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
                         "gemma4 and gpt-oss only\n");
         return THAW_EINVAL;
     }
-    if (o->arch != MK_ARCH_GPTOSS && o->n_expert != 0) {
-        fprintf(stderr, "mkmodel: --moe-experts applies to --arch gpt-oss only\n");
+    if (o->arch != MK_ARCH_GPTOSS && o->arch != MK_ARCH_DEEPSEEK2 && o->n_expert != 0) {
+        fprintf(stderr, "mkmodel: --moe-experts applies to --arch gpt-oss and deepseek2 only\n");
         return THAW_EINVAL;
+    }
+    if (o->arch == MK_ARCH_DEEPSEEK2) {
+        if (o->n_expert == 0)
+            o->n_expert = 4;
+        /* MLA is MQA over the latent: one KV head whatever --heads says */
+        if (o->n_head_kv > 1) {
+            fprintf(stderr, "mkmodel: --arch deepseek2 has one KV head (the MLA latent)\n");
+            return THAW_EINVAL;
+        }
+        o->n_head_kv = 1;
     }
     if (o->arch == MK_ARCH_GPTOSS) {
         if (o->n_expert == 0)
@@ -1074,6 +1093,41 @@ static void mk_set_hparams_qwen35(struct gguf_context *g, const struct mk_opts *
     mk_set_arch_u32(g, a, "full_attention_interval", o->attn_pattern);
 }
 
+/* deepseek2's multi-head latent attention (src/models/deepseek2.cpp, as
+ * conversion/deepseek.py writes it): each token's K is one latent row of
+ * kv_lora_rank values plus rope dims (the only thing cached: V is a view
+ * of the latent, so libllama's cache has no V tensor, hparams.is_mla());
+ * queries are per head, qk_nope + rope wide, and attn_k_b / attn_v_b
+ * absorb the up-projections per head. The latent row is 96 values, a
+ * multiple of q8_0's 32, so -ctk q8_0 works at every --embd/--heads.
+ * Real models: rank 512 + 64 rope (576), nope 128, v 128. */
+#define MK_MLA_KV_LORA 64
+#define MK_MLA_ROPE 32
+#define MK_MLA_NOPE 32
+#define MK_MLA_V 32
+static void mk_set_hparams_deepseek2(struct gguf_context *g, const struct mk_opts *o)
+{
+    const enum mk_arch a = MK_ARCH_DEEPSEEK2;
+
+    mk_set_arch_f32(g, a, "rope.freq_base", 10000.0f);
+    mk_set_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-6f);
+    /* the cached (MQA) head: the latent and the rope part; V: the latent */
+    mk_set_arch_u32(g, a, "attention.key_length", MK_MLA_KV_LORA + MK_MLA_ROPE);
+    mk_set_arch_u32(g, a, "attention.value_length", MK_MLA_KV_LORA);
+    /* the per-head sizes after decompression: their presence is is_mla() */
+    mk_set_arch_u32(g, a, "attention.key_length_mla", MK_MLA_NOPE + MK_MLA_ROPE);
+    mk_set_arch_u32(g, a, "attention.value_length_mla", MK_MLA_V);
+    mk_set_arch_u32(g, a, "rope.dimension_count", MK_MLA_ROPE);
+    mk_set_arch_u32(g, a, "attention.q_lora_rank", 0); /* attn_q, as V2-Lite */
+    mk_set_arch_u32(g, a, "attention.kv_lora_rank", MK_MLA_KV_LORA);
+    mk_set_arch_u32(g, a, "leading_dense_block_count", 1);
+    mk_set_arch_u32(g, a, "expert_count", o->n_expert);
+    mk_set_arch_u32(g, a, "expert_used_count", 2);
+    mk_set_arch_u32(g, a, "expert_shared_count", 1);
+    mk_set_arch_u32(g, a, "expert_feed_forward_length", o->n_ff);
+    mk_set_arch_u32(g, a, "expert_gating_func", 1); /* softmax, as V2 */
+}
+
 /* The architecture's hyper-parameter keys, as llama.cpp v0.4.0 reads them
  * (llama_model_base::load_hparams + the arch's load_arch_hparams in
  * src/models/<arch>.cpp). Real models' values where the shape allows. */
@@ -1105,9 +1159,11 @@ static void mk_set_hparams(struct gguf_context *g, const struct mk_opts *o)
     } else {
         mk_set_arch_u32(g, a, "attention.head_count_kv", o->n_head_kv);
     }
-    mk_set_arch_u32(g, a, "attention.key_length", head_dim);
-    mk_set_arch_u32(g, a, "attention.value_length", head_dim);
-    mk_set_arch_u32(g, a, "rope.dimension_count", head_dim);
+    if (a != MK_ARCH_DEEPSEEK2) { /* its own (MLA) head sizes: mk_set_hparams_deepseek2 */
+        mk_set_arch_u32(g, a, "attention.key_length", head_dim);
+        mk_set_arch_u32(g, a, "attention.value_length", head_dim);
+        mk_set_arch_u32(g, a, "rope.dimension_count", head_dim);
+    }
 
     switch (a) {
     case MK_ARCH_LLAMA:
@@ -1169,6 +1225,9 @@ static void mk_set_hparams(struct gguf_context *g, const struct mk_opts *o)
         mk_set_arch_u32(g, a, "expert_count", o->n_expert);
         mk_set_arch_u32(g, a, "expert_used_count", 2);
         mk_set_arch_u32(g, a, "expert_feed_forward_length", o->n_ff);
+        break;
+    case MK_ARCH_DEEPSEEK2:
+        mk_set_hparams_deepseek2(g, o);
         break;
     }
 }
@@ -1255,6 +1314,7 @@ static void mk_add_gptoss_block(struct mk_model *m, const struct mk_opts *o, uin
  *  - lfm2's short convolution y = c * conv(b * x), b, c, x from in_proj:
  *    kernel std 1/sqrt(l_cache) keeps conv's output at unit scale. */
 static void mk_add_tensors_qwen35(struct mk_model *m, const struct mk_opts *o);
+static void mk_add_tensors_deepseek2(struct mk_model *m, const struct mk_opts *o);
 
 static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
 {
@@ -1275,6 +1335,10 @@ static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
 
     if (a == MK_ARCH_QWEN35) {
         mk_add_tensors_qwen35(m, o);
+        return;
+    }
+    if (a == MK_ARCH_DEEPSEEK2) {
+        mk_add_tensors_deepseek2(m, o);
         return;
     }
     for (uint32_t il = 0; il < o->n_layer; il++)
@@ -1384,6 +1448,54 @@ static void mk_add_tensors_qwen35(struct mk_model *m, const struct mk_opts *o)
     }
 }
 
+/* deepseek2 (src/models/deepseek2.cpp, MLA with the absorbed
+ * up-projections): attn_q gives each head's nope + rope query; attn_kv_a_mqa
+ * the token's latent (normed by attn_kv_a_norm) and its shared rope key;
+ * attn_k_b [nope, rank, head] maps a head's nope query onto the latent,
+ * attn_v_b [rank, v, head] the attended latent onto the head's value.
+ * Layer 0 has a dense SwiGLU FFN, the rest a routed MoE (router, experts
+ * each --ff wide) plus one shared expert of the same width. attn_q has std
+ * 4/sqrt(embd) as llama's (scores of std ~4, mk_add_tensors); every other
+ * matrix 1/sqrt(fan_in). The output is not tied. */
+static void mk_add_tensors_deepseek2(struct mk_model *m, const struct mk_opts *o)
+{
+    const int64_t E = o->n_embd, F = o->n_ff, V = m->n_vocab, H = o->n_head, X = o->n_expert;
+    const int64_t R = MK_MLA_KV_LORA, P = MK_MLA_ROPE, K = MK_MLA_NOPE + MK_MLA_ROPE, Vh = MK_MLA_V;
+    const enum ggml_type W = o->wtype, N = GGML_TYPE_F32;
+    const float sE = 1.0f / sqrtf((float)E), sF = 1.0f / sqrtf((float)F), sR = 1.0f / sqrtf((float)R);
+    const float sN = 1.0f / sqrtf((float)MK_MLA_NOPE), sO = 1.0f / sqrtf((float)(H * Vh));
+    char nm[GGML_MAX_NAME];
+
+    mk_add(m, "token_embd.weight", W, E, V, MK_INIT_RANDOM, sE);
+    mk_add(m, "output_norm.weight", N, E, 0, MK_INIT_CONST, 1.0f);
+    mk_add(m, "output.weight", W, E, V, MK_INIT_RANDOM, sE);
+    for (uint32_t il = 0; il < o->n_layer; il++) {
+#define MK_BLK(suffix) (snprintf(nm, sizeof nm, "blk.%" PRIu32 "." suffix, il), nm)
+        mk_add(m, MK_BLK("attn_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+        mk_add(m, MK_BLK("attn_q.weight"), W, E, H * K, MK_INIT_RANDOM, 4.0f * sE);
+        mk_add(m, MK_BLK("attn_kv_a_mqa.weight"), W, E, R + P, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_BLK("attn_kv_a_norm.weight"), N, R, 0, MK_INIT_CONST, 1.0f);
+        mk_add3(m, MK_BLK("attn_k_b.weight"), W, MK_MLA_NOPE, R, H, MK_INIT_RANDOM, sN);
+        mk_add3(m, MK_BLK("attn_v_b.weight"), W, R, Vh, H, MK_INIT_RANDOM, sR);
+        mk_add(m, MK_BLK("attn_output.weight"), W, H * Vh, E, MK_INIT_RANDOM, sO);
+        mk_add(m, MK_BLK("ffn_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+        if (il == 0) {
+            mk_add(m, MK_BLK("ffn_gate.weight"), W, E, F, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("ffn_up.weight"), W, E, F, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("ffn_down.weight"), W, F, E, MK_INIT_RANDOM, sF);
+        } else {
+            mk_add(m, MK_BLK("ffn_gate_inp.weight"), N, E, X, MK_INIT_RANDOM, sE);
+            mk_add3(m, MK_BLK("ffn_gate_exps.weight"), W, E, F, X, MK_INIT_RANDOM, sE);
+            mk_add3(m, MK_BLK("ffn_up_exps.weight"), W, E, F, X, MK_INIT_RANDOM, sE);
+            mk_add3(m, MK_BLK("ffn_down_exps.weight"), W, F, E, X, MK_INIT_RANDOM, sF);
+            mk_add(m, MK_BLK("ffn_gate_shexp.weight"), W, E, F, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("ffn_up_shexp.weight"), W, E, F, MK_INIT_RANDOM, sE);
+            mk_add(m, MK_BLK("ffn_down_shexp.weight"), W, F, E, MK_INIT_RANDOM, sF);
+        }
+#undef MK_BLK
+    }
+}
+
 static void mk_model_free(struct mk_model *m)
 {
     free(m->init);
@@ -1399,7 +1511,8 @@ static void mk_model_free(struct mk_model *m)
 static int mk_model_build(struct mk_model *m, const struct mk_opts *o, const char *vocab_path)
 {
     /* per block: llama 9 tensors, gemma3 and gemma4 13, qwen3 11, lfm2 at
-     * most 11, qwen35 at most 14, gpt-oss 16; plus at most 3 globals */
+     * most 11, qwen35 at most 14, gpt-oss 16, deepseek2 at most 15; plus
+     * at most 3 globals */
     size_t max_tensors = (size_t)o->n_layer * 16 + 3;
     struct ggml_init_params gp = {
         .mem_size = max_tensors * ggml_tensor_overhead(),
@@ -1682,6 +1795,8 @@ int thaw_mkmodel_main(int argc, char **argv)
     if (mk_archs[o.arch].swa)
         snprintf(swa, sizeof swa, ", swa %" PRIu32 " every %" PRIu32 "%s", o.n_swa, o.swa_pattern,
                  o.arch == MK_ARCH_GPTOSS ? ", moe" : "");
+    else if (o.arch == MK_ARCH_DEEPSEEK2)
+        snprintf(swa, sizeof swa, ", mla %d+%d, moe %" PRIu32 "+1 shared", MK_MLA_KV_LORA, MK_MLA_ROPE, o.n_expert);
     else if (mk_archs[o.arch].hybrid)
         snprintf(swa, sizeof swa, ", attention every %" PRIu32, o.attn_pattern);
     fprintf(stderr,

@@ -34,6 +34,8 @@
 #define BLOCK_LAYER 24u             /* one layer-table entry, bytes */
 #define FLAG_VTRANS 1u
 #define FLAG_EXT 2u
+#define FLAG_KONLY 4u /* layers without V: an MLA model's latent cache */
+#define FLAG_ALL (FLAG_VTRANS | FLAG_EXT | FLAG_KONLY)
 #define CELL_EXT 12u     /* llama_kv_cell_ext: i32 x, y; llama_token tok */
 #define MAX_LAYERS 4096u /* sanity bounds: more is not a layout we know */
 #define MAX_STREAMS 65536u
@@ -96,6 +98,7 @@ struct section {
     uint32_t n_stream, stream, n_cells;
     size_t meta_off, end;
     uint32_t v_trans, n_layers;
+    int k_only;           /* no V part: its layers' v_type, v_row, v_off are 0 */
     struct layer *layers; /* n_layers, malloc'd */
 };
 
@@ -117,7 +120,9 @@ static size_t meta_stride(int ext)
     return 4 + 4 + (ext ? CELL_EXT : 0) + 4;
 }
 
-/* Reads one stream's meta and data (n_cells > 0) at r. */
+/* Reads one stream's meta and data (n_cells > 0) at r; s->k_only: the
+ * layers have no V part (libllama writes none for a cache without V
+ * tensors, llama-kv-cache.cpp state_write_data's `if (!v) continue`). */
 static int parse_cells(struct rd *r, int32_t seq_id, int ext, int from_zero, struct section *s)
 {
     size_t stride = meta_stride(ext);
@@ -153,7 +158,7 @@ static int parse_cells(struct rd *r, int32_t seq_id, int ext, int from_zero, str
         if ((rc = rd_skip(r, s->n_cells, ly->k_row)) != 0)
             return rc;
     }
-    for (uint32_t l = 0; l < s->n_layers; l++) {
+    for (uint32_t l = 0; l < s->n_layers && !s->k_only; l++) {
         struct layer *ly = &s->layers[l];
         if ((rc = rd_get(r, &ly->v_type, 4)) != 0)
             return rc;
@@ -181,13 +186,14 @@ static int parse_cells(struct rd *r, int32_t seq_id, int ext, int from_zero, str
 
 /* Parses one llama_kv_cache section at `off`. s->layers is set (or NULL) on
  * every path; the caller frees it. */
-static int parse_section(const uint8_t *b, size_t n, size_t off, int32_t seq_id, int ext, int from_zero,
+static int parse_section(const uint8_t *b, size_t n, size_t off, int32_t seq_id, int ext, int from_zero, int k_only,
                          struct section *s)
 {
     struct rd r = {b, n, off};
     int found = 0, rc;
 
     memset(s, 0, sizeof *s);
+    s->k_only = k_only;
     if ((rc = rd_get(&r, &s->n_stream, 4)) != 0)
         return rc;
     if (s->n_stream == 0 || s->n_stream > MAX_STREAMS)
@@ -243,14 +249,15 @@ static int is_recurrent_tail(const uint8_t *t, size_t n, uint32_t n_cells)
            n_layer <= MAX_LAYERS;
 }
 
-/* The whole buffer, assuming cells with (ext) or without ext. */
-static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct thaw_kvlayout *l)
+/* The whole buffer, assuming cells with (ext) or without ext, layers with
+ * or without (k_only) V. */
+static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, int k_only, struct thaw_kvlayout *l)
 {
     struct section tail = {0};
     int rc;
 
     l->ext = ext;
-    if ((rc = parse_section(b, n, 8, seq_id, ext, 1, &l->s0)) != 0)
+    if ((rc = parse_section(b, n, 8, seq_id, ext, 1, k_only, &l->s0)) != 0)
         return rc;
     if (l->s0.n_cells == 0)
         return THAW_EINVAL;
@@ -259,7 +266,7 @@ static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct 
         return 0;
     /* bytes follow: the SWA section of an iSWA cache, or the recurrent
      * state of a hybrid memory */
-    rc = parse_section(b, n, l->tail_off, seq_id, ext, 0, &tail);
+    rc = parse_section(b, n, l->tail_off, seq_id, ext, 0, k_only, &tail);
     if (rc == THAW_ECORRUPT) /* extra bytes and a cut-off tail look alike: both are not ours */
         rc = THAW_ELAYOUT;
     if (rc == 0 &&
@@ -279,6 +286,18 @@ static int parse_as(const uint8_t *b, size_t n, int32_t seq_id, int ext, struct 
         rc = 0;
     }
     return rc;
+}
+
+/* Back to nothing parsed, for the next guess. */
+static void parse_reset(struct thaw_kvlayout *l)
+{
+    free(l->s0.layers);
+    memset(&l->s0, 0, sizeof l->s0);
+    free(l->s1.layers);
+    memset(&l->s1, 0, sizeof l->s1);
+    l->s1_cell_bytes = 0;
+    l->tail_off = 0;
+    l->recurrent = 0;
 }
 
 int thaw_kvlayout_parse(const void *buf, size_t n, struct thaw_kvlayout **out)
@@ -301,17 +320,25 @@ int thaw_kvlayout_parse(const void *buf, size_t n, struct thaw_kvlayout **out)
     l->buf = b;
     l->n = n;
     l->seq_id = seq_id;
-    rc = parse_as(b, n, seq_id, 0, l);
+    rc = parse_as(b, n, seq_id, 0, 0, l);
     if (rc != 0 && rc != THAW_ENOMEM && l->tail_off == 0) {
         /* section 0 did not parse with plain cells: try cells with ext */
-        free(l->s0.layers);
-        memset(&l->s0, 0, sizeof l->s0);
-        free(l->s1.layers);
-        memset(&l->s1, 0, sizeof l->s1);
-        l->s1_cell_bytes = 0;
-        rc_ext = parse_as(b, n, seq_id, 1, l);
+        parse_reset(l);
+        rc_ext = parse_as(b, n, seq_id, 1, 0, l);
         /* a damaged buffer reads as damaged under at least one guess */
         if (rc_ext == 0 || rc_ext == THAW_ENOMEM || rc_ext == THAW_EINVAL || rc_ext == THAW_ECORRUPT)
+            rc = rc_ext;
+    }
+    /* layers without V (MLA: a K-only latent cache): the state ends, or
+     * its next section starts, where V would. Taken when section 0 parses
+     * so (then its verdict on the rest is the one: bytes left over are
+     * THAW_ELAYOUT as for any layout); else the error stands, so a
+     * buffer cut short stays THAW_ECORRUPT (one cut exactly where V
+     * starts reads as K-only only if no stream follows) */
+    for (int ext = 0; ext < 2 && rc != 0 && rc != THAW_ENOMEM && l->tail_off == 0; ext++) {
+        parse_reset(l);
+        rc_ext = parse_as(b, n, seq_id, ext, 1, l);
+        if (rc_ext == 0 || rc_ext == THAW_ENOMEM || l->tail_off != 0)
             rc = rc_ext;
     }
     if (rc != 0) {
@@ -337,6 +364,11 @@ uint32_t thaw_kvlayout_n_layers(const struct thaw_kvlayout *l)
 int thaw_kvlayout_v_trans(const struct thaw_kvlayout *l)
 {
     return (int)l->s0.v_trans;
+}
+
+int thaw_kvlayout_k_only(const struct thaw_kvlayout *l)
+{
+    return l->s0.k_only;
 }
 
 size_t thaw_kvlayout_bytes_per_cell(const struct thaw_kvlayout *l)
@@ -395,12 +427,15 @@ static void put(uint8_t **p, const void *src, size_t n)
     *p += n;
 }
 
-/* A block's header and layer table for cells [a, b) shaped as `ly`. */
+/* A block's header and layer table for cells [a, b) shaped as `ly`
+ * (K only: its v_type and v_row are 0). */
 static void put_head(uint8_t **p, uint32_t a, uint32_t b, uint32_t n_layers, const struct layer *ly, int v_trans,
-                     int ext)
+                     int ext, int k_only)
 {
+    uint32_t flags = (v_trans ? FLAG_VTRANS : 0) | (ext ? FLAG_EXT : 0) | (k_only ? FLAG_KONLY : 0);
+
     put32(p, BLOCK_MAGIC);
-    put32(p, THAW_KVLAYOUT_BLOCK_VERSION | (uint32_t)((v_trans ? FLAG_VTRANS : 0) | (ext ? FLAG_EXT : 0)) << 16);
+    put32(p, THAW_KVLAYOUT_BLOCK_VERSION | flags << 16);
     put32(p, a); /* positions are the cell indices */
     put32(p, b - a);
     put32(p, n_layers);
@@ -424,7 +459,7 @@ int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, voi
         return THAW_EINVAL;
     if (cap < need)
         return THAW_ETOOBIG;
-    put_head(&p, a, b, s->n_layers, s->layers, (int)s->v_trans, l->ext);
+    put_head(&p, a, b, s->n_layers, s->layers, (int)s->v_trans, l->ext, s->k_only);
     for (uint32_t c = a; c < b; c++) {
         const uint8_t *cell = l->buf + s->meta_off + (size_t)c * stride;
         put(&p, cell, 4); /* pos */
@@ -433,7 +468,7 @@ int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, voi
     }
     for (uint32_t i = 0; i < s->n_layers; i++)
         put(&p, l->buf + s->layers[i].k_off + a * s->layers[i].k_row, m * s->layers[i].k_row);
-    for (uint32_t i = 0; i < s->n_layers; i++) {
+    for (uint32_t i = 0; i < s->n_layers && !s->k_only; i++) {
         const struct layer *ly = &s->layers[i];
         if (!s->v_trans) {
             put(&p, l->buf + ly->v_off + a * ly->v_row, m * ly->v_row);
@@ -451,7 +486,7 @@ int thaw_kvlayout_cut(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, voi
 
 struct thaw_kvlayout_mem {
     uint32_t n_layers;
-    int v_trans;
+    int v_trans, k_only;
     size_t cell_bytes;
     struct layer *layers;  /* the shape, from a parsed capture */
     const uint8_t **k, **v; /* each layer's stream 0 */
@@ -489,6 +524,7 @@ static int mem_new_section(const struct section *s, size_t cell_bytes, struct th
     memcpy(m->layers, s->layers, n * sizeof *m->layers);
     m->n_layers = n;
     m->v_trans = (int)s->v_trans;
+    m->k_only = s->k_only;
     m->cell_bytes = cell_bytes;
     *out = m;
     return 0;
@@ -586,6 +622,8 @@ void thaw_kvlayout_swa_copy_cell(const struct thaw_kvlayout *l, uint32_t i, uint
     const struct layer *ly = &s->layers[layer];
 
     memcpy(k_dst, l->buf + ly->k_off + (size_t)i * ly->k_row, ly->k_row);
+    if (s->k_only)
+        return;
     if (!s->v_trans) {
         memcpy(v_dst, l->buf + ly->v_off + (size_t)i * ly->v_row, ly->v_row);
         return;
@@ -598,6 +636,11 @@ void thaw_kvlayout_swa_copy_cell(const struct thaw_kvlayout *l, uint32_t i, uint
 uint32_t thaw_kvlayout_mem_n_layers(const struct thaw_kvlayout_mem *m)
 {
     return m->n_layers;
+}
+
+int thaw_kvlayout_mem_k_only(const struct thaw_kvlayout_mem *m)
+{
+    return m->k_only;
 }
 
 void thaw_kvlayout_mem_rows(const struct thaw_kvlayout_mem *m, uint32_t layer, uint64_t *k_row, uint64_t *v_row,
@@ -644,9 +687,9 @@ int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m, uint32_t stream, ui
             run = 0;
     }
     for (uint32_t i = 0; i < m->n_layers; i++)
-        if (!m->k[i] || !m->v[i])
+        if (!m->k[i] || (!m->v[i] && !m->k_only))
             return THAW_ENOTFOUND;
-    put_head(&p, a, b, m->n_layers, m->layers, m->v_trans, 0);
+    put_head(&p, a, b, m->n_layers, m->layers, m->v_trans, 0, m->k_only);
     for (uint32_t c = a; c < b; c++)
         put32(&p, c);
     for (uint32_t i = 0; i < m->n_layers; i++) {
@@ -659,7 +702,7 @@ int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m, uint32_t stream, ui
         for (size_t j = 0; j < n; j++)
             put(&p, k + (size_t)cell[j] * row, row);
     }
-    for (uint32_t i = 0; i < m->n_layers; i++) {
+    for (uint32_t i = 0; i < m->n_layers && !m->k_only; i++) {
         const struct layer *ly = &m->layers[i];
         const uint8_t *v = m->v[i] + stream * m->ss[2 * i + 1];
         if (!m->v_trans) {
@@ -712,8 +755,8 @@ static int block_parse_head(const void *block, size_t n, struct blk *k, uint64_t
     if ((ver & 0xffff) != THAW_KVLAYOUT_BLOCK_VERSION)
         return THAW_EVERSION;
     k->flags = ver >> 16;
-    if ((k->flags & ~(FLAG_VTRANS | FLAG_EXT)) || k->n_cells == 0 || k->n_layers == 0 || k->n_layers > MAX_LAYERS ||
-        reserved != 0 || (uint64_t)k->pos0 + k->n_cells > INT32_MAX)
+    if ((k->flags & ~FLAG_ALL) || k->n_cells == 0 || k->n_layers == 0 || k->n_layers > MAX_LAYERS || reserved != 0 ||
+        (uint64_t)k->pos0 + k->n_cells > INT32_MAX)
         return THAW_ECORRUPT;
     k->p = block;
     k->table = r.p + r.off;
@@ -727,7 +770,9 @@ static int block_parse_head(const void *block, size_t n, struct blk *k, uint64_t
         memcpy(&vt, e + 4, 4);
         memcpy(&kr, e + 8, 8);
         memcpy(&vr, e + 16, 8);
-        if (check_type(kt, kr, 0) != 0 || check_type(vt, vr, (k->flags & FLAG_VTRANS) != 0) != 0)
+        if (check_type(kt, kr, 0) != 0)
+            return THAW_ECORRUPT;
+        if ((k->flags & FLAG_KONLY) ? vt != 0 || vr != 0 : check_type(vt, vr, (k->flags & FLAG_VTRANS) != 0) != 0)
             return THAW_ECORRUPT;
         if (kr > UINT64_MAX / 4 - cell_bytes || vr > UINT64_MAX / 4 - cell_bytes - kr)
             return THAW_ECORRUPT;
@@ -774,8 +819,7 @@ int thaw_kvlayout_block_head_size(const void *hdr, size_t n, size_t *n_head)
         return THAW_ECORRUPT;
     if ((ver & 0xffff) != THAW_KVLAYOUT_BLOCK_VERSION)
         return THAW_EVERSION;
-    if (((ver >> 16) & ~(FLAG_VTRANS | FLAG_EXT)) || n_layers == 0 || n_layers > MAX_LAYERS || n_cells == 0 ||
-        n_cells > INT32_MAX)
+    if (((ver >> 16) & ~FLAG_ALL) || n_layers == 0 || n_layers > MAX_LAYERS || n_cells == 0 || n_cells > INT32_MAX)
         return THAW_ECORRUPT;
     *n_head = BLOCK_HEAD + (size_t)n_layers * BLOCK_LAYER + (size_t)n_cells * block_meta_stride((ver >> 16) & FLAG_EXT);
     return 0;
@@ -806,12 +850,13 @@ struct thaw_kvlayout_asm {
     struct thaw_kvlayout_frame f;
     uint32_t n_layers, flags, N, next; /* next: cells placed so far */
     uint32_t pos0;         /* the section's first position (0 for section 0) */
-    int vtrans, ext;
+    int vtrans, ext, konly;
     uint8_t *table;        /* block 0's layer table, which every block must repeat */
     uint64_t *krow, *vrow; /* per layer, bytes per cell */
     uint32_t *vel;         /* per layer, transposed V: bytes per element */
     size_t *k_off, *v_off; /* per layer, offset in the state of its first K / V byte */
     size_t meta_off, tail_off, size, n_tail, headroom;
+    size_t rest_off; /* the counts (0) of the streams after the frame's */
     uint8_t *buf;  /* headroom + size bytes; handed out by finish */
     int blob;      /* buf is a blob (blob.h), not malloc'd */
     uint8_t *base; /* the state in it (valid while the buffer lives) */
@@ -876,6 +921,7 @@ static int asm_shape(struct thaw_kvlayout_asm *a, const struct blk *k, uint32_t 
     a->flags = k->flags;
     a->vtrans = (k->flags & FLAG_VTRANS) != 0;
     a->ext = (k->flags & FLAG_EXT) != 0;
+    a->konly = (k->flags & FLAG_KONLY) != 0;
     a->N = n_cells;
     a->pos0 = pos0;
     uint32_t L = k->n_layers;
@@ -902,10 +948,11 @@ static int asm_shape(struct thaw_kvlayout_asm *a, const struct blk *k, uint32_t 
         a->k_off[l] = off + 12;
         off += 12 + (size_t)n_cells * a->krow[l];
     }
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < L && !a->konly; l++) {
         a->v_off[l] = off + 12;
         off += 12 + (size_t)n_cells * a->vrow[l];
     }
+    a->rest_off = off;
     off += 4 * (size_t)(f->n_stream - f->stream - 1);
     *end = off;
     return 0;
@@ -931,7 +978,7 @@ static void asm_write_section(struct thaw_kvlayout_asm *a, size_t sec_off)
         put(&p, a->table + (size_t)l * BLOCK_LAYER, 4);
         put64(&p, a->krow[l]);
     }
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < L && !a->konly; l++) {
         p = a->base + a->v_off[l] - 12;
         put(&p, a->table + (size_t)l * BLOCK_LAYER + 4, 4);
         if (!a->vtrans) {
@@ -941,7 +988,7 @@ static void asm_write_section(struct thaw_kvlayout_asm *a, size_t sec_off)
             put32(&p, (uint32_t)(a->vrow[l] / a->vel[l]));
         }
     }
-    p = a->base + a->v_off[L - 1] + (size_t)a->N * a->vrow[L - 1];
+    p = a->base + a->rest_off;
     for (uint32_t st = f->stream + 1; st < f->n_stream; st++)
         put32(&p, 0);
 }
@@ -1090,7 +1137,7 @@ int thaw_kvlayout_asm_segments(const struct thaw_kvlayout_asm *a, uint32_t pos0,
     if (pos0 < a->pos0)
         return 0; /* not this section's (asm_head refused it) */
     pos0 -= a->pos0; /* the section's cell */
-    while (n < cap && cur->part < 2) {
+    while (n < cap && cur->part < (a->konly ? 1u : 2u)) {
         uint32_t l = cur->l;
         if (l == a->n_layers) {
             cur->part++;

@@ -31,33 +31,40 @@
  *                          u8 rows[n_cells][row] }
  *       V     v_trans 0: n_layers x { i32 type | u64 row | u8 rows[n_cells][row] }
  *             v_trans 1: n_layers x { i32 type | u32 el (type size) |
- *                          u32 n_embd_v | u8 cols[n_embd_v][n_cells][el] } }
+ *                          u32 n_embd_v | u8 cols[n_embd_v][n_cells][el] }
+ *             absent in a cache without V tensors (MLA models, deepseek2:
+ *             K is the latent, V a view of it; v_trans is still written) }
  *
  * Supported: one or two sections as above; any stream count with exactly one
  * stream holding cells; cells with or without ext; V per row (flash
- * attention) or transposed; any ggml type with a known size (quantised types
+ * attention), transposed or absent (K only: told from the state itself —
+ * a buffer that parses only without V parts is one, and both sections
+ * then have none); any ggml type with a known size (quantised types
  * only untransposed). Section 0's cells must hold positions 0..n-1 in order
  * (a thaw slot's sequence does).
  * Refused (THAW_ELAYOUT): a different magic, more than one stream with cells,
- * layers without V (MLA), a purely recurrent memory (no attention section),
+ * a purely recurrent memory (no attention section),
  * a hybrid whose recurrent head is not one cell at the last position,
  * unknown types or row sizes, positions out of order, any bytes left over.
  *
  * ---- a block (this module's own format, host byte order = little-endian) --
  *
  *   off  0  u32 magic "TKB1"
- *        4  u16 version (1) | u16 flags (1: V transposed, 2: cells carry ext)
+ *        4  u16 version (1) | u16 flags (1: V transposed, 2: cells carry ext,
+ *                                        4: K only, no V part: MLA)
  *        8  u32 pos0          position of the first cell
  *       12  u32 n_cells
  *       16  u32 n_layers
  *       20  u32 reserved (0)
  *       24  n_layers x { i32 k_type | i32 v_type | u64 k_row | u64 v_row }
  *                      rows in bytes per cell; transposed V: v_row =
- *                      n_embd_v * type size
+ *                      n_embd_v * type size; K only: v_type 0, v_row 0
  *           meta  n_cells x { i32 pos [| i32 x | i32 y | i32 tok] }
  *           K     per layer: u8 rows[n_cells][k_row]
  *           V     per layer, untransposed: u8 rows[n_cells][v_row]
  *                            transposed:   u8 cols[n_embd_v][n_cells][el]
+ *                 none when K only (flag 4 also keeps these blocks from
+ *                 ever assembling with blocks that have V)
  *
  * A block holds no sequence id, stream or slot: the same cells cut from any
  * slot give the same bytes, so blocks can be shared between conversations.
@@ -103,6 +110,8 @@ void thaw_kvlayout_free(struct thaw_kvlayout *l);
 uint32_t thaw_kvlayout_n_cells(const struct thaw_kvlayout *l);
 uint32_t thaw_kvlayout_n_layers(const struct thaw_kvlayout *l);
 int thaw_kvlayout_v_trans(const struct thaw_kvlayout *l);
+/* 1 when the layers have no V part (an MLA model's latent cache). */
+int thaw_kvlayout_k_only(const struct thaw_kvlayout *l);
 /* Bytes of K and V per cell over all layers of section 0. */
 size_t thaw_kvlayout_bytes_per_cell(const struct thaw_kvlayout *l);
 void thaw_kvlayout_frame(const struct thaw_kvlayout *l, struct thaw_kvlayout_frame *f);
@@ -160,6 +169,8 @@ void thaw_kvlayout_swa_copy_cell(const struct thaw_kvlayout *l, uint32_t i, uint
                                  void *v_dst, size_t v_dst_stride);
 void thaw_kvlayout_mem_free(struct thaw_kvlayout_mem *m);
 uint32_t thaw_kvlayout_mem_n_layers(const struct thaw_kvlayout_mem *m);
+/* 1 when its layers have no V (their V memory is never read: pass NULL). */
+int thaw_kvlayout_mem_k_only(const struct thaw_kvlayout_mem *m);
 /* Layer `layer`'s bytes per cell (transposed V: n_embd_v * el) and V's
  * element size (transposed V only, else 0). */
 void thaw_kvlayout_mem_rows(const struct thaw_kvlayout_mem *m, uint32_t layer, uint64_t *k_row, uint64_t *v_row,

@@ -565,6 +565,7 @@ static int capture(struct llama_context *ctx, llama_seq_id seq, uint8_t **out, s
 static int bind_layers(struct thaw_kvtap *t, char *why, size_t n_why)
 {
     uint32_t n = thaw_kvlayout_mem_n_layers(t->mem), i = 0;
+    const int k_only = thaw_kvlayout_mem_k_only(t->mem);
 
     for (int il = 0; il < t->n_ids; il++) {
         struct ggml_tensor *k = t->k[il], *v = t->v[il];
@@ -572,16 +573,18 @@ static int bind_layers(struct thaw_kvtap *t, char *why, size_t n_why)
             continue;
         if (k && t->o_cell && (uint32_t)k->ne[1] == t->o_kv_size)
             continue; /* an SWA layer: swa_setup's */
-        if (!k || !v || i >= n)
+        /* an MLA model's cache has no V tensors (V is a view of K's latent)
+         * and its state no V parts: K rows only */
+        if (!k || (v == NULL) != k_only || i >= n)
             return thaw_why(why, n_why, THAW_ELAYOUT, "the graph's cache layers do not match the state's");
         uint64_t k_row, v_row;
         uint32_t v_el;
         thaw_kvlayout_mem_rows(t->mem, i, &k_row, &v_row, &v_el);
-        if (!ggml_is_contiguous(k) || !ggml_is_contiguous(v) || (uint64_t)k->nb[1] != k_row ||
-            (v_el == 0 && (uint64_t)v->nb[1] != v_row))
+        if (!ggml_is_contiguous(k) || (uint64_t)k->nb[1] != k_row ||
+            (v && (!ggml_is_contiguous(v) || (v_el == 0 && (uint64_t)v->nb[1] != v_row))))
             return thaw_why(why, n_why, THAW_ELAYOUT, "layer %d's cache rows are not the state's rows", il);
-        size_t v_stride = v_el ? (size_t)v->ne[1] * v_el : 0; /* transposed: one element of every cell */
-        thaw_kvlayout_mem_set(t->mem, i, k->data, k->nb[2], v->data, v->nb[2], v_stride);
+        size_t v_stride = v && v_el ? (size_t)v->ne[1] * v_el : 0; /* transposed: one element of every cell */
+        thaw_kvlayout_mem_set(t->mem, i, k->data, k->nb[2], v ? v->data : NULL, v ? v->nb[2] : 0, v_stride);
         i++;
     }
     if (i != n)

@@ -16,7 +16,9 @@
  *   - SET_ROWS nodes that write into a tensor named cache_k_l<i> or
  *     cache_v_l<i> (the KV cache's own tensors, llama-kv-cache.cpp):
  *     layer i's memory; for K, the index input gives the cell of each of the
- *     ubatch's tokens (stream * kv_size + cell, set before compute);
+ *     ubatch's tokens (stream * kv_size + cell, set before compute). An
+ *     MLA model (deepseek2) has cache_k_l<i> only — its V is a view of the
+ *     latent K — and its state no V parts: the tap cuts K rows only;
  *   - the ROPE node before it: the same tokens' positions (inp_pos).
  * Cutting from that memory writes the same bytes as cutting a capture
  * (kvlayout.h); thaw_kvtap_selftest checks it at start-up on a real decode

@@ -121,7 +121,7 @@ def test_help_exits_zero_and_lists_flags():
         assert name.split(".jinja")[0] in r.stdout
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", *NEW_ARCHS, "gpt-oss"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", *NEW_ARCHS, "gpt-oss", "deepseek2"])
 def test_same_seed_same_bytes(tmp_path, arch):
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     build(a, "--arch", arch, "--vocab", SPM, "--seed", 42)
@@ -226,7 +226,7 @@ def test_vocab_dir_env_and_name(tmp_path):
 
 BAD_FLAGS = [
     ([], "-o OUT.gguf is required"),
-    (["--arch", "gpt2"], "expected llama, gemma3, qwen3, gemma4, lfm2, qwen35 or gpt-oss"),
+    (["--arch", "gpt2"], "expected llama, gemma3, qwen3, gemma4, lfm2, qwen35, gpt-oss or deepseek2"),
     (["--layers", "0"], "--layers"),
     (["--layers", "513"], "--layers"),
     (["--layers", "2x"], "--layers"),
@@ -236,7 +236,10 @@ BAD_FLAGS = [
     (["--kv-heads", "3"], "must divide --heads"),
     (["--swa-window", "16"], "apply to --arch gemma3, gemma4 and gpt-oss only"),
     (["--arch", "qwen3", "--swa-pattern", "2"], "gpt-oss only"),
-    (["--moe-experts", "4"], "--moe-experts applies to --arch gpt-oss only"),
+    (["--moe-experts", "4"], "--moe-experts applies to --arch gpt-oss and deepseek2 only"),
+    (["--arch", "deepseek2", "--moe-experts", "1"], "--moe-experts"),
+    (["--arch", "deepseek2", "--layers", "1"], "needs --layers 2 or more"),
+    (["--arch", "deepseek2", "--kv-heads", "2"], "one KV head"),
     (["--arch", "gpt-oss", "--moe-experts", "1"], "--moe-experts"),
     (["--arch", "gpt-oss", "--moe-experts", "65"], "--moe-experts"),
     (["--arch", "gemma4", "--swa-pattern", "1"], "gemma4 needs an SWA layer"),
@@ -555,6 +558,61 @@ def test_gptoss_served_and_greedy_deterministic(tmp_path):
             line = next(l for l in s.lines if "model gpt-oss.gguf: " in l)
             assert "model gpt-oss.gguf: gpt-oss " in line, line
             assert "(sliding window)" in line, line
+            assert s.stop() == 0
+    assert replies[0] == replies[1]
+    assert len(set(replies[0].split())) >= 4, replies[0]
+
+
+# ---- deepseek2 (MLA) -----------------------------------------------------------------
+
+def test_deepseek2_layout(tmp_path):
+    out = tmp_path / "m.gguf"
+    r = build(out, "--arch", "deepseek2", "--layers", 3, "--moe-experts", 6, "--ff", 96)
+    assert "mla 64+32, moe 6+1 shared" in r.stderr and "ggml-vocab-deepseek-llm.gguf" in r.stderr
+    kv, tensors, _, _ = read_gguf(out)
+    assert kv["general.architecture"] == "deepseek2"
+    assert all(k.startswith(("general.", "deepseek2.", "tokenizer.")) for k in kv)
+    # what makes libllama's hparams.is_mla() true: the per-head MLA sizes;
+    # the cached head is the latent (64) plus the rope dims (32), one KV head
+    assert kv["deepseek2.attention.key_length_mla"] == 64
+    assert kv["deepseek2.attention.value_length_mla"] == 32
+    assert kv["deepseek2.attention.key_length"] == 96
+    assert kv["deepseek2.attention.value_length"] == 64
+    assert kv["deepseek2.attention.kv_lora_rank"] == 64
+    assert kv["deepseek2.attention.q_lora_rank"] == 0
+    assert kv["deepseek2.attention.head_count_kv"] == 1
+    assert kv["deepseek2.rope.dimension_count"] == 32
+    assert kv["deepseek2.leading_dense_block_count"] == 1
+    assert kv["deepseek2.expert_count"] == 6 and kv["deepseek2.expert_used_count"] == 2
+    assert kv["deepseek2.expert_shared_count"] == 1
+    assert kv["deepseek2.expert_feed_forward_length"] == 96
+    t = {name: ne for name, ne, _ in tensors}
+    assert t["blk.0.attn_q.weight"] == (64, 4 * 64)
+    assert t["blk.0.attn_kv_a_mqa.weight"] == (64, 96)
+    assert t["blk.0.attn_k_b.weight"] == (32, 64, 4)
+    assert t["blk.0.attn_v_b.weight"] == (64, 32, 4)
+    assert t["blk.0.attn_output.weight"] == (4 * 32, 64)
+    assert t["blk.0.ffn_gate.weight"] == (64, 96)  # the leading dense layer
+    assert "blk.0.ffn_gate_inp.weight" not in t
+    assert t["blk.1.ffn_gate_exps.weight"] == (64, 96, 6)
+    assert t["blk.2.ffn_down_shexp.weight"] == (96, 64)
+    assert "blk.1.ffn_gate.weight" not in t
+    assert "output.weight" in t
+    assert len(tensors) == 3 + 11 + 2 * 15
+
+
+def test_deepseek2_served_and_greedy_deterministic(tmp_path):
+    model = tmp_path / "deepseek2.gguf"
+    build(model, "--arch", "deepseek2", "--layers", 3, "--seed", 5)
+    replies = []
+    for _ in range(2):
+        with Server(str(model), "-np", "1", "--cache-ram", "0") as s:
+            r = s.chat(CHAT, max_tokens=16)
+            assert r["usage"]["completion_tokens"] >= 8
+            replies.append(r["choices"][0]["message"]["content"])
+            line = next(l for l in s.lines if "model deepseek2.gguf: " in l)
+            assert "model deepseek2.gguf: deepseek2 " in line, line
+            assert s.chat(CHAT, max_tokens=16)["choices"][0]["message"]["content"] == replies[-1]
             assert s.stop() == 0
     assert replies[0] == replies[1]
     assert len(set(replies[0].split())) >= 4, replies[0]

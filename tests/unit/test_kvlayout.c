@@ -3,7 +3,9 @@
  *   llama   plain attention, flash attention on (V rows) and off (V transposed)
  *   gemma3  iSWA: the full-attention section is cut, the SWA window is the tail
  *   gemma4  iSWA with its own cell metadata
- *   lfm2    hybrid (recurrent): must be refused with THAW_ELAYOUT
+ *   lfm2    hybrid (recurrent): the attention section cut, the recurrent
+ *           state the tail
+ *   deepseek2  MLA: a K-only latent cache (no V parts), f16 and q8_0
  * A restored sequence must decode the next token to the same logits as the
  * original. Damaged buffers and blocks must be refused, never overread (run
  * it under valgrind once: `valgrind --error-exitcode=1 build/test_kvlayout`).
@@ -55,6 +57,8 @@ static void mkmodel(char *path, size_t n, const char *name, const char *arch, co
     assert_int_equal(thaw_mkmodel_main(argc, argv), 0);
 }
 
+static enum ggml_type g_kv_type = GGML_TYPE_F16; /* -ctk/-ctv of the next env_open */
+
 struct env {
     struct llama_model *model;
     struct llama_context *ctx;
@@ -73,6 +77,7 @@ static void env_open(struct env *e, const char *path, enum llama_flash_attn_type
     cp.n_seq_max = 2;
     cp.kv_unified = false; /* as the engine runs it: one stream per slot */
     cp.flash_attn_type = fa;
+    cp.type_k = cp.type_v = g_kv_type;
     cp.n_threads = cp.n_threads_batch = 2;
     cp.no_perf = true;
     e->ctx = llama_init_from_model(e->model, cp);
@@ -169,7 +174,7 @@ static void assemble(const struct blocks *bl, const struct thaw_kvlayout_frame *
 
 /* ---- model fixtures ---------------------------------------------------------- */
 
-static char m_llama[256], m_gemma3[256], m_gemma4[256], m_lfm2[256];
+static char m_llama[256], m_gemma3[256], m_gemma4[256], m_lfm2[256], m_ds2[256];
 
 static int group_setup(void **state)
 {
@@ -186,6 +191,7 @@ static int group_setup(void **state)
     mkmodel(m_gemma3, sizeof m_gemma3, "gemma3", "gemma3", swa);
     mkmodel(m_gemma4, sizeof m_gemma4, "gemma4", "gemma4", g4);
     mkmodel(m_lfm2, sizeof m_lfm2, "lfm2", "lfm2", hy);
+    mkmodel(m_ds2, sizeof m_ds2, "deepseek2", "deepseek2", hy);
     return 0;
 }
 
@@ -196,6 +202,7 @@ static int group_teardown(void **state)
     unlink(m_gemma3);
     unlink(m_gemma4);
     unlink(m_lfm2);
+    unlink(m_ds2);
     rmdir(g_dir);
     llama_backend_free();
     return 0;
@@ -314,6 +321,71 @@ static void test_gemma4(void **state)
 
 static void damage(const uint8_t *s, size_t n, int strict_truncation);
 
+/* deepseek2 (MLA): libllama's cache has no V tensors and its state no V
+ * parts (v_trans is written all the same): the layers are cut K rows only,
+ * the blocks say so (flag 4), and they assemble back byte for byte and
+ * restore to the same logits (round_trip), with flash attention on or off
+ * (a transposed-V flag that moves nothing) and with q8_0 K (the latent row
+ * is 64 + 32 values, three q8_0 blocks of 34 bytes). */
+static void test_deepseek2_k_only(void **state)
+{
+    static const struct {
+        enum ggml_type type;
+        enum llama_flash_attn_type fa;
+        int vtrans;
+        uint64_t k_row;
+    } cases[] = {
+        {GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED, 0, 96 * 2},
+        {GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_DISABLED, 1, 96 * 2},
+        {GGML_TYPE_Q8_0, LLAMA_FLASH_ATTN_TYPE_ENABLED, 0, 3 * 34},
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct env e;
+        struct thaw_kvlayout *l;
+        size_t n;
+        g_kv_type = cases[i].type;
+        round_trip(m_ds2, cases[i].fa, cases[i].vtrans, 0);
+        env_open(&e, m_ds2, cases[i].fa, 256);
+        decode(&e, 0, 0, 9);
+        uint8_t *s = get_state(&e, 0, &n);
+        assert_int_equal(thaw_kvlayout_parse(s, n, &l), 0);
+        assert_int_equal(thaw_kvlayout_k_only(l), 1);
+        assert_int_equal(thaw_kvlayout_n_layers(l), 3);
+        /* K rows only: the three latent rows are all a cell holds */
+        assert_int_equal(thaw_kvlayout_bytes_per_cell(l), 3 * cases[i].k_row);
+        size_t nb = thaw_kvlayout_block_size(l, 0, 4);
+        assert_int_equal(nb, 24 + 3 * 24 + 4 * 4 + 4 * 3 * cases[i].k_row);
+        uint8_t *b = malloc(nb);
+        assert_non_null(b);
+        assert_int_equal(thaw_kvlayout_cut(l, 0, 4, b, nb), 0);
+        uint16_t flags;
+        memcpy(&flags, b + 6, 2);
+        assert_int_equal(flags, 4 | (cases[i].vtrans ? 1 : 0));
+        int32_t vt;
+        uint64_t kr, vr;
+        memcpy(&vt, b + 24 + 4, 4);
+        memcpy(&kr, b + 24 + 8, 8);
+        memcpy(&vr, b + 24 + 16, 8);
+        assert_int_equal(vt, 0);
+        assert_int_equal(kr, cases[i].k_row);
+        assert_int_equal(vr, 0);
+        /* a K-only block that claims a V part is damaged */
+        uint32_t pos0, nc;
+        vr = 2;
+        memcpy(b + 24 + 16, &vr, 8);
+        assert_int_equal(thaw_kvlayout_block_info(b, nb, &pos0, &nc), THAW_ECORRUPT);
+        free(b);
+        thaw_kvlayout_free(l);
+        if (i == 0)
+            damage(s, n, 1); /* seq 0 of 2 streams: a cut-off buffer is never whole */
+        free(s);
+        env_close(&e);
+    }
+    g_kv_type = GGML_TYPE_F16;
+}
+
 /* Cells with llama_kv_cell_ext (M-RoPE / PLE models, none of which mkmodel
  * makes): a real llama buffer with 12 ext bytes put into every cell's meta
  * must be recognised and round-trip with its ext intact. */
@@ -426,11 +498,11 @@ static void test_hybrid_recurrent_tail(void **state)
 
 static void test_selftest(void **state)
 {
-    const char *paths[] = {m_llama, m_gemma3, m_gemma4};
+    const char *paths[] = {m_llama, m_gemma3, m_gemma4, m_ds2};
     char why[160];
 
     (void)state;
-    for (size_t i = 0; i < 3; i++)
+    for (size_t i = 0; i < 4; i++)
         for (int fa = 0; fa < 2; fa++) {
             struct env e;
             env_open(&e, paths[i], fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED, 256);
@@ -705,10 +777,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_fa_on),    cmocka_unit_test(test_llama_fa_off),
         cmocka_unit_test(test_gemma3_fa_on),   cmocka_unit_test(test_gemma3_fa_off),
-        cmocka_unit_test(test_gemma4),         cmocka_unit_test(test_cell_ext),
-        cmocka_unit_test(test_hybrid_recurrent_tail), cmocka_unit_test(test_selftest),
-        cmocka_unit_test(test_damaged_state),  cmocka_unit_test(test_damaged_blocks),
-        cmocka_unit_test(test_bench),
+        cmocka_unit_test(test_gemma4),         cmocka_unit_test(test_deepseek2_k_only),
+        cmocka_unit_test(test_cell_ext),       cmocka_unit_test(test_hybrid_recurrent_tail),
+        cmocka_unit_test(test_selftest),       cmocka_unit_test(test_damaged_state),
+        cmocka_unit_test(test_damaged_blocks), cmocka_unit_test(test_bench),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,6 +1,7 @@
 /* test_kvtap.c — blocks cut straight from libllama's KV cache (kvtap.h), on
- * the real libllama and a generated model, with V per row (flash attention)
- * and transposed:
+ * the real libllama and generated models (llama; deepseek2, whose MLA cache
+ * has K tensors only: K rows only are cut), with V per row (flash
+ * attention) and transposed:
  *   - the start-up self-test passes;
  *   - through a slot's life — two sequences decoded in the same batches,
  *     uneven chunks, a rollback and a different continuation, a state
@@ -27,6 +28,7 @@
 
 static char g_dir[] = "/tmp/thaw_kvtap_XXXXXX";
 static enum llama_flash_attn_type g_fa = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+static const char *g_arch = "llama";
 static char g_model[300];
 static struct llama_model *g_m;
 static struct llama_context *g_ctx;
@@ -50,8 +52,8 @@ static int group_setup(void **state)
     if (!mkdtemp(g_dir))
         return -1;
     snprintf(g_model, sizeof g_model, "%s/m.gguf", g_dir);
-    char *argv[] = {"mkmodel", "-o", g_model, "--arch", "llama", NULL};
-    if (thaw_mkmodel_main(5, argv) != 0)
+    char *argv[] = {"mkmodel", "-o", g_model, "--arch", (char *)g_arch, "--layers", "3", NULL};
+    if (thaw_mkmodel_main(7, argv) != 0)
         return -1;
     g_m = llama_model_load_from_file(g_model, llama_model_default_params());
     if (!g_m || thaw_kvtap_new(&g_tap) != 0)
@@ -127,6 +129,7 @@ static void assert_cuts_match(llama_seq_id seq, uint32_t n, uint32_t step)
     struct thaw_kvlayout *l = NULL;
     assert_int_equal(thaw_kvlayout_parse(state, n_state, &l), 0);
     assert_int_equal(thaw_kvlayout_n_cells(l), n);
+    assert_int_equal(thaw_kvlayout_k_only(l), strcmp(g_arch, "deepseek2") == 0);
     assert_true(thaw_kvtap_known(g_tap, seq, 0, n));
     uint32_t odd[][2] = {{0, n}, {1, n - 1}, {n / 3, n / 3 + 1}, {n - 1, n}};
     for (uint32_t i = 0; i < n / step + 4; i++) {
@@ -217,7 +220,14 @@ int main(void)
         cmocka_unit_test(test_selftest_passes),
         cmocka_unit_test(test_cuts_equal_captures_through_a_slots_life),
     };
-    int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
-    g_fa = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    return failed + cmocka_run_group_tests(tests, group_setup, group_teardown);
+    static const char *const archs[] = {"llama", "deepseek2"};
+    int failed = 0;
+    for (int a = 0; a < 2; a++)
+        for (int fa = 0; fa < 2; fa++) {
+            g_arch = archs[a];
+            g_fa = fa ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_ENABLED;
+            fprintf(stderr, "%s, flash attention %s\n", g_arch, fa ? "off" : "on");
+            failed += cmocka_run_group_tests(tests, group_setup, group_teardown);
+        }
+    return failed;
 }
