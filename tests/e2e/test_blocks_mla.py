@@ -27,6 +27,7 @@ import struct
 import pytest
 
 from harness import mkmodel
+from test_blocks_swa import ask, shared_system
 from test_kv_cache import chat, reply, text
 
 B = 32
@@ -44,14 +45,6 @@ UB = ["-ub", str(B)]
 def flags(d, *extra):
     return ["--kv-cache-dir", str(d), "--cache-ram", "0", "--kv-cache-min-tokens", "16",
             "--kv-cache-block", str(B), *UB, *extra]
-
-
-def shared_system():
-    return {"role": "system", "content": "Shared rules and tools. " + text(250, 3)}
-
-
-def ask(i):
-    return {"role": "user", "content": f"Job {i}: " + text(30, 100 + i)}
 
 
 def reference(serve, m, prompts, *extra, n=16):
