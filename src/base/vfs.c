@@ -84,6 +84,17 @@ static int sys_fsync(const struct thaw_vfs *vfs, int fd)
     return r < 0 ? -errno : 0;
 }
 
+static int sys_syncfs(const struct thaw_vfs *vfs, int fd)
+{
+    int r;
+
+    (void)vfs;
+    do
+        r = syncfs(fd);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : 0;
+}
+
 static int sys_fstat(const struct thaw_vfs *vfs, int fd, struct stat *st)
 {
     (void)vfs;
@@ -202,6 +213,7 @@ static const struct thaw_vfs sys_vfs = {
     .pread = sys_pread,
     .preadv = sys_preadv,
     .fsync = sys_fsync,
+    .syncfs = sys_syncfs,
     .fstat = sys_fstat,
     .stat = sys_stat,
     .rename = sys_rename,
@@ -326,6 +338,7 @@ static ssize_t ft_preadv(const struct thaw_vfs *vfs, int fd, const struct iovec 
     }
 
 FT_SIMPLE(fsync, THAW_VFS_FSYNC, (const struct thaw_vfs *vfs, int fd), (FAULT_BASE(vfs), fd))
+FT_SIMPLE(syncfs, THAW_VFS_FSYNC, (const struct thaw_vfs *vfs, int fd), (FAULT_BASE(vfs), fd))
 FT_SIMPLE(fstat, THAW_VFS_FSTAT, (const struct thaw_vfs *vfs, int fd, struct stat *st), (FAULT_BASE(vfs), fd, st))
 FT_SIMPLE(stat, THAW_VFS_STAT, (const struct thaw_vfs *vfs, const char *path, struct stat *st),
           (FAULT_BASE(vfs), path, st))
@@ -372,6 +385,7 @@ int thaw_vfs_fault_new(const struct thaw_vfs *base, struct thaw_vfs_fault **out)
         .pread = ft_pread,
         .preadv = ft_preadv,
         .fsync = ft_fsync,
+        .syncfs = ft_syncfs,
         .fstat = ft_fstat,
         .stat = ft_stat,
         .rename = ft_rename,

@@ -43,6 +43,12 @@ struct thaw_vfs {
     ssize_t (*preadv)(const struct thaw_vfs *vfs, int fd, const struct iovec *iov, int n_iov, off_t off);
     /* 0 or -errno. Works on directories opened O_RDONLY too. */
     int (*fsync)(const struct thaw_vfs *vfs, int fd);
+    /* syncfs(2): everything written to the filesystem that holds fd (file
+     * data, inodes, directory entries; every process's) is durable on 0.
+     * -errno otherwise: a writeback error since fd was opened is reported
+     * (Linux >= 5.8), so open fd before the writes it is to cover. Counted
+     * as THAW_VFS_FSYNC by the fault table. */
+    int (*syncfs)(const struct thaw_vfs *vfs, int fd);
     /* 0 or -errno; *st is filled on 0. stat follows symbolic links. */
     int (*fstat)(const struct thaw_vfs *vfs, int fd, struct stat *st);
     int (*stat)(const struct thaw_vfs *vfs, const char *path, struct stat *st);

@@ -84,7 +84,7 @@ static void disk_log(void *ud, int level, const char *msg)
     thaw_log((enum thaw_log_level)level, "kv-cache: %s", msg);
 }
 
-/* THAW_HOOK_DISK_FSYNC_DELAY_MS (testhooks.h): every fsync of the disk
+/* THAW_HOOK_DISK_FSYNC_DELAY_MS (testhooks.h): every fsync and syncfs of the disk
  * tier first sleeps that long, a slow disk on demand. Unset, the default
  * table is used as is. */
 static struct thaw_vfs slow_vfs;
@@ -99,12 +99,22 @@ static int slow_fsync(const struct thaw_vfs *v, int fd)
     return thaw_vfs_default()->fsync(thaw_vfs_default(), fd);
 }
 
+static int slow_syncfs(const struct thaw_vfs *v, int fd)
+{
+    struct timespec ts = {slow_fsync_ms / 1000, (slow_fsync_ms % 1000) * 1000000L};
+
+    (void)v;
+    nanosleep(&ts, NULL);
+    return thaw_vfs_default()->syncfs(thaw_vfs_default(), fd);
+}
+
 static const struct thaw_vfs *disk_vfs(void)
 {
     if (!(slow_fsync_ms = thaw_test_hook(THAW_HOOK_DISK_FSYNC_DELAY_MS)))
         return NULL;
     slow_vfs = *thaw_vfs_default();
     slow_vfs.fsync = slow_fsync;
+    slow_vfs.syncfs = slow_syncfs;
     return &slow_vfs;
 }
 

@@ -928,11 +928,11 @@ static void run_group(struct fx *f, struct thaw_disk_cache *c)
 
 /* A crash at every system call of the writer's group commit: the directory
  * opens clean; no root of the group is committed before every block of it
- * is (the blocks' .idx and their directory fsync come first: invariant 7),
+ * is (the blocks' .idx and the sync that covers them come first: invariant 7),
  * so a committed manifest always has its blocks; the replaced whole state
  * is the old one up to its .idx unlink, then nothing, then the new one
  * (invariant 3); a commit is never lost at a later point; the last commit
- * is the last .idx rename (only the directory fsync follows); and after
+ * is the last .idx rename (only the group's last syncfs follows); and after
  * one pass no block is left that nothing names. */
 static void test_crash_group_commit(void **state)
 {
@@ -945,7 +945,7 @@ static void test_crash_group_commit(void **state)
     assert_int_equal(store_whole(f->c, 0, 1), 0);
     fx_close(f);
     n_calls = count_calls(f, run_group, &p);
-    assert_true(n_calls >= 80);
+    assert_true(n_calls >= 40);
     for (unsigned long n = 1; n <= n_calls; n++) {
         int man[2], blocks, w;
 
@@ -1000,14 +1000,14 @@ static void test_crash_group_commit(void **state)
     assert_true(last_old >= 1); /* the store began with the old .idx's unlink, not before */
     assert_true(first_new > last_old + 1);
     assert_true(first_man[0] && first_man[1]);
-    /* only the directory fsync (open, fsync, close) follows the last commit */
-    assert_int_equal(first_all, n_calls - 2);
+    /* only the group's last sync (syncfs, close) follows the last commit */
+    assert_int_equal(first_all, n_calls - 1);
 }
 
-/* fsyncs of one group of N blocks and their manifest (one part each): a
- * file fsync per part and per .idx, and three of the directory (after the
- * parts, after the blocks' .idx, after the manifest's) — 2(N+1) + 3, where
- * one store at a time took 4(N+1). Counted by the vfs and in the stats
+/* syncs of one group of N blocks and their manifest (one part each): two
+ * syncfs (after the parts and the blocks' .idx, after the manifest's .idx)
+ * whatever N, where per-file fsyncs took 2(N+1) + 3 and one store at a time
+ * 4(N+1). Counted by the vfs (syncfs as fsync) and in the stats
  * (thaw_kv_disk_fsyncs_total). */
 static void test_group_fsyncs(void **state)
 {
@@ -1029,19 +1029,23 @@ static void test_group_fsyncs(void **state)
     assert_int_equal(submit_man(f->c, 0, ids, N), 0);
     thaw_disk_cache_flush(f->c);
     assert_int_equal(stats(f->c).stores_ok, N + 1);
-    assert_int_equal(thaw_vfs_fault_calls(ft, THAW_VFS_FSYNC), 2 * (N + 1) + 3);
-    assert_int_equal(stats(f->c).fsyncs - before, 2 * (N + 1) + 3);
-    assert_true(stats(f->c).fsyncs - before < 4 * (N + 1));
+    assert_int_equal(thaw_vfs_fault_calls(ft, THAW_VFS_FSYNC), 2);
+    assert_int_equal(stats(f->c).fsyncs - before, 2);
     assert_true(lookup_ok(f, 1000) && lookup_ok(f, 0) && lookup_ok(f, N - 1));
 
-    /* a store alone still costs four: the synchronous one, and a group of one */
+    /* the synchronous store alone still costs four fsyncs; a group of one
+     * block one sync, of one root two */
     before = stats(f->c).fsyncs;
     assert_int_equal(store_block(f->c, 20), 0);
     assert_int_equal(stats(f->c).fsyncs - before, 4);
     before = stats(f->c).fsyncs;
     assert_int_equal(submit_block(f->c, 21), 0);
     thaw_disk_cache_flush(f->c);
-    assert_int_equal(stats(f->c).fsyncs - before, 4);
+    assert_int_equal(stats(f->c).fsyncs - before, 1);
+    before = stats(f->c).fsyncs;
+    assert_int_equal(submit_man(f->c, 1, ids, 2), 0);
+    thaw_disk_cache_flush(f->c);
+    assert_int_equal(stats(f->c).fsyncs - before, 2);
     fx_close(f);
     thaw_vfs_fault_free(ft);
 }
@@ -1056,28 +1060,28 @@ struct group_fault {
     int ok, failed;      /* the group's stores that commit / fail */
     int enospc;          /* entries evicted for room */
     int lost;            /* the store that fails: 1 = block 1, 1000 = the manifest, -1 none */
-    unsigned long syncs; /* fsyncs of the whole group, retries included */
+    unsigned long syncs; /* fsyncs and syncfs of the whole group, retries included */
 };
 
 /* Four entries of one part: writes 1-4 are the parts (B0 B1 B2 M), 5-7 the
- * blocks' .idx, 8 the manifest's; fsyncs 1-4 the parts, 5 the directory,
- * 6-8 the blocks' .idx, 9 the directory, 10 the manifest's .idx, 11 the
- * directory. A store by itself takes 4. */
+ * blocks' .idx, 8 the manifest's; sync 1 (a syncfs) covers the parts and
+ * the blocks' .idx, sync 2 the manifest's .idx; open 1 is the directory
+ * the syncs go through. A store by itself takes 4 fsyncs. */
 static const struct group_fault group_faults[] = {
     /* block 1's .kv: it fails alone, the rest commit (its manifest names a
      * missing block: the caller's miss, invariant 7) */
-    {"EIO writing a block", THAW_VFS_WRITE, 2, -EIO, 3, 1, 0, 1, 11 - 2},
+    {"EIO writing a block", THAW_VFS_WRITE, 2, -EIO, 3, 1, 0, 1, 2},
     /* disk full at block 1's .kv: it is scrubbed, then stored by itself
      * after the other blocks' commit, once an old root made room */
-    {"ENOSPC writing a block", THAW_VFS_WRITE, 2, -ENOSPC, 4, 0, 1, -1, 11 - 2 + 4},
+    {"ENOSPC writing a block", THAW_VFS_WRITE, 2, -ENOSPC, 4, 0, 1, -1, 2 + 4},
     /* the manifest's .idx: blocks committed, the manifest fails alone */
-    {"EIO writing the manifest's .idx", THAW_VFS_WRITE, 8, -EIO, 3, 1, 0, 1000, 11 - 2},
-    /* the shared directory fsync after the parts: every job by itself */
-    {"EIO fsyncing the directory after the parts", THAW_VFS_FSYNC, 5, -EIO, 4, 0, 0, -1, 5 + 4 * 4},
-    /* after the blocks' .idx: the blocks by themselves, the manifest after */
-    {"EIO fsyncing the directory after the blocks' .idx", THAW_VFS_FSYNC, 9, -EIO, 4, 0, 0, -1, 9 + 3 * 4 + 2},
-    /* a part's own fsync */
-    {"EIO fsyncing a block's part", THAW_VFS_FSYNC, 2, -EIO, 3, 1, 0, 1, 11 - 1},
+    {"EIO writing the manifest's .idx", THAW_VFS_WRITE, 8, -EIO, 3, 1, 0, 1000, 1},
+    /* the sync after the parts and the blocks' .idx: every job by itself */
+    {"EIO syncing the parts and the blocks' .idx", THAW_VFS_FSYNC, 1, -EIO, 4, 0, 0, -1, 1 + 4 * 4},
+    /* after the manifest's .idx: the blocks committed, the manifest by itself */
+    {"EIO syncing the manifest's .idx", THAW_VFS_FSYNC, 2, -EIO, 4, 0, 0, -1, 2 + 4},
+    /* no directory to sync through: every job by itself, with its fsyncs */
+    {"EIO opening the directory for the syncs", THAW_VFS_OPEN, 1, -EIO, 4, 0, 0, -1, 4 * 4},
 };
 
 static void test_group_errors(void **state)

@@ -115,8 +115,11 @@ static void test_fault_fail(void **state)
     /* From: every fsync from the 1st on. */
     thaw_vfs_fault_arm(f, THAW_VFS_FSYNC, 1, THAW_VFS_FAIL_FROM, -EIO);
     assert_int_equal(v->fsync(v, fd), -EIO);
-    assert_int_equal(v->fsync(v, fd), -EIO);
+    assert_int_equal(v->syncfs(v, fd), -EIO); /* a syncfs counts as an fsync */
+    assert_int_equal(thaw_vfs_fault_calls(f, THAW_VFS_FSYNC), 2);
     assert_int_equal(thaw_vfs_fault_fired(f), 2);
+    thaw_vfs_fault_arm(f, THAW_VFS_ANY, 0, THAW_VFS_NONE, 0);
+    assert_int_equal(v->syncfs(v, fd), 0);
     /* ANY counts every op; a failed close still closes. */
     thaw_vfs_fault_arm(f, THAW_VFS_ANY, 1, THAW_VFS_FAIL_ONCE, -EIO);
     assert_int_equal(v->close(v, fd), -EIO);
