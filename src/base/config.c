@@ -253,6 +253,11 @@ static const struct opt opts[] = {
      "after a reply a slot re-decodes it as the next turn will present it, then stores it; a request that needs "
      "that slot waits for this work when it has at most this long left, else cuts it short (what is done is "
      "stored; the conversation's next turn prefills the rest)", NULL},
+    {"--shutdown-timeout", "S", OPT_INT, OFF(shutdown_timeout_s), 1, 3600,
+     "on SIGTERM or SIGINT: requests in flight get an error, the slots' re-decoding gets a quarter of this, "
+     "then every finished turn still queued is written (in one group commit: its bytes, two syncs) before exit; "
+     "meant to end well inside a supervisor's grace (docker stop: 10 s). A second signal exits at once, losing "
+     "what is still queued (turns already on disk are safe)", NULL},
     {"--cache-prompt", NULL, OPT_TRUE, OFF(cache_prompt), 0, 0, "reuse the common prefix a slot already holds (default)", NULL},
     {"--no-cache-prompt", NULL, OPT_FALSE, OFF(cache_prompt), 0, 0, "always prefill the whole prompt", NULL},
     {"--max-queue", "N", OPT_INT, OFF(max_queue), 0, 1 << 20, "requests that may wait for a slot; beyond that: 503", NULL},
@@ -521,6 +526,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->port = 8080;
     cfg->slot_prompt_similarity = 0.1f;
     cfg->fixup_wait_ms = 250;
+    cfg->shutdown_timeout_s = 8;
     cfg->cache_prompt = true;
     cfg->webui = true;
     cfg->max_queue = 64;

@@ -67,6 +67,7 @@ struct thaw_config {
     int n_api_keys;
     float slot_prompt_similarity; /* --slot-prompt-similarity */
     int fixup_wait_ms;           /* --fixup-wait-ms */
+    int shutdown_timeout_s;      /* --shutdown-timeout: SIGTERM's budget, seconds */
     bool cache_prompt;           /* --cache-prompt / --no-cache-prompt */
     bool webui;                  /* --webui (default) / --no-webui: the chat page at / */
     int max_queue;               /* --max-queue: requests waiting beyond the slots */

@@ -355,6 +355,7 @@ struct job {
     struct links links; /* refs point into parts[THAW_PART_KV]; counted from submit
                          * until its store commits or fails (held_release) */
     uint64_t bytes;     /* parts + .idx: what it counts in queue_bytes */
+    double t_submit;    /* mono_ms() at submit */
     struct job *next;   /* FIFO; the group being written keeps the order */
     /* the writer's, once the job is in a group */
     struct staged s;
@@ -1459,11 +1460,19 @@ void thaw_disk_cache_close(struct thaw_disk_cache *c)
     if (!c)
         return;
     if (c->has_writer) {
+        double t0 = mono_ms();
         pthread_mutex_lock(&c->mu);
-        c->stopping = 1; /* the writer drains the queue before it exits */
+        uint64_t left = c->q_len + c->q_active, ok = c->st.stores_ok, failed = c->st.store_failures;
+        uint64_t syncs = atomic_load_explicit(&c->n_fsyncs, memory_order_relaxed);
+        c->stopping = 1; /* the writer drains the queue before it exits: one group (notes: Shutdown) */
         pthread_cond_signal(&c->q_cond);
         pthread_mutex_unlock(&c->mu);
         pthread_join(c->writer, NULL);
+        if (left)
+            logf_(c, THAW_LOG_INFO, "disk cache: wrote %llu of the %llu stores queued at exit in %.0f ms, %llu syncs%s",
+                  (unsigned long long)(c->st.stores_ok - ok), (unsigned long long)left, mono_ms() - t0,
+                  (unsigned long long)(atomic_load_explicit(&c->n_fsyncs, memory_order_relaxed) - syncs),
+                  c->st.store_failures > failed ? " (the rest failed: logged above)" : "");
     }
     while (c->q_head) { /* only without a writer: none */
         struct job *j = c->q_head;
@@ -1881,6 +1890,7 @@ static void group_end(struct thaw_disk_cache *c, struct job *g, int blocks, int 
  * its own would: its claim, its held refs, its stats. */
 static void store_group(struct thaw_disk_cache *c, struct job *g)
 {
+    double t0 = mono_ms(), t_sync = 0, t;
     unsigned n = 0;
     struct job *j;
     int r, dfd;
@@ -1915,11 +1925,24 @@ static void store_group(struct thaw_disk_cache *c, struct job *g)
             n++;
     }
     n += write_idxs(c, g, 1);
-    group_end(c, g, 1, n ? sync_fs(c, dfd) : 0);
+    t = mono_ms();
+    r = n ? sync_fs(c, dfd) : 0;
+    t_sync += mono_ms() - t;
+    group_end(c, g, 1, r);
     n = write_idxs(c, g, 0);
-    group_end(c, g, 0, n ? sync_fs(c, dfd) : 0);
+    t = mono_ms();
+    r = n ? sync_fs(c, dfd) : 0;
+    t_sync += mono_ms() - t;
+    group_end(c, g, 0, r);
     if (dfd >= 0)
         (void)c->vfs->close(c->vfs, dfd);
+    t = mono_ms();
+    pthread_mutex_lock(&c->mu);
+    c->st.groups++;
+    c->st.group_wait_us += (uint64_t)(1000 * (t0 - g->t_submit));
+    c->st.group_write_us += (uint64_t)(1000 * (t - t0 - t_sync));
+    c->st.group_sync_us += (uint64_t)(1000 * t_sync);
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* The next group, off the head of the queue: up to GROUP_MAX_JOBS jobs and
@@ -2024,6 +2047,7 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
     j->n_meta = n_meta;
     j->links = ln; /* points into parts[THAW_PART_KV], which the job holds from here */
     j->bytes = total;
+    j->t_submit = mono_ms();
 
     pthread_mutex_lock(&c->mu);
     held = c->q_bytes;

@@ -448,8 +448,17 @@ struct thaw_disk_cache_stats {
     uint64_t skipped_entries; /* found unusable at open and left in place:
                                * corrupt under READONLY, or an .idx that
                                * could not be read (EACCES, EIO) */
-    uint64_t fsyncs;          /* fsync calls made, of files and of the
-                               * directory (whatever their outcome) */
+    uint64_t fsyncs;          /* fsync and syncfs calls made, of files, the
+                               * directory and the filesystem (whatever
+                               * their outcome) */
+    /* The writer's group commits, where a store's time goes after submit
+     * (microseconds, summed over groups): waiting in the queue (the
+     * group's oldest job, submit to the group's start), writing its files,
+     * and in the syncs that make them durable. */
+    uint64_t groups;
+    uint64_t group_wait_us;
+    uint64_t group_write_us;
+    uint64_t group_sync_us;
 };
 
 /* Counters since open (entries, bytes, oldest_*, queue_*: now). c NULL

@@ -1022,9 +1022,16 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
     C("stores_total", "entries written", st.stores_ok);
     C("store_failures_total", "stores that failed (I/O error, disk full)", st.store_failures);
     C("fsyncs_total",
-      "fsync calls of the disk tier, files and directory (a store waits for them; the writer shares the directory's "
-      "among the stores it commits together)",
+      "fsync and syncfs calls of the disk tier (a store waits for them; the writer's group commit syncs the "
+      "filesystem twice for all the stores it commits together)",
       st.fsyncs);
+    C("commit_groups_total", "group commits of the disk writer", st.groups);
+    C("commit_wait_seconds_total", "time the oldest store of each group commit waited in the writer's queue",
+      st.group_wait_us / 1e6);
+    C("commit_write_seconds_total", "time the group commits spent writing files (syncs aside)",
+      st.group_write_us / 1e6);
+    C("commit_sync_seconds_total", "time the group commits spent in the syncs that make them durable",
+      st.group_sync_us / 1e6);
     C("stores_dropped_total",
       "stores not queued for disk (writer queue bytes full, too big, shutting "
       "down)",

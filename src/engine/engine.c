@@ -47,8 +47,12 @@
 
 /* ---- slots --------------------------------------------------------------------- */
 
-/* At shutdown the re-decoding left gets this long, at full speed. */
-#define THAW_SHUTDOWN_FIXUP_S 10
+/* At shutdown the re-decoding left gets this part of --shutdown-timeout,
+ * at full speed (the rest is for storing and writing what it made). */
+static int64_t shutdown_fixup_us(const struct thaw_engine *e)
+{
+    return (int64_t)e->cfg->shutdown_timeout_s * 1000000 / 4;
+}
 
 /* Ends the slot's request or post-reply work: the slot is free again. */
 void thaw_engine_slot_idle(struct thaw_engine *e, struct thaw_slot *s)
@@ -135,8 +139,8 @@ static void slot_cut_fixup(struct thaw_engine *e, struct thaw_slot *s, const str
         LOG_DBG("slot %d: post-reply work cut short at %d of %d tokens for a waiting request%s", s->id,
                 s->n_tokens, s->n_fix, next_turn ? " (its next turn)" : "");
     else
-        LOG_WRN("slot %d: shutdown: post-reply work stopped at %d of %d tokens after %d s; storing those", s->id,
-                s->n_tokens, s->n_fix, THAW_SHUTDOWN_FIXUP_S);
+        LOG_WRN("slot %d: shutdown: post-reply work stopped at %d of %d tokens after %.1f s; storing those", s->id,
+                s->n_tokens, s->n_fix, (double)shutdown_fixup_us(e) / 1e6);
     atomic_fetch_add(&e->metrics->fixups_cut, 1);
     if (next_turn)
         thaw_slot_hold(s, s->store_key);
@@ -340,13 +344,32 @@ static bool engine_alone(const struct thaw_engine *e)
     return count[THAW_SLOT_PREFILL] + count[THAW_SLOT_GEN] == 0;
 }
 
+/* Stores a FIXUP slot's state (slotkv.h), counting how long after the
+ * reply's end it went (the re-decode and the wait for the engine). */
+static void store_reply(struct thaw_engine *e, struct thaw_slot *s)
+{
+    atomic_fetch_add(&e->metrics->reply_stores, 1);
+    atomic_fetch_add(&e->metrics->reply_store_wait_us, (uint64_t)(thaw_now_us() - s->fix_since_us));
+    thaw_slotkv_store(e->skv, s);
+}
+
+/* A store costs only the tokens not stored yet: the tap cut their rows as
+ * they were written (kvtap.h). Otherwise a store is a capture of the whole
+ * sequence, whose cost grows with the conversation. */
+static bool store_is_cheap(const struct thaw_engine *e)
+{
+    return e->tap && thaw_kvtap_ready(e->tap);
+}
+
 /* FIXUP slots whose canonical tokens are all in: store, and free the slot.
- * The capture waits, as the re-decoding does, for a moment when no other
+ * A capture waits, as the re-decoding does, for a moment when no other
  * slot decodes (or THAW_FIXUP_DEFER_US, or `force` at shutdown): its cost
- * grows with the conversation (libllama captures a sequence only whole). */
+ * grows with the conversation (libllama captures a sequence only whole).
+ * A store from the tap goes at once: the reply is durable as soon as the
+ * writer commits it, at the cost of a few new tokens' rows. */
 static void finish_fixups(struct thaw_engine *e, bool force)
 {
-    bool free_now = force || e->fixup_awaited || engine_alone(e);
+    bool free_now = force || e->fixup_awaited || engine_alone(e) || store_is_cheap(e);
     int64_t now = thaw_now_us();
 
     for (int i = 0; i < e->n_slots; i++) {
@@ -354,8 +377,33 @@ static void finish_fixups(struct thaw_engine *e, bool force)
         if (s->phase != THAW_SLOT_FIXUP || s->n_tokens < s->n_fix ||
             !thaw_sched_fixup_due(free_now, now - s->fix_since_us))
             continue;
-        thaw_slotkv_store(e->skv, s);
+        store_reply(e, s);
         thaw_engine_slot_idle(e, s);
+    }
+}
+
+/* FIXUP slots whose re-decoding has to wait (another slot prefills or
+ * generates: scheduler.h) store what they hold now, once: a prefix of the
+ * conversation as the next turn presents it (the reply's tokens up to
+ * where the canonical form parts from them), so a reply is on disk within
+ * the writer's commit, not seconds later when the engine is free, and a
+ * crash or restart in between costs the next turn only the few tokens
+ * past that point. The store after the re-decoding supersedes it under
+ * the same key (its full blocks are the same ones: not written twice).
+ * Only where a store is cheap (the tap); not on recurrent memory, whose
+ * turn-end snapshot is a whole state and kept for later anyway. */
+static void store_early(struct thaw_engine *e)
+{
+    if (!store_is_cheap(e) || e->recurrent || !thaw_kvcache_enabled(e->kv) || e->fixup_awaited || engine_alone(e))
+        return;
+    int64_t now = thaw_now_us();
+    for (int i = 0; i < e->n_slots; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        if (s->phase != THAW_SLOT_FIXUP || s->stored_early || s->n_tokens >= s->n_fix || fixup_held(e, s) ||
+            thaw_sched_fixup_due(false, now - s->fix_since_us))
+            continue;
+        s->stored_early = true;
+        store_reply(e, s);
     }
 }
 
@@ -432,6 +480,7 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             continue;
         thaw_gen_take_token(e, s, tok, &probs);
     }
+    store_early(e); /* the replies that just finished */
 }
 
 static void fail_batch(struct thaw_engine *e, int rc)
@@ -450,11 +499,11 @@ static void fail_batch(struct thaw_engine *e, int rc)
 /* At shutdown: every FIXUP slot's re-decoding is finished and stored (the
  * replies are out; these states are what the next turns want from disk).
  * Nobody waits for a decode any more, so in full batches; bounded: what is
- * not done after THAW_SHUTDOWN_FIXUP_S is stored as far as it got, as when
+ * not done after shutdown_fixup_us() is stored as far as it got, as when
  * a request cuts the work short. */
 static void drain_fixups(struct thaw_engine *e)
 {
-    int64_t deadline = thaw_now_us() + THAW_SHUTDOWN_FIXUP_S * (int64_t)1000000;
+    int64_t deadline = thaw_now_us() + shutdown_fixup_us(e);
 
     e->fixup_awaited = true;
     while (thaw_now_us() < deadline) {

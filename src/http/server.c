@@ -16,6 +16,7 @@
 #include "api/api_responses.h"
 #include "api/keys_request.h"
 #include "api/template.h"
+#include "base/clock.h"
 #include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -30,6 +31,7 @@
 #include "llama/params.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sodium.h>
@@ -37,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 struct server {
     struct thaw_config cfg;
@@ -1193,10 +1196,26 @@ static void fit_connection_limit(struct thaw_config *cfg)
     }
 }
 
+/* After the first SIGTERM/SIGINT: a second one means now. What the writer
+ * still holds is lost; what it committed is not (cache_disk.c). */
+static void *second_signal(void *arg)
+{
+    const sigset_t *sigs = arg;
+    int sig;
+
+    if (sigwait(sigs, &sig) == 0) {
+        LOG_WRN("%s again: exiting now; finished turns not yet written are lost (those on disk are safe)",
+                sig == SIGINT ? "SIGINT" : "SIGTERM");
+        _exit(1);
+    }
+    return NULL;
+}
+
 int thaw_serve_main(int argc, char **argv)
 {
     struct server *srv = calloc(1, sizeof *srv);
-    sigset_t sigs;
+    static sigset_t sigs; /* second_signal's, for as long as the process lives */
+    pthread_t second;
     int sig = 0, rc, code = 1;
 
     if (!srv)
@@ -1257,17 +1276,24 @@ int thaw_serve_main(int argc, char **argv)
                 thaw_http_port(srv->http), srv->cfg.api_prefix);
 
     sigwait(&sigs, &sig);
-    LOG_INF("%s: shutting down (in-flight requests get an error, nothing new is accepted)",
-            sig == SIGINT ? "SIGINT" : "SIGTERM");
+    int64_t t_stop = thaw_now_us();
+    int drain_ms = srv->cfg.shutdown_timeout_s * 1000 / 4;
+    LOG_INF("%s: shutting down within --shutdown-timeout %d s (in-flight requests get an error, nothing new is "
+            "accepted; a second signal exits at once)",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", srv->cfg.shutdown_timeout_s);
+    if (pthread_create(&second, NULL, second_signal, &sigs) == 0)
+        pthread_detach(second);
     thaw_http_quiesce(srv->http);
     thaw_engine_stop(srv->engine); /* every waiting request now has its answer */
-    if (!thaw_http_drain(srv->http, 10000))
-        LOG_WRN("some responses were still being sent after 10 s; closing their connections");
+    if (!thaw_http_drain(srv->http, drain_ms))
+        LOG_WRN("some responses were still being sent after %d ms; closing their connections", drain_ms);
     thaw_http_stop(srv->http);
     code = 0;
 out_engine:
     thaw_stream_pinger_stop();
     thaw_engine_free(srv->engine);
+    if (code == 0)
+        LOG_INF("shut down in %.1f s", (double)(thaw_now_us() - t_stop) / 1e6);
 out:
     thaw_config_free(&srv->cfg);
     free(srv);
