@@ -403,6 +403,7 @@ static void store_early(struct thaw_engine *e)
             thaw_sched_fixup_due(false, now - s->fix_since_us))
             continue;
         s->stored_early = true;
+        atomic_fetch_add(&e->metrics->stores_early, 1);
         store_reply(e, s);
     }
 }
