@@ -63,10 +63,10 @@ char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn ex
     C("kv_cache_fixups_cut_total",
       "post-reply re-decodes cut short for a request that needed the slot (the next turn prefills the rest)",
       atomic_load(&m->fixups_cut));
-    C("kv_cache_reply_stores_total", "stores of a finished reply's state, once re-decoded or early (engine.c)",
+    C("kv_cache_reply_stores_total", "finished replies stored (the first store of each: early, or once re-decoded)",
       atomic_load(&m->reply_stores));
     C("kv_cache_reply_store_wait_seconds_total",
-      "time from a reply's end to its store (the canonical re-decode, and waiting for the engine to be free)",
+      "time from a reply's end to its first store (the canonical re-decode and waiting for the engine, or none)",
       atomic_load(&m->reply_store_wait_us) / 1e6);
     C("kv_cache_stores_early_total",
       "replies stored as they stood because their re-decoding had to wait for a busy engine (superseded after it)",
