@@ -6,6 +6,7 @@
  */
 #include "base/config.h"
 
+#include "base/buf.h"
 #include "base/error.h"
 
 #include <ggml.h>
@@ -1104,36 +1105,13 @@ static int parse_number(const struct opt *o, const char *flag, const char *value
  * THAW_EINVAL after printing why. */
 static int read_text(const char *flag, const char *path, char **out)
 {
-    FILE *f = fopen(path, "rb");
-    size_t cap = 1 << 14, n = 0, got;
-    char *buf;
+    int rc = thaw_read_file(path, 16u << 20, out, NULL);
 
-    if (!f) {
-        fprintf(stderr, "thaw: cannot read %s %s: %s\n", flag, path, strerror(errno));
-        return THAW_EINVAL;
-    }
-    buf = malloc(cap + 1);
-    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            char *nb = cap < (16u << 20) ? realloc(buf, 2 * cap + 1) : NULL;
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (!buf) {
+    if (rc == THAW_ETOOBIG || rc == THAW_ENOMEM)
         fprintf(stderr, "thaw: %s %s: larger than 16 MiB or out of memory\n", flag, path);
-        return THAW_EINVAL;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    return 0;
+    else if (rc != 0)
+        fprintf(stderr, "thaw: cannot read %s %s: %s\n", flag, path, strerror(-rc));
+    return rc == 0 ? 0 : THAW_EINVAL;
 }
 
 /* --grammar-file, -jf and the TLS key and certificate: read now, so a
@@ -1337,34 +1315,10 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
             fprintf(stderr, "thaw: give --chat-template or --chat-template-file, not both\n");
             return THAW_EINVAL;
         }
-        FILE *f = fopen(cfg->chat_template_file, "rb");
-        if (!f) {
-            fprintf(stderr, "thaw: cannot read --chat-template-file %s: %s\n", cfg->chat_template_file, strerror(errno));
-            return THAW_EINVAL;
-        }
-        size_t cap = 1 << 16, n = 0, got;
-        char *buf = malloc(cap + 1);
-        while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-            n += got;
-            if (n == cap && cap < (16u << 20)) {
-                char *nb = realloc(buf, 2 * cap + 1);
-                if (!nb) {
-                    free(buf);
-                    buf = NULL;
-                    break;
-                }
-                buf = nb;
-                cap *= 2;
-            }
-        }
-        fclose(f);
-        if (!buf) {
-            fprintf(stderr, "thaw: out of memory reading --chat-template-file\n");
-            return THAW_ENOMEM;
-        }
-        buf[n] = '\0';
-        cfg->chat_template_text = buf;
-        cfg->chat_template = buf;
+        int trc = read_text("--chat-template-file", cfg->chat_template_file, &cfg->chat_template_text);
+        if (trc != 0)
+            return trc;
+        cfg->chat_template = cfg->chat_template_text;
     }
     int frc = read_side_files(cfg);
     if (frc != 0)
