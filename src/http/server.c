@@ -27,7 +27,6 @@
 #include "http/http.h"
 #include "http/stream.h"
 #include "http/webui.h"
-#include "llama/params.h"
 
 #include <jansson.h>
 #include <signal.h>
@@ -1193,7 +1192,7 @@ static void fit_connection_limit(struct thaw_config *cfg)
     }
 }
 
-int thaw_serve_main(int argc, char **argv)
+int thaw_serve(const struct thaw_config *cfg)
 {
     struct server *srv = calloc(1, sizeof *srv);
     sigset_t sigs;
@@ -1201,14 +1200,7 @@ int thaw_serve_main(int argc, char **argv)
 
     if (!srv)
         return 1;
-    thaw_config_init(&srv->cfg);
-    rc = thaw_config_parse(&srv->cfg, argc, argv);
-    if (rc == 1 && srv->cfg.list_devices)
-        thaw_params_list_devices(&srv->cfg, stdout);
-    if (rc != 0) {
-        code = rc == 1 ? 0 : 2;
-        goto out;
-    }
+    srv->cfg = *cfg; /* its strings stay the caller's */
     if (thaw_log_setup(srv->cfg.verbosity, srv->cfg.log_file, srv->cfg.log_colors, srv->cfg.log_prefix,
                        srv->cfg.log_timestamps) != 0)
         goto out;
@@ -1269,7 +1261,6 @@ out_engine:
     thaw_stream_pinger_stop();
     thaw_engine_free(srv->engine);
 out:
-    thaw_config_free(&srv->cfg);
     free(srv);
     return code;
 }
