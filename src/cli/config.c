@@ -8,6 +8,8 @@
  */
 #include "cli/config.h"
 
+#include "cli/flags.h"
+
 #include "base/buf.h"
 #include "base/error.h"
 
@@ -22,72 +24,48 @@
 
 /* ---- the flag table -------------------------------------------------------- */
 
-/* OPT_FN: the value goes to the option's own parser (syntaxes such as
- * "N|auto|all"); OPT_NOOP: a llama-server flag accepted with no effect on
- * thaw (its help says why); OPT_REFUSE: a llama-server flag thaw does not
- * implement: it stops start-up with "thaw: FLAG: <help>". */
-enum opt_kind {
-    OPT_INT,
-    OPT_U64,
-    OPT_FLOAT,
-    OPT_STR,
-    OPT_TRUE,
-    OPT_FALSE,
-    OPT_KEYS,
-    OPT_VERBOSE,
-    OPT_QUIET,
-    OPT_FN,
-    OPT_NOOP,
-    OPT_REFUSE,
-};
-
-struct thaw_config;
-typedef int (*opt_fn)(struct thaw_config *cfg, const char *flag, const char *value);
-
-struct opt {
-    const char *names; /* "-c,--ctx-size" */
-    const char *arg;   /* metavar, NULL for switches */
-    enum opt_kind kind;
-    size_t off;
-    double min, max;
-    const char *help;
-    opt_fn fn;         /* OPT_FN only */
-};
-
+/* The table's kinds are flags.h's. THAW_FLAG_FN: the value goes to the
+ * flag's own parser (syntaxes such as "N|auto|all"); THAW_FLAG_NOOP: a
+ * llama-server flag accepted with no effect on thaw (its help says why);
+ * THAW_FLAG_REFUSE: a llama-server flag thaw does not implement: it stops
+ * start-up with "thaw: FLAG: <help>". */
 #define OFF(f) offsetof(struct thaw_config, f)
 /* a llama-server flag thaw refuses, and one it accepts with no effect */
-#define REFUSE(names, arg, why) {names, arg, OPT_REFUSE, 0, 0, 0, why, NULL}
-#define NOOP(names, arg, why) {names, arg, OPT_NOOP, 0, 0, 0, why, NULL}
-#define FN(names, arg, fn, help) {names, arg, OPT_FN, 0, 0, 0, help, fn}
+#define REFUSE(names, arg, why) {names, arg, THAW_FLAG_REFUSE, 0, 0, 0, why, NULL}
+#define NOOP(names, arg, why) {names, arg, THAW_FLAG_NOOP, 0, 0, 0, why, NULL}
+#define FN(names, arg, fn, help) {names, arg, THAW_FLAG_FN, 0, 0, 0, help, fn}
 #define SMP(f) OFF(sampling.f)
 
-static int fn_ngl(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_devices(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_override_tensor(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_cpu_moe(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_split_mode(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_tensor_split(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_load_mode(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_lazy_mode(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_numa(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_override_kv(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_fit(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_fit_target(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_list_devices(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_version(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_flash_attn(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_cache_type(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_rope_scaling(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_rope_scale(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_seed(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_samplers(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_dry_breaker(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_logit_bias(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_log_colors(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_log_verbosity(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_api_key_file(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_cache_ram(struct thaw_config *cfg, const char *flag, const char *v);
-static int fn_cpu_mask(struct thaw_config *cfg, const char *flag, const char *v);
+static int fn_ngl(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_devices(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_override_tensor(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_cpu_moe(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_split_mode(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_tensor_split(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_load_mode(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_lazy_mode(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_numa(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_override_kv(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_fit(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_fit_target(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_list_devices(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_version(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_flash_attn(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_cache_type(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_rope_scaling(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_rope_scale(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_seed(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_samplers(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_dry_breaker(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_logit_bias(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_log_colors(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_log_verbosity(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_api_key_file(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_cache_ram(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_cpu_mask(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_api_key(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_verbose(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_accept(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 
 #define WHY_DOWNLOAD "thaw downloads nothing: pass a local GGUF with -m"
 #define WHY_EMBED "thaw serves chat, not embeddings or reranking"
@@ -100,50 +78,50 @@ static int fn_cpu_mask(struct thaw_config *cfg, const char *flag, const char *v)
 #define WHY_NOT_YET "not implemented in thaw yet"
 #define WHY_AGENT "thaw runs no tools or MCP servers itself: the client does"
 
-static const struct opt opts[] = {
+static const struct thaw_flag opts[] = {
     /* ---- model + context */
-    {"-m,--model", "FILE", OPT_STR, OFF(model_path), 0, 0, "model GGUF to serve (required)", NULL},
-    {"-a,--alias", "NAME[,NAME]", OPT_STR, OFF(alias), 0, 0,
+    {"-m,--model", "FILE", THAW_FLAG_STR, OFF(model_path), 0, 0, "model GGUF to serve (required)", NULL},
+    {"-a,--alias", "NAME[,NAME]", THAW_FLAG_STR, OFF(alias), 0, 0,
      "model name(s) reported by /v1/models, comma-separated (default: file name)", NULL},
-    {"--tags", "TAG[,TAG]", OPT_STR, OFF(tags), 0, 0, "model tags listed by /v1/models, comma-separated (informational)",
+    {"--tags", "TAG[,TAG]", THAW_FLAG_STR, OFF(tags), 0, 0, "model tags listed by /v1/models, comma-separated (informational)",
      NULL},
-    {"--chat-template", "NAME|TEXT", OPT_STR, OFF(chat_template), 0, 0,
+    {"--chat-template", "NAME|TEXT", THAW_FLAG_STR, OFF(chat_template), 0, 0,
      "chat template: a llama.cpp built-in name (chatml, llama3, gemma, ...) or template text (default: the model's)", NULL},
-    {"--chat-template-file", "FILE", OPT_STR, OFF(chat_template_file), 0, 0,
+    {"--chat-template-file", "FILE", THAW_FLAG_STR, OFF(chat_template_file), 0, 0,
      "chat template (Jinja) read from FILE, instead of the model's", NULL},
-    {"--jinja", NULL, OPT_TRUE, OFF(jinja), 0, 0,
+    {"--jinja", NULL, THAW_FLAG_TRUE, OFF(jinja), 0, 0,
      "render with the model's Jinja template: tools, tool calls, reasoning, response_format (default)", NULL},
-    {"--no-jinja", NULL, OPT_FALSE, OFF(jinja), 0, 0, "render with llama.cpp's built-in templates only (no tools)", NULL},
-    {"--chat-template-kwargs", "JSON", OPT_STR, OFF(chat_template_kwargs), 0, 0,
+    {"--no-jinja", NULL, THAW_FLAG_FALSE, OFF(jinja), 0, 0, "render with llama.cpp's built-in templates only (no tools)", NULL},
+    {"--chat-template-kwargs", "JSON", THAW_FLAG_STR, OFF(chat_template_kwargs), 0, 0,
      "extra template variables for every request, e.g. '{\"enable_thinking\":false}' (a request's own win)", NULL},
-    {"--reasoning-format", "FORMAT", OPT_STR, OFF(reasoning_format), 0, 0,
+    {"--reasoning-format", "FORMAT", THAW_FLAG_STR, OFF(reasoning_format), 0, 0,
      "none: reasoning stays in content; deepseek / auto: split into message.reasoning_content", NULL},
-    {"-c,--ctx-size", "N", OPT_INT, OFF(n_ctx), 0, 1 << 24,
+    {"-c,--ctx-size", "N", THAW_FLAG_INT, OFF(n_ctx), 0, 1 << 24,
      "total context in tokens, split evenly across slots (0 = the model's training context)", NULL},
-    {"-np,--parallel", "N", OPT_INT, OFF(n_parallel), 1, 256, "number of slots decoded together", NULL},
-    {"-t,--threads", "N", OPT_INT, OFF(n_threads), 1, 1024, "threads for generation (default: number of CPUs)", NULL},
-    {"-tb,--threads-batch", "N", OPT_INT, OFF(n_threads_batch), 1, 1024, "threads for prompt processing (default: same as -t)", NULL},
-    {"-b,--batch-size", "N", OPT_INT, OFF(n_batch), 1, 1 << 20, "logical batch: most tokens given to one llama_decode", NULL},
-    {"-ub,--ubatch-size", "N", OPT_INT, OFF(n_ubatch), 1, 1 << 20, "physical batch size", NULL},
-    {"-n,--predict,--n-predict", "N", OPT_INT, OFF(n_predict), -1, INT_MAX,
+    {"-np,--parallel", "N", THAW_FLAG_INT, OFF(n_parallel), 1, 256, "number of slots decoded together", NULL},
+    {"-t,--threads", "N", THAW_FLAG_INT, OFF(n_threads), 1, 1024, "threads for generation (default: number of CPUs)", NULL},
+    {"-tb,--threads-batch", "N", THAW_FLAG_INT, OFF(n_threads_batch), 1, 1024, "threads for prompt processing (default: same as -t)", NULL},
+    {"-b,--batch-size", "N", THAW_FLAG_INT, OFF(n_batch), 1, 1 << 20, "logical batch: most tokens given to one llama_decode", NULL},
+    {"-ub,--ubatch-size", "N", THAW_FLAG_INT, OFF(n_ubatch), 1, 1 << 20, "physical batch size", NULL},
+    {"-n,--predict,--n-predict", "N", THAW_FLAG_INT, OFF(n_predict), -1, INT_MAX,
      "default max tokens per reply (-1 = until the slot's context is full)", NULL},
-    {"--swa-full", NULL, OPT_TRUE, OFF(swa_full), 0, 0, "keep a full-size SWA cache (more memory, no checkpoints needed)", NULL},
-    {"-fa,--flash-attn", "on|off|auto", OPT_FN, 0, 0, 0, "Flash Attention (default: auto)", fn_flash_attn},
-    {"-ctk,--cache-type-k", "TYPE", OPT_FN, 0, 0, 0,
+    {"--swa-full", NULL, THAW_FLAG_TRUE, OFF(swa_full), 0, 0, "keep a full-size SWA cache (more memory, no checkpoints needed)", NULL},
+    {"-fa,--flash-attn", "on|off|auto", THAW_FLAG_FN, 0, 0, 0, "Flash Attention (default: auto)", fn_flash_attn},
+    {"-ctk,--cache-type-k", "TYPE", THAW_FLAG_FN, 0, 0, 0,
      "KV cache type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (default: f16; bound into the cache "
      "keys: entries stored under another type are never read)", fn_cache_type},
-    {"-ctv,--cache-type-v", "TYPE", OPT_FN, 0, 0, 0, "KV cache type for V, as -ctk (default: f16)", fn_cache_type},
-    {"--rope-scaling", "none|linear|yarn", OPT_FN, 0, 0, 0, "RoPE frequency scaling (default: the model's)", fn_rope_scaling},
-    {"--rope-scale", "N", OPT_FN, 0, 0, 0, "RoPE context scaling factor: expands the context N times (sets --rope-freq-scale 1/N)",
+    {"-ctv,--cache-type-v", "TYPE", THAW_FLAG_FN, 0, 0, 0, "KV cache type for V, as -ctk (default: f16)", fn_cache_type},
+    {"--rope-scaling", "none|linear|yarn", THAW_FLAG_FN, 0, 0, 0, "RoPE frequency scaling (default: the model's)", fn_rope_scaling},
+    {"--rope-scale", "N", THAW_FLAG_FN, 0, 0, 0, "RoPE context scaling factor: expands the context N times (sets --rope-freq-scale 1/N)",
      fn_rope_scale},
-    {"--rope-freq-base", "N", OPT_FLOAT, OFF(rope_freq_base), 0, 1e12, "RoPE base frequency (0 = the model's)", NULL},
-    {"--rope-freq-scale", "N", OPT_FLOAT, OFF(rope_freq_scale), 0, 1e6, "RoPE frequency scaling factor (0 = the model's)", NULL},
-    {"--yarn-orig-ctx", "N", OPT_INT, OFF(yarn_orig_ctx), 0, 1 << 24, "YaRN: the model's original context (0 = training context)", NULL},
-    {"--yarn-ext-factor", "N", OPT_FLOAT, OFF(yarn_ext_factor), -1e6, 1e6, "YaRN: extrapolation mix factor (negative = the model's; 0 = full interpolation)", NULL},
-    {"--yarn-attn-factor", "N", OPT_FLOAT, OFF(yarn_attn_factor), -1e6, 1e6, "YaRN: attention magnitude scale (negative = the model's)", NULL},
-    {"--yarn-beta-slow", "N", OPT_FLOAT, OFF(yarn_beta_slow), -1e6, 1e6, "YaRN: high correction dim / alpha (negative = the model's)", NULL},
-    {"--yarn-beta-fast", "N", OPT_FLOAT, OFF(yarn_beta_fast), -1e6, 1e6, "YaRN: low correction dim / beta (negative = the model's)", NULL},
-    {"--backend-dir", "DIR", OPT_STR, OFF(backend_dir), 0, 0,
+    {"--rope-freq-base", "N", THAW_FLAG_FLOAT, OFF(rope_freq_base), 0, 1e12, "RoPE base frequency (0 = the model's)", NULL},
+    {"--rope-freq-scale", "N", THAW_FLAG_FLOAT, OFF(rope_freq_scale), 0, 1e6, "RoPE frequency scaling factor (0 = the model's)", NULL},
+    {"--yarn-orig-ctx", "N", THAW_FLAG_INT, OFF(yarn_orig_ctx), 0, 1 << 24, "YaRN: the model's original context (0 = training context)", NULL},
+    {"--yarn-ext-factor", "N", THAW_FLAG_FLOAT, OFF(yarn_ext_factor), -1e6, 1e6, "YaRN: extrapolation mix factor (negative = the model's; 0 = full interpolation)", NULL},
+    {"--yarn-attn-factor", "N", THAW_FLAG_FLOAT, OFF(yarn_attn_factor), -1e6, 1e6, "YaRN: attention magnitude scale (negative = the model's)", NULL},
+    {"--yarn-beta-slow", "N", THAW_FLAG_FLOAT, OFF(yarn_beta_slow), -1e6, 1e6, "YaRN: high correction dim / alpha (negative = the model's)", NULL},
+    {"--yarn-beta-fast", "N", THAW_FLAG_FLOAT, OFF(yarn_beta_fast), -1e6, 1e6, "YaRN: low correction dim / beta (negative = the model's)", NULL},
+    {"--backend-dir", "DIR", THAW_FLAG_STR, OFF(backend_dir), 0, 0,
      "load ggml's backends (CPU variants, GPU) from DIR: a folder holding only libggml-cpu-x64.so runs the "
      "portable CPU code on any x86 machine (default: $THAW_BACKEND_DIR, else the llama.cpp thaw was built with)", NULL},
 
@@ -159,16 +137,16 @@ static const struct opt opts[] = {
     FN("-ncffn,--n-cpu-ffn", "N", fn_cpu_moe, "keep the dense FFN weights of the first N layers in host memory"),
     FN("-sm,--split-mode", "none|layer|row|tensor", fn_split_mode, "how to split the model across GPUs (default: layer)"),
     FN("-ts,--tensor-split", "N0,N1,...", fn_tensor_split, "proportion of the model for each GPU, e.g. 3,1"),
-    {"-mg,--main-gpu", "INDEX", OPT_INT, OFF(main_gpu), 0, THAW_MAX_DEVICES - 1,
+    {"-mg,--main-gpu", "INDEX", THAW_FLAG_INT, OFF(main_gpu), 0, THAW_MAX_DEVICES - 1,
      "the GPU for the whole model (-sm none) or for intermediate results and KV (-sm row)", NULL},
-    {"-kvo,--kv-offload", NULL, OPT_TRUE, OFF(kv_offload), 0, 0, "KV cache and its ops on the GPU (default)", NULL},
-    {"-nkvo,--no-kv-offload", NULL, OPT_FALSE, OFF(kv_offload), 0, 0, "KV cache in host memory", NULL},
-    {"--op-offload", NULL, OPT_TRUE, OFF(op_offload), 0, 0, "offload host tensor operations to the device (default)", NULL},
-    {"--no-op-offload", NULL, OPT_FALSE, OFF(op_offload), 0, 0, "do not offload host tensor operations", NULL},
+    {"-kvo,--kv-offload", NULL, THAW_FLAG_TRUE, OFF(kv_offload), 0, 0, "KV cache and its ops on the GPU (default)", NULL},
+    {"-nkvo,--no-kv-offload", NULL, THAW_FLAG_FALSE, OFF(kv_offload), 0, 0, "KV cache in host memory", NULL},
+    {"--op-offload", NULL, THAW_FLAG_TRUE, OFF(op_offload), 0, 0, "offload host tensor operations to the device (default)", NULL},
+    {"--no-op-offload", NULL, THAW_FLAG_FALSE, OFF(op_offload), 0, 0, "do not offload host tensor operations", NULL},
     FN("-fit,--fit", "on|off", fn_fit,
        "lower -ngl / -c (those left unset) until the model fits the devices' free memory (default: on)"),
     FN("-fitt,--fit-target", "MiB0,MiB1,...", fn_fit_target, "memory -fit leaves free on each device (one value: every device)"),
-    {"-fitc,--fit-ctx", "N", OPT_INT, OFF(fit_ctx), 0, 1 << 24, "-fit never lowers the context below this", NULL},
+    {"-fitc,--fit-ctx", "N", THAW_FLAG_INT, OFF(fit_ctx), 0, 1 << 24, "-fit never lowers the context below this", NULL},
     FN("--mlock", NULL, fn_load_mode, "keep the model in RAM (no swapping or compression; read, not mapped)"),
     FN("--mmap", NULL, fn_load_mode, "memory-map the model"),
     FN("--no-mmap", NULL, fn_load_mode, "read the model into memory instead of mapping it (slower load, fewer page-outs)"),
@@ -177,10 +155,10 @@ static const struct opt opts[] = {
     FN("-lm,--load-mode", "auto|none|mmap|mlock|mmap+mlock|dio", fn_load_mode, "how the model is loaded (default: auto)"),
     FN("-lzm,--lazy-mode", "on|auto|off", fn_lazy_mode, "read marked tensors (e.g. per-layer embeddings) on demand (default: auto)"),
     FN("--numa", "distribute|isolate|numactl", fn_numa, "NUMA optimisations (default: off)"),
-    {"--repack", NULL, OPT_TRUE, OFF(repack), 0, 0, "repack weights for the CPU's fastest kernels (default)", NULL},
-    {"-nr,--no-repack", NULL, OPT_FALSE, OFF(repack), 0, 0, "no weight repacking", NULL},
-    {"--no-host", NULL, OPT_TRUE, OFF(no_host), 0, 0, "bypass the host buffer so extra buffer types can be used", NULL},
-    {"--check-tensors", NULL, OPT_TRUE, OFF(check_tensors), 0, 0, "check the model's tensor data for invalid values", NULL},
+    {"--repack", NULL, THAW_FLAG_TRUE, OFF(repack), 0, 0, "repack weights for the CPU's fastest kernels (default)", NULL},
+    {"-nr,--no-repack", NULL, THAW_FLAG_FALSE, OFF(repack), 0, 0, "no weight repacking", NULL},
+    {"--no-host", NULL, THAW_FLAG_TRUE, OFF(no_host), 0, 0, "bypass the host buffer so extra buffer types can be used", NULL},
+    {"--check-tensors", NULL, THAW_FLAG_TRUE, OFF(check_tensors), 0, 0, "check the model's tensor data for invalid values", NULL},
     FN("--override-kv", "KEY=TYPE:VALUE[,...]", fn_override_kv,
        "override model metadata (TYPE: int, float, bool, str), e.g. tokenizer.ggml.add_bos_token=bool:false; repeatable"),
 
@@ -189,48 +167,48 @@ static const struct opt opts[] = {
        "sampler order (default: penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)"),
     FN("--sampler-seq,--sampling-seq", "LETTERS", fn_samplers, "sampler order, one letter each (default: edskypmxt)"),
     FN("-s,--seed", "SEED", fn_seed, "sampling seed for requests without one (-1 = random each request)"),
-    {"--ignore-eos", NULL, OPT_TRUE, SMP(ignore_eos), 0, 0, "never end a reply at an end-of-generation token", NULL},
+    {"--ignore-eos", NULL, THAW_FLAG_TRUE, SMP(ignore_eos), 0, 0, "never end a reply at an end-of-generation token", NULL},
     FN("-l,--logit-bias", "TOKEN_ID(+|-)BIAS", fn_logit_bias,
        "add BIAS to a token's logit for every request, e.g. 15043+1, 15043-1, 2-inf (bans it); repeatable"),
-    {"--temp,--temperature", "N", OPT_FLOAT, SMP(temp), -1e6, 1e6, "temperature (<= 0: greedy)", NULL},
-    {"--top-k", "N", OPT_INT, SMP(top_k), -1, 1 << 30, "top-k (0 = off)", NULL},
-    {"--top-p", "N", OPT_FLOAT, SMP(top_p), 0, 1, "top-p (1 = off)", NULL},
-    {"--min-p", "N", OPT_FLOAT, SMP(min_p), 0, 1, "min-p (0 = off)", NULL},
-    {"--top-nsigma,--top-n-sigma", "N", OPT_FLOAT, SMP(top_n_sigma), -1e6, 1e6, "top-n-sigma (< 0 = off)", NULL},
-    {"--typical,--typical-p", "N", OPT_FLOAT, SMP(typ_p), 0, 1, "locally typical sampling p (1 = off)", NULL},
-    {"--xtc-probability", "N", OPT_FLOAT, SMP(xtc_probability), 0, 1, "XTC probability (0 = off)", NULL},
-    {"--xtc-threshold", "N", OPT_FLOAT, SMP(xtc_threshold), 0, 1, "XTC threshold (> 0.5 = off)", NULL},
-    {"--repeat-last-n", "N", OPT_INT, SMP(penalty_last_n), -1, 1 << 24, "tokens the penalties look back (0 = off, -1 = the slot's context)", NULL},
-    {"--repeat-penalty", "N", OPT_FLOAT, SMP(penalty_repeat), 0, 1e6, "repeat penalty (1 = off)", NULL},
-    {"--presence-penalty", "N", OPT_FLOAT, SMP(penalty_present), -1e6, 1e6, "presence penalty (0 = off)", NULL},
-    {"--frequency-penalty", "N", OPT_FLOAT, SMP(penalty_freq), -1e6, 1e6, "frequency penalty (0 = off)", NULL},
-    {"--dry-multiplier", "N", OPT_FLOAT, SMP(dry_multiplier), 0, 1e6, "DRY multiplier (0 = off)", NULL},
-    {"--dry-base", "N", OPT_FLOAT, SMP(dry_base), 0, 1e6, "DRY base", NULL},
-    {"--dry-allowed-length", "N", OPT_INT, SMP(dry_allowed_length), 0, 1 << 24, "DRY: repetitions longer than this are penalised", NULL},
-    {"--dry-penalty-last-n", "N", OPT_INT, SMP(dry_penalty_last_n), -1, 1 << 24, "DRY look-back (0 = off, -1 = the slot's context)", NULL},
+    {"--temp,--temperature", "N", THAW_FLAG_FLOAT, SMP(temp), -1e6, 1e6, "temperature (<= 0: greedy)", NULL},
+    {"--top-k", "N", THAW_FLAG_INT, SMP(top_k), -1, 1 << 30, "top-k (0 = off)", NULL},
+    {"--top-p", "N", THAW_FLAG_FLOAT, SMP(top_p), 0, 1, "top-p (1 = off)", NULL},
+    {"--min-p", "N", THAW_FLAG_FLOAT, SMP(min_p), 0, 1, "min-p (0 = off)", NULL},
+    {"--top-nsigma,--top-n-sigma", "N", THAW_FLAG_FLOAT, SMP(top_n_sigma), -1e6, 1e6, "top-n-sigma (< 0 = off)", NULL},
+    {"--typical,--typical-p", "N", THAW_FLAG_FLOAT, SMP(typ_p), 0, 1, "locally typical sampling p (1 = off)", NULL},
+    {"--xtc-probability", "N", THAW_FLAG_FLOAT, SMP(xtc_probability), 0, 1, "XTC probability (0 = off)", NULL},
+    {"--xtc-threshold", "N", THAW_FLAG_FLOAT, SMP(xtc_threshold), 0, 1, "XTC threshold (> 0.5 = off)", NULL},
+    {"--repeat-last-n", "N", THAW_FLAG_INT, SMP(penalty_last_n), -1, 1 << 24, "tokens the penalties look back (0 = off, -1 = the slot's context)", NULL},
+    {"--repeat-penalty", "N", THAW_FLAG_FLOAT, SMP(penalty_repeat), 0, 1e6, "repeat penalty (1 = off)", NULL},
+    {"--presence-penalty", "N", THAW_FLAG_FLOAT, SMP(penalty_present), -1e6, 1e6, "presence penalty (0 = off)", NULL},
+    {"--frequency-penalty", "N", THAW_FLAG_FLOAT, SMP(penalty_freq), -1e6, 1e6, "frequency penalty (0 = off)", NULL},
+    {"--dry-multiplier", "N", THAW_FLAG_FLOAT, SMP(dry_multiplier), 0, 1e6, "DRY multiplier (0 = off)", NULL},
+    {"--dry-base", "N", THAW_FLAG_FLOAT, SMP(dry_base), 0, 1e6, "DRY base", NULL},
+    {"--dry-allowed-length", "N", THAW_FLAG_INT, SMP(dry_allowed_length), 0, 1 << 24, "DRY: repetitions longer than this are penalised", NULL},
+    {"--dry-penalty-last-n", "N", THAW_FLAG_INT, SMP(dry_penalty_last_n), -1, 1 << 24, "DRY look-back (0 = off, -1 = the slot's context)", NULL},
     FN("--dry-sequence-breaker", "STRING", fn_dry_breaker,
        "a DRY sequence breaker; the first replaces the defaults (\\n : \" *), 'none' clears them; repeatable"),
-    {"--adaptive-target", "N", OPT_FLOAT, SMP(adaptive_target), -1, 1, "adaptive-p target probability (< 0 = off; needs adaptive_p in --samplers)", NULL},
-    {"--adaptive-decay", "N", OPT_FLOAT, SMP(adaptive_decay), 0, 0.99, "adaptive-p decay", NULL},
-    {"--dynatemp-range", "N", OPT_FLOAT, SMP(dynatemp_range), 0, 1e6, "dynamic temperature range (0 = off)", NULL},
-    {"--dynatemp-exp", "N", OPT_FLOAT, SMP(dynatemp_exponent), 0, 1e6, "dynamic temperature exponent", NULL},
-    {"--mirostat", "N", OPT_INT, SMP(mirostat), 0, 2, "Mirostat (0 = off, 1, 2 = Mirostat 2.0; replaces the samplers)", NULL},
-    {"--mirostat-lr", "N", OPT_FLOAT, SMP(mirostat_eta), 0, 1e6, "Mirostat learning rate (eta)", NULL},
-    {"--mirostat-ent", "N", OPT_FLOAT, SMP(mirostat_tau), 0, 1e6, "Mirostat target entropy (tau)", NULL},
+    {"--adaptive-target", "N", THAW_FLAG_FLOAT, SMP(adaptive_target), -1, 1, "adaptive-p target probability (< 0 = off; needs adaptive_p in --samplers)", NULL},
+    {"--adaptive-decay", "N", THAW_FLAG_FLOAT, SMP(adaptive_decay), 0, 0.99, "adaptive-p decay", NULL},
+    {"--dynatemp-range", "N", THAW_FLAG_FLOAT, SMP(dynatemp_range), 0, 1e6, "dynamic temperature range (0 = off)", NULL},
+    {"--dynatemp-exp", "N", THAW_FLAG_FLOAT, SMP(dynatemp_exponent), 0, 1e6, "dynamic temperature exponent", NULL},
+    {"--mirostat", "N", THAW_FLAG_INT, SMP(mirostat), 0, 2, "Mirostat (0 = off, 1, 2 = Mirostat 2.0; replaces the samplers)", NULL},
+    {"--mirostat-lr", "N", THAW_FLAG_FLOAT, SMP(mirostat_eta), 0, 1e6, "Mirostat learning rate (eta)", NULL},
+    {"--mirostat-ent", "N", THAW_FLAG_FLOAT, SMP(mirostat_tau), 0, 1e6, "Mirostat target entropy (tau)", NULL},
 
     /* ---- speculative decoding */
-    {"-md,--model-draft,--spec-draft-model", "FILE", OPT_STR, OFF(draft_path), 0, 0,
+    {"-md,--model-draft,--spec-draft-model", "FILE", THAW_FLAG_STR, OFF(draft_path), 0, 0,
      "draft model for speculative decoding (same vocabulary as -m)", NULL},
-    {"-cd,--ctx-size-draft", "N", OPT_INT, OFF(n_ctx_draft), 0, 1 << 24, "draft context, total (0 = same as -c)", NULL},
-    {"--draft-max,--draft,--draft-n,--spec-draft-n-max", "N", OPT_INT, OFF(draft_max), 0, 256,
+    {"-cd,--ctx-size-draft", "N", THAW_FLAG_INT, OFF(n_ctx_draft), 0, 1 << 24, "draft context, total (0 = same as -c)", NULL},
+    {"--draft-max,--draft,--draft-n,--spec-draft-n-max", "N", THAW_FLAG_INT, OFF(draft_max), 0, 256,
      "most tokens drafted per step (0 = speculation off)", NULL},
-    {"--draft-min,--draft-n-min,--spec-draft-n-min", "N", OPT_INT, OFF(draft_min), 0, 256,
+    {"--draft-min,--draft-n-min,--spec-draft-n-min", "N", THAW_FLAG_INT, OFF(draft_min), 0, 256,
      "drafts shorter than this are not verified", NULL},
-    {"--draft-p-min,--spec-draft-p-min", "P", OPT_FLOAT, OFF(draft_p_min), 0, 1,
+    {"--draft-p-min,--spec-draft-p-min", "P", THAW_FLAG_FLOAT, OFF(draft_p_min), 0, 1,
      "stop drafting when the draft's top token is less likely than this", NULL},
-    {"-td,--threads-draft,--spec-draft-threads", "N", OPT_INT, OFF(draft_threads), 0, 1024,
+    {"-td,--threads-draft,--spec-draft-threads", "N", THAW_FLAG_INT, OFF(draft_threads), 0, 1024,
      "the draft's generation threads (0 = same as -t)", NULL},
-    {"-tbd,--threads-batch-draft,--spec-draft-threads-batch", "N", OPT_INT, OFF(draft_threads_batch), 0, 1024,
+    {"-tbd,--threads-batch-draft,--spec-draft-threads-batch", "N", THAW_FLAG_INT, OFF(draft_threads_batch), 0, 1024,
      "the draft's prompt threads (0 = same as -tb)", NULL},
     FN("-ctkd,--cache-type-k-draft,--spec-draft-type-k", "TYPE", fn_cache_type, "the draft's KV cache type for K, as -ctk"),
     FN("-ctvd,--cache-type-v-draft,--spec-draft-type-v", "TYPE", fn_cache_type, "the draft's KV cache type for V, as -ctv"),
@@ -244,113 +222,113 @@ static const struct opt opts[] = {
        "the draft model's first N layers' experts in host memory, as -ncmoe"),
 
     /* ---- serving */
-    {"--host", "ADDR", OPT_STR, OFF(host), 0, 0, "address to listen on", NULL},
-    {"--port", "N", OPT_INT, OFF(port), 0, 65535, "port to listen on (0 = pick a free one and log it)", NULL},
-    {"--api-key", "KEY[,KEY]", OPT_KEYS, 0, 0, 0,
+    {"--host", "ADDR", THAW_FLAG_STR, OFF(host), 0, 0, "address to listen on", NULL},
+    {"--port", "N", THAW_FLAG_INT, OFF(port), 0, 65535, "port to listen on (0 = pick a free one and log it)", NULL},
+    {"--api-key", "KEY[,KEY]", THAW_FLAG_FN, 0, 0, 0,
      "require 'Authorization: Bearer KEY'; repeat for several keys, each its own cache namespace "
-     "(derived from the key itself: stable across reordering, gone with the key)", NULL},
+     "(derived from the key itself: stable across reordering, gone with the key)", fn_api_key},
     FN("--api-key-file", "FILE", fn_api_key_file, "API keys from FILE, one per line ('#' starts a comment line)"),
-    {"-sps,--slot-prompt-similarity", "F", OPT_FLOAT, OFF(slot_prompt_similarity), 0, 1,
+    {"-sps,--slot-prompt-similarity", "F", THAW_FLAG_FLOAT, OFF(slot_prompt_similarity), 0, 1,
      "reuse the slot whose prompt shares more than this fraction with the request (0 = least recently used only)", NULL},
-    {"--fixup-wait-ms", "MS", OPT_INT, OFF(fixup_wait_ms), 0, 1 << 20,
+    {"--fixup-wait-ms", "MS", THAW_FLAG_INT, OFF(fixup_wait_ms), 0, 1 << 20,
      "after a reply a slot re-decodes it as the next turn will present it, then stores it; a request that needs "
      "that slot waits for this work when it has at most this long left, else cuts it short (what is done is "
      "stored; the conversation's next turn prefills the rest)", NULL},
-    {"--cache-prompt", NULL, OPT_TRUE, OFF(cache_prompt), 0, 0, "reuse the common prefix a slot already holds (default)", NULL},
-    {"--no-cache-prompt", NULL, OPT_FALSE, OFF(cache_prompt), 0, 0, "always prefill the whole prompt", NULL},
-    {"--max-queue", "N", OPT_INT, OFF(max_queue), 0, 1 << 20, "requests that may wait for a slot; beyond that: 503", NULL},
-    {"--max-body", "BYTES", OPT_U64, OFF(max_body), 1024, (double)(1ull << 32), "largest request body accepted; beyond that: 413", NULL},
-    {"--threads-http", "N", OPT_INT, OFF(threads_http), 1, 256,
+    {"--cache-prompt", NULL, THAW_FLAG_TRUE, OFF(cache_prompt), 0, 0, "reuse the common prefix a slot already holds (default)", NULL},
+    {"--no-cache-prompt", NULL, THAW_FLAG_FALSE, OFF(cache_prompt), 0, 0, "always prefill the whole prompt", NULL},
+    {"--max-queue", "N", THAW_FLAG_INT, OFF(max_queue), 0, 1 << 20, "requests that may wait for a slot; beyond that: 503", NULL},
+    {"--max-body", "BYTES", THAW_FLAG_SIZE, OFF(max_body), 1024, (double)(1ull << 32), "largest request body accepted; beyond that: 413", NULL},
+    {"--threads-http", "N", THAW_FLAG_INT, OFF(threads_http), 1, 256,
      "HTTP event-loop threads (connections are multiplexed: this is not a connection limit)", NULL},
-    {"--max-connections", "N", OPT_INT, OFF(max_connections), 1, 1 << 20,
+    {"--max-connections", "N", THAW_FLAG_INT, OFF(max_connections), 1, 1 << 20,
      "open HTTP connections in all; more are refused (raised to fit the open-file limit)", NULL},
-    {"--max-connections-per-client", "N", OPT_INT, OFF(max_per_client), 0, 1 << 20,
+    {"--max-connections-per-client", "N", THAW_FLAG_INT, OFF(max_per_client), 0, 1 << 20,
      "open connections per client address (0 = no limit; use 0 behind a proxy, where every client has its address)", NULL},
-    {"--cors-origin,--cors-origins", "ORIGIN[,ORIGIN]", OPT_STR, OFF(cors_origin), 0, 0,
+    {"--cors-origin,--cors-origins", "ORIGIN[,ORIGIN]", THAW_FLAG_STR, OFF(cors_origin), 0, 0,
      "let browser pages from these origins call the API (CORS); '*' for any, refused with --api-key", NULL},
-    {"-to,--timeout", "SECONDS", OPT_INT, OFF(timeout_s), 1, 86400,
+    {"-to,--timeout", "SECONDS", THAW_FLAG_INT, OFF(timeout_s), 1, 86400,
      "drop a connection idle this long, or a client that takes longer to send its request body", NULL},
-    {"--webui,--ui", NULL, OPT_TRUE, OFF(webui), 0, 0,
+    {"--webui,--ui", NULL, THAW_FLAG_TRUE, OFF(webui), 0, 0,
      "serve the chat page with its cache view at / (default; the API it calls needs the key as usual)", NULL},
-    {"--no-webui,--no-ui", NULL, OPT_FALSE, OFF(webui), 0, 0, "no page: / and /webui/ answer 404", NULL},
-    {"--metrics", NULL, OPT_TRUE, 0, 0, 0, "accepted for llama-server compatibility: /metrics is always on", NULL},
-    {"--api-prefix", "PREFIX", OPT_STR, OFF(api_prefix), 0, 0,
+    {"--no-webui,--no-ui", NULL, THAW_FLAG_FALSE, OFF(webui), 0, 0, "no page: / and /webui/ answer 404", NULL},
+    FN("--metrics", NULL, fn_accept, "accepted for llama-server compatibility: /metrics is always on"),
+    {"--api-prefix", "PREFIX", THAW_FLAG_STR, OFF(api_prefix), 0, 0,
      "serve every route under PREFIX (e.g. /llm: /llm/v1/chat/completions), without the trailing slash", NULL},
-    {"--ssl-key-file", "FILE", OPT_STR, OFF(ssl_key_file), 0, 0, "serve HTTPS with this PEM private key (and --ssl-cert-file)", NULL},
-    {"--ssl-cert-file", "FILE", OPT_STR, OFF(ssl_cert_file), 0, 0, "serve HTTPS with this PEM certificate (and --ssl-key-file)", NULL},
-    {"--slots", NULL, OPT_TRUE, OFF(slots), 0, 0,
+    {"--ssl-key-file", "FILE", THAW_FLAG_STR, OFF(ssl_key_file), 0, 0, "serve HTTPS with this PEM private key (and --ssl-cert-file)", NULL},
+    {"--ssl-cert-file", "FILE", THAW_FLAG_STR, OFF(ssl_cert_file), 0, 0, "serve HTTPS with this PEM certificate (and --ssl-key-file)", NULL},
+    {"--slots", NULL, THAW_FLAG_TRUE, OFF(slots), 0, 0,
      "GET /slots: each slot's conversation (your own namespace's text only), phase and cache tier (default)", NULL},
-    {"--no-slots", NULL, OPT_FALSE, OFF(slots), 0, 0, "GET /slots answers 501", NULL},
-    {"--sse-ping-interval", "SECONDS", OPT_INT, OFF(sse_ping_s), -1, 86400,
+    {"--no-slots", NULL, THAW_FLAG_FALSE, OFF(slots), 0, 0, "GET /slots answers 501", NULL},
+    {"--sse-ping-interval", "SECONDS", THAW_FLAG_INT, OFF(sse_ping_s), -1, 86400,
      "a streamed reply silent this long gets an SSE comment (':'), so clients and proxies keep it open (<= 0: never)", NULL},
-    {"-rea,--reasoning", "on|off|auto", OPT_STR, OFF(reasoning), 0, 0,
+    {"-rea,--reasoning", "on|off|auto", THAW_FLAG_STR, OFF(reasoning), 0, 0,
      "let the template think (on: enable_thinking true, off: false, auto: the template's default); "
      "--chat-template-kwargs, when given, wins", NULL},
-    {"--grammar", "GBNF", OPT_STR, OFF(grammar), 0, 0,
+    {"--grammar", "GBNF", THAW_FLAG_STR, OFF(grammar), 0, 0,
      "constrain replies with this grammar when a request sets no grammar, schema or tools", NULL},
-    {"--grammar-file", "FILE", OPT_STR, OFF(grammar_file), 0, 0, "--grammar read from FILE", NULL},
-    {"-j,--json-schema", "SCHEMA", OPT_STR, OFF(json_schema), 0, 0,
+    {"--grammar-file", "FILE", THAW_FLAG_STR, OFF(grammar_file), 0, 0, "--grammar read from FILE", NULL},
+    {"-j,--json-schema", "SCHEMA", THAW_FLAG_STR, OFF(json_schema), 0, 0,
      "constrain replies to JSON matching SCHEMA when a request sets no grammar, schema or tools ('{}': any JSON)", NULL},
-    {"-jf,--json-schema-file", "FILE", OPT_STR, OFF(json_schema_file), 0, 0, "--json-schema read from FILE", NULL},
+    {"-jf,--json-schema-file", "FILE", THAW_FLAG_STR, OFF(json_schema_file), 0, 0, "--json-schema read from FILE", NULL},
 
     /* ---- caches */
-    {"--kv-cache-dir", "PATH", OPT_STR, OFF(kv_cache_dir), 0, 0, "enable the on-disk KV cache in PATH (created 0700)", NULL},
-    {"--kv-cache-max", "MiB", OPT_U64, OFF(kv_cache_max_mib), 0, (double)(1ull << 40),
+    {"--kv-cache-dir", "PATH", THAW_FLAG_STR, OFF(kv_cache_dir), 0, 0, "enable the on-disk KV cache in PATH (created 0700)", NULL},
+    {"--kv-cache-max", "MiB", THAW_FLAG_U64, OFF(kv_cache_max_mib), 0, (double)(1ull << 40),
      "disk cache budget over every file, blocks included: the least recently used conversations are evicted first, "
      "with the blocks only they used (0 = no limit)", NULL},
-    {"--kv-cache-ttl", "SECONDS", OPT_U64, OFF(kv_cache_ttl_s), 0, (double)(1ull << 40), "disk entries unused this long are evicted", NULL},
-    {"--kv-cache-queue", "MiB", OPT_U64, OFF(kv_cache_queue_mib), 0, (double)(1ull << 30),
+    {"--kv-cache-ttl", "SECONDS", THAW_FLAG_U64, OFF(kv_cache_ttl_s), 0, (double)(1ull << 40), "disk entries unused this long are evicted", NULL},
+    {"--kv-cache-queue", "MiB", THAW_FLAG_U64, OFF(kv_cache_queue_mib), 0, (double)(1ull << 30),
      "state waiting for the disk writer; a store beyond it is dropped and logged (0 = no limit)", NULL},
-    {"--kv-cache-block", "N", OPT_INT, OFF(kv_cache_block), 0, 1 << 20,
+    {"--kv-cache-block", "N", THAW_FLAG_INT, OFF(kv_cache_block), 0, 1 << 20,
      "store the disk cache as blocks of N tokens, each written once and shared by every conversation with the same "
      "prefix, plus a small manifest per turn (0 = a whole state per turn; recurrent models always use whole states)", NULL},
-    {"--kv-cache-min-tokens", "N", OPT_INT, OFF(kv_cache_min_tokens), 0, INT_MAX, "do not store conversations shorter than this", NULL},
+    {"--kv-cache-min-tokens", "N", THAW_FLAG_INT, OFF(kv_cache_min_tokens), 0, INT_MAX, "do not store conversations shorter than this", NULL},
     FN("-cram,--cache-ram", "MiB", fn_cache_ram, "in-memory cache tier (0 = off, never disables the disk tier; -1 = no limit)"),
-    {"--kv-shared", "s3://BUCKET[/PREFIX]", OPT_STR, OFF(kv_shared), 0, 0,
+    {"--kv-shared", "s3://BUCKET[/PREFIX]", THAW_FLAG_STR, OFF(kv_shared), 0, 0,
      "shared cache tier on an S3-compatible store, for several replicas: every stored turn is uploaded, and a "
      "conversation the local tiers lack is fetched from there (needs --kv-cache-dir and --kv-shared-secret-file; "
      "credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION or AWS_DEFAULT_REGION)", NULL},
-    {"--kv-shared-endpoint", "URL", OPT_STR, OFF(kv_shared_endpoint), 0, 0,
+    {"--kv-shared-endpoint", "URL", THAW_FLAG_STR, OFF(kv_shared_endpoint), 0, 0,
      "the store's address, http(s)://HOST[:PORT] (default: $AWS_ENDPOINT_URL_S3, then $AWS_ENDPOINT_URL)", NULL},
-    {"--kv-shared-secret-file", "FILE", OPT_STR, OFF(kv_shared_secret_file), 0, 0,
+    {"--kv-shared-secret-file", "FILE", THAW_FLAG_STR, OFF(kv_shared_secret_file), 0, 0,
      "the cluster secret (>= 16 bytes, the same file on every replica): objects are encrypted and authenticated "
      "with it, and one that fails is never used", NULL},
-    {"--kv-shared-timeout-ms", "MS", OPT_INT, OFF(kv_shared_timeout_ms), 1, 600000,
+    {"--kv-shared-timeout-ms", "MS", THAW_FLAG_INT, OFF(kv_shared_timeout_ms), 1, 600000,
      "longest a request waits for the shared tier before it is served by prefill", NULL},
-    {"--kv-shared-retry-s", "SECONDS", OPT_INT, OFF(kv_shared_retry_s), 1, 86400,
+    {"--kv-shared-retry-s", "SECONDS", THAW_FLAG_INT, OFF(kv_shared_retry_s), 1, 86400,
      "after 3 failures in a row, leave the store alone this long (circuit breaker)", NULL},
-    {"--kv-shared-queue", "N", OPT_INT, OFF(kv_shared_queue), 1, 1 << 20,
+    {"--kv-shared-queue", "N", THAW_FLAG_INT, OFF(kv_shared_queue), 1, 1 << 20,
      "uploads that may wait; beyond that they are dropped and counted", NULL},
-    {"--kv-tap", NULL, OPT_TRUE, OFF(kv_tap), 0, 0,
+    {"--kv-tap", NULL, THAW_FLAG_TRUE, OFF(kv_tap), 0, 0,
      "stores cut each new block straight from the KV cache's memory: as much work on a long conversation as on "
      "a short one (default; CPU only)", NULL},
-    {"--no-kv-tap", NULL, OPT_FALSE, OFF(kv_tap), 0, 0,
+    {"--no-kv-tap", NULL, THAW_FLAG_FALSE, OFF(kv_tap), 0, 0,
      "stores capture each state whole through libllama, then split it (slower on long conversations; a "
      "diagnostic)", NULL},
-    {"-ctxcp,--ctx-checkpoints,--swa-checkpoints", "N", OPT_INT, OFF(ctx_checkpoints), 0, 1024,
+    {"-ctxcp,--ctx-checkpoints,--swa-checkpoints", "N", THAW_FLAG_INT, OFF(ctx_checkpoints), 0, 1024,
      "context checkpoints kept per slot (SWA / recurrent models)", NULL},
-    {"-cpent,--checkpoint-every-n-tokens", "N", OPT_INT, OFF(checkpoint_every), 0, 1 << 24,
+    {"-cpent,--checkpoint-every-n-tokens", "N", THAW_FLAG_INT, OFF(checkpoint_every), 0, 1 << 24,
      "hybrid / recurrent models: also checkpoint the recurrent state every N tokens of a long prefill, stored as "
      "snapshots new conversations can resume at (besides the end of every turn and of the leading system "
      "messages); 0 = only those (default 4096)", NULL},
-    {"--kv-snapshot-idle", "SECONDS", OPT_INT, OFF(kv_snapshot_idle_s), 0, 1 << 24,
+    {"--kv-snapshot-idle", "SECONDS", THAW_FLAG_INT, OFF(kv_snapshot_idle_s), 0, 1 << 24,
      "hybrid models: the recurrent state at a turn's end stays in the slot and is written to --kv-cache-dir only "
      "when another conversation takes the slot, at shutdown, or after the slot has been idle this long (0 = never "
      "for idleness). A crash loses only those not written yet: such a conversation resumes at its deepest stored "
      "snapshot and prefills the rest", NULL},
 
     /* ---- logging */
-    {"-v,--verbose,--log-verbose", NULL, OPT_VERBOSE, 0, 0, 0, "more log output (repeatable)", NULL},
-    {"--log-quiet", NULL, OPT_QUIET, 0, 0, 0, "only warnings and errors", NULL},
+    FN("-v,--verbose,--log-verbose", NULL, fn_verbose, "more log output (repeatable)"),
+    FN("--log-quiet", NULL, fn_verbose, "only warnings and errors"),
     FN("-lv,--verbosity,--log-verbosity", "N", fn_log_verbosity,
        "llama-server's levels: 0 nothing but output, 1 errors, 2 warnings, 3 info (default), 4+ debug"),
     FN("--log-disable", NULL, fn_log_verbosity, "no log lines at all"),
-    {"--log-file", "FILE", OPT_STR, OFF(log_file), 0, 0, "append every log line to FILE too", NULL},
+    {"--log-file", "FILE", THAW_FLAG_STR, OFF(log_file), 0, 0, "append every log line to FILE too", NULL},
     FN("--log-colors", "on|off|auto", fn_log_colors, "colour the level of each line (auto: when stderr is a terminal)"),
-    {"--log-prefix", NULL, OPT_TRUE, OFF(log_prefix), 0, 0, "the level on each line (default)", NULL},
-    {"--no-log-prefix", NULL, OPT_FALSE, OFF(log_prefix), 0, 0, "no level on the lines", NULL},
-    {"--log-timestamps", NULL, OPT_TRUE, OFF(log_timestamps), 0, 0, "the time on each line (default)", NULL},
-    {"--no-log-timestamps", NULL, OPT_FALSE, OFF(log_timestamps), 0, 0, "no time on the lines", NULL},
+    {"--log-prefix", NULL, THAW_FLAG_TRUE, OFF(log_prefix), 0, 0, "the level on each line (default)", NULL},
+    {"--no-log-prefix", NULL, THAW_FLAG_FALSE, OFF(log_prefix), 0, 0, "no level on the lines", NULL},
+    {"--log-timestamps", NULL, THAW_FLAG_TRUE, OFF(log_timestamps), 0, 0, "the time on each line (default)", NULL},
+    {"--no-log-timestamps", NULL, THAW_FLAG_FALSE, OFF(log_timestamps), 0, 0, "no time on the lines", NULL},
     FN("--version", NULL, fn_version, "print the version and exit"),
 
     /* ---- llama-server flags accepted with no effect on thaw */
@@ -385,15 +363,15 @@ static const struct opt opts[] = {
     REFUSE("--completion-bash", NULL, "thaw prints no shell completion script"),
     FN("-C,--cpu-mask", "M", fn_cpu_mask, "CPUs the generation threads may run on: a hex mask, the last digit CPUs 0-3 (adds to -Cr)"),
     FN("-Cr,--cpu-range", "LO-HI", fn_cpu_mask, "CPUs the generation threads may run on, a range (adds to -C)"),
-    {"--cpu-strict", "0|1", OPT_INT, OFF(cpu.strict), 0, 1, "pin each generation thread to one CPU of the mask, in order", NULL},
-    {"--prio", "N", OPT_INT, OFF(cpu.prio), -1, 3, "thread priority: -1 low, 0 normal, 1 medium, 2 high, 3 realtime", NULL},
-    {"--poll", "0..100", OPT_INT, OFF(cpu.poll), 0, 100,
+    {"--cpu-strict", "0|1", THAW_FLAG_INT, OFF(cpu.strict), 0, 1, "pin each generation thread to one CPU of the mask, in order", NULL},
+    {"--prio", "N", THAW_FLAG_INT, OFF(cpu.prio), -1, 3, "thread priority: -1 low, 0 normal, 1 medium, 2 high, 3 realtime", NULL},
+    {"--poll", "0..100", THAW_FLAG_INT, OFF(cpu.poll), 0, 100,
      "how long a waiting compute thread spins before it sleeps (0: no spinning; 100: mostly spinning)", NULL},
     FN("-Cb,--cpu-mask-batch", "M", fn_cpu_mask, "-C for the prompt-processing threads (default: same as -C)"),
     FN("-Crb,--cpu-range-batch", "LO-HI", fn_cpu_mask, "-Cr for the prompt-processing threads (default: same as -Cr)"),
-    {"--cpu-strict-batch", "0|1", OPT_INT, OFF(cpu_batch.strict), 0, 1, "--cpu-strict for the prompt-processing threads (default: same as --cpu-strict)", NULL},
-    {"--prio-batch", "N", OPT_INT, OFF(cpu_batch.prio), -1, 3, "--prio for the prompt-processing threads (default: same as --prio)", NULL},
-    {"--poll-batch", "0..100", OPT_INT, OFF(cpu_batch.poll), 0, 100, "--poll for the prompt-processing threads (default: same as --poll)", NULL},
+    {"--cpu-strict-batch", "0|1", THAW_FLAG_INT, OFF(cpu_batch.strict), 0, 1, "--cpu-strict for the prompt-processing threads (default: same as --cpu-strict)", NULL},
+    {"--prio-batch", "N", THAW_FLAG_INT, OFF(cpu_batch.prio), -1, 3, "--prio for the prompt-processing threads (default: same as --prio)", NULL},
+    {"--poll-batch", "0..100", THAW_FLAG_INT, OFF(cpu_batch.poll), 0, 100, "--poll for the prompt-processing threads (default: same as --poll)", NULL},
     REFUSE("-lcs,--lookup-cache-static", "FILE", WHY_NGRAM),
     REFUSE("-lcd,--lookup-cache-dynamic", "FILE", WHY_NGRAM),
     REFUSE("--kv-unified-per-slot", "N", "thaw keeps each slot's KV cells apart (-c is split evenly across -np)"),
@@ -547,8 +525,11 @@ static bool is_draft_flag(const char *flag)
     return strstr(flag, "draft") != NULL;
 }
 
-static int fn_ngl(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_ngl(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     int *ngl = is_draft_flag(flag) ? &cfg->draft_n_gpu_layers : &cfg->n_gpu_layers;
     long long n;
 
@@ -567,14 +548,20 @@ static int fn_ngl(struct thaw_config *cfg, const char *flag, const char *v)
     return 0;
 }
 
-static int fn_devices(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_devices(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     *(is_draft_flag(flag) ? &cfg->draft_devices : &cfg->devices) = v; /* names are checked once the backends are loaded (params.c) */
     return 0;
 }
 
-static int fn_override_tensor(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_override_tensor(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     for (const char *p = v; *p;) {
         size_t len = strcspn(p, ",");
         const char *eq = memchr(p, '=', len);
@@ -594,8 +581,11 @@ static int fn_override_tensor(struct thaw_config *cfg, const char *flag, const c
     return 0;
 }
 
-static int fn_cpu_moe(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_cpu_moe(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     long long n;
 
     if (!v) {
@@ -613,8 +603,11 @@ static int fn_cpu_moe(struct thaw_config *cfg, const char *flag, const char *v)
     return 0;
 }
 
-static int fn_split_mode(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_split_mode(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     static const char *const modes[] = {"none", "layer", "row", "tensor"}; /* enum llama_split_mode */
 
     for (int i = 0; i < 4; i++)
@@ -650,8 +643,11 @@ static int number_list(const char *flag, const char *v, double *out, int max)
     return n;
 }
 
-static int fn_tensor_split(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_tensor_split(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     double d[THAW_MAX_DEVICES];
     int n = number_list(flag, v, d, THAW_MAX_DEVICES);
 
@@ -662,8 +658,11 @@ static int fn_tensor_split(struct thaw_config *cfg, const char *flag, const char
     return 0;
 }
 
-static int fn_fit_target(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_fit_target(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     double d[THAW_MAX_DEVICES];
     int n = number_list(flag, v, d, THAW_MAX_DEVICES);
 
@@ -675,8 +674,11 @@ static int fn_fit_target(struct thaw_config *cfg, const char *flag, const char *
 }
 
 /* --mlock, --mmap, --no-mmap, -dio, -ndio, -lm MODE: the last one wins, as in llama-server */
-static int fn_load_mode(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_load_mode(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     static const struct {
         const char *name;
         int mode; /* enum llama_load_mode */
@@ -701,8 +703,11 @@ static int fn_load_mode(struct thaw_config *cfg, const char *flag, const char *v
     return bad_value(flag, v, "auto, none, mmap, mlock, mmap+mlock or dio");
 }
 
-static int fn_lazy_mode(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_lazy_mode(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     if (!strcmp(v, "off"))
         cfg->lazy_mode = 0;
     else if (!strcmp(v, "auto"))
@@ -714,8 +719,11 @@ static int fn_lazy_mode(struct thaw_config *cfg, const char *flag, const char *v
     return 0;
 }
 
-static int fn_numa(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_numa(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     if (!strcmp(v, "distribute"))
         cfg->numa = 1; /* GGML_NUMA_STRATEGY_DISTRIBUTE */
     else if (!strcmp(v, "isolate"))
@@ -727,8 +735,11 @@ static int fn_numa(struct thaw_config *cfg, const char *flag, const char *v)
     return 0;
 }
 
-static int fn_override_kv(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_override_kv(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     for (const char *p = v; *p;) {
         size_t len = strcspn(p, ",");
         const char *eq = memchr(p, '=', len);
@@ -750,8 +761,11 @@ static int fn_override_kv(struct thaw_config *cfg, const char *flag, const char 
     return 0;
 }
 
-static int fn_fit(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_fit(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     if (truthy(v))
         cfg->fit = true;
     else if (falsey(v))
@@ -761,22 +775,31 @@ static int fn_fit(struct thaw_config *cfg, const char *flag, const char *v)
     return 0;
 }
 
-static int fn_list_devices(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_list_devices(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     (void)flag, (void)v;
     cfg->list_devices = true;
     return 0;
 }
 
-static int fn_version(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_version(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     (void)flag, (void)v;
     cfg->show_version = true;
     return 0;
 }
 
-static int fn_flash_attn(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_flash_attn(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     if (truthy(v))
         cfg->flash_attn = 1; /* enum llama_flash_attn_type */
     else if (falsey(v))
@@ -791,8 +814,11 @@ static int fn_flash_attn(struct thaw_config *cfg, const char *flag, const char *
 /* base/config.c's defaults name GGML_TYPE_F16 by its value */
 _Static_assert(GGML_TYPE_F16 == 1, "base/config.c: the default KV type is GGML_TYPE_F16");
 
-static int fn_cache_type(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_cache_type(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     /* llama-server's list (common/arg.cpp kv_cache_types) */
     static const enum ggml_type types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,    GGML_TYPE_BF16,
                                            GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,   GGML_TYPE_Q4_1,
@@ -809,8 +835,11 @@ static int fn_cache_type(struct thaw_config *cfg, const char *flag, const char *
     return bad_value(flag, v, "f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0 or q5_1");
 }
 
-static int fn_rope_scaling(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_rope_scaling(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     if (!strcmp(v, "none"))
         cfg->rope_scaling = 0; /* enum llama_rope_scaling_type */
     else if (!strcmp(v, "linear"))
@@ -822,8 +851,11 @@ static int fn_rope_scaling(struct thaw_config *cfg, const char *flag, const char
     return 0;
 }
 
-static int fn_rope_scale(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_rope_scale(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     char *end = NULL;
     double d = strtod(v, &end);
 
@@ -833,8 +865,11 @@ static int fn_rope_scale(struct thaw_config *cfg, const char *flag, const char *
     return 0;
 }
 
-static int fn_seed(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_seed(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     long long n;
 
     if (whole(flag, v, -1, 0xFFFFFFFFll, &n) != 0)
@@ -843,8 +878,11 @@ static int fn_seed(struct thaw_config *cfg, const char *flag, const char *v)
     return 0;
 }
 
-static int fn_samplers(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_samplers(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     char err[200];
     int rc = !strcmp(flag, "--samplers") ? thaw_sampling_set_stages(&cfg->sampling, v, err, sizeof err)
                                          : thaw_sampling_set_seq(&cfg->sampling, v, err, sizeof err);
@@ -853,8 +891,11 @@ static int fn_samplers(struct thaw_config *cfg, const char *flag, const char *v)
     return rc;
 }
 
-static int fn_dry_breaker(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_dry_breaker(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     char err[200];
     int rc = thaw_sampling_add_breaker(&cfg->sampling, !cfg->dry_breakers_set, v, err, sizeof err);
 
@@ -864,8 +905,11 @@ static int fn_dry_breaker(struct thaw_config *cfg, const char *flag, const char 
     return rc;
 }
 
-static int fn_logit_bias(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_logit_bias(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     char err[200];
     int rc = thaw_sampling_add_bias(&cfg->sampling, v, err, sizeof err);
 
@@ -874,8 +918,11 @@ static int fn_logit_bias(struct thaw_config *cfg, const char *flag, const char *
     return rc;
 }
 
-static int fn_log_colors(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_log_colors(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     if (truthy(v))
         cfg->log_colors = 1;
     else if (falsey(v))
@@ -889,8 +936,11 @@ static int fn_log_colors(struct thaw_config *cfg, const char *flag, const char *
 
 /* llama-server's -lv N: 0 output, 1 error, 2 warning, 3 info, 4 trace, 5 debug;
  * thaw's levels are THAW_LOG_ERROR (-1) .. THAW_LOG_DEBUG (2) */
-static int fn_log_verbosity(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_log_verbosity(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     long long n;
 
     if (!v) { /* --log-disable */
@@ -903,8 +953,11 @@ static int fn_log_verbosity(struct thaw_config *cfg, const char *flag, const cha
     return 0;
 }
 
-static int fn_api_key_file(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_api_key_file(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     FILE *f = fopen(v, "r");
     char line[4096];
     int rc = 0;
@@ -930,8 +983,11 @@ static int fn_api_key_file(struct thaw_config *cfg, const char *flag, const char
     return rc;
 }
 
-static int fn_cache_ram(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_cache_ram(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     long long n;
 
     if (whole(flag, v, -1, 1ll << 40, &n) != 0)
@@ -941,8 +997,11 @@ static int fn_cache_ram(struct thaw_config *cfg, const char *flag, const char *v
 }
 
 /* -C / -Cr and their -batch forms: the CPUs named add to the mask */
-static int fn_cpu_mask(struct thaw_config *cfg, const char *flag, const char *v)
+static int fn_cpu_mask(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
+    struct thaw_config *cfg = dst;
+
+    (void)fl;
     bool batch = strstr(flag, "batch") != NULL || !strcmp(flag, "-Cb") || !strcmp(flag, "-Crb");
     bool range = strstr(flag, "range") != NULL || !strcmp(flag, "-Cr") || !strcmp(flag, "-Crb");
     struct thaw_cpu_cfg *c = batch ? &cfg->cpu_batch : &cfg->cpu;
@@ -958,23 +1017,6 @@ static int fn_cpu_mask(struct thaw_config *cfg, const char *flag, const char *v)
 }
 
 /* ---- parsing ------------------------------------------------------------------- */
-
-static bool name_matches(const char *names, const char *arg)
-{
-    size_t n = strlen(arg);
-    const char *p = names;
-
-    while (*p) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && memcmp(p, arg, n) == 0)
-            return true;
-        if (!end)
-            break;
-        p = end + 1;
-    }
-    return false;
-}
 
 static int add_keys(struct thaw_config *cfg, const char *value)
 {
@@ -1009,28 +1051,50 @@ static int add_keys(struct thaw_config *cfg, const char *value)
     return 0;
 }
 
-static int parse_number(const struct opt *o, const char *flag, const char *value, double *out)
+static int fn_api_key(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
 {
-    char *end = NULL;
-    double v;
+    (void)fl, (void)flag;
+    return add_keys(dst, v);
+}
 
-    errno = 0;
-    v = strtod(value, &end);
-    if (errno || end == value || *end != '\0') {
-        fprintf(stderr, "thaw: %s expects a number, got '%s'\n", flag, value);
-        return THAW_EINVAL;
-    }
-    if ((o->kind == OPT_INT || o->kind == OPT_U64) && v != (double)(long long)v) {
-        fprintf(stderr, "thaw: %s expects a whole number, got '%s'\n", flag, value);
-        return THAW_EINVAL;
-    }
-    if (v < o->min || v > o->max) {
-        fprintf(stderr, "thaw: %s must be between %g and %g, got '%s'\n", flag, o->min, o->max, value);
-        return THAW_EINVAL;
-    }
-    *out = v;
+/* -v raises the log level, --log-quiet lowers it to warnings and errors */
+static int fn_verbose(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
+{
+    struct thaw_config *cfg = dst;
+
+    (void)fl, (void)v;
+    if (!strcmp(flag, "--log-quiet"))
+        cfg->verbosity = 0;
+    else
+        cfg->verbosity++;
     return 0;
 }
+
+/* a llama-server flag thaw always behaves as */
+static int fn_accept(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
+{
+    (void)dst, (void)fl, (void)flag, (void)v;
+    return 0;
+}
+
+/* the engine logs these once logging is set up */
+static void record_noop(void *dst, const struct thaw_flag *o)
+{
+    struct thaw_config *cfg = dst;
+
+    if (cfg->n_no_effect < THAW_MAX_OVERRIDES) {
+        cfg->no_effect[cfg->n_no_effect].flag = o->names;
+        cfg->no_effect[cfg->n_no_effect++].why = o->help;
+    }
+}
+
+static const struct thaw_flags serve_flags = {
+    .prog = "thaw",
+    .see = "thaw serve",
+    .flags = opts,
+    .n_flags = N_OPTS,
+    .noop = record_noop,
+};
 
 /* A whole file as a malloc'd string in *out (at most 16 MiB). 0, or
  * THAW_EINVAL after printing why. */
@@ -1098,115 +1162,12 @@ static int read_side_files(struct thaw_config *cfg)
 
 int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *flag = argv[i];
-        const char *value = NULL;
-        const struct opt *o = NULL;
-        char name[64];
+    int rc = thaw_flags_parse(&serve_flags, cfg, argc, argv);
 
-        if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0 || strcmp(flag, "--usage") == 0) {
-            thaw_config_usage(stdout);
-            return 1;
-        }
-        /* llama-server reads "--a_b" as "--a-b", and takes --flag=value */
-        if (flag[0] == '-' && flag[1] == '-') {
-            size_t len = strcspn(flag, "=");
-            if (len < sizeof name) {
-                for (size_t k = 0; k < len; k++)
-                    name[k] = flag[k] == '_' ? '-' : flag[k];
-                name[len] = '\0';
-                if (flag[len] == '=')
-                    value = flag + len + 1;
-                flag = name;
-            }
-        }
-        for (size_t j = 0; j < N_OPTS; j++) {
-            if (name_matches(opts[j].names, flag)) {
-                o = &opts[j];
-                break;
-            }
-        }
-        if (!o) {
-            fprintf(stderr, "thaw: unknown flag '%s' (see thaw serve --help)\n", argv[i]);
-            return THAW_EINVAL;
-        }
-        if (o->kind == OPT_REFUSE) {
-            fprintf(stderr, "thaw: %s: %s\n", flag, o->help);
-            return THAW_EINVAL;
-        }
-        if (o->arg && !value) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "thaw: %s needs a value (%s)\n", flag, o->arg);
-                return THAW_EINVAL;
-            }
-            value = argv[++i];
-        } else if (!o->arg && value) {
-            fprintf(stderr, "thaw: %s takes no value\n", flag);
-            return THAW_EINVAL;
-        }
-
-        char *field = (char *)cfg + o->off;
-        double v = 0;
-        int rc;
-        switch (o->kind) {
-        case OPT_INT:
-            if ((rc = parse_number(o, flag, value, &v)) != 0)
-                return rc;
-            *(int *)field = (int)v;
-            break;
-        case OPT_U64:
-            if ((rc = parse_number(o, flag, value, &v)) != 0)
-                return rc;
-            if (o->off == OFF(max_body))
-                *(size_t *)field = (size_t)v;
-            else
-                *(uint64_t *)field = (uint64_t)v;
-            break;
-        case OPT_FLOAT:
-            if ((rc = parse_number(o, flag, value, &v)) != 0)
-                return rc;
-            *(float *)field = (float)v;
-            break;
-        case OPT_STR:
-            if (!*value) {
-                fprintf(stderr, "thaw: %s must not be empty\n", flag);
-                return THAW_EINVAL;
-            }
-            *(const char **)field = value;
-            break;
-        case OPT_TRUE:
-            if (o->off)
-                *(bool *)field = true;
-            break;
-        case OPT_FALSE:
-            *(bool *)field = false;
-            break;
-        case OPT_KEYS:
-            if ((rc = add_keys(cfg, value)) != 0)
-                return rc;
-            break;
-        case OPT_VERBOSE:
-            cfg->verbosity++;
-            break;
-        case OPT_QUIET:
-            cfg->verbosity = 0;
-            break;
-        case OPT_FN:
-            if ((rc = o->fn(cfg, flag, value)) != 0)
-                return rc;
-            break;
-        case OPT_NOOP:
-            /* the engine logs these once logging is set up */
-            if (cfg->n_no_effect < THAW_MAX_OVERRIDES) {
-                cfg->no_effect[cfg->n_no_effect].flag = o->names;
-                cfg->no_effect[cfg->n_no_effect++].why = o->help;
-            }
-            break;
-        case OPT_REFUSE:
-            break; /* answered above */
-        }
-    }
-
+    if (rc == 1)
+        thaw_config_usage(stdout);
+    if (rc != 0)
+        return rc;
     if (cfg->show_version) {
         printf("thaw serve, on llama.cpp %s\n", llama_version());
         return 1;
@@ -1281,53 +1242,29 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
 
 /* ---- --help -------------------------------------------------------------------- */
 
-static void print_default(FILE *f, const struct opt *o)
+/* the threads' 0 is resolved at start-up, INT_MIN is "same as" another */
+static bool show_default(const struct thaw_flag *o, const void *defaults)
+{
+    const struct thaw_config *d = defaults;
+
+    if (o->kind != THAW_FLAG_INT)
+        return true;
+    return o->off != OFF(n_threads) && o->off != OFF(n_threads_batch) &&
+           *(const int *)((const char *)d + o->off) != INT_MIN;
+}
+
+static void usage_section(FILE *f, const char *title, bool (*pick)(const struct thaw_flag *))
 {
     struct thaw_config d;
 
     thaw_config_init(&d);
-    const char *field = (const char *)&d + o->off;
-    switch (o->kind) {
-    case OPT_INT:
-        if (o->off != OFF(n_threads) && o->off != OFF(n_threads_batch) && /* 0 = resolved at start-up */
-            *(const int *)field != INT_MIN)                              /* unset: "same as" */
-            fprintf(f, " [default: %d]", *(const int *)field);
-        break;
-    case OPT_U64:
-        if (o->off == OFF(max_body))
-            fprintf(f, " [default: %zu]", *(const size_t *)field);
-        else
-            fprintf(f, " [default: %llu]", (unsigned long long)*(const uint64_t *)field);
-        break;
-    case OPT_FLOAT:
-        fprintf(f, " [default: %g]", *(const float *)field);
-        break;
-    case OPT_STR:
-        if (*(const char *const *)field)
-            fprintf(f, " [default: %s]", *(const char *const *)field);
-        break;
-    default:
-        break;
-    }
-}
-
-static void usage_section(FILE *f, const char *title, bool (*pick)(const struct opt *))
-{
     fprintf(f, "\n%s:\n", title);
-    for (size_t i = 0; i < N_OPTS; i++) {
-        char left[160];
-        if (!pick(&opts[i]))
-            continue;
-        snprintf(left, sizeof left, "%s%s%s", opts[i].names, opts[i].arg ? " " : "", opts[i].arg ? opts[i].arg : "");
-        fprintf(f, "  %-34s  %s", left, opts[i].help);
-        print_default(f, &opts[i]);
-        fputc('\n', f);
-    }
+    thaw_flags_usage(f, &serve_flags, pick, &d, show_default);
 }
 
-static bool pick_flag(const struct opt *o) { return o->kind != OPT_NOOP && o->kind != OPT_REFUSE; }
-static bool pick_noop(const struct opt *o) { return o->kind == OPT_NOOP; }
-static bool pick_refused(const struct opt *o) { return o->kind == OPT_REFUSE; }
+static bool pick_flag(const struct thaw_flag *o) { return o->kind != THAW_FLAG_NOOP && o->kind != THAW_FLAG_REFUSE; }
+static bool pick_noop(const struct thaw_flag *o) { return o->kind == THAW_FLAG_NOOP; }
+static bool pick_refused(const struct thaw_flag *o) { return o->kind == THAW_FLAG_REFUSE; }
 
 void thaw_config_usage(FILE *f)
 {
