@@ -1,8 +1,10 @@
-/* config.h — every `thaw serve` flag: defaults, parsing, validation, --help.
+/* config.h — what `thaw serve` runs with: every setting and its default.
  *
- * Flag names follow llama-server wherever one exists, so a llama.cpp user can
- * switch by changing one word. The struct is filled once at start-up and is
- * read-only afterwards (every thread may read it without locking).
+ * The command line fills it (cli/config.h: the flag table, its parser and
+ * --help; flag names follow llama-server wherever one exists). The struct is
+ * filled once at start-up and is read-only afterwards (every thread may read
+ * it without locking). It holds no llama.cpp types: the enums it stores are
+ * plain ints, turned into llama's params by llama/params.c.
  */
 #ifndef THAW_CONFIG_H
 #define THAW_CONFIG_H
@@ -12,7 +14,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "base/sampling.h"
 
@@ -173,17 +174,8 @@ struct thaw_config {
 /* Defaults for every field. */
 void thaw_config_init(struct thaw_config *cfg);
 
-/* Parses `argv[1..argc-1]` (argv[0] is the subcommand name) into cfg.
- * Returns 0 on success, 1 when --help, --version or --list-devices was
- * printed (caller exits 0), and a negative THAW_EINVAL after printing a
- * one-line reason to stderr. Every llama-server flag is known: one thaw does
- * not implement is refused with "thaw: FLAG: why" (see --help). */
-int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv);
-
-/* Prints the serve usage text to `f`. */
-void thaw_config_usage(FILE *f);
-
-/* Frees what thaw_config_parse allocated; cfg stays valid to re-init. */
+/* Frees what parsing allocated (cli/config.h's thaw_config_parse: the file
+ * texts, the API keys); cfg stays valid to re-init. */
 void thaw_config_free(struct thaw_config *cfg);
 
 #endif

@@ -5,7 +5,7 @@
  *   ---- helpers ----    formatting (sizes, ages), options, opening
  *   ---- commands ----   ls, stats, verify, gc, rm
  *   ---- the shared tier ----  gc --shared: expire objects by LastModified
- *   ---- main ----       dispatch and usage
+ *   ---- main ----       the commands' flag tables (cli/flags.h), dispatch, usage
  */
 #include "cli/cache_cli.h"
 
@@ -15,11 +15,14 @@
 #include "base/testhooks.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
+#include "cli/flags.h"
 #ifdef THAW_HAVE_S3
 #include "cache/s3.h"
 #endif
 
 #include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,36 +32,6 @@
 #include <time.h>
 
 #define KEY_SHOWN 16 /* hex digits of a key shown in listings */
-
-static const char usage_text[] = "usage: thaw cache <command> DIR [options]\n"
-                                 "\n"
-                                 "  ls DIR                    list entries, most recently used first\n"
-                                 "  stats DIR                 entries, total size, oldest entry\n"
-                                 "  verify DIR [--fix]        checksum every entry and report the corrupt\n"
-                                 "                            ones; changes nothing unless --fix (alias\n"
-                                 "                            --repair): then removes them, and the files an\n"
-                                 "                            interrupted run left if no server holds DIR\n"
-                                 "                            (--dry-run: the default, still accepted)\n"
-                                 "  gc DIR [--ttl T] [--max MiB]\n"
-                                 "                            evict entries unused for more than T (seconds,\n"
-                                 "                            or with a unit: 90m, 12h, 3d), then the least\n"
-                                 "                            recently used until the total is <= MiB;\n"
-                                 "                            blocks go with the last conversation naming them\n"
-                                 "  gc --shared s3://BUCKET/PREFIX [--ttl T] [--endpoint URL] [--dry-run]\n"
-                                 "                            the shared tier (--kv-shared) on a store with\n"
-                                 "                            no lifecycle rule: delete the objects under\n"
-                                 "                            PREFIX/ written more than T ago (default: the\n"
-                                 "                            server's --kv-cache-ttl, 3d), manifests first;\n"
-                                 "                            --dry-run lists them instead, -v names each\n"
-                                 "                            one deleted. The store: --endpoint or\n"
-                                 "                            AWS_ENDPOINT_URL; AWS_ACCESS_KEY_ID,\n"
-                                 "                            AWS_SECRET_ACCESS_KEY, AWS_REGION\n"
-                                 "  rm DIR KEY... | --all     remove entries (KEY: hex key or unique prefix)\n"
-                                 "\n"
-                                 "ls, stats and verify (without --fix) never change DIR. The others are safe\n"
-                                 "while a server uses DIR: only whole entries are removed, .idx first.\n"
-                                 "Exit status: 0 ok, 1 something found wrong (an unreadable or corrupt\n"
-                                 "entry), not found or not deleted, 2 error.\n";
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -936,101 +909,197 @@ static int cmd_gc_shared(const char *url, const char *endpoint_opt, int64_t ttl_
 
 /* ---- main --------------------------------------------------------------- */
 
+/* What the command line says; each command's flags are its table below. */
+struct cache_args {
+    char **pos; /* DIR, then rm's KEYs (argc slots) */
+    int n_pos;
+    bool dry_run; /* verify: the default now; kept for scripts written before */
+    bool fix, all;
+    bool verbose; /* gc --shared: one line per object deleted (a DIR's gc always says) */
+    const char *shared, *endpoint;
+    bool ttl_given, max_given;
+    int64_t ttl_s;
+    uint64_t max_bytes;
+};
+
+static int arg_positional(void *dst, const char *arg)
+{
+    struct cache_args *a = dst;
+
+    a->pos[a->n_pos++] = (char *)arg;
+    return 0;
+}
+
+static int arg_ttl(void *dst, const struct thaw_flag *f, const char *flag, const char *v)
+{
+    struct cache_args *a = dst;
+
+    (void)f, (void)flag;
+    a->ttl_given = true;
+    if (parse_duration(v, &a->ttl_s)) {
+        fprintf(stderr, "thaw cache: --ttl %s: want seconds, or 90m, 12h, 3d\n", v);
+        return THAW_EINVAL;
+    }
+    return 0;
+}
+
+static int arg_max(void *dst, const struct thaw_flag *f, const char *flag, const char *v)
+{
+    struct cache_args *a = dst;
+
+    (void)f, (void)flag;
+    a->max_given = true;
+    if (parse_mib(v, &a->max_bytes)) {
+        fprintf(stderr, "thaw cache: --max %s: want MiB\n", v);
+        return THAW_EINVAL;
+    }
+    return 0;
+}
+
+#define ARG(f) offsetof(struct cache_args, f)
+
+static const struct thaw_flag verify_flags[] = {
+    {"--fix,--repair", NULL, THAW_FLAG_TRUE, ARG(fix), 0, 0,
+     "remove the corrupt entries, and the files an\ninterrupted run left if no server holds DIR", NULL},
+    {"--dry-run", NULL, THAW_FLAG_TRUE, ARG(dry_run), 0, 0, "change nothing (the default, still accepted)", NULL},
+};
+
+static const struct thaw_flag gc_flags[] = {
+    {"--ttl", "T", THAW_FLAG_FN, 0, 0, 0,
+     "evict entries unused for more than T (seconds, or\nwith a unit: 90m, 12h, 3d); --shared: objects\n"
+     "written more than T ago (default: the server's\n--kv-cache-ttl, 3d)",
+     arg_ttl},
+    {"--max", "MiB", THAW_FLAG_FN, 0, 0, 0,
+     "then the least recently used until the total is\n<= MiB; blocks go with the last conversation\n"
+     "naming them",
+     arg_max},
+    {"--shared", "s3://BUCKET/PREFIX", THAW_FLAG_STR, ARG(shared), 0, 0,
+     "the shared tier (--kv-shared) on a store with no\nlifecycle rule, instead of a DIR: delete the\n"
+     "objects under PREFIX/ older than --ttl, manifests\nfirst. Credentials: AWS_ACCESS_KEY_ID,\n"
+     "AWS_SECRET_ACCESS_KEY, AWS_REGION",
+     NULL},
+    {"--endpoint", "URL", THAW_FLAG_STR, ARG(endpoint), 0, 0, "--shared: the store (default: AWS_ENDPOINT_URL)", NULL},
+    {"--dry-run", NULL, THAW_FLAG_TRUE, ARG(dry_run), 0, 0, "--shared: list the objects instead of deleting", NULL},
+    {"-v,--verbose", NULL, THAW_FLAG_TRUE, ARG(verbose), 0, 0, "--shared: name each object deleted", NULL},
+};
+
+static const struct thaw_flag rm_flags[] = {
+    {"--all", NULL, THAW_FLAG_TRUE, ARG(all), 0, 0, "every entry, instead of KEYs", NULL},
+};
+
+/* Each command: its synopsis, what it does, its flags. */
+static const struct cache_cmd {
+    const char *name, *synopsis, *help;
+    const struct thaw_flag *flags;
+    size_t n_flags;
+} cache_cmds[] = {
+    {"ls", "ls DIR", "list entries, most recently used first", NULL, 0},
+    {"stats", "stats DIR", "entries, total size, oldest entry", NULL, 0},
+    {"verify", "verify DIR [--fix]", "checksum every entry and report the corrupt\nones; changes nothing unless --fix",
+     verify_flags, sizeof verify_flags / sizeof verify_flags[0]},
+    {"gc", "gc DIR [--ttl T] [--max MiB]\ngc --shared s3://BUCKET/PREFIX [--ttl T] [--endpoint URL] [--dry-run] [-v]",
+     "evict as the server does (DIR), or expire the\nshared tier's objects by age (--shared)", gc_flags,
+     sizeof gc_flags / sizeof gc_flags[0]},
+    {"rm", "rm DIR KEY... | --all", "remove entries (KEY: hex key or unique prefix\nof 4 or more digits)", rm_flags,
+     sizeof rm_flags / sizeof rm_flags[0]},
+};
+#define N_CACHE_CMDS (sizeof cache_cmds / sizeof cache_cmds[0])
+
 static int usage(FILE *to, int status)
 {
-    fputs(usage_text, to);
+    fputs("usage: thaw cache <command> DIR [options]\n\n", to);
+    for (size_t i = 0; i < N_CACHE_CMDS; i++) {
+        const struct cache_cmd *c = &cache_cmds[i];
+        const char *nl = strchr(c->synopsis, '\n');
+        struct thaw_flags t = {.flags = c->flags, .n_flags = c->n_flags, .width = 22, .indent = 4};
+
+        if (nl) /* a second form: on its own line, the text below both */
+            fprintf(to, "  %.*s\n  %s\n  %-24s  ", (int)(nl - c->synopsis), c->synopsis, nl + 1, "");
+        else
+            fprintf(to, "  %-24s  ", c->synopsis);
+        for (const char *p = c->help; *p; p++) {
+            fputc(*p, to);
+            if (*p == '\n')
+                fprintf(to, "  %-24s  ", "");
+        }
+        fputc('\n', to);
+        thaw_flags_usage(to, &t, NULL, NULL, NULL);
+    }
+    fputs("\n"
+          "ls, stats and verify (without --fix) never change DIR. The others are safe\n"
+          "while a server uses DIR: only whole entries are removed, .idx first.\n"
+          "Exit status: 0 ok, 1 something found wrong (an unreadable or corrupt\n"
+          "entry), not found or not deleted, 2 error.\n",
+          to);
     return status;
 }
 
 int thaw_cache_main(int argc, char **argv)
 {
     struct cli cli = {0};
-    const char *cmd, *shared = NULL, *endpoint = NULL;
-    char **pos;
-    int n_pos = 0, dry_run = 0, fix = 0, all = 0, ttl_given = 0, max_given = 0, verbose = 0, ret;
-    int64_t ttl_s = 0;
-    uint64_t max_bytes = 0;
+    struct cache_args a = {0};
+    const struct cache_cmd *c = NULL;
+    const char *cmd;
+    char prog[64];
+    int ret;
 
     if (argc < 2)
         return usage(stderr, 2);
     cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help"))
         return usage(stdout, 0);
-    pos = calloc((size_t)argc, sizeof *pos);
-    if (!pos)
+    for (size_t i = 0; i < N_CACHE_CMDS; i++)
+        if (!strcmp(cmd, cache_cmds[i].name))
+            c = &cache_cmds[i];
+    a.pos = calloc((size_t)argc, sizeof *a.pos);
+    if (!a.pos)
         return 2;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            free(pos);
-            return usage(stdout, 0);
-        } else if (!strcmp(a, "--dry-run") && (!strcmp(cmd, "verify") || !strcmp(cmd, "gc"))) {
-            dry_run = 1; /* verify: the default now; kept for scripts written before */
-        } else if (!strcmp(a, "--shared") && !strcmp(cmd, "gc") && i + 1 < argc) {
-            shared = argv[++i];
-        } else if (!strcmp(a, "--endpoint") && !strcmp(cmd, "gc") && i + 1 < argc) {
-            endpoint = argv[++i];
-        } else if ((!strcmp(a, "-v") || !strcmp(a, "--verbose")) && !strcmp(cmd, "gc")) {
-            verbose = 1; /* --shared: one line per object deleted (a DIR's gc always says) */
-        } else if ((!strcmp(a, "--fix") || !strcmp(a, "--repair")) && !strcmp(cmd, "verify")) {
-            fix = 1;
-        } else if (!strcmp(a, "--all") && !strcmp(cmd, "rm")) {
-            all = 1;
-        } else if (!strcmp(a, "--ttl") && !strcmp(cmd, "gc") && i + 1 < argc) {
-            ttl_given = 1;
-            if (parse_duration(argv[++i], &ttl_s)) {
-                fprintf(stderr, "thaw cache: --ttl %s: want seconds, or 90m, 12h, 3d\n", argv[i]);
-                free(pos);
-                return 2;
-            }
-        } else if (!strcmp(a, "--max") && !strcmp(cmd, "gc") && i + 1 < argc) {
-            max_given = 1;
-            if (parse_mib(argv[++i], &max_bytes)) {
-                fprintf(stderr, "thaw cache: --max %s: want MiB\n", argv[i]);
-                free(pos);
-                return 2;
-            }
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "thaw cache %s: unknown option %s\n", cmd, a);
-            free(pos);
-            return usage(stderr, 2);
-        } else {
-            pos[n_pos++] = argv[i];
-        }
+    snprintf(prog, sizeof prog, "thaw cache %s", cmd);
+    struct thaw_flags t = {
+        .prog = prog,
+        .see = "thaw cache",
+        .flags = c ? c->flags : NULL,
+        .n_flags = c ? c->n_flags : 0,
+        .positional = arg_positional,
+    };
+    ret = thaw_flags_parse(&t, &a, argc - 1, argv + 1);
+    if (ret != 0) {
+        free(a.pos);
+        return ret == 1 ? usage(stdout, 0) : usage(stderr, 2);
     }
-    if (dry_run && fix) {
+    if (a.dry_run && a.fix) {
         fprintf(stderr, "thaw cache verify: --dry-run and --fix contradict each other\n");
-        free(pos);
+        free(a.pos);
         return usage(stderr, 2);
     }
-    if (!strcmp(cmd, "gc") && (shared || endpoint || dry_run)) {
+    if (!strcmp(cmd, "gc") && (a.shared || a.endpoint || a.dry_run)) {
         /* the shared tier: a bucket, not a DIR; kept by age only */
         struct thaw_config cfg;
-        const char *why = !shared     ? "--endpoint and --dry-run go with --shared s3://BUCKET/PREFIX"
-                          : n_pos     ? "--shared takes no DIR"
-                          : max_given ? "--max is for a DIR: the shared tier is kept by age (--ttl)"
-                                      : NULL;
+        const char *why = !a.shared     ? "--endpoint and --dry-run go with --shared s3://BUCKET/PREFIX"
+                          : a.n_pos     ? "--shared takes no DIR"
+                          : a.max_given ? "--max is for a DIR: the shared tier is kept by age (--ttl)"
+                                        : NULL;
         if (why) {
             fprintf(stderr, "thaw cache gc: %s\n", why);
-            free(pos);
+            free(a.pos);
             return usage(stderr, 2);
         }
         thaw_config_init(&cfg); /* the server's default --kv-cache-ttl */
-        ret = cmd_gc_shared(shared, endpoint, ttl_given ? ttl_s : (int64_t)cfg.kv_cache_ttl_s, dry_run, verbose);
+        ret = cmd_gc_shared(a.shared, a.endpoint, a.ttl_given ? a.ttl_s : (int64_t)cfg.kv_cache_ttl_s, a.dry_run,
+                            a.verbose);
         thaw_config_free(&cfg);
-        free(pos);
+        free(a.pos);
         return ret;
     }
-    if (n_pos < 1) {
+    if (a.n_pos < 1) {
         fprintf(stderr, "thaw cache %s: missing DIR\n", cmd);
-        free(pos);
+        free(a.pos);
         return usage(stderr, 2);
     }
-    cli.dir = pos[0];
-    if (strcmp(cmd, "rm") != 0 && n_pos > 1) {
-        fprintf(stderr, "thaw cache %s: unexpected argument %s\n", cmd, pos[1]);
-        free(pos);
+    cli.dir = a.pos[0];
+    if (strcmp(cmd, "rm") != 0 && a.n_pos > 1) {
+        fprintf(stderr, "thaw cache %s: unexpected argument %s\n", cmd, a.pos[1]);
+        free(a.pos);
         return usage(stderr, 2);
     }
     if (!strcmp(cmd, "ls")) {
@@ -1038,20 +1107,20 @@ int thaw_cache_main(int argc, char **argv)
     } else if (!strcmp(cmd, "stats")) {
         ret = cmd_stats(&cli);
     } else if (!strcmp(cmd, "verify")) {
-        ret = cmd_verify(&cli, fix);
+        ret = cmd_verify(&cli, a.fix);
     } else if (!strcmp(cmd, "gc")) {
-        ret = cmd_gc(&cli, ttl_s, max_bytes);
+        ret = cmd_gc(&cli, a.ttl_s, a.max_bytes);
     } else if (!strcmp(cmd, "rm")) {
-        if (!all && n_pos < 2) {
+        if (!a.all && a.n_pos < 2) {
             fprintf(stderr, "thaw cache rm: give KEY... or --all\n");
             ret = 2;
         } else {
-            ret = cmd_rm(&cli, pos + 1, n_pos - 1, all);
+            ret = cmd_rm(&cli, a.pos + 1, a.n_pos - 1, a.all);
         }
     } else {
         fprintf(stderr, "thaw cache: unknown command %s\n", cmd);
         ret = usage(stderr, 2);
     }
-    free(pos);
+    free(a.pos);
     return ret;
 }

@@ -1,9 +1,9 @@
 /* mkmodel.c — `thaw mkmodel`: random-weight GGUF models with a real tokenizer.
  *
  * Map of this file:
- *   ---- usage ----        the --help text (the flags table lives here)
  *   ---- prng ----         splitmix64 + xoshiro256**, and the weight sampler
- *   ---- options ----      flag parsing and validation
+ *   ---- options ----      the flag table (cli/flags.h: parsing and --help
+ *                          walk it), validation
  *   ---- vocab ----        finding the vocab GGUF and template files, copying
  *                          the tokenizer.* keys, choosing a chat template
  *   ---- model ----        hyper-parameter keys and the tensor list per arch
@@ -37,6 +37,7 @@
 #include "cli/mkmodel.h"
 
 #include "base/error.h"
+#include "cli/flags.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -44,6 +45,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,102 +65,6 @@
 #define MK_MAX_LAYERS 512 /* LLAMA_MAX_LAYERS in llama.cpp v0.4.0 */
 #define MK_CHUNK 16384    /* elements generated per step (64 KiB of f32) */
 #define MK_WBUF (4u << 20) /* bytes buffered before each write(2) */
-
-/* ---- usage ---------------------------------------------------------------- */
-
-static void mk_usage(FILE *f, const char *prog)
-{
-    fprintf(f,
-        "usage: thaw %s -o OUT.gguf [flags]\n"
-        "\n"
-        "Write a GGUF model with random weights and a real tokenizer (the\n"
-        "tokenizer.* keys of a vocab-only GGUF). llama.cpp loads and decodes it\n"
-        "like a real model of the same shape; its output is gibberish. The same\n"
-        "flags and seed give a byte-identical file.\n"
-        "\n"
-        "  -o, --output FILE  where to write (required); written to a temp file\n"
-        "                     next to it, fsynced, then renamed into place\n"
-        "  --arch NAME        the architecture; each has its default vocab:\n"
-        "                       llama   plain attention                llama-bpe\n"
-        "                       gemma3  SWA layers, q/k norms, output\n"
-        "                               tied to the embedding          llama-bpe\n"
-        "                       qwen3   q/k norms, output tied         qwen2\n"
-        "                       gemma4  SWA layers, q/k/v norms, GELU,\n"
-        "                               unscaled attention, tied       gemma-4\n"
-        "                       lfm2    hybrid: gated short-convolution\n"
-        "                               (recurrent state) layers and\n"
-        "                               attention layers, tied         qwen2\n"
-        "                       qwen35  hybrid (Qwen3.5): gated delta-net\n"
-        "                               (recurrent state) layers and\n"
-        "                               gated attention layers, tied   qwen35\n"
-        "                       gpt-oss SWA layers (window 128, every\n"
-        "                               2nd global), attention sinks,\n"
-        "                               MoE feed-forward               llama-bpe\n"
-        "                       deepseek2 MLA attention (a K-only latent\n"
-        "                               KV cache: rank 64 + 32 rope\n"
-        "                               dims), 1 dense layer, then MoE\n"
-        "                               with a shared expert           deepseek-llm\n"
-        "                                                       default llama\n"
-        "  --vocab FILE|NAME  vocab GGUF to take the tokenizer from; a NAME (no\n"
-        "                     '/', no .gguf) means <vocab dir>/ggml-vocab-NAME.gguf\n"
-        "                                                       default: the arch's\n"
-        "                     vocab dir: $THAW_VOCAB_DIR if set, else the first\n"
-        "                     " MK_VOCAB_SUBDIR "/ found walking up from the thaw\n"
-        "                     executable, then from the current directory\n"
-        "  --draft-of FILE    make a draft model for FILE: take its tokenizer and\n"
-        "                     chat template (same as --vocab FILE --template vocab)\n"
-        "  --template NAME    chat template: auto | vocab | llama3 | chatml | gemma\n"
-        "                     auto: qwen3, gemma4, lfm2, qwen35 embed their family's\n"
-        "                     real template from <vocab dir>/" MK_TMPL_SUBDIR "/ (Qwen-Qwen3-0.6B,\n"
-        "                     google-gemma-4-31B-it, LFM2.5-Instruct, Qwen3.5-4B\n"
-        "                     .jinja), or\n"
-        "                     the vocab's own if that file is missing, else chatml.\n"
-        "                     llama, gemma3: the vocab's own if\n"
-        "                     llama_chat_apply_template() renders it; else gemma\n"
-        "                     for gemma3; for llama, llama3 if the vocab has\n"
-        "                     <|start_header_id|>, else chatml.\n"
-        "                     vocab: the vocab's own, whatever it is\n"
-        "                                                       default auto\n"
-        "  --chat-template-file FILE\n"
-        "                     embed FILE's text (Jinja, up to 1 MiB) as\n"
-        "                     tokenizer.chat_template instead; excludes --template\n"
-        "                     and --draft-of\n"
-        "  --layers N         blocks, 1..%d (gemma4, lfm2, qwen35, deepseek2: 2..)\n"
-        "                                                       default 2\n"
-        "  --embd N           model width                       default 64\n"
-        "  --heads N          attention heads; the head size embd/heads must be\n"
-        "                     even                              default 4\n"
-        "  --kv-heads N       KV heads (GQA), must divide heads default heads/2\n"
-        "                                                       (heads if odd)\n"
-        "  --ff N             feed-forward width                default 4*embd\n"
-        "  --swa-window N     gemma3, gemma4, gpt-oss: sliding window, tokens\n"
-        "                                                       default 32 (gpt-oss 128)\n"
-        "  --swa-pattern N    gemma3, gemma4, gpt-oss: every Nth layer is global,\n"
-        "                     the rest SWA; 0 = all SWA (gemma4: not 1)\n"
-        "                                                       default 6 (gpt-oss 2), or\n"
-        "                                                       max(2, layers) if fewer\n"
-        "  --moe-experts N    gpt-oss, deepseek2: experts per MoE layer, 2..64;\n"
-        "                     each token uses 2 of them, each --ff wide\n"
-        "                                                       default 4\n"
-        "  --attn-pattern N   lfm2, qwen35: every Nth layer is attention, the\n"
-        "                     rest short-convolution (lfm2) or gated delta-net\n"
-        "                     (qwen35); 2..layers               default 3 (qwen35:\n"
-        "                                                       4), or layers if fewer\n"
-        "  --ctx-train N      trained context length, tokens    default 8192\n"
-        "  --seed N           PRNG seed, decimal or 0x-hex      default 1\n"
-        "  --type T           f16 | f32 for the weight matrices; norms are always\n"
-        "                     f32                               default f16\n"
-        "  -h, --help         this text\n"
-        "\n"
-        "thaw serve renders the embedded template with Jinja. With --no-jinja it\n"
-        "uses llama_chat_apply_template(), which recognises template families by\n"
-        "marker strings: one it does not know (gemma4's) then needs serve's\n"
-        "--chat-template NAME; mkmodel notes when that is the case.\n"
-        "\n"
-        "Flags take their value as the next argument or after '='.\n"
-        "Exit status: 0 written, 1 failed (nothing left behind), 2 bad usage.\n",
-        prog, MK_MAX_LAYERS);
-}
 
 /* ---- prng ----------------------------------------------------------------- */
 
@@ -327,9 +233,249 @@ static int mk_parse_u32(const char *flag, const char *s, uint32_t lo, uint32_t h
     return 0;
 }
 
-/* Fills *o from argv. Returns 0 or THAW_EINVAL after printing why. */
+/* ---- the flag table: each flag's value, then --help's text ---- */
+
+#define MK_STR2(x) #x
+#define MK_STR(x) MK_STR2(x)
+#define MK_OFF(f) offsetof(struct mk_opts, f)
+
+/* --layers, --embd, ...: a whole number in [f->min, f->max], decimal or 0x-hex */
+static int mk_fn_u32(void *dst, const struct thaw_flag *f, const char *flag, const char *val)
+{
+    struct mk_opts *o = dst;
+
+    if (!strcmp(flag, "--swa-window"))
+        o->set_swa = o->set_swa_window = true;
+    else if (!strcmp(flag, "--swa-pattern"))
+        o->set_swa = true;
+    else if (!strcmp(flag, "--attn-pattern"))
+        o->set_attn = true;
+    return mk_parse_u32(flag, val, (uint32_t)f->min, (uint32_t)f->max, (uint32_t *)((char *)dst + f->off));
+}
+
+static int mk_fn_arch(void *dst, const struct thaw_flag *f, const char *flag, const char *val)
+{
+    struct mk_opts *o = dst;
+
+    (void)f, (void)flag;
+    for (size_t k = 0; k < MK_N_ARCHS; k++)
+        if (strcmp(val, mk_archs[k].name) == 0) {
+            o->arch = (enum mk_arch)k;
+            return 0;
+        }
+    fprintf(stderr,
+            "mkmodel: --arch: expected llama, gemma3, qwen3, gemma4, "
+            "lfm2, qwen35, gpt-oss or deepseek2, got '%s'\n",
+            val);
+    return THAW_EINVAL;
+}
+
+/* a draft for TARGET: its tokenizer and chat template, byte for byte */
+static int mk_fn_draft_of(void *dst, const struct thaw_flag *f, const char *flag, const char *val)
+{
+    struct mk_opts *o = dst;
+
+    (void)f, (void)flag;
+    if (*val == '\0') {
+        fprintf(stderr, "mkmodel: --draft-of: empty value\n");
+        return THAW_EINVAL;
+    }
+    o->vocab = val;
+    o->tmpl = MK_TMPL_VOCAB;
+    o->set_tmpl = true;
+    return 0;
+}
+
+static int mk_fn_template(void *dst, const struct thaw_flag *f, const char *flag, const char *val)
+{
+    static const struct {
+        const char *name;
+        enum mk_template t;
+    } names[] = {
+        {"auto", MK_TMPL_AUTO},     {"vocab", MK_TMPL_VOCAB}, {"llama3", MK_TMPL_LLAMA3},
+        {"chatml", MK_TMPL_CHATML}, {"gemma", MK_TMPL_GEMMA},
+    };
+    struct mk_opts *o = dst;
+
+    (void)f, (void)flag;
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        if (strcmp(val, names[k].name) == 0) {
+            o->tmpl = names[k].t;
+            o->set_tmpl = true;
+            return 0;
+        }
+    fprintf(stderr,
+            "mkmodel: --template: expected auto, vocab, llama3, "
+            "chatml or gemma, got '%s'\n",
+            val);
+    return THAW_EINVAL;
+}
+
+static int mk_fn_seed(void *dst, const struct thaw_flag *f, const char *flag, const char *val)
+{
+    struct mk_opts *o = dst;
+
+    (void)f, (void)flag;
+    if (mk_parse_u64(val, 0, UINT64_MAX, &o->seed) != 0) {
+        fprintf(stderr,
+                "mkmodel: --seed: expected an unsigned 64-bit integer, "
+                "got '%s'\n",
+                val);
+        return THAW_EINVAL;
+    }
+    return 0;
+}
+
+static int mk_fn_type(void *dst, const struct thaw_flag *f, const char *flag, const char *val)
+{
+    struct mk_opts *o = dst;
+
+    (void)f, (void)flag;
+    if (strcmp(val, "f16") == 0) {
+        o->wtype = GGML_TYPE_F16;
+    } else if (strcmp(val, "f32") == 0) {
+        o->wtype = GGML_TYPE_F32;
+    } else {
+        fprintf(stderr, "mkmodel: --type: expected f16 or f32, got '%s'\n", val);
+        return THAW_EINVAL;
+    }
+    return 0;
+}
+
+#define MK_U32(names, arg, field, lo, hi, help)                                                                        \
+    {                                                                                                                  \
+        names, arg, THAW_FLAG_FN, MK_OFF(field), lo, hi, help, mk_fn_u32                                               \
+    }
+#define MK_FN(names, arg, fn, help)                                                                                    \
+    {                                                                                                                  \
+        names, arg, THAW_FLAG_FN, 0, 0, 0, help, fn                                                                    \
+    }
+
+static const struct thaw_flag mk_flags[] = {
+    {"-o,--output", "FILE", THAW_FLAG_STR, MK_OFF(out), 0, 0,
+     "where to write (required); written to a temp file\n"
+     "next to it, fsynced, then renamed into place",
+     NULL},
+    MK_FN("--arch", "NAME", mk_fn_arch,
+          "the architecture (default llama); each has its default vocab:\n"
+          "  llama   plain attention                llama-bpe\n"
+          "  gemma3  SWA layers, q/k norms, output\n"
+          "          tied to the embedding          llama-bpe\n"
+          "  qwen3   q/k norms, output tied         qwen2\n"
+          "  gemma4  SWA layers, q/k/v norms, GELU,\n"
+          "          unscaled attention, tied       gemma-4\n"
+          "  lfm2    hybrid: gated short-convolution\n"
+          "          (recurrent state) layers and\n"
+          "          attention layers, tied         qwen2\n"
+          "  qwen35  hybrid (Qwen3.5): gated delta-net\n"
+          "          (recurrent state) layers and\n"
+          "          gated attention layers, tied   qwen35\n"
+          "  gpt-oss SWA layers (window 128, every\n"
+          "          2nd global), attention sinks,\n"
+          "          MoE feed-forward               llama-bpe\n"
+          "  deepseek2 MLA attention (a K-only latent\n"
+          "          KV cache: rank 64 + 32 rope\n"
+          "          dims), 1 dense layer, then MoE\n"
+          "          with a shared expert           deepseek-llm"),
+    {"--vocab", "FILE|NAME", THAW_FLAG_STR, MK_OFF(vocab), 0, 0,
+     "vocab GGUF to take the tokenizer from (default: the\n"
+     "arch's); a NAME (no '/', no .gguf) means\n"
+     "<vocab dir>/ggml-vocab-NAME.gguf. The vocab dir:\n"
+     "$THAW_VOCAB_DIR if set, else the first\n" MK_VOCAB_SUBDIR "/ found walking up from the\n"
+     "thaw executable, then from the current directory",
+     NULL},
+    MK_FN("--draft-of", "FILE", mk_fn_draft_of,
+          "make a draft model for FILE: take its tokenizer and\n"
+          "chat template (same as --vocab FILE --template vocab)"),
+    MK_FN("--template", "NAME", mk_fn_template,
+          "chat template: auto | vocab | llama3 | chatml | gemma\n"
+          "(default auto). auto: qwen3, gemma4, lfm2, qwen35 embed\n"
+          "their family's real template from <vocab dir>/" MK_TMPL_SUBDIR "/\n"
+          "(Qwen-Qwen3-0.6B, google-gemma-4-31B-it,\n"
+          "LFM2.5-Instruct, Qwen3.5-4B .jinja), or the vocab's own\n"
+          "if that file is missing, else chatml. llama, gemma3: the\n"
+          "vocab's own if llama_chat_apply_template() renders it;\n"
+          "else gemma for gemma3; for llama, llama3 if the vocab\n"
+          "has <|start_header_id|>, else chatml.\n"
+          "vocab: the vocab's own, whatever it is"),
+    {"--chat-template-file", "FILE", THAW_FLAG_STR, MK_OFF(tmpl_file), 0, 0,
+     "embed FILE's text (Jinja, up to 1 MiB) as\n"
+     "tokenizer.chat_template instead; excludes --template\n"
+     "and --draft-of",
+     NULL},
+    MK_U32("--layers", "N", n_layer, 1, MK_MAX_LAYERS,
+           "blocks, 1.." MK_STR(MK_MAX_LAYERS) " (gemma4, lfm2, qwen35, deepseek2: 2..)\n"
+                                               "(default 2)"),
+    MK_U32("--embd", "N", n_embd, 2, 65536, "model width (default 64)"),
+    MK_U32("--heads", "N", n_head, 1, 4096,
+           "attention heads; the head size embd/heads must be\n"
+           "even (default 4)"),
+    MK_U32("--kv-heads", "N", n_head_kv, 1, 4096,
+           "KV heads (GQA), must divide heads (default heads/2,\n"
+           "heads if odd)"),
+    MK_U32("--ff", "N", n_ff, 1, 1u << 20, "feed-forward width (default 4*embd)"),
+    MK_U32("--swa-window", "N", n_swa, 1, 1u << 24,
+           "gemma3, gemma4, gpt-oss: sliding window, tokens\n"
+           "(default 32; gpt-oss 128)"),
+    MK_U32("--swa-pattern", "N", swa_pattern, 0, MK_MAX_LAYERS,
+           "gemma3, gemma4, gpt-oss: every Nth layer is global,\n"
+           "the rest SWA; 0 = all SWA (gemma4: not 1)\n"
+           "(default 6, gpt-oss 2, or max(2, layers) if fewer)"),
+    MK_U32("--moe-experts", "N", n_expert, 2, 64,
+           "gpt-oss, deepseek2: experts per MoE layer, 2..64;\n"
+           "each token uses 2 of them, each --ff wide (default 4)"),
+    MK_U32("--attn-pattern", "N", attn_pattern, 2, MK_MAX_LAYERS,
+           "lfm2, qwen35: every Nth layer is attention, the\n"
+           "rest short-convolution (lfm2) or gated delta-net\n"
+           "(qwen35); 2..layers (default 3, qwen35 4, or layers\n"
+           "if fewer)"),
+    MK_U32("--ctx-train", "N", n_ctx_train, 16, 1u << 24, "trained context length, tokens (default 8192)"),
+    MK_FN("--seed", "N", mk_fn_seed, "PRNG seed, decimal or 0x-hex (default 1)"),
+    MK_FN("--type", "T", mk_fn_type,
+          "f16 | f32 for the weight matrices; norms are always\n"
+          "f32 (default f16)"),
+};
+
+#define MK_HELP_WIDTH 25 /* "--chat-template-file FILE" */
+
+static const struct thaw_flags mk_flag_table = {
+    .prog = "mkmodel",
+    .see = "thaw mkmodel",
+    .flags = mk_flags,
+    .n_flags = sizeof mk_flags / sizeof mk_flags[0],
+    .width = MK_HELP_WIDTH,
+};
+
+/* --help: the text around mk_flags[], which describes each flag */
+static void mk_usage(FILE *f, const char *prog)
+{
+    fprintf(f,
+            "usage: thaw %s -o OUT.gguf [flags]\n"
+            "\n"
+            "Write a GGUF model with random weights and a real tokenizer (the\n"
+            "tokenizer.* keys of a vocab-only GGUF). llama.cpp loads and decodes it\n"
+            "like a real model of the same shape; its output is gibberish. The same\n"
+            "flags and seed give a byte-identical file.\n"
+            "\n",
+            prog);
+    thaw_flags_usage(f, &mk_flag_table, NULL, NULL, NULL);
+    fprintf(f, "  %-*s  %s\n", MK_HELP_WIDTH, "-h,--help", "this text");
+    fprintf(f, "\n"
+               "thaw serve renders the embedded template with Jinja. With --no-jinja it\n"
+               "uses llama_chat_apply_template(), which recognises template families by\n"
+               "marker strings: one it does not know (gemma4's) then needs serve's\n"
+               "--chat-template NAME; mkmodel notes when that is the case.\n"
+               "\n"
+               "Flags take their value as the next argument or after '='.\n"
+               "Exit status: 0 written, 1 failed (nothing left behind), 2 bad usage.\n");
+}
+
+/* Fills *o from argv. Returns 0 (o->help set for --help) or THAW_EINVAL
+ * after printing why. */
 static int mk_parse(int argc, char **argv, struct mk_opts *o)
 {
+    int rc;
+
     memset(o, 0, sizeof *o);
     o->arch = MK_ARCH_LLAMA;
     o->tmpl = MK_TMPL_AUTO;
@@ -343,147 +489,13 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
     o->seed = 1;
     o->wtype = GGML_TYPE_F16;
 
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        const char *val = NULL;
-        char flag[32];
-        const char *eq;
-        int rc = 0;
-
-        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
-            o->help = true;
-            return 0;
-        }
-        if (strncmp(arg, "--", 2) != 0 && strcmp(arg, "-o") != 0) {
-            fprintf(stderr, arg[0] == '-' ? "mkmodel: unknown flag '%s' (see --help)\n"
-                                          : "mkmodel: unexpected argument '%s'\n", arg);
-            return THAW_EINVAL;
-        }
-        /* --flag=value or --flag value */
-        eq = strncmp(arg, "--", 2) == 0 ? strchr(arg, '=') : NULL;
-        if (eq != NULL) {
-            size_t n = (size_t)(eq - arg);
-            if (n >= sizeof flag) {
-                fprintf(stderr, "mkmodel: unknown flag '%s'\n", arg);
-                return THAW_EINVAL;
-            }
-            memcpy(flag, arg, n);
-            flag[n] = '\0';
-            val = eq + 1;
-        } else {
-            if (strlen(arg) >= sizeof flag) {
-                fprintf(stderr, "mkmodel: unknown flag '%s'\n", arg);
-                return THAW_EINVAL;
-            }
-            strcpy(flag, arg);
-            if (i + 1 >= argc) {
-                fprintf(stderr, "mkmodel: %s needs a value\n", flag);
-                return THAW_EINVAL;
-            }
-            val = argv[++i];
-        }
-
-        if (strcmp(flag, "-o") == 0 || strcmp(flag, "--output") == 0) {
-            if (*val == '\0') {
-                fprintf(stderr, "mkmodel: %s: empty path\n", flag);
-                return THAW_EINVAL;
-            }
-            o->out = val;
-        } else if (strcmp(flag, "--arch") == 0) {
-            size_t k;
-            for (k = 0; k < MK_N_ARCHS; k++)
-                if (strcmp(val, mk_archs[k].name) == 0)
-                    break;
-            if (k == MK_N_ARCHS) {
-                fprintf(stderr, "mkmodel: --arch: expected llama, gemma3, qwen3, gemma4, "
-                                "lfm2, qwen35, gpt-oss or deepseek2, got '%s'\n", val);
-                return THAW_EINVAL;
-            }
-            o->arch = (enum mk_arch)k;
-        } else if (strcmp(flag, "--vocab") == 0) {
-            if (*val == '\0') {
-                fprintf(stderr, "mkmodel: --vocab: empty value\n");
-                return THAW_EINVAL;
-            }
-            o->vocab = val;
-        } else if (strcmp(flag, "--draft-of") == 0) {
-            /* a draft for TARGET: its tokenizer and chat template, byte for byte */
-            if (*val == '\0') {
-                fprintf(stderr, "mkmodel: --draft-of: empty value\n");
-                return THAW_EINVAL;
-            }
-            o->vocab = val;
-            o->tmpl = MK_TMPL_VOCAB;
-            o->set_tmpl = true;
-        } else if (strcmp(flag, "--chat-template-file") == 0) {
-            if (*val == '\0') {
-                fprintf(stderr, "mkmodel: --chat-template-file: empty path\n");
-                return THAW_EINVAL;
-            }
-            o->tmpl_file = val;
-        } else if (strcmp(flag, "--template") == 0) {
-            static const struct { const char *name; enum mk_template t; } names[] = {
-                { "auto", MK_TMPL_AUTO },     { "vocab", MK_TMPL_VOCAB },
-                { "llama3", MK_TMPL_LLAMA3 }, { "chatml", MK_TMPL_CHATML },
-                { "gemma", MK_TMPL_GEMMA },
-            };
-            size_t k;
-            for (k = 0; k < sizeof names / sizeof names[0]; k++)
-                if (strcmp(val, names[k].name) == 0)
-                    break;
-            if (k == sizeof names / sizeof names[0]) {
-                fprintf(stderr, "mkmodel: --template: expected auto, vocab, llama3, "
-                                "chatml or gemma, got '%s'\n", val);
-                return THAW_EINVAL;
-            }
-            o->tmpl = names[k].t;
-            o->set_tmpl = true;
-        } else if (strcmp(flag, "--layers") == 0) {
-            rc = mk_parse_u32(flag, val, 1, MK_MAX_LAYERS, &o->n_layer);
-        } else if (strcmp(flag, "--embd") == 0) {
-            rc = mk_parse_u32(flag, val, 2, 65536, &o->n_embd);
-        } else if (strcmp(flag, "--heads") == 0) {
-            rc = mk_parse_u32(flag, val, 1, 4096, &o->n_head);
-        } else if (strcmp(flag, "--kv-heads") == 0) {
-            rc = mk_parse_u32(flag, val, 1, 4096, &o->n_head_kv);
-        } else if (strcmp(flag, "--ff") == 0) {
-            rc = mk_parse_u32(flag, val, 1, 1u << 20, &o->n_ff);
-        } else if (strcmp(flag, "--swa-window") == 0) {
-            rc = mk_parse_u32(flag, val, 1, 1u << 24, &o->n_swa);
-            o->set_swa = true;
-            o->set_swa_window = true;
-        } else if (strcmp(flag, "--moe-experts") == 0) {
-            rc = mk_parse_u32(flag, val, 2, 64, &o->n_expert);
-        } else if (strcmp(flag, "--swa-pattern") == 0) {
-            rc = mk_parse_u32(flag, val, 0, MK_MAX_LAYERS, &o->swa_pattern);
-            o->set_swa = true;
-        } else if (strcmp(flag, "--attn-pattern") == 0) {
-            rc = mk_parse_u32(flag, val, 2, MK_MAX_LAYERS, &o->attn_pattern);
-            o->set_attn = true;
-        } else if (strcmp(flag, "--ctx-train") == 0) {
-            rc = mk_parse_u32(flag, val, 16, 1u << 24, &o->n_ctx_train);
-        } else if (strcmp(flag, "--seed") == 0) {
-            if (mk_parse_u64(val, 0, UINT64_MAX, &o->seed) != 0) {
-                fprintf(stderr, "mkmodel: --seed: expected an unsigned 64-bit integer, "
-                                "got '%s'\n", val);
-                return THAW_EINVAL;
-            }
-        } else if (strcmp(flag, "--type") == 0) {
-            if (strcmp(val, "f16") == 0) {
-                o->wtype = GGML_TYPE_F16;
-            } else if (strcmp(val, "f32") == 0) {
-                o->wtype = GGML_TYPE_F32;
-            } else {
-                fprintf(stderr, "mkmodel: --type: expected f16 or f32, got '%s'\n", val);
-                return THAW_EINVAL;
-            }
-        } else {
-            fprintf(stderr, "mkmodel: unknown flag '%s' (see --help)\n", flag);
-            return THAW_EINVAL;
-        }
-        if (rc != 0)
-            return rc;
+    rc = thaw_flags_parse(&mk_flag_table, o, argc, argv);
+    if (rc == 1) {
+        o->help = true;
+        return 0;
     }
+    if (rc != 0)
+        return THAW_EINVAL;
 
     /* ---- cross-flag checks and defaults that depend on other flags ---- */
     if (o->out == NULL) {

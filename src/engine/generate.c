@@ -44,7 +44,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
     atomic_fetch_add(&e->metrics->predicted_us, (uint64_t)(now - s->t_prompt_done_us));
     /* the reply as the message the client gets: content, reasoning, tool
      * calls; its normalised form keys the store, as the client will echo it */
-    char *reply = thaw_utf8_sanitize(s->gen ? s->gen : "", s->n_gen);
+    char *reply = thaw_utf8_sanitize(s->gen.data ? s->gen.data : "", s->gen.len);
     char *msg = NULL, *norm = NULL, err[256];
     if (reply && thaw_chat_parse_reply(s->task->gen.parser, reply, false, s->task->id_prefix, &msg, &norm, err,
                                        sizeof err) != 0) {
@@ -84,7 +84,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
 static int record_probs(struct thaw_engine *e, struct thaw_slot *s, llama_token tok, const struct thaw_token_probs *p,
                         size_t start, size_t end)
 {
-    struct thaw_logprob_in top[THAW_LOGPROBS_MAX], sampled = {tok, p->p, s->gen + start, end - start};
+    struct thaw_logprob_in top[THAW_LOGPROBS_MAX], sampled = {tok, p->p, s->gen.data + start, end - start};
     char (*pieces)[256] = p->n_top > 0 ? malloc((size_t)p->n_top * sizeof *pieces) : NULL;
     int rc;
 
@@ -136,9 +136,9 @@ void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token
     n = llama_token_to_piece(e->vocab, tok, piece, sizeof piece, 0, special);
     if (n < 0)
         n = 0; /* a piece longer than 256 bytes: no real vocab has one */
-    size_t before = s->n_gen;
+    size_t before = s->gen.len;
     if (thaw_slot_gen_append(s, piece, (size_t)n) != 0 ||
-        (t->req.logprobs && record_probs(e, s, tok, probs, before, s->n_gen) != 0)) {
+        (t->req.logprobs && record_probs(e, s, tok, probs, before, s->gen.len) != 0)) {
         thaw_engine_slot_fail(e, s, 500, "out of memory");
         return;
     }
@@ -148,8 +148,7 @@ void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token
         if (hit) {
             if (which < t->req.n_stop)
                 s->stop_word = t->req.stop[which]; /* the client's own: Anthropic names it */
-            s->n_gen = (size_t)(hit - s->gen);
-            s->gen[s->n_gen] = '\0';
+            thaw_buf_truncate(&s->gen, (size_t)(hit - s->gen.data));
             slot_finish(e, s, "stop");
             return;
         }

@@ -32,14 +32,12 @@ void thaw_slot_init(struct thaw_slot *s, int id)
 void thaw_slot_free(struct thaw_slot *s)
 {
     free(s->tokens);
-    free(s->gen);
+    thaw_buf_free(&s->gen);
     free(s->fix);
     free(s->drafts);
     thaw_ckpt_clear(&s->ckpts);
     s->tokens = s->fix = s->drafts = NULL;
-    s->gen = NULL;
     s->n_tokens = s->cap_tokens = s->n_fix = 0;
-    s->n_gen = s->cap_gen = 0;
 }
 
 bool thaw_slot_move_legal(enum thaw_slot_phase from, enum thaw_slot_phase to)
@@ -65,7 +63,12 @@ static void enter_prefill(struct thaw_slot *s, const struct thaw_slot_enter *in)
     s->smpl = in->smpl;
     memset(&s->timings, 0, sizeof s->timings);
     s->timings.cache_source = "none";
-    s->n_gen = s->n_sent = 0;
+    /* a new reply: the memory is kept, an earlier failed allocation forgotten */
+    if (s->gen.data)
+        thaw_buf_truncate(&s->gen, 0);
+    s->gen.len = 0;
+    s->gen.oom = false;
+    s->n_sent = 0;
     s->n_decoded = 0;
     s->i_batch = -1;
     s->stop_hold = 0; /* the longest stop string - 1: held back while streaming */
@@ -185,14 +188,14 @@ void thaw_slot_finish_timings(struct thaw_slot *s, int64_t now_us)
 
 void thaw_slot_flush_text(struct thaw_slot *s, bool final)
 {
-    size_t end = s->n_gen;
+    size_t end = s->gen.len;
 
     if (!final) {
         end = end > s->stop_hold ? end - s->stop_hold : 0;
-        end = thaw_utf8_complete_len(s->gen, end);
+        end = thaw_utf8_complete_len(s->gen.data, end);
     }
     if (end > s->n_sent) {
-        thaw_task_emit(s->task, s->gen + s->n_sent, end - s->n_sent);
+        thaw_task_emit(s->task, s->gen.data + s->n_sent, end - s->n_sent);
         s->n_sent = end;
     }
 }
@@ -206,7 +209,7 @@ const char *thaw_slot_find_stop(const struct thaw_slot *s, size_t from, int *whi
         const char *stop = i < t->req.n_stop ? t->req.stop[i] : t->gen.stops[i - t->req.n_stop];
         size_t l = strlen(stop);
         size_t start = from >= l ? from - l + 1 : 0;
-        const char *hit = memmem(s->gen + start, s->n_gen - start, stop, l);
+        const char *hit = memmem(s->gen.data + start, s->gen.len - start, stop, l);
         if (hit && (!best || hit < best)) {
             best = hit;
             if (which)
@@ -223,18 +226,5 @@ int thaw_slot_reserve(struct thaw_slot *s, int n)
 
 int thaw_slot_gen_append(struct thaw_slot *s, const char *p, size_t n)
 {
-    if (s->n_gen + n + 1 > s->cap_gen) {
-        size_t cap = s->cap_gen ? s->cap_gen : 512;
-        while (cap < s->n_gen + n + 1)
-            cap *= 2;
-        char *nb = realloc(s->gen, cap);
-        if (!nb)
-            return THAW_ENOMEM;
-        s->gen = nb;
-        s->cap_gen = cap;
-    }
-    memcpy(s->gen + s->n_gen, p, n);
-    s->n_gen += n;
-    s->gen[s->n_gen] = '\0';
-    return 0;
+    return thaw_buf_append(&s->gen, p, n);
 }

@@ -35,6 +35,7 @@
 #define THAW_SLOT_H
 
 #include "api/api.h"
+#include "base/buf.h"
 #include "base/metrics.h"
 #include "cache/keys.h"
 #include "engine/task.h"
@@ -72,8 +73,7 @@ struct thaw_slot {
     int i_batch;    /* row of this slot's logits in the current batch, -1 = none */
     int n_in_batch; /* tokens this slot put in the current batch */
     struct llama_sampler *smpl;
-    char *gen; /* reply bytes so far, n_gen of cap_gen (NUL-terminated) */
-    size_t n_gen, cap_gen;
+    struct thaw_buf gen; /* reply bytes so far (NUL-terminated) */
     size_t n_sent;    /* bytes of gen handed to the task */
     size_t stop_hold; /* longest stop string - 1: bytes held back while streaming */
     const char *stop_word; /* the request's own stop string the reply ended on (in task->req), or NULL */
@@ -176,7 +176,8 @@ const char *thaw_slot_phase_name(enum thaw_slot_phase p);
 int thaw_slot_reserve(struct thaw_slot *s, int n);
 
 /* Appends n reply bytes to s->gen (kept NUL-terminated). Returns 0 or
- * THAW_ENOMEM (s->gen unchanged). */
+ * THAW_ENOMEM (s->gen unchanged; later appends fail too until the slot takes
+ * its next request). */
 int thaw_slot_gen_append(struct thaw_slot *s, const char *p, size_t n);
 
 #endif

@@ -28,7 +28,6 @@
 #include "http/http.h"
 #include "http/stream.h"
 #include "http/webui.h"
-#include "llama/params.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -1211,7 +1210,7 @@ static void *second_signal(void *arg)
     return NULL;
 }
 
-int thaw_serve_main(int argc, char **argv)
+int thaw_serve(const struct thaw_config *cfg)
 {
     struct server *srv = calloc(1, sizeof *srv);
     static sigset_t sigs; /* second_signal's, for as long as the process lives */
@@ -1220,14 +1219,7 @@ int thaw_serve_main(int argc, char **argv)
 
     if (!srv)
         return 1;
-    thaw_config_init(&srv->cfg);
-    rc = thaw_config_parse(&srv->cfg, argc, argv);
-    if (rc == 1 && srv->cfg.list_devices)
-        thaw_params_list_devices(&srv->cfg, stdout);
-    if (rc != 0) {
-        code = rc == 1 ? 0 : 2;
-        goto out;
-    }
+    srv->cfg = *cfg; /* its strings stay the caller's */
     if (thaw_log_setup(srv->cfg.verbosity, srv->cfg.log_file, srv->cfg.log_colors, srv->cfg.log_prefix,
                        srv->cfg.log_timestamps) != 0)
         goto out;
@@ -1295,7 +1287,6 @@ out_engine:
     if (code == 0)
         LOG_INF("shut down in %.1f s", (double)(thaw_now_us() - t_stop) / 1e6);
 out:
-    thaw_config_free(&srv->cfg);
     free(srv);
     return code;
 }

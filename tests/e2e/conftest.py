@@ -1,7 +1,7 @@
 """pytest fixtures for the end-to-end tests (the harness is in harness.py)."""
 import pytest
 
-from harness import REPO, THAW, S3Store, Server, mkmodel  # noqa: F401  (re-exported for the tests)
+from harness import S3Store, Server, mkmodel
 
 
 @pytest.fixture(scope="session")
@@ -34,18 +34,6 @@ def serve(models):
     # (THAW_TEST_KVTAP_VERIFY, src/base/testhooks.h): none may have differed
     for s in started:
         assert "cut from the KV cache differ" not in s.log(), s.log()
-
-
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def system(text):
-    return {"role": "system", "content": text}
-
-
-def assistant(text):
-    return {"role": "assistant", "content": text}
 
 
 @pytest.fixture(scope="session")

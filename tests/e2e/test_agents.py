@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, mkmodel, user
+from harness import REPO, mkmodel, user
 
 TEMPLATES = os.path.join(REPO, ".deps", "llama.cpp", "models", "templates")
 NODE_MODULES = os.path.join(REPO, ".deps", "npm", "node_modules")
@@ -201,7 +201,7 @@ def test_template_endpoints(serve, family_models):
 
 
 def test_cors_wildcard_with_keys_refused(family_models):
-    from conftest import THAW
+    from harness import THAW
     p = subprocess.run([THAW, "serve", "-m", family_models["qwen3"], "--port", "0", "--api-key", "k",
                         "--cors-origin", "*"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--cors-origin" in p.stderr

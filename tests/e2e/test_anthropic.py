@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, mkmodel
+from harness import REPO, mkmodel
 
 TEMPLATES = os.path.join(REPO, ".deps", "llama.cpp", "models", "templates")
 AGENTS = os.path.join(REPO, ".deps", "agents", "node_modules")

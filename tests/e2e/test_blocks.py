@@ -8,7 +8,7 @@ import glob
 import os
 import re
 
-from test_kv_cache import chat, drained, reply, text
+from harness import chat, drained, reply, text
 
 B = 32  # small blocks: short test conversations span several
 

@@ -20,9 +20,7 @@ import time
 
 import pytest
 
-from conftest import mkmodel
-from harness import THAW, Server
-from test_kv_cache import chat, reply, text
+from harness import THAW, Server, chat, mkmodel, reply, text
 
 B = 32  # small blocks: the test conversations span several
 

@@ -26,9 +26,7 @@ import struct
 
 import pytest
 
-from harness import mkmodel
-from test_blocks_swa import ask, shared_system
-from test_kv_cache import chat, reply, text
+from harness import ask, chat, mkmodel, reply, shared_system, text
 
 B = 32
 

@@ -18,8 +18,7 @@ import time
 
 import pytest
 
-from harness import THAW, Server, mkmodel
-from test_kv_cache import chat, reply, text
+from harness import THAW, Server, ask, chat, mkmodel, reply, shared_system, text
 
 B = 32  # small blocks: a window of 64 or 128 tokens spans several
 ARCHS = ["gemma4", "gpt-oss"]
@@ -46,14 +45,6 @@ def swa_models(tmp_path_factory):
 def flags(d, *extra):
     return ["--kv-cache-dir", str(d), "--cache-ram", "0", "--kv-cache-min-tokens", "16",
             "--kv-cache-block", str(B), *extra]
-
-
-def shared_system():
-    return {"role": "system", "content": "Shared rules and tools. " + text(250, 3)}
-
-
-def ask(i):
-    return {"role": "user", "content": f"Job {i}: " + text(30, 100 + i)}
 
 
 def reference(serve, m, prompts, *extra, n=16):

@@ -5,8 +5,7 @@ import os
 import subprocess
 import time
 
-from conftest import THAW
-from test_kv_cache import chat, conversation, kv_flags
+from harness import THAW, chat, conversation, kv_flags
 
 
 def cli(*args):

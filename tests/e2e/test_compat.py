@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from conftest import REPO, mkmodel, system, user
+from harness import REPO, mkmodel, system, user
 
 TEMPLATES = os.path.join(REPO, ".deps", "llama.cpp", "models", "templates")
 LLAMA31 = os.path.join(TEMPLATES, "meta-llama-Llama-3.1-8B-Instruct.jinja")

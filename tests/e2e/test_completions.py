@@ -10,8 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
-from test_kv_cache import drained, text
+from harness import REPO, drained, events, text
 
 NODE_MODULES = os.path.join(REPO, ".deps", "npm", "node_modules")
 B = 16
@@ -22,15 +21,6 @@ def cmpl(s, prompt, n=12, path="/v1/completions", **kw):
                       "temperature": 0, **kw})
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def events(resp):
-    """The data lines of an SSE response, as text (JSON not parsed)."""
-    out = []
-    for line in resp.iter_lines(decode_unicode=True):
-        if line.startswith("data: "):
-            out.append(line[6:])
-    return out
 
 
 def tokens_of(s, prompt):

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import argcpp
-from conftest import REPO, THAW, mkmodel
+from harness import REPO, THAW, mkmodel
 
 ARG_CPP = os.environ.get("THAW_LLAMA_ARG_CPP", os.path.join(REPO, ".deps", "llama.cpp", "common", "arg.cpp"))
 NO_MODEL = "thaw: no model given"

@@ -13,8 +13,7 @@ import urllib.request
 import pytest
 import requests
 
-from conftest import THAW, user
-from test_kv_cache import chat, conversation, kv_flags, reply, turn2
+from harness import THAW, conversation, kv_flags, reply, turn2, user
 
 CONV = [user("Tell me about rivers and stones.")]
 

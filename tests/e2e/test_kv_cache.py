@@ -3,7 +3,6 @@ checkpoints, isolation between conversations, crash safety, corruption,
 eviction, and a full disk. Real binary, real files, real HTTP."""
 import glob
 import os
-import random
 import re
 import signal
 import subprocess
@@ -11,70 +10,10 @@ import time
 
 import pytest
 
-from conftest import THAW, mkmodel
-from harness import Server
-
-WORDS = ("river stone light garden window paper engine market silver winter question number "
-         "village morning harbor letter forest season").split()
-
-
-def text(n, seed):
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def conversation(i, n_words=900):
-    # each system prompt differs from its first word on: only the template's
-    # opening tokens are shared between conversations
-    return [{"role": "system", "content": f"{WORDS[i]} persona {i}. " + text(n_words, i)},
-            {"role": "user", "content": f"Question {i}: what about the {WORDS[i + 3]}?"}]
-
-
-def chat(s, messages, max_tokens=16):
-    r = s.post("/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens, "temperature": 0})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def reply(r):
-    return r["choices"][0]["message"]["content"]
-
-
-def turn2(conv, r1, i):
-    return conv + [{"role": "assistant", "content": reply(r1)},
-                   {"role": "user", "content": f"And then, {WORDS[i + 5]}?"}]
-
+from harness import THAW, WORDS, Server, chat, conversation, drained, idle, kv_flags, mkmodel, reply, text, turn2
 
 def ratio(rs):
     return sum(r["timings"]["cache_n"] for r in rs) / sum(r["usage"]["prompt_tokens"] for r in rs)
-
-
-def kv_flags(d, *extra):
-    return ["--kv-cache-dir", str(d), "--cache-ram", "0", *extra]
-
-
-def drained(s, timeout=60):
-    """Waits until the slots are idle and the disk writer holds nothing."""
-    deadline = time.time() + timeout
-    while True:
-        m = s.metrics()
-        if m["thaw_slots_busy"] == 0 and m["thaw_kv_disk_queue_bytes"] == 0:
-            return m
-        assert time.time() < deadline, "the disk writer did not drain"
-        time.sleep(0.05)
-
-
-def idle(s, timeout=60):
-    """Waits until no slot is busy, post-reply work (the re-decode of a
-    reply's canonical form, the store) included. Under load that work can
-    outlast the client's next request, which then cuts it short and finds
-    fewer tokens stored (by design: a request never waits for another's
-    post-reply work; test_a_request_cuts_another_conversations_post_reply_work_short
-    covers it); a test about a tier waits for it to finish instead."""
-    deadline = time.time() + timeout
-    while s.metrics()["thaw_slots_busy"] != 0:
-        assert time.time() < deadline, "the slots did not go idle"
-        time.sleep(0.05)
 
 
 def seed_workload(serve, model, flags, order2=(0, 1, 3, 2), restart=False, order1=(0, 1, 2, 3), drain=False):

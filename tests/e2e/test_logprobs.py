@@ -9,8 +9,7 @@ import math
 
 import pytest
 
-from conftest import user
-from test_completions import events
+from harness import events, user
 
 PROMPT = "Once upon a time there was a little"
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
+from harness import REPO
 
 NODE_MODULES = os.path.join(REPO, ".deps", "npm", "node_modules")
 

@@ -10,8 +10,7 @@ import os
 
 import pytest
 
-from conftest import mkmodel
-from test_kv_cache import chat, conversation, kv_flags, reply, turn2
+from harness import chat, conversation, kv_flags, mkmodel, reply, turn2
 
 
 @pytest.fixture(scope="module")

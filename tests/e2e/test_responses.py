@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, mkmodel
+from harness import REPO, mkmodel
 
 NODE_MODULES = os.path.join(REPO, ".deps", "npm", "node_modules")
 HERE = os.path.dirname(__file__)

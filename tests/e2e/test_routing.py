@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from conftest import REPO
-from harness import Server
+from harness import REPO, Server
 from replicas import SCRIPT, HAProxy, haproxy_binary
 
 if not haproxy_binary():

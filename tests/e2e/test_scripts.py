@@ -2,7 +2,7 @@
 import os
 import subprocess
 
-from conftest import REPO
+from harness import REPO
 
 
 def test_build_script_fails_when_the_build_fails(tmp_path):

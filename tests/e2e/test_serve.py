@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from conftest import assistant, system, user
+from harness import assistant, system, user
 
 CONV = [system("You are a terse assistant."), user("Tell me about the sea and the sky.")]
 
@@ -246,7 +246,7 @@ def test_client_disconnect_frees_the_slot(serve):
 
 def test_bad_flags_exit_with_a_message(models):
     import subprocess
-    from conftest import THAW
+    from harness import THAW
     for args, needle in [(["-np", "0"], "-np"), (["--port", "x"], "--port"), (["--bogus"], "unknown flag"), ([], "no model")]:
         p = subprocess.run([THAW, "serve", *( ["-m", models["llama"]] if args else []), *args],
                            capture_output=True, text=True, timeout=60)

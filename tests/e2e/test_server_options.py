@@ -13,8 +13,7 @@ import time
 import pytest
 import requests
 
-from harness import Server
-from test_kv_cache import chat, reply, text
+from harness import Server, chat, reply, text
 
 
 def cert(tmp_path):

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from conftest import THAW
+from harness import THAW
 
 BUCKET = "thaw-gc"
 

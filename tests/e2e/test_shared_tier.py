@@ -17,8 +17,7 @@ import uuid
 
 import pytest
 
-from harness import THAW, mkmodel
-from test_kv_cache import reply, text
+from harness import THAW, mkmodel, reply, text
 
 BUCKET = "thaw-shared"
 B = 32  # small blocks: a short conversation spans several

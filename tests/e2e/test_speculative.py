@@ -7,8 +7,7 @@ import os
 
 import pytest
 
-from conftest import mkmodel
-from test_kv_cache import chat, conversation, kv_flags, reply, turn2
+from harness import chat, conversation, kv_flags, mkmodel, reply, turn2
 
 CONV = conversation(3, 120)
 
@@ -72,7 +71,7 @@ def test_sampling_with_draft_is_seeded_and_valid(serve, drafts):
 
 def test_draft_with_other_vocabulary_is_refused(models, drafts):
     import subprocess
-    from conftest import THAW
+    from harness import THAW
     p = subprocess.run([THAW, "serve", "-m", models["llama"], "-md", drafts["othervocab"], "--port", "0"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "vocabulary" in p.stderr

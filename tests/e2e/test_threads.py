@@ -9,8 +9,7 @@ import os
 
 import pytest
 
-from harness import Server
-from test_kv_cache import chat, idle
+from harness import Server, chat, idle
 
 
 def threads(pid):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import REPO, mkmodel
+from harness import REPO, mkmodel
 
 TEMPLATES = os.path.join(REPO, ".deps", "llama.cpp", "models", "templates")
 WEATHER = {"type": "function", "function": {

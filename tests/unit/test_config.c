@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "base/config.h"
+#include "cli/config.h"
 #include "base/error.h"
 
 static int parse(struct thaw_config *c, int argc, const char **argv)

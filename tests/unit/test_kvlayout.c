@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
-#include "cli/mkmodel.h"
+#include "fixture_models.h"
 #include "llama/kvlayout.h"
 
 static char g_dir[] = "/tmp/thaw_kvlayout_XXXXXX";
@@ -54,7 +54,7 @@ static void mkmodel(char *path, size_t n, const char *name, const char *arch, co
     argv[argc++] = (char *)arch;
     for (; extra && *extra; extra++)
         argv[argc++] = (char *)*extra;
-    assert_int_equal(thaw_mkmodel_main(argc, argv), 0);
+    assert_int_equal(fixture_mkmodel(argc, argv), 0);
 }
 
 static enum ggml_type g_kv_type = GGML_TYPE_F16; /* -ctk/-ctv of the next env_open */

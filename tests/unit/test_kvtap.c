@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "cli/mkmodel.h"
+#include "fixture_models.h"
 #include "llama/kvlayout.h"
 #include "llama/kvtap.h"
 
@@ -53,7 +53,7 @@ static int group_setup(void **state)
         return -1;
     snprintf(g_model, sizeof g_model, "%s/m.gguf", g_dir);
     char *argv[] = {"mkmodel", "-o", g_model, "--arch", (char *)g_arch, "--layers", "3", NULL};
-    if (thaw_mkmodel_main(7, argv) != 0)
+    if (fixture_mkmodel(7, argv) != 0)
         return -1;
     g_m = llama_model_load_from_file(g_model, llama_model_default_params());
     if (!g_m || thaw_kvtap_new(&g_tap) != 0)

@@ -102,13 +102,13 @@ static void test_gen_append_keeps_text_terminated(void **state)
     assert_int_equal(thaw_slot_gen_append(&s, "hello", 5), 0);
     for (int i = 0; i < 200; i++)
         assert_int_equal(thaw_slot_gen_append(&s, " world", 6), 0);
-    assert_int_equal(s.n_gen, 5 + 200 * 6);
-    assert_int_equal(strlen(s.gen), s.n_gen);
-    assert_memory_equal(s.gen, "hello world", 11);
+    assert_int_equal(s.gen.len, 5 + 200 * 6);
+    assert_int_equal(strlen(s.gen.data), s.gen.len);
+    assert_memory_equal(s.gen.data, "hello world", 11);
     assert_int_equal(thaw_slot_reserve(&s, 1000), 0);
     assert_true(s.cap_tokens >= 1000);
     thaw_slot_free(&s);
-    assert_null(s.gen);
+    assert_null(s.gen.data);
     assert_null(s.tokens);
 }
 
@@ -131,13 +131,13 @@ static void test_prefill_takes_the_task_and_idle_releases_it(void **state)
     t->has_lookup_key = true;
     memcpy(t->lookup_key, key, sizeof key);
     thaw_slot_init(&s, 0);
-    s.n_gen = s.n_sent = 9;
+    s.gen.len = s.n_sent = 9;
     s.n_decoded = 3;
     s.timings.cache_n = 5;
     thaw_task_retain(t); /* ours, to look at it after the slot lets go */
     thaw_slot_move(&s, THAW_SLOT_PREFILL, &(struct thaw_slot_enter){.task = t}, &m);
     assert_ptr_equal(s.task, t);
-    assert_int_equal(s.n_gen, 0);
+    assert_int_equal(s.gen.len, 0);
     assert_int_equal(s.n_sent, 0);
     assert_int_equal(s.n_decoded, 0);
     assert_int_equal(s.timings.cache_n, 0);
@@ -284,9 +284,9 @@ static void test_flush_holds_back_a_possible_stop(void **state)
     const char *hit = thaw_slot_find_stop(&s, 9, &which);
     assert_non_null(hit);
     assert_int_equal(which, 0);
-    assert_int_equal(hit - s.gen, 9);
+    assert_int_equal(hit - s.gen.data, 9);
     thaw_slot_flush_text(&s, true);
-    assert_int_equal(t->n_text, s.n_gen);
+    assert_int_equal(t->n_text, s.gen.len);
     thaw_slot_move(&s, THAW_SLOT_IDLE, NULL, NULL);
     thaw_task_release(t);
     thaw_slot_free(&s);

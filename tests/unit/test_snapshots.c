@@ -36,7 +36,7 @@
 #include "cache/cache_disk.h"
 #include "cache/snapshots.h"
 #include "cache/tiers.h"
-#include "cli/mkmodel.h"
+#include "fixture_models.h"
 #include "llama/kvstate.h"
 
 #define B 32u
@@ -69,7 +69,7 @@ static int group_setup(void **state)
     snprintf(g_model, sizeof g_model, "%s/m.gguf", g_dir);
     snprintf(g_cache, sizeof g_cache, "%s/cache", g_dir);
     char *argv[] = {"mkmodel", "-o", g_model, "--arch", "lfm2", "--layers", "4", NULL};
-    if (thaw_mkmodel_main(7, argv) != 0)
+    if (fixture_mkmodel(7, argv) != 0)
         return -1;
     g_m = llama_model_load_from_file(g_model, llama_model_default_params());
     if (!g_m)
