@@ -10,25 +10,13 @@ import signal
 import threading
 import time
 
-from conftest import assistant, system, user
-from harness import Server
-
-WORDS = ("river stone light garden window paper engine market silver winter question number "
-         "village morning harbor letter forest season").split()
-
-
-def text(n, seed):
-    return " ".join(WORDS[(i * 7 + seed * 13 + i // 5) % len(WORDS)] for i in range(n))
+from harness import Server, assistant, reply, system, text, user
 
 
 def chat(s, messages, max_tokens=8):
     r = s.post("/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens, "temperature": 0})
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def reply(r):
-    return r["choices"][0]["message"]["content"]
 
 
 def committed(s, before):
