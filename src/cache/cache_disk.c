@@ -276,6 +276,7 @@ struct ent {
     uint32_t n_meta;
     int64_t created;                 /* Unix seconds */
     int64_t last_used;               /* Unix seconds */
+    long used_ns;                    /* at load: the mtime's nanoseconds, orders a second's uses */
     uint64_t gen;                    /* bumped when a claim ends: see the notes */
     int busy;                        /* a claim owns the key's files */
     int live;                        /* committed; then on a list (below) */
@@ -385,6 +386,8 @@ struct thaw_disk_cache {
     int lock_fd; /* -1 when SHARED */
 
     pthread_mutex_t mu;
+    pthread_mutex_t stamp_mu; /* the last mtime written: see stamp() */
+    struct timespec last_stamp;
     pthread_cond_t key_cond; /* a busy key was released */
     struct thaw_keymap index;          /* key -> struct ent, busy ones included */
     struct ent *lru_head, *lru_tail;   /* live roots, least recently used first */
@@ -462,6 +465,30 @@ static int64_t default_now(void *ud)
 static int64_t now_s(const struct thaw_disk_cache *c)
 {
     return c->now(c->now_ud);
+}
+
+/* The mtime that records a write or a use at `s` (the cache's clock,
+ * seconds). A restart orders entries by mtime, and a second holds many
+ * stores: the nanoseconds come from the real clock when it agrees with
+ * `s`, and stamps only grow within a second, so entries stored or used in
+ * one second come back in the order they were (whole seconds put them in
+ * key order, and the budget evicted a conversation stored a moment ago
+ * before older ones). */
+static struct timespec stamp(struct thaw_disk_cache *c, int64_t s)
+{
+    struct timespec rt, ts = {.tv_sec = (time_t)s};
+
+    clock_gettime(CLOCK_REALTIME, &rt);
+    if (rt.tv_sec == ts.tv_sec)
+        ts.tv_nsec = rt.tv_nsec;
+    pthread_mutex_lock(&c->stamp_mu);
+    if (c->last_stamp.tv_sec == ts.tv_sec && ts.tv_nsec <= c->last_stamp.tv_nsec &&
+        c->last_stamp.tv_nsec < 999999999)
+        ts.tv_nsec = c->last_stamp.tv_nsec + 1;
+    if (ts.tv_sec >= c->last_stamp.tv_sec)
+        c->last_stamp = ts;
+    pthread_mutex_unlock(&c->stamp_mu);
+    return ts;
 }
 
 static double mono_ms(void)
@@ -775,7 +802,7 @@ static int write_file(struct thaw_disk_cache *c, const char *path, const void *d
         n -= (size_t)w;
     }
     if (mtime_s >= 0) {
-        struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = (time_t)mtime_s}};
+        struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, stamp(c, mtime_s)};
 
         ret = v->futimens(v, fd, ts);
         if (ret)
@@ -1105,6 +1132,8 @@ static int ent_age_cmp(const void *a, const void *b)
 
     if (x->last_used != y->last_used)
         return x->last_used < y->last_used ? -1 : 1;
+    if (x->used_ns != y->used_ns)
+        return x->used_ns < y->used_ns ? -1 : 1;
     if (x->created != y->created)
         return x->created < y->created ? -1 : 1;
     return memcmp(x->key, y->key, THAW_KEY_BYTES);
@@ -1167,6 +1196,7 @@ static int load_key(struct thaw_disk_cache *c, const struct seen *s, int sweep, 
     e->n_meta = idx.n_meta;
     e->created = idx.created;
     e->last_used = (int64_t)st.st_mtim.tv_sec;
+    e->used_ns = st.st_mtim.tv_nsec;
     e->bytes = (uint64_t)st.st_size;
     e->is_block = idx.is_block;
     if (idx.n_refs) {
@@ -1380,6 +1410,7 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     c->classify_ud = p->classify_ud;
     c->block_grace_s = p->block_grace_s;
     c->workers = p->workers;
+    c->stamp_mu = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     if (pthread_mutex_init(&c->mu, NULL)) {
         ret = THAW_ENOMEM;
         goto err_free;
@@ -2386,7 +2417,7 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
     if (ret == 0 && (bad & THAW_DISK_BAD_PART(THAW_PART_DFT)) && modify)
         drop_dft(c, key, hex, en, gen, now); /* also sets the mtime */
     else if (ret == 0 && modify) {
-        struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = (time_t)now}};
+        struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, stamp(c, now)};
         int touched = 0;
 
         pthread_mutex_lock(&c->mu);

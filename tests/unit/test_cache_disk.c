@@ -1342,6 +1342,43 @@ static void test_lru(void **state)
     data_free(&d);
 }
 
+/* Entries stored in one second come back after a restart in the order they
+ * were stored, not in key order: the mtime carries the order within the
+ * second (whole seconds put the newest conversation first in line for the
+ * budget when its key sorted low). */
+static void test_lru_within_a_second(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    uint8_t k[3][32], t[32];
+    struct data d;
+    uint64_t one;
+
+    data_make(&d, 100, 10000, 1000, 0);
+    one = 10000 + 1000 + 160 + d.n_meta;
+    for (int i = 0; i < 3; i++)
+        key_make(k[i], 300 + (unsigned)i);
+    for (int i = 0; i < 3; i++) /* stored highest key first */
+        for (int j = i + 1; j < 3; j++)
+            if (memcmp(k[i], k[j], 32) < 0) {
+                memcpy(t, k[i], 32);
+                memcpy(k[i], k[j], 32);
+                memcpy(k[j], t, 32);
+            }
+    p.ttl_s = 0;
+    fx_open_p(f, &p);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(store_data(f->c, k[i], &d), 0);
+    fx_close(f);
+    p.max_bytes = 2 * one;
+    fx_open_p(f, &p);
+    assert_int_equal(thaw_disk_cache_evict(f->c), 1);
+    assert_int_equal(key_files(f, k[0]), 0);
+    assert_int_equal(thaw_disk_cache_contains(f->c, k[1]), 1);
+    assert_int_equal(thaw_disk_cache_contains(f->c, k[2]), 1);
+    data_free(&d);
+}
+
 /* ---- writer ------------------------------------------------------------- */
 
 static void test_writer_submit_flush(void **state)
@@ -2267,6 +2304,7 @@ int main(void)
         T(test_enospc_bounded),
         T(test_ttl),
         T(test_lru),
+        T(test_lru_within_a_second),
         T(test_writer_submit_flush),
         T(test_writer_queue_full),
         T(test_writer_pending_serves_queued_stores),
