@@ -60,6 +60,13 @@ char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn ex
       atomic_load(&m->stores_cut));
     C("kv_cache_stores_captured_total", "stores the KV cache tap could not serve (a whole capture instead)",
       atomic_load(&m->stores_captured));
+    C("kv_device_to_host_bytes_total",
+      "bytes the cache copied out of device memory for stores (the tap's rows, whole captures); 0 with the KV "
+      "cache in host memory",
+      atomic_load(&m->device_to_host));
+    C("kv_host_to_device_bytes_total", "bytes the cache copied into device memory for restores; 0 with the KV "
+      "cache in host memory",
+      atomic_load(&m->host_to_device));
     C("kv_cache_fixups_cut_total",
       "post-reply re-decodes cut short for a request that needed the slot (the next turn prefills the rest)",
       atomic_load(&m->fixups_cut));

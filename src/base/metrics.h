@@ -40,6 +40,8 @@ struct thaw_metrics {
     atomic_uint_fast64_t store_us;           /* engine time spent capturing them, microseconds */
     atomic_uint_fast64_t stores_cut;         /* stores whose blocks were cut from the KV cache (kvtap.h) */
     atomic_uint_fast64_t stores_captured;    /* stores the tap could not serve: whole capture */
+    atomic_uint_fast64_t device_to_host;     /* bytes stores copied out of device memory (0: KV on the host) */
+    atomic_uint_fast64_t host_to_device;     /* bytes restores copied into device memory */
     atomic_uint_fast64_t fixups_cut;         /* post-reply re-decodes cut short for a request needing the slot */
     atomic_uint_fast64_t reply_stores;       /* finished replies stored (after their re-decoding) */
     atomic_uint_fast64_t reply_store_wait_us; /* their time from the reply's end to the store, microseconds */

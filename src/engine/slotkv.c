@@ -131,6 +131,20 @@ void thaw_slotkv_free(struct thaw_slotkv *k)
 
 struct thaw_kvcache *thaw_slotkv_cache(const struct thaw_slotkv *k) { return k->kv; }
 
+/* What stores and restores copied between device memory and the host so
+ * far, when the tap saw the KV cache in device memory: its rows, and whole
+ * states read or installed (with --no-kv-tap there is no tap to tell: 0). */
+static void count_device_io(struct thaw_slotkv *k)
+{
+    uint64_t out, in;
+
+    if (!thaw_kvtap_device(k->tap))
+        return;
+    thaw_kvstate_io_bytes(&out, &in);
+    atomic_store(&k->metrics->device_to_host, out + thaw_kvtap_device_bytes(k->tap));
+    atomic_store(&k->metrics->host_to_device, in);
+}
+
 /* ---- cutting back ---------------------------------------------------------------- */
 
 /* Removes the slot's positions >= p (0: all) from its sequence, and from
@@ -328,6 +342,7 @@ int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct
         }
     }
     count_lookup(k->metrics, got > n_past ? s->timings.cache_source : NULL);
+    count_device_io(k);
     return got;
 }
 
@@ -365,6 +380,7 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
     if (s->store_parts_at > 0)
         thaw_kvcache_slot_drop(k->kv, s->id);
     s->store_parts_at = 0;
+    count_device_io(k);
     if (!where)
         return; /* logged */
     thaw_slot_hold(s, s->store_key);

@@ -22,6 +22,7 @@
 #include "base/blob.h"
 #include "base/error.h"
 
+#include <ggml-backend.h>
 #include <ggml.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -492,6 +493,10 @@ struct thaw_kvlayout_mem {
     const uint8_t **k, **v; /* each layer's stream 0 */
     size_t *ss;             /* bytes from one stream to the next (K and V alike) */
     size_t *v_stride;
+    /* a layer in device memory: its tensors, read through the backend
+     * (k and v above are then the tensors' data, offsets into them) */
+    const struct ggml_tensor **kt, **vt;
+    uint64_t device_bytes; /* read from device memory so far */
 };
 
 void thaw_kvlayout_mem_free(struct thaw_kvlayout_mem *m)
@@ -503,6 +508,8 @@ void thaw_kvlayout_mem_free(struct thaw_kvlayout_mem *m)
     free(m->v);
     free(m->v_stride);
     free(m->ss);
+    free(m->kt);
+    free(m->vt);
     free(m);
 }
 
@@ -517,7 +524,8 @@ static int mem_new_section(const struct section *s, size_t cell_bytes, struct th
         return THAW_ELAYOUT;
     if (!(m = calloc(1, sizeof *m)) || !(m->layers = malloc(n * sizeof *m->layers)) ||
         !(m->k = calloc(n, sizeof *m->k)) || !(m->v = calloc(n, sizeof *m->v)) ||
-        !(m->v_stride = calloc(n, sizeof *m->v_stride)) || !(m->ss = calloc(2 * (size_t)n, sizeof *m->ss))) {
+        !(m->v_stride = calloc(n, sizeof *m->v_stride)) || !(m->ss = calloc(2 * (size_t)n, sizeof *m->ss)) ||
+        !(m->kt = calloc(n, sizeof *m->kt)) || !(m->vt = calloc(n, sizeof *m->vt))) {
         thaw_kvlayout_mem_free(m);
         return THAW_ENOMEM;
     }
@@ -659,6 +667,34 @@ void thaw_kvlayout_mem_set(struct thaw_kvlayout_mem *m, uint32_t layer, const vo
     m->ss[2 * layer] = k_ss;
     m->ss[2 * layer + 1] = v_ss;
     m->v_stride[layer] = v_stride;
+    m->kt[layer] = m->vt[layer] = NULL;
+}
+
+void thaw_kvlayout_mem_set_device(struct thaw_kvlayout_mem *m, uint32_t layer, const struct ggml_tensor *k,
+                                  const struct ggml_tensor *v, size_t v_stride)
+{
+    thaw_kvlayout_mem_set(m, layer, k->data, k->nb[2], v ? v->data : NULL, v ? v->nb[2] : 0, v_stride);
+    m->kt[layer] = k;
+    m->vt[layer] = v;
+}
+
+uint64_t thaw_kvlayout_mem_device_bytes(const struct thaw_kvlayout_mem *m)
+{
+    return m ? m->device_bytes : 0;
+}
+
+/* Copies n bytes at src, inside layer memory `base` (tensor t when it is
+ * in device memory), to *p. */
+static void put_from(struct thaw_kvlayout_mem *m, uint8_t **p, const struct ggml_tensor *t, const uint8_t *base,
+                     const uint8_t *src, size_t n)
+{
+    if (t) {
+        ggml_backend_tensor_get(t, *p, (size_t)(src - base), n);
+        m->device_bytes += n;
+        *p += n;
+        return;
+    }
+    put(p, src, n);
 }
 
 size_t thaw_kvlayout_mem_block_size(const struct thaw_kvlayout_mem *m, uint32_t a, uint32_t b)
@@ -669,9 +705,10 @@ size_t thaw_kvlayout_mem_block_size(const struct thaw_kvlayout_mem *m, uint32_t 
     return BLOCK_HEAD + (size_t)m->n_layers * BLOCK_LAYER + c * block_meta_stride(0) + c * m->cell_bytes;
 }
 
-int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m, uint32_t stream, uint32_t a, uint32_t b,
+int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m_, uint32_t stream, uint32_t a, uint32_t b,
                           const int32_t *cell, void *dst, size_t cap)
 {
+    struct thaw_kvlayout_mem *m = (struct thaw_kvlayout_mem *)m_; /* counts device bytes only */
     size_t need = thaw_kvlayout_mem_block_size(m, a, b), n = (size_t)b - a;
     uint8_t *p = dst;
     int run = 1; /* the cells lie side by side: one copy per row run */
@@ -696,33 +733,33 @@ int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m, uint32_t stream, ui
         size_t row = m->layers[i].k_row;
         const uint8_t *k = m->k[i] + stream * m->ss[2 * i];
         if (run) {
-            put(&p, k + (size_t)cell[0] * row, n * row);
+            put_from(m, &p, m->kt[i], m->k[i], k + (size_t)cell[0] * row, n * row);
             continue;
         }
         for (size_t j = 0; j < n; j++)
-            put(&p, k + (size_t)cell[j] * row, row);
+            put_from(m, &p, m->kt[i], m->k[i], k + (size_t)cell[j] * row, row);
     }
     for (uint32_t i = 0; i < m->n_layers && !m->k_only; i++) {
         const struct layer *ly = &m->layers[i];
         const uint8_t *v = m->v[i] + stream * m->ss[2 * i + 1];
         if (!m->v_trans) {
             if (run) {
-                put(&p, v + (size_t)cell[0] * ly->v_row, n * ly->v_row);
+                put_from(m, &p, m->vt[i], m->v[i], v + (size_t)cell[0] * ly->v_row, n * ly->v_row);
                 continue;
             }
             for (size_t j = 0; j < n; j++)
-                put(&p, v + (size_t)cell[j] * ly->v_row, ly->v_row);
+                put_from(m, &p, m->vt[i], m->v[i], v + (size_t)cell[j] * ly->v_row, ly->v_row);
             continue;
         }
         size_t n_embd_v = ly->v_row / ly->v_el, el = ly->v_el;
         for (size_t e = 0; e < n_embd_v; e++) {
             const uint8_t *col = v + e * m->v_stride[i];
             if (run) {
-                put(&p, col + (size_t)cell[0] * el, n * el);
+                put_from(m, &p, m->vt[i], m->v[i], col + (size_t)cell[0] * el, n * el);
                 continue;
             }
             for (size_t j = 0; j < n; j++)
-                put(&p, col + (size_t)cell[j] * el, el);
+                put_from(m, &p, m->vt[i], m->v[i], col + (size_t)cell[j] * el, el);
         }
     }
     return 0;

@@ -180,6 +180,14 @@ void thaw_kvlayout_mem_rows(const struct thaw_kvlayout_mem *m, uint32_t layer, u
  * element e of cell c at v + s * v_ss + e * v_stride + c * el. */
 void thaw_kvlayout_mem_set(struct thaw_kvlayout_mem *m, uint32_t layer, const void *k, size_t k_ss, const void *v,
                            size_t v_ss, size_t v_stride);
+/* As thaw_kvlayout_mem_set for a layer in device memory (ggml_backend_
+ * buffer_is_host false): its rows are read through the backend
+ * (ggml_backend_tensor_get), as much as the block needs, when the device
+ * is idle (the engine thread, between decodes). */
+void thaw_kvlayout_mem_set_device(struct thaw_kvlayout_mem *m, uint32_t layer, const struct ggml_tensor *k,
+                                  const struct ggml_tensor *v, size_t v_stride);
+/* Bytes read from device memory by the cuts so far. */
+uint64_t thaw_kvlayout_mem_device_bytes(const struct thaw_kvlayout_mem *m);
 size_t thaw_kvlayout_mem_block_size(const struct thaw_kvlayout_mem *m, uint32_t a, uint32_t b);
 /* The block of positions [a, b), position a + i in cell cell[i] of stream
  * `stream`.

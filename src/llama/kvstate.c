@@ -4,8 +4,19 @@
 #include "base/blob.h"
 #include "base/error.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Bytes of whole states read out of and installed into contexts (see
+ * thaw_kvstate_io_bytes). */
+static atomic_uint_fast64_t bytes_out, bytes_in;
+
+void thaw_kvstate_io_bytes(uint64_t *out, uint64_t *in)
+{
+    *out = atomic_load(&bytes_out);
+    *in = atomic_load(&bytes_in);
+}
 
 #define KV_MAGIC 0x31564b54u   /* "TKV1" */
 #define CKPT_MAGIC 0x314b4354u /* "TCK1" */
@@ -61,6 +72,7 @@ int thaw_kvstate_capture_reuse(struct llama_context *ctx, llama_seq_id seq, cons
     thaw_kvstate_write_head(blob, tokens, n_tokens, n_state);
     if (llama_state_seq_get_data(ctx, blob + head, n_state, seq) != n_state)
         return THAW_ELLAMA;
+    atomic_fetch_add(&bytes_out, n_state);
     *out = thaw_blob_ref(blob);
     *n_out = head + n_state;
     return 0;
@@ -108,6 +120,7 @@ int thaw_kvstate_restore(struct llama_context *ctx, llama_seq_id seq, const stru
         llama_memory_seq_rm(llama_get_memory(ctx), seq, -1, -1);
         return THAW_ELLAMA;
     }
+    atomic_fetch_add(&bytes_in, v->n_state);
     /* the state must hold exactly the positions its token list claims */
     if (llama_memory_seq_pos_max(llama_get_memory(ctx), seq) != v->n_tokens - 1) {
         llama_memory_seq_rm(llama_get_memory(ctx), seq, -1, -1);

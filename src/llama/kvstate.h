@@ -64,6 +64,12 @@ void thaw_kvstate_write_head(void *blob, const llama_token *tokens, int n_tokens
  * (the seq is then empty). */
 int thaw_kvstate_restore(struct llama_context *ctx, llama_seq_id seq, const struct thaw_kvstate_view *v);
 
+/* Bytes of whole states thaw_kvstate_capture* read out of a context and
+ * thaw_kvstate_restore installed, since the start, over every context:
+ * with the KV cache in device memory, what stores and restores copied
+ * between the device and the host (thaw_kv_*_bytes_total). */
+void thaw_kvstate_io_bytes(uint64_t *out, uint64_t *in);
+
 /* ---- .ckpt ---- */
 
 struct thaw_ckpt {

@@ -29,6 +29,7 @@ struct swa_shadow {
     uint16_t *done;        /* [n_stream][cap]: SWA layers copied for the position, in layer order */
     int32_t *ident;        /* [cap]: cell = position, for the cutter */
     struct thaw_kvlayout_mem *mem;
+    uint8_t *seen;         /* [n_layers], a device's: 1 K written, 2 V written (this ubatch) */
     int64_t *ub_row;       /* the ubatch being computed: each token's row in the SWA cache ... */
     int32_t *ub_pos;       /* ... and its position */
     int64_t n_ub, ub_cap;
@@ -40,6 +41,18 @@ struct thaw_kvtap {
     int n_ids;                   /* room in k and v */
     const int32_t *pos;          /* the positions of the ubatch being computed */
     int64_t n_pos;
+    /* a cache in device memory (a GPU backend): the graph's row indices
+     * and positions are device tensors, read once computed. The first K
+     * write of each cache in a ubatch is observed for them (one
+     * synchronisation a ubatch), the rows are read when a store cuts them */
+    const struct ggml_tensor *pos_t; /* the ROPE's positions, when not host-readable */
+    int32_t *pos_buf;
+    int64_t *idx_buf;
+    int64_t buf_cap;
+    int last_il[2];  /* the last K write's layer of each cache: a lower one starts a ubatch */
+    int learnt[2];   /* this ubatch's map of each cache is learnt */
+    int device;      /* some layer's cache is in device memory */
+    uint64_t device_bytes; /* read from device memory outside the cutter (SWA rows) */
     uint32_t kv_size, n_stream;
     int32_t *cell; /* [stream][pos]: the cell holding pos, -1 unknown */
     int32_t *rev;  /* [stream][cell]: the pos cell holds per `cell`, -1 */
@@ -77,6 +90,7 @@ static void swa_free(struct swa_shadow *w)
     free(w->v_row);
     free(w->v_el);
     free(w->done);
+    free(w->seen);
     free(w->ident);
     free(w->ub_row);
     free(w->ub_pos);
@@ -94,9 +108,21 @@ void thaw_kvtap_free(struct thaw_kvtap *t)
     free(t->rev);
     free(t->o_cell);
     free(t->o_rev);
+    free(t->pos_buf);
+    free(t->idx_buf);
     thaw_kvlayout_mem_free(t->mem);
     swa_free(t->swa);
     free(t);
+}
+
+uint64_t thaw_kvtap_device_bytes(const struct thaw_kvtap *t)
+{
+    return t ? t->device_bytes + thaw_kvlayout_mem_device_bytes(t->mem) : 0;
+}
+
+int thaw_kvtap_device(const struct thaw_kvtap *t)
+{
+    return t && t->device;
 }
 
 int thaw_kvtap_ready(const struct thaw_kvtap *t)
@@ -153,23 +179,15 @@ static struct cmap map_of(struct thaw_kvtap *t, int other)
                  : (struct cmap){&t->kv_size, &t->n_stream, &t->cell, &t->rev};
 }
 
-/* The cells of a ubatch's tokens: K's index input, with the positions of
- * the ROPE node seen before it, into map m. */
-static void learn_map(struct thaw_kvtap *t, struct cmap m, const struct ggml_tensor *node,
-                      const struct ggml_tensor *cache)
+/* The cells of a ubatch's tokens: K's row indices (n of them), with the
+ * positions of the ROPE node seen before it (pos), into map m of a cache
+ * of kv_size cells per stream. */
+static void learn_map(struct thaw_kvtap *t, struct cmap m, const int64_t *rows, int64_t n, const int32_t *pos,
+                      int64_t n_pos, uint32_t kv_size, uint32_t n_stream)
 {
-    const struct ggml_tensor *idx = node->src[1];
-    uint32_t kv_size = (uint32_t)cache->ne[1], n_stream = (uint32_t)cache->ne[2];
-
-    if (!idx || idx->type != GGML_TYPE_I64 || !idx->data ||
-        (idx->buffer && !ggml_backend_buffer_is_host(idx->buffer))) {
-        disable(t, "the cache's row indices are not readable");
-        return;
-    }
-    int64_t n = ggml_nelements(idx);
-    if (!t->pos || t->n_pos != n) {
+    if (!pos || n_pos != n) {
         disable(t, "no positions for the cache's writes (%lld rows, %lld positions)", (long long)n,
-                (long long)t->n_pos);
+                (long long)n_pos);
         return;
     }
     if (!*m.cell) {
@@ -185,15 +203,12 @@ static void learn_map(struct thaw_kvtap *t, struct cmap m, const struct ggml_ten
         *m.kv_size = kv_size;
         *m.n_stream = n_stream;
     } else if (kv_size != *m.kv_size || n_stream != *m.n_stream) {
-        {
-            disable(t, "the cache changed shape");
-            return;
-        }
+        disable(t, "the cache changed shape");
+        return;
     }
-    const int64_t *rows = idx->data;
     for (int64_t j = 0; j < n; j++) {
         int64_t g = rows[j];
-        int32_t p = t->pos[j];
+        int32_t p = pos[j];
         if (g < 0 || g >= (int64_t)kv_size * n_stream) {
             disable(t, "a cache row index out of range");
             return;
@@ -215,6 +230,60 @@ static void learn_map(struct thaw_kvtap *t, struct cmap m, const struct ggml_ten
     }
 }
 
+static int host_readable(const struct ggml_tensor *x)
+{
+    return x && x->data && (!x->buffer || ggml_backend_buffer_is_host(x->buffer));
+}
+
+/* Room for n row indices and positions read from a device. */
+static int grow_bufs(struct thaw_kvtap *t, int64_t n)
+{
+    if (n <= t->buf_cap)
+        return 0;
+    int64_t *r = realloc(t->idx_buf, (size_t)n * sizeof *r);
+    if (!r)
+        return THAW_ENOMEM;
+    t->idx_buf = r;
+    int32_t *q = realloc(t->pos_buf, (size_t)n * sizeof *q);
+    if (!q)
+        return THAW_ENOMEM;
+    t->pos_buf = q;
+    t->buf_cap = n;
+    return 0;
+}
+
+/* The row indices of K write `node` and the ubatch's positions, from host
+ * memory or (once computed) read from the device. 0 or -1 (disabled). */
+static int ubatch_rows(struct thaw_kvtap *t, const struct ggml_tensor *node, const int64_t **rows, int64_t *n,
+                       const int32_t **pos, int64_t *n_pos)
+{
+    const struct ggml_tensor *idx = node->src[1];
+
+    if (!idx || idx->type != GGML_TYPE_I64 || !idx->data) {
+        disable(t, "the cache's row indices are not readable");
+        return -1;
+    }
+    *n = ggml_nelements(idx);
+    *pos = t->pos;
+    *n_pos = t->n_pos;
+    if (host_readable(idx) && t->pos) {
+        *rows = idx->data;
+        return 0;
+    }
+    if (grow_bufs(t, *n) != 0) {
+        disable(t, "out of memory");
+        return -1;
+    }
+    ggml_backend_tensor_get(idx, t->idx_buf, 0, (size_t)*n * sizeof *t->idx_buf);
+    *rows = t->idx_buf;
+    if (!t->pos && t->pos_t && ggml_nelements(t->pos_t) == *n) {
+        ggml_backend_tensor_get(t->pos_t, t->pos_buf, 0, (size_t)*n * sizeof *t->pos_buf);
+        *pos = t->pos_buf;
+        *n_pos = *n;
+    }
+    return 0;
+}
+
 /* ---- SWA rows ---------------------------------------------------------------------- */
 
 /* SWA layer j of layer id il, or -1. */
@@ -226,38 +295,48 @@ static int swa_layer(const struct swa_shadow *w, int il)
     return -1;
 }
 
-/* Copies SWA layer j's rows of position p, held in cell c of stream st of
- * the SWA cache, into the shadow. */
-static void swa_copy_cell(struct thaw_kvtap *t, uint32_t j, size_t st, size_t c, uint32_t p)
+/* n bytes at offset off of cache tensor x into dst: a copy from host
+ * memory, a read through the backend from a device's. */
+static void read_rows(struct thaw_kvtap *t, const struct ggml_tensor *x, size_t off, void *dst, size_t n)
+{
+    if (host_readable(x)) {
+        memcpy(dst, (const uint8_t *)x->data + off, n);
+        return;
+    }
+    ggml_backend_tensor_get(x, dst, off, n);
+    t->device_bytes += n;
+}
+
+/* Copies SWA layer j's rows of positions [p, p + n), held in cells
+ * [c, c + n) of stream st of the SWA cache, into the shadow. */
+static void swa_copy_run(struct thaw_kvtap *t, uint32_t j, size_t st, size_t c, uint32_t p, size_t n)
 {
     struct swa_shadow *w = t->swa;
     const struct ggml_tensor *k = t->k[w->il[j]], *v = t->v[w->il[j]];
     size_t at = st * w->cap + p;
 
-    memcpy(w->k[j] + at * w->k_row[j], (const uint8_t *)k->data + st * k->nb[2] + c * w->k_row[j], w->k_row[j]);
+    read_rows(t, k, st * k->nb[2] + c * w->k_row[j], w->k[j] + at * w->k_row[j], n * w->k_row[j]);
     if (!w->v_trans) {
-        memcpy(w->v[j] + at * w->v_row[j], (const uint8_t *)v->data + st * v->nb[2] + c * w->v_row[j],
-               w->v_row[j]);
+        read_rows(t, v, st * v->nb[2] + c * w->v_row[j], w->v[j] + at * w->v_row[j], n * w->v_row[j]);
     } else {
         size_t el = w->v_el[j], n_embd_v = w->v_row[j] / el, kv = (size_t)v->ne[1];
         uint8_t *dst = w->v[j] + st * w->cap * w->v_row[j] + (size_t)p * el;
-        const uint8_t *src = (const uint8_t *)v->data + st * v->nb[2] + c * el;
         for (size_t e = 0; e < n_embd_v; e++)
-            memcpy(dst + e * w->cap * el, src + e * kv * el, el);
+            read_rows(t, v, st * v->nb[2] + e * kv * el + c * el, dst + e * w->cap * el, n * el);
     }
     /* known once every SWA layer copied it, in layer order */
-    uint16_t *d = &w->done[at];
-    *d = j == 0 ? 1 : (*d == j ? (uint16_t)(j + 1) : 0);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t *d = &w->done[at + i];
+        *d = j == 0 ? 1 : (*d == j ? (uint16_t)(j + 1) : 0);
+    }
 }
 
-/* Before the ubatch computes: which SWA-cache row each token goes to. */
-static void swa_note(struct thaw_kvtap *t, const struct ggml_tensor *node)
+/* Which SWA-cache row each of the ubatch's n tokens goes to. */
+static void swa_note(struct thaw_kvtap *t, const int64_t *rows, int64_t n, const int32_t *pos, int64_t n_pos)
 {
     struct swa_shadow *w = t->swa;
-    const struct ggml_tensor *idx = node->src[1];
-    int64_t n = ggml_nelements(idx);
 
-    if (!t->pos || t->n_pos != n || idx->type != GGML_TYPE_I64 || !idx->data) {
+    if (!pos || n_pos != n) {
         w->n_ub = 0;
         return;
     }
@@ -274,13 +353,14 @@ static void swa_note(struct thaw_kvtap *t, const struct ggml_tensor *node)
         }
         w->ub_cap = n;
     }
-    memcpy(w->ub_row, idx->data, (size_t)n * sizeof *w->ub_row);
-    memcpy(w->ub_pos, t->pos, (size_t)n * sizeof *w->ub_pos);
+    memcpy(w->ub_row, rows, (size_t)n * sizeof *w->ub_row);
+    memcpy(w->ub_pos, pos, (size_t)n * sizeof *w->ub_pos);
     w->n_ub = n;
 }
 
 /* After SWA layer il's V write computed (its K write came before it in
- * the graph): the ubatch's rows of that layer into the shadow. */
+ * the graph): the ubatch's rows of that layer into the shadow, a run of
+ * cells holding a run of positions at a time. */
 static void swa_take(struct thaw_kvtap *t, int il)
 {
     struct swa_shadow *w = t->swa;
@@ -288,12 +368,19 @@ static void swa_take(struct thaw_kvtap *t, int il)
 
     if (j < 0)
         return;
-    for (int64_t e = 0; e < w->n_ub; e++) {
+    for (int64_t e = 0; e < w->n_ub;) {
         int64_t g = w->ub_row[e];
         int32_t p = w->ub_pos[e];
-        if (g < 0 || g >= (int64_t)t->o_kv_size * t->o_n_stream || p < 0 || (uint32_t)p >= w->cap)
+        if (g < 0 || g >= (int64_t)t->o_kv_size * t->o_n_stream || p < 0 || (uint32_t)p >= w->cap) {
+            e++;
             continue;
-        swa_copy_cell(t, (uint32_t)j, (size_t)(g / t->o_kv_size), (size_t)(g % t->o_kv_size), (uint32_t)p);
+        }
+        size_t st = (size_t)(g / t->o_kv_size), c = (size_t)(g % t->o_kv_size), n = 1;
+        while (e + (int64_t)n < w->n_ub && w->ub_row[e + (int64_t)n] == g + (int64_t)n &&
+               w->ub_pos[e + (int64_t)n] == p + (int32_t)n && c + n < t->o_kv_size && (uint32_t)p + n < w->cap)
+            n++;
+        swa_copy_run(t, (uint32_t)j, st, c, (uint32_t)p, n);
+        e += (int64_t)n;
     }
 }
 
@@ -359,6 +446,37 @@ static void forget_other(struct thaw_kvtap *t, llama_seq_id seq, int from_pos)
 
 /* ---- the eval callback ----------------------------------------------------------- */
 
+/* Which cache a K write of kv_size cells per stream is: 0 the first seen
+ * (the self-test makes it the base), 1 the other of an iSWA model, -1
+ * neither. */
+static int cache_of(struct thaw_kvtap *t, uint32_t kv, uint32_t n_stream)
+{
+    if (!t->kv_size || kv == t->kv_size) {
+        t->kv_size = kv, t->n_stream = n_stream;
+        return 0;
+    }
+    if (!t->o_kv_size || kv == t->o_kv_size) {
+        t->o_kv_size = kv, t->o_n_stream = n_stream;
+        return 1;
+    }
+    return -1;
+}
+
+/* K write `node` of cache ci computed (or readable before): its cells. */
+static void learn(struct thaw_kvtap *t, int ci, const struct ggml_tensor *node, const struct ggml_tensor *cache)
+{
+    const int64_t *rows;
+    const int32_t *pos;
+    int64_t n, n_pos;
+
+    if (ubatch_rows(t, node, &rows, &n, &pos, &n_pos) != 0)
+        return;
+    learn_map(t, map_of(t, ci), rows, n, pos, n_pos, (uint32_t)cache->ne[1], (uint32_t)cache->ne[2]);
+    if (ci == 1 && t->swa && !t->off)
+        swa_note(t, rows, n, pos, n_pos);
+    t->learnt[ci] = 1;
+}
+
 bool thaw_kvtap_eval_cb(struct ggml_tensor *node, bool ask, void *ud)
 {
     struct thaw_kvtap *t = ud;
@@ -366,21 +484,44 @@ bool thaw_kvtap_eval_cb(struct ggml_tensor *node, bool ask, void *ud)
     int il;
 
     if (!ask) {
-        /* only SWA layers' V writes are ever asked for: their rows now */
+        /* computed: a device cache's first K write of the ubatch (its row
+         * indices), or an SWA layer's V write (its rows) */
         struct ggml_tensor *r = node;
         while (r->view_src)
             r = r->view_src;
-        if (!t->off && t->swa && node->op == GGML_OP_SET_ROWS &&
-            sscanf(r->name, "cache_%c_l%d%c", &kind, &il, &end) == 2 && kind == 'v')
-            swa_take(t, il);
-        return true; /* go on */
+        if (t->off || node->op != GGML_OP_SET_ROWS || sscanf(r->name, "cache_%c_l%d%c", &kind, &il, &end) != 2)
+            return true; /* go on */
+        if (kind == 'k') {
+            int ci = cache_of(t, (uint32_t)r->ne[1], (uint32_t)r->ne[2]);
+            if (ci >= 0 && !t->learnt[ci])
+                learn(t, ci, node, r);
+        }
+        if (t->swa && !t->off) {
+            int j = swa_layer(t->swa, il);
+            if (j < 0)
+                return true;
+            if (host_readable(r)) {
+                swa_take(t, il); /* the CPU computes in graph order: K was written before V */
+                return true;
+            }
+            /* a device backend may reorder the graph (ggml-vulkan does):
+             * the rows are taken once both writes of the layer computed */
+            t->swa->seen[j] |= kind == 'k' ? 1 : 2;
+            if (t->swa->seen[j] == 3) {
+                t->swa->seen[j] = 0;
+                swa_take(t, il);
+            }
+        }
+        return true;
     }
     if (t->off)
         return false;
     if (node->op == GGML_OP_ROPE) {
         const struct ggml_tensor *p = node->src[1];
-        if (p && p->type == GGML_TYPE_I32 && p->data && (!p->buffer || ggml_backend_buffer_is_host(p->buffer))) {
-            t->pos = p->data;
+        if (p && p->type == GGML_TYPE_I32 && p->data) {
+            int host = host_readable(p);
+            t->pos = host ? p->data : NULL;
+            t->pos_t = host ? NULL : p;
             t->n_pos = ggml_nelements(p);
         }
         return false;
@@ -394,28 +535,36 @@ bool thaw_kvtap_eval_cb(struct ggml_tensor *node, bool ask, void *ud)
     if (sscanf(root->name, "cache_%c_l%d%c", &kind, &il, &end) != 2 || (kind != 'k' && kind != 'v') || il < 0 ||
         il >= MAX_LAYER_ID)
         return false;
-    if (!root->data || !root->buffer || !ggml_backend_buffer_is_host(root->buffer)) {
-        disable(t, "the KV cache is not in host memory");
+    if (!root->data || !root->buffer) {
+        disable(t, "the KV cache has no memory the tap can read");
         return false;
     }
+    int dev = !ggml_backend_buffer_is_host(root->buffer);
+    t->device |= dev;
     if (grow_ids(t, il) != 0) {
         disable(t, "out of memory");
         return false;
     }
     if (kind == 'k') {
-        uint32_t kv = (uint32_t)root->ne[1];
         t->k[il] = root;
         /* an iSWA model has two caches of different sizes: a map each */
-        if (!t->cell || kv == t->kv_size) {
-            learn_map(t, map_of(t, 0), node, root);
-        } else if (!t->o_cell || kv == t->o_kv_size) {
-            learn_map(t, map_of(t, 1), node, root);
-            if (t->swa && !t->off)
-                swa_note(t, node);
-        } else {
+        int ci = cache_of(t, (uint32_t)root->ne[1], (uint32_t)root->ne[2]);
+        if (ci < 0) {
             disable(t, "more than two KV caches");
+            return false;
         }
-        return false;
+        if (il <= t->last_il[ci])
+            t->learnt[ci] = 0; /* a new ubatch */
+        t->last_il[ci] = il;
+        /* an SWA layer's K write in device memory is seen computed too (below) */
+        bool swa_dev = dev && t->swa && t->ready && swa_layer(t->swa, il) >= 0;
+        if (t->learnt[ci])
+            return swa_dev;
+        if (!dev && host_readable(node->src[1]) && t->pos) {
+            learn(t, ci, node, root);
+            return false;
+        }
+        return true; /* the row indices are the device's: read them once computed */
     }
     t->v[il] = root;
     /* an SWA layer's rows are taken once written: ask to see the node */
@@ -584,7 +733,10 @@ static int bind_layers(struct thaw_kvtap *t, char *why, size_t n_why)
             (v && (!ggml_is_contiguous(v) || (v_el == 0 && (uint64_t)v->nb[1] != v_row))))
             return thaw_why(why, n_why, THAW_ELAYOUT, "layer %d's cache rows are not the state's rows", il);
         size_t v_stride = v && v_el ? (size_t)v->ne[1] * v_el : 0; /* transposed: one element of every cell */
-        thaw_kvlayout_mem_set(t->mem, i, k->data, k->nb[2], v ? v->data : NULL, v ? v->nb[2] : 0, v_stride);
+        if (!host_readable(k) || (v && !host_readable(v)))
+            thaw_kvlayout_mem_set_device(t->mem, i, k, v, v_stride);
+        else
+            thaw_kvlayout_mem_set(t->mem, i, k->data, k->nb[2], v ? v->data : NULL, v ? v->nb[2] : 0, v_stride);
         i++;
     }
     if (i != n)
@@ -617,7 +769,7 @@ static int swa_setup(struct thaw_kvtap *t, const struct thaw_kvlayout *l, char *
     if (!(w->il = calloc(n, sizeof *w->il)) || !(w->k = calloc(n, sizeof *w->k)) ||
         !(w->v = calloc(n, sizeof *w->v)) || !(w->k_row = calloc(n, sizeof *w->k_row)) ||
         !(w->v_row = calloc(n, sizeof *w->v_row)) || !(w->v_el = calloc(n, sizeof *w->v_el)) ||
-        !(w->done = calloc((size_t)w->cap * w->n_stream, sizeof *w->done)) ||
+        !(w->done = calloc((size_t)w->cap * w->n_stream, sizeof *w->done)) || !(w->seen = calloc(n, 1)) ||
         !(w->ident = malloc((size_t)w->cap * sizeof *w->ident))) {
         swa_free(w);
         return THAW_ENOMEM;
@@ -674,7 +826,7 @@ static int swa_fill_from_cache(struct thaw_kvtap *t, llama_seq_id seq, uint32_t 
         if (c < 0)
             return THAW_ENOTFOUND;
         for (uint32_t j = 0; j < t->swa->n_layers; j++)
-            swa_copy_cell(t, j, (size_t)seq, (size_t)c, p);
+            swa_copy_run(t, j, (size_t)seq, (size_t)c, p, 1);
     }
     return 0;
 }
@@ -752,8 +904,11 @@ int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_s
         /* the first cache seen was the SWA one (gemma: layer 0 slides) */
         uint32_t ks = t->kv_size, ns = t->n_stream;
         int32_t *c = t->cell, *r = t->rev;
+        int li = t->last_il[0], lt = t->learnt[0];
         t->kv_size = t->o_kv_size, t->n_stream = t->o_n_stream, t->cell = t->o_cell, t->rev = t->o_rev;
         t->o_kv_size = ks, t->o_n_stream = ns, t->o_cell = c, t->o_rev = r;
+        t->last_il[0] = t->last_il[1], t->learnt[0] = t->learnt[1];
+        t->last_il[1] = li, t->learnt[1] = lt;
     }
     if ((rc = capture(ctx, seq, &state, &n_state)) != 0) {
         rc = thaw_why(why, n_why, rc, "llama_state_seq_get_data failed");
@@ -771,6 +926,15 @@ int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_s
     }
     if ((rc = bind_layers(t, why, n_why)) != 0)
         goto done;
+    if (thaw_kvlayout_has_swa(l) && t->device) {
+        /* Not yet: on lavapipe a gemma3 conversation stored with SWA rows
+         * taken from device memory restored a turn 2 that differed from
+         * the reference, though every row the verify could compare (the
+         * window a capture still holds) was equal. Until the older rows
+         * are checked, an SWA model on a device stores whole states. */
+        rc = thaw_why(why, n_why, THAW_ELAYOUT, "SWA rows in device memory are not cut yet");
+        goto done;
+    }
     if (thaw_kvlayout_has_swa(l)) {
         /* an iSWA cache: the SWA rows are taken as written (DESIGN §12) */
         if ((rc = swa_setup(t, l, why, n_why)) != 0)

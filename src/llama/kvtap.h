@@ -68,6 +68,14 @@ bool thaw_kvtap_eval_cb(struct ggml_tensor *node, bool ask, void *ud);
  * THAW_ELAYOUT: it cannot be used (`why`, one line); THAW_ELLAMA, THAW_ENOMEM. */
 int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_seq_id seq, char *why, size_t n_why);
 
+/* 1 when some layer's KV cache is in device memory (learnt from the
+ * graphs: after the first decode). */
+int thaw_kvtap_device(const struct thaw_kvtap *t);
+
+/* Bytes the tap read from device memory so far (its cuts and SWA rows):
+ * thaw_kv_device_to_host_bytes_total's part from the tap. */
+uint64_t thaw_kvtap_device_bytes(const struct thaw_kvtap *t);
+
 /* 1 once the self-test passed and nothing disabled the tap since. */
 int thaw_kvtap_ready(const struct thaw_kvtap *t);
 

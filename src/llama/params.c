@@ -442,13 +442,8 @@ int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_
         goto error;
     }
     /* the tap watches the graphs for where the KV cache's cells are
-     * (kvtap.h): host memory only, so not with a GPU device */
-    bool gpu = false; /* BLAS / AMX accelerators work beside the CPU backend: the cache stays in host memory */
-    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
-        enum ggml_backend_dev_type ty = ggml_backend_dev_type(ggml_backend_dev_get(i));
-        gpu |= ty != GGML_BACKEND_DEVICE_TYPE_CPU && ty != GGML_BACKEND_DEVICE_TYPE_ACCEL;
-    }
-    if (want_tap && !gpu) {
+     * (kvtap.h), in host or device memory */
+    if (want_tap) {
         if ((rc = thaw_kvtap_new(tap)) != 0)
             goto error;
         cp.cb_eval = thaw_kvtap_eval_cb;
