@@ -2,7 +2,8 @@
 # scripts/test.sh — set up, build and run every test: cmocka unit tests
 # (ctest), end-to-end tests against the real build/thaw over HTTP (pytest),
 # including the openai npm SDK compatibility test and the chat page in
-# headless Chromium (tests/e2e/test_webui.py).
+# headless Chromium (tests/e2e/test_webui.py), then the device path on
+# Mesa's software Vulkan device (tests/e2e/test_vulkan.py).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -13,7 +14,15 @@ ctest --test-dir build --output-on-failure
 echo "== end-to-end tests"
 # Debian's interpreter: it is the one python3-pytest and python3-requests install into
 PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
-"$PY" -m pytest -q tests/e2e "$@"
+THAW_TEST_VULKAN= "$PY" -m pytest -q tests/e2e "$@"
+# The device path on Mesa's software Vulkan device (lavapipe, set up by
+# scripts/setup.sh): tests/e2e/test_vulkan.py, skipped by the pass above so
+# that it stays on the CPU. ggml skips a Vulkan device of CPU type unless
+# GGML_VK_VISIBLE_DEVICES names it. THAW_TEST_VULKAN= (empty) skips the pass.
+if [ -n "${THAW_TEST_VULKAN-1}" ] && [ $# -eq 0 ]; then
+  echo "== end-to-end tests on the Vulkan device (lavapipe)"
+  THAW_TEST_VULKAN=1 GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0} "$PY" -m pytest -q tests/e2e/test_vulkan.py
+fi
 # A random-weight model's greedy output depends on the CPU variant ggml
 # loads (AVX-512 vs AVX2 vs none): the suites whose assertions lean on
 # sampled text run again under another variant, so a test that holds on one

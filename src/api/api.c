@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/utf8.h"
+#include "llama/placement.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -1052,8 +1053,40 @@ char *thaw_api_cache_json(const char *text)
     return m ? thaw_api_dump(json_pack("{s:s, s:o}", "object", "thaw.cache", "metrics", m)) : NULL;
 }
 
+static json_t *placement_json(const struct thaw_placement *pl)
+{
+    char buf[512];
+    json_t *places = json_array(), *o;
+
+    thaw_placement_kv(pl, buf, sizeof buf);
+    o = json_pack("{s:i, s:s, s:o}", "n_layer", pl->n_layer, "kv_cache", buf, "places", places);
+    thaw_placement_layers(pl, THAW_PLACE_SPLIT, buf, sizeof buf);
+    if (!o || json_object_set_new(o, "split_layers", json_string(buf)) != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    for (int k = 1; k <= pl->n_places; k++) {
+        int i = k % pl->n_places; /* the devices, then the host */
+        const struct thaw_place *p = &pl->places[i];
+        thaw_placement_layers(pl, i, buf, sizeof buf);
+        json_t *e = json_pack("{s:s, s:b, s:s, s:i, s:b, s:I, s:I, s:I}", "name", p->name, "host", p->host, "layers",
+                              buf, "n_layers", p->n_layers, "output", p->output, "weights_bytes",
+                              (json_int_t)p->weights_bytes, "kv_bytes", (json_int_t)p->kv_bytes, "compute_bytes",
+                              (json_int_t)p->compute_bytes);
+        if (e && !p->host)
+            json_object_update_new(e, json_pack("{s:s, s:I, s:I}", "description", p->desc, "memory_total",
+                                                (json_int_t)p->mem_total, "memory_free", (json_int_t)p->mem_free));
+        if (!e || json_array_append_new(places, e) != 0) {
+            json_decref(o);
+            return NULL;
+        }
+    }
+    return o;
+}
+
 char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
-                          int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict)
+                          int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict,
+                          const struct thaw_placement *pl)
 {
     char *clean = thaw_utf8_sanitize(chat_template, strlen(chat_template));
     json_t *params = json_pack("{s:I, s:f, s:i, s:f, s:f, s:i, s:f, s:f, s:f, s:b}", "seed", (json_int_t)smp->seed,
@@ -1061,16 +1094,20 @@ char *thaw_api_props_json(const char *model, const char *model_path, const char 
                                "min_p", (double)smp->min_p, "n_predict", n_predict, "repeat_penalty",
                                (double)smp->penalty_repeat, "presence_penalty", (double)smp->penalty_present,
                                "frequency_penalty", (double)smp->penalty_freq, "ignore_eos", smp->ignore_eos);
-    char *out = clean && params
-                    ? thaw_api_dump(json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:b, s:b, s:s}",
-                                              "default_generation_settings", "n_ctx", n_ctx_slot, "params", params,
-                                              "total_slots", total_slots, "model_alias", model, "model_path",
-                                              model_path ? model_path : "", "chat_template", clean, "jinja", jinja,
-                                              "kv_cache", kv_cache, "build_info", thaw_tmpl_build_fingerprint()))
-                    : (json_decref(params), NULL);
+    json_t *root = clean && params ? json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:b, s:b, s:s}",
+                                               "default_generation_settings", "n_ctx", n_ctx_slot, "params", params,
+                                               "total_slots", total_slots, "model_alias", model, "model_path",
+                                               model_path ? model_path : "", "chat_template", clean, "jinja", jinja,
+                                               "kv_cache", kv_cache, "build_info", thaw_tmpl_build_fingerprint())
+                                   : (json_decref(params), NULL);
+    json_t *where = root && pl ? placement_json(pl) : NULL;
 
     free(clean);
-    return out;
+    if (root && pl && (!where || json_object_set_new(root, "placement", where) != 0)) {
+        json_decref(root);
+        return NULL;
+    }
+    return thaw_api_dump(root);
 }
 
 /* ---- responses ---------------------------------------------------------------- */

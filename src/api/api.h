@@ -218,10 +218,17 @@ char *thaw_api_string_json(const char *key, const char *text);
 /* GET /props, llama-server's shape (the fields clients read): the model's
  * alias and path, default_generation_settings (n_ctx of a slot and the
  * sampling defaults a request gets, `smp`, with -n as n_predict),
- * build_info. */
+ * build_info; and thaw's "placement" from `pl` (omitted when NULL):
+ * {"n_layer", "kv_cache": "Vulkan0" | "host" | "Vulkan0+host" | "none",
+ *  "split_layers": "0,3-4", "places": [{"name", "host", "layers": "0-11",
+ *  "n_layers", "output", "weights_bytes", "kv_bytes", "compute_bytes",
+ *  and for a device "description", "memory_total", "memory_free"}]},
+ * the devices first, then the host. */
 struct thaw_sampling;
+struct thaw_placement;
 char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
-                          int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict);
+                          int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict,
+                          const struct thaw_placement *pl);
 /* GET /cache: {"object":"thaw.cache","metrics":{name: number}} from the
  * Prometheus text of thaw_metrics_render (its sample lines, "thaw_" cut from
  * each name), so the page and /metrics can never disagree: counts and sizes

@@ -620,6 +620,9 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     struct llama_context_params cp;
     if ((rc = thaw_params_open(cfg, cfg->kv_cache_dir && cfg->kv_tap, &e->model, &e->ctx, &e->tap, &e->threads, &cp)) != 0)
         goto error;
+    if ((rc = thaw_placement_init(&e->placement, e->model, e->ctx)) != 0)
+        goto error;
+    thaw_placement_log(&e->placement);
     e->tap_verify = e->tap && thaw_test_hook(THAW_HOOK_KVTAP_VERIFY) != 0;
     e->vocab = llama_model_get_vocab(e->model);
     e->max_token_bytes = thaw_tokens_max_bytes(e->vocab); /* admission's bound (thaw_api_admit) */
@@ -722,6 +725,7 @@ error:
     thaw_kvtap_free(e->tap); /* after the context that calls it */
     if (e->model)
         llama_model_free(e->model);
+    thaw_placement_free(&e->placement);
     free(e);
     return rc;
 }
@@ -761,6 +765,7 @@ void thaw_engine_free(struct thaw_engine *e)
     thaw_kvtap_free(e->tap);
     llama_model_free(e->model);
     llama_backend_free();
+    thaw_placement_free(&e->placement);
     free(e);
 }
 
@@ -775,6 +780,7 @@ bool thaw_engine_recurrent(const struct thaw_engine *e)
     return e->recurrent;
 }
 uint64_t thaw_engine_n_params(const struct thaw_engine *e) { return llama_model_n_params(e->model); }
+const struct thaw_placement *thaw_engine_placement(const struct thaw_engine *e) { return &e->placement; }
 void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta *m)
 {
     *m = (struct thaw_model_meta){llama_model_n_params(e->model), llama_model_size(e->model),

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 struct thaw_engine;
+struct thaw_placement;
 
 /* Loads the model named by cfg->model_path, creates the context with
  * cfg->n_parallel sequences and starts the engine thread. `cfg` and
@@ -50,6 +51,9 @@ int thaw_engine_n_ctx_train(const struct thaw_engine *e);
 /* Recurrent or hybrid memory: rolls back only to a checkpoint. */
 bool thaw_engine_recurrent(const struct thaw_engine *e);
 uint64_t thaw_engine_n_params(const struct thaw_engine *e);
+/* Where the model's layers, weights, KV cache and compute buffers sit
+ * (placement.h), as read at start; the engine owns it. */
+const struct thaw_placement *thaw_engine_placement(const struct thaw_engine *e);
 /* The model's numbers GET /v1/models reports. */
 void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta *m);
 

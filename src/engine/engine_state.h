@@ -7,6 +7,7 @@
 
 #include "engine/engine.h"
 #include "engine/slot.h"
+#include "llama/placement.h"
 
 #include <llama.h>
 #include <pthread.h>
@@ -33,6 +34,7 @@ struct thaw_engine {
     struct thaw_kvtap *tap;    /* where the KV cache's cells are: stores cut blocks from it (kvtap.h); NULL = off */
     bool tap_verify;           /* THAW_TEST_KVTAP_VERIFY: check every cut against a capture */
     struct thaw_slotkv *skv;   /* the slots' sequences: rollback, restore, store (slotkv.h) */
+    struct thaw_placement placement; /* where the model and context sit (GET /props), read once at start */
 
     struct thaw_slot *slots;
     int n_slots;

@@ -990,7 +990,7 @@ static void route_props(struct server *srv, const struct thaw_http_request *hr, 
              thaw_api_props_json(thaw_engine_model_name(srv->engine), srv->cfg.model_path,
                                  thaw_chat_template(thaw_engine_chat(srv->engine)), srv->cfg.n_parallel,
                                  thaw_engine_n_ctx_slot(srv->engine), srv->cfg.jinja, srv->cfg.kv_cache_dir != NULL,
-                                 &srv->cfg.sampling, srv->cfg.n_predict));
+                                 &srv->cfg.sampling, srv->cfg.n_predict, thaw_engine_placement(srv->engine)));
 }
 
 /* GET /slots: llama-server's array, each slot's conversation (the

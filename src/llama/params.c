@@ -16,9 +16,11 @@
 #include "llama/kvtap.h"
 #include "llama/threads.h"
 
+#include <dlfcn.h>
 #include <ggml-backend.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int thaw_fit_call(const char *path_model, struct llama_model_params *mp, struct llama_context_params *cp,
                   float *tensor_split, struct llama_model_tensor_buft_override *overrides, size_t *margins,
@@ -26,17 +28,49 @@ int thaw_fit_call(const char *path_model, struct llama_model_params *mp, struct 
 
 /* ---- backends ------------------------------------------------------------------- */
 
+/* GPU modules scripts/setup.sh lays out, and what each needs from the
+ * system: ggml loads them silently, so one that is there and did not load
+ * would leave a GPU user on the CPU without a word. */
+static const struct {
+    const char *file, *reg, *needs;
+} gpu_modules[] = {
+    {"libggml-vulkan.so", "Vulkan", "a Vulkan loader and driver (Debian: libvulkan1 mesa-vulkan-drivers)"},
+    {"libggml-cuda.so", "CUDA",
+     "the CUDA runtime of the module's major (libcudart and libcublas .so.13, or .so.12 for setup.sh --gpu cuda12) "
+     "and the NVIDIA driver's libcuda.so.1"},
+};
+
+static void check_gpu_modules(const char *dir)
+{
+    char path[4096];
+
+    for (size_t i = 0; i < sizeof gpu_modules / sizeof gpu_modules[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, gpu_modules[i].file);
+        if (access(path, F_OK) != 0 || ggml_backend_reg_by_name(gpu_modules[i].reg))
+            continue;
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            LOG_WRN("backends: %s did not load (%s); it needs %s", path, dlerror(), gpu_modules[i].needs);
+        } else {
+            dlclose(h);
+            LOG_WRN("backends: %s loaded but registered no backend (built for another ggml?)", path);
+        }
+    }
+}
+
 void thaw_params_load_backends(const struct thaw_config *cfg)
 {
     static bool loaded;
     const char *bdir = cfg->backend_dir ? cfg->backend_dir : getenv("THAW_BACKEND_DIR");
+    const char *dir = bdir && *bdir ? bdir : THAW_LLAMA_LIB_DIR;
 
     if (loaded)
         return;
     loaded = true;
     if (bdir && *bdir)
         LOG_INF("backends from %s (--backend-dir)", bdir);
-    ggml_backend_load_all_from_path(bdir && *bdir ? bdir : THAW_LLAMA_LIB_DIR);
+    ggml_backend_load_all_from_path(dir);
+    check_gpu_modules(dir);
 }
 
 static bool is_gpu(ggml_backend_dev_t dev)

@@ -27,7 +27,9 @@ def mkmodel(path, *args):
 class Server:
     """A running `thaw serve`; its log is kept for assertions and failures."""
 
-    def __init__(self, model, *args, env=None):
+    def __init__(self, model, *args, env=None, timeout=120):
+        """timeout: seconds to wait for "listening on" (a device's first
+        start compiles its pipelines: minutes on lavapipe, cold)."""
         self.args = [THAW, "serve", "-m", model, "--port", "0", "-t", "2", *args]
         self.lines = []
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -46,7 +48,7 @@ class Server:
 
         self.reader = threading.Thread(target=pump, daemon=True)
         self.reader.start()
-        if not ready.wait(120) or self.port is None:
+        if not ready.wait(timeout) or self.port is None:
             self.kill()
             raise RuntimeError("thaw serve did not start:\n" + self.log())
         self.url = f"{self.scheme}://127.0.0.1:{self.port}"
@@ -261,3 +263,24 @@ def events(resp):
         if line.startswith("data: "):
             out.append(line[6:])
     return out
+
+
+# ---- devices: where the model sits, Mesa's software Vulkan device --------------
+
+# ggml skips a Vulkan device of CPU type (Mesa's lavapipe, which every
+# machine with Debian's mesa-vulkan-drivers has) unless it is named here;
+# "0,0" makes the one device two (Vulkan0, Vulkan1) for -ts and -dev
+VULKAN_ENV = {"GGML_VK_VISIBLE_DEVICES": "0"}
+
+
+def list_devices(env=None):
+    """`thaw serve --list-devices`: the CompletedProcess (stdout lists them)."""
+    return subprocess.run([THAW, "serve", "--list-devices"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def placement(s):
+    """GET /props' placement, its places by name ("host", "Vulkan0", ...)."""
+    pl = s.get("/props").json()["placement"]
+    pl["places"] = {p["name"]: p for p in pl["places"]}
+    return pl

@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from harness import assistant, system, user
+from harness import assistant, placement, system, user
 
 CONV = [system("You are a terse assistant."), user("Tell me about the sea and the sky.")]
 
@@ -255,3 +255,21 @@ def test_bad_flags_exit_with_a_message(models):
     assert p.returncode == 0 and "--kv-cache-dir" in p.stdout and "--slot-prompt-similarity" in p.stdout
     p = subprocess.run([THAW, "serve", "-m", "/nonexistent.gguf"], capture_output=True, text=True)
     assert p.returncode != 0 and "nonexistent" in p.stderr
+
+
+def test_props_and_the_log_say_where_the_model_sits(serve):
+    """GET /props' placement and the start-up log: every layer, the output,
+    the KV cache and the compute buffers in host memory (-dev none: so on a
+    machine with a GPU too; on a device: tests/e2e/test_vulkan.py)."""
+    s = serve("llama", "-np", "2", "-c", "1024", "-dev", "none")
+    pl = placement(s)
+    host = pl["places"]["host"]
+    assert pl["n_layer"] == 2 and host["layers"] == "0-1" and host["n_layers"] == 2 and host["output"], pl
+    assert pl["kv_cache"] == "host" and pl["split_layers"] == "" and host["host"], pl
+    # 1024 cells x 2 layers x (K + V) x 2 KV heads x 16 wide x 2 bytes (f16)
+    assert host["kv_bytes"] == 1024 * 2 * 2 * 2 * 16 * 2, pl
+    assert host["weights_bytes"] > 16_000_000 and host["compute_bytes"] > 0, pl
+    for name, p in pl["places"].items():  # a device, if ggml offers one: nothing on it
+        assert name == "host" or (p["n_layers"] == 0 and p["kv_bytes"] == 0 and p["weights_bytes"] == 0), pl
+    assert "placement: host: layers 0-1 of 2, output; weights " in s.log()
+    assert "KV cache 256.0 KiB" in s.log()
