@@ -20,6 +20,7 @@
 #include "base/workers.h"
 #include "cache/blocks.h"
 #include "cache/keys.h"
+#include "cache/manifest.h"
 #include "cache/s3.h"
 
 #include <errno.h>
@@ -513,9 +514,9 @@ static int fetch_blocks_of(struct thaw_shared *s, struct thaw_s3 *const clis[FET
     uint32_t n_ids;
     int rc, n = 0, installed;
 
-    if (!thaw_blocks_is_manifest(kv->data, kv->size))
+    if (!thaw_manifest_is(kv->data, kv->size))
         return 0; /* a whole state: nothing else to fetch */
-    if ((rc = thaw_blocks_manifest_ids(kv->data, kv->size, &ids, &n_ids)) != 0) {
+    if ((rc = thaw_manifest_ids(kv->data, kv->size, &ids, &n_ids)) != 0) {
         atomic_fetch_add(&s->rejected, 1);
         return THAW_ECORRUPT;
     }
@@ -582,8 +583,8 @@ static int fetch_entry(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_P
     const uint8_t *ids = NULL;
     uint32_t n_ids = 0;
     void *held = NULL;
-    if (thaw_blocks_is_manifest(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size) &&
-        thaw_blocks_manifest_ids(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &ids, &n_ids) == 0) {
+    if (thaw_manifest_is(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size) &&
+        thaw_manifest_ids(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &ids, &n_ids) == 0) {
         held = thaw_blob_ref(parts[THAW_PART_KV].data);
         thaw_disk_cache_hold(s->disk, ids, n_ids);
     }
@@ -801,8 +802,8 @@ static int upload_one(struct thaw_shared *s, const struct upload_job *j)
         return rc; /* the store failed, or was evicted already: nothing to share */
     entry_parts(de, parts);
     thaw_s3_set_timeout(s->ucli, s->timeout_ms > UPLOAD_TIMEOUT_MIN_MS ? s->timeout_ms : UPLOAD_TIMEOUT_MIN_MS);
-    if (thaw_blocks_is_manifest(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size) &&
-        (rc = thaw_blocks_manifest_ids(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &ids, &n_ids)) != 0)
+    if (thaw_manifest_is(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size) &&
+        (rc = thaw_manifest_ids(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &ids, &n_ids)) != 0)
         goto out;
     for (uint32_t k = 0; k < n_ids && !s->stopping; k++) {
         const uint8_t *id = ids + (size_t)k * THAW_KEY_BYTES;

@@ -19,6 +19,7 @@
 #include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
 #include "cache/keys.h"
+#include "cache/manifest.h"
 #include "cache/snapshots.h"
 #include "llama/kvstate.h"
 #include "llama/kvtap.h"
@@ -346,7 +347,7 @@ static void flush_named(struct thaw_kvcache *c, const void *manifest, size_t n_m
     const uint8_t *snaps;
     uint32_t n_snaps;
 
-    if (!c->pending || thaw_blocks_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps == 0)
+    if (!c->pending || thaw_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps == 0)
         return;
     for (uint32_t i = 0; i < c->n_stream; i++)
         if (c->pending[i].blob &&
@@ -433,7 +434,7 @@ static void verify_main(void *arg)
 static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob parts[THAW_PART_COUNT],
                          const struct thaw_kvcache_sink *sink)
 {
-    if (!c->disk || !thaw_blocks_is_manifest(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size))
+    if (!c->disk || !thaw_manifest_is(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size))
         return sink->install(sink->ud, parts);
     struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
     struct thaw_blocks_state bs;
@@ -786,7 +787,7 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
         /* blocks with their SWA rows rebuild the window wherever a restore
          * needs it: checkpoints (a window each) would copy it again */
         if (rc == 0 && w[THAW_PART_CKPT].data &&
-            thaw_blocks_manifest_swa_rows(w[THAW_PART_KV].data, w[THAW_PART_KV].size)) {
+            thaw_manifest_swa_rows(w[THAW_PART_KV].data, w[THAW_PART_KV].size)) {
             thaw_blob_unref(w[THAW_PART_CKPT].data);
             if (c->ram)
                 thaw_blob_unref(parts[THAW_PART_CKPT].data); /* its own reference to the same bytes */
@@ -803,7 +804,7 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
         void *held = NULL;
         const uint8_t *held_ids = NULL;
         uint32_t n_held = 0;
-        if (rc == 0 && thaw_blocks_manifest_ids(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &held_ids, &n_held) == 0)
+        if (rc == 0 && thaw_manifest_ids(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &held_ids, &n_held) == 0)
             held = thaw_blob_ref(w[THAW_PART_KV].data);
         if (rc < 0)
             LOG_WRN("slot %d: store of %s to disk dropped: its blocks could not be queued (%s)", slot_id, hex,
@@ -834,7 +835,7 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
             thaw_blob_unref(parts[THAW_PART_KV].data); /* the whole state: the manifest and blocks stand for it */
             parts[THAW_PART_KV].data = man_ram;
             parts[THAW_PART_KV].size = n_man_ram;
-            if (thaw_blocks_manifest_ids(man_ram, n_man_ram, &ids, &n_ids) != 0)
+            if (thaw_manifest_ids(man_ram, n_man_ram, &ids, &n_ids) != 0)
                 ids = NULL, n_ids = 0;
         }
         if (thaw_ram_cache_put_refs(c->ram, key, parts, ids, n_ids, wall_s()) != 0)

@@ -11,6 +11,7 @@
 
 #include "base/blob.h"
 #include "base/error.h"
+#include "cache/manifest.h"
 #include "cache/tiers.h"
 #include "llama/kvstate.h"
 
@@ -244,8 +245,14 @@ int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
         st->bytes_written += size;
     }
     /* the blocks and the manifest naming them and the snapshots */
-    struct thaw_blocks_src src = {(uint32_t)n, layout_size, layout_cut, NULL, l, NULL, 0, NULL, NULL, NULL, 0,
-                                  (const uint8_t(*)[THAW_KEY_BYTES])sids, n_at};
+    struct thaw_blocks_src src = {
+        .n_cells = (uint32_t)n,
+        .size = layout_size,
+        .cut = layout_cut,
+        .ud = l,
+        .snaps = (const uint8_t(*)[THAW_KEY_BYTES])sids,
+        .n_snaps = n_at,
+    };
     rc = thaw_blocks_store_src(c, ram, binding, block_tokens, toks, n, &src, manifest, n_manifest, &bst);
     st->written += bst.written;
     st->skipped += bst.skipped;
@@ -303,7 +310,7 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
 
     *ckpt = NULL;
     *n_ckpt = 0;
-    if (thaw_blocks_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps == 0)
+    if (thaw_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps == 0)
         return THAW_ENOTFOUND;
     if (!(l.v = calloc(n_snaps, sizeof *l.v)))
         return THAW_ENOMEM;

@@ -15,6 +15,7 @@
 #include "base/testhooks.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
+#include "cache/manifest.h"
 #include "cli/flags.h"
 #ifdef THAW_HAVE_S3
 #include "cache/s3.h"
@@ -336,7 +337,7 @@ static void print_blocks(const struct cli *cli, const struct list *l)
         const struct thaw_disk_entry_info *e = &l->v[manifests[j]];
         uint64_t size = e->part_size[THAW_PART_KV];
         uint8_t *m = size < (64u << 20) ? read_kv(cli, e->key, size, &n) : NULL;
-        if (m && thaw_blocks_manifest_ids(m, n, &ids, &n_ids) == 0) {
+        if (m && thaw_manifest_ids(m, n, &ids, &n_ids) == 0) {
             for (uint32_t k = 0; k < n_ids; k++) {
                 struct block_ref *r =
                     bsearch(ids + (size_t)k * THAW_KEY_BYTES, blocks, n_blocks, sizeof *blocks, block_cmp);

@@ -34,6 +34,7 @@
 #include "base/error.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
+#include "cache/manifest.h"
 #include "cache/snapshots.h"
 #include "cache/tiers.h"
 #include "fixture_models.h"
@@ -320,10 +321,10 @@ static void *store_ex(struct thaw_disk_cache *c, const llama_token *t, int n, co
     uint8_t *s = malloc(n_state);
     assert_int_equal(llama_state_seq_get_data(g_ctx, s, n_state, 0), n_state);
     assert_int_equal(thaw_snapshots_store(c, NULL, g_binding, B, t, n, s, n_state, ckpt, n_ckpt, &man, n_man, defer, st), 0);
-    assert_true(thaw_blocks_is_manifest(man, *n_man));
+    assert_true(thaw_manifest_is(man, *n_man));
     const uint8_t *ids;
     uint32_t n_ids;
-    assert_int_equal(thaw_blocks_manifest_ids(man, *n_man, &ids, &n_ids), 0);
+    assert_int_equal(thaw_manifest_ids(man, *n_man, &ids, &n_ids), 0);
     struct thaw_part_blob parts[THAW_PART_COUNT] = {{thaw_blob_ref(man), *n_man}, {NULL, 0}, {NULL, 0}};
     assert_int_equal(thaw_disk_cache_submit(c, key, (uint32_t)n, parts, NULL, 0), 0);
     thaw_disk_cache_unhold(c, ids, n_ids);
@@ -385,7 +386,7 @@ static void test_store_places_and_restores(void **state)
      * the prompt's end (stored, it would add a tail every turn) */
     assert_int_equal(st.written, N_A / B + 2);
     assert_int_equal(st.skipped, 0);
-    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(thaw_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
     assert_int_equal(n_snaps, 2);
     assert_memory_equal(snaps, s70, 32);
     assert_memory_equal(snaps + 32, s150, 32);
@@ -436,7 +437,7 @@ static void test_store_places_and_restores(void **state)
     man = store(c, b, N_A, kb, &st, &n_man);
     assert_int_equal(st.skipped, 2 + 1);
     assert_int_equal(st.written, N_A / B - 2 + 1);
-    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(thaw_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
     assert_int_equal(n_snaps, 2);
     assert_memory_equal(snaps, s70, 32);
     thaw_blob_unref(man);
@@ -572,7 +573,7 @@ static void test_turn_end_kept_until_flushed(void **state)
     assert_int_equal(pd.p, N_A);
     assert_memory_equal(pd.id, s150, 32);
     assert_false(thaw_disk_cache_has(c, s150));
-    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(thaw_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
     assert_int_equal(n_snaps, 2);
     assert_memory_equal(snaps + 32, s150, 32); /* named all the same */
     assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
