@@ -350,6 +350,8 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
     memset(out, 0, sizeof *out);
     if ((rc = thaw_manifest_parse(manifest, n_manifest, &m)) != 0)
         return rc;
+    if (m.n_snaps)
+        return THAW_EINVAL; /* a hybrid's: its tail and recurrent state are a snapshot's (snapshots.h) */
     const bool v2 = m.version == THAW_MANIFEST_V2_SWA;
     struct thaw_block_swa_rows rows = {0};
     if (v2) {
@@ -369,26 +371,8 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
     if (!tokens)
         return THAW_ENOMEM;
     memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(llama_token));
-    const uint8_t(*ids)[THAW_KEY_BYTES] = (const uint8_t(*)[THAW_KEY_BYTES])m.ids;
-    if (m.n_snaps) {
-        /* a hybrid: the tail and the recurrent state are the last snapshot's */
-        struct thaw_snapshot_view sv;
-        void *snap = NULL;
-        size_t n_snap = 0;
-        rc = thaw_tiers_fetch(c, ram, m.snaps + (size_t)(m.n_snaps - 1) * THAW_KEY_BYTES, &snap, &n_snap);
-        if (rc == 0 && (thaw_snapshots_parse(snap, n_snap, &sv) != 0 || sv.n_tokens != m.n_tokens ||
-                        sv.block_tokens != m.block_tokens))
-            rc = THAW_ECORRUPT;
-        if (rc == 0)
-            rc = thaw_block_reader_load(c, ram, ids, m.n_blocks, m.block_tokens, sv.tail, sv.tail_size, sv.rec,
-                                        sv.rec_size, NULL, f, tokens, (int)m.n_tokens, out);
-        else if (rc == THAW_ECORRUPT)
-            rc = THAW_ENOTFOUND; /* removed: this manifest is no use */
-        thaw_blob_unref(snap);
-    } else {
-        rc = thaw_block_reader_load(c, ram, ids, m.n_blocks, m.block_tokens, m.tail, m.tail_size, m.swa, m.swa_size,
-                                    v2 ? &rows : NULL, f, tokens, (int)m.n_tokens, out);
-    }
+    rc = thaw_block_reader_load(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])m.ids, m.n_blocks, m.block_tokens, m.tail,
+                                m.tail_size, m.swa, m.swa_size, v2 ? &rows : NULL, f, tokens, (int)m.n_tokens, out);
     free(tokens);
     if (rc != 0)
         thaw_blocks_state_free(out);

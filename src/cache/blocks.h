@@ -145,10 +145,12 @@ int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **ref
 /* Builds the state a manifest describes, taking its blocks from the RAM
  * tier `ram` (may be NULL), the disk writer's queue or the disk
  * (their checksums: thaw_blocks_state_check), for the slot of frame f.
+ * A manifest naming snapshots is a hybrid's: thaw_snapshots_load's.
  * Returns 0, THAW_ECORRUPT (a bad manifest, or a block — the tail too —
  * whose header does not fit its place), THAW_EVERSION (a manifest of
  * another format version), THAW_ENOTFOUND (a block is gone: evicted, or found
- * corrupt and removed), THAW_ENOMEM, or a disk error. */
+ * corrupt and removed), THAW_EINVAL (a manifest naming snapshots),
+ * THAW_ENOMEM, or a disk error. */
 int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out);
 

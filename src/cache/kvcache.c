@@ -440,7 +440,16 @@ static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob par
     struct thaw_blocks_state bs;
     int64_t t0 = thaw_now_us();
     flush_named(c, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size);
-    int rc = thaw_blocks_load(c->disk, c->ram, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &f, &bs);
+    /* a hybrid's manifest names snapshots: the last one ends the state */
+    const void *man = parts[THAW_PART_KV].data;
+    size_t n_man = parts[THAW_PART_KV].size;
+    const uint8_t *snaps;
+    uint32_t n_snaps = 0;
+    int rc = thaw_manifest_snaps(man, n_man, &snaps, &n_snaps);
+    if (rc == 0 && n_snaps)
+        rc = thaw_snapshots_load(c->disk, c->ram, man, n_man, &f, &bs);
+    else if (rc == 0)
+        rc = thaw_blocks_load(c->disk, c->ram, man, n_man, &f, &bs);
     if (rc != 0)
         return rc == THAW_ENOTFOUND ? THAW_ECORRUPT : rc; /* a block is gone: this manifest is no use */
     int64_t t1 = thaw_now_us();

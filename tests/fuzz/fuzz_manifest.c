@@ -10,7 +10,8 @@
  *      to the input exactly, n_ids = n_tokens / block_tokens, and the ids lie
  *      inside the input right after the tokens (read end to end, so ASan sees
  *      any that do not).
- *   3. thaw_blocks_load() over an empty disk cache opened once per process
+ *   3. thaw_blocks_load() (thaw_snapshots_load() for a manifest naming
+ *      snapshots) over an empty disk cache opened once per process
  *      in a scratch directory (removed at exit): 0, THAW_ECORRUPT,
  *      THAW_EVERSION, THAW_ENOTFOUND (a named block is not on disk) or
  *      THAW_ENOMEM, and it agrees with (2): a manifest (2) refuses fails with
@@ -25,6 +26,7 @@
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
 #include "cache/manifest.h"
+#include "cache/snapshots.h"
 #include "llama/kvlayout.h"
 #include "llama/kvstate.h"
 
@@ -141,7 +143,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         return 0;
     struct thaw_kvlayout_frame f = {0, 1, 0};
     struct thaw_blocks_state st;
-    rc = thaw_blocks_load(c, NULL, data, n, &f, &st);
+    /* as a restore picks its loader: a hybrid's manifest names snapshots */
+    const uint8_t *snaps;
+    uint32_t n_snaps = 0;
+    if (thaw_manifest_snaps(data, n, &snaps, &n_snaps) == 0 && n_snaps)
+        rc = thaw_snapshots_load(c, NULL, data, n, &f, &st);
+    else
+        rc = thaw_blocks_load(c, NULL, data, n, &f, &st);
     check(rc == 0 || rc == THAW_ECORRUPT || rc == THAW_EVERSION || rc == THAW_ENOTFOUND || rc == THAW_ENOMEM);
     check(rc_ids == 0 || rc == rc_ids);
     if (rc != 0) {

@@ -576,7 +576,7 @@ static void test_turn_end_kept_until_flushed(void **state)
     assert_int_equal(thaw_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
     assert_int_equal(n_snaps, 2);
     assert_memory_equal(snaps + 32, s150, 32); /* named all the same */
-    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(thaw_snapshots_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
     assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, whole, N_A + 1, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, BRANCH);
     thaw_blocks_state_free(&bs);
@@ -588,7 +588,7 @@ static void test_turn_end_kept_until_flushed(void **state)
     assert_true(thaw_disk_cache_has(c, s150));
     assert_int_equal(thaw_disk_cache_evict(c), 0); /* named by the manifest: kept */
     assert_true(thaw_disk_cache_has(c, s150));
-    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), 0);
+    assert_int_equal(thaw_snapshots_load(c, NULL, man, n_man, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, N_A);
     assert_int_equal(thaw_blocks_state_check(&bs), 0);
     /* the reference decodes a in the store's batches (store_ex) */
