@@ -8,7 +8,6 @@
 #include "base/error.h"
 #include "cache/cache_ram.h"
 #include "cache/manifest.h"
-#include "cache/snapshots.h"
 #include "cache/tiers.h"
 #include "llama/kvstate.h"
 
@@ -322,23 +321,6 @@ out:
     free(todo);
     free(ids);
     return rc;
-}
-
-int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs)
-{
-    uint32_t pos0, cells;
-
-    (void)ud;
-    if (thaw_manifest_is(kv, n)) {
-        if (thaw_manifest_ids(kv, n, refs, n_refs) != 0) {
-            *refs = NULL; /* it will not load either: a miss, naming nothing */
-            *n_refs = 0;
-        }
-        return THAW_DISK_KIND_ROOT;
-    }
-    if (thaw_kvlayout_block_info(kv, n, &pos0, &cells) == 0 || thaw_snapshots_is(kv, n))
-        return THAW_DISK_KIND_BLOCK; /* a snapshot lives as a block does: while a manifest names it */
-    return THAW_DISK_KIND_ROOT;
 }
 
 int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,

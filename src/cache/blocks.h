@@ -34,10 +34,10 @@
  * it commits last: a crash leaves blocks without a manifest (collected once
  * their grace is over, cache_disk.c), never a manifest whose blocks were
  * not yet written. The disk tier learns which entries are blocks and which
- * blocks a manifest names from thaw_blocks_classify at store time: TTL and
- * LRU act on manifests, and a block goes once no manifest names it. A
- * manifest whose block went missing or bad since is a miss (the block's
- * own checksum decides, cache_disk.c), never a wrong state.
+ * blocks a manifest names from thaw_entry_classify (entry_kind.h) at store
+ * time: TTL and LRU act on manifests, and a block goes once no manifest
+ * names it. A manifest whose block went missing or bad since is a miss (the
+ * block's own checksum decides, cache_disk.c), never a wrong state.
  *
  * Blocks hold no sequence id: assembly takes the frame (seq id, streams) of
  * the slot that restores, so a conversation stored from slot 1 under -np 2
@@ -133,14 +133,6 @@ struct thaw_blocks_src {
 int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
                           uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
                           void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
-
-/* What a disk entry's .kv is to the disk tier's collector: the classify
- * callback of struct thaw_disk_cache_params (cache_disk.h), ud unused.
- * A block returns THAW_DISK_KIND_BLOCK; a manifest THAW_DISK_KIND_ROOT with
- * *refs / *n_refs its block ids (pointing into kv); anything else (a whole
- * state, a manifest that does not parse) THAW_DISK_KIND_ROOT naming nothing.
- * This keeps cache_disk.c free of the formats and the formats here. */
-int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs);
 
 /* Builds the state a manifest describes, taking its blocks from the RAM
  * tier `ram` (may be NULL), the disk writer's queue or the disk

@@ -19,8 +19,9 @@
  * Roots and blocks (DESIGN §9). The caller's classify() callback says, at
  * store time and from the .kv bytes, what an entry is: a BLOCK (content
  * addressed, shared, named by other entries) or a ROOT (a whole state, or a
- * manifest naming blocks by key). The answer is written into the .idx, so
- * this module never parses a state and reopening needs no callback.
+ * manifest naming blocks by key); thaw's formats are told apart in
+ * entry_kind.h. The answer is written into the .idx, so this module never
+ * parses a state and reopening needs no callback.
  *
  * Policies (the why is in cache_disk.c):
  *   - TTL and LRU choose among roots only. A block lives while a committed

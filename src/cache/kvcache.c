@@ -18,6 +18,7 @@
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
+#include "cache/entry_kind.h"
 #include "cache/keys.h"
 #include "cache/manifest.h"
 #include "cache/snapshots.h"
@@ -154,7 +155,7 @@ static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *k
     memcpy(p.fingerprint, kp->identity, sizeof p.fingerprint);
     p.log = disk_log;
     p.vfs = disk_vfs();
-    p.classify = thaw_blocks_classify; /* blocks and what manifests name: for GC (cache_disk.h) */
+    p.classify = thaw_entry_classify; /* blocks and what manifests name: for GC (cache_disk.h) */
     p.workers = c->workers;            /* a restore's block checksums */
     if ((rc = thaw_disk_cache_open(&p, &c->disk)) != 0) {
         if (rc == THAW_ELOCKED)

@@ -56,7 +56,7 @@
  * prefills the rest: exact, only slower.
  *
  * GC and crash safety are the blocks': a snapshot is an entry of kind
- * block (thaw_blocks_classify), named by the manifests that use it, held
+ * block (thaw_entry_classify), named by the manifests that use it, held
  * from the store until its manifest is queued, written before that
  * manifest by the same FIFO writer; a crash leaves at most an unnamed
  * snapshot, collected after its grace. A turn-end snapshot written late

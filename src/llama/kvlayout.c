@@ -825,6 +825,16 @@ int thaw_kvlayout_block_head_size(const void *hdr, size_t n, size_t *n_head)
     return 0;
 }
 
+int thaw_kvlayout_is_block(const void *blob, size_t n)
+{
+    uint32_t magic;
+
+    if (!blob || n < BLOCK_HEAD)
+        return 0;
+    memcpy(&magic, blob, sizeof magic);
+    return magic == BLOCK_MAGIC;
+}
+
 int thaw_kvlayout_block_info(const void *block, size_t n, uint32_t *pos0, uint32_t *n_cells)
 {
     struct blk k;

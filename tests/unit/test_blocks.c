@@ -9,7 +9,7 @@
  *     removed, and the prefix run ends before it; a damaged manifest is
  *     refused; once the manifests are gone (what kvcache.c does with one
  *     that misses), the blocks they named are collected (cache_disk.c GC,
- *     with thaw_blocks_classify telling blocks from manifests);
+ *     with thaw_entry_classify telling blocks from manifests);
  *   - one manifest format for both extensions: version 1 with a hybrid's
  *     snapshots (named in the former reserved field), version 2 with SWA
  *     rows, and a version 1 without either each parse as what they are,
@@ -33,6 +33,7 @@
 #include "base/error.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
+#include "cache/entry_kind.h"
 #include "cache/manifest.h"
 #include "fixture_models.h"
 #include "llama/kvstate.h"
@@ -142,7 +143,7 @@ static struct thaw_disk_cache *open_cache_at(const char *dir)
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
     struct thaw_disk_cache *c = NULL;
     p.dir = dir;
-    p.classify = thaw_blocks_classify;
+    p.classify = thaw_entry_classify;
     p.block_grace_s = 0;
     assert_int_equal(thaw_disk_cache_open(&p, &c), 0);
     return c;
@@ -477,7 +478,7 @@ static void test_manifest_versions(void **state)
     assert_int_equal(n_snaps, 2);
     assert_ptr_equal(snaps, ids + (size_t)n_blocks * THAW_KEY_BYTES);
     assert_memory_equal(snaps, sn, sizeof sn);
-    assert_int_equal(thaw_blocks_classify(NULL, man, n_man, &ids, &n_ids), THAW_DISK_KIND_ROOT);
+    assert_int_equal(thaw_entry_classify(NULL, man, n_man, &ids, &n_ids), THAW_DISK_KIND_ROOT);
     assert_int_equal(n_ids, n_blocks + 2);
     /* its tail is the last snapshot's: snapshots.c loads it (test_snapshots.c) */
     assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), THAW_EINVAL);

@@ -15,7 +15,7 @@
  *     shallower one serves; the manifest's snapshots come back as the
  *     slot's checkpoints;
  *   - GC: a snapshot lives while a manifest names it and goes with the
- *     last one (cache_disk.c with thaw_blocks_classify).
+ *     last one (cache_disk.c with thaw_entry_classify).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,6 +34,7 @@
 #include "base/error.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
+#include "cache/entry_kind.h"
 #include "cache/manifest.h"
 #include "cache/snapshots.h"
 #include "cache/tiers.h"
@@ -138,7 +139,7 @@ static struct thaw_disk_cache *open_cache(void)
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
     struct thaw_disk_cache *c = NULL;
     p.dir = g_cache;
-    p.classify = thaw_blocks_classify;
+    p.classify = thaw_entry_classify;
     p.block_grace_s = 0;
     assert_int_equal(thaw_disk_cache_open(&p, &c), 0);
     return c;
