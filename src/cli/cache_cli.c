@@ -13,8 +13,8 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/testhooks.h"
-#include "cache/blocks.h"
 #include "cache/cache_disk.h"
+#include "cache/entry_kind.h"
 #include "cache/manifest.h"
 #include "cli/flags.h"
 #ifdef THAW_HAVE_S3
@@ -248,106 +248,101 @@ static int fp_cmp(const void *a, const void *b)
     return memcmp(a, b, THAW_DISK_FINGERPRINT_SIZE);
 }
 
-/* ---- the block store's view (blocks.h): what each entry's .kv holds ---- */
+/* ---- the block store's view: what each entry's .kv holds (entry_kind.h) ---- */
 
-enum kind { KIND_OTHER, KIND_BLOCK, KIND_MANIFEST, KIND_WHOLE };
-
-struct block_ref {
+/* A block or a snapshot on disk, and how many manifests name it. */
+struct named {
     uint8_t key[THAW_KEY_BYTES];
     uint64_t bytes;
     uint32_t refs;
+    bool snapshot;
 };
 
-static int block_cmp(const void *a, const void *b)
+static int named_cmp(const void *a, const void *b)
 {
     return memcmp(a, b, THAW_KEY_BYTES);
 }
 
-/* The entry's .kv file, whole (NULL when unreadable); *n its size. */
-static uint8_t *read_kv(const struct cli *cli, const uint8_t key[THAW_KEY_BYTES], size_t max, size_t *n)
+/* The entry's .kv, whole and checked, through the disk tier (NULL when it
+ * cannot be read: removed meanwhile, corrupt, too big); *n its size. */
+static uint8_t *read_kv(struct thaw_disk_cache *c, const struct thaw_disk_entry_info *e, size_t *n)
 {
-    char hex[2 * THAW_KEY_BYTES + 1], path[4096];
-    uint8_t *buf = NULL;
-    FILE *f;
+    uint64_t size = e->part_size[THAW_PART_KV];
+    uint8_t *buf = size && size < (64u << 20) ? malloc((size_t)size) : NULL;
 
-    thaw_hex(key, THAW_KEY_BYTES, hex);
-    snprintf(path, sizeof path, "%s/%s.kv", cli->dir, hex);
-    if (!(f = fopen(path, "rb")))
-        return NULL;
-    if ((buf = malloc(max)))
-        *n = fread(buf, 1, max, f);
-    fclose(f);
+    if (buf && thaw_disk_cache_read_kv(c, e->key, buf, (size_t)size, n) != 0) {
+        free(buf);
+        buf = NULL;
+    }
     return buf;
 }
 
-static enum kind kind_of(const uint8_t *head, size_t n)
+/* Prints conversations, blocks and snapshots, the bytes shared, the dedup
+ * ratio (block bytes the manifests name / block bytes on disk), and what
+ * manifests name that is not stored. A manifest names its blocks, then its
+ * SWA blocks, then a hybrid's snapshots (manifest.h): each is counted as
+ * the kind it is on disk. */
+static void print_blocks(struct thaw_disk_cache *c, const struct list *l)
 {
-    if (n < 4)
-        return KIND_OTHER;
-    if (!memcmp(head, "TKB1", 4))
-        return KIND_BLOCK;
-    if (!memcmp(head, "TMF1", 4))
-        return KIND_MANIFEST;
-    if (!memcmp(head, "TKV1", 4))
-        return KIND_WHOLE;
-    return KIND_OTHER;
-}
-
-/* Prints conversations, blocks, shared bytes and the dedup ratio (bytes
- * the manifests name / bytes the blocks take). */
-static void print_blocks(const struct cli *cli, const struct list *l)
-{
-    struct block_ref *blocks = calloc(l->n + 1, sizeof *blocks);
+    struct named *named = calloc(l->n + 1, sizeof *named);
     size_t *manifests = calloc(l->n + 1, sizeof *manifests); /* their indices in l */
-    uint64_t n_blocks = 0, n_manifests = 0, n_whole = 0, block_bytes = 0, named = 0, shared = 0, missing = 0;
+    uint64_t n_named = 0, n_manifests = 0, n_whole = 0, n_blocks = 0, n_snaps = 0;
+    uint64_t block_bytes = 0, snap_bytes = 0, named_bytes = 0, shared = 0, snap_shared = 0, missing = 0;
     char a[24], b[24];
 
-    if (!blocks || !manifests) {
-        free(blocks);
+    if (!named || !manifests) {
+        free(named);
         free(manifests);
         return;
     }
     for (size_t i = 0; i < l->n; i++) {
-        uint8_t *head;
+        uint8_t head[THAW_ENTRY_HEAD];
         size_t n = 0;
-        if (!(head = read_kv(cli, l->v[i].key, 4, &n)))
-            continue;
-        switch (kind_of(head, n)) {
-        case KIND_BLOCK:
-            memcpy(blocks[n_blocks].key, l->v[i].key, THAW_KEY_BYTES);
-            blocks[n_blocks++].bytes = l->v[i].bytes;
-            block_bytes += l->v[i].bytes;
+        if (thaw_disk_cache_read_kv(c, l->v[i].key, head, sizeof head, &n) != 0)
+            continue; /* removed meanwhile, or unreadable: verify says which */
+        switch (thaw_entry_kind(head, n)) {
+        case THAW_ENTRY_BLOCK:
+        case THAW_ENTRY_SNAPSHOT:
+            named[n_named] = (struct named){.bytes = l->v[i].bytes,
+                                            .snapshot = thaw_entry_kind(head, n) == THAW_ENTRY_SNAPSHOT};
+            memcpy(named[n_named].key, l->v[i].key, THAW_KEY_BYTES);
+            if (named[n_named++].snapshot) {
+                n_snaps++;
+                snap_bytes += l->v[i].bytes;
+            } else {
+                n_blocks++;
+                block_bytes += l->v[i].bytes;
+            }
             break;
-        case KIND_MANIFEST:
+        case THAW_ENTRY_MANIFEST:
             manifests[n_manifests++] = i;
             break;
-        case KIND_WHOLE:
+        case THAW_ENTRY_STATE:
             n_whole++;
             break;
-        default:
+        case THAW_ENTRY_OTHER:
             break;
         }
-        free(head);
     }
-    qsort(blocks, n_blocks, sizeof *blocks, block_cmp);
+    qsort(named, n_named, sizeof *named, named_cmp);
     for (uint64_t j = 0; j < n_manifests; j++) { /* only manifests are read whole */
         size_t n = 0;
         const uint8_t *ids;
         uint32_t n_ids;
-        const struct thaw_disk_entry_info *e = &l->v[manifests[j]];
-        uint64_t size = e->part_size[THAW_PART_KV];
-        uint8_t *m = size < (64u << 20) ? read_kv(cli, e->key, size, &n) : NULL;
+        uint8_t *m = read_kv(c, &l->v[manifests[j]], &n);
         if (m && thaw_manifest_ids(m, n, &ids, &n_ids) == 0) {
             for (uint32_t k = 0; k < n_ids; k++) {
-                struct block_ref *r =
-                    bsearch(ids + (size_t)k * THAW_KEY_BYTES, blocks, n_blocks, sizeof *blocks, block_cmp);
+                struct named *r = bsearch(ids + (size_t)k * THAW_KEY_BYTES, named, n_named, sizeof *named, named_cmp);
                 if (!r) {
                     missing++;
                     continue;
                 }
-                named += r->bytes;
-                if (++r->refs == 2)
-                    shared += r->bytes;
+                if (r->snapshot) {
+                    snap_shared += ++r->refs == 2 ? r->bytes : 0;
+                } else {
+                    named_bytes += r->bytes;
+                    shared += ++r->refs == 2 ? r->bytes : 0;
+                }
             }
         }
         free(m);
@@ -358,13 +353,18 @@ static void print_blocks(const struct cli *cli, const struct list *l)
     thaw_fmt_bytes(block_bytes, a);
     thaw_fmt_bytes(shared, b);
     printf("blocks            %" PRIu64 ", %s (%s shared by two or more conversations)\n", n_blocks, a, b);
+    if (n_snaps) {
+        thaw_fmt_bytes(snap_bytes, a);
+        thaw_fmt_bytes(snap_shared, b);
+        printf("snapshots         %" PRIu64 ", %s (%s shared by two or more conversations)\n", n_snaps, a, b);
+    }
     if (block_bytes)
         printf("dedup ratio       %.2fx (block bytes the manifests name / block bytes on disk)\n",
-               (double)named / (double)block_bytes);
+               (double)named_bytes / (double)block_bytes);
     if (missing)
         printf("missing blocks    %" PRIu64 " named by a manifest but not stored (those conversations miss)\n",
                missing);
-    free(blocks);
+    free(named);
 }
 
 /* Blocks as the disk tier's index sees them (kinds and refs from the .idx). */
@@ -425,7 +425,7 @@ static int cmd_stats(struct cli *cli)
     printf("least recent use  %s\n", ago);
     fmt_ago(newest, now, ago);
     printf("most recent use   %s\n", ago);
-    print_blocks(cli, &l);
+    print_blocks(c, &l);
     print_gc(&st);
     if (st.skipped_entries)
         printf("unreadable        %" PRIu64 " (see `thaw cache verify %s`)\n", st.skipped_entries, cli->dir);
