@@ -2,11 +2,17 @@
  *
  * Map:
  *   ---- open / close ----  the tiers, the start-up line
+ *   ---- turn-end snapshots kept in the slots ----  a hybrid's, written when
+ *                           the slot loses the conversation (cut, dropped,
+ *                           idle, looked up from another slot); close writes
+ *                           the rest, then closes the tiers
  *   ---- lookup ----        RAM, the disk writer's queue, then disk with the .kv
- *                           verified alongside
+ *                           verified alongside; a manifest's blocks (and a
+ *                           hybrid's last snapshot) assembled for the slot;
+ *                           the prefix lookup
  *   ---- store ----         fan-out, what RAM keeps; a sequence's blocks cut from
  *                           the tap, else a capture (thaw_kvcache_store_seq)
- *   ---- metrics ----       prefetch, the disk tier's gauges
+ *   ---- metrics ----       prefetch, the shared tier's fetches, the tiers' gauges
  */
 #include "cache/kvcache.h"
 
