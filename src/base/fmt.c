@@ -1,8 +1,9 @@
-/* fmt.c — text forms of bytes: hex digits and human-readable sizes. */
+/* fmt.c — text forms of bytes: hex digits, human-readable sizes and ages. */
 #include "base/fmt.h"
 
 #include "base/error.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 
 void thaw_hex(const uint8_t *b, size_t n, char *out)
@@ -56,4 +57,24 @@ void thaw_fmt_bytes(uint64_t n, char out[24])
         snprintf(out, 24, "%llu B", (unsigned long long)n);
     else
         snprintf(out, 24, "%.1f %s", v, unit[u]);
+}
+
+void thaw_fmt_ago(int64_t then, int64_t now, char out[24])
+{
+    int64_t d = now - then;
+
+    if (then == 0) {
+        snprintf(out, 24, "-");
+        return;
+    }
+    if (d < 0)
+        snprintf(out, 24, "in the future");
+    else if (d < 120)
+        snprintf(out, 24, "%" PRId64 "s ago", d);
+    else if (d < 2 * 3600)
+        snprintf(out, 24, "%" PRId64 "m ago", d / 60);
+    else if (d < 2 * 86400)
+        snprintf(out, 24, "%" PRId64 "h ago", d / 3600);
+    else
+        snprintf(out, 24, "%" PRId64 "d ago", d / 86400);
 }

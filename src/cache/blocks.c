@@ -1,12 +1,13 @@
-/* blocks.c — content-addressed blocks and manifests (blocks.h): the ids,
- * cutting and storing, the manifest codec, and which blocks a load needs;
- * reading them into place is block_reader.c's. */
+/* blocks.c — content-addressed blocks (blocks.h): the ids, cutting and
+ * storing them with the manifest that names them (its bytes are
+ * manifest.c's), and which blocks a load needs; reading them into place is
+ * block_reader.c's. */
 #include "cache/blocks.h"
 
 #include "base/blob.h"
 #include "base/error.h"
 #include "cache/cache_ram.h"
-#include "cache/snapshots.h"
+#include "cache/manifest.h"
 #include "cache/tiers.h"
 #include "llama/kvstate.h"
 
@@ -15,36 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MANIFEST_MAGIC 0x31464d54u /* "TMF1" */
-#define MANIFEST_VERSION 1u
-#define MANIFEST_VERSION_SWA 2u /* blocks carry SWA rows (blocks.h) */
-
-struct manifest_header {
-    uint32_t magic, version, n_tokens, block_tokens;
-    uint32_t n_blocks, n_snaps; /* n_snaps: 0 before snapshots (it was reserved) */
-    uint64_t tail_size, swa_size;
-};
-
-/* version 2 goes on with this */
-struct manifest_swa {
-    uint32_t swa_first, n_window;
-    uint64_t swa_tail_size;
-};
-
 static const char ID_TAG[] = "thaw-block-v1";
 static const char SWA_TAG[] = "thaw-swa-v1";
 
 void thaw_blocks_swa_id(const uint8_t id[THAW_KEY_BYTES], uint8_t sid[THAW_KEY_BYTES])
 {
     crypto_generichash(sid, THAW_KEY_BYTES, (const uint8_t *)SWA_TAG, sizeof SWA_TAG, id, THAW_KEY_BYTES);
-}
-
-/* The first block whose SWA rows a restore at n needs: the window
- * [n - n_window, n) starts in it (the token at n attends to the n_window - 1
- * before it). */
-static uint32_t swa_first_needed(uint32_t n, uint32_t n_window, uint32_t block_tokens)
-{
-    return n > n_window ? (n - n_window) / block_tokens : 0;
 }
 
 void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const llama_token *toks, int n,
@@ -62,18 +39,6 @@ void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_token
                                   (size_t)block_tokens * sizeof(int32_t));
         crypto_generichash_final(&st, ids[k], THAW_KEY_BYTES);
     }
-}
-
-/* Held by the disk: committed, or still in the writer's queue (a block
- * submitted by the turn before, not yet written, is not written twice). */
-int thaw_blocks_is_manifest(const void *blob, size_t n)
-{
-    uint32_t magic;
-
-    if (!blob || n < sizeof(struct manifest_header))
-        return 0;
-    memcpy(&magic, blob, sizeof magic);
-    return magic == MANIFEST_MAGIC;
 }
 
 /* A parsed capture as a store's source. */
@@ -155,8 +120,12 @@ int thaw_blocks_store_window(struct thaw_disk_cache *c, struct thaw_ram_cache *r
         return THAW_EINVAL;
     if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0)
         return rc == THAW_ECORRUPT ? THAW_ELAYOUT : rc; /* fresh from libllama: not damage */
-    struct thaw_blocks_src src = {thaw_kvlayout_n_cells(l), layout_size, layout_cut, NULL, l, NULL, 0,
-                                  NULL, NULL, NULL, 0, NULL, 0};
+    struct thaw_blocks_src src = {
+        .n_cells = thaw_kvlayout_n_cells(l),
+        .size = layout_size,
+        .cut = layout_cut,
+        .ud = l,
+    };
     thaw_kvlayout_tail(l, &src.swa, &src.n_swa);
     struct capture_swa cs = {l, NULL, 0};
     if (window > 0 && thaw_kvlayout_swa_n_cells(l) > 0 && thaw_kvlayout_swa_mem(l, &cs.mem) == 0) {
@@ -266,7 +235,7 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
      * stored or cuttable, and the tail's rows cuttable; then every earlier
      * one the source still has goes too (a run ending at the last block) */
     if (src->swa_cut && src->n_window > 0) {
-        uint32_t need = swa_first_needed((uint32_t)n, src->n_window, block_tokens);
+        uint32_t need = thaw_manifest_swa_first((uint32_t)n, src->n_window, block_tokens);
         swa = a >= (uint32_t)n || src->swa_known(src->ud, a, (uint32_t)n);
         swa_first = n_blocks;
         for (uint32_t k = n_blocks; swa && k-- > 0;) {
@@ -308,45 +277,39 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
     /* the manifest: tokens, ids, the cells past the last whole block, the
      * SWA window; or, with SWA rows, the SWA ids and the tail's SWA rows
      * instead of the window; or, for a hybrid, its snapshots instead of
-     * the tail and the window (the last snapshot holds both) */
-    uint32_t n_sids = swa ? n_blocks - swa_first : 0;
+     * the tail and the window (the last snapshot holds both). The cut
+     * sections go straight into the manifest's blob. */
     uint32_t n_snaps = src->n_snaps;
-    size_t tail_size = a < (uint32_t)n && !n_snaps ? src->size(src->ud, a, (uint32_t)n) : 0;
-    size_t swa_tail = swa && a < (uint32_t)n ? src->swa_size(src->ud, a, (uint32_t)n) : 0;
-    size_t window = swa || n_snaps ? 0 : src->n_swa;
-    size_t hsize = sizeof(struct manifest_header) + (swa ? sizeof(struct manifest_swa) : 0);
-    size_t head = hsize + (size_t)n * sizeof(int32_t) + ((size_t)n_blocks + n_sids + n_snaps) * sizeof *ids;
-    size_t total = head + tail_size + swa_tail + window;
-    uint8_t *m = thaw_blob_alloc(total);
-    if (!m) {
-        rc = THAW_ENOMEM;
+    struct thaw_manifest mf = {
+        .version = swa ? THAW_MANIFEST_V2_SWA : THAW_MANIFEST_V1,
+        .n_tokens = (uint32_t)n,
+        .block_tokens = block_tokens,
+        .n_blocks = n_blocks,
+        .tokens = toks,
+        .ids = ids[0],
+        .swa_first = swa ? swa_first : 0,
+        .n_window = swa ? src->n_window : 0,
+        .sids = swa ? sids[swa_first] : NULL,
+        .n_snaps = n_snaps,
+        .snaps = n_snaps ? src->snaps[0] : NULL,
+        .tail_size = a < (uint32_t)n && !n_snaps ? src->size(src->ud, a, (uint32_t)n) : 0,
+        .swa_tail_size = swa && a < (uint32_t)n ? src->swa_size(src->ud, a, (uint32_t)n) : 0,
+        .swa = swa || n_snaps ? NULL : src->swa,
+        .swa_size = swa || n_snaps ? 0 : src->n_swa,
+    };
+    struct thaw_manifest_sections at;
+    void *m = NULL;
+    size_t total = 0;
+    if ((rc = thaw_manifest_encode(&mf, &m, &total, &at)) != 0)
         goto out;
-    }
-    struct manifest_header h = {MANIFEST_MAGIC, swa ? MANIFEST_VERSION_SWA : MANIFEST_VERSION, (uint32_t)n,
-                                block_tokens,   n_blocks, n_snaps, tail_size, window};
-    memcpy(m, &h, sizeof h);
-    if (swa) {
-        struct manifest_swa hs = {swa_first, src->n_window, swa_tail};
-        memcpy(m + sizeof h, &hs, sizeof hs);
-    }
-    memcpy(m + hsize, toks, (size_t)n * sizeof(int32_t));
-    memcpy(m + hsize + (size_t)n * sizeof(int32_t), ids, (size_t)n_blocks * sizeof *ids);
-    if (n_sids)
-        memcpy(m + hsize + (size_t)n * sizeof(int32_t) + (size_t)n_blocks * sizeof *ids, sids[swa_first],
-               (size_t)n_sids * sizeof *ids);
-    if (n_snaps)
-        memcpy(m + hsize + (size_t)n * sizeof(int32_t) + ((size_t)n_blocks + n_sids) * sizeof *ids, src->snaps,
-               (size_t)n_snaps * sizeof *ids);
-    if (tail_size && (rc = src->cut(src->ud, a, (uint32_t)n, m + head, tail_size)) != 0) {
+    if (at.tail && (rc = src->cut(src->ud, a, (uint32_t)n, at.tail, mf.tail_size)) != 0) {
         thaw_blob_unref(m);
         goto out;
     }
-    if (swa_tail && (rc = src->swa_cut(src->ud, a, (uint32_t)n, m + head + tail_size, swa_tail)) != 0) {
+    if (at.swa_tail && (rc = src->swa_cut(src->ud, a, (uint32_t)n, at.swa_tail, mf.swa_tail_size)) != 0) {
         thaw_blob_unref(m);
         goto out;
     }
-    if (window)
-        memcpy(m + head + tail_size, src->swa, window);
     *manifest = m;
     *n_manifest = total;
     rc = 0;
@@ -360,157 +323,38 @@ out:
     return rc;
 }
 
-/* A manifest's header, either version, validated against its size. */
-struct manifest {
-    struct manifest_header h;
-    struct manifest_swa w; /* all 0 in version 1 */
-    size_t hsize;          /* bytes of header */
-    uint32_t n_sids;       /* SWA ids after the ids */
-};
-
-static int manifest_header(const void *manifest, size_t n_manifest, struct manifest *mf)
-{
-    struct manifest_header *h = &mf->h;
-
-    memset(mf, 0, sizeof *mf);
-    if (!thaw_blocks_is_manifest(manifest, n_manifest))
-        return THAW_ECORRUPT;
-    memcpy(h, manifest, sizeof *h);
-    mf->hsize = sizeof *h;
-    if (h->version == MANIFEST_VERSION_SWA) {
-        if (n_manifest < sizeof *h + sizeof mf->w)
-            return THAW_ECORRUPT;
-        memcpy(&mf->w, (const uint8_t *)manifest + sizeof *h, sizeof mf->w);
-        mf->hsize += sizeof mf->w;
-        if (h->swa_size != 0 || mf->w.n_window == 0 || mf->w.swa_first > h->n_blocks ||
-            (mf->w.swa_tail_size == 0) != (h->tail_size == 0) || mf->w.swa_tail_size > n_manifest)
-            return THAW_ECORRUPT;
-        mf->n_sids = h->n_blocks - mf->w.swa_first;
-    } else if (h->version != MANIFEST_VERSION) {
-        return THAW_EVERSION;
-    }
-    /* every length against the blob, in 64 bits */
-    uint64_t need = (uint64_t)mf->hsize + (uint64_t)h->n_tokens * 4 +
-                    ((uint64_t)h->n_blocks + mf->n_sids + h->n_snaps) * THAW_KEY_BYTES;
-    if (h->block_tokens == 0 || h->n_tokens == 0 || h->n_blocks != h->n_tokens / h->block_tokens ||
-        h->n_snaps > THAW_DISK_REFS_MAX || h->tail_size > n_manifest || h->swa_size > n_manifest ||
-        need + h->tail_size + h->swa_size + mf->w.swa_tail_size != n_manifest)
-        return THAW_ECORRUPT;
-    /* the tail: inline, or in the last snapshot (which holds the swa part
-     * too); snapshots are version 1's (blocks.h): SWA rows are not */
-    if (h->n_snaps ? h->tail_size != 0 || h->swa_size != 0 || h->version != MANIFEST_VERSION
-                   : (h->tail_size == 0) != (h->n_tokens % h->block_tokens == 0))
-        return THAW_ECORRUPT;
-    /* a restore at n_tokens needs the SWA blocks from the window's start */
-    if (h->version == MANIFEST_VERSION_SWA &&
-        swa_first_needed(h->n_tokens, mf->w.n_window, h->block_tokens) < mf->w.swa_first &&
-        swa_first_needed(h->n_tokens, mf->w.n_window, h->block_tokens) < h->n_blocks)
-        return THAW_ECORRUPT;
-    return 0;
-}
-
-int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids)
-{
-    struct manifest mf;
-    int rc = manifest_header(manifest, n, &mf);
-
-    if (rc != 0)
-        return rc;
-    *ids = (const uint8_t *)manifest + mf.hsize + (size_t)mf.h.n_tokens * 4;
-    *n_ids = mf.h.n_blocks + mf.n_sids + mf.h.n_snaps; /* the SWA ids, then the snapshots, follow the ids */
-    return 0;
-}
-
-int thaw_blocks_manifest_swa_rows(const void *manifest, size_t n)
-{
-    struct manifest mf;
-
-    return manifest_header(manifest, n, &mf) == 0 && mf.h.version == MANIFEST_VERSION_SWA;
-}
-
-int thaw_blocks_manifest_snaps(const void *manifest, size_t n, const uint8_t **snaps, uint32_t *n_snaps)
-{
-    struct manifest mf;
-    int rc = manifest_header(manifest, n, &mf);
-
-    if (rc != 0)
-        return rc;
-    *snaps = (const uint8_t *)manifest + mf.hsize + (size_t)mf.h.n_tokens * 4 +
-             ((size_t)mf.h.n_blocks + mf.n_sids) * THAW_KEY_BYTES;
-    *n_snaps = mf.h.n_snaps;
-    return 0;
-}
-
-int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs)
-{
-    uint32_t pos0, cells;
-
-    (void)ud;
-    if (thaw_blocks_is_manifest(kv, n)) {
-        if (thaw_blocks_manifest_ids(kv, n, refs, n_refs) != 0) {
-            *refs = NULL; /* it will not load either: a miss, naming nothing */
-            *n_refs = 0;
-        }
-        return THAW_DISK_KIND_ROOT;
-    }
-    if (thaw_kvlayout_block_info(kv, n, &pos0, &cells) == 0 || thaw_snapshots_is(kv, n))
-        return THAW_DISK_KIND_BLOCK; /* a snapshot lives as a block does: while a manifest names it */
-    return THAW_DISK_KIND_ROOT;
-}
-
 int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out)
 {
-    struct manifest mf;
-    const uint8_t *m = manifest;
+    struct thaw_manifest m;
     int rc;
 
     memset(out, 0, sizeof *out);
-    if ((rc = manifest_header(manifest, n_manifest, &mf)) != 0)
+    if ((rc = thaw_manifest_parse(manifest, n_manifest, &m)) != 0)
         return rc;
-    const struct manifest_header h = mf.h;
-    const uint8_t *toks = m + mf.hsize;
-    const uint8_t *ids = toks + (size_t)h.n_tokens * 4;
-    const uint8_t *sids = ids + (size_t)h.n_blocks * THAW_KEY_BYTES;
-    const uint8_t *snaps = sids + (size_t)mf.n_sids * THAW_KEY_BYTES;
-    const uint8_t *tail = snaps + (size_t)h.n_snaps * THAW_KEY_BYTES;
-    const uint8_t *swa = tail + h.tail_size;
-    struct thaw_block_swa_rows rows = {NULL, 0, 0, NULL, 0};
-    if (h.version == MANIFEST_VERSION_SWA) {
+    if (m.n_snaps)
+        return THAW_EINVAL; /* a hybrid's: its tail and recurrent state are a snapshot's (snapshots.h) */
+    const bool v2 = m.version == THAW_MANIFEST_V2_SWA;
+    struct thaw_block_swa_rows rows = {0};
+    if (v2) {
         /* the window's SWA blocks, then the tail's SWA rows, into place */
-        uint32_t k0 = swa_first_needed(h.n_tokens, mf.w.n_window, h.block_tokens);
-        if (k0 > h.n_blocks)
-            k0 = h.n_blocks;
-        rows.sids = (const uint8_t(*)[THAW_KEY_BYTES])(sids + (size_t)(k0 - mf.w.swa_first) * THAW_KEY_BYTES);
-        rows.n_sids = h.n_blocks - k0;
-        rows.pos0 = k0 * h.block_tokens;
-        rows.tail = mf.w.swa_tail_size ? swa : NULL;
-        rows.n_tail = mf.w.swa_tail_size;
+        uint32_t k0 = thaw_manifest_swa_first(m.n_tokens, m.n_window, m.block_tokens);
+        if (k0 > m.n_blocks)
+            k0 = m.n_blocks;
+        rows = (struct thaw_block_swa_rows){
+            .sids = (const uint8_t(*)[THAW_KEY_BYTES])(m.sids + (size_t)(k0 - m.swa_first) * THAW_KEY_BYTES),
+            .n_sids = m.n_blocks - k0,
+            .pos0 = k0 * m.block_tokens,
+            .tail = m.swa_tail,
+            .n_tail = m.swa_tail_size,
+        };
     }
-    llama_token *tokens = malloc((size_t)h.n_tokens * sizeof(llama_token)); /* aligned */
+    llama_token *tokens = malloc((size_t)m.n_tokens * sizeof(llama_token)); /* aligned */
     if (!tokens)
         return THAW_ENOMEM;
-    memcpy(tokens, toks, (size_t)h.n_tokens * sizeof(llama_token));
-    if (h.n_snaps) {
-        /* a hybrid: the tail and the recurrent state are the last snapshot's */
-        struct thaw_snapshot_view sv;
-        void *snap = NULL;
-        size_t n_snap = 0;
-        rc = thaw_tiers_fetch(c, ram, snaps + (size_t)(h.n_snaps - 1) * THAW_KEY_BYTES, &snap, &n_snap);
-        if (rc == 0 && (thaw_snapshots_parse(snap, n_snap, &sv) != 0 || sv.n_tokens != h.n_tokens ||
-                        sv.block_tokens != h.block_tokens))
-            rc = THAW_ECORRUPT;
-        if (rc == 0)
-            rc = thaw_block_reader_load(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, sv.tail,
-                             sv.tail_size, sv.rec, sv.rec_size, NULL, f, tokens, (int)h.n_tokens, out);
-        else if (rc == THAW_ECORRUPT)
-            rc = THAW_ENOTFOUND; /* removed: this manifest is no use */
-        thaw_blob_unref(snap);
-    } else {
-        bool v2 = h.version == MANIFEST_VERSION_SWA;
-        rc = thaw_block_reader_load(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, h.n_blocks, h.block_tokens, tail, h.tail_size,
-                         v2 ? NULL : swa, v2 ? 0 : h.swa_size, v2 ? &rows : NULL, f, tokens, (int)h.n_tokens, out);
-    }
+    memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(llama_token));
+    rc = thaw_block_reader_load(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])m.ids, m.n_blocks, m.block_tokens, m.tail,
+                                m.tail_size, m.swa, m.swa_size, v2 ? &rows : NULL, f, tokens, (int)m.n_tokens, out);
     free(tokens);
     if (rc != 0)
         thaw_blocks_state_free(out);
@@ -555,7 +399,7 @@ static uint32_t swa_run(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
                         uint32_t *first)
 {
     for (uint32_t b = run; b > 0; b--) {
-        uint32_t k0 = swa_first_needed(b * block_tokens, n_window, block_tokens), k = b;
+        uint32_t k0 = thaw_manifest_swa_first(b * block_tokens, n_window, block_tokens), k = b;
         while (k > k0) {
             thaw_blocks_swa_id(ids[k - 1], sids[k - 1]);
             if (!thaw_tiers_has(c, ram, sids[k - 1]))
@@ -595,12 +439,16 @@ int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram
         uint32_t run = 0;
         while (run < n_blocks && thaw_tiers_has(c, ram, ids[run]))
             run++;
-        struct thaw_block_swa_rows rows = {NULL, 0, 0, NULL, 0};
+        struct thaw_block_swa_rows rows = {0};
         if (run > 0 && n_window > 0) {
             /* a boundary is a hit only with its window's SWA rows */
             uint32_t k0 = 0;
             run = swa_run(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, sids, run, n_window, block_tokens, &k0);
-            rows = (struct thaw_block_swa_rows){(const uint8_t(*)[THAW_KEY_BYTES])sids[k0], run - k0, k0 * block_tokens, NULL, 0};
+            rows = (struct thaw_block_swa_rows){
+                .sids = (const uint8_t(*)[THAW_KEY_BYTES])sids[k0],
+                .n_sids = run - k0,
+                .pos0 = k0 * block_tokens,
+            };
         }
         if (run == 0)
             break;

@@ -14,23 +14,10 @@
  * binding (model, state-shaping settings, tenant) and a block is written
  * once, ever: a store skips the ids the disk already holds.
  *
- * The conversation's key names a manifest, its .kv part:
- *
- *   u32 magic "TMF1" | u32 version (1) | u32 n_tokens | u32 block_tokens (B)
- *   u32 n_blocks | u32 n_snaps | u64 tail_size | u64 swa_size
- *   i32 tokens[n_tokens]
- *   u8  ids[n_blocks][32]
- *   u8  snaps[n_snaps][32] a hybrid's snapshots (snapshots.h), the last one
- *                         at n_tokens; with them tail and swa are empty
- *                         (that snapshot holds both)
- *   u8  tail[tail_size]   the cells past the last whole block, as one
- *                         kvlayout block (absent when n_tokens % B == 0)
- *   u8  swa[swa_size]     the uncut SWA window section (kvlayout tail)
- *
- * n_snaps was a reserved 0 before snapshots: a manifest written before
- * them reads as one without. The snapshot ids are the last of the ids, so
- * that all a manifest names (blocks, then version 2's SWA blocks, then
- * snapshots) is one contiguous run (thaw_blocks_manifest_ids).
+ * The conversation's key names a manifest, its .kv part (manifest.h: its
+ * bytes, encoded and checked there): the tokens, the block ids, the cells
+ * past the last whole block (the tail) and the SWA window section, or a
+ * hybrid's snapshots instead of those two (snapshots.h).
  *
  * A sliding-window model's manifest is version 2 when its blocks carry
  * their SWA rows (DESIGN §12): each block k then has an SWA block, the SWA
@@ -38,25 +25,19 @@
  *
  *   sid_k = BLAKE2b-256(key = id_k, "thaw-swa-v1")
  *
- * and the header goes on with u32 swa_first | u32 n_window | u64
- * swa_tail_size; after ids come sids[swa_first, n_blocks) (the run of
- * blocks whose SWA rows were stored, ending at the last), then the tail,
- * then swa_tail (the SWA rows of the tail's cells), and swa_size is 0: no
- * window is copied per turn. A restore at n installs section 0 from the
- * blocks and rebuilds the SWA section from the SWA blocks covering
- * [n - n_window, n). The manifest names the sids too (GC, holds).
- * Version 2 is SWA rows, not snapshots: a version 2 manifest has n_snaps 0
- * (a model with both a window and a recurrent state is not one kvlayout.h
- * knows), and a version 1 manifest with snapshots is a hybrid's.
+ * and the manifest names the run of SWA blocks that ends at the last
+ * block, and the tail's SWA rows instead of a window copy: no window is
+ * copied per turn. A restore at n installs section 0 from the blocks and
+ * rebuilds the SWA section from the SWA blocks covering [n - n_window, n).
  *
  * The manifest is submitted after its blocks, to the same FIFO writer, so
  * it commits last: a crash leaves blocks without a manifest (collected once
  * their grace is over, cache_disk.c), never a manifest whose blocks were
  * not yet written. The disk tier learns which entries are blocks and which
- * blocks a manifest names from thaw_blocks_classify at store time: TTL and
- * LRU act on manifests, and a block goes once no manifest names it. A
- * manifest whose block went missing or bad since is a miss (the block's
- * own checksum decides, cache_disk.c), never a wrong state.
+ * blocks a manifest names from thaw_entry_classify (entry_kind.h) at store
+ * time: TTL and LRU act on manifests, and a block goes once no manifest
+ * names it. A manifest whose block went missing or bad since is a miss (the
+ * block's own checksum decides, cache_disk.c), never a wrong state.
  *
  * Blocks hold no sequence id: assembly takes the frame (seq id, streams) of
  * the slot that restores, so a conversation stored from slot 1 under -np 2
@@ -153,39 +134,15 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
                           uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
                           void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
 
-/* 1 if blob starts like a manifest (magic), else 0. */
-int thaw_blocks_is_manifest(const void *blob, size_t n);
-
-/* The ids a manifest names (pointing into it): its blocks, then its SWA
- * blocks (version 2), then its snapshots, contiguous. Returns 0 or
- * THAW_ECORRUPT / THAW_EVERSION (the manifest's lengths are checked). */
-int thaw_blocks_manifest_ids(const void *manifest, size_t n, const uint8_t **ids, uint32_t *n_ids);
-
-/* 1 when the blob is a manifest whose blocks carry their SWA rows
- * (version 2): a restore rebuilds the window from them, so the
- * conversation's checkpoints (a window copy each) need not be stored with
- * it. 0 otherwise (not a manifest, version 1, damaged). */
-int thaw_blocks_manifest_swa_rows(const void *manifest, size_t n);
-
-/* The snapshot ids a manifest names (pointing into it; *n_snaps 0 for a
- * manifest without). 0 or as thaw_blocks_manifest_ids. */
-int thaw_blocks_manifest_snaps(const void *manifest, size_t n, const uint8_t **snaps, uint32_t *n_snaps);
-
-/* What a disk entry's .kv is to the disk tier's collector: the classify
- * callback of struct thaw_disk_cache_params (cache_disk.h), ud unused.
- * A block returns THAW_DISK_KIND_BLOCK; a manifest THAW_DISK_KIND_ROOT with
- * *refs / *n_refs its block ids (pointing into kv); anything else (a whole
- * state, a manifest that does not parse) THAW_DISK_KIND_ROOT naming nothing.
- * This keeps cache_disk.c free of the formats and the formats here. */
-int thaw_blocks_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs);
-
 /* Builds the state a manifest describes, taking its blocks from the RAM
  * tier `ram` (may be NULL), the disk writer's queue or the disk
  * (their checksums: thaw_blocks_state_check), for the slot of frame f.
+ * A manifest naming snapshots is a hybrid's: thaw_snapshots_load's.
  * Returns 0, THAW_ECORRUPT (a bad manifest, or a block — the tail too —
  * whose header does not fit its place), THAW_EVERSION (a manifest of
  * another format version), THAW_ENOTFOUND (a block is gone: evicted, or found
- * corrupt and removed), THAW_ENOMEM, or a disk error. */
+ * corrupt and removed), THAW_EINVAL (a manifest naming snapshots),
+ * THAW_ENOMEM, or a disk error. */
 int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out);
 

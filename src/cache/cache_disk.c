@@ -223,7 +223,8 @@
  *   ---- open / close ----   directory, lock, sweep, writer start/stop
  *   ---- store ----          staging, synchronous store, group commit,
  *                            writer thread, submit, pending, flush, pause
- *   ---- lookup ----         lookup, prefetch, entry accessors, .dft drop, verify
+ *   ---- lookup ----         lookup, a .kv opened or read for its caller,
+ *                            prefetch, entry accessors, .dft drop, verify
  *   ---- evict / remove ---- TTL, unreferenced blocks, LRU, room on a full
  *                            disk, removal, listing, stats
  */
@@ -2515,6 +2516,56 @@ miss:
     pthread_mutex_lock(&c->mu);
     c->st.misses++;
     pthread_mutex_unlock(&c->mu);
+    return ret;
+}
+
+int thaw_disk_cache_read_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], void *buf, size_t cap,
+                            size_t *n)
+{
+    const struct thaw_vfs *v;
+    char hex[HEX_LEN + 1];
+    uint64_t size, xxh3;
+    struct ent *e;
+    size_t want, got = 0;
+    int fd, ret;
+
+    if (!c || !key || !n || (cap && !buf))
+        return THAW_EINVAL;
+    *n = 0;
+    v = c->vfs;
+    pthread_mutex_lock(&c->mu);
+    e = index_find(c, key);
+    if (!e || !e->live || e->busy || !e->part_size[THAW_PART_KV]) {
+        pthread_mutex_unlock(&c->mu);
+        return THAW_ENOTFOUND;
+    }
+    size = e->part_size[THAW_PART_KV];
+    xxh3 = e->kv_xxh3;
+    pthread_mutex_unlock(&c->mu);
+
+    thaw_hex(key, THAW_KEY_BYTES, hex);
+    if ((ret = open_part(c, hex, THAW_PART_KV, size, &fd)) != 0)
+        return ret; /* THAW_ENOTFOUND: removed meanwhile; THAW_ECORRUPT: of the wrong size */
+    want = size < cap ? (size_t)size : cap;
+    while (got < want) {
+        ssize_t r = v->pread(v, fd, (uint8_t *)buf + got, want - got, (off_t)got);
+
+        if (r < 0) {
+            ret = (int)r;
+            goto out_close;
+        }
+        if (r == 0) { /* shrank under us */
+            ret = THAW_ECORRUPT;
+            goto out_close;
+        }
+        got += (size_t)r;
+    }
+    if (want == size && XXH3_64bits(buf, want) != xxh3)
+        ret = THAW_ECORRUPT;
+    else
+        *n = got;
+out_close:
+    (void)v->close(v, fd);
     return ret;
 }
 

@@ -19,8 +19,9 @@
  * Roots and blocks (DESIGN §9). The caller's classify() callback says, at
  * store time and from the .kv bytes, what an entry is: a BLOCK (content
  * addressed, shared, named by other entries) or a ROOT (a whole state, or a
- * manifest naming blocks by key). The answer is written into the .idx, so
- * this module never parses a state and reopening needs no callback.
+ * manifest naming blocks by key); thaw's formats are told apart in
+ * entry_kind.h. The answer is written into the .idx, so this module never
+ * parses a state and reopening needs no callback.
  *
  * Policies (the why is in cache_disk.c):
  *   - TTL and LRU choose among roots only. A block lives while a committed
@@ -318,6 +319,19 @@ struct thaw_disk_kv_file {
  * written, or its file gone or of the wrong size: such an entry is removed)
  * or -errno. */
 int thaw_disk_cache_open_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_kv_file *f);
+/* Reads the first min(cap, its size) bytes of key's .kv into buf, for a
+ * caller that inspects entries rather than restores them (`thaw cache`:
+ * a head names an entry's kind, entry_kind.h; a manifest is read whole).
+ * An entry of any fingerprint; its last use is unchanged, no lookup is
+ * counted and nothing is removed, READONLY or not. A read of the whole
+ * part is checked against its checksum; a head cannot be. Returns 0 with
+ * *n the bytes read; THAW_ENOTFOUND (no committed entry of key, one being
+ * written or removed, or its file gone); THAW_ECORRUPT (the file is not
+ * the size its .idx says, or a whole read does not match its checksum);
+ * THAW_EINVAL; or -errno. */
+int thaw_disk_cache_read_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], void *buf, size_t cap,
+                            size_t *n);
+
 /* Asks the kernel to start reading f (POSIX_FADV_WILLNEED) while the
  * caller reads the files before it. */
 void thaw_disk_kv_willneed(const struct thaw_disk_kv_file *f);

@@ -1,26 +1,13 @@
 /* cache_shared.h — the shared tier: blocks and manifests on an S3-compatible
  * object store, behind every replica's local tiers (DESIGN §11).
  *
- * Objects are immutable and named under PREFIX/ of the bucket:
- *
- *   v1/<model>/<tenant>/m/<key hex>    a conversation entry (its manifest,
- *                                      or a whole state, and its other parts)
- *   v1/<model>/<tenant>/b/<id hex>     a block (blocks.h)
- *
- * <model> and <tenant> are 16 hex digits of a hash, keyed with the cluster
- * key, of the model's identity and the tenant's namespace: a replica of
- * another model or a request of another tenant computes other names.
- *
- * Every object is sealed with the cluster secret (--kv-shared-secret-file):
- *
- *   "TSO1" | nonce[24] | XChaCha20-Poly1305( entry ), AD = "TSO1" | name |
- *                                             namespace | model identity
- *   entry = "TSE1" | u32 n_tokens | u64 size[3] | part bytes (.kv .ckpt .dft)
- *
- * so an object that was flipped, truncated, copied to another name (another
- * tenant's, another model's) or sealed with another secret fails to open
- * and is rejected, counted, before anything reads its bytes; libllama never
- * sees a byte that a replica of this cluster did not write for this name.
+ * Objects are immutable, named under PREFIX/ of the bucket by model,
+ * tenant and key, and sealed with the cluster secret
+ * (--kv-shared-secret-file): shared_seal.h has the names and the envelope.
+ * An object that was flipped, truncated, copied to another name or sealed
+ * with another secret fails to open and is rejected, counted, before
+ * anything reads its bytes; libllama never sees a byte that a replica of
+ * this cluster did not write for this name.
  *
  * Flow:
  *   upload   after a store commits locally, a bounded queue (full: dropped,
@@ -60,7 +47,6 @@
 #include <stdint.h>
 
 #define THAW_SHARED_BREAKER_FAILS 3
-#define THAW_SHARED_MAX_OBJECT ((size_t)2 << 30) /* bytes: a larger object is refused */
 
 struct thaw_shared;
 
@@ -130,26 +116,5 @@ int thaw_shared_flush(struct thaw_shared *s, long timeout_ms);
 
 /* Appends thaw_kv_shared_* Prometheus lines. */
 void thaw_shared_metrics(struct thaw_shared *s, char *buf, size_t cap, size_t *len);
-
-/* Object naming and sealing, exposed for the unit tests and `thaw cache`. */
-struct thaw_shared_names {
-    uint8_t key[32]; /* the AEAD key derived from the secret */
-    char model_tag[17];
-};
-int thaw_shared_derive(const void *secret, size_t n_secret, const uint8_t identity[THAW_KEY_BYTES],
-                       struct thaw_shared_names *out);
-/* "v1/<model>/<tenant>/<kind>/<hex>" into out (>= 128 bytes); kind 'm' or 'b'. */
-void thaw_shared_name(const struct thaw_shared_names *nm, const uint8_t ns[THAW_KEY_BYTES], char kind,
-                      const uint8_t id[THAW_KEY_BYTES], char *out, size_t cap);
-/* Seals an entry (parts may be absent) into a malloc'd object. */
-int thaw_shared_seal(const struct thaw_shared_names *nm, const char *name, const uint8_t ns[THAW_KEY_BYTES],
-                     const uint8_t identity[THAW_KEY_BYTES], uint32_t n_tokens,
-                     const struct thaw_part_blob parts[THAW_PART_COUNT], void **obj, size_t *n_obj);
-/* Opens an object into blobs (blob.h), one per present part. Returns 0,
- * THAW_ECORRUPT (does not open: tampered, truncated, foreign name, other
- * secret; or a malformed entry inside), THAW_ENOMEM. */
-int thaw_shared_open_object(const struct thaw_shared_names *nm, const char *name, const uint8_t ns[THAW_KEY_BYTES],
-                            const uint8_t identity[THAW_KEY_BYTES], const void *obj, size_t n_obj,
-                            uint32_t *n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT]);
 
 #endif

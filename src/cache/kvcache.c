@@ -2,11 +2,17 @@
  *
  * Map:
  *   ---- open / close ----  the tiers, the start-up line
+ *   ---- turn-end snapshots kept in the slots ----  a hybrid's, written when
+ *                           the slot loses the conversation (cut, dropped,
+ *                           idle, looked up from another slot); close writes
+ *                           the rest, then closes the tiers
  *   ---- lookup ----        RAM, the disk writer's queue, then disk with the .kv
- *                           verified alongside
+ *                           verified alongside; a manifest's blocks (and a
+ *                           hybrid's last snapshot) assembled for the slot;
+ *                           the prefix lookup
  *   ---- store ----         fan-out, what RAM keeps; a sequence's blocks cut from
  *                           the tap, else a capture (thaw_kvcache_store_seq)
- *   ---- metrics ----       prefetch, the disk tier's gauges
+ *   ---- metrics ----       prefetch, the shared tier's fetches, the tiers' gauges
  */
 #include "cache/kvcache.h"
 
@@ -18,7 +24,9 @@
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
+#include "cache/entry_kind.h"
 #include "cache/keys.h"
+#include "cache/manifest.h"
 #include "cache/snapshots.h"
 #include "llama/kvstate.h"
 #include "llama/kvtap.h"
@@ -153,7 +161,7 @@ static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *k
     memcpy(p.fingerprint, kp->identity, sizeof p.fingerprint);
     p.log = disk_log;
     p.vfs = disk_vfs();
-    p.classify = thaw_blocks_classify; /* blocks and what manifests name: for GC (cache_disk.h) */
+    p.classify = thaw_entry_classify; /* blocks and what manifests name: for GC (cache_disk.h) */
     p.workers = c->workers;            /* a restore's block checksums */
     if ((rc = thaw_disk_cache_open(&p, &c->disk)) != 0) {
         if (rc == THAW_ELOCKED)
@@ -346,7 +354,7 @@ static void flush_named(struct thaw_kvcache *c, const void *manifest, size_t n_m
     const uint8_t *snaps;
     uint32_t n_snaps;
 
-    if (!c->pending || thaw_blocks_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps == 0)
+    if (!c->pending || thaw_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps == 0)
         return;
     for (uint32_t i = 0; i < c->n_stream; i++)
         if (c->pending[i].blob &&
@@ -433,13 +441,22 @@ static void verify_main(void *arg)
 static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob parts[THAW_PART_COUNT],
                          const struct thaw_kvcache_sink *sink)
 {
-    if (!c->disk || !thaw_blocks_is_manifest(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size))
+    if (!c->disk || !thaw_manifest_is(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size))
         return sink->install(sink->ud, parts);
     struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
     struct thaw_blocks_state bs;
     int64_t t0 = thaw_now_us();
     flush_named(c, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size);
-    int rc = thaw_blocks_load(c->disk, c->ram, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, &f, &bs);
+    /* a hybrid's manifest names snapshots: the last one ends the state */
+    const void *man = parts[THAW_PART_KV].data;
+    size_t n_man = parts[THAW_PART_KV].size;
+    const uint8_t *snaps;
+    uint32_t n_snaps = 0;
+    int rc = thaw_manifest_snaps(man, n_man, &snaps, &n_snaps);
+    if (rc == 0 && n_snaps)
+        rc = thaw_snapshots_load(c->disk, c->ram, man, n_man, &f, &bs);
+    else if (rc == 0)
+        rc = thaw_blocks_load(c->disk, c->ram, man, n_man, &f, &bs);
     if (rc != 0)
         return rc == THAW_ENOTFOUND ? THAW_ECORRUPT : rc; /* a block is gone: this manifest is no use */
     int64_t t1 = thaw_now_us();
@@ -786,7 +803,7 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
         /* blocks with their SWA rows rebuild the window wherever a restore
          * needs it: checkpoints (a window each) would copy it again */
         if (rc == 0 && w[THAW_PART_CKPT].data &&
-            thaw_blocks_manifest_swa_rows(w[THAW_PART_KV].data, w[THAW_PART_KV].size)) {
+            thaw_manifest_swa_rows(w[THAW_PART_KV].data, w[THAW_PART_KV].size)) {
             thaw_blob_unref(w[THAW_PART_CKPT].data);
             if (c->ram)
                 thaw_blob_unref(parts[THAW_PART_CKPT].data); /* its own reference to the same bytes */
@@ -803,7 +820,7 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
         void *held = NULL;
         const uint8_t *held_ids = NULL;
         uint32_t n_held = 0;
-        if (rc == 0 && thaw_blocks_manifest_ids(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &held_ids, &n_held) == 0)
+        if (rc == 0 && thaw_manifest_ids(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &held_ids, &n_held) == 0)
             held = thaw_blob_ref(w[THAW_PART_KV].data);
         if (rc < 0)
             LOG_WRN("slot %d: store of %s to disk dropped: its blocks could not be queued (%s)", slot_id, hex,
@@ -834,7 +851,7 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
             thaw_blob_unref(parts[THAW_PART_KV].data); /* the whole state: the manifest and blocks stand for it */
             parts[THAW_PART_KV].data = man_ram;
             parts[THAW_PART_KV].size = n_man_ram;
-            if (thaw_blocks_manifest_ids(man_ram, n_man_ram, &ids, &n_ids) != 0)
+            if (thaw_manifest_ids(man_ram, n_man_ram, &ids, &n_ids) != 0)
                 ids = NULL, n_ids = 0;
         }
         if (thaw_ram_cache_put_refs(c->ram, key, parts, ids, n_ids, wall_s()) != 0)

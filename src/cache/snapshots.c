@@ -5,12 +5,15 @@
  *   ---- store ----           the capture's end and the slot's checkpoints
  *                             as snapshots, then blocks and the manifest;
  *                             a turn end kept back, written later (flush)
- *   ---- restore ----         fetch, the deepest snapshot of a prompt
+ *   ---- restore ----         a hybrid's manifest, its snapshots as checkpoints,
+ *                             the deepest snapshot of a prompt
  */
 #include "cache/snapshots.h"
 
 #include "base/blob.h"
 #include "base/error.h"
+#include "cache/block_reader.h"
+#include "cache/manifest.h"
 #include "cache/tiers.h"
 #include "llama/kvstate.h"
 
@@ -244,8 +247,14 @@ int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
         st->bytes_written += size;
     }
     /* the blocks and the manifest naming them and the snapshots */
-    struct thaw_blocks_src src = {(uint32_t)n, layout_size, layout_cut, NULL, l, NULL, 0, NULL, NULL, NULL, 0,
-                                  (const uint8_t(*)[THAW_KEY_BYTES])sids, n_at};
+    struct thaw_blocks_src src = {
+        .n_cells = (uint32_t)n,
+        .size = layout_size,
+        .cut = layout_cut,
+        .ud = l,
+        .snaps = (const uint8_t(*)[THAW_KEY_BYTES])sids,
+        .n_snaps = n_at,
+    };
     rc = thaw_blocks_store_src(c, ram, binding, block_tokens, toks, n, &src, manifest, n_manifest, &bst);
     st->written += bst.written;
     st->skipped += bst.skipped;
@@ -293,6 +302,41 @@ void thaw_snapshots_pending_drop(struct thaw_snapshot_pending *pd)
 
 /* ---- restore ----------------------------------------------------------------- */
 
+int thaw_snapshots_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
+                        const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out)
+{
+    struct thaw_manifest m;
+    struct thaw_snapshot_view sv;
+    void *snap = NULL;
+    size_t n_snap = 0;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if ((rc = thaw_manifest_parse(manifest, n_manifest, &m)) != 0)
+        return rc;
+    if (!m.n_snaps)
+        return THAW_EINVAL; /* blocks.h's: thaw_blocks_load */
+    llama_token *tokens = malloc((size_t)m.n_tokens * sizeof(llama_token)); /* aligned */
+    if (!tokens)
+        return THAW_ENOMEM;
+    memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(llama_token));
+    /* the blocks, then the tail and the recurrent state: the last snapshot's */
+    rc = thaw_tiers_fetch(c, ram, m.snaps + (size_t)(m.n_snaps - 1) * THAW_KEY_BYTES, &snap, &n_snap);
+    if (rc == 0 && (thaw_snapshots_parse(snap, n_snap, &sv) != 0 || sv.n_tokens != m.n_tokens ||
+                    sv.block_tokens != m.block_tokens))
+        rc = THAW_ECORRUPT;
+    if (rc == 0)
+        rc = thaw_block_reader_load(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])m.ids, m.n_blocks, m.block_tokens,
+                                    sv.tail, sv.tail_size, sv.rec, sv.rec_size, NULL, f, tokens, (int)m.n_tokens, out);
+    else if (rc == THAW_ECORRUPT)
+        rc = THAW_ENOTFOUND; /* removed: this manifest is no use */
+    thaw_blob_unref(snap);
+    free(tokens);
+    if (rc != 0)
+        thaw_blocks_state_free(out);
+    return rc;
+}
+
 int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest,
                          size_t n_manifest, int32_t seq_id, void **ckpt, size_t *n_ckpt)
 {
@@ -303,7 +347,7 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
 
     *ckpt = NULL;
     *n_ckpt = 0;
-    if (thaw_blocks_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps == 0)
+    if (thaw_manifest_snaps(manifest, n_manifest, &snaps, &n_snaps) != 0 || n_snaps == 0)
         return THAW_ENOTFOUND;
     if (!(l.v = calloc(n_snaps, sizeof *l.v)))
         return THAW_ENOMEM;

@@ -56,7 +56,7 @@
  * prefills the rest: exact, only slower.
  *
  * GC and crash safety are the blocks': a snapshot is an entry of kind
- * block (thaw_blocks_classify), named by the manifests that use it, held
+ * block (thaw_entry_classify), named by the manifests that use it, held
  * from the store until its manifest is queued, written before that
  * manifest by the same FIFO writer; a crash leaves at most an unnamed
  * snapshot, collected after its grace. A turn-end snapshot written late
@@ -134,6 +134,17 @@ int thaw_snapshots_flush(struct thaw_disk_cache *c, struct thaw_snapshot_pending
 /* Drops a pending snapshot unwritten (its conversation went on: the next
  * turn's store supersedes it). Empty or NULL blob: no-op. */
 void thaw_snapshots_pending_drop(struct thaw_snapshot_pending *pd);
+
+/* Builds the state a hybrid's manifest describes (one naming snapshots:
+ * manifest.h) for the slot of frame f: its blocks and its last snapshot
+ * (the cells past the last whole block and the recurrent state at the
+ * manifest's end), taken from the RAM tier `ram` (may be NULL), the disk
+ * writer's queue or the disk. Returns as thaw_blocks_load (blocks.h):
+ * THAW_ENOTFOUND also when the last snapshot is gone or does not fit (a
+ * crash before it was written: removed); THAW_EINVAL for a manifest
+ * without snapshots (thaw_blocks_load's). */
+int thaw_snapshots_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
+                        const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out);
 
 /* The context checkpoints a manifest's snapshots give (its own end
  * included, all flagged THAW_CKPT_SNAPSHOT: the next store names them

@@ -1,10 +1,9 @@
-/* cache_cli.c — `thaw cache ...`: the disk cache seen from a shell, and
- * `thaw cache gc --shared` for the shared tier's bucket.
+/* cache_cli.c — `thaw cache ...`: the disk cache seen from a shell; `thaw
+ * cache gc --shared` for the shared tier's bucket is cache_gc_shared.c's.
  *
  * Map:
- *   ---- helpers ----    formatting (sizes, ages), options, opening
- *   ---- commands ----   ls, stats, verify, gc, rm
- *   ---- the shared tier ----  gc --shared: expire objects by LastModified
+ *   ---- helpers ----    formatting, options, opening, listing
+ *   ---- commands ----   ls, stats (with the block store's view), verify, gc, rm
  *   ---- main ----       the commands' flag tables (cli/flags.h), dispatch, usage
  */
 #include "cli/cache_cli.h"
@@ -12,13 +11,11 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
-#include "base/testhooks.h"
-#include "cache/blocks.h"
 #include "cache/cache_disk.h"
+#include "cache/entry_kind.h"
+#include "cache/manifest.h"
+#include "cli/cache_gc_shared.h"
 #include "cli/flags.h"
-#ifdef THAW_HAVE_S3
-#include "cache/s3.h"
-#endif
 
 #include <errno.h>
 #include <stdbool.h>
@@ -47,27 +44,6 @@ static void cli_log(void *ud, int level, const char *msg)
 
     if (!cli->mute && (level <= THAW_LOG_WARN || cli->verbose))
         fprintf(stderr, "%s\n", msg);
-}
-
-/* "45s ago", "12m ago", "3h ago", "2d ago"; "-" for 0 (unknown). */
-static void fmt_ago(int64_t then, int64_t now, char out[24])
-{
-    int64_t d = now - then;
-
-    if (then == 0) {
-        snprintf(out, 24, "-");
-        return;
-    }
-    if (d < 0)
-        snprintf(out, 24, "in the future");
-    else if (d < 120)
-        snprintf(out, 24, "%" PRId64 "s ago", d);
-    else if (d < 2 * 3600)
-        snprintf(out, 24, "%" PRId64 "m ago", d / 60);
-    else if (d < 2 * 86400)
-        snprintf(out, 24, "%" PRId64 "h ago", d / 3600);
-    else
-        snprintf(out, 24, "%" PRId64 "d ago", d / 86400);
 }
 
 static void fmt_parts(const uint64_t size[THAW_PART_COUNT], char out[24])
@@ -222,8 +198,8 @@ static int cmd_ls(struct cli *cli)
         thaw_hex(e->fingerprint, THAW_DISK_FINGERPRINT_SIZE, fp);
         thaw_fmt_bytes(e->bytes, size);
         fmt_parts(e->part_size, parts);
-        fmt_ago(e->created, now, created);
-        fmt_ago(e->last_used, now, used);
+        thaw_fmt_ago(e->created, now, created);
+        thaw_fmt_ago(e->last_used, now, used);
         printf("%.*s %8" PRIu32 " %10s  %-12s %-10s %-10s %.8s\n", KEY_SHOWN, hex, e->n_tokens, size, parts, created,
                used, fp);
     }
@@ -247,106 +223,101 @@ static int fp_cmp(const void *a, const void *b)
     return memcmp(a, b, THAW_DISK_FINGERPRINT_SIZE);
 }
 
-/* ---- the block store's view (blocks.h): what each entry's .kv holds ---- */
+/* ---- the block store's view: what each entry's .kv holds (entry_kind.h) ---- */
 
-enum kind { KIND_OTHER, KIND_BLOCK, KIND_MANIFEST, KIND_WHOLE };
-
-struct block_ref {
+/* A block or a snapshot on disk, and how many manifests name it. */
+struct named {
     uint8_t key[THAW_KEY_BYTES];
     uint64_t bytes;
     uint32_t refs;
+    bool snapshot;
 };
 
-static int block_cmp(const void *a, const void *b)
+static int named_cmp(const void *a, const void *b)
 {
     return memcmp(a, b, THAW_KEY_BYTES);
 }
 
-/* The entry's .kv file, whole (NULL when unreadable); *n its size. */
-static uint8_t *read_kv(const struct cli *cli, const uint8_t key[THAW_KEY_BYTES], size_t max, size_t *n)
+/* The entry's .kv, whole and checked, through the disk tier (NULL when it
+ * cannot be read: removed meanwhile, corrupt, too big); *n its size. */
+static uint8_t *read_kv(struct thaw_disk_cache *c, const struct thaw_disk_entry_info *e, size_t *n)
 {
-    char hex[2 * THAW_KEY_BYTES + 1], path[4096];
-    uint8_t *buf = NULL;
-    FILE *f;
+    uint64_t size = e->part_size[THAW_PART_KV];
+    uint8_t *buf = size && size < (64u << 20) ? malloc((size_t)size) : NULL;
 
-    thaw_hex(key, THAW_KEY_BYTES, hex);
-    snprintf(path, sizeof path, "%s/%s.kv", cli->dir, hex);
-    if (!(f = fopen(path, "rb")))
-        return NULL;
-    if ((buf = malloc(max)))
-        *n = fread(buf, 1, max, f);
-    fclose(f);
+    if (buf && thaw_disk_cache_read_kv(c, e->key, buf, (size_t)size, n) != 0) {
+        free(buf);
+        buf = NULL;
+    }
     return buf;
 }
 
-static enum kind kind_of(const uint8_t *head, size_t n)
+/* Prints conversations, blocks and snapshots, the bytes shared, the dedup
+ * ratio (block bytes the manifests name / block bytes on disk), and what
+ * manifests name that is not stored. A manifest names its blocks, then its
+ * SWA blocks, then a hybrid's snapshots (manifest.h): each is counted as
+ * the kind it is on disk. */
+static void print_blocks(struct thaw_disk_cache *c, const struct list *l)
 {
-    if (n < 4)
-        return KIND_OTHER;
-    if (!memcmp(head, "TKB1", 4))
-        return KIND_BLOCK;
-    if (!memcmp(head, "TMF1", 4))
-        return KIND_MANIFEST;
-    if (!memcmp(head, "TKV1", 4))
-        return KIND_WHOLE;
-    return KIND_OTHER;
-}
-
-/* Prints conversations, blocks, shared bytes and the dedup ratio (bytes
- * the manifests name / bytes the blocks take). */
-static void print_blocks(const struct cli *cli, const struct list *l)
-{
-    struct block_ref *blocks = calloc(l->n + 1, sizeof *blocks);
+    struct named *named = calloc(l->n + 1, sizeof *named);
     size_t *manifests = calloc(l->n + 1, sizeof *manifests); /* their indices in l */
-    uint64_t n_blocks = 0, n_manifests = 0, n_whole = 0, block_bytes = 0, named = 0, shared = 0, missing = 0;
+    uint64_t n_named = 0, n_manifests = 0, n_whole = 0, n_blocks = 0, n_snaps = 0;
+    uint64_t block_bytes = 0, snap_bytes = 0, named_bytes = 0, shared = 0, snap_shared = 0, missing = 0;
     char a[24], b[24];
 
-    if (!blocks || !manifests) {
-        free(blocks);
+    if (!named || !manifests) {
+        free(named);
         free(manifests);
         return;
     }
     for (size_t i = 0; i < l->n; i++) {
-        uint8_t *head;
+        uint8_t head[THAW_ENTRY_HEAD];
         size_t n = 0;
-        if (!(head = read_kv(cli, l->v[i].key, 4, &n)))
-            continue;
-        switch (kind_of(head, n)) {
-        case KIND_BLOCK:
-            memcpy(blocks[n_blocks].key, l->v[i].key, THAW_KEY_BYTES);
-            blocks[n_blocks++].bytes = l->v[i].bytes;
-            block_bytes += l->v[i].bytes;
+        if (thaw_disk_cache_read_kv(c, l->v[i].key, head, sizeof head, &n) != 0)
+            continue; /* removed meanwhile, or unreadable: verify says which */
+        switch (thaw_entry_kind(head, n)) {
+        case THAW_ENTRY_BLOCK:
+        case THAW_ENTRY_SNAPSHOT:
+            named[n_named] = (struct named){.bytes = l->v[i].bytes,
+                                            .snapshot = thaw_entry_kind(head, n) == THAW_ENTRY_SNAPSHOT};
+            memcpy(named[n_named].key, l->v[i].key, THAW_KEY_BYTES);
+            if (named[n_named++].snapshot) {
+                n_snaps++;
+                snap_bytes += l->v[i].bytes;
+            } else {
+                n_blocks++;
+                block_bytes += l->v[i].bytes;
+            }
             break;
-        case KIND_MANIFEST:
+        case THAW_ENTRY_MANIFEST:
             manifests[n_manifests++] = i;
             break;
-        case KIND_WHOLE:
+        case THAW_ENTRY_STATE:
             n_whole++;
             break;
-        default:
+        case THAW_ENTRY_OTHER:
             break;
         }
-        free(head);
     }
-    qsort(blocks, n_blocks, sizeof *blocks, block_cmp);
+    qsort(named, n_named, sizeof *named, named_cmp);
     for (uint64_t j = 0; j < n_manifests; j++) { /* only manifests are read whole */
         size_t n = 0;
         const uint8_t *ids;
         uint32_t n_ids;
-        const struct thaw_disk_entry_info *e = &l->v[manifests[j]];
-        uint64_t size = e->part_size[THAW_PART_KV];
-        uint8_t *m = size < (64u << 20) ? read_kv(cli, e->key, size, &n) : NULL;
-        if (m && thaw_blocks_manifest_ids(m, n, &ids, &n_ids) == 0) {
+        uint8_t *m = read_kv(c, &l->v[manifests[j]], &n);
+        if (m && thaw_manifest_ids(m, n, &ids, &n_ids) == 0) {
             for (uint32_t k = 0; k < n_ids; k++) {
-                struct block_ref *r =
-                    bsearch(ids + (size_t)k * THAW_KEY_BYTES, blocks, n_blocks, sizeof *blocks, block_cmp);
+                struct named *r = bsearch(ids + (size_t)k * THAW_KEY_BYTES, named, n_named, sizeof *named, named_cmp);
                 if (!r) {
                     missing++;
                     continue;
                 }
-                named += r->bytes;
-                if (++r->refs == 2)
-                    shared += r->bytes;
+                if (r->snapshot) {
+                    snap_shared += ++r->refs == 2 ? r->bytes : 0;
+                } else {
+                    named_bytes += r->bytes;
+                    shared += ++r->refs == 2 ? r->bytes : 0;
+                }
             }
         }
         free(m);
@@ -357,13 +328,18 @@ static void print_blocks(const struct cli *cli, const struct list *l)
     thaw_fmt_bytes(block_bytes, a);
     thaw_fmt_bytes(shared, b);
     printf("blocks            %" PRIu64 ", %s (%s shared by two or more conversations)\n", n_blocks, a, b);
+    if (n_snaps) {
+        thaw_fmt_bytes(snap_bytes, a);
+        thaw_fmt_bytes(snap_shared, b);
+        printf("snapshots         %" PRIu64 ", %s (%s shared by two or more conversations)\n", n_snaps, a, b);
+    }
     if (block_bytes)
         printf("dedup ratio       %.2fx (block bytes the manifests name / block bytes on disk)\n",
-               (double)named / (double)block_bytes);
+               (double)named_bytes / (double)block_bytes);
     if (missing)
         printf("missing blocks    %" PRIu64 " named by a manifest but not stored (those conversations miss)\n",
                missing);
-    free(blocks);
+    free(named);
 }
 
 /* Blocks as the disk tier's index sees them (kinds and refs from the .idx). */
@@ -418,13 +394,13 @@ static int cmd_stats(struct cli *cli)
     printf("tokens stored     %" PRIu64 "\n", tokens);
     printf("with checkpoints  %" PRIu64 "\n", with_ckpt);
     printf("with draft state  %" PRIu64 "\n", with_dft);
-    fmt_ago(st.oldest_created, now, ago);
+    thaw_fmt_ago(st.oldest_created, now, ago);
     printf("oldest entry      created %s\n", ago);
-    fmt_ago(st.oldest_used, now, ago);
+    thaw_fmt_ago(st.oldest_used, now, ago);
     printf("least recent use  %s\n", ago);
-    fmt_ago(newest, now, ago);
+    thaw_fmt_ago(newest, now, ago);
     printf("most recent use   %s\n", ago);
-    print_blocks(cli, &l);
+    print_blocks(c, &l);
     print_gc(&st);
     if (st.skipped_entries)
         printf("unreadable        %" PRIu64 " (see `thaw cache verify %s`)\n", st.skipped_entries, cli->dir);
@@ -584,327 +560,6 @@ out:
     free(l.v);
     thaw_disk_cache_close(c);
     return ret;
-}
-
-/* ---- the shared tier -----------------------------------------------------
- *
- * `thaw cache gc --shared s3://BUCKET/PREFIX` expires the shared tier's
- * objects (DESIGN §11) on stores without a lifecycle rule. Objects are
- * immutable (written once, If-None-Match: *), so LastModified is when an
- * object was first written, and age is all there is to go by (a store
- * counts no reads). Deleting is safe next to running servers: a missing
- * manifest is a miss, and so is a manifest whose block is gone (the fetch
- * finds it incomplete and the server prefills). Manifests (.../m/<hex>)
- * still go first, in a pass of their own, so that no manifest is left
- * naming blocks already deleted: a listing is in key order, where a
- * tenant's b/ comes before its m/. The cut is taken once, so both passes
- * agree on what is old; the second pass retries an old manifest the first
- * could not delete. Memory stays flat: each page is acted on as it comes,
- * nothing is collected. */
-
-#define PROGRESS_S 5     /* seconds between progress lines */
-#define SHOW_FAILURES 10 /* failed deletes named one by one, then only counted */
-#define GIVE_UP_AFTER 20 /* failed deletes in a row that stop the run */
-#define GC_TIMEOUT_MS 30000
-
-#ifdef THAW_HAVE_S3
-enum obj_kind { OBJ_MANIFEST, OBJ_BLOCK, OBJ_OTHER };
-
-/* By the segment before the last: PREFIX/v1/<model>/<tenant>/m/<hex>. */
-static enum obj_kind obj_kind_of(const char *key)
-{
-    const char *last = strrchr(key, '/'), *p = last;
-
-    if (!last)
-        return OBJ_OTHER;
-    while (p > key && p[-1] != '/')
-        p--;
-    if (last - p == 1 && *p == 'm')
-        return OBJ_MANIFEST;
-    if (last - p == 1 && *p == 'b')
-        return OBJ_BLOCK;
-    return OBJ_OTHER;
-}
-
-/* Length of the valid UTF-8 sequence at c (a character U+00A0 or above:
- * no C1 control, which some terminals obey), or 0. */
-static size_t utf8_printable(const unsigned char *c)
-{
-    size_t n = c[0] >= 0xF0 && c[0] <= 0xF4 ? 4 : c[0] >= 0xE0 ? 3 : c[0] >= 0xC2 && c[0] < 0xE0 ? 2 : 0;
-    uint32_t cp;
-
-    if (n == 0 || c[0] > 0xF4)
-        return 0;
-    cp = c[0] & (0x7F >> n);
-    for (size_t i = 1; i < n; i++) {
-        if ((c[i] & 0xC0) != 0x80) /* a NUL ends the string here too */
-            return 0;
-        cp = cp << 6 | (c[i] & 0x3F);
-    }
-    if (cp < 0xA0 || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return n;
-}
-
-/* A key for a terminal: control bytes (a newline, an escape sequence),
- * invalid UTF-8 and '\' as \xNN, so one object is one line and nothing
- * in a key can drive the terminal. */
-static void print_key(FILE *f, const char *key)
-{
-    for (const unsigned char *c = (const unsigned char *)key; *c;) {
-        size_t n = *c >= 0x80 ? utf8_printable(c) : 0;
-        if (n) {
-            fwrite(c, 1, n, f);
-            c += n;
-        } else if (*c < 0x20 || *c >= 0x7f || *c == '\\') {
-            fprintf(f, "\\x%02x", *c++);
-        } else {
-            fputc(*c++, f);
-        }
-    }
-}
-
-/* What to do about a failed request, by its HTTP status (0: no answer). */
-static const char *store_hint(long status)
-{
-    switch (status) {
-    case 0:
-        return "check --endpoint (or AWS_ENDPOINT_URL) and that the store is up";
-    case 301:
-    case 307:
-    case 400:
-        return "check AWS_REGION and --endpoint";
-    case 401:
-    case 403:
-        return "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION";
-    case 404:
-        return "check the bucket's name and --endpoint";
-    case 200:
-        return "the store's listing could not be read";
-    default:
-        return "the store refused the request";
-    }
-}
-
-struct gc_run {
-    struct thaw_s3 *s3;
-    const char *url;            /* s3://BUCKET/PREFIX/, for messages */
-    int64_t cut;                /* Unix seconds: written before it is old */
-    int64_t now, next_progress; /* next_progress: monotonic seconds */
-    int dry_run, verbose, pass; /* pass 1: old manifests; 2: the rest (a dry run: one pass, all) */
-    uint64_t listed;            /* in this pass */
-    uint64_t deleted[3], bytes; /* by enum obj_kind; bytes of them (a dry run: would be) */
-    uint64_t kept, failed, in_a_row, deleted_in_pass1;
-    char give_up[320]; /* why the run stopped early, "" if it did not */
-};
-
-static void gc_progress(struct gc_run *g)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    if (ts.tv_sec < g->next_progress)
-        return;
-    g->next_progress = ts.tv_sec + PROGRESS_S;
-    if (g->dry_run)
-        fprintf(stderr, "thaw cache gc: %" PRIu64 " objects listed, %" PRIu64 " would go\n", g->listed,
-                g->deleted[0] + g->deleted[1] + g->deleted[2]);
-    else
-        fprintf(stderr, "thaw cache gc: pass %d/2 (%s): %" PRIu64 " objects listed, %" PRIu64 " deleted so far\n",
-                g->pass, g->pass == 1 ? "manifests" : "blocks and the rest", g->listed,
-                g->deleted[0] + g->deleted[1] + g->deleted[2]);
-}
-
-/* Deletes one old object. 0 to go on, 1 to stop the listing (give_up). */
-static int gc_delete(struct gc_run *g, const struct thaw_s3_object *o, enum obj_kind kind)
-{
-    if (thaw_s3_delete(g->s3, o->key) == 0) {
-        g->deleted[kind]++;
-        g->bytes += o->size;
-        g->in_a_row = 0;
-        if (g->verbose) {
-            printf("deleted ");
-            print_key(stdout, o->key);
-            printf("\n");
-        }
-        return 0;
-    }
-    g->failed++;
-    if (g->failed <= SHOW_FAILURES) {
-        fprintf(stderr, "thaw cache gc: cannot delete ");
-        print_key(stderr, o->key);
-        fprintf(stderr, ": %s%s\n", thaw_s3_last_error(g->s3),
-                g->failed == SHOW_FAILURES ? " (further failures only counted)" : "");
-    }
-    if (thaw_s3_last_status(g->s3) == 0) {
-        snprintf(g->give_up, sizeof g->give_up, "the store stopped answering (%s): %s", thaw_s3_last_error(g->s3),
-                 store_hint(0));
-        return 1;
-    }
-    if (++g->in_a_row >= GIVE_UP_AFTER) {
-        snprintf(g->give_up, sizeof g->give_up, "%d deletes in a row failed (last: %s): %s", GIVE_UP_AFTER,
-                 thaw_s3_last_error(g->s3), store_hint(thaw_s3_last_status(g->s3)));
-        return 1;
-    }
-    return 0;
-}
-
-static int gc_object(void *ud, const struct thaw_s3_object *o)
-{
-    struct gc_run *g = ud;
-    enum obj_kind kind = obj_kind_of(o->key);
-    int old = o->last_modified < g->cut;
-    char size[24], ago[24];
-
-    g->listed++;
-    gc_progress(g);
-    if (g->dry_run && old) {
-        g->deleted[kind]++;
-        g->bytes += o->size;
-        thaw_fmt_bytes(o->size, size);
-        fmt_ago(o->last_modified, g->now, ago);
-        printf("would delete ");
-        print_key(stdout, o->key);
-        printf("  %s, written %s\n", size, ago);
-        return 0;
-    }
-    if (g->pass == 1)
-        return old && kind == OBJ_MANIFEST ? gc_delete(g, o, kind) : 0;
-    if (old)
-        return gc_delete(g, o, kind);
-    g->kept++;
-    return 0;
-}
-
-/* One listing of the run. 0, or 2 with the reason printed. */
-static int gc_pass(struct gc_run *g, const char *prefix)
-{
-    int r;
-
-    g->listed = 0;
-    r = thaw_s3_list(g->s3, prefix, gc_object, g);
-    if (r == 0)
-        return 0;
-    if (r == 1)
-        fprintf(stderr, "thaw cache gc: stopped: %s\n", g->give_up);
-    else if (r == THAW_ESTORE || r == THAW_ETIMEDOUT)
-        fprintf(stderr, "thaw cache gc: cannot list %s: %s: %s\n", g->url,
-                r == THAW_ETIMEDOUT ? "no answer within the deadline" : thaw_s3_last_error(g->s3),
-                store_hint(thaw_s3_last_status(g->s3)));
-    else
-        fprintf(stderr, "thaw cache gc: cannot list %s: %s\n", g->url, thaw_strerror(r));
-    return 2;
-}
-#endif
-
-static int cmd_gc_shared(const char *url, const char *endpoint_opt, int64_t ttl_s, int dry_run, int verbose)
-{
-#ifndef THAW_HAVE_S3
-    (void)url;
-    (void)endpoint_opt;
-    (void)ttl_s;
-    (void)dry_run;
-    (void)verbose;
-    fprintf(stderr, "thaw cache gc: --shared: this thaw was built without libcurl (install it, then build again)\n");
-    return 2;
-#else
-    /* where the store is: s3.c's one parser, as for the servers' --kv-shared */
-    struct thaw_s3_location loc;
-    char where[1400], why[128];
-    const char *from;
-    /* tests only: a clock that has moved on (LastModified cannot be set
-     * back), pages of a few keys (deleting while listing across pages) */
-    long test_now = thaw_test_hook(THAW_HOOK_NOW_S), test_page = thaw_test_hook(THAW_HOOK_LIST_PAGE);
-
-    int urc = thaw_s3_parse_url(url, &loc, why, sizeof why);
-    if (urc != 0 || !loc.prefix[0]) {
-        fprintf(stderr,
-                "thaw cache gc: --shared %s: want s3://BUCKET/PREFIX (the --kv-shared of the servers; "
-                "a prefix is required)%s%s\n",
-                url, urc ? ": " : "", urc ? why : "");
-        return 2;
-    }
-    int erc = thaw_s3_endpoint(endpoint_opt, &loc, &from);
-    if (erc == THAW_ENOTFOUND) {
-        fprintf(stderr, "thaw cache gc: no store endpoint: give --endpoint URL or set AWS_ENDPOINT_URL\n");
-        return 2;
-    }
-    if (erc != 0) {
-        fprintf(stderr, "thaw cache gc: endpoint %s: want http(s)://HOST[:PORT]\n", from ? getenv(from) : endpoint_opt);
-        return 2;
-    }
-    if (thaw_s3_credentials(&loc) != 0) {
-        fprintf(stderr, "thaw cache gc: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the store's credentials)\n");
-        return 2;
-    }
-    snprintf(where, sizeof where, "s3://%s/%s at %s", loc.bucket, loc.prefix, loc.endpoint);
-    struct thaw_s3_params p = {loc.endpoint, loc.bucket, loc.access_key, loc.secret_key, loc.region, GC_TIMEOUT_MS};
-    struct gc_run g = {0};
-    char freed[24];
-    uint64_t deleted;
-    int ret;
-
-    if (loc.session_token)
-        fprintf(stderr, "thaw cache gc: AWS_SESSION_TOKEN is set but not sent (temporary credentials are not "
-                        "supported): use a key pair\n");
-    if (thaw_s3_new(&p, &g.s3)) {
-        fprintf(stderr, "thaw cache gc: %s: cannot make a client for it\n", where);
-        return 2;
-    }
-    if (test_page)
-        thaw_s3_set_list_page(g.s3, (int)test_page);
-    g.url = where;
-    g.dry_run = dry_run;
-    g.verbose = verbose;
-    g.now = test_now ? (int64_t)test_now : (int64_t)time(NULL);
-    g.cut = g.now - ttl_s;
-    const char *list_prefix = loc.prefix; /* "PREFIX/": gc never sweeps a whole bucket */
-    {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        g.next_progress = ts.tv_sec + PROGRESS_S;
-    }
-    if (dry_run) {
-        g.pass = 0;
-        ret = gc_pass(&g, list_prefix);
-    } else {
-        g.pass = 1;
-        ret = gc_pass(&g, list_prefix);
-        g.deleted_in_pass1 = g.deleted[OBJ_MANIFEST];
-        if (ret == 0) {
-            g.pass = 2;
-            g.failed = 0; /* the first pass's failures are tried again */
-            g.in_a_row = 0;
-            ret = gc_pass(&g, list_prefix);
-        }
-    }
-    deleted = g.deleted[0] + g.deleted[1] + g.deleted[2];
-    thaw_fmt_bytes(g.bytes, freed);
-    if (ret && (deleted || g.pass == 2 || g.listed)) { /* what was done before it stopped */
-        printf("%s %" PRIu64 " objects (%" PRIu64 " manifests, %" PRIu64 " blocks, %" PRIu64
-               " other; %s) before stopping\n",
-               dry_run ? "would have deleted" : "deleted", deleted, g.deleted[0], g.deleted[1], g.deleted[2], freed);
-    } else if (!ret) {
-        /* every object was seen once: deleted in pass 1, or listed in pass 2 (the dry run's only pass) */
-        uint64_t scanned = g.deleted_in_pass1 + g.listed;
-        printf("%sscanned %" PRIu64 " objects under %s: %s %" PRIu64 " (%" PRIu64 " manifests, %" PRIu64
-               " blocks, %" PRIu64 " other; %s), kept %" PRIu64,
-               dry_run ? "dry run: " : "", scanned, where, dry_run ? "would delete" : "deleted", deleted, g.deleted[0],
-               g.deleted[1], g.deleted[2], freed, dry_run ? scanned - deleted : g.kept);
-        if (g.failed)
-            printf(", %" PRIu64 " could not be deleted", g.failed);
-        time_t cut = (time_t)g.cut;
-        struct tm tm;
-        char when[32] = "?";
-        if (gmtime_r(&cut, &tm))
-            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-        printf("; old: written before %s (--ttl %" PRId64 ")\n", when, ttl_s);
-        ret = g.failed ? 1 : 0;
-    }
-    thaw_s3_free(g.s3);
-    return ret;
-#endif
 }
 
 /* ---- main --------------------------------------------------------------- */
@@ -1085,7 +740,7 @@ int thaw_cache_main(int argc, char **argv)
             return usage(stderr, 2);
         }
         thaw_config_init(&cfg); /* the server's default --kv-cache-ttl */
-        ret = cmd_gc_shared(a.shared, a.endpoint, a.ttl_given ? a.ttl_s : (int64_t)cfg.kv_cache_ttl_s, a.dry_run,
+        ret = thaw_cache_gc_shared(a.shared, a.endpoint, a.ttl_given ? a.ttl_s : (int64_t)cfg.kv_cache_ttl_s, a.dry_run,
                             a.verbose);
         thaw_config_free(&cfg);
         free(a.pos);

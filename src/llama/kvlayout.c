@@ -1,6 +1,8 @@
-/* kvlayout.c — parse, cut and assemble libllama sequence-state buffers.
+/* kvlayout.c — parse and cut libllama sequence-state buffers, validate
+ * blocks; assembling blocks back into a buffer is kvlayout_asm.c's.
  *
- * The byte layouts are in kvlayout.h. Two rules hold everywhere here:
+ * The byte layouts are in kvlayout.h, the constants and the block parser
+ * both files share in kvlayout_fmt.h. Two rules hold everywhere here:
  *   1. Nothing is read before the reader has checked that it lies inside the
  *      buffer (struct rd); sizes are multiplied only after a division has
  *      shown the product fits.
@@ -13,13 +15,17 @@
  *   ---- reader ----        bounds-checked reads
  *   ---- types ----         which ggml types a row can hold
  *   ---- parse ----         one KV-cache section, then the whole buffer
- *   ---- blocks ----        cut one, validate one
- *   ---- assembly ----      blocks + frame + tail -> libllama buffer
- *   ---- self-test ----     the start-up round trip
+ *   ---- blocks ----        cut one from a parsed buffer
+ *   ---- blocks cut from the cache's memory ----  the shape (from a parsed
+ *                           buffer), the layers' memory, cutting by cell
+ *   ---- SWA rows (DESIGN §12) ----  where the window's positions are, its
+ *                           rows as blocks
+ *   ---- validating a block ----  head, whole, what a file's head says
+ *   ---- self-test ----     the start-up round trip: parse, cut, assemble
  */
 #include "llama/kvlayout.h"
+#include "llama/kvlayout_fmt.h"
 
-#include "base/blob.h"
 #include "base/error.h"
 
 #include <ggml-backend.h>
@@ -27,19 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
-#define LLAMA_SEQ_MAGIC 0xaf143cd8u /* llama-context.cpp io_magic (v0.4.0) */
-#define BLOCK_MAGIC 0x31424b54u     /* "TKB1" */
-#define BLOCK_HEAD 24u              /* fixed block header, bytes */
-#define BLOCK_LAYER 24u             /* one layer-table entry, bytes */
-#define FLAG_VTRANS 1u
-#define FLAG_EXT 2u
-#define FLAG_KONLY 4u /* layers without V: an MLA model's latent cache */
-#define FLAG_ALL (FLAG_VTRANS | FLAG_EXT | FLAG_KONLY)
-#define CELL_EXT 12u     /* llama_kv_cell_ext: i32 x, y; llama_token tok */
-#define MAX_LAYERS 4096u /* sanity bounds: more is not a layout we know */
-#define MAX_STREAMS 65536u
 
 /* ---- reader ------------------------------------------------------------------ */
 
@@ -115,11 +109,6 @@ struct thaw_kvlayout {
     struct section s1; /* the SWA section when there is one (n_layers 0 if it holds no cells) */
     size_t s1_cell_bytes;
 };
-
-static size_t meta_stride(int ext)
-{
-    return 4 + 4 + (ext ? CELL_EXT : 0) + 4;
-}
 
 /* Reads one stream's meta and data (n_cells > 0) at r; s->k_only: the
  * layers have no V part (libllama writes none for a cache without V
@@ -397,35 +386,12 @@ void thaw_kvlayout_tail(const struct thaw_kvlayout *l, const void **tail, size_t
 
 /* ---- blocks ------------------------------------------------------------------ */
 
-static size_t block_meta_stride(int ext)
-{
-    return 4 + (ext ? CELL_EXT : 0);
-}
-
 size_t thaw_kvlayout_block_size(const struct thaw_kvlayout *l, uint32_t a, uint32_t b)
 {
     if (a >= b || b > l->s0.n_cells)
         return 0;
     size_t m = b - a;
     return BLOCK_HEAD + (size_t)l->s0.n_layers * BLOCK_LAYER + m * block_meta_stride(l->ext) + m * l->cell_bytes;
-}
-
-static void put32(uint8_t **p, uint32_t v)
-{
-    memcpy(*p, &v, 4);
-    *p += 4;
-}
-
-static void put64(uint8_t **p, uint64_t v)
-{
-    memcpy(*p, &v, 8);
-    *p += 8;
-}
-
-static void put(uint8_t **p, const void *src, size_t n)
-{
-    memcpy(*p, src, n);
-    *p += n;
 }
 
 /* A block's header and layer table for cells [a, b) shaped as `ly`
@@ -544,101 +510,6 @@ int thaw_kvlayout_mem_new(const struct thaw_kvlayout *l, struct thaw_kvlayout_me
     if (l->ext)
         return THAW_ELAYOUT; /* cells with ext: not cut from memory */
     return mem_new_section(&l->s0, l->cell_bytes, out);
-}
-
-/* ---- SWA rows (DESIGN §12) ----------------------------------------------------- */
-
-uint32_t thaw_kvlayout_swa_n_cells(const struct thaw_kvlayout *l)
-{
-    return l->s1.n_layers ? l->s1.n_cells : 0;
-}
-
-int thaw_kvlayout_has_swa(const struct thaw_kvlayout *l)
-{
-    return l->tail_off != l->n;
-}
-
-int thaw_kvlayout_swa_pos_range(const struct thaw_kvlayout *l, int32_t *lo, int32_t *hi)
-{
-    const struct section *s = &l->s1;
-    size_t stride = meta_stride(l->ext);
-
-    if (!s->n_layers || !s->n_cells)
-        return THAW_ENOTFOUND;
-    *lo = INT32_MAX;
-    *hi = -1;
-    for (uint32_t i = 0; i < s->n_cells; i++) {
-        int32_t pos;
-        memcpy(&pos, l->buf + s->meta_off + (size_t)i * stride, 4);
-        if (pos < *lo)
-            *lo = pos;
-        if (pos > *hi)
-            *hi = pos;
-    }
-    return 0;
-}
-
-int thaw_kvlayout_swa_find(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, int32_t *idx)
-{
-    const struct section *s = &l->s1;
-    size_t stride = meta_stride(l->ext);
-
-    if (!s->n_layers || a >= b)
-        return THAW_ENOTFOUND;
-    for (uint32_t i = 0; i < b - a; i++)
-        idx[i] = -1;
-    for (uint32_t i = 0; i < s->n_cells; i++) {
-        int32_t pos;
-        memcpy(&pos, l->buf + s->meta_off + (size_t)i * stride, 4);
-        if (pos >= (int32_t)a && pos < (int32_t)b)
-            idx[pos - (int32_t)a] = (int32_t)i;
-    }
-    for (uint32_t i = 0; i < b - a; i++)
-        if (idx[i] < 0)
-            return THAW_ENOTFOUND;
-    return 0;
-}
-
-int thaw_kvlayout_mem_new_swa(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
-{
-    *out = NULL;
-    if (l->ext)
-        return THAW_ELAYOUT;
-    return mem_new_section(&l->s1, l->s1_cell_bytes, out);
-}
-
-int thaw_kvlayout_swa_mem(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
-{
-    const struct section *s = &l->s1;
-    int rc = thaw_kvlayout_mem_new_swa(l, out);
-
-    if (rc != 0)
-        return rc;
-    /* the capture's own rows: one stream, cells by their index in the section */
-    for (uint32_t i = 0; i < s->n_layers; i++) {
-        const struct layer *ly = &s->layers[i];
-        thaw_kvlayout_mem_set(*out, i, l->buf + ly->k_off, 0, l->buf + ly->v_off, 0,
-                              s->v_trans ? (size_t)s->n_cells * ly->v_el : 0);
-    }
-    return 0;
-}
-
-void thaw_kvlayout_swa_copy_cell(const struct thaw_kvlayout *l, uint32_t i, uint32_t layer, void *k_dst,
-                                 void *v_dst, size_t v_dst_stride)
-{
-    const struct section *s = &l->s1;
-    const struct layer *ly = &s->layers[layer];
-
-    memcpy(k_dst, l->buf + ly->k_off + (size_t)i * ly->k_row, ly->k_row);
-    if (s->k_only)
-        return;
-    if (!s->v_trans) {
-        memcpy(v_dst, l->buf + ly->v_off + (size_t)i * ly->v_row, ly->v_row);
-        return;
-    }
-    size_t n_embd_v = ly->v_row / ly->v_el;
-    for (size_t e = 0; e < n_embd_v; e++)
-        memcpy((uint8_t *)v_dst + e * v_dst_stride, l->buf + ly->v_off + (e * s->n_cells + i) * ly->v_el, ly->v_el);
 }
 
 uint32_t thaw_kvlayout_mem_n_layers(const struct thaw_kvlayout_mem *m)
@@ -765,16 +636,104 @@ int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m_, uint32_t stream, u
     return 0;
 }
 
-/* A validated block: its header fields and where its parts start. */
-struct blk {
-    const uint8_t *p;
-    uint32_t pos0, n_cells, n_layers, flags;
-    const uint8_t *table, *meta, *data;
-};
+/* ---- SWA rows (DESIGN §12) ----------------------------------------------------- */
 
-/* Validates a block's head (header, layer table, cell meta) within the n
- * bytes at block; *total is the size the whole block must have. */
-static int block_parse_head(const void *block, size_t n, struct blk *k, uint64_t *total)
+uint32_t thaw_kvlayout_swa_n_cells(const struct thaw_kvlayout *l)
+{
+    return l->s1.n_layers ? l->s1.n_cells : 0;
+}
+
+int thaw_kvlayout_has_swa(const struct thaw_kvlayout *l)
+{
+    return l->tail_off != l->n;
+}
+
+int thaw_kvlayout_swa_pos_range(const struct thaw_kvlayout *l, int32_t *lo, int32_t *hi)
+{
+    const struct section *s = &l->s1;
+    size_t stride = meta_stride(l->ext);
+
+    if (!s->n_layers || !s->n_cells)
+        return THAW_ENOTFOUND;
+    *lo = INT32_MAX;
+    *hi = -1;
+    for (uint32_t i = 0; i < s->n_cells; i++) {
+        int32_t pos;
+        memcpy(&pos, l->buf + s->meta_off + (size_t)i * stride, 4);
+        if (pos < *lo)
+            *lo = pos;
+        if (pos > *hi)
+            *hi = pos;
+    }
+    return 0;
+}
+
+int thaw_kvlayout_swa_find(const struct thaw_kvlayout *l, uint32_t a, uint32_t b, int32_t *idx)
+{
+    const struct section *s = &l->s1;
+    size_t stride = meta_stride(l->ext);
+
+    if (!s->n_layers || a >= b)
+        return THAW_ENOTFOUND;
+    for (uint32_t i = 0; i < b - a; i++)
+        idx[i] = -1;
+    for (uint32_t i = 0; i < s->n_cells; i++) {
+        int32_t pos;
+        memcpy(&pos, l->buf + s->meta_off + (size_t)i * stride, 4);
+        if (pos >= (int32_t)a && pos < (int32_t)b)
+            idx[pos - (int32_t)a] = (int32_t)i;
+    }
+    for (uint32_t i = 0; i < b - a; i++)
+        if (idx[i] < 0)
+            return THAW_ENOTFOUND;
+    return 0;
+}
+
+int thaw_kvlayout_mem_new_swa(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
+{
+    *out = NULL;
+    if (l->ext)
+        return THAW_ELAYOUT;
+    return mem_new_section(&l->s1, l->s1_cell_bytes, out);
+}
+
+int thaw_kvlayout_swa_mem(const struct thaw_kvlayout *l, struct thaw_kvlayout_mem **out)
+{
+    const struct section *s = &l->s1;
+    int rc = thaw_kvlayout_mem_new_swa(l, out);
+
+    if (rc != 0)
+        return rc;
+    /* the capture's own rows: one stream, cells by their index in the section */
+    for (uint32_t i = 0; i < s->n_layers; i++) {
+        const struct layer *ly = &s->layers[i];
+        thaw_kvlayout_mem_set(*out, i, l->buf + ly->k_off, 0, l->buf + ly->v_off, 0,
+                              s->v_trans ? (size_t)s->n_cells * ly->v_el : 0);
+    }
+    return 0;
+}
+
+void thaw_kvlayout_swa_copy_cell(const struct thaw_kvlayout *l, uint32_t i, uint32_t layer, void *k_dst,
+                                 void *v_dst, size_t v_dst_stride)
+{
+    const struct section *s = &l->s1;
+    const struct layer *ly = &s->layers[layer];
+
+    memcpy(k_dst, l->buf + ly->k_off + (size_t)i * ly->k_row, ly->k_row);
+    if (s->k_only)
+        return;
+    if (!s->v_trans) {
+        memcpy(v_dst, l->buf + ly->v_off + (size_t)i * ly->v_row, ly->v_row);
+        return;
+    }
+    size_t n_embd_v = ly->v_row / ly->v_el;
+    for (size_t e = 0; e < n_embd_v; e++)
+        memcpy((uint8_t *)v_dst + e * v_dst_stride, l->buf + ly->v_off + (e * s->n_cells + i) * ly->v_el, ly->v_el);
+}
+
+/* ---- validating a block ------------------------------------------------------ */
+
+int kvlayout_block_parse_head(const void *block, size_t n, struct blk *k, uint64_t *total)
 {
     struct rd r = {block, n, 0};
     uint32_t magic, ver, reserved;
@@ -832,10 +791,10 @@ static int block_parse_head(const void *block, size_t n, struct blk *k, uint64_t
     return 0;
 }
 
-static int block_parse(const void *block, size_t n, struct blk *k)
+int kvlayout_block_parse(const void *block, size_t n, struct blk *k)
 {
     uint64_t total;
-    int rc = block_parse_head(block, n, k, &total);
+    int rc = kvlayout_block_parse_head(block, n, k, &total);
 
     if (rc != 0)
         return rc;
@@ -862,407 +821,25 @@ int thaw_kvlayout_block_head_size(const void *hdr, size_t n, size_t *n_head)
     return 0;
 }
 
+int thaw_kvlayout_is_block(const void *blob, size_t n)
+{
+    uint32_t magic;
+
+    if (!blob || n < BLOCK_HEAD)
+        return 0;
+    memcpy(&magic, blob, sizeof magic);
+    return magic == BLOCK_MAGIC;
+}
+
 int thaw_kvlayout_block_info(const void *block, size_t n, uint32_t *pos0, uint32_t *n_cells)
 {
     struct blk k;
-    int rc = block_parse(block, n, &k);
+    int rc = kvlayout_block_parse(block, n, &k);
 
     if (rc == 0) {
         *pos0 = k.pos0;
         *n_cells = k.n_cells;
     }
-    return rc;
-}
-
-/* ---- assembly ---------------------------------------------------------------- */
-
-int thaw_kvlayout_assemble(const void *const *blocks, const size_t *sizes, int n_blocks,
-                           const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, void **out,
-                           size_t *n_out)
-{
-    return thaw_kvlayout_assemble_ex(blocks, sizes, n_blocks, f, tail, n_tail, 0, out, n_out);
-}
-
-struct thaw_kvlayout_asm {
-    struct thaw_kvlayout_frame f;
-    uint32_t n_layers, flags, N, next; /* next: cells placed so far */
-    uint32_t pos0;         /* the section's first position (0 for section 0) */
-    int vtrans, ext, konly;
-    uint8_t *table;        /* block 0's layer table, which every block must repeat */
-    uint64_t *krow, *vrow; /* per layer, bytes per cell */
-    uint32_t *vel;         /* per layer, transposed V: bytes per element */
-    size_t *k_off, *v_off; /* per layer, offset in the state of its first K / V byte */
-    size_t meta_off, tail_off, size, n_tail, headroom;
-    size_t rest_off; /* the counts (0) of the streams after the frame's */
-    uint8_t *buf;  /* headroom + size bytes; handed out by finish */
-    int blob;      /* buf is a blob (blob.h), not malloc'd */
-    uint8_t *base; /* the state in it (valid while the buffer lives) */
-    /* the tail laid out as an SWA section whose blocks go straight into
-     * place (thaw_kvlayout_asm_swa): an assembler of its own over this
-     * one's buffer, which it does not own */
-    struct thaw_kvlayout_asm *swa;
-    int sub;
-};
-
-void thaw_kvlayout_asm_free(struct thaw_kvlayout_asm *a)
-{
-    if (!a)
-        return;
-    thaw_kvlayout_asm_free(a->swa);
-    if (a->sub)
-        ; /* the buffer is the outer assembler's */
-    else if (a->blob)
-        thaw_blob_unref(a->buf);
-    else
-        free(a->buf);
-    free(a->table);
-    free(a->krow);
-    free(a->vrow);
-    free(a->vel);
-    free(a->k_off);
-    free(a->v_off);
-    free(a);
-}
-
-/* Big states get 2 MiB-aligned memory the kernel may back with huge pages:
- * the restore writes every byte once, and 4 KiB faults would cost more than
- * the copy. */
-static void *alloc_state(size_t n)
-{
-    void *p = NULL;
-
-    if (n < (8u << 20))
-        return malloc(n);
-    if (posix_memalign(&p, 2u << 20, n) != 0)
-        return NULL;
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, n, MADV_HUGEPAGE); /* advice only */
-#endif
-    return p;
-}
-
-/* Lays out one section (kvlayout.h: u32 n_stream, ...) of n_cells cells
- * from position pos0, shaped as block k, its first word at offset sec_off
- * of the state: a's shape and offsets; *end is the offset past it.
- * Writes nothing. 0, THAW_EINVAL or THAW_ENOMEM. */
-static int asm_shape(struct thaw_kvlayout_asm *a, const struct blk *k, uint32_t n_cells, uint32_t pos0,
-                     const struct thaw_kvlayout_frame *f, size_t sec_off, size_t *end)
-{
-    uint64_t cell_bytes = 0;
-
-    if (!f || f->n_stream == 0 || f->stream >= f->n_stream || f->n_stream > MAX_STREAMS || n_cells == 0 ||
-        n_cells > INT32_MAX || (uint64_t)pos0 + n_cells > INT32_MAX)
-        return THAW_EINVAL;
-    a->f = *f;
-    a->n_layers = k->n_layers;
-    a->flags = k->flags;
-    a->vtrans = (k->flags & FLAG_VTRANS) != 0;
-    a->ext = (k->flags & FLAG_EXT) != 0;
-    a->konly = (k->flags & FLAG_KONLY) != 0;
-    a->N = n_cells;
-    a->pos0 = pos0;
-    uint32_t L = k->n_layers;
-    if (!(a->table = malloc((size_t)L * BLOCK_LAYER)) || !(a->krow = calloc(L, sizeof *a->krow)) ||
-        !(a->vrow = calloc(L, sizeof *a->vrow)) || !(a->vel = calloc(L, sizeof *a->vel)) ||
-        !(a->k_off = calloc(L, sizeof *a->k_off)) || !(a->v_off = calloc(L, sizeof *a->v_off)))
-        return THAW_ENOMEM;
-    memcpy(a->table, k->table, (size_t)L * BLOCK_LAYER);
-    for (uint32_t l = 0; l < L; l++) {
-        int32_t vt;
-        memcpy(&vt, a->table + (size_t)l * BLOCK_LAYER + 4, 4);
-        memcpy(&a->krow[l], a->table + (size_t)l * BLOCK_LAYER + 8, 8);
-        memcpy(&a->vrow[l], a->table + (size_t)l * BLOCK_LAYER + 16, 8);
-        a->vel[l] = a->vtrans ? (uint32_t)ggml_type_size((enum ggml_type)vt) : 0;
-        cell_bytes += a->krow[l] + a->vrow[l]; /* bounded by block_parse_head */
-    }
-    /* the section's size; the cells' bytes must fit the address space */
-    if (cell_bytes > (SIZE_MAX / 4) / n_cells)
-        return THAW_ENOMEM;
-    size_t off = sec_off + 4 + 4 * (size_t)f->stream + 4;
-    a->meta_off = off;
-    off += (size_t)n_cells * meta_stride(a->ext) + 8;
-    for (uint32_t l = 0; l < L; l++) {
-        a->k_off[l] = off + 12;
-        off += 12 + (size_t)n_cells * a->krow[l];
-    }
-    for (uint32_t l = 0; l < L && !a->konly; l++) {
-        a->v_off[l] = off + 12;
-        off += 12 + (size_t)n_cells * a->vrow[l];
-    }
-    a->rest_off = off;
-    off += 4 * (size_t)(f->n_stream - f->stream - 1);
-    *end = off;
-    return 0;
-}
-
-/* Writes a's section's words (all but the cells' meta and data), its
- * first word at sec_off of a->base. */
-static void asm_write_section(struct thaw_kvlayout_asm *a, size_t sec_off)
-{
-    const struct thaw_kvlayout_frame *f = &a->f;
-    uint32_t L = a->n_layers;
-    uint8_t *p = a->base + sec_off;
-
-    put32(&p, f->n_stream);
-    for (uint32_t st = 0; st < f->stream; st++)
-        put32(&p, 0);
-    put32(&p, a->N);
-    p = a->base + a->meta_off + (size_t)a->N * meta_stride(a->ext);
-    put32(&p, (uint32_t)a->vtrans);
-    put32(&p, L);
-    for (uint32_t l = 0; l < L; l++) {
-        p = a->base + a->k_off[l] - 12;
-        put(&p, a->table + (size_t)l * BLOCK_LAYER, 4);
-        put64(&p, a->krow[l]);
-    }
-    for (uint32_t l = 0; l < L && !a->konly; l++) {
-        p = a->base + a->v_off[l] - 12;
-        put(&p, a->table + (size_t)l * BLOCK_LAYER + 4, 4);
-        if (!a->vtrans) {
-            put64(&p, a->vrow[l]);
-        } else {
-            put32(&p, a->vel[l]);
-            put32(&p, (uint32_t)(a->vrow[l] / a->vel[l]));
-        }
-    }
-    p = a->base + a->rest_off;
-    for (uint32_t st = f->stream + 1; st < f->n_stream; st++)
-        put32(&p, 0);
-}
-
-int thaw_kvlayout_section_size(const void *head0, size_t n_head0, uint32_t n_cells,
-                               const struct thaw_kvlayout_frame *f, size_t *n)
-{
-    struct thaw_kvlayout_asm a = {0};
-    struct blk k;
-    uint64_t total;
-    size_t end = 0;
-    int rc = block_parse_head(head0, n_head0, &k, &total);
-
-    if (rc == 0)
-        rc = asm_shape(&a, &k, n_cells, 0, f, 0, &end);
-    free(a.table);
-    free(a.krow);
-    free(a.vrow);
-    free(a.vel);
-    free(a.k_off);
-    free(a.v_off);
-    *n = end;
-    return rc;
-}
-
-int thaw_kvlayout_asm_new(const void *head0, size_t n_head0, uint32_t n_cells, const struct thaw_kvlayout_frame *f,
-                          size_t n_tail, size_t headroom, unsigned flags, struct thaw_kvlayout_asm **out)
-{
-    struct thaw_kvlayout_asm *a;
-    struct blk k;
-    uint64_t total;
-    size_t end;
-    uint8_t *p;
-    int rc;
-
-    *out = NULL;
-    if ((rc = block_parse_head(head0, n_head0, &k, &total)) != 0)
-        return rc;
-    if (!(a = calloc(1, sizeof *a)))
-        return THAW_ENOMEM;
-    if ((rc = asm_shape(a, &k, n_cells, 0, f, 8, &end)) != 0)
-        goto fail;
-    a->n_tail = n_tail;
-    a->headroom = headroom;
-    a->tail_off = end;
-    a->size = end + n_tail;
-    a->blob = (flags & THAW_KVLAYOUT_ASM_BLOB) != 0;
-    if (a->size < end || a->size > SIZE_MAX - headroom ||
-        !(a->buf = a->blob ? thaw_blob_alloc(headroom + a->size) : alloc_state(headroom + a->size))) {
-        rc = THAW_ENOMEM;
-        goto fail;
-    }
-    a->base = a->buf + headroom;
-    /* everything but the cells' meta and data, and the tail */
-    p = a->base;
-    put32(&p, LLAMA_SEQ_MAGIC);
-    put32(&p, (uint32_t)f->seq_id);
-    asm_write_section(a, 8);
-    *out = a;
-    return 0;
-fail:
-    thaw_kvlayout_asm_free(a);
-    return rc;
-}
-
-int thaw_kvlayout_asm_swa(struct thaw_kvlayout_asm *a, const void *head0, size_t n_head0, uint32_t pos0,
-                          uint32_t n_cells)
-{
-    struct thaw_kvlayout_asm *w;
-    struct blk k;
-    uint64_t total;
-    size_t end;
-    int rc;
-
-    if (a->swa || a->sub || !a->buf)
-        return THAW_EINVAL;
-    if ((rc = block_parse_head(head0, n_head0, &k, &total)) != 0)
-        return rc;
-    if (!(w = calloc(1, sizeof *w)))
-        return THAW_ENOMEM;
-    w->sub = 1;
-    if ((rc = asm_shape(w, &k, n_cells, pos0, &a->f, a->tail_off, &end)) != 0 ||
-        (rc = end - a->tail_off == a->n_tail ? 0 : THAW_EINVAL) != 0) {
-        thaw_kvlayout_asm_free(w);
-        return rc;
-    }
-    w->buf = a->buf;
-    w->base = a->base;
-    asm_write_section(w, a->tail_off);
-    a->swa = w;
-    return 0;
-}
-
-struct thaw_kvlayout_asm *thaw_kvlayout_asm_swa_part(struct thaw_kvlayout_asm *a)
-{
-    return a->swa;
-}
-
-/* Block k (parsed) is the next one: same shape as block 0, at the next
- * position; its cells' meta written. */
-static int asm_place(struct thaw_kvlayout_asm *a, const struct blk *k)
-{
-    if (k->n_layers != a->n_layers || k->flags != a->flags ||
-        memcmp(k->table, a->table, (size_t)a->n_layers * BLOCK_LAYER) != 0)
-        return THAW_EMISMATCH;
-    if (k->pos0 != a->pos0 + a->next || k->n_cells > a->N - a->next)
-        return THAW_EINVAL;
-    uint8_t *p = a->base + a->meta_off + (size_t)a->next * meta_stride(a->ext);
-    size_t bstride = block_meta_stride(a->ext);
-    for (uint32_t c = 0; c < k->n_cells; c++) {
-        const uint8_t *m = k->meta + (size_t)c * bstride;
-        put(&p, m, 4);
-        put32(&p, 1);
-        if (a->ext)
-            put(&p, m + 4, CELL_EXT);
-        put32(&p, (uint32_t)a->f.seq_id);
-    }
-    a->next += k->n_cells;
-    return 0;
-}
-
-int thaw_kvlayout_asm_head(struct thaw_kvlayout_asm *a, const void *head, size_t n_head, uint64_t n_block,
-                           uint32_t *pos0, uint32_t *n_cells)
-{
-    struct blk k;
-    uint64_t total;
-    int rc;
-
-    if ((rc = block_parse_head(head, n_head, &k, &total)) != 0)
-        return rc;
-    if (total != n_block || (size_t)(k.data - (const uint8_t *)head) != n_head)
-        return THAW_ECORRUPT;
-    if ((rc = asm_place(a, &k)) != 0)
-        return rc;
-    *pos0 = k.pos0;
-    *n_cells = k.n_cells;
-    return 0;
-}
-
-int thaw_kvlayout_asm_segments(const struct thaw_kvlayout_asm *a, uint32_t pos0, uint32_t n_cells,
-                               struct thaw_kvlayout_cursor *cur, struct iovec *iov, int cap)
-{
-    uint8_t *base = a->base;
-    int n = 0;
-
-    if (pos0 < a->pos0)
-        return 0; /* not this section's (asm_head refused it) */
-    pos0 -= a->pos0; /* the section's cell */
-    while (n < cap && cur->part < (a->konly ? 1u : 2u)) {
-        uint32_t l = cur->l;
-        if (l == a->n_layers) {
-            cur->part++;
-            cur->l = cur->j = 0;
-            continue;
-        }
-        if (cur->part == 0) { /* K: the block's rows, one run per layer */
-            iov[n].iov_base = base + a->k_off[l] + (size_t)pos0 * a->krow[l];
-            iov[n++].iov_len = (size_t)n_cells * a->krow[l];
-            cur->l++;
-        } else if (!a->vtrans) {
-            iov[n].iov_base = base + a->v_off[l] + (size_t)pos0 * a->vrow[l];
-            iov[n++].iov_len = (size_t)n_cells * a->vrow[l];
-            cur->l++;
-        } else { /* transposed V: one run per embedding column */
-            size_t el = a->vel[l];
-            iov[n].iov_base = base + a->v_off[l] + ((size_t)cur->j * a->N + pos0) * el;
-            iov[n++].iov_len = (size_t)n_cells * el;
-            if (++cur->j == a->vrow[l] / el) {
-                cur->j = 0;
-                cur->l++;
-            }
-        }
-    }
-    return n;
-}
-
-int thaw_kvlayout_asm_copy(struct thaw_kvlayout_asm *a, const void *block, size_t n, uint32_t *n_cells)
-{
-    struct thaw_kvlayout_cursor cur = {0};
-    struct iovec iov[64];
-    struct blk k;
-    int rc, m;
-
-    if ((rc = block_parse(block, n, &k)) != 0 || (rc = asm_place(a, &k)) != 0)
-        return rc;
-    const uint8_t *src = k.data;
-    while ((m = thaw_kvlayout_asm_segments(a, k.pos0, k.n_cells, &cur, iov, 64)) > 0)
-        for (int i = 0; i < m; i++) {
-            memcpy(iov[i].iov_base, src, iov[i].iov_len);
-            src += iov[i].iov_len;
-        }
-    if (n_cells)
-        *n_cells = k.n_cells;
-    return 0;
-}
-
-int thaw_kvlayout_asm_finish(struct thaw_kvlayout_asm *a, const void *tail, size_t n_tail, void **out, size_t *n_out)
-{
-    if (a->sub || a->next != a->N)
-        return THAW_EINVAL;
-    if (a->swa ? n_tail != 0 || a->swa->next != a->swa->N : n_tail != a->n_tail || (n_tail && !tail))
-        return THAW_EINVAL;
-    if (n_tail)
-        memcpy(a->buf + a->headroom + a->tail_off, tail, n_tail);
-    *out = a->buf;
-    *n_out = a->size;
-    a->buf = NULL;
-    return 0;
-}
-
-int thaw_kvlayout_assemble_ex(const void *const *blocks, const size_t *sizes, int n_blocks,
-                              const struct thaw_kvlayout_frame *f, const void *tail, size_t n_tail, size_t headroom,
-                              void **out, size_t *n_out)
-{
-    struct thaw_kvlayout_asm *a = NULL;
-    struct blk k;
-    uint64_t n_cells = 0;
-    int rc;
-
-    *out = NULL;
-    *n_out = 0;
-    if (n_blocks <= 0 || !f || f->n_stream == 0 || f->stream >= f->n_stream || (n_tail && !tail))
-        return THAW_EINVAL;
-    for (int i = 0; i < n_blocks; i++) {
-        if ((rc = block_parse(blocks[i], sizes[i], &k)) != 0)
-            return rc;
-        n_cells += k.n_cells;
-    }
-    if (n_cells > INT32_MAX)
-        return THAW_EINVAL;
-    if ((rc = thaw_kvlayout_asm_new(blocks[0], sizes[0], (uint32_t)n_cells, f, n_tail, headroom, 0, &a)) != 0)
-        return rc;
-    for (int i = 0; i < n_blocks && rc == 0; i++)
-        rc = thaw_kvlayout_asm_copy(a, blocks[i], sizes[i], NULL);
-    if (rc == 0)
-        rc = thaw_kvlayout_asm_finish(a, tail, n_tail, out, n_out);
-    thaw_kvlayout_asm_free(a);
     return rc;
 }
 

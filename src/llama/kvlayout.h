@@ -196,6 +196,10 @@ size_t thaw_kvlayout_mem_block_size(const struct thaw_kvlayout_mem *m, uint32_t 
 int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m, uint32_t stream, uint32_t a, uint32_t b,
                           const int32_t *cell, void *dst, size_t cap);
 
+/* 1 if blob starts like a block (magic, and a header's length), else 0:
+ * what it claims to be, not whether it is whole (thaw_kvlayout_block_info). */
+int thaw_kvlayout_is_block(const void *blob, size_t n);
+
 /* Reads a block's header: its first position and cell count. Returns 0 or
  * THAW_ECORRUPT / THAW_EVERSION (the whole block is validated). */
 int thaw_kvlayout_block_info(const void *block, size_t n, uint32_t *pos0, uint32_t *n_cells);

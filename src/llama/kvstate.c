@@ -90,6 +90,16 @@ void thaw_kvstate_write_head(void *blob, const llama_token *tokens, int n_tokens
     memcpy((uint8_t *)blob + sizeof h, tokens, (size_t)n_tokens * sizeof(int32_t));
 }
 
+int thaw_kvstate_is(const void *blob, size_t n)
+{
+    uint32_t magic;
+
+    if (!blob || n < sizeof(struct kv_header))
+        return 0;
+    memcpy(&magic, blob, sizeof magic);
+    return magic == KV_MAGIC;
+}
+
 int thaw_kvstate_parse(const void *blob, size_t n, struct thaw_kvstate_view *v)
 {
     struct kv_header h;

@@ -50,6 +50,9 @@ struct thaw_kvstate_view {
     size_t n_state;
 };
 
+/* 1 if blob starts like a .kv blob (magic, and a header's length), else 0. */
+int thaw_kvstate_is(const void *blob, size_t n);
+
 /* Validates a .kv blob and points `v` into it (no copy). Returns 0 or
  * THAW_ECORRUPT / THAW_EVERSION. The blob must be 4-byte aligned. */
 int thaw_kvstate_parse(const void *blob, size_t n, struct thaw_kvstate_view *v);

@@ -14,6 +14,7 @@ the engine checkpoints there), so a conversation restored at that snapshot
 and one served from scratch decode the same batches."""
 import glob
 import os
+import re
 import signal
 import subprocess
 import time
@@ -568,4 +569,40 @@ def test_kept_turn_end_written_after_idle_seconds(serve, hybrids, tmp_path, arch
             break
         time.sleep(0.05)
     assert snapshots_on_disk(tmp_path) == 2  # the branch point's and the turn end's
+    s.stop()
+
+
+def test_cache_stats_counts_a_hybrids_snapshots_apart_from_its_blocks(serve, hybrids, tmp_path):
+    """issue #38: an lfm2 directory holding 2 conversations verified clean
+    and both restored, yet `thaw cache stats` said "missing blocks 4 named
+    by a manifest but not stored": the manifests' snapshots (TSN1) were
+    counted as blocks that are not there. stats names each entry's kind
+    as the disk tier does (cache/entry_kind.h): no block is missing, and
+    the snapshots are counted apart."""
+    model = hybrids["lfm2"]
+    convs = [[system(), ask(110 + i)] for i in range(2)]
+    s = serve(model, *flags(tmp_path))
+    r1 = []
+    for c in convs:
+        r1.append(chat(s, c))
+        wait_stored(s, len(r1))
+    assert s.stop() == 0  # the second's turn end is written at shutdown
+    assert snapshots_on_disk(tmp_path) >= 3  # the branch point's, each turn end's
+
+    p = subprocess.run([THAW, "cache", "verify", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 0 and " 0 corrupt" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run([THAW, "cache", "stats", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "missing" not in p.stdout, p.stdout
+    assert re.search(r"^conversations +2 \(2 as manifests", p.stdout, re.M), p.stdout
+    n = re.search(r"^snapshots +(\d+),", p.stdout, re.M)
+    assert n and int(n.group(1)) == snapshots_on_disk(tmp_path), p.stdout
+
+    s = serve(model, *flags(tmp_path))
+    for i in range(2):
+        reset(s)
+        r = chat(s, turns(convs[i], [r1[i]], [ask(120 + i)]))
+        t = r["timings"]
+        assert t["cache_source"] in ("disk", "blocks"), (i, t, s.log())
+        assert t["cache_n"] > r1[i]["usage"]["prompt_tokens"], (i, t)
     s.stop()

@@ -1,16 +1,17 @@
 /* fuzz_manifest.c — libFuzzer target: block-store manifests through
- * blocks.c (layout: top of blocks.h), what a disk hit on a conversation
- * reads before it fetches the blocks it names.
+ * manifest.c (layout: top of manifest.h) and blocks.c, what a disk hit on
+ * a conversation reads before it fetches the blocks it names.
  *
  * Every input goes to:
- *   1. thaw_blocks_is_manifest(): 1 exactly when it is at least a header
+ *   1. thaw_manifest_is(): 1 exactly when it is at least a header
  *      long and starts with "TMF1".
- *   2. thaw_blocks_manifest_ids() (what `thaw cache` lists): 0,
+ *   2. thaw_manifest_ids() (what `thaw cache` lists): 0,
  *      THAW_ECORRUPT or THAW_EVERSION. On 0 the lengths of the header add up
  *      to the input exactly, n_ids = n_tokens / block_tokens, and the ids lie
  *      inside the input right after the tokens (read end to end, so ASan sees
  *      any that do not).
- *   3. thaw_blocks_load() over an empty disk cache opened once per process
+ *   3. thaw_blocks_load() (thaw_snapshots_load() for a manifest naming
+ *      snapshots) over an empty disk cache opened once per process
  *      in a scratch directory (removed at exit): 0, THAW_ECORRUPT,
  *      THAW_EVERSION, THAW_ENOTFOUND (a named block is not on disk) or
  *      THAW_ENOMEM, and it agrees with (2): a manifest (2) refuses fails with
@@ -24,6 +25,8 @@
 #include "base/error.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
+#include "cache/manifest.h"
+#include "cache/snapshots.h"
 #include "llama/kvlayout.h"
 #include "llama/kvstate.h"
 
@@ -118,14 +121,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
     uint32_t n_ids = 0;
     int rc_ids, rc;
 
-    check(thaw_blocks_is_manifest(data, n) == (n >= HEADER && memcmp(data, "TMF1", 4) == 0));
+    check(thaw_manifest_is(data, n) == (n >= HEADER && memcmp(data, "TMF1", 4) == 0));
 
-    rc_ids = thaw_blocks_manifest_ids(data, n, &ids, &n_ids);
+    rc_ids = thaw_manifest_ids(data, n, &ids, &n_ids);
     check(rc_ids == 0 || rc_ids == THAW_ECORRUPT || rc_ids == THAW_EVERSION);
     if (rc_ids == 0) {
         uint32_t n_tokens = u32_at(data + 8), block_tokens = u32_at(data + 12), n_blocks = u32_at(data + 16);
         uint64_t tail = u64_at(data + 24), swa = u64_at(data + 32);
-        check(thaw_blocks_is_manifest(data, n));
+        check(thaw_manifest_is(data, n));
         check(block_tokens > 0 && n_ids == n_blocks && n_ids == n_tokens / block_tokens);
         check(ids == data + HEADER + 4 * (size_t)n_tokens);
         check((uint64_t)HEADER + 4 * (uint64_t)n_tokens + 32 * (uint64_t)n_ids + tail + swa == n);
@@ -140,7 +143,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         return 0;
     struct thaw_kvlayout_frame f = {0, 1, 0};
     struct thaw_blocks_state st;
-    rc = thaw_blocks_load(c, NULL, data, n, &f, &st);
+    /* as a restore picks its loader: a hybrid's manifest names snapshots */
+    const uint8_t *snaps;
+    uint32_t n_snaps = 0;
+    if (thaw_manifest_snaps(data, n, &snaps, &n_snaps) == 0 && n_snaps)
+        rc = thaw_snapshots_load(c, NULL, data, n, &f, &st);
+    else
+        rc = thaw_blocks_load(c, NULL, data, n, &f, &st);
     check(rc == 0 || rc == THAW_ECORRUPT || rc == THAW_EVERSION || rc == THAW_ENOTFOUND || rc == THAW_ENOMEM);
     check(rc_ids == 0 || rc == rc_ids);
     if (rc != 0) {

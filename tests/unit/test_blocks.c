@@ -9,7 +9,7 @@
  *     removed, and the prefix run ends before it; a damaged manifest is
  *     refused; once the manifests are gone (what kvcache.c does with one
  *     that misses), the blocks they named are collected (cache_disk.c GC,
- *     with thaw_blocks_classify telling blocks from manifests);
+ *     with thaw_entry_classify telling blocks from manifests);
  *   - one manifest format for both extensions: version 1 with a hybrid's
  *     snapshots (named in the former reserved field), version 2 with SWA
  *     rows, and a version 1 without either each parse as what they are,
@@ -33,6 +33,8 @@
 #include "base/error.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
+#include "cache/entry_kind.h"
+#include "cache/manifest.h"
 #include "fixture_models.h"
 #include "llama/kvstate.h"
 
@@ -141,7 +143,7 @@ static struct thaw_disk_cache *open_cache_at(const char *dir)
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
     struct thaw_disk_cache *c = NULL;
     p.dir = dir;
-    p.classify = thaw_blocks_classify;
+    p.classify = thaw_entry_classify;
     p.block_grace_s = 0;
     assert_int_equal(thaw_disk_cache_open(&p, &c), 0);
     return c;
@@ -169,14 +171,14 @@ static void store(struct thaw_disk_cache *c, const llama_token *t, int n, const 
     free(decode(0, t, 0, n));
     uint8_t *s = state_of(0, &n_state);
     assert_int_equal(thaw_blocks_store(c, NULL, g_binding, B, t, n, s, n_state, &man, &n_man, st), 0);
-    assert_true(thaw_blocks_is_manifest(man, n_man));
+    assert_true(thaw_manifest_is(man, n_man));
     /* its blocks are written and nothing names them yet, but they are held
      * (blocks.h): a pass with no grace takes none */
     thaw_disk_cache_flush(c);
     assert_int_equal(thaw_disk_cache_evict(c), 0);
     const uint8_t *ids;
     uint32_t n_ids;
-    assert_int_equal(thaw_blocks_manifest_ids(man, n_man, &ids, &n_ids), 0);
+    assert_int_equal(thaw_manifest_ids(man, n_man, &ids, &n_ids), 0);
     void *keep = thaw_blob_ref(man);
     struct thaw_part_blob parts[THAW_PART_COUNT] = {{man, n_man}, {NULL, 0}, {NULL, 0}};
     assert_int_equal(thaw_disk_cache_submit(c, key, (uint32_t)n, parts, NULL, 0), 0);
@@ -277,7 +279,7 @@ static void test_store_restore_share_prefix(void **state)
         memcpy(bad, man, toks_end + (d < 0 ? -4 : 0));
         memcpy(bad + 8, &n_bad_tokens, 4);
         memcpy(bad + toks_end + 4 * d, (const uint8_t *)man + toks_end, n_man - toks_end);
-        assert_int_equal(thaw_blocks_manifest_ids(bad, n_bad, &(const uint8_t *){NULL}, &(uint32_t){0}), 0);
+        assert_int_equal(thaw_manifest_ids(bad, n_bad, &(const uint8_t *){NULL}, &(uint32_t){0}), 0);
         assert_int_equal(thaw_blocks_load(c, NULL, bad, n_bad, &f, &bs), THAW_ECORRUPT);
         free(bad);
     }
@@ -412,7 +414,7 @@ static int store_manifest(struct thaw_disk_cache *c, const llama_token *t, int n
     int rc = thaw_blocks_store_src(c, NULL, g_binding, B, t, n, src, man, n_man, NULL);
     const uint8_t *ids;
     uint32_t n_ids;
-    if (rc == 0 && thaw_blocks_manifest_ids(*man, *n_man, &ids, &n_ids) == 0)
+    if (rc == 0 && thaw_manifest_ids(*man, *n_man, &ids, &n_ids) == 0)
         thaw_disk_cache_unhold(c, ids, n_ids);
     thaw_disk_cache_flush(c);
     return rc;
@@ -448,9 +450,9 @@ static void test_manifest_versions(void **state)
     assert_int_equal(store_manifest(c, t, n, &plain, &man, &n_man), 0);
     assert_int_equal(u32_at(man, 4), 1);
     assert_int_equal(u32_at(man, 20), 0);
-    assert_int_equal(thaw_blocks_manifest_ids(man, n_man, &ids, &n_ids), 0);
+    assert_int_equal(thaw_manifest_ids(man, n_man, &ids, &n_ids), 0);
     assert_int_equal(n_ids, n_blocks);
-    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(thaw_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
     assert_int_equal(n_snaps, 0);
     assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), 0);
     assert_int_equal(thaw_blocks_state_check(&bs), 0);
@@ -470,21 +472,21 @@ static void test_manifest_versions(void **state)
     assert_int_equal(u32_at(man, 4), 1);
     assert_int_equal(u32_at(man, 20), 2);
     assert_int_equal(n_man, 40 + 4 * (size_t)n + (n_blocks + 2) * (size_t)THAW_KEY_BYTES);
-    assert_int_equal(thaw_blocks_manifest_ids(man, n_man, &ids, &n_ids), 0);
+    assert_int_equal(thaw_manifest_ids(man, n_man, &ids, &n_ids), 0);
     assert_int_equal(n_ids, n_blocks + 2); /* the collector keeps the snapshots too */
-    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(thaw_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
     assert_int_equal(n_snaps, 2);
     assert_ptr_equal(snaps, ids + (size_t)n_blocks * THAW_KEY_BYTES);
     assert_memory_equal(snaps, sn, sizeof sn);
-    assert_int_equal(thaw_blocks_classify(NULL, man, n_man, &ids, &n_ids), THAW_DISK_KIND_ROOT);
+    assert_int_equal(thaw_entry_classify(NULL, man, n_man, &ids, &n_ids), THAW_DISK_KIND_ROOT);
     assert_int_equal(n_ids, n_blocks + 2);
-    /* its tail is the last snapshot's: not on this disk, a miss */
-    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
+    /* its tail is the last snapshot's: snapshots.c loads it (test_snapshots.c) */
+    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), THAW_EINVAL);
     /* read as version 2 it is no SWA manifest */
     uint8_t *bad = malloc(n_man);
     memcpy(bad, man, n_man);
     bad[4] = 2;
-    assert_int_equal(thaw_blocks_manifest_ids(bad, n_man, &ids, &n_ids), THAW_ECORRUPT);
+    assert_int_equal(thaw_manifest_ids(bad, n_man, &ids, &n_ids), THAW_ECORRUPT);
     free(bad);
     thaw_blob_unref(man);
 
@@ -501,12 +503,12 @@ static void test_manifest_versions(void **state)
     assert_int_equal(u32_at(man, 20), 0);
     assert_int_equal(u32_at(man, 40), 0);        /* swa_first: every block's rows were there */
     assert_int_equal(u32_at(man, 44), W);        /* n_window */
-    assert_int_equal(thaw_blocks_manifest_ids(man, n_man, &ids, &n_ids), 0);
+    assert_int_equal(thaw_manifest_ids(man, n_man, &ids, &n_ids), 0);
     assert_int_equal(n_ids, 2 * n_blocks);       /* blocks, then their SWA blocks */
     uint8_t sid[THAW_KEY_BYTES];
     thaw_blocks_swa_id(ids, sid);
     assert_memory_equal(ids + (size_t)n_blocks * THAW_KEY_BYTES, sid, THAW_KEY_BYTES);
-    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(thaw_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
     assert_int_equal(n_snaps, 0);
     /* it loads with an SWA section rebuilt from the window's SWA blocks */
     assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), 0);
@@ -529,14 +531,14 @@ static void test_manifest_versions(void **state)
     memcpy(bad, man, ids_end);
     memcpy(bad + ids_end + THAW_KEY_BYTES, (const uint8_t *)man + ids_end, n_man - ids_end);
     bad[20] = 1;
-    assert_int_equal(thaw_blocks_manifest_ids(bad, n_bad, &ids, &n_ids), THAW_ECORRUPT);
+    assert_int_equal(thaw_manifest_ids(bad, n_bad, &ids, &n_ids), THAW_ECORRUPT);
     assert_int_equal(thaw_blocks_load(c, NULL, bad, n_bad, &f, &bs), THAW_ECORRUPT);
     free(bad);
     /* read as version 1 it is no manifest either */
     bad = malloc(n_man);
     memcpy(bad, man, n_man);
     bad[4] = 1;
-    assert_int_equal(thaw_blocks_manifest_ids(bad, n_man, &ids, &n_ids), THAW_ECORRUPT);
+    assert_int_equal(thaw_manifest_ids(bad, n_man, &ids, &n_ids), THAW_ECORRUPT);
     free(bad);
     thaw_blob_unref(man);
 

@@ -23,6 +23,8 @@
 #include "base/blob.h"
 #include "base/error.h"
 #include "cache/cache_disk.h"
+#include "cache/entry_kind.h"
+#include "cache/manifest.h"
 #include "cli/cache_cli.h"
 #include "dir_snapshot.h"
 
@@ -309,6 +311,84 @@ static void test_fix(void **state)
     assert_true(exists(f, 0, ".idx"));
 }
 
+/* Stores kv (n bytes) under key with the entry kinds the server gives
+ * (entry_kind.h) and the model fingerprint fp. */
+static void put(const char *dir, const uint8_t key[THAW_KEY_BYTES], const void *kv, size_t n, uint8_t fp)
+{
+    struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
+    struct thaw_disk_cache *c = NULL;
+    struct thaw_part_blob b[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+
+    p.dir = dir;
+    p.flags = THAW_DISK_CACHE_NO_WRITER;
+    p.classify = thaw_entry_classify;
+    memset(p.fingerprint, fp, sizeof p.fingerprint);
+    assert_int_equal(thaw_disk_cache_open(&p, &c), 0);
+    b[THAW_PART_KV].data = (void *)kv;
+    b[THAW_PART_KV].size = n;
+    assert_int_equal(thaw_disk_cache_store(c, key, 64, b, NULL, 0), 0);
+    thaw_disk_cache_close(c);
+}
+
+/* stats on a hybrid's store (issue #38): a manifest names its blocks and
+ * then its snapshots, and stats counts each as the kind it is on disk; it
+ * said "missing blocks" for every snapshot (it knew only the magics of
+ * blocks, manifests and whole states, and read .kv files itself). A named
+ * block that is gone is still reported; another model's entries count the
+ * same (the directory holds both). */
+static void test_stats_counts_snapshots_a_manifest_names(void **state)
+{
+    struct fx *f = *state;
+    uint8_t block[2][THAW_KEY_BYTES], snap[THAW_KEY_BYTES], man_key[THAW_KEY_BYTES];
+    uint8_t blk[200] = "TKB1", sn[200] = {0};
+    const uint32_t snap_head[] = {0x314e5354u, 1, 64, 32, 0, 0, 168, 0}; /* "TSN1": no tail, 168 bytes of state */
+    int32_t toks[64] = {0};
+    void *man = NULL;
+    size_t n_man;
+    char dir[64] = "/tmp/thaw-test-cli-hybrid-XXXXXX", setup_dir[sizeof f->dir];
+
+    assert_non_null(mkdtemp(dir));
+    memcpy(setup_dir, f->dir, sizeof setup_dir);
+    memcpy(f->dir, dir, sizeof f->dir); /* what run() calls DIR */
+    memset(block[0], 0xb0, THAW_KEY_BYTES);
+    memset(block[1], 0xb1, THAW_KEY_BYTES);
+    memset(snap, 0x5a, THAW_KEY_BYTES);
+    memset(man_key, 0xee, THAW_KEY_BYTES);
+    memcpy(sn, snap_head, sizeof snap_head);
+    uint8_t ids[2][THAW_KEY_BYTES];
+    memcpy(ids, block, sizeof ids);
+    struct thaw_manifest m = {
+        .version = THAW_MANIFEST_V1,
+        .n_tokens = 64,
+        .block_tokens = 32,
+        .n_blocks = 2,
+        .tokens = toks,
+        .ids = ids[0],
+        .n_snaps = 1,
+        .snaps = snap,
+    };
+    assert_int_equal(thaw_manifest_encode(&m, &man, &n_man, NULL), 0);
+    put(dir, block[0], blk, sizeof blk, 0);
+    put(dir, block[1], blk, sizeof blk, 7); /* another model's: counted all the same */
+    put(dir, snap, sn, sizeof sn, 0);
+    put(dir, man_key, man, n_man, 0);
+    thaw_blob_unref(man);
+
+    assert_int_equal(run(f, "stats", "DIR", NULL), 0);
+    assert_said(f, "conversations     1 (1 as manifests of blocks");
+    assert_said(f, "blocks            2,");
+    assert_said(f, "snapshots         1,");
+    if (strstr(f->text, "missing"))
+        fail_msg("nothing is missing:\n%s", f->text);
+    /* a block gone: the manifest's conversation misses, and stats says so */
+    assert_int_equal(run(f, "rm", "DIR", "b1b1b1b1", NULL), 0);
+    assert_int_equal(run(f, "stats", "DIR", NULL), 0);
+    assert_said(f, "blocks            1,");
+    assert_said(f, "missing blocks    1 ");
+    rm_rf(dir);
+    memcpy(f->dir, setup_dir, sizeof f->dir);
+}
+
 static void test_usage(void **state)
 {
     struct fx *f = *state;
@@ -325,6 +405,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_readers_change_nothing),
         T(test_fix),
+        T(test_stats_counts_snapshots_a_manifest_names),
         T(test_usage),
     };
 #undef T

@@ -1931,6 +1931,68 @@ static void test_fingerprint_mismatch(void **state)
     data_free(&d);
 }
 
+static int last_used_cb(void *ud, const struct thaw_disk_entry_info *info)
+{
+    *(int64_t *)ud = info->last_used;
+    return 0;
+}
+
+/* thaw_disk_cache_read_kv, what `thaw cache` reads entries through: a head
+ * or the whole .kv of an entry of any model, READONLY too, with no lookup
+ * counted and its last use unchanged; a whole read is checked against the
+ * checksum (and a bad one left in place), a head cannot be. */
+static void test_read_kv(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f), other = fx_params(f);
+    uint8_t k[32], k2[32], head[64];
+    struct data d;
+    char path[PATH_MAX];
+    int64_t used = 0, used_after = 0;
+    size_t n = 1;
+
+    key_make(k, 170);
+    key_make(k2, 171);
+    data_make(&d, 170, 5000, 300, 0);
+    fx_open_p(f, &p);
+    assert_int_equal(store_data(f->c, k, &d), 0);
+    fx_close(f);
+    other.fingerprint[0] ^= 1;
+    other.flags = THAW_DISK_CACHE_READONLY;
+    fx_open_p(f, &other);
+    assert_int_equal(thaw_disk_cache_foreach(f->c, last_used_cb, &used), 0);
+    assert_true(used > 0);
+    f->now += 100;
+
+    assert_int_equal(thaw_disk_cache_read_kv(f->c, k, head, sizeof head, &n), 0);
+    assert_int_equal(n, sizeof head);
+    assert_memory_equal(head, d.buf[THAW_PART_KV], sizeof head);
+    uint8_t *all = malloc(6000);
+    assert_non_null(all);
+    assert_int_equal(thaw_disk_cache_read_kv(f->c, k, all, 6000, &n), 0);
+    assert_int_equal(n, 5000);
+    assert_memory_equal(all, d.buf[THAW_PART_KV], 5000);
+    assert_int_equal(thaw_disk_cache_read_kv(f->c, k2, all, 6000, &n), THAW_ENOTFOUND);
+    assert_int_equal(thaw_disk_cache_read_kv(f->c, k, NULL, 10, &n), THAW_EINVAL);
+    assert_int_equal(stats(f->c).lookups, 0);
+    assert_int_equal(thaw_disk_cache_foreach(f->c, last_used_cb, &used_after), 0);
+    assert_int_equal(used_after, used);
+
+    /* a byte past the head goes bad: the head still reads, the whole does not */
+    file_path(f, k, ".kv", path);
+    flip_byte(path, 4000);
+    assert_int_equal(thaw_disk_cache_read_kv(f->c, k, head, sizeof head, &n), 0);
+    assert_int_equal(thaw_disk_cache_read_kv(f->c, k, all, 6000, &n), THAW_ECORRUPT);
+    assert_int_equal(key_files(f, k), 3); /* left in place: reading is not judging */
+    fx_close(f);
+    p.flags = THAW_DISK_CACHE_SHARED;
+    fx_open_p(f, &p);
+    assert_int_equal(thaw_disk_cache_read_kv(f->c, k, all, 6000, &n), THAW_ECORRUPT);
+    assert_int_equal(key_files(f, k), 3);
+    free(all);
+    data_free(&d);
+}
+
 static void test_lock_and_shared(void **state)
 {
     struct fx *f = *state;
@@ -2312,6 +2374,7 @@ int main(void)
         T(test_permissions),
         T(test_startup_sweep),
         T(test_fingerprint_mismatch),
+        T(test_read_kv),
         T(test_lock_and_shared),
         T(test_readonly_changes_nothing),
         T(test_lookup_races_store),

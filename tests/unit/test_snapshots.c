@@ -15,7 +15,7 @@
  *     shallower one serves; the manifest's snapshots come back as the
  *     slot's checkpoints;
  *   - GC: a snapshot lives while a manifest names it and goes with the
- *     last one (cache_disk.c with thaw_blocks_classify).
+ *     last one (cache_disk.c with thaw_entry_classify).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,6 +34,8 @@
 #include "base/error.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
+#include "cache/entry_kind.h"
+#include "cache/manifest.h"
 #include "cache/snapshots.h"
 #include "cache/tiers.h"
 #include "fixture_models.h"
@@ -137,7 +139,7 @@ static struct thaw_disk_cache *open_cache(void)
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
     struct thaw_disk_cache *c = NULL;
     p.dir = g_cache;
-    p.classify = thaw_blocks_classify;
+    p.classify = thaw_entry_classify;
     p.block_grace_s = 0;
     assert_int_equal(thaw_disk_cache_open(&p, &c), 0);
     return c;
@@ -320,10 +322,10 @@ static void *store_ex(struct thaw_disk_cache *c, const llama_token *t, int n, co
     uint8_t *s = malloc(n_state);
     assert_int_equal(llama_state_seq_get_data(g_ctx, s, n_state, 0), n_state);
     assert_int_equal(thaw_snapshots_store(c, NULL, g_binding, B, t, n, s, n_state, ckpt, n_ckpt, &man, n_man, defer, st), 0);
-    assert_true(thaw_blocks_is_manifest(man, *n_man));
+    assert_true(thaw_manifest_is(man, *n_man));
     const uint8_t *ids;
     uint32_t n_ids;
-    assert_int_equal(thaw_blocks_manifest_ids(man, *n_man, &ids, &n_ids), 0);
+    assert_int_equal(thaw_manifest_ids(man, *n_man, &ids, &n_ids), 0);
     struct thaw_part_blob parts[THAW_PART_COUNT] = {{thaw_blob_ref(man), *n_man}, {NULL, 0}, {NULL, 0}};
     assert_int_equal(thaw_disk_cache_submit(c, key, (uint32_t)n, parts, NULL, 0), 0);
     thaw_disk_cache_unhold(c, ids, n_ids);
@@ -385,7 +387,7 @@ static void test_store_places_and_restores(void **state)
      * the prompt's end (stored, it would add a tail every turn) */
     assert_int_equal(st.written, N_A / B + 2);
     assert_int_equal(st.skipped, 0);
-    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(thaw_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
     assert_int_equal(n_snaps, 2);
     assert_memory_equal(snaps, s70, 32);
     assert_memory_equal(snaps + 32, s150, 32);
@@ -436,7 +438,7 @@ static void test_store_places_and_restores(void **state)
     man = store(c, b, N_A, kb, &st, &n_man);
     assert_int_equal(st.skipped, 2 + 1);
     assert_int_equal(st.written, N_A / B - 2 + 1);
-    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(thaw_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
     assert_int_equal(n_snaps, 2);
     assert_memory_equal(snaps, s70, 32);
     thaw_blob_unref(man);
@@ -572,10 +574,10 @@ static void test_turn_end_kept_until_flushed(void **state)
     assert_int_equal(pd.p, N_A);
     assert_memory_equal(pd.id, s150, 32);
     assert_false(thaw_disk_cache_has(c, s150));
-    assert_int_equal(thaw_blocks_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
+    assert_int_equal(thaw_manifest_snaps(man, n_man, &snaps, &n_snaps), 0);
     assert_int_equal(n_snaps, 2);
     assert_memory_equal(snaps + 32, s150, 32); /* named all the same */
-    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(thaw_snapshots_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
     assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, whole, N_A + 1, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, BRANCH);
     thaw_blocks_state_free(&bs);
@@ -587,7 +589,7 @@ static void test_turn_end_kept_until_flushed(void **state)
     assert_true(thaw_disk_cache_has(c, s150));
     assert_int_equal(thaw_disk_cache_evict(c), 0); /* named by the manifest: kept */
     assert_true(thaw_disk_cache_has(c, s150));
-    assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), 0);
+    assert_int_equal(thaw_snapshots_load(c, NULL, man, n_man, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, N_A);
     assert_int_equal(thaw_blocks_state_check(&bs), 0);
     /* the reference decodes a in the store's batches (store_ex) */

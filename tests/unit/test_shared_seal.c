@@ -1,5 +1,5 @@
-/* test_cache_shared.c — the shared tier's object envelope: names, sealing,
- * and every way an object must fail to open (cache_shared.h). The tier's
+/* test_shared_seal.c — the shared tier's object envelope: names, sealing,
+ * and every way an object must fail to open (shared_seal.h). The tier's
  * flow against a real store is in tests/e2e/test_shared_tier.py. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,7 +12,7 @@
 
 #include "base/blob.h"
 #include "base/error.h"
-#include "cache/cache_shared.h"
+#include "cache/shared_seal.h"
 
 static const char secret[] = "0123456789abcdef-cluster";
 static const uint8_t identity[THAW_KEY_BYTES] = {7, 7, 7};
