@@ -709,7 +709,21 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
                         char *err, size_t errlen)
 {
     json_error_t jerr;
-    json_t *root = NULL;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if (!root)
+        return fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                    jerr.column);
+    rc = thaw_api_parse_chat_json(root, default_cache_prompt, out, err, errlen);
+    json_decref(root);
+    return rc;
+}
+
+int thaw_api_parse_chat_json(json_t *root, bool default_cache_prompt, struct thaw_chat_request *out, char *err,
+                             size_t errlen)
+{
     double d;
     bool present;
     int rc;
@@ -728,12 +742,6 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
     out->id_slot = -1;
     out->verbose = -1;
 
-    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        rc = fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                  jerr.column);
-        goto error;
-    }
     if (!json_is_object(root)) {
         rc = fail(err, errlen, "request body must be a JSON object");
         goto error;
@@ -852,12 +860,9 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
             goto error;
         out->verbose = b;
     }
-
-    json_decref(root);
     return 0;
 
 error:
-    json_decref(root);
     thaw_chat_request_free(out);
     return rc;
 }
@@ -1288,7 +1293,6 @@ int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_pro
 {
     json_error_t jerr;
     json_t *root = NULL, *oai = NULL;
-    char *text = NULL;
     int rc;
 
     memset(out, 0, sizeof *out);
@@ -1304,15 +1308,9 @@ int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_pro
         rc = THAW_ENOMEM;
         goto out;
     }
-    if ((rc = convert(root, oai, err, errlen)) != 0)
-        goto out;
-    if (!(text = json_dumps(oai, JSON_COMPACT))) {
-        rc = THAW_ENOMEM;
-        goto out;
-    }
-    rc = thaw_api_parse_chat(text, strlen(text), default_cache_prompt, out, err, errlen);
+    if ((rc = convert(root, oai, err, errlen)) == 0)
+        rc = thaw_api_parse_chat_json(oai, default_cache_prompt, out, err, errlen);
 out:
-    free(text);
     json_decref(oai);
     json_decref(root);
     return rc;

@@ -98,7 +98,6 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
 {
     json_error_t jerr;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr), *chat = NULL, *prompt;
-    char *text = NULL;
     int rc;
 
     memset(out, 0, sizeof *out);
@@ -138,11 +137,7 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
     json_object_del(chat, "response_format");
     json_object_del(chat, "response_fields");
     json_object_set_new(chat, "messages", json_pack("[{s:s, s:s}]", "role", "user", "content", "."));
-    if (!(text = json_dumps(chat, JSON_COMPACT))) {
-        rc = THAW_ENOMEM;
-        goto out;
-    }
-    if ((rc = thaw_api_parse_chat(text, strlen(text), default_cache_prompt, out, err, errlen)) != 0)
+    if ((rc = thaw_api_parse_chat_json(chat, default_cache_prompt, out, err, errlen)) != 0)
         goto out;
     for (size_t i = 0; i < out->n_messages; i++) {
         free(out->messages[i].role);
@@ -167,7 +162,6 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
     if ((rc = take_prompt(prompt, out, err, errlen)) != 0)
         thaw_chat_request_free(out);
 out:
-    free(text);
     json_decref(chat);
     json_decref(root);
     return rc;

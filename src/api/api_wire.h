@@ -2,10 +2,11 @@
  * (api_responses.c) and completions (api_completions.c) codecs share with
  * the chat-completions one (api.c).
  *
- * Both translate their request into a chat-completions body and parse that
- * with thaw_api_parse_chat: one internal request, so every field is checked
- * by one parser and reaches the templates, keys and tiers the same way.
- * Private to the API layer (it speaks jansson).
+ * Each translates its request into a chat-completions object (jansson, never
+ * text again) and reads that with thaw_api_parse_chat_json: one internal
+ * request, so every field is checked by one parser and reaches the
+ * templates, keys and tiers the same way. Private to the API layer (it
+ * speaks jansson).
  */
 #ifndef THAW_API_WIRE_H
 #define THAW_API_WIRE_H
@@ -22,8 +23,14 @@ int thaw_api_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__(
  * THAW_ENOMEM. */
 typedef int (*thaw_api_convert_fn)(json_t *root, json_t *oai, char *err, size_t errlen);
 
-/* Parses body as JSON, converts it with `convert`, then parses the result
- * as thaw_api_parse_chat does (same returns; `out` empty on error). */
+/* thaw_api_parse_chat on a body already parsed: `root` (borrowed) is read
+ * as a chat-completions request. Same returns; `out` empty on error. */
+int thaw_api_parse_chat_json(json_t *root, bool default_cache_prompt, struct thaw_chat_request *out, char *err,
+                             size_t errlen);
+
+/* Parses body as JSON, converts it with `convert` into a chat-completions
+ * object, then reads that as thaw_api_parse_chat_json does (same returns;
+ * `out` empty on error). The body is parsed once: no text in between. */
 int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,
                             struct thaw_chat_request *out, char *err, size_t errlen);
 
