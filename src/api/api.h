@@ -1,4 +1,6 @@
-/* api.h — OpenAI chat-completions JSON <-> thaw's request/response structs.
+/* api.h — OpenAI chat-completions JSON <-> thaw's request/response structs:
+ * the one internal request every codec (codec.h) parses into, and the
+ * chat API's builders (its table is thaw_codec_chat).
  *
  * Parsing validates every field it reads and names the offending field in
  * the error text, so a client learns what to fix from one 400. Builders
@@ -233,11 +235,6 @@ char *thaw_api_cache_json(const char *prometheus_text);
  * only on ENOMEM. */
 char *thaw_api_error_json(int status, const char *message);
 
-/* The 400 of a prompt longer than a slot's context, as llama-server
- * sends it: type "exceed_context_size_error" with n_prompt_tokens and
- * n_ctx (a slot's), so a client can trim by the numbers. */
-char *thaw_api_ctx_error_json(const char *message, int n_prompt, int n_ctx_slot);
-
 /* A non-streaming chat.completion object around `message_json` (an
  * assistant message: content, reasoning_content, tool_calls). NULL when
  * that is not JSON, or on ENOMEM. */
@@ -247,11 +244,6 @@ char *thaw_api_completion_json(const char *id, const char *model, long created, 
 /* A streaming chunk from one delta of thaw_tmpl_diffs (content,
  * reasoning_content, or a tool call's index/id/name/arguments piece). */
 char *thaw_api_chunk_delta_json(const char *id, const char *model, long created, const char *diff_json);
-
-/* Every delta of a thaw_tmpl_diffs array as a chunk: *out holds *n
- * malloc'd strings (each and the array freed by the caller, also when an
- * error cut it short). Returns 0, THAW_EINVAL or THAW_ENOMEM. */
-int thaw_api_diff_chunks(const char *id, const char *model, long created, const char *diffs_json, char ***out, int *n);
 
 /* One streaming chunk object (no "data: " framing). `content` NULL = no delta
  * content; `role` NULL = no role; `finish_reason` NULL = null. With

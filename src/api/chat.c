@@ -10,9 +10,11 @@
 
 #include "api/grammar.h"
 #include "api/template.h"
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/key.h"
 #include "base/log.h"
+#include "base/utf8.h"
 #include "llama/tokens.h"
 
 #include <jansson.h>
@@ -611,6 +613,27 @@ char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok)
     }
     buf[got] = '\0';
     return buf;
+}
+
+char *thaw_chat_prompt_text(const struct thaw_chat *chat, const llama_token *toks, int n)
+{
+    struct thaw_buf text = {0};
+    char *out = NULL;
+
+    thaw_buf_reserve(&text, 1);
+    for (int i = 0; i < n && !text.oom; i++) {
+        char *piece = thaw_chat_token_piece(chat, toks[i]);
+        if (!piece || thaw_buf_puts(&text, piece) != 0) {
+            free(piece);
+            thaw_buf_free(&text);
+            return NULL;
+        }
+        free(piece);
+    }
+    if (!text.oom)
+        out = thaw_utf8_sanitize(text.data ? text.data : "", text.len);
+    thaw_buf_free(&text);
+    return out;
 }
 
 char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n)

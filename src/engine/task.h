@@ -12,6 +12,7 @@
 
 #include "api/api.h"
 #include "api/chat.h"
+#include "api/codec.h"
 #include "api/logprobs.h"
 #include "base/clock.h" /* t_submit_us */
 #include "cache/keys.h"
@@ -152,6 +153,17 @@ char *thaw_task_text(struct thaw_task *t, size_t from, size_t to);
 /* The byte span of entry i of the reply's text: false when there is no
  * such entry yet. */
 bool thaw_task_logprob_span(struct thaw_task *t, size_t i, uint32_t *start, uint32_t *end);
+
+/* How a codec reads the task's reply as it grows (codec.h): its text,
+ * probabilities and prefill reports, each read under mu. Valid while the
+ * caller holds its reference. */
+void thaw_task_reader(struct thaw_task *t, struct thaw_reply_reader *out);
+
+/* A done task's reply as a codec writes it (codec.h): all but id, created,
+ * verbose and prompt, which are the caller's to set; `rd` is the task's
+ * reader. Only once thaw_task_done() returned true (nothing writes these
+ * again); the pointers are the task's. */
+void thaw_task_reply(struct thaw_task *t, const struct thaw_reply_reader *rd, struct thaw_reply *out);
 
 /* True once the engine finished or failed the task. */
 bool thaw_task_done(struct thaw_task *t);
