@@ -642,42 +642,6 @@ static int parse_logit_bias(json_t *root, struct thaw_chat_request *out, char *e
     return 0;
 }
 
-int thaw_api_resolve_bias(struct thaw_chat_request *req, int n_vocab,
-                          int32_t *(*tokenize)(void *ud, const char *text, int *n), void *ud, char *err,
-                          size_t errlen)
-{
-    int cap = 0;
-
-    for (int i = 0; i < req->n_bias; i++) {
-        int32_t *toks = NULL;
-        int n = 1;
-        if (req->bias[i].text && !(toks = tokenize(ud, req->bias[i].text, &n)))
-            return THAW_ENOMEM;
-        if (!req->bias[i].text && req->bias[i].token >= n_vocab)
-            return fail(err, errlen, "logit_bias: token %d is not in the vocabulary (%d tokens)", req->bias[i].token,
-                        n_vocab);
-        if (req->n_bias_tok + n > cap) {
-            int nc = 2 * (req->n_bias_tok + n);
-            int32_t *nt = realloc(req->bias_tok, (size_t)nc * sizeof *nt);
-            if (nt)
-                req->bias_tok = nt;
-            float *nv = nt ? realloc(req->bias_val, (size_t)nc * sizeof *nv) : NULL;
-            if (!nt || !nv) {
-                free(toks);
-                return THAW_ENOMEM;
-            }
-            req->bias_val = nv;
-            cap = nc;
-        }
-        for (int j = 0; j < n; j++) {
-            req->bias_tok[req->n_bias_tok] = toks ? toks[j] : req->bias[i].token;
-            req->bias_val[req->n_bias_tok++] = req->bias[i].bias;
-        }
-        free(toks);
-    }
-    return 0;
-}
-
 static int parse_stop(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
 {
     json_t *stop = json_object_get(root, "stop");

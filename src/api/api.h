@@ -99,7 +99,7 @@ struct thaw_chat_request {
     /* logit_bias: OpenAI's {"token id": bias} or llama-server's [[id or
      * text, bias or false], ...]; false bans. A text entry biases each of
      * its tokens: resolved into bias_tok/bias_val (owned, n_bias_tok) by
-     * thaw_api_resolve_bias once the vocabulary is at hand. */
+     * thaw_chat_resolve_bias once the vocabulary is at hand. */
     struct thaw_api_bias {
         int32_t token;             /* -1 when `text` is set */
         char *text;                /* owned */
@@ -188,14 +188,6 @@ void thaw_chat_request_free(struct thaw_chat_request *req);
  * text: how a reply is keyed as the client will echo it. Returns 0 and a
  * malloc'd *out, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
 int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size_t errlen);
-
-/* Resolves req->bias into bias_tok/bias_val: ids checked against n_vocab,
- * texts tokenized with `tokenize` (no BOS, no special tokens; returns a
- * malloc'd array and its count, or NULL). Returns 0, THAW_EINVAL (reason
- * in err) or THAW_ENOMEM. */
-int thaw_api_resolve_bias(struct thaw_chat_request *req, int n_vocab,
-                          int32_t *(*tokenize)(void *ud, const char *text, int *n), void *ud, char *err,
-                          size_t errlen);
 
 /* Admission: bounds that need no template or tokenizer, so a request that
  * cannot fit is refused before any costly work. A prompt must leave a slot

@@ -1,7 +1,7 @@
 /* task.h — one chat request on its way between an HTTP thread and the engine.
  *
- * The route builds a task (it owns the parsed request and the prompt tokens
- * from then on) and submits it to the engine; the engine appends reply text
+ * thaw_prepare_task (prepare.h) builds a task (it owns the parsed request
+ * and the prompt tokens from then on), the route submits it to the engine; the engine appends reply text
  * as it is generated and finally marks it done or failed, waking the
  * client's connection (thaw_task_client) at each step a client can see.
  * Both sides hold a reference; whoever releases last frees it, so a client
@@ -31,6 +31,7 @@ struct thaw_task {
     int max_tokens;                /* resolved: request's, else -n, else context */
     const char *model_name;        /* for the response; the engine's, outlives the task */
     struct thaw_chat_gen gen;      /* grammar, extra stops, reply parser (owned) */
+    /* the prompt's identity, all set by thaw_prepare_task (prepare.h) */
     char id_prefix[16];            /* tool-call ids are call_<id_prefix><i> */
     int n_branch;                  /* prompt tokens of the leading system/developer/tool messages
                                     * (thaw_chat_branch_point): where a hybrid snapshots; 0 none */
@@ -38,7 +39,7 @@ struct thaw_task {
                                     * (thaw_chat_gen_prompt_tokens), checkpointed before; 0 none */
     bool has_lookup_key;           /* the conversation has an assistant message */
     uint8_t lookup_key[THAW_KEY_BYTES];
-    uint8_t binding[THAW_KEY_BYTES]; /* to derive the store key from the reply */
+    uint8_t binding[THAW_KEY_BYTES]; /* the store key's (thaw_prepare_store_key, at the reply's end) */
     int64_t t_submit_us;
 
     /* ---- output: written by the engine under mu ---- */

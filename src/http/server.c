@@ -11,13 +11,13 @@
 
 #include "api/api.h"
 #include "api/codec.h"
-#include "api/keys_request.h"
 #include "base/clock.h"
 #include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "engine/engine.h"
+#include "engine/prepare.h"
 #include "engine/slots_view.h"
 #include "engine/task.h"
 #include "http/http.h"
@@ -186,63 +186,11 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
         set_codec_error(r, d->codec, 500, "out of memory");
 }
 
-/* A client's conversation id made fit for one log line: printable ASCII as
- * is, every other byte as \xNN (a newline in an id must not forge a line of
- * its own), "-" when absent. buf holds 4 * THAW_API_MAX_CONVERSATION_ID + 1. */
-static const char *log_id(const char *id, char *buf)
+/* The body through the route's codec: 0 and the request, or an answered
+ * error (nonzero; nothing to free). */
+static int parse(struct server *srv, const struct thaw_http_request *hr, const struct thaw_codec *c,
+                 struct thaw_http_response *r, struct thaw_chat_request *req)
 {
-    static const char hex[] = "0123456789abcdef";
-    size_t n = 0;
-
-    if (!id)
-        return "-";
-    for (const unsigned char *p = (const unsigned char *)id; *p; p++) {
-        if (*p >= 0x20 && *p < 0x7f && *p != '\\') {
-            buf[n++] = (char)*p;
-        } else {
-            buf[n++] = '\\';
-            buf[n++] = 'x';
-            buf[n++] = hex[*p >> 4];
-            buf[n++] = hex[*p & 15];
-        }
-    }
-    buf[n] = '\0';
-    return buf;
-}
-
-/* The server's --grammar / --json-schema for a request that constrains
- * nothing itself (no grammar, schema, or tools). 0 or THAW_ENOMEM. */
-static int apply_defaults(const struct thaw_config *cfg, struct thaw_chat_request *req)
-{
-    if (req->grammar || req->json_schema || req->tools_json)
-        return 0;
-    if (cfg->json_schema && !(req->json_schema = strdup(cfg->json_schema)))
-        return THAW_ENOMEM;
-    if (cfg->grammar && !(req->grammar = strdup(cfg->grammar)))
-        return THAW_ENOMEM;
-    return 0;
-}
-
-/* A logit_bias text's tokens (thaw_api_resolve_bias): as the text reads
- * inside a reply, no BOS, special tokens not parsed. */
-static int32_t *bias_tokenize(void *ud, const char *text, int *n)
-{
-    const struct thaw_chat *chat = ud;
-    llama_token *toks = NULL;
-
-    *n = 0;
-    if (thaw_chat_tokenize_plain(chat, text, &toks, n) != 0)
-        return NULL;
-    return toks;
-}
-
-/* Parse, the cheap bounds, the template: the request and its prompt, or an
- * answered error (then returns nonzero and nothing needs freeing). */
-static int prepare(struct server *srv, const struct thaw_http_request *hr, const struct thaw_codec *c,
-                   struct thaw_http_response *r, struct thaw_chat_request *req, llama_token **prompt, int *n_prompt,
-                   struct thaw_chat_gen *gen)
-{
-    const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
     char err[512];
     int rc;
 
@@ -254,101 +202,28 @@ static int prepare(struct server *srv, const struct thaw_http_request *hr, const
         set_codec_error(r, c, 400, err);
         return THAW_EINVAL;
     }
-    rc = c->parse(hr->body, hr->n_body, srv->cfg.cache_prompt, req, err, sizeof err);
-    if (rc != 0) {
+    if ((rc = c->parse(hr->body, hr->n_body, srv->cfg.cache_prompt, req, err, sizeof err)) != 0)
         set_codec_error(r, c, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
-        return rc;
-    }
-    if (req->n_bias > 0 &&
-        (rc = thaw_api_resolve_bias(req, thaw_chat_n_vocab(chat), bias_tokenize, (void *)chat, err, sizeof err)) != 0) {
-        set_codec_error(r, c, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
-        thaw_chat_request_free(req);
-        return rc;
-    }
-    if (req->id_slot >= srv->cfg.n_parallel) {
-        snprintf(err, sizeof err, "'id_slot' %d: the server has %d slots (-np), 0 to %d", req->id_slot,
-                 srv->cfg.n_parallel, srv->cfg.n_parallel - 1);
-        set_codec_error(r, c, 400, err);
-        thaw_chat_request_free(req);
-        return THAW_EINVAL;
-    }
-    /* cheap bounds first: no template or tokenizer work for what cannot fit */
-    if ((rc = thaw_api_admit(req, thaw_engine_n_ctx_slot(srv->engine), thaw_engine_max_token_bytes(srv->engine),
-                             err, sizeof err)) != 0) {
-        set_codec_error(r, c, 400, err);
-        thaw_chat_request_free(req);
-        return rc;
-    }
-    if ((rc = apply_defaults(&srv->cfg, req)) != 0) {
-        set_codec_error(r, c, 500, thaw_strerror(rc));
-        thaw_chat_request_free(req);
-        return rc;
-    }
-    if ((rc = req->raw ? thaw_chat_raw_prompt(chat, req, prompt, n_prompt, gen, err, sizeof err)
-                     : thaw_chat_prompt(chat, req, prompt, n_prompt, gen, err, sizeof err)) != 0) {
-        set_codec_error(r, c, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
-        thaw_chat_request_free(req);
-        return rc;
-    }
-    return 0;
+    return rc;
 }
 
-/* Parse, prepare and set up one task for the request (not submitted; the
- * connection referenced for it). NULL when the request was answered
- * (an error in r). */
+/* Parse, prepare (prepare.h) and set up one task for the request, not
+ * submitted, the connection referenced for it. NULL when the request was
+ * answered (an error in r). */
 static struct thaw_task *build_task(struct server *srv, const struct thaw_http_request *hr,
                                     const uint8_t ns[THAW_KEY_BYTES], struct thaw_http_response *r,
                                     const struct thaw_codec *c)
 {
     struct thaw_chat_request req;
-    llama_token *prompt = NULL;
-    struct thaw_chat_gen gen;
-    struct thaw_task *t = NULL;
-    int n_prompt = 0;
+    struct thaw_task *t;
+    char err[512];
+    int rc;
 
-    if (prepare(srv, hr, c, r, &req, &prompt, &n_prompt, &gen) != 0)
+    if (parse(srv, hr, c, r, &req) != 0)
         return NULL;
-    if (!(t = thaw_task_new(&req, prompt, n_prompt))) {
-        free(prompt);
-        thaw_chat_request_free(&req);
-        thaw_chat_gen_free(&gen);
-        set_codec_error(r, c, 500, "out of memory");
+    if ((rc = thaw_prepare_task(srv->engine, &req, ns, hr->conversation_id, &t, err, sizeof err)) != 0) {
+        set_codec_error(r, c, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         return NULL;
-    }
-    t->gen = gen;
-    if (gen.grammar)
-        LOG_DBG("chat: grammar of %zu bytes (%s, %d trigger patterns, %d trigger tokens, %d prefill tokens), %d stops",
-                strlen(gen.grammar), gen.grammar_lazy ? "lazy" : "from the first token", gen.n_triggers,
-                gen.n_trigger_tokens, gen.n_prefill, gen.n_stops);
-    {
-        unsigned char rnd[6];
-        randombytes_buf(rnd, sizeof rnd);
-        for (int i = 0; i < 6; i++)
-            snprintf(t->id_prefix + 2 * i, 3, "%02x", rnd[i]);
-    }
-    t->model_name = thaw_engine_model_name(srv->engine);
-    bool branch_remembered;
-    t->n_branch =
-        thaw_chat_branch_point(thaw_engine_chat(srv->engine), ns, &t->req, t->prompt, t->n_prompt, &branch_remembered);
-    if (thaw_engine_recurrent(srv->engine))
-        t->n_gen_prompt = thaw_chat_gen_prompt_tokens(thaw_engine_chat(srv->engine), &t->req);
-    /* max_tokens 0: nothing to generate, answered after one token as OpenAI does */
-    t->max_tokens = t->req.max_tokens > 0 ? t->req.max_tokens : t->req.max_tokens == 0 ? 1 : srv->cfg.n_predict;
-    memcpy(t->ns, ns, THAW_KEY_BYTES);
-    thaw_engine_binding(srv->engine, ns, t->binding);
-    thaw_keys_bind_request(t->binding, &t->req, t->binding);
-    long last_asst = thaw_keys_last_assistant(t->req.messages, t->req.n_messages);
-    if (last_asst >= 0) {
-        t->has_lookup_key = true;
-        thaw_keys_conversation(t->binding, t->req.messages, (size_t)last_asst + 1, NULL, t->lookup_key);
-    }
-    if (thaw_log_verbosity() >= THAW_LOG_DEBUG) {
-        char pck[4 * THAW_API_MAX_CONVERSATION_ID + 1], xci[4 * THAW_API_MAX_CONVERSATION_ID + 1];
-        LOG_DBG("chat: %zu messages, %d prompt tokens (%d of the leading system messages%s)%s, prompt_cache_key %s, "
-                "X-Conversation-Id %s",
-                t->req.n_messages, n_prompt, t->n_branch, branch_remembered ? ", remembered" : "",
-                t->req.stream ? ", streamed" : "", log_id(t->req.prompt_cache_key, pck),
-                log_id(hr->conversation_id, xci));
     }
     /* before submit: the engine may finish (and wake) at once */
     thaw_http_conn_ref(hr->conn);
@@ -461,21 +336,20 @@ static void route_count(struct server *srv, const struct thaw_http_request *hr, 
                         struct thaw_http_response *r, const struct thaw_codec *c)
 {
     struct thaw_chat_request req;
-    llama_token *prompt = NULL;
-    struct thaw_chat_gen gen;
-    int n_prompt = 0;
-    char buf[48];
+    char err[512], buf[48];
+    int n_prompt = 0, rc;
 
     (void)ns;
-    if (prepare(srv, hr, c, r, &req, &prompt, &n_prompt, &gen) != 0)
+    if (parse(srv, hr, c, r, &req) != 0)
         return;
+    if ((rc = thaw_prepare_count(srv->engine, &req, &n_prompt, err, sizeof err)) != 0) {
+        set_codec_error(r, c, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        return;
+    }
     snprintf(buf, sizeof buf, "{\"input_tokens\":%d}", n_prompt);
     set_json(r, 200, strdup(buf));
     if (!r->body)
         set_codec_error(r, c, 500, "out of memory");
-    free(prompt);
-    thaw_chat_gen_free(&gen);
-    thaw_chat_request_free(&req);
 }
 
 /* ---- other routes ---------------------------------------------------------------- */
