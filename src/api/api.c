@@ -1283,8 +1283,9 @@ static char *chat_reply(const struct thaw_reply *r)
 
 static int chat_open(struct thaw_codec_stream *st)
 {
-    return thaw_codec_emit_text(st, NULL,
-                                thaw_api_chunk_json(st->id, st->model, st->created, "assistant", "", NULL, NULL, 0, false));
+    char *chunk = thaw_api_chunk_json(st->id, st->model, st->created, "assistant", "", NULL, NULL, 0, false);
+
+    return thaw_codec_emit_text(st, NULL, chunk);
 }
 
 /* llama-server's prompt_progress rides a role delta whose content is null */
