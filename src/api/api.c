@@ -1,14 +1,19 @@
-/* api.c — OpenAI chat-completions request parsing and response building.
+/* api.c — the OpenAI chat-completions codec (thaw_codec_chat, codec.h):
+ * the one parser of the internal request every codec ends in, and the
+ * chat replies; llama-server's endpoints beside it.
  *
  * Sections:
  *   ---- parsing ----    body -> struct thaw_chat_request, field by field
+ *   ---- tokenizer and template endpoints ----  /tokenize, /detokenize, /props, /cache bodies
  *   ---- responses ----  completion, chunk, error, models JSON
+ *   ---- the codec ----  the table: the whole reply, the stream's chunks ([DONE]), prompt_progress
  */
 #include "api/api.h"
 
 #include "api/logprobs.h"
 
 #include "api/api_wire.h"
+#include "api/codec.h"
 #include "api/template.h"
 #include "base/sampling.h"
 
@@ -638,42 +643,6 @@ static int parse_logit_bias(json_t *root, struct thaw_chat_request *out, char *e
     return 0;
 }
 
-int thaw_api_resolve_bias(struct thaw_chat_request *req, int n_vocab,
-                          int32_t *(*tokenize)(void *ud, const char *text, int *n), void *ud, char *err,
-                          size_t errlen)
-{
-    int cap = 0;
-
-    for (int i = 0; i < req->n_bias; i++) {
-        int32_t *toks = NULL;
-        int n = 1;
-        if (req->bias[i].text && !(toks = tokenize(ud, req->bias[i].text, &n)))
-            return THAW_ENOMEM;
-        if (!req->bias[i].text && req->bias[i].token >= n_vocab)
-            return fail(err, errlen, "logit_bias: token %d is not in the vocabulary (%d tokens)", req->bias[i].token,
-                        n_vocab);
-        if (req->n_bias_tok + n > cap) {
-            int nc = 2 * (req->n_bias_tok + n);
-            int32_t *nt = realloc(req->bias_tok, (size_t)nc * sizeof *nt);
-            if (nt)
-                req->bias_tok = nt;
-            float *nv = nt ? realloc(req->bias_val, (size_t)nc * sizeof *nv) : NULL;
-            if (!nt || !nv) {
-                free(toks);
-                return THAW_ENOMEM;
-            }
-            req->bias_val = nv;
-            cap = nc;
-        }
-        for (int j = 0; j < n; j++) {
-            req->bias_tok[req->n_bias_tok] = toks ? toks[j] : req->bias[i].token;
-            req->bias_val[req->n_bias_tok++] = req->bias[i].bias;
-        }
-        free(toks);
-    }
-    return 0;
-}
-
 static int parse_stop(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
 {
     json_t *stop = json_object_get(root, "stop");
@@ -710,7 +679,21 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
                         char *err, size_t errlen)
 {
     json_error_t jerr;
-    json_t *root = NULL;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if (!root)
+        return fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                    jerr.column);
+    rc = thaw_api_parse_chat_json(root, default_cache_prompt, out, err, errlen);
+    json_decref(root);
+    return rc;
+}
+
+int thaw_api_parse_chat_json(json_t *root, bool default_cache_prompt, struct thaw_chat_request *out, char *err,
+                             size_t errlen)
+{
     double d;
     bool present;
     int rc;
@@ -729,12 +712,6 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
     out->id_slot = -1;
     out->verbose = -1;
 
-    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        rc = fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                  jerr.column);
-        goto error;
-    }
     if (!json_is_object(root)) {
         rc = fail(err, errlen, "request body must be a JSON object");
         goto error;
@@ -853,13 +830,38 @@ int thaw_api_parse_chat(const char *body, size_t len, bool default_cache_prompt,
             goto error;
         out->verbose = b;
     }
-
-    json_decref(root);
     return 0;
 
 error:
-    json_decref(root);
     thaw_chat_request_free(out);
+    return rc;
+}
+
+int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,
+                            struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = NULL, *oai = NULL;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                    jerr.column);
+    if (!json_is_object(root)) {
+        rc = fail(err, errlen, "request body must be a JSON object");
+        goto out;
+    }
+    if (!(oai = json_object())) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    if ((rc = convert(root, oai, err, errlen)) == 0)
+        rc = thaw_api_parse_chat_json(oai, default_cache_prompt, out, err, errlen);
+out:
+    json_decref(oai);
+    json_decref(root);
     return rc;
 }
 
@@ -1163,9 +1165,12 @@ char *thaw_api_error_json(int status, const char *message)
     return out;
 }
 
-char *thaw_api_ctx_error_json(const char *message, int n_prompt, int n_ctx_slot)
+char *thaw_api_too_long_json(int n_prompt, int n_ctx_slot)
 {
-    return thaw_api_dump(json_pack("{s:{s:s, s:s, s:i, s:i, s:i}}", "error", "message", message, "type",
+    char msg[160];
+
+    snprintf(msg, sizeof msg, "the prompt is %d tokens; a slot's context holds %d (-c / -np)", n_prompt, n_ctx_slot);
+    return thaw_api_dump(json_pack("{s:{s:s, s:s, s:i, s:i, s:i}}", "error", "message", msg, "type",
                           "exceed_context_size_error", "code", 400, "n_prompt_tokens", n_prompt, "n_ctx", n_ctx_slot));
 }
 
@@ -1182,37 +1187,6 @@ char *thaw_api_completion_json(const char *id, const char *model, long created, 
                           thaw_tmpl_build_fingerprint(), "choices", "index", 0, "message", msg, "finish_reason",
                           finish_reason, "usage", thaw_api_usage_json(prompt_tokens, t), "timings",
                           thaw_api_timings_json(t)));
-}
-
-int thaw_api_diff_chunks(const char *id, const char *model, long created, const char *diffs_json, char ***out, int *n)
-{
-    json_error_t jerr;
-    json_t *arr = json_loads(diffs_json, 0, &jerr), *d;
-    size_t i;
-    int rc = 0;
-
-    *out = NULL;
-    *n = 0;
-    if (!json_is_array(arr)) {
-        json_decref(arr);
-        return THAW_EINVAL;
-    }
-    if (!(*out = calloc(json_array_size(arr) + 1, sizeof **out))) {
-        json_decref(arr);
-        return THAW_ENOMEM;
-    }
-    json_array_foreach(arr, i, d) {
-        char *ds = json_dumps(d, JSON_COMPACT);
-        char *c = ds ? thaw_api_chunk_delta_json(id, model, created, ds) : NULL;
-        free(ds);
-        if (!c) {
-            rc = THAW_ENOMEM;
-            break;
-        }
-        (*out)[(*n)++] = c;
-    }
-    json_decref(arr);
-    return rc;
 }
 
 char *thaw_api_chunk_delta_json(const char *id, const char *model, long created, const char *diff_json)
@@ -1320,37 +1294,93 @@ char *thaw_api_models_json(const char *model, const char *tags, long created, co
                           "meta", meta));
 }
 
-int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,
-                            struct thaw_chat_request *out, char *err, size_t errlen)
-{
-    json_error_t jerr;
-    json_t *root = NULL, *oai = NULL;
-    char *text = NULL;
-    int rc;
+/* ---- the codec ------------------------------------------------------------------ */
 
-    memset(out, 0, sizeof *out);
-    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                    jerr.column);
-    if (!json_is_object(root)) {
-        rc = fail(err, errlen, "request body must be a JSON object");
-        goto out;
-    }
-    if (!(oai = json_object())) {
-        rc = THAW_ENOMEM;
-        goto out;
-    }
-    if ((rc = convert(root, oai, err, errlen)) != 0)
-        goto out;
-    if (!(text = json_dumps(oai, JSON_COMPACT))) {
-        rc = THAW_ENOMEM;
-        goto out;
-    }
-    rc = thaw_api_parse_chat(text, strlen(text), default_cache_prompt, out, err, errlen);
-out:
-    free(text);
-    json_decref(oai);
-    json_decref(root);
-    return rc;
+#undef fail /* the table's field of that name */
+
+static void chat_place_logprobs(json_t *root, json_t *lp)
+{
+    json_t *choice = json_array_get(json_object_get(root, "choices"), 0);
+
+    if (choice)
+        json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", lp));
 }
+
+static char *chat_reply(const struct thaw_reply *r)
+{
+    char *body = thaw_api_completion_json(r->id, r->model, r->created, r->message_json, r->finish_reason,
+                                          r->n_prompt, r->timings);
+
+    if (body && r->verbose)
+        body = thaw_codec_add_verbose(r, body);
+    if (body && r->req->logprobs)
+        body = thaw_codec_add_logprobs(r, body, false, chat_place_logprobs);
+    return body;
+}
+
+static int chat_open(struct thaw_codec_stream *st)
+{
+    char *chunk = thaw_api_chunk_json(st->id, st->model, st->created, "assistant", "", NULL, NULL, 0, false);
+
+    return thaw_codec_emit_text(st, NULL, chunk);
+}
+
+/* llama-server's prompt_progress rides a role delta whose content is null */
+static int chat_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
+{
+    json_t *root =
+        thaw_codec_loads(thaw_api_chunk_json(st->id, st->model, st->created, "assistant", NULL, NULL, NULL, 0, false));
+
+    if (root)
+        json_object_set_new(json_object_get(json_array_get(json_object_get(root, "choices"), 0), "delta"), "content",
+                            json_null());
+    return thaw_codec_emit_progress(st, root, processed, time_ms, cache_n);
+}
+
+static int chat_delta(struct thaw_codec_stream *st, json_t *diff)
+{
+    char *ds = json_dumps(diff, JSON_COMPACT);
+    char *chunk = ds ? thaw_api_chunk_delta_json(st->id, st->model, st->created, ds) : NULL;
+
+    free(ds);
+    return thaw_codec_emit_text(st, NULL, thaw_codec_lp_attach(st, chunk, false));
+}
+
+static int chat_close(struct thaw_codec_stream *st)
+{
+    const struct thaw_reply *r = st->reply;
+    char *last = thaw_api_chunk_json(st->id, st->model, st->created, NULL, NULL, r->finish_reason, r->timings,
+                                     r->n_prompt, false);
+    /* entries of text no delta carried (a parser that held it to the end) */
+    size_t to = st->lp_from;
+    if (st->req->logprobs)
+        json_decref(st->rd->logprobs(st->rd->ud, st->lp_from, st->n_text, true, false, &to));
+    int rc = thaw_codec_emit_text(st, NULL, to > st->lp_from ? thaw_codec_lp_attach(st, last, false) : last);
+
+    if (rc == 0 && st->req->include_usage)
+        rc = thaw_codec_emit_text(st, NULL, thaw_api_chunk_json(st->id, st->model, st->created, NULL, NULL, NULL,
+                                                                r->timings, r->n_prompt, true));
+    return rc ? rc : st->put(st->sink, NULL, "[DONE]");
+}
+
+static int chat_fail(struct thaw_codec_stream *st, int status, const char *message)
+{
+    return thaw_codec_emit_text(st, NULL, thaw_api_error_json(status, message));
+}
+
+const struct thaw_codec thaw_codec_chat = {
+    .name = "chat",
+    .id_prefix = "chatcmpl-",
+    .auth_hint = THAW_API_AUTH_HINT,
+    .caps = THAW_CODEC_VERBOSE,
+    .parse = thaw_api_parse_chat,
+    .error_json = thaw_api_error_json,
+    .too_long_json = thaw_api_too_long_json,
+    .reply = chat_reply,
+    .merge_choice = thaw_codec_merge_choice,
+    .open = chat_open,
+    .progress = chat_progress,
+    .delta = chat_delta,
+    .close = chat_close,
+    .fail = chat_fail,
+};

@@ -1,4 +1,6 @@
-/* api.h — OpenAI chat-completions JSON <-> thaw's request/response structs.
+/* api.h — OpenAI chat-completions JSON <-> thaw's request/response structs:
+ * the one internal request every codec (codec.h) parses into, and the
+ * chat API's builders (its table is thaw_codec_chat).
  *
  * Parsing validates every field it reads and names the offending field in
  * the error text, so a client learns what to fix from one 400. Builders
@@ -97,7 +99,7 @@ struct thaw_chat_request {
     /* logit_bias: OpenAI's {"token id": bias} or llama-server's [[id or
      * text, bias or false], ...]; false bans. A text entry biases each of
      * its tokens: resolved into bias_tok/bias_val (owned, n_bias_tok) by
-     * thaw_api_resolve_bias once the vocabulary is at hand. */
+     * thaw_chat_resolve_bias once the vocabulary is at hand. */
     struct thaw_api_bias {
         int32_t token;             /* -1 when `text` is set */
         char *text;                /* owned */
@@ -187,14 +189,6 @@ void thaw_chat_request_free(struct thaw_chat_request *req);
  * malloc'd *out, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
 int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size_t errlen);
 
-/* Resolves req->bias into bias_tok/bias_val: ids checked against n_vocab,
- * texts tokenized with `tokenize` (no BOS, no special tokens; returns a
- * malloc'd array and its count, or NULL). Returns 0, THAW_EINVAL (reason
- * in err) or THAW_ENOMEM. */
-int thaw_api_resolve_bias(struct thaw_chat_request *req, int n_vocab,
-                          int32_t *(*tokenize)(void *ud, const char *text, int *n), void *ud, char *err,
-                          size_t errlen);
-
 /* Admission: bounds that need no template or tokenizer, so a request that
  * cannot fit is refused before any costly work. A prompt must leave a slot
  * of `n_ctx_slot` tokens one free for the reply, so it cannot have as many
@@ -240,11 +234,6 @@ char *thaw_api_cache_json(const char *prometheus_text);
  * only on ENOMEM. */
 char *thaw_api_error_json(int status, const char *message);
 
-/* The 400 of a prompt longer than a slot's context, as llama-server
- * sends it: type "exceed_context_size_error" with n_prompt_tokens and
- * n_ctx (a slot's), so a client can trim by the numbers. */
-char *thaw_api_ctx_error_json(const char *message, int n_prompt, int n_ctx_slot);
-
 /* A non-streaming chat.completion object around `message_json` (an
  * assistant message: content, reasoning_content, tool_calls). NULL when
  * that is not JSON, or on ENOMEM. */
@@ -254,11 +243,6 @@ char *thaw_api_completion_json(const char *id, const char *model, long created, 
 /* A streaming chunk from one delta of thaw_tmpl_diffs (content,
  * reasoning_content, or a tool call's index/id/name/arguments piece). */
 char *thaw_api_chunk_delta_json(const char *id, const char *model, long created, const char *diff_json);
-
-/* Every delta of a thaw_tmpl_diffs array as a chunk: *out holds *n
- * malloc'd strings (each and the array freed by the caller, also when an
- * error cut it short). Returns 0, THAW_EINVAL or THAW_ENOMEM. */
-int thaw_api_diff_chunks(const char *id, const char *model, long created, const char *diffs_json, char ***out, int *n);
 
 /* One streaming chunk object (no "data: " framing). `content` NULL = no delta
  * content; `role` NULL = no role; `finish_reason` NULL = null. With

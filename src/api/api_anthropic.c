@@ -9,10 +9,13 @@
  * Map:
  *   ---- request ----    system, messages and their blocks, tools, settings
  *   ---- responses ----  message, usage, errors, signatures
+ *   ---- the codec ----  the table; the stream: message_start, content blocks
+ *                        (text, thinking with its signature, tool_use), message_delta/stop
  */
 #include "api/api_anthropic.h"
 
 #include "api/api_wire.h"
+#include "api/codec.h"
 
 #include "base/error.h"
 #include "base/log.h"
@@ -573,8 +576,6 @@ char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int output_tokens)
                           "cache_read_input_tokens", cache_n, "output_tokens", output_tokens));
 }
 
-char *thaw_anthropic_count_json(int n_tokens) { return thaw_api_dump(json_pack("{s:i}", "input_tokens", n_tokens)); }
-
 void thaw_anthropic_signature(const char *thinking, size_t n, char out[THAW_ANTHROPIC_SIGNATURE_LEN])
 {
     static const char hex[] = "0123456789abcdef";
@@ -634,3 +635,157 @@ fail:
     json_decref(blocks);
     return NULL;
 }
+
+/* ---- the codec -------------------------------------------------------------------- */
+
+#undef fail /* the table's field of that name */
+
+static char *messages_reply(const struct thaw_reply *r)
+{
+    return thaw_anthropic_message_json(r->id, r->model, r->message_json, r->finish_reason, r->stop_sequence,
+                                       r->n_prompt, r->timings);
+}
+
+/* Claude Code reads the two numbers out of exactly this sentence */
+static char *messages_too_long(int n_prompt, int n_ctx_slot)
+{
+    char msg[160];
+
+    snprintf(msg, sizeof msg, "prompt is too long: %d tokens > %d maximum", n_prompt, n_ctx_slot - 1);
+    return thaw_anthropic_error_json(400, msg);
+}
+
+static int msg_open(struct thaw_codec_stream *st)
+{
+    json_t *usage = thaw_codec_loads(thaw_anthropic_usage_json(st->n_prompt, st->cache_n, 0));
+    int rc;
+
+    if (!usage)
+        return THAW_ENOMEM;
+    rc = thaw_codec_emit(st, "message_start",
+                         json_pack("{s:s, s:{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:o}}", "type", "message_start",
+                                   "message", "id", st->id, "type", "message", "role", "assistant", "content", "model",
+                                   st->model, "stop_reason", "stop_sequence", "usage", usage));
+    return rc ? rc : thaw_codec_emit(st, "ping", json_pack("{s:s}", "type", "ping"));
+}
+
+/* Ends the open content block (a thinking block gets its signature first). */
+static int msg_block_stop(struct thaw_codec_stream *st)
+{
+    int idx = st->n_parts - 1, rc = 0;
+
+    if (st->part == THAW_CODEC_PART_NONE)
+        return 0;
+    if (st->part == THAW_CODEC_PART_THINKING) {
+        char sig[THAW_ANTHROPIC_SIGNATURE_LEN];
+        thaw_anthropic_signature(st->acc ? st->acc : "", st->n_acc, sig);
+        rc = thaw_codec_emit(st, "content_block_delta",
+                             json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", idx,
+                                       "delta", "type", "signature_delta", "signature", sig));
+    }
+    thaw_codec_part_reset(st);
+    st->part = THAW_CODEC_PART_NONE;
+    return rc ? rc
+              : thaw_codec_emit(st, "content_block_stop",
+                                json_pack("{s:s, s:i}", "type", "content_block_stop", "index", idx));
+}
+
+/* Makes `kind` the open block: the open one of another kind (or another
+ * tool call) is stopped and a new one started with `start` (taken). */
+static int msg_block_start(struct thaw_codec_stream *st, int kind, json_t *start)
+{
+    int rc = msg_block_stop(st);
+
+    if (rc != 0) {
+        json_decref(start);
+        return rc;
+    }
+    st->part = kind;
+    return thaw_codec_emit(st, "content_block_start",
+                           json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index", st->n_parts++,
+                                     "content_block", start));
+}
+
+static int msg_block_delta(struct thaw_codec_stream *st, json_t *delta)
+{
+    return thaw_codec_emit(st, "content_block_delta",
+                           json_pack("{s:s, s:i, s:o}", "type", "content_block_delta", "index", st->n_parts - 1,
+                                     "delta", delta));
+}
+
+static int msg_delta(struct thaw_codec_stream *st, json_t *diff)
+{
+    json_t *v;
+    int rc = 0;
+
+    if ((v = json_object_get(diff, "reasoning_content")) && json_string_length(v) > 0) {
+        if (st->part != THAW_CODEC_PART_THINKING)
+            rc = msg_block_start(st, THAW_CODEC_PART_THINKING,
+                                 json_pack("{s:s, s:s, s:s}", "type", "thinking", "thinking", "", "signature", ""));
+        if (rc == 0 && (rc = thaw_codec_part_add(st, v)) == 0)
+            rc = msg_block_delta(st, json_pack("{s:s, s:O}", "type", "thinking_delta", "thinking", v));
+    }
+    if (rc == 0 && (v = json_object_get(diff, "content")) && json_string_length(v) > 0) {
+        if (st->part != THAW_CODEC_PART_TEXT)
+            rc = msg_block_start(st, THAW_CODEC_PART_TEXT, json_pack("{s:s, s:s}", "type", "text", "text", ""));
+        if (rc == 0)
+            rc = msg_block_delta(st, json_pack("{s:s, s:O}", "type", "text_delta", "text", v));
+    }
+    if (rc == 0 && (v = json_object_get(diff, "tool_call_index"))) {
+        long index = (long)json_integer_value(v);
+        json_t *id = json_object_get(diff, "id"), *name = json_object_get(diff, "name");
+        json_t *args = json_object_get(diff, "arguments");
+        if (st->part != THAW_CODEC_PART_TOOL || st->tool_index != index) {
+            rc = msg_block_start(st, THAW_CODEC_PART_TOOL,
+                                 json_pack("{s:s, s:s, s:s, s:{}}", "type", "tool_use", "id",
+                                           json_is_string(id) ? json_string_value(id) : "", "name",
+                                           json_is_string(name) ? json_string_value(name) : "", "input"));
+            st->tool_index = index;
+        }
+        if (rc == 0 && json_string_length(args) > 0)
+            rc = msg_block_delta(st, json_pack("{s:s, s:O}", "type", "input_json_delta", "partial_json", args));
+    }
+    return rc;
+}
+
+static int msg_close(struct thaw_codec_stream *st)
+{
+    const struct thaw_reply *r = st->reply;
+    json_t *usage = thaw_codec_loads(thaw_anthropic_usage_json(r->n_prompt, r->timings->cache_n,
+                                                               r->timings->predicted_n));
+    int rc = msg_block_stop(st);
+
+    if (!usage)
+        return THAW_ENOMEM;
+    if (rc == 0)
+        rc = thaw_codec_emit(st, "message_delta",
+                             json_pack("{s:s, s:{s:s, s:o}, s:O}", "type", "message_delta", "delta", "stop_reason",
+                                       thaw_anthropic_stop_reason(r->finish_reason, r->stop_sequence),
+                                       "stop_sequence", r->stop_sequence ? json_string(r->stop_sequence) : json_null(),
+                                       "usage", usage));
+    json_decref(usage);
+    return rc ? rc : thaw_codec_emit(st, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+}
+
+static int msg_fail(struct thaw_codec_stream *st, int status, const char *message)
+{
+    return thaw_codec_emit_text(st, "error", thaw_anthropic_error_json(status, message));
+}
+
+const struct thaw_codec thaw_codec_messages = {
+    .name = "messages",
+    .id_prefix = "msg_",
+    .auth_hint = "missing or invalid API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'",
+    .caps = 0,
+    .parse = thaw_anthropic_parse,
+    .error_json = thaw_anthropic_error_json,
+    .too_long_json = messages_too_long,
+    .reply = messages_reply,
+    .merge_choice = NULL,
+    .open_after_start = true, /* message_start reports the cache's part of the prompt */
+    .open = msg_open,
+    .progress = NULL,
+    .delta = msg_delta,
+    .close = msg_close,
+    .fail = msg_fail,
+};

@@ -1,5 +1,7 @@
 /* api_anthropic.h — the Anthropic Messages API (POST /v1/messages,
- * /v1/messages/count_tokens) <-> thaw's internal request (api.h).
+ * /v1/messages/count_tokens) <-> thaw's internal request (api.h). Its
+ * table is thaw_codec_messages (codec.h): this parser, the message reply,
+ * its stream's events, Anthropic's error shape and too-long sentence.
  *
  * A Messages request becomes the same struct thaw_chat_request a chat
  * completion does, so templates, tool parsing, grammar, slots, keys and
@@ -53,9 +55,6 @@ char *thaw_anthropic_message_json(const char *id, const char *model, const char 
 /* {"input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
  * "output_tokens"}: input_tokens is the part of the prompt not reused. */
 char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int output_tokens);
-
-/* POST /v1/messages/count_tokens's answer: {"input_tokens": n}. */
-char *thaw_anthropic_count_json(int n_tokens);
 
 /* finish_reason ("stop" | "length" | "tool_calls") -> stop_reason
  * ("end_turn" | "max_tokens" | "tool_use"), or "stop_sequence" when one of

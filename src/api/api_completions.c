@@ -2,17 +2,22 @@
  * prompt in, text out (api_completions.h).
  *
  * Map:
- *   ---- request ----  the prompt; every other field through thaw_api_parse_chat
+ *   ---- request ----  the prompt; every other field through thaw_api_parse_chat_json
  *   ---- replies ----  OpenAI's text_completion (whole, chunks), llama-server's /completion
+ *   ---- the codecs -- their tables: OpenAI's (text_completion chunks, [DONE]) and llama-server's
+ *                      ({"content", "stop"} pieces, one per token with n_probs, no [DONE])
  */
 #include "api/api_completions.h"
 
 #include "api/api_wire.h"
+#include "api/codec.h"
 #include "api/logprobs.h"
 #include "api/template.h"
 #include "base/error.h"
 #include "base/utf8.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,7 +103,6 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
 {
     json_error_t jerr;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr), *chat = NULL, *prompt;
-    char *text = NULL;
     int rc;
 
     memset(out, 0, sizeof *out);
@@ -138,11 +142,7 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
     json_object_del(chat, "response_format");
     json_object_del(chat, "response_fields");
     json_object_set_new(chat, "messages", json_pack("[{s:s, s:s}]", "role", "user", "content", "."));
-    if (!(text = json_dumps(chat, JSON_COMPACT))) {
-        rc = THAW_ENOMEM;
-        goto out;
-    }
-    if ((rc = thaw_api_parse_chat(text, strlen(text), default_cache_prompt, out, err, errlen)) != 0)
+    if ((rc = thaw_api_parse_chat_json(chat, default_cache_prompt, out, err, errlen)) != 0)
         goto out;
     for (size_t i = 0; i < out->n_messages; i++) {
         free(out->messages[i].role);
@@ -167,7 +167,6 @@ int thaw_api_parse_completion(const char *body, size_t len, bool default_cache_p
     if ((rc = take_prompt(prompt, out, err, errlen)) != 0)
         thaw_chat_request_free(out);
 out:
-    free(text);
     json_decref(chat);
     json_decref(root);
     return rc;
@@ -236,3 +235,248 @@ char *thaw_api_message_content(const char *message_json)
     json_decref(m);
     return out;
 }
+
+/* ---- the codecs ---------------------------------------------------------------------- */
+
+static void cmpl_place_logprobs(json_t *root, json_t *lp)
+{
+    json_t *choice = json_array_get(json_object_get(root, "choices"), 0);
+
+    if (choice)
+        json_object_set(choice, "logprobs", lp);
+}
+
+static char *completions_reply(const struct thaw_reply *r)
+{
+    char *text = thaw_api_message_content(r->message_json);
+    char *body = text ? thaw_api_text_completion_json(r->id, r->model, r->created, text, r->finish_reason,
+                                                      r->n_prompt, r->timings)
+                      : NULL;
+
+    free(text);
+    if (body && r->verbose)
+        body = thaw_codec_add_verbose(r, body);
+    if (body && r->req->logprobs)
+        body = thaw_codec_add_logprobs(r, body, true, cmpl_place_logprobs);
+    return body;
+}
+
+static void completion_place_logprobs(json_t *root, json_t *lp)
+{
+    json_object_set(root, "completion_probabilities", lp);
+}
+
+/* /completion's whole reply, as llama-server's: with the prompt the model
+ * read and generation_settings; then, with response_fields, only the named
+ * fields, each "a/b" path read from that whole reply and keyed by the path
+ * (a path that names nothing is left out). Takes `body`; NULL on ENOMEM. */
+static char *completion_fields(const struct thaw_reply *r, char *body)
+{
+    const struct thaw_chat_request *req = r->req;
+    json_t *root = json_loads(body, 0, NULL), *out = NULL, *f;
+    json_t *fields = req->response_fields ? json_loads(req->response_fields, 0, NULL) : NULL;
+    char *text = NULL;
+    size_t i;
+
+    free(body);
+    if (!json_is_object(root) || !r->prompt || !(out = json_object()))
+        goto done;
+    json_object_set_new(root, "prompt", json_string(r->prompt));
+    json_object_set_new(root, "generation_settings",
+                        json_pack("{s:i, s:i, s:b, s:b}", "n_predict", r->max_tokens, "n_probs", req->n_probs,
+                                  "post_sampling_probs", req->post_sampling_probs, "stream", req->stream));
+    if (!json_is_array(fields)) {
+        text = json_dumps(root, JSON_COMPACT);
+        goto done;
+    }
+    json_array_foreach(fields, i, f) {
+        const char *path = json_string_value(f);
+        json_t *v = root;
+        for (const char *p = path; v && *p;) {
+            size_t n = strcspn(p, "/");
+            char key[256];
+            snprintf(key, sizeof key, "%.*s", (int)(n < 255 ? n : 255), p);
+            v = json_object_get(v, key);
+            p += n;
+            if (*p == '/')
+                p++;
+        }
+        if (v)
+            json_object_set(out, path, v);
+    }
+    text = json_dumps(out, JSON_COMPACT);
+done:
+    json_decref(out);
+    json_decref(fields);
+    json_decref(root);
+    return text;
+}
+
+static char *completion_reply(const struct thaw_reply *r)
+{
+    char *text = thaw_api_message_content(r->message_json);
+    char *body = text ? thaw_api_llama_completion_json(r->model, text, true, r->finish_reason, r->stop_sequence,
+                                                       r->n_prompt, r->timings)
+                      : NULL;
+
+    free(text);
+    if (body && r->verbose)
+        body = thaw_codec_add_verbose(r, body);
+    if (body && r->req->logprobs)
+        body = thaw_codec_add_logprobs(r, body, false, completion_place_logprobs);
+    return body ? completion_fields(r, body) : NULL;
+}
+
+static int cmpl_open(struct thaw_codec_stream *st)
+{
+    (void)st;
+    return 0; /* the first text is the first chunk */
+}
+
+static int cmpl_fail(struct thaw_codec_stream *st, int status, const char *message)
+{
+    return thaw_codec_emit_text(st, NULL, thaw_api_error_json(status, message));
+}
+
+static const char *diff_text(json_t *diff)
+{
+    const char *s = json_string_value(json_object_get(diff, "content"));
+    return s ? s : "";
+}
+
+/* llama-server's prompt_progress rides an empty piece */
+static int oai_cmpl_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
+{
+    return thaw_codec_emit_progress(
+        st, thaw_codec_loads(thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", NULL, 0, NULL)),
+        processed, time_ms, cache_n);
+}
+
+static int oai_cmpl_delta(struct thaw_codec_stream *st, json_t *diff)
+{
+    return thaw_codec_emit_text(
+        st, NULL,
+        thaw_codec_lp_attach(st,
+                             thaw_api_text_completion_chunk_json(st->id, st->model, st->created, diff_text(diff), NULL,
+                                                                 0, NULL),
+                             true));
+}
+
+static int oai_cmpl_close(struct thaw_codec_stream *st)
+{
+    const struct thaw_reply *r = st->reply;
+    int rc = thaw_codec_emit_text(
+        st, NULL,
+        thaw_codec_lp_attach(st,
+                             thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", r->finish_reason,
+                                                                 r->n_prompt, r->timings),
+                             true));
+
+    return rc ? rc : st->put(st->sink, NULL, "[DONE]");
+}
+
+static int llama_cmpl_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
+{
+    return thaw_codec_emit_progress(
+        st, thaw_codec_loads(thaw_api_llama_completion_json(st->model, "", false, NULL, NULL, 0, NULL)), processed,
+        time_ms, cache_n);
+}
+
+/* One /completion piece; with `probs` (taken) its completion_probabilities. */
+static int llama_cmpl_piece(struct thaw_codec_stream *st, const char *text, json_t *probs)
+{
+    char *chunk = thaw_api_llama_completion_json(st->model, text, false, NULL, NULL, 0, NULL);
+    json_t *root = chunk && probs ? json_loads(chunk, 0, NULL) : NULL;
+
+    if (root) {
+        json_object_set(root, "completion_probabilities", probs);
+        free(chunk);
+        chunk = json_dumps(root, JSON_COMPACT);
+    } else if (probs) {
+        free(chunk);
+        chunk = NULL;
+    }
+    json_decref(root);
+    json_decref(probs);
+    return thaw_codec_emit_text(st, NULL, chunk);
+}
+
+/* With n_probs, llama-server sends one piece per token, each with that
+ * token's entry: the text is cut at the entries' ends, read from the
+ * reply's bytes (a piece may end inside a character; what follows the last
+ * entry waits for its token, unless the reply is done). */
+static int llama_cmpl_delta(struct thaw_codec_stream *st, json_t *diff)
+{
+    const struct thaw_reply_reader *rd = st->rd;
+    size_t off = st->text_from, n_text = st->n_text;
+    uint32_t start, end;
+    int rc = 0;
+
+    if (!st->req->logprobs)
+        return llama_cmpl_piece(st, diff_text(diff), NULL);
+    while (rc == 0 && rd->span(rd->ud, st->lp_from, &start, &end) &&
+           (end <= n_text || (st->done && start < n_text))) {
+        size_t cut = end < n_text ? end : n_text;
+        if (cut < off)
+            cut = off;
+        char *piece = rd->text(rd->ud, off, cut);
+        size_t to;
+        json_t *probs = piece ? rd->logprobs(rd->ud, st->lp_from, SIZE_MAX, true, false, &to) : NULL;
+        while (probs && json_array_size(probs) > 1) /* this entry only */
+            json_array_remove(probs, json_array_size(probs) - 1);
+        rc = probs ? llama_cmpl_piece(st, piece, probs) : THAW_ENOMEM;
+        free(piece);
+        st->lp_from++;
+        off = cut;
+    }
+    if (rc == 0 && off < n_text && st->done) { /* text no token of its own stands for */
+        char *piece = rd->text(rd->ud, off, n_text);
+        rc = piece ? llama_cmpl_piece(st, piece, NULL) : THAW_ENOMEM;
+        free(piece);
+        off = n_text;
+    }
+    st->n_seen = off; /* the rest comes again with the next news */
+    return rc;
+}
+
+static int llama_cmpl_close(struct thaw_codec_stream *st)
+{
+    const struct thaw_reply *r = st->reply;
+
+    return thaw_codec_emit_text(st, NULL, thaw_api_llama_completion_json(st->model, "", true, r->finish_reason,
+                                                                         r->stop_sequence, r->n_prompt, r->timings));
+}
+
+const struct thaw_codec thaw_codec_completions = {
+    .name = "completions",
+    .id_prefix = "cmpl-",
+    .auth_hint = THAW_API_AUTH_HINT,
+    .caps = THAW_CODEC_VERBOSE,
+    .parse = thaw_api_parse_completion,
+    .error_json = thaw_api_error_json,
+    .too_long_json = thaw_api_too_long_json,
+    .reply = completions_reply,
+    .merge_choice = thaw_codec_merge_choice,
+    .open = cmpl_open,
+    .progress = oai_cmpl_progress,
+    .delta = oai_cmpl_delta,
+    .close = oai_cmpl_close,
+    .fail = cmpl_fail,
+};
+
+const struct thaw_codec thaw_codec_completion = {
+    .name = "completion",
+    .id_prefix = "cmpl-",
+    .auth_hint = THAW_API_AUTH_HINT,
+    .caps = THAW_CODEC_VERBOSE | THAW_CODEC_PROMPT,
+    .parse = thaw_api_parse_completion,
+    .error_json = thaw_api_error_json,
+    .too_long_json = thaw_api_too_long_json,
+    .reply = completion_reply,
+    .merge_choice = NULL,
+    .open = cmpl_open,
+    .progress = llama_cmpl_progress,
+    .delta = llama_cmpl_delta,
+    .close = llama_cmpl_close,
+    .fail = cmpl_fail,
+};

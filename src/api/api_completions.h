@@ -1,9 +1,11 @@
 /* api_completions.h — raw-prompt completions: OpenAI's legacy
- * POST /v1/completions and llama-server's POST /completion.
+ * POST /v1/completions and llama-server's POST /completion, two wire
+ * formats with one request: thaw_codec_completions and
+ * thaw_codec_completion (codec.h).
  *
  * The body becomes the same internal request as a chat (api.h) with
  * req->raw set and the prompt in raw_text or raw_tokens: every sampling
- * field is checked by thaw_api_parse_chat's one parser, and the prompt goes
+ * field is checked by the chat request's one parser, and the prompt goes
  * through the same slots, prefix reuse and block store as a conversation's.
  * Builders return malloc'd NUL-terminated JSON text (NULL on ENOMEM).
  */

@@ -7,10 +7,14 @@
  * Map:
  *   ---- request ----    input items, tools, settings
  *   ---- responses ----  the response object and its output items
+ *   ---- the codec ----  the table; the stream: response.created, output items (reasoning,
+ *                        message, function_call) with their deltas and done events,
+ *                        response.completed
  */
 #include "api/api_responses.h"
 
 #include "api/api_wire.h"
+#include "api/codec.h"
 
 #include "base/error.h"
 #include "base/log.h"
@@ -443,7 +447,8 @@ void thaw_responses_item_id(const char *id, const char *kind, int index, char ou
 {
     const char *u = strchr(id, '_');
 
-    snprintf(out, 64, "%s_%s_%d", kind, u ? u + 1 : id, index);
+    /* ids are the id_prefix and 24 hex digits: 40 bytes of them is more than enough */
+    snprintf(out, 64, "%.3s_%.40s_%d", kind, u ? u + 1 : id, index);
 }
 
 char *thaw_responses_json(const char *id, const char *model, long created, const char *message_json,
@@ -497,3 +502,227 @@ char *thaw_responses_json(const char *id, const char *model, long created, const
     json_decref(msg);
     return thaw_api_dump(r);
 }
+
+/* ---- the codec -------------------------------------------------------------------- */
+
+#undef fail /* the table's field of that name */
+
+static char *responses_reply(const struct thaw_reply *r)
+{
+    return thaw_responses_json(r->id, r->model, r->created, r->message_json, r->finish_reason, r->n_prompt,
+                               r->timings);
+}
+
+/* One event: its type is both the event: line and data.type, and every
+ * event carries the stream's sequence_number. Takes `v`. */
+static int r_emit(struct thaw_codec_stream *st, const char *type, json_t *v)
+{
+    if (!v)
+        return THAW_ENOMEM;
+    json_object_set_new(v, "type", json_string(type));
+    json_object_set_new(v, "sequence_number", json_integer(st->seq++));
+    return thaw_codec_emit(st, type, v);
+}
+
+/* The response object: in progress until the stream closes. */
+static json_t *r_response(struct thaw_codec_stream *st)
+{
+    static const struct thaw_timings none;
+    const struct thaw_reply *r = st->reply;
+
+    if (!r)
+        return thaw_codec_loads(thaw_responses_json(st->id, st->model, st->created, NULL, NULL, st->n_prompt, &none));
+    return thaw_codec_loads(thaw_responses_json(st->id, st->model, st->created,
+                                                r->message_json ? r->message_json : "{}", r->finish_reason,
+                                                r->n_prompt, r->timings));
+}
+
+static int resp_open(struct thaw_codec_stream *st)
+{
+    json_t *r = r_response(st);
+    int rc;
+
+    if (!r)
+        return THAW_ENOMEM;
+    rc = r_emit(st, "response.created", json_pack("{s:O}", "response", r));
+    if (rc == 0)
+        rc = r_emit(st, "response.in_progress", json_pack("{s:O}", "response", r));
+    json_decref(r);
+    return rc;
+}
+
+static void r_item_id(struct thaw_codec_stream *st, char out[64])
+{
+    static const char *const kind[] = {
+        [THAW_CODEC_PART_NONE] = "",
+        [THAW_CODEC_PART_TEXT] = "msg",
+        [THAW_CODEC_PART_THINKING] = "rs",
+        [THAW_CODEC_PART_TOOL] = "fc",
+    };
+
+    thaw_responses_item_id(st->id, kind[st->part], st->n_parts - 1, out);
+}
+
+/* The open item, complete: as output_item.done and the final response name it. */
+static json_t *r_item_done(struct thaw_codec_stream *st)
+{
+    const char *text = st->acc ? st->acc : "";
+    char id[64];
+
+    r_item_id(st, id);
+    if (st->part == THAW_CODEC_PART_THINKING)
+        return json_pack("{s:s, s:s, s:[], s:[{s:s, s:s}]}", "type", "reasoning", "id", id, "summary", "content",
+                         "type", "reasoning_text", "text", text);
+    if (st->part == THAW_CODEC_PART_TEXT)
+        return json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}", "type", "message", "id", id, "status",
+                         "completed", "role", "assistant", "content", "type", "output_text", "text", text,
+                         "annotations");
+    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "type", "function_call", "id", id, "call_id",
+                     st->call_id ? st->call_id : "", "name", st->call_name ? st->call_name : "", "arguments", text,
+                     "status", "completed");
+}
+
+static int resp_item_stop(struct thaw_codec_stream *st)
+{
+    int idx = st->n_parts - 1, rc = 0;
+    const char *text = st->acc ? st->acc : "";
+    char id[64];
+
+    if (st->part == THAW_CODEC_PART_NONE)
+        return 0;
+    r_item_id(st, id);
+    if (st->part == THAW_CODEC_PART_THINKING) {
+        rc = r_emit(st, "response.reasoning_text.done",
+                    json_pack("{s:s, s:i, s:i, s:s}", "item_id", id, "output_index", idx, "content_index", 0, "text",
+                              text));
+    } else if (st->part == THAW_CODEC_PART_TEXT) {
+        rc = r_emit(st, "response.output_text.done",
+                    json_pack("{s:s, s:i, s:i, s:s, s:[]}", "item_id", id, "output_index", idx, "content_index", 0,
+                              "text", text, "logprobs"));
+        if (rc == 0)
+            rc = r_emit(st, "response.content_part.done",
+                        json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", id, "output_index", idx,
+                                  "content_index", 0, "part", "type", "output_text", "text", text, "annotations"));
+    } else {
+        rc = r_emit(st, "response.function_call_arguments.done",
+                    json_pack("{s:s, s:i, s:s, s:s}", "item_id", id, "output_index", idx, "arguments", text, "name",
+                              st->call_name ? st->call_name : ""));
+    }
+    if (rc == 0)
+        rc = r_emit(st, "response.output_item.done",
+                    json_pack("{s:i, s:o}", "output_index", idx, "item", r_item_done(st)));
+    st->part = THAW_CODEC_PART_NONE;
+    thaw_codec_part_reset(st);
+    return rc;
+}
+
+/* Makes `kind` the open item, announcing it (and a message's text part). */
+static int resp_item_start(struct thaw_codec_stream *st, int kind, const char *call_id, const char *name)
+{
+    int rc = resp_item_stop(st), idx;
+    char id[64];
+    json_t *item;
+
+    if (rc != 0)
+        return rc;
+    st->part = kind;
+    idx = st->n_parts++;
+    r_item_id(st, id);
+    if (kind == THAW_CODEC_PART_TOOL && (!(st->call_id = strdup(call_id)) || !(st->call_name = strdup(name))))
+        return THAW_ENOMEM;
+    if (kind == THAW_CODEC_PART_THINKING)
+        item = json_pack("{s:s, s:s, s:[], s:[]}", "type", "reasoning", "id", id, "summary", "content");
+    else if (kind == THAW_CODEC_PART_TEXT)
+        item = json_pack("{s:s, s:s, s:s, s:s, s:[]}", "type", "message", "id", id, "status", "in_progress", "role",
+                         "assistant", "content");
+    else
+        item = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "type", "function_call", "id", id, "call_id", call_id,
+                         "name", name, "arguments", "", "status", "in_progress");
+    rc = r_emit(st, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", idx, "item", item));
+    if (rc == 0 && kind == THAW_CODEC_PART_TEXT)
+        rc = r_emit(st, "response.content_part.added",
+                    json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", id, "output_index", idx,
+                              "content_index", 0, "part", "type", "output_text", "text", "", "annotations"));
+    return rc;
+}
+
+static int resp_delta(struct thaw_codec_stream *st, json_t *diff)
+{
+    json_t *v;
+    char id[64];
+    int rc = 0;
+
+    if ((v = json_object_get(diff, "reasoning_content")) && json_string_length(v) > 0) {
+        if (st->part != THAW_CODEC_PART_THINKING)
+            rc = resp_item_start(st, THAW_CODEC_PART_THINKING, NULL, NULL);
+        if (rc == 0 && (rc = thaw_codec_part_add(st, v)) == 0) {
+            r_item_id(st, id);
+            rc = r_emit(st, "response.reasoning_text.delta",
+                        json_pack("{s:s, s:i, s:i, s:O}", "item_id", id, "output_index", st->n_parts - 1,
+                                  "content_index", 0, "delta", v));
+        }
+    }
+    if (rc == 0 && (v = json_object_get(diff, "content")) && json_string_length(v) > 0) {
+        if (st->part != THAW_CODEC_PART_TEXT)
+            rc = resp_item_start(st, THAW_CODEC_PART_TEXT, NULL, NULL);
+        if (rc == 0 && (rc = thaw_codec_part_add(st, v)) == 0) {
+            r_item_id(st, id);
+            rc = r_emit(st, "response.output_text.delta",
+                        json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", id, "output_index", st->n_parts - 1,
+                                  "content_index", 0, "delta", v, "logprobs"));
+        }
+    }
+    if (rc == 0 && (v = json_object_get(diff, "tool_call_index"))) {
+        long index = (long)json_integer_value(v);
+        json_t *cid = json_object_get(diff, "id"), *name = json_object_get(diff, "name");
+        json_t *args = json_object_get(diff, "arguments");
+        if (st->part != THAW_CODEC_PART_TOOL || st->tool_index != index) {
+            rc = resp_item_start(st, THAW_CODEC_PART_TOOL, json_is_string(cid) ? json_string_value(cid) : "",
+                                 json_is_string(name) ? json_string_value(name) : "");
+            st->tool_index = index;
+        }
+        if (rc == 0 && json_string_length(args) > 0 && (rc = thaw_codec_part_add(st, args)) == 0) {
+            r_item_id(st, id);
+            rc = r_emit(st, "response.function_call_arguments.delta",
+                        json_pack("{s:s, s:i, s:O}", "item_id", id, "output_index", st->n_parts - 1, "delta", args));
+        }
+    }
+    return rc;
+}
+
+static int resp_close(struct thaw_codec_stream *st)
+{
+    int rc = resp_item_stop(st);
+    json_t *r = rc == 0 ? r_response(st) : NULL;
+
+    if (rc != 0)
+        return rc;
+    /* response.completed also for a reply cut at max_output_tokens (its
+     * status says "incomplete"): what Codex and the SDKs wait for */
+    return r ? r_emit(st, "response.completed", json_pack("{s:o}", "response", r)) : THAW_ENOMEM;
+}
+
+static int resp_fail(struct thaw_codec_stream *st, int status, const char *message)
+{
+    char code[16];
+
+    snprintf(code, sizeof code, "%d", status);
+    return r_emit(st, "error", json_pack("{s:s, s:s, s:n}", "code", code, "message", message, "param"));
+}
+
+const struct thaw_codec thaw_codec_responses = {
+    .name = "responses",
+    .id_prefix = "resp_",
+    .auth_hint = THAW_API_AUTH_HINT,
+    .caps = 0,
+    .parse = thaw_responses_parse,
+    .error_json = thaw_api_error_json,
+    .too_long_json = thaw_api_too_long_json,
+    .reply = responses_reply,
+    .merge_choice = NULL,
+    .open = resp_open,
+    .progress = NULL,
+    .delta = resp_delta,
+    .close = resp_close,
+    .fail = resp_fail,
+};

@@ -1,5 +1,6 @@
 /* api_responses.h — the OpenAI Responses API (POST /v1/responses) <->
- * thaw's internal request (api.h).
+ * thaw's internal request (api.h). Its table is thaw_codec_responses
+ * (codec.h): this parser, the response object, its stream's events.
  *
  * A Responses request becomes the same struct thaw_chat_request a chat
  * completion does (DESIGN §13):

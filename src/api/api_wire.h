@@ -1,11 +1,12 @@
-/* api_wire.h — what the Anthropic (api_anthropic.c), Responses
- * (api_responses.c) and completions (api_completions.c) codecs share with
- * the chat-completions one (api.c).
+/* api_wire.h — what the codecs (codec.h: api.c, api_anthropic.c,
+ * api_responses.c, api_completions.c) share: the request's one parser, and
+ * the helpers their writers and replies are built from (codec.c).
  *
- * Both translate their request into a chat-completions body and parse that
- * with thaw_api_parse_chat: one internal request, so every field is checked
- * by one parser and reaches the templates, keys and tiers the same way.
- * Private to the API layer (it speaks jansson).
+ * Each translates its request into a chat-completions object (jansson, never
+ * text again) and reads that with thaw_api_parse_chat_json: one internal
+ * request, so every field is checked by one parser and reaches the
+ * templates, keys and tiers the same way. Private to the API layer (it
+ * speaks jansson).
  */
 #ifndef THAW_API_WIRE_H
 #define THAW_API_WIRE_H
@@ -22,8 +23,14 @@ int thaw_api_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__(
  * THAW_ENOMEM. */
 typedef int (*thaw_api_convert_fn)(json_t *root, json_t *oai, char *err, size_t errlen);
 
-/* Parses body as JSON, converts it with `convert`, then parses the result
- * as thaw_api_parse_chat does (same returns; `out` empty on error). */
+/* thaw_api_parse_chat on a body already parsed: `root` (borrowed) is read
+ * as a chat-completions request. Same returns; `out` empty on error. */
+int thaw_api_parse_chat_json(json_t *root, bool default_cache_prompt, struct thaw_chat_request *out, char *err,
+                             size_t errlen);
+
+/* Parses body as JSON, converts it with `convert` into a chat-completions
+ * object, then reads that as thaw_api_parse_chat_json does (same returns;
+ * `out` empty on error). The body is parsed once: no text in between. */
 int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,
                             struct thaw_chat_request *out, char *err, size_t errlen);
 
@@ -34,5 +41,58 @@ char *thaw_api_dump(json_t *root);
  * draft counts; OpenAI's `usage` with cached_tokens. New references. */
 json_t *thaw_api_timings_json(const struct thaw_timings *t);
 json_t *thaw_api_usage_json(int prompt_tokens, const struct thaw_timings *t);
+
+/* ---- what the codecs' writers and replies share (codec.c) ---- */
+
+struct thaw_codec_stream;
+struct thaw_reply;
+
+/* The 401's hint of every API that takes OpenAI's Bearer key */
+#define THAW_API_AUTH_HINT "missing or invalid API key: send 'Authorization: Bearer <key>'"
+
+/* OpenAI's shape of an error (thaw_api_error_json) and llama-server's 400
+ * of a prompt longer than a slot's context: type
+ * "exceed_context_size_error" with n_prompt_tokens and n_ctx (a slot's),
+ * so a client can trim by the numbers. */
+char *thaw_api_too_long_json(int n_prompt, int n_ctx_slot);
+
+/* One event of a stream, handed to the transport's framing: `json`
+ * (malloc'd text, taken; NULL means ENOMEM upstream), or `v` (taken).
+ * `event` NULL: a data line only. 0 or THAW_ENOMEM. */
+int thaw_codec_emit_text(struct thaw_codec_stream *st, const char *event, char *json);
+int thaw_codec_emit(struct thaw_codec_stream *st, const char *event, json_t *v);
+/* llama-server's prompt_progress {total, cache, processed, time_ms} added
+ * to `chunk` (taken), which is then emitted. 0 or THAW_ENOMEM. */
+int thaw_codec_emit_progress(struct thaw_codec_stream *st, json_t *chunk, int processed, int64_t time_ms, int cache_n);
+/* json_loads of `text` (taken); NULL when text is NULL or not JSON. */
+json_t *thaw_codec_loads(char *text);
+
+/* The probability entries that go with the text handed out so far and
+ * are not yet sent (marked sent): llama-server's array, or with `legacy`
+ * OpenAI completions' object. NULL on ENOMEM. */
+json_t *thaw_codec_lp_take(struct thaw_codec_stream *st, bool legacy);
+/* Sets choices[0].logprobs of `chunk` (JSON text, taken) to those
+ * entries: {"content": [...]} (chat) or the legacy object; the chunk as it
+ * was when the request wants none. NULL on ENOMEM. */
+char *thaw_codec_lp_attach(struct thaw_codec_stream *st, char *chunk, bool legacy);
+/* A whole reply's entries (its n_text bytes, done; `legacy`: OpenAI
+ * completions' object) put into the reply object `body` (taken) by
+ * `place` (which takes no reference to lp). NULL on ENOMEM. */
+char *thaw_codec_add_logprobs(const struct thaw_reply *r, char *body, bool legacy, void (*place)(json_t *root,
+                                                                                                  json_t *lp));
+
+/* The open part's text: `s` (a JSON string) appended; 0 or THAW_ENOMEM.
+ * Reset: its text, call id and name freed. */
+int thaw_codec_part_add(struct thaw_codec_stream *st, json_t *s);
+void thaw_codec_part_reset(struct thaw_codec_stream *st);
+
+/* llama-server's __verbose added to a reply object's JSON `body` (taken):
+ * the prompt as read (r->prompt), the reply's text and its counts. The
+ * body as it was when anything fails. */
+char *thaw_codec_add_verbose(const struct thaw_reply *r, char *body);
+/* thaw_codec.merge_choice of the OpenAI APIs: choice 0 of `other` appended
+ * to body's choices as choice `index`, its completion tokens added to the
+ * usage. Both taken; NULL on ENOMEM. */
+char *thaw_codec_merge_choice(char *body, char *other, int index);
 
 #endif

@@ -10,9 +10,11 @@
 
 #include "api/grammar.h"
 #include "api/template.h"
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/key.h"
 #include "base/log.h"
+#include "base/utf8.h"
 #include "llama/tokens.h"
 
 #include <jansson.h>
@@ -595,6 +597,43 @@ int thaw_chat_tokenize_plain(const struct thaw_chat *chat, const char *text, lla
     return tokenize(chat, text, false, false, out, n_out);
 }
 
+int thaw_chat_resolve_bias(const struct thaw_chat *chat, struct thaw_chat_request *req, char *err, size_t errlen)
+{
+    int n_vocab = thaw_chat_n_vocab(chat), cap = 0;
+
+    for (int i = 0; i < req->n_bias; i++) {
+        llama_token *toks = NULL;
+        int n = 1;
+        /* a text: each of its tokens as it reads inside a reply */
+        if (req->bias[i].text && thaw_chat_tokenize_plain(chat, req->bias[i].text, &toks, &n) != 0)
+            return THAW_ENOMEM;
+        if (!req->bias[i].text && req->bias[i].token >= n_vocab) {
+            snprintf(err, errlen, "logit_bias: token %d is not in the vocabulary (%d tokens)", req->bias[i].token,
+                     n_vocab);
+            return THAW_EINVAL;
+        }
+        if (req->n_bias_tok + n > cap) {
+            int nc = 2 * (req->n_bias_tok + n);
+            int32_t *nt = realloc(req->bias_tok, (size_t)nc * sizeof *nt);
+            if (nt)
+                req->bias_tok = nt;
+            float *nv = nt ? realloc(req->bias_val, (size_t)nc * sizeof *nv) : NULL;
+            if (!nt || !nv) {
+                free(toks);
+                return THAW_ENOMEM;
+            }
+            req->bias_val = nv;
+            cap = nc;
+        }
+        for (int j = 0; j < n; j++) {
+            req->bias_tok[req->n_bias_tok] = toks ? toks[j] : req->bias[i].token;
+            req->bias_val[req->n_bias_tok++] = req->bias[i].bias;
+        }
+        free(toks);
+    }
+    return 0;
+}
+
 char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok)
 {
     char *buf = malloc(256);
@@ -611,6 +650,27 @@ char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok)
     }
     buf[got] = '\0';
     return buf;
+}
+
+char *thaw_chat_prompt_text(const struct thaw_chat *chat, const llama_token *toks, int n)
+{
+    struct thaw_buf text = {0};
+    char *out = NULL;
+
+    thaw_buf_reserve(&text, 1);
+    for (int i = 0; i < n && !text.oom; i++) {
+        char *piece = thaw_chat_token_piece(chat, toks[i]);
+        if (!piece || thaw_buf_puts(&text, piece) != 0) {
+            free(piece);
+            thaw_buf_free(&text);
+            return NULL;
+        }
+        free(piece);
+    }
+    if (!text.oom)
+        out = thaw_utf8_sanitize(text.data ? text.data : "", text.len);
+    thaw_buf_free(&text);
+    return out;
 }
 
 char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n)

@@ -115,6 +115,16 @@ int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool
  * tokens taken as text. A malloc'd array (at least one element allocated)
  * and its count. Returns 0, THAW_EINVAL, THAW_ETOOBIG or THAW_ENOMEM. */
 int thaw_chat_tokenize_plain(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out);
+/* The prompt as the model read it: each token's text as the vocabulary
+ * has it (special tokens rendered), made valid UTF-8, as llama-server
+ * shows it ("<s> " + text) in __verbose and /completion's reply.
+ * malloc'd; NULL on ENOMEM (or a token out of the vocabulary). */
+char *thaw_chat_prompt_text(const struct thaw_chat *chat, const llama_token *toks, int n);
+/* Resolves req->bias (logit_bias) into bias_tok/bias_val: ids checked
+ * against the vocabulary, texts tokenized as they read inside a reply (no
+ * BOS, special tokens taken as text), each of their tokens biased.
+ * Returns 0, THAW_EINVAL (reason in err[errlen]) or THAW_ENOMEM. */
+int thaw_chat_resolve_bias(const struct thaw_chat *chat, struct thaw_chat_request *req, char *err, size_t errlen);
 /* POST /detokenize: malloc'd text, or NULL when a token is out of the
  * vocabulary (or ENOMEM). */
 char *thaw_chat_detokenize(const struct thaw_chat *chat, const llama_token *toks, int n);

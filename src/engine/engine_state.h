@@ -1,6 +1,8 @@
 /* engine_state.h — the engine's state, shared by the files that make it
- * up: engine.c (the loop, admission, lifecycle) and generate.c (a reply's
- * tokens). Nothing else includes it: engine.h is the engine's interface.
+ * up: engine.c (the loop, admission, lifecycle), generate.c (a reply's
+ * tokens) and prepare.c (a request made ready: it reads the settings fixed
+ * at start-up only). Nothing else includes it: engine.h is the engine's
+ * interface.
  * Engine thread only, except where a field says otherwise. */
 #ifndef THAW_ENGINE_STATE_H
 #define THAW_ENGINE_STATE_H

@@ -6,12 +6,12 @@
  * Engine thread only; engine_state.h is the state it shares with engine.c. */
 #include "engine/engine_state.h"
 
-#include "api/keys_request.h"
 #include "api/template.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/utf8.h" /* thaw_utf8_sanitize */
 #include "engine/draft.h"
+#include "engine/prepare.h"
 #include "engine/sampler.h"
 #include "engine/slotkv.h"
 
@@ -60,7 +60,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
      * a state this replica is about to write itself. */
     bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm;
     if (will_store) {
-        thaw_keys_reply(s->task->binding, &s->task->req, norm, s->tokens, s->n_tokens, s->store_key);
+        thaw_prepare_store_key(s->task, norm, s->tokens, s->n_tokens, s->store_key);
         thaw_kvcache_expect(e->kv, s->store_key);
     }
     thaw_task_finish(s->task, reason, s->stop_word, &s->timings, msg);

@@ -231,6 +231,58 @@ bool thaw_task_logprob_span(struct thaw_task *t, size_t i, uint32_t *start, uint
     return ok;
 }
 
+/* ---- the reply as a codec reads it ------------------------------------------------- */
+
+static json_t *reader_logprobs(void *ud, size_t from, size_t n_text, bool done, bool legacy, size_t *to)
+{
+    return thaw_task_logprobs(ud, from, n_text, done, legacy, to);
+}
+
+static char *reader_text(void *ud, size_t from, size_t to) { return thaw_task_text(ud, from, to); }
+
+static bool reader_span(void *ud, size_t i, uint32_t *start, uint32_t *end)
+{
+    return thaw_task_logprob_span(ud, i, start, end);
+}
+
+static bool reader_progress(void *ud, int i, int *processed, int64_t *time_ms)
+{
+    struct thaw_task_progress p;
+
+    if (!thaw_task_progress_at(ud, i, &p))
+        return false;
+    *processed = p.processed;
+    *time_ms = p.time_ms;
+    return true;
+}
+
+void thaw_task_reader(struct thaw_task *t, struct thaw_reply_reader *out)
+{
+    *out = (struct thaw_reply_reader){
+        .logprobs = reader_logprobs,
+        .text = reader_text,
+        .span = reader_span,
+        .progress = reader_progress,
+        .ud = t,
+    };
+}
+
+void thaw_task_reply(struct thaw_task *t, const struct thaw_reply_reader *rd, struct thaw_reply *out)
+{
+    *out = (struct thaw_reply){
+        .model = t->model_name,
+        .req = &t->req,
+        .n_prompt = t->n_prompt,
+        .max_tokens = t->max_tokens,
+        .message_json = t->message_json,
+        .finish_reason = t->finish_reason,
+        .stop_sequence = t->stop_sequence,
+        .timings = &t->timings,
+        .rd = rd,
+        .n_text = t->n_text,
+    };
+}
+
 bool thaw_task_done(struct thaw_task *t)
 {
     pthread_mutex_lock(&t->mu);

@@ -1,7 +1,7 @@
 /* task.h — one chat request on its way between an HTTP thread and the engine.
  *
- * The route builds a task (it owns the parsed request and the prompt tokens
- * from then on) and submits it to the engine; the engine appends reply text
+ * thaw_prepare_task (prepare.h) builds a task (it owns the parsed request
+ * and the prompt tokens from then on), the route submits it to the engine; the engine appends reply text
  * as it is generated and finally marks it done or failed, waking the
  * client's connection (thaw_task_client) at each step a client can see.
  * Both sides hold a reference; whoever releases last frees it, so a client
@@ -12,6 +12,7 @@
 
 #include "api/api.h"
 #include "api/chat.h"
+#include "api/codec.h"
 #include "api/logprobs.h"
 #include "base/clock.h" /* t_submit_us */
 #include "cache/keys.h"
@@ -30,6 +31,7 @@ struct thaw_task {
     int max_tokens;                /* resolved: request's, else -n, else context */
     const char *model_name;        /* for the response; the engine's, outlives the task */
     struct thaw_chat_gen gen;      /* grammar, extra stops, reply parser (owned) */
+    /* the prompt's identity, all set by thaw_prepare_task (prepare.h) */
     char id_prefix[16];            /* tool-call ids are call_<id_prefix><i> */
     int n_branch;                  /* prompt tokens of the leading system/developer/tool messages
                                     * (thaw_chat_branch_point): where a hybrid snapshots; 0 none */
@@ -37,7 +39,7 @@ struct thaw_task {
                                     * (thaw_chat_gen_prompt_tokens), checkpointed before; 0 none */
     bool has_lookup_key;           /* the conversation has an assistant message */
     uint8_t lookup_key[THAW_KEY_BYTES];
-    uint8_t binding[THAW_KEY_BYTES]; /* to derive the store key from the reply */
+    uint8_t binding[THAW_KEY_BYTES]; /* the store key's (thaw_prepare_store_key, at the reply's end) */
     int64_t t_submit_us;
 
     /* ---- output: written by the engine under mu ---- */
@@ -152,6 +154,17 @@ char *thaw_task_text(struct thaw_task *t, size_t from, size_t to);
 /* The byte span of entry i of the reply's text: false when there is no
  * such entry yet. */
 bool thaw_task_logprob_span(struct thaw_task *t, size_t i, uint32_t *start, uint32_t *end);
+
+/* How a codec reads the task's reply as it grows (codec.h): its text,
+ * probabilities and prefill reports, each read under mu. Valid while the
+ * caller holds its reference. */
+void thaw_task_reader(struct thaw_task *t, struct thaw_reply_reader *out);
+
+/* A done task's reply as a codec writes it (codec.h): all but id, created,
+ * verbose and prompt, which are the caller's to set; `rd` is the task's
+ * reader. Only once thaw_task_done() returned true (nothing writes these
+ * again); the pointers are the task's. */
+void thaw_task_reply(struct thaw_task *t, const struct thaw_reply_reader *rd, struct thaw_reply *out);
 
 /* True once the engine finished or failed the task. */
 bool thaw_task_done(struct thaw_task *t);

@@ -1,0 +1,173 @@
+/* prepare.c — a parsed request made ready for the engine (prepare.h).
+ *
+ * Map:
+ *   ---- the prompt ----    defaults, bounds, logit bias, the template (or a raw prompt)
+ *   ---- the task ----      the prompt's task: reply ids, limits, branch point, binding, lookup key
+ *   ---- the store key ---- derived at the reply's end, from the same binding
+ */
+#include "engine/prepare.h"
+
+#include "api/keys_request.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "engine/engine_state.h"
+
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the prompt ---------------------------------------------------------------------- */
+
+/* The server's --grammar / --json-schema for a request that constrains
+ * nothing itself (no grammar, schema, or tools). 0 or THAW_ENOMEM. */
+static int apply_defaults(const struct thaw_config *cfg, struct thaw_chat_request *req)
+{
+    if (req->grammar || req->json_schema || req->tools_json)
+        return 0;
+    if (cfg->json_schema && !(req->json_schema = strdup(cfg->json_schema)))
+        return THAW_ENOMEM;
+    if (cfg->grammar && !(req->grammar = strdup(cfg->grammar)))
+        return THAW_ENOMEM;
+    return 0;
+}
+
+/* The bounds, the bias, the defaults, the template: the prompt and what
+ * generation needs. Returns as thaw_prepare_task; on failure nothing is
+ * left to free in prompt or gen (req stays the caller's). */
+static int render(const struct thaw_engine *e, struct thaw_chat_request *req, llama_token **prompt, int *n_prompt,
+                  struct thaw_chat_gen *gen, char *err, size_t errlen)
+{
+    int rc;
+
+    *prompt = NULL;
+    *n_prompt = 0;
+    memset(gen, 0, sizeof *gen);
+    if (req->n_bias > 0 && (rc = thaw_chat_resolve_bias(e->chat, req, err, errlen)) != 0)
+        return rc;
+    if (req->id_slot >= e->cfg->n_parallel) {
+        snprintf(err, errlen, "'id_slot' %d: the server has %d slots (-np), 0 to %d", req->id_slot,
+                 e->cfg->n_parallel, e->cfg->n_parallel - 1);
+        return THAW_EINVAL;
+    }
+    /* cheap bounds first: no template or tokenizer work for what cannot fit */
+    if ((rc = thaw_api_admit(req, e->n_ctx_slot, e->max_token_bytes, err, errlen)) != 0)
+        return rc;
+    if ((rc = apply_defaults(e->cfg, req)) != 0)
+        return rc;
+    return req->raw ? thaw_chat_raw_prompt(e->chat, req, prompt, n_prompt, gen, err, errlen)
+                    : thaw_chat_prompt(e->chat, req, prompt, n_prompt, gen, err, errlen);
+}
+
+int thaw_prepare_count(struct thaw_engine *e, struct thaw_chat_request *req, int *n_prompt, char *err,
+                       size_t errlen)
+{
+    llama_token *prompt;
+    struct thaw_chat_gen gen;
+    int rc = render(e, req, &prompt, n_prompt, &gen, err, errlen);
+
+    free(prompt);
+    thaw_chat_gen_free(&gen);
+    thaw_chat_request_free(req);
+    return rc;
+}
+
+/* ---- the task ------------------------------------------------------------------------ */
+
+/* A client's conversation id made fit for one log line: printable ASCII as
+ * is, every other byte as \xNN (a newline in an id must not forge a line of
+ * its own), "-" when absent. buf holds 4 * THAW_API_MAX_CONVERSATION_ID + 1. */
+static const char *log_id(const char *id, char *buf)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+
+    if (!id)
+        return "-";
+    for (const unsigned char *p = (const unsigned char *)id; *p && n + 4 <= 4 * THAW_API_MAX_CONVERSATION_ID; p++) {
+        if (*p >= 0x20 && *p < 0x7f && *p != '\\') {
+            buf[n++] = (char)*p;
+        } else {
+            buf[n++] = '\\';
+            buf[n++] = 'x';
+            buf[n++] = hex[*p >> 4];
+            buf[n++] = hex[*p & 15];
+        }
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, const uint8_t ns[THAW_KEY_BYTES],
+                      const char *conversation_id, struct thaw_task **out, char *err, size_t errlen)
+{
+    llama_token *prompt;
+    struct thaw_chat_gen gen;
+    struct thaw_task *t;
+    int n_prompt, rc;
+
+    *out = NULL;
+    if ((rc = render(e, req, &prompt, &n_prompt, &gen, err, errlen)) != 0)
+        goto fail_request;
+    if (!(t = thaw_task_new(req, prompt, n_prompt))) {
+        rc = THAW_ENOMEM;
+        goto fail_prompt;
+    }
+    t->gen = gen;
+    if (gen.grammar)
+        LOG_DBG("chat: grammar of %zu bytes (%s, %d trigger patterns, %d trigger tokens, %d prefill tokens), %d stops",
+                strlen(gen.grammar), gen.grammar_lazy ? "lazy" : "from the first token", gen.n_triggers,
+                gen.n_trigger_tokens, gen.n_prefill, gen.n_stops);
+
+    /* the reply: tool-call ids, the model's name, how long it may grow;
+     * max_tokens 0: nothing to generate, answered after one token as OpenAI does */
+    unsigned char rnd[6];
+    randombytes_buf(rnd, sizeof rnd);
+    for (int i = 0; i < 6; i++)
+        snprintf(t->id_prefix + 2 * i, 3, "%02x", rnd[i]);
+    t->model_name = e->model_name;
+    t->max_tokens = t->req.max_tokens > 0 ? t->req.max_tokens : t->req.max_tokens == 0 ? 1 : e->cfg->n_predict;
+
+    /* where a hybrid snapshots (the leading system / developer / tool
+     * messages) and checkpoints (before the generation prompt) */
+    bool branch_remembered;
+    t->n_branch = thaw_chat_branch_point(e->chat, ns, &t->req, t->prompt, t->n_prompt, &branch_remembered);
+    if (e->recurrent)
+        t->n_gen_prompt = thaw_chat_gen_prompt_tokens(e->chat, &t->req);
+
+    /* the conversation's identity: the binding (model, settings, tenant,
+     * then tools and template kwargs), and the key of what the last turn
+     * stored, the conversation up to its last assistant message */
+    memcpy(t->ns, ns, THAW_KEY_BYTES);
+    thaw_engine_binding(e, ns, t->binding);
+    thaw_keys_bind_request(t->binding, &t->req, t->binding);
+    long last_asst = thaw_keys_last_assistant(t->req.messages, t->req.n_messages);
+    if (last_asst >= 0) {
+        t->has_lookup_key = true;
+        thaw_keys_conversation(t->binding, t->req.messages, (size_t)last_asst + 1, NULL, t->lookup_key);
+    }
+    if (thaw_log_verbosity() >= THAW_LOG_DEBUG) {
+        char pck[4 * THAW_API_MAX_CONVERSATION_ID + 1], xci[4 * THAW_API_MAX_CONVERSATION_ID + 1];
+        LOG_DBG("chat: %zu messages, %d prompt tokens (%d of the leading system messages%s)%s, prompt_cache_key %s, "
+                "X-Conversation-Id %s",
+                t->req.n_messages, n_prompt, t->n_branch, branch_remembered ? ", remembered" : "",
+                t->req.stream ? ", streamed" : "", log_id(t->req.prompt_cache_key, pck), log_id(conversation_id, xci));
+    }
+    *out = t;
+    return 0;
+
+fail_prompt:
+    free(prompt);
+    thaw_chat_gen_free(&gen);
+fail_request:
+    thaw_chat_request_free(req);
+    return rc;
+}
+
+/* ---- the store key --------------------------------------------------------------------- */
+
+void thaw_prepare_store_key(const struct thaw_task *t, const char *norm_reply, const llama_token *tokens,
+                            int n_tokens, uint8_t out[THAW_KEY_BYTES])
+{
+    thaw_keys_reply(t->binding, &t->req, norm_reply, tokens, n_tokens, out);
+}
