@@ -576,8 +576,43 @@ size_t thaw_kvlayout_mem_block_size(const struct thaw_kvlayout_mem *m, uint32_t 
     return BLOCK_HEAD + (size_t)m->n_layers * BLOCK_LAYER + c * block_meta_stride(0) + c * m->cell_bytes;
 }
 
+/* A run of rows [j, j + n) of a block being cut: rows below n_head come
+ * from the head block's section (rows of hrow bytes, h bytes apart for a
+ * transposed V's columns: passed as the section's start), the rest from
+ * memory at src (one row every `step` bytes, or side by side when run). */
+struct rows {
+    const uint8_t *head; /* the head block's copy of this section, or NULL */
+    size_t n_head;
+};
+
+static void put_rows(struct thaw_kvlayout_mem *m, uint8_t **p, const struct ggml_tensor *t, const uint8_t *base,
+                     const uint8_t *src, const int32_t *cell, int run, size_t n, size_t row, struct rows h)
+{
+    size_t j = 0;
+
+    if (h.head && h.n_head) {
+        j = h.n_head < n ? h.n_head : n;
+        put(p, h.head, j * row);
+    }
+    if (j == n)
+        return;
+    if (run) {
+        put_from(m, p, t, base, src + (size_t)cell[j] * row, (n - j) * row);
+        return;
+    }
+    for (; j < n; j++)
+        put_from(m, p, t, base, src + (size_t)cell[j] * row, row);
+}
+
 int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m_, uint32_t stream, uint32_t a, uint32_t b,
                           const int32_t *cell, void *dst, size_t cap)
+{
+    return thaw_kvlayout_mem_cut_after(m_, stream, a, b, cell, NULL, 0, 0, dst, cap);
+}
+
+int thaw_kvlayout_mem_cut_after(const struct thaw_kvlayout_mem *m_, uint32_t stream, uint32_t a, uint32_t b,
+                                const int32_t *cell, const void *head, uint32_t head_cells, uint32_t n_head,
+                                void *dst, size_t cap)
 {
     struct thaw_kvlayout_mem *m = (struct thaw_kvlayout_mem *)m_; /* counts device bytes only */
     size_t need = thaw_kvlayout_mem_block_size(m, a, b), n = (size_t)b - a;
@@ -588,10 +623,12 @@ int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m_, uint32_t stream, u
         return THAW_EINVAL;
     if (cap < need)
         return THAW_ETOOBIG;
-    for (size_t i = 0; i < n; i++) {
+    if (!head || n_head > head_cells)
+        n_head = 0;
+    for (size_t i = n_head; i < n; i++) {
         if (cell[i] < 0)
             return THAW_ENOTFOUND;
-        if (cell[i] != cell[0] + (int32_t)i)
+        if (cell[i] != cell[n_head] + (int32_t)(i - n_head))
             run = 0;
     }
     for (uint32_t i = 0; i < m->n_layers; i++)
@@ -600,37 +637,31 @@ int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m_, uint32_t stream, u
     put_head(&p, a, b, m->n_layers, m->layers, m->v_trans, 0, m->k_only);
     for (uint32_t c = a; c < b; c++)
         put32(&p, c);
+    /* the head block's sections: the same layout for head_cells cells */
+    const uint8_t *h = n_head ? (const uint8_t *)head + BLOCK_HEAD + (size_t)m->n_layers * BLOCK_LAYER +
+                                    head_cells * block_meta_stride(0)
+                              : NULL;
     for (uint32_t i = 0; i < m->n_layers; i++) {
         size_t row = m->layers[i].k_row;
         const uint8_t *k = m->k[i] + stream * m->ss[2 * i];
-        if (run) {
-            put_from(m, &p, m->kt[i], m->k[i], k + (size_t)cell[0] * row, n * row);
-            continue;
-        }
-        for (size_t j = 0; j < n; j++)
-            put_from(m, &p, m->kt[i], m->k[i], k + (size_t)cell[j] * row, row);
+        put_rows(m, &p, m->kt[i], m->k[i], k, cell, run, n, row, (struct rows){h, n_head});
+        if (h)
+            h += head_cells * row;
     }
     for (uint32_t i = 0; i < m->n_layers && !m->k_only; i++) {
         const struct layer *ly = &m->layers[i];
         const uint8_t *v = m->v[i] + stream * m->ss[2 * i + 1];
         if (!m->v_trans) {
-            if (run) {
-                put_from(m, &p, m->vt[i], m->v[i], v + (size_t)cell[0] * ly->v_row, n * ly->v_row);
-                continue;
-            }
-            for (size_t j = 0; j < n; j++)
-                put_from(m, &p, m->vt[i], m->v[i], v + (size_t)cell[j] * ly->v_row, ly->v_row);
+            put_rows(m, &p, m->vt[i], m->v[i], v, cell, run, n, ly->v_row, (struct rows){h, n_head});
+            if (h)
+                h += head_cells * ly->v_row;
             continue;
         }
         size_t n_embd_v = ly->v_row / ly->v_el, el = ly->v_el;
         for (size_t e = 0; e < n_embd_v; e++) {
-            const uint8_t *col = v + e * m->v_stride[i];
-            if (run) {
-                put_from(m, &p, m->vt[i], m->v[i], col + (size_t)cell[0] * el, n * el);
-                continue;
-            }
-            for (size_t j = 0; j < n; j++)
-                put_from(m, &p, m->vt[i], m->v[i], col + (size_t)cell[j] * el, el);
+            put_rows(m, &p, m->vt[i], m->v[i], v + e * m->v_stride[i], cell, run, n, el, (struct rows){h, n_head});
+            if (h)
+                h += head_cells * el;
         }
     }
     return 0;

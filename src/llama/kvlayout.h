@@ -195,6 +195,14 @@ size_t thaw_kvlayout_mem_block_size(const struct thaw_kvlayout_mem *m, uint32_t 
  * layer's memory unset). */
 int thaw_kvlayout_mem_cut(const struct thaw_kvlayout_mem *m, uint32_t stream, uint32_t a, uint32_t b,
                           const int32_t *cell, void *dst, size_t cap);
+/* thaw_kvlayout_mem_cut, the rows of positions [a, a + n_head) taken from
+ * `head` instead: a block this memory cut earlier for [a, a + head_cells)
+ * (n_head <= head_cells; cell[0 .. n_head) are then not read). A cut from
+ * device memory so reads only the positions the head does not hold: a
+ * store's last block, partial, is read once, not again when it fills. */
+int thaw_kvlayout_mem_cut_after(const struct thaw_kvlayout_mem *m, uint32_t stream, uint32_t a, uint32_t b,
+                                const int32_t *cell, const void *head, uint32_t head_cells, uint32_t n_head,
+                                void *dst, size_t cap);
 
 /* 1 if blob starts like a block (magic, and a header's length), else 0:
  * what it claims to be, not whether it is whole (thaw_kvlayout_block_info). */

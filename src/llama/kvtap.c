@@ -35,6 +35,15 @@ struct swa_shadow {
     int64_t n_ub, ub_cap;
 };
 
+/* A block cut from device memory, [a, a + cells), of which the rows of
+ * positions below `valid` are still those in the cache (a position
+ * forgotten or written again since lowers it). */
+struct last_cut {
+    uint32_t a, cells, valid;
+    uint8_t *blk;
+    size_t cap;
+};
+
 struct thaw_kvtap {
     /* learnt from the graphs */
     struct ggml_tensor **k, **v; /* the cache's tensors by layer id */
@@ -64,6 +73,9 @@ struct thaw_kvtap {
     /* after the self-test */
     struct thaw_kvlayout_mem *mem;
     struct swa_shadow *swa; /* NULL: no SWA layers, or their rows are not cut */
+    /* a device's: each stream's last block cut, kept so that the rows it
+     * holds are not read again when the block is cut whole later */
+    struct last_cut *last; /* [n_stream], or NULL */
     int ready, off;
 };
 
@@ -112,6 +124,10 @@ void thaw_kvtap_free(struct thaw_kvtap *t)
     free(t->idx_buf);
     thaw_kvlayout_mem_free(t->mem);
     swa_free(t->swa);
+    if (t->last)
+        for (uint32_t i = 0; i < t->n_stream; i++)
+            free(t->last[i].blk);
+    free(t->last);
     free(t);
 }
 
@@ -167,6 +183,13 @@ static int grow_ids(struct thaw_kvtap *t, int il)
     return 0;
 }
 
+/* Stream st's positions >= p are no longer the ones its last cut holds. */
+static void last_lower(struct thaw_kvtap *t, size_t st, uint32_t p)
+{
+    if (t->last && st < t->n_stream && t->last[st].valid > p)
+        t->last[st].valid = p;
+}
+
 /* One cache's position -> cell map (the base's, or the other of an iSWA model). */
 struct cmap {
     uint32_t *kv_size, *n_stream;
@@ -215,6 +238,8 @@ static void learn_map(struct thaw_kvtap *t, struct cmap m, const int64_t *rows, 
         }
         size_t st = (size_t)(g / kv_size), c = (size_t)(g % kv_size);
         int32_t *cell = *m.cell, *rv = *m.rev;
+        if (p >= 0)
+            last_lower(t, st, (uint32_t)p); /* written again: not the last cut's row */
         int32_t *rev = &rv[st * kv_size + c];
         /* the cell's old position no longer lives there */
         if (*rev >= 0 && cell[st * kv_size + (size_t)*rev] == (int32_t)c)
@@ -579,6 +604,7 @@ void thaw_kvtap_forget(struct thaw_kvtap *t, llama_seq_id seq, int from_pos)
     forget_other(t, seq, from_pos);
     if (!t->cell || seq < 0 || (uint32_t)seq >= t->n_stream)
         return;
+    last_lower(t, (size_t)seq, from_pos > 0 ? (uint32_t)from_pos : 0);
     size_t base = (size_t)seq * t->kv_size;
     for (uint32_t p = from_pos > 0 ? (uint32_t)from_pos : 0; p < t->kv_size; p++) {
         int32_t c = t->cell[base + p];
@@ -606,11 +632,36 @@ size_t thaw_kvtap_block_size(const struct thaw_kvtap *t, uint32_t a, uint32_t b)
     return t->mem ? thaw_kvlayout_mem_block_size(t->mem, a, b) : 0;
 }
 
-int thaw_kvtap_cut(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, uint32_t b, void *dst, size_t cap)
+int thaw_kvtap_cut(const struct thaw_kvtap *t_, llama_seq_id seq, uint32_t a, uint32_t b, void *dst, size_t cap)
 {
+    struct thaw_kvtap *t = (struct thaw_kvtap *)t_; /* keeps the last cut only */
+    const int32_t *cell = t->cell + (size_t)seq * t->kv_size + a;
+
     if (!thaw_kvtap_known(t, seq, a, b))
         return THAW_ENOTFOUND;
-    return thaw_kvlayout_mem_cut(t->mem, (uint32_t)seq, a, b, t->cell + (size_t)seq * t->kv_size + a, dst, cap);
+    if (!t->device)
+        return thaw_kvlayout_mem_cut(t->mem, (uint32_t)seq, a, b, cell, dst, cap);
+    if (!t->last && t->n_stream && !(t->last = calloc(t->n_stream, sizeof *t->last)))
+        return thaw_kvlayout_mem_cut(t->mem, (uint32_t)seq, a, b, cell, dst, cap);
+    struct last_cut *lc = &t->last[seq];
+    uint32_t n_head = lc->blk && lc->a == a && lc->valid > a ? (lc->valid < b ? lc->valid : b) - a : 0;
+    int rc = thaw_kvlayout_mem_cut_after(t->mem, (uint32_t)seq, a, b, cell, lc->blk, lc->cells, n_head, dst, cap);
+    if (rc != 0 || (lc->blk && a < lc->a))
+        return rc;
+    /* the stream's last block so far: a store cuts its blocks in order */
+    size_t n = thaw_kvlayout_mem_block_size(t->mem, a, b);
+    if (n > lc->cap) {
+        uint8_t *x = realloc(lc->blk, n);
+        if (!x) {
+            lc->valid = 0;
+            return 0;
+        }
+        lc->blk = x;
+        lc->cap = n;
+    }
+    memcpy(lc->blk, dst, n);
+    lc->a = a, lc->cells = b - a, lc->valid = b;
+    return 0;
 }
 
 /* 0 when the tap's block of [a, b) equals the capture's. */
@@ -926,15 +977,6 @@ int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_s
     }
     if ((rc = bind_layers(t, why, n_why)) != 0)
         goto done;
-    if (thaw_kvlayout_has_swa(l) && t->device) {
-        /* Not yet: on lavapipe a gemma3 conversation stored with SWA rows
-         * taken from device memory restored a turn 2 that differed from
-         * the reference, though every row the verify could compare (the
-         * window a capture still holds) was equal. Until the older rows
-         * are checked, an SWA model on a device stores whole states. */
-        rc = thaw_why(why, n_why, THAW_ELAYOUT, "SWA rows in device memory are not cut yet");
-        goto done;
-    }
     if (thaw_kvlayout_has_swa(l)) {
         /* an iSWA cache: the SWA rows are taken as written (DESIGN §12) */
         if ((rc = swa_setup(t, l, why, n_why)) != 0)

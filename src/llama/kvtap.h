@@ -40,10 +40,14 @@
  * from which SWA blocks are cut (DESIGN §12). Installed states give the
  * shadow their window. Costs host memory as --swa-full's cache would.
  *
- * Only host memory (the CPU backend): the engine installs the tap without
- * GPU devices, and the self-test refuses recurrent and M-RoPE layouts, and
- * an SWA cache as large as the base one. Engine thread only (the callback
- * runs on the thread that calls llama_decode).
+ * Host memory or a device's (a GPU backend): on a device the row indices
+ * and positions are read once the ubatch's first K write computed, the SWA
+ * layers' rows once both their K and V writes computed (a backend may
+ * reorder the graph), and a store's rows through ggml_backend_tensor_get:
+ * each token's rows cross from the device once, when stored or (SWA) when
+ * written. The self-test refuses recurrent and M-RoPE layouts, and an SWA
+ * cache as large as the base one. Engine thread only (the callback runs on
+ * the thread that calls llama_decode).
  */
 #ifndef THAW_KVTAP_H
 #define THAW_KVTAP_H

@@ -212,6 +212,49 @@ static int group_teardown(void **state)
 
 #define N_TOK 23
 
+/* A cut whose first rows come from an earlier cut of the same start (the
+ * head, whole or truncated) equals the plain cut: over the capture's own
+ * SWA section, V transposed or not. */
+static void cut_after_equals_cut(const struct thaw_kvlayout *l)
+{
+    struct thaw_kvlayout_mem *m = NULL;
+    int32_t lo, hi;
+
+    assert_int_equal(thaw_kvlayout_swa_mem(l, &m), 0);
+    assert_int_equal(thaw_kvlayout_swa_pos_range(l, &lo, &hi), 0);
+    uint32_t a = (uint32_t)lo, b = (uint32_t)hi + 1;
+    assert_true(b - a >= 3);
+    int32_t *idx = malloc((b - a) * sizeof *idx);
+    assert_non_null(idx);
+    assert_int_equal(thaw_kvlayout_swa_find(l, a, b, idx), 0);
+    size_t n = thaw_kvlayout_mem_block_size(m, a, b);
+    uint8_t *want = malloc(n), *got = malloc(n), *head = malloc(n);
+    assert_non_null(want);
+    assert_non_null(got);
+    assert_non_null(head);
+    assert_int_equal(thaw_kvlayout_mem_cut(m, 0, a, b, idx, want, n), 0);
+    for (uint32_t h = 1; h <= b - a; h++) {
+        size_t nh = thaw_kvlayout_mem_block_size(m, a, a + h);
+        assert_int_equal(thaw_kvlayout_mem_cut(m, 0, a, a + h, idx, head, nh), 0);
+        for (uint32_t k = 0; k <= h; k++) {
+            memset(got, 0xa5, n);
+            assert_int_equal(thaw_kvlayout_mem_cut_after(m, 0, a, b, idx, head, h, k, got, n), 0);
+            assert_memory_equal(got, want, n);
+        }
+    }
+    /* the head's rows are taken, not the memory's: a head with other bytes shows */
+    size_t nh = thaw_kvlayout_mem_block_size(m, a, a + 2);
+    assert_int_equal(thaw_kvlayout_mem_cut(m, 0, a, a + 2, idx, head, nh), 0);
+    head[nh - 1] ^= 0xff;
+    assert_int_equal(thaw_kvlayout_mem_cut_after(m, 0, a, b, idx, head, 2, 2, got, n), 0);
+    assert_memory_not_equal(got, want, n);
+    free(want);
+    free(got);
+    free(head);
+    free(idx);
+    thaw_kvlayout_mem_free(m);
+}
+
 /* Parse, cut at several block sizes, assemble byte-identical; restore into
  * seq 1 and decode the next token there and on seq 0: same logits. */
 static void round_trip(const char *path, enum llama_flash_attn_type fa, int want_vtrans, int want_tail)
@@ -235,6 +278,8 @@ static void round_trip(const char *path, enum llama_flash_attn_type fa, int want
     size_t n_tail;
     thaw_kvlayout_tail(l, &tail, &n_tail);
     assert_int_equal(n_tail > 0, want_tail);
+    if (thaw_kvlayout_has_swa(l))
+        cut_after_equals_cut(l);
     size_t meta = thaw_kvlayout_block_size(l, 0, 2) - thaw_kvlayout_block_size(l, 0, 1) -
                   thaw_kvlayout_bytes_per_cell(l); /* 4, or 16 with cell ext */
     fprintf(stderr, "  %s: %zu bytes, %u layers cut, %zu B/cell, meta %zu B/cell, v_trans %d, tail %zu bytes\n",
