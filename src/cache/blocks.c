@@ -24,7 +24,7 @@ void thaw_blocks_swa_id(const uint8_t id[THAW_KEY_BYTES], uint8_t sid[THAW_KEY_B
     crypto_generichash(sid, THAW_KEY_BYTES, (const uint8_t *)SWA_TAG, sizeof SWA_TAG, id, THAW_KEY_BYTES);
 }
 
-void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const llama_token *toks, int n,
+void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const thaw_token *toks, int n,
                      uint8_t (*ids)[THAW_KEY_BYTES])
 {
     static const uint8_t zero[THAW_KEY_BYTES];
@@ -97,7 +97,7 @@ static int capture_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, si
 }
 
 int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                      uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
+                      uint32_t block_tokens, const thaw_token *toks, int n, const void *state, size_t n_state,
                       void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
 {
     return thaw_blocks_store_window(c, ram, binding, block_tokens, 0, toks, n, state, n_state, manifest, n_manifest,
@@ -106,7 +106,7 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
 
 int thaw_blocks_store_window(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
                              const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t window,
-                             const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
+                             const thaw_token *toks, int n, const void *state, size_t n_state, void **manifest,
                              size_t *n_manifest, struct thaw_blocks_stats *st)
 {
     struct thaw_kvlayout *l = NULL;
@@ -182,7 +182,7 @@ static int put_block(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
 }
 
 int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
+                          uint32_t block_tokens, const thaw_token *toks, int n, const struct thaw_blocks_src *src,
                           void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
 {
     struct thaw_blocks_stats local = {0};
@@ -349,10 +349,10 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
             .n_tail = m.swa_tail_size,
         };
     }
-    llama_token *tokens = malloc((size_t)m.n_tokens * sizeof(llama_token)); /* aligned */
+    thaw_token *tokens = malloc((size_t)m.n_tokens * sizeof(thaw_token)); /* aligned */
     if (!tokens)
         return THAW_ENOMEM;
-    memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(llama_token));
+    memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(thaw_token));
     rc = thaw_block_reader_load(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])m.ids, m.n_blocks, m.block_tokens, m.tail,
                                 m.tail_size, m.swa, m.swa_size, v2 ? &rows : NULL, f, tokens, (int)m.n_tokens, out);
     free(tokens);
@@ -362,7 +362,7 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
 }
 
 int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                        uint32_t block_tokens, const llama_token *toks, int p, const void *tail, size_t n_tail,
+                        uint32_t block_tokens, const thaw_token *toks, int p, const void *tail, size_t n_tail,
                         const void *rest, size_t n_rest, const struct thaw_kvlayout_frame *f,
                         struct thaw_blocks_state *out)
 {
@@ -386,7 +386,7 @@ int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
 }
 
 int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                       uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                       uint32_t block_tokens, const thaw_token *toks, int n, const struct thaw_kvlayout_frame *f,
                        struct thaw_blocks_state *out)
 {
     return thaw_blocks_prefix_swa(c, ram, binding, block_tokens, 0, toks, n, f, out);
@@ -416,7 +416,7 @@ static uint32_t swa_run(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
 
 int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
                            const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t n_window,
-                           const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                           const thaw_token *toks, int n, const struct thaw_kvlayout_frame *f,
                            struct thaw_blocks_state *out)
 {
     uint8_t(*ids)[THAW_KEY_BYTES];

@@ -51,12 +51,12 @@
 #define THAW_BLOCKS_H
 
 #include "base/key.h"
-#include "cache/cache_disk.h"
+#include "base/token.h"
 #include "cache/block_reader.h" /* struct thaw_blocks_state: what a load gives */
+#include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
 #include "llama/kvlayout.h"
 
-#include <llama.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,7 +70,7 @@ struct thaw_blocks_stats {
 };
 
 /* The ids of the n / B whole blocks of toks (ids: room for n / B). */
-void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const llama_token *toks, int n,
+void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const thaw_token *toks, int n,
                      uint8_t (*ids)[THAW_KEY_BYTES]);
 
 /* Cuts a libllama sequence state of toks[0, n) (llama_state_seq_get_data
@@ -90,7 +90,7 @@ void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_token
  * state does not hold n cells), THAW_ENOMEM. A block the writer drops
  * makes the store fail (THAW_EBUSY): the manifest would name it. */
 int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                      uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
+                      uint32_t block_tokens, const thaw_token *toks, int n, const void *state, size_t n_state,
                       void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
 
 /* thaw_blocks_store for a sliding-window model (window > 0: its window,
@@ -99,7 +99,7 @@ int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, con
  * version 2 (no window copy), else as thaw_blocks_store. */
 int thaw_blocks_store_window(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
                              const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t window,
-                             const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
+                             const thaw_token *toks, int n, const void *state, size_t n_state, void **manifest,
                              size_t *n_manifest, struct thaw_blocks_stats *st);
 
 /* Where a store cuts its blocks from: a parsed capture (thaw_blocks_store)
@@ -131,7 +131,7 @@ struct thaw_blocks_src {
  * needs (blocks neither tier holds, the tail) is THAW_ENOTFOUND, with
  * nothing submitted and nothing held: capture the whole state instead. */
 int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
+                          uint32_t block_tokens, const thaw_token *toks, int n, const struct thaw_blocks_src *src,
                           void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
 
 /* Builds the state a manifest describes, taking its blocks from the RAM
@@ -152,7 +152,7 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
  * frame f: a hybrid's restore at a snapshot (snapshots.c). Returns as
  * thaw_blocks_load. */
 int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                        uint32_t block_tokens, const llama_token *toks, int p, const void *tail, size_t n_tail,
+                        uint32_t block_tokens, const thaw_token *toks, int p, const void *tail, size_t n_tail,
                         const void *rest, size_t n_rest, const struct thaw_kvlayout_frame *f,
                         struct thaw_blocks_state *out);
 
@@ -163,7 +163,7 @@ int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
  * Returns 0 and fills out (n_blocks >= 1), THAW_ENOTFOUND (not even block
  * 0), or an error as thaw_blocks_load. */
 int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                       uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                       uint32_t block_tokens, const thaw_token *toks, int n, const struct thaw_kvlayout_frame *f,
                        struct thaw_blocks_state *out);
 
 /* thaw_blocks_prefix for a sliding-window model (n_window > 0: its window,
@@ -172,7 +172,7 @@ int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, co
  * an SWA section rebuilt from those. n_window 0: thaw_blocks_prefix. */
 int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
                            const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t n_window,
-                           const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                           const thaw_token *toks, int n, const struct thaw_kvlayout_frame *f,
                            struct thaw_blocks_state *out);
 
 /* The id of block id's SWA block. */

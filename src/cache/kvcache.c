@@ -599,7 +599,7 @@ out:
     return got;
 }
 
-int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
+int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt,
                                int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
                                double *restore_ms)
 {
@@ -753,7 +753,7 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_
 }
 
 const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                                   const uint8_t ns[THAW_KEY_BYTES], const llama_token *toks, int n_tokens,
+                                   const uint8_t ns[THAW_KEY_BYTES], const thaw_token *toks, int n_tokens,
                                    const struct thaw_blocks_src *src, struct thaw_part_blob parts[THAW_PART_COUNT],
                                    const uint8_t *supersedes)
 {
@@ -990,7 +990,7 @@ void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BY
 }
 
 int thaw_kvcache_fetch_shared(struct thaw_kvcache *c, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
-                              const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud)
+                              const thaw_token *prompt, int n_prompt, void (*done)(void *ud), void *ud)
 {
 #ifdef THAW_HAVE_SHARED
     if (c && c->shared)

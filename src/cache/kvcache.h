@@ -23,9 +23,9 @@
 #include "base/blob.h"
 #include "base/key.h"
 #include "base/metrics.h"
+#include "base/token.h"
 #include "cache/cache_shared.h"
 
-#include <llama.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -100,7 +100,7 @@ int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES
  * longest run of the prompt's whole blocks the disk holds under the
  * tenant's namespace `ns`, installed through `sink` when it is longer than
  * n_past. Returns as thaw_kvcache_lookup (*source "blocks"). */
-int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
+int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt,
                                int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
                                double *restore_ms);
 
@@ -143,7 +143,7 @@ uint32_t thaw_kvcache_block_tokens(const struct thaw_kvcache *c);
  * store needs, or blocks are off: nothing was stored and parts are
  * untouched — capture and call thaw_kvcache_store. */
 const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                                   const uint8_t ns[THAW_KEY_BYTES], const llama_token *toks, int n_tokens,
+                                   const uint8_t ns[THAW_KEY_BYTES], const thaw_token *toks, int n_tokens,
                                    const struct thaw_blocks_src *src, struct thaw_part_blob parts[THAW_PART_COUNT],
                                    const uint8_t *supersedes);
 
@@ -156,7 +156,7 @@ struct thaw_kvcache_seq {
     bool tap_verify;        /* THAW_HOOK_KVTAP_VERIFY: check the tap against a capture first */
     uint32_t n_swa;         /* the model's sliding window (llama_model_n_swa), 0: none */
     int seq_id;
-    const llama_token *toks;
+    const thaw_token *toks;
     int n_tokens;
     void **capture; /* a capture's buffer, reused once the tiers let go of it (kvstate.h) */
     size_t *capture_cap;
@@ -192,7 +192,7 @@ void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BY
  * nonzero (nothing to fetch, tier off or failing, queue full): go on at
  * once, done is not called. Any thread. */
 int thaw_kvcache_fetch_shared(struct thaw_kvcache *c, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
-                              const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud);
+                              const thaw_token *prompt, int n_prompt, void (*done)(void *ud), void *ud);
 
 /* A store of key is coming (the engine derived it from a reply it is about
  * to send): until it lands, no shared-tier fetch goes after key. Any

@@ -35,7 +35,7 @@ static const char SNAP_TAG[] = "thaw-snap-v1";
 /* ---- ids and format ---------------------------------------------------------- */
 
 void thaw_snapshots_id(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const uint8_t *prev,
-                       const llama_token *toks, uint32_t p, uint8_t out[THAW_KEY_BYTES])
+                       const thaw_token *toks, uint32_t p, uint8_t out[THAW_KEY_BYTES])
 {
     static const uint8_t zero[THAW_KEY_BYTES];
     uint32_t a = block_tokens ? p / block_tokens * block_tokens : 0;
@@ -154,7 +154,7 @@ static int cmp_at(const void *x, const void *y)
 }
 
 int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                         uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
+                         uint32_t block_tokens, const thaw_token *toks, int n, const void *state, size_t n_state,
                          const void *ckpt, size_t n_ckpt, void **manifest, size_t *n_manifest,
                          struct thaw_snapshot_pending *defer, struct thaw_blocks_stats *st)
 {
@@ -316,10 +316,10 @@ int thaw_snapshots_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
         return rc;
     if (!m.n_snaps)
         return THAW_EINVAL; /* blocks.h's: thaw_blocks_load */
-    llama_token *tokens = malloc((size_t)m.n_tokens * sizeof(llama_token)); /* aligned */
+    thaw_token *tokens = malloc((size_t)m.n_tokens * sizeof(thaw_token)); /* aligned */
     if (!tokens)
         return THAW_ENOMEM;
-    memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(llama_token));
+    memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(thaw_token));
     /* the blocks, then the tail and the recurrent state: the last snapshot's */
     rc = thaw_tiers_fetch(c, ram, m.snaps + (size_t)(m.n_snaps - 1) * THAW_KEY_BYTES, &snap, &n_snap);
     if (rc == 0 && (thaw_snapshots_parse(snap, n_snap, &sv) != 0 || sv.n_tokens != m.n_tokens ||
@@ -374,7 +374,7 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
                 ck->size = 8 + v.rec_size;
                 ck->n_tokens = (int)v.n_tokens;
                 ck->pos_min = 0;
-                ck->pos_max = (llama_pos)v.n_tokens - 1;
+                ck->pos_max = (int32_t)v.n_tokens - 1;
                 ck->flags = THAW_CKPT_SNAPSHOT; /* stored: later manifests name it too */
                 l.n++;
             }
@@ -388,7 +388,7 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
 }
 
 int thaw_snapshots_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                          uint32_t block_tokens, const thaw_token *toks, int n, const struct thaw_kvlayout_frame *f,
                           struct thaw_blocks_state *out)
 {
     uint8_t(*bids)[THAW_KEY_BYTES] = NULL;

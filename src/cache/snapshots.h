@@ -68,19 +68,19 @@
 #define THAW_SNAPSHOTS_H
 
 #include "base/key.h"
+#include "base/token.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
 #include "llama/kvlayout.h"
 
-#include <llama.h>
 #include <stddef.h>
 #include <stdint.h>
 
 /* The id of the snapshot at p (1 <= p): prev is the id of block p/B - 1
  * (NULL when p < B), toks the conversation's tokens (at least p). */
 void thaw_snapshots_id(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const uint8_t *prev,
-                       const llama_token *toks, uint32_t p, uint8_t out[THAW_KEY_BYTES]);
+                       const thaw_token *toks, uint32_t p, uint8_t out[THAW_KEY_BYTES]);
 
 /* 1 if blob starts like a snapshot (magic), else 0. */
 int thaw_snapshots_is(const void *blob, size_t n);
@@ -120,7 +120,7 @@ struct thaw_snapshot_pending {
  * use thaw_blocks_store), THAW_ECORRUPT (a bad .ckpt blob), or
  * thaw_blocks_store's errors (then *defer is empty). */
 int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                         uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
+                         uint32_t block_tokens, const thaw_token *toks, int n, const void *state, size_t n_state,
                          const void *ckpt, size_t n_ckpt, void **manifest, size_t *n_manifest,
                          struct thaw_snapshot_pending *defer, struct thaw_blocks_stats *st);
 
@@ -161,7 +161,7 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
  * Returns 0 (out->n_tokens = p), THAW_ENOTFOUND, or an error as
  * thaw_blocks_load. */
 int thaw_snapshots_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
+                          uint32_t block_tokens, const thaw_token *toks, int n, const struct thaw_kvlayout_frame *f,
                           struct thaw_blocks_state *out);
 
 #endif
