@@ -615,9 +615,17 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
     block_binding(c, ns, binding);
     /* a hybrid resumes at its deepest snapshot, a dense or SWA model after its
      * longest run of blocks (an SWA model's with its window's SWA blocks) */
-    int rc = c->snapshots ? thaw_snapshots_prefix(c->disk, c->ram, binding, c->block_tokens, prompt, n_prompt, &f, &bs)
-                          : thaw_blocks_prefix_swa(c->disk, c->ram, binding, c->block_tokens, c->n_window, prompt,
-                                                   n_prompt, &f, &bs);
+    const struct thaw_blocks_prefix_params pp = {
+        .disk = c->disk,
+        .ram = c->ram,
+        .binding = binding,
+        .block_tokens = c->block_tokens,
+        .n_window = c->n_window,
+        .toks = prompt,
+        .n = n_prompt,
+        .frame = &f,
+    };
+    int rc = c->snapshots ? thaw_snapshots_prefix(&pp, &bs) : thaw_blocks_prefix(&pp, &bs);
     if (rc != 0) {
         if (rc != THAW_ENOTFOUND)
             LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(rc));
@@ -680,14 +688,24 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
     if ((rc = thaw_kvstate_parse(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &v)) != 0)
         return rc;
     block_binding(c, ns, binding);
+    const struct thaw_blocks_store_params bp = {
+        .disk = c->disk,
+        .ram = c->ram,
+        .binding = binding,
+        .block_tokens = c->block_tokens,
+        .toks = v.tokens,
+        .n = v.n_tokens,
+        .state = v.state,
+        .n_state = v.n_state,
+        .window = c->n_window,
+    };
     rc = THAW_ELAYOUT;
     if (c->snapshots) {
         /* not with a shared tier: its upload of this turn reads the
          * manifest's entries from the disk now (cache_shared.c) */
         bool keep = c->pending && !c->shared && slot_id >= 0 && (uint32_t)slot_id < c->n_stream;
         struct thaw_snapshot_pending pd;
-        rc = thaw_snapshots_store(c->disk, c->ram, binding, c->block_tokens, v.tokens, v.n_tokens, v.state, v.n_state,
-                                  w[THAW_PART_CKPT].data, w[THAW_PART_CKPT].size, &man, &n_man, keep ? &pd : NULL,
+        rc = thaw_snapshots_store(&bp, w[THAW_PART_CKPT].data, w[THAW_PART_CKPT].size, &man, &n_man, keep ? &pd : NULL,
                                   &st);
         if (rc == 0 && keep) {
             /* the slot still held its last pending one's prefix (a cut
@@ -713,8 +731,7 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
         }
     }
     if (rc == THAW_ELAYOUT)
-        rc = thaw_blocks_store_window(c->disk, c->ram, binding, c->block_tokens, c->n_window, v.tokens, v.n_tokens,
-                                      v.state, v.n_state, &man, &n_man, &st);
+        rc = thaw_blocks_store(&bp, &man, &n_man, &st);
     count_blocks(c, &st);
     if (rc == THAW_ELAYOUT) {
         LOG_WRN("kv-cache: this model's state layout cannot be cut into blocks: whole states from now on");
@@ -765,7 +782,16 @@ const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const ui
     if (!thaw_kvcache_cuts_blocks(c) || parts[THAW_PART_KV].data)
         return NULL;
     block_binding(c, ns, binding);
-    int rc = thaw_blocks_store_src(c->disk, c->ram, binding, c->block_tokens, toks, n_tokens, src, &man, &n_man, &st);
+    const struct thaw_blocks_store_params bp = {
+        .disk = c->disk,
+        .ram = c->ram,
+        .binding = binding,
+        .block_tokens = c->block_tokens,
+        .toks = toks,
+        .n = n_tokens,
+        .src = src,
+    };
+    int rc = thaw_blocks_store(&bp, &man, &n_man, &st);
     count_blocks(c, &st);
     if (rc != 0) {
         if (rc != THAW_ENOTFOUND)
