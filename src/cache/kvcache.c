@@ -10,8 +10,8 @@
  *                           verified alongside; a manifest's blocks (and a
  *                           hybrid's last snapshot) assembled for the slot;
  *                           the prefix lookup
- *   ---- store ----         fan-out, what RAM keeps; a sequence's blocks cut from
- *                           the tap, else a capture (thaw_kvcache_store_seq)
+ *   ---- store ----         fan-out, what RAM keeps; a capture cut into blocks,
+ *                           or the blocks of the engine's source (thaw_kvcache_store)
  *   ---- metrics ----       prefetch, the shared tier's fetches, the tiers' gauges
  */
 #include "cache/kvcache.h"
@@ -29,7 +29,6 @@
 #include "cache/manifest.h"
 #include "cache/snapshots.h"
 #include "llama/kvstate.h"
-#include "llama/kvtap.h"
 
 #include <pthread.h>
 #include <sodium.h>
@@ -758,53 +757,6 @@ uint32_t thaw_kvcache_block_tokens(const struct thaw_kvcache *c)
     return c->disk ? c->block_tokens : 0;
 }
 
-static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                         const uint8_t ns[THAW_KEY_BYTES], int n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
-                         const uint8_t *supersedes, bool cut);
-
-const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                               const uint8_t ns[THAW_KEY_BYTES], int n_tokens,
-                               struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes)
-{
-    return store(c, slot_id, key, ns, n_tokens, parts, supersedes, false);
-}
-
-const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                                   const uint8_t ns[THAW_KEY_BYTES], const thaw_token *toks, int n_tokens,
-                                   const struct thaw_blocks_src *src, struct thaw_part_blob parts[THAW_PART_COUNT],
-                                   const uint8_t *supersedes)
-{
-    struct thaw_blocks_stats st;
-    uint8_t binding[THAW_KEY_BYTES];
-    void *man;
-    size_t n_man;
-
-    if (!thaw_kvcache_cuts_blocks(c) || parts[THAW_PART_KV].data)
-        return NULL;
-    block_binding(c, ns, binding);
-    const struct thaw_blocks_store_params bp = {
-        .disk = c->disk,
-        .ram = c->ram,
-        .binding = binding,
-        .block_tokens = c->block_tokens,
-        .toks = toks,
-        .n = n_tokens,
-        .src = src,
-    };
-    int rc = thaw_blocks_store(&bp, &man, &n_man, &st);
-    count_blocks(c, &st);
-    if (rc != 0) {
-        if (rc != THAW_ENOTFOUND)
-            LOG_DBG("slot %d: blocks from the cache's memory failed (%s): capturing", slot_id, thaw_strerror(rc));
-        return NULL;
-    }
-    LOG_DBG("slot %d: %u blocks cut from the cache's memory, %u already stored, manifest %.1f KiB", slot_id, st.written,
-            st.skipped, (double)n_man / 1024.0);
-    parts[THAW_PART_KV].data = man;
-    parts[THAW_PART_KV].size = n_man;
-    return store(c, slot_id, key, ns, n_tokens, parts, supersedes, true);
-}
-
 /* cut: parts[THAW_PART_KV] is a manifest already (its blocks are queued) */
 static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
                          const uint8_t ns[THAW_KEY_BYTES], int n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
@@ -899,111 +851,49 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
     return where;
 }
 
-/* The tap as a store's source (blocks.h) for one sequence. */
-struct tap_ud {
-    struct thaw_kvtap *tap;
-    llama_seq_id seq;
-};
-
-static size_t tap_size(const void *ud, uint32_t a, uint32_t b)
+/* The blocks of a source (the KV cache's memory) and their manifest, for
+ * store(). 0 (parts[THAW_PART_KV] is the manifest) or an error (nothing
+ * stored, nothing held). */
+static int src_blocks(struct thaw_kvcache *c, const struct thaw_kvcache_store_params *p,
+                      struct thaw_part_blob parts[THAW_PART_COUNT])
 {
-    return thaw_kvtap_block_size(((const struct tap_ud *)ud)->tap, a, b);
-}
+    struct thaw_blocks_stats st;
+    uint8_t binding[THAW_KEY_BYTES];
+    void *man;
+    size_t n_man;
 
-static int tap_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_cut(u->tap, u->seq, a, b, dst, cap);
-}
-
-static int tap_known(const void *ud, uint32_t a, uint32_t b)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_known(u->tap, u->seq, a, b);
-}
-
-static size_t tap_swa_size(const void *ud, uint32_t a, uint32_t b)
-{
-    return thaw_kvtap_swa_block_size(((const struct tap_ud *)ud)->tap, a, b);
-}
-
-static int tap_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_swa_cut(u->tap, u->seq, a, b, dst, cap);
-}
-
-static int tap_swa_known(const void *ud, uint32_t a, uint32_t b)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_swa_known(u->tap, u->seq, a, b);
-}
-
-static void drop_parts(struct thaw_part_blob parts[THAW_PART_COUNT])
-{
-    for (int p = 0; p < THAW_PART_COUNT; p++)
-        thaw_blob_unref(parts[p].data);
-    memset(parts, 0, THAW_PART_COUNT * sizeof *parts);
-}
-
-const char *thaw_kvcache_store_seq(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                                   const uint8_t ns[THAW_KEY_BYTES], const struct thaw_kvcache_seq *seq,
-                                   struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes,
-                                   size_t sizes[THAW_PART_COUNT])
-{
-    const char *where = NULL;
-    char hex[17];
-    int rc;
-
-    thaw_keys_short(key, hex);
-    /* cut from the tap with SWA rows, the blocks hold every position's
-     * window rows: a restore rebuilds the window at any boundary and the
-     * checkpoints (a window each) are not stored (DESIGN §12); they stay
-     * the slot's, for its own rollbacks */
-    bool cut = seq->tap && thaw_kvtap_ready(seq->tap) && thaw_kvcache_cuts_blocks(c);
-    bool swa_rows = cut && thaw_kvtap_has_swa(seq->tap);
-    if (seq->ckpts && !swa_rows &&
-        (rc = seq->ckpts(seq->ckpts_ud, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)
-        goto fail;
-    /* the blocks straight from the cache's memory: as much work on a 16k
-     * history as on a 2k one (kvtap.h) */
-    if (cut) {
-        if (seq->tap_verify)
-            (void)thaw_kvtap_verify(seq->tap, seq->ctx, seq->seq_id, seq->n_tokens, thaw_kvcache_block_tokens(c));
-        struct thaw_blocks_src src = {(uint32_t)seq->n_tokens, tap_size, tap_cut, tap_known,
-                                      &(struct tap_ud){seq->tap, seq->seq_id}, NULL, 0, NULL, NULL, NULL, 0, NULL, 0};
-        if (thaw_kvtap_has_swa(seq->tap)) {
-            /* the SWA rows the tap took as they were written (DESIGN §12) */
-            src.swa_size = tap_swa_size;
-            src.swa_cut = tap_swa_cut;
-            src.swa_known = tap_swa_known;
-            src.n_window = seq->n_swa;
-        }
-        for (int p = 0; p < THAW_PART_COUNT; p++)
-            sizes[p] = parts[p].size;
-        where = thaw_kvcache_store_src(c, slot_id, key, ns, seq->toks, seq->n_tokens, &src, parts, supersedes);
-        atomic_fetch_add(where ? &c->metrics->stores_cut : &c->metrics->stores_captured, 1);
+    block_binding(c, p->ns, binding);
+    const struct thaw_blocks_store_params bp = {
+        .disk = c->disk,
+        .ram = c->ram,
+        .binding = binding,
+        .block_tokens = c->block_tokens,
+        .toks = p->toks,
+        .n = p->n_tokens,
+        .src = p->src,
+    };
+    int rc = thaw_blocks_store(&bp, &man, &n_man, &st);
+    count_blocks(c, &st);
+    if (rc != 0) {
+        if (rc != THAW_ENOTFOUND)
+            LOG_DBG("slot %d: blocks from the cache's memory failed (%s): capturing", p->slot_id, thaw_strerror(rc));
+        return rc;
     }
-    if (!where) {
-        /* a capture: its manifest may have to carry the window, and then
-         * the checkpoints go too (store drops them when it need not) */
-        if (seq->ckpts && swa_rows &&
-            (rc = seq->ckpts(seq->ckpts_ud, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)
-            goto fail;
-        if ((rc = thaw_kvstate_capture_reuse(seq->ctx, seq->seq_id, seq->toks, seq->n_tokens, seq->capture,
-                                             seq->capture_cap, &parts[THAW_PART_KV].data,
-                                             &parts[THAW_PART_KV].size)) != 0)
-            goto fail;
-        for (int p = 0; p < THAW_PART_COUNT; p++)
-            sizes[p] = parts[p].size;
-        where = thaw_kvcache_store(c, slot_id, key, ns, seq->n_tokens, parts, supersedes);
-    }
-    return where;
+    LOG_DBG("slot %d: %u blocks cut from the cache's memory, %u already stored, manifest %.1f KiB", p->slot_id,
+            st.written, st.skipped, (double)n_man / 1024.0);
+    parts[THAW_PART_KV].data = man;
+    parts[THAW_PART_KV].size = n_man;
+    return 0;
+}
 
-fail:
-    LOG_WRN("slot %d: could not capture state for %s: %s", slot_id, hex, thaw_strerror(rc));
-    drop_parts(parts);
-    return NULL;
+const char *thaw_kvcache_store(struct thaw_kvcache *c, const struct thaw_kvcache_store_params *p,
+                               struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    if (!p->src)
+        return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, false);
+    if (!thaw_kvcache_cuts_blocks(c) || parts[THAW_PART_KV].data || src_blocks(c, p, parts) != 0)
+        return NULL;
+    return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, true);
 }
 
 /* ---- metrics
