@@ -442,7 +442,8 @@ static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob par
 {
     if (!c->disk || !thaw_manifest_is(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size))
         return sink->install(sink->ud, parts);
-    struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
+    struct thaw_kvlayout_frame f = {
+        .seq_id = sink->slot_id, .n_stream = c->n_stream, .stream = (uint32_t)sink->slot_id};
     struct thaw_blocks_state bs;
     int64_t t0 = thaw_now_us();
     flush_named(c, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size);
@@ -602,7 +603,8 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
                                int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
                                double *restore_ms)
 {
-    struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
+    struct thaw_kvlayout_frame f = {
+        .seq_id = sink->slot_id, .n_stream = c->n_stream, .stream = (uint32_t)sink->slot_id};
     struct thaw_blocks_state bs;
     uint8_t binding[THAW_KEY_BYTES];
     int64_t t0 = thaw_now_us();

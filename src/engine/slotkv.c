@@ -302,8 +302,8 @@ static void count_lookup(struct thaw_metrics *m, const char *source)
  * afterwards. */
 int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past)
 {
-    struct install_ctx ic = {k, s, t, n_past};
-    const struct thaw_kvcache_sink sink = {install_cb, undo_cb, &ic, s->id};
+    struct install_ctx ic = {.k = k, .s = s, .t = t, .n_past = n_past};
+    const struct thaw_kvcache_sink sink = {.install = install_cb, .undo = undo_cb, .ud = &ic, .slot_id = s->id};
 
     int got = n_past;
     if (t->has_lookup_key) {
