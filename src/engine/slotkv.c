@@ -6,8 +6,10 @@
  *   ---- cutting back ----              removal, rollback (checkpoints for SWA /
  *                                       recurrent memory)
  *   ---- from and to the cache tiers ---- install a cached state, the lookup
- *                                       (slot, then the tiers), the store (the
- *                                       draft's part; the rest kvcache.c's)
+ *                                       (slot, then the tiers), the store: the
+ *                                       tap as a source of blocks (blocks.h),
+ *                                       else a capture, with the checkpoints and
+ *                                       the draft's state, handed to kvcache.c
  */
 #include "engine/slotkv.h"
 
