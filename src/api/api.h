@@ -197,38 +197,6 @@ int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size
 int thaw_api_admit(const struct thaw_chat_request *req, int n_ctx_slot, int max_token_bytes, char *err,
                    size_t errlen);
 
-/* POST /tokenize {"content", "add_special"?, "with_pieces"?}: 0 and a
- * malloc'd *content, or THAW_EINVAL (reason in err) / THAW_ENOMEM. */
-int thaw_api_parse_tokenize(const char *body, size_t len, char **content, bool *add_special, bool *with_pieces,
-                            char *err, size_t errlen);
-/* POST /detokenize {"tokens": [ids]}: each id checked against n_vocab; 0
- * and a malloc'd *tokens (n of them), or THAW_EINVAL / THAW_ENOMEM. */
-int thaw_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t **tokens, size_t *n, char *err,
-                              size_t errlen);
-/* {"tokens": [ids]} or, with pieces, {"tokens": [{"id", "piece"}]}. */
-char *thaw_api_tokens_json(const int32_t *tokens, size_t n, char *const *pieces);
-/* {key: text} (text made valid UTF-8): /detokenize's "content", /apply-template's "prompt". */
-char *thaw_api_string_json(const char *key, const char *text);
-/* GET /props, llama-server's shape (the fields clients read): the model's
- * alias and path, default_generation_settings (n_ctx of a slot and the
- * sampling defaults a request gets, `smp`, with -n as n_predict),
- * build_info; and thaw's "placement" from `pl` (omitted when NULL):
- * {"n_layer", "kv_cache": "Vulkan0" | "host" | "Vulkan0+host" | "none",
- *  "split_layers": "0,3-4", "places": [{"name", "host", "layers": "0-11",
- *  "n_layers", "output", "weights_bytes", "kv_bytes", "compute_bytes",
- *  and for a device "description", "memory_total", "memory_free"}]},
- * the devices first, then the host. */
-struct thaw_sampling;
-struct thaw_placement;
-char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
-                          int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict,
-                          const struct thaw_placement *pl);
-/* GET /cache: {"object":"thaw.cache","metrics":{name: number}} from the
- * Prometheus text of thaw_metrics_render (its sample lines, "thaw_" cut from
- * each name), so the page and /metrics can never disagree: counts and sizes
- * only, no text of any conversation. NULL only on ENOMEM. */
-char *thaw_api_cache_json(const char *prometheus_text);
-
 /* {"error":{"message","type","code"}} for an HTTP status. Invalid UTF-8 in
  * `message` (a quoted client byte, a cut character) becomes U+FFFD. NULL
  * only on ENOMEM. */

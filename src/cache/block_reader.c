@@ -269,7 +269,7 @@ static int group_head(struct thaw_blocks_check *ck, uint32_t k0, uint32_t k1, ui
 int thaw_block_reader_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
                            const uint8_t (*ids)[THAW_KEY_BYTES], uint32_t n_ids, uint32_t block_tokens,
                            const void *tail, size_t tail_size, const void *rest, size_t n_rest,
-                           const struct thaw_block_swa_rows *swa, const struct thaw_kvlayout_frame *f, const llama_token *toks,
+                           const struct thaw_block_swa_rows *swa, const struct thaw_kvlayout_frame *f, const thaw_token *toks,
                        int n_toks, struct thaw_blocks_state *out)
 {
     struct thaw_blocks_check *ck = calloc(1, sizeof *ck);

@@ -18,11 +18,11 @@
 #define THAW_BLOCK_READER_H
 
 #include "base/key.h"
+#include "base/token.h"
 #include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
 #include "llama/kvlayout.h"
 
-#include <llama.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,6 +70,6 @@ int thaw_block_reader_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram
                            const uint8_t (*ids)[THAW_KEY_BYTES], uint32_t n_ids, uint32_t block_tokens,
                            const void *tail, size_t tail_size, const void *rest, size_t n_rest,
                            const struct thaw_block_swa_rows *swa, const struct thaw_kvlayout_frame *f,
-                           const llama_token *toks, int n_toks, struct thaw_blocks_state *out);
+                           const thaw_token *toks, int n_toks, struct thaw_blocks_state *out);
 
 #endif

@@ -24,7 +24,7 @@ void thaw_blocks_swa_id(const uint8_t id[THAW_KEY_BYTES], uint8_t sid[THAW_KEY_B
     crypto_generichash(sid, THAW_KEY_BYTES, (const uint8_t *)SWA_TAG, sizeof SWA_TAG, id, THAW_KEY_BYTES);
 }
 
-void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const llama_token *toks, int n,
+void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const thaw_token *toks, int n,
                      uint8_t (*ids)[THAW_KEY_BYTES])
 {
     static const uint8_t zero[THAW_KEY_BYTES];
@@ -96,54 +96,6 @@ static int capture_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, si
     return rc;
 }
 
-int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                      uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
-                      void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
-{
-    return thaw_blocks_store_window(c, ram, binding, block_tokens, 0, toks, n, state, n_state, manifest, n_manifest,
-                                    st);
-}
-
-int thaw_blocks_store_window(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
-                             const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t window,
-                             const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
-                             size_t *n_manifest, struct thaw_blocks_stats *st)
-{
-    struct thaw_kvlayout *l = NULL;
-    int rc;
-
-    *manifest = NULL;
-    *n_manifest = 0;
-    if (st)
-        memset(st, 0, sizeof *st);
-    if (n <= 0 || block_tokens == 0)
-        return THAW_EINVAL;
-    if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0)
-        return rc == THAW_ECORRUPT ? THAW_ELAYOUT : rc; /* fresh from libllama: not damage */
-    struct thaw_blocks_src src = {
-        .n_cells = thaw_kvlayout_n_cells(l),
-        .size = layout_size,
-        .cut = layout_cut,
-        .ud = l,
-    };
-    thaw_kvlayout_tail(l, &src.swa, &src.n_swa);
-    struct capture_swa cs = {l, NULL, 0};
-    if (window > 0 && thaw_kvlayout_swa_n_cells(l) > 0 && thaw_kvlayout_swa_mem(l, &cs.mem) == 0) {
-        /* the window's SWA rows, while the capture holds them */
-        src.swa_size = capture_swa_size;
-        src.swa_cut = capture_swa_cut;
-        src.swa_known = capture_swa_known;
-        src.n_window = window;
-        src.ud = &cs;
-        src.size = capture_size;
-        src.cut = capture_cut;
-    }
-    rc = thaw_blocks_store_src(c, ram, binding, block_tokens, toks, n, &src, manifest, n_manifest, st);
-    thaw_kvlayout_mem_free(cs.mem);
-    thaw_kvlayout_free(l);
-    return rc;
-}
-
 /* Submits block id (cells [ka, kb) cut by `cut`, unless the RAM tier holds
  * it) to the disk writer. 0, or an error (THAW_EBUSY: the writer dropped it). */
 static int put_block(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES],
@@ -181,11 +133,14 @@ static int put_block(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
     return 0;
 }
 
-int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
-                          void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st)
+/* The store from a source; its params checked, *manifest and *st cleared */
+static int store_src(const struct thaw_blocks_store_params *p, const struct thaw_blocks_src *src, void **manifest,
+                     size_t *n_manifest, struct thaw_blocks_stats *st)
 {
-    struct thaw_blocks_stats local = {0};
+    struct thaw_disk_cache *c = p->disk;
+    struct thaw_ram_cache *ram = p->ram;
+    const uint32_t block_tokens = p->block_tokens;
+    const int n = p->n;
     uint8_t(*ids)[THAW_KEY_BYTES] = NULL; /* the block ids, then the SWA block ids */
     uint8_t(*sids)[THAW_KEY_BYTES] = NULL;
     uint8_t *todo = NULL; /* per block: 0 held, 1 in the RAM tier, 2 to cut */
@@ -193,13 +148,6 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
     bool held = false, swa_held = false, swa = false;
     int rc;
 
-    *manifest = NULL;
-    *n_manifest = 0;
-    if (!st)
-        st = &local;
-    memset(st, 0, sizeof *st);
-    if (n <= 0 || block_tokens == 0)
-        return THAW_EINVAL;
     if (src->n_cells != (uint32_t)n)
         return THAW_EINVAL;
     if (src->n_snaps && src->swa_cut)
@@ -210,7 +158,7 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
         goto out;
     }
     sids = ids + n_blocks;
-    thaw_blocks_ids(binding, block_tokens, toks, n, ids);
+    thaw_blocks_ids(p->binding, block_tokens, p->toks, n, ids);
     /* Before looking: a block found present must not be collected before
      * the manifest that names it is queued (blocks.h: the caller unholds) */
     thaw_disk_cache_hold(c, ids[0], n_blocks);
@@ -285,7 +233,7 @@ int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
         .n_tokens = (uint32_t)n,
         .block_tokens = block_tokens,
         .n_blocks = n_blocks,
-        .tokens = toks,
+        .tokens = p->toks,
         .ids = ids[0],
         .swa_first = swa ? swa_first : 0,
         .n_window = swa ? src->n_window : 0,
@@ -323,6 +271,54 @@ out:
     return rc;
 }
 
+/* A capture as the source: its cells, and its SWA section's rows */
+static int store_capture(const struct thaw_blocks_store_params *p, void **manifest, size_t *n_manifest,
+                         struct thaw_blocks_stats *st)
+{
+    struct thaw_kvlayout *l = NULL;
+    int rc;
+
+    if ((rc = thaw_kvlayout_parse(p->state, p->n_state, &l)) != 0)
+        return rc == THAW_ECORRUPT ? THAW_ELAYOUT : rc; /* fresh from libllama: not damage */
+    struct thaw_blocks_src src = {
+        .n_cells = thaw_kvlayout_n_cells(l),
+        .size = layout_size,
+        .cut = layout_cut,
+        .ud = l,
+    };
+    thaw_kvlayout_tail(l, &src.swa, &src.n_swa);
+    struct capture_swa cs = {l, NULL, 0};
+    if (p->window > 0 && thaw_kvlayout_swa_n_cells(l) > 0 && thaw_kvlayout_swa_mem(l, &cs.mem) == 0) {
+        /* the window's SWA rows, while the capture holds them */
+        src.swa_size = capture_swa_size;
+        src.swa_cut = capture_swa_cut;
+        src.swa_known = capture_swa_known;
+        src.n_window = p->window;
+        src.ud = &cs;
+        src.size = capture_size;
+        src.cut = capture_cut;
+    }
+    rc = store_src(p, &src, manifest, n_manifest, st);
+    thaw_kvlayout_mem_free(cs.mem);
+    thaw_kvlayout_free(l);
+    return rc;
+}
+
+int thaw_blocks_store(const struct thaw_blocks_store_params *p, void **manifest, size_t *n_manifest,
+                      struct thaw_blocks_stats *st)
+{
+    struct thaw_blocks_stats local = {0};
+
+    *manifest = NULL;
+    *n_manifest = 0;
+    if (!st)
+        st = &local;
+    memset(st, 0, sizeof *st);
+    if (p->n <= 0 || p->block_tokens == 0)
+        return THAW_EINVAL;
+    return p->src ? store_src(p, p->src, manifest, n_manifest, st) : store_capture(p, manifest, n_manifest, st);
+}
+
 int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const void *manifest, size_t n_manifest,
                      const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out)
 {
@@ -349,10 +345,10 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
             .n_tail = m.swa_tail_size,
         };
     }
-    llama_token *tokens = malloc((size_t)m.n_tokens * sizeof(llama_token)); /* aligned */
+    thaw_token *tokens = malloc((size_t)m.n_tokens * sizeof(thaw_token)); /* aligned */
     if (!tokens)
         return THAW_ENOMEM;
-    memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(llama_token));
+    memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(thaw_token));
     rc = thaw_block_reader_load(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])m.ids, m.n_blocks, m.block_tokens, m.tail,
                                 m.tail_size, m.swa, m.swa_size, v2 ? &rows : NULL, f, tokens, (int)m.n_tokens, out);
     free(tokens);
@@ -362,7 +358,7 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
 }
 
 int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                        uint32_t block_tokens, const llama_token *toks, int p, const void *tail, size_t n_tail,
+                        uint32_t block_tokens, const thaw_token *toks, int p, const void *tail, size_t n_tail,
                         const void *rest, size_t n_rest, const struct thaw_kvlayout_frame *f,
                         struct thaw_blocks_state *out)
 {
@@ -383,13 +379,6 @@ int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
         thaw_blocks_state_free(out);
     free(ids);
     return rc;
-}
-
-int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                       uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
-                       struct thaw_blocks_state *out)
-{
-    return thaw_blocks_prefix_swa(c, ram, binding, block_tokens, 0, toks, n, f, out);
 }
 
 /* The deepest boundary at most `run` blocks in whose SWA blocks a restore
@@ -414,11 +403,13 @@ static uint32_t swa_run(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
     return 0;
 }
 
-int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
-                           const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t n_window,
-                           const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
-                           struct thaw_blocks_state *out)
+int thaw_blocks_prefix(const struct thaw_blocks_prefix_params *p, struct thaw_blocks_state *out)
 {
+    struct thaw_disk_cache *c = p->disk;
+    struct thaw_ram_cache *ram = p->ram;
+    const uint32_t block_tokens = p->block_tokens, n_window = p->n_window;
+    const thaw_token *toks = p->toks;
+    const int n = p->n;
     uint8_t(*ids)[THAW_KEY_BYTES];
     int rc;
 
@@ -431,7 +422,7 @@ int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram
     if (!(ids = malloc(2 * (size_t)n_blocks * sizeof *ids)))
         return THAW_ENOMEM;
     uint8_t(*sids)[THAW_KEY_BYTES] = ids + n_blocks;
-    thaw_blocks_ids(binding, block_tokens, toks, (int)(n_blocks * block_tokens), ids);
+    thaw_blocks_ids(p->binding, block_tokens, toks, (int)(n_blocks * block_tokens), ids);
     /* a block found bad on the way is removed by the disk tier: the run
      * ends before it, so try again with what is left (a few times) */
     rc = THAW_ENOTFOUND;
@@ -453,7 +444,7 @@ int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram
         if (run == 0)
             break;
         rc = thaw_block_reader_load(c, ram, (const uint8_t(*)[THAW_KEY_BYTES])ids, run, block_tokens, NULL, 0, NULL, 0,
-                         n_window > 0 ? &rows : NULL, f, toks, (int)(run * block_tokens), out);
+                         n_window > 0 ? &rows : NULL, p->frame, toks, (int)(run * block_tokens), out);
         if (rc != 0)
             thaw_blocks_state_free(out);
     }

@@ -51,12 +51,12 @@
 #define THAW_BLOCKS_H
 
 #include "base/key.h"
-#include "cache/cache_disk.h"
+#include "base/token.h"
 #include "cache/block_reader.h" /* struct thaw_blocks_state: what a load gives */
+#include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
 #include "llama/kvlayout.h"
 
-#include <llama.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,43 +70,16 @@ struct thaw_blocks_stats {
 };
 
 /* The ids of the n / B whole blocks of toks (ids: room for n / B). */
-void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const llama_token *toks, int n,
+void thaw_blocks_ids(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const thaw_token *toks, int n,
                      uint8_t (*ids)[THAW_KEY_BYTES]);
 
-/* Cuts a libllama sequence state of toks[0, n) (llama_state_seq_get_data
- * output, `state`, n_state bytes) into blocks, submits to the disk writer
- * those it does not hold (each an entry of one .kv part: the block; one the
- * RAM tier `ram` holds is taken from there, and one cut anew is also put
- * into `ram`, one copy shared by both; ram may be NULL), and
- * builds the manifest (a blob, blob.h: the caller submits it as the
- * conversation entry's .kv part, or drops it with thaw_blob_unref).
- * On 0 the manifest's block ids are held (thaw_disk_cache_hold), so that
- * none is collected before the manifest is queued: the caller, once it has
- * submitted the manifest (or given up), drops the hold with
- * thaw_disk_cache_unhold(c, ids, n_ids) of thaw_blocks_manifest_ids() of
- * the manifest. On an error nothing is held.
- * st (may be NULL) gets the counts. Returns 0, THAW_ELAYOUT (an unknown
- * layout: store the whole state instead), THAW_EINVAL (no cells, or the
- * state does not hold n cells), THAW_ENOMEM. A block the writer drops
- * makes the store fail (THAW_EBUSY): the manifest would name it. */
-int thaw_blocks_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                      uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
-                      void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
-
-/* thaw_blocks_store for a sliding-window model (window > 0: its window,
- * tokens): the capture's SWA section gives the SWA rows of the blocks it
- * still holds; when they cover what a restore at n needs, the manifest is
- * version 2 (no window copy), else as thaw_blocks_store. */
-int thaw_blocks_store_window(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
-                             const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t window,
-                             const llama_token *toks, int n, const void *state, size_t n_state, void **manifest,
-                             size_t *n_manifest, struct thaw_blocks_stats *st);
-
-/* Where a store cuts its blocks from: a parsed capture (thaw_blocks_store)
- * or the KV cache's own memory (kvtap.h). */
+/* Where a store cuts its blocks from, when not from a capture: the KV
+ * cache's own memory, which the engine reads (it owns the context) and
+ * describes here. Every function gets ud; a, b are positions, [a, b) the
+ * cells of one block (or of the tail past the last whole block). */
 struct thaw_blocks_src {
     uint32_t n_cells;
-    size_t (*size)(const void *ud, uint32_t a, uint32_t b);                 /* of the block of [a, b) */
+    size_t (*size)(const void *ud, uint32_t a, uint32_t b);                    /* of the block of [a, b) */
     int (*cut)(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap); /* 0 or an error */
     int (*known)(const void *ud, uint32_t a, uint32_t b); /* can cut [a, b)? NULL: all */
     const void *ud;
@@ -127,12 +100,47 @@ struct thaw_blocks_src {
     uint32_t n_snaps;
 };
 
-/* thaw_blocks_store from src: what it does not know of the cells the store
- * needs (blocks neither tier holds, the tail) is THAW_ENOTFOUND, with
- * nothing submitted and nothing held: capture the whole state instead. */
-int thaw_blocks_store_src(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_blocks_src *src,
-                          void **manifest, size_t *n_manifest, struct thaw_blocks_stats *st);
+/* One store: the conversation toks[0, n) as blocks plus its manifest. */
+struct thaw_blocks_store_params {
+    struct thaw_disk_cache *disk;
+    struct thaw_ram_cache *ram; /* may be NULL */
+    const uint8_t *binding;     /* THAW_KEY_BYTES: the blocks' binding (keys.h) */
+    uint32_t block_tokens;      /* B */
+    const thaw_token *toks;
+    int n;
+    /* the cells, from one of: */
+    const struct thaw_blocks_src *src; /* a source (above); NULL: the capture below */
+    const void *state;                 /* a libllama sequence state of toks[0, n) */
+    size_t n_state;                    /* (llama_state_seq_get_data output), cut here */
+    uint32_t window;                   /* with a capture: the sliding window, tokens (0: none) */
+};
+
+/* Cuts the cells into blocks, submits to the disk writer those it does
+ * not hold (each an entry of one .kv part: the block; one the RAM tier
+ * `ram` holds is taken from there, and one cut anew is also put into
+ * `ram`, one copy shared by both), and builds the manifest (a blob,
+ * blob.h: the caller submits it as the conversation entry's .kv part, or
+ * drops it with thaw_blob_unref).
+ *
+ * From a capture of an SWA model (window > 0), the capture's SWA section
+ * gives the SWA rows of the blocks it still holds; when they cover what a
+ * restore at n needs, the manifest is version 2 (no window copy). From a
+ * source, what it does not know of the cells the store needs (blocks
+ * neither tier holds, the tail) is THAW_ENOTFOUND, with nothing submitted
+ * and nothing held: capture the whole state instead.
+ *
+ * On 0 the manifest's block ids are held (thaw_disk_cache_hold), so that
+ * none is collected before the manifest is queued: the caller, once it has
+ * submitted the manifest (or given up), drops the hold with
+ * thaw_disk_cache_unhold(c, ids, n_ids) of thaw_blocks_manifest_ids() of
+ * the manifest. On an error nothing is held.
+ * st (may be NULL) gets the counts. Returns 0, THAW_ELAYOUT (a capture of
+ * an unknown layout: store the whole state instead), THAW_EINVAL (no
+ * cells, or the cells are not n), THAW_ENOTFOUND (above), THAW_ENOMEM. A
+ * block the writer drops makes the store fail (THAW_EBUSY): the manifest
+ * would name it. */
+int thaw_blocks_store(const struct thaw_blocks_store_params *p, void **manifest, size_t *n_manifest,
+                      struct thaw_blocks_stats *st);
 
 /* Builds the state a manifest describes, taking its blocks from the RAM
  * tier `ram` (may be NULL), the disk writer's queue or the disk
@@ -152,28 +160,32 @@ int thaw_blocks_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
  * frame f: a hybrid's restore at a snapshot (snapshots.c). Returns as
  * thaw_blocks_load. */
 int thaw_blocks_load_at(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                        uint32_t block_tokens, const llama_token *toks, int p, const void *tail, size_t n_tail,
+                        uint32_t block_tokens, const thaw_token *toks, int p, const void *tail, size_t n_tail,
                         const void *rest, size_t n_rest, const struct thaw_kvlayout_frame *f,
                         struct thaw_blocks_state *out);
 
-/* Prefix lookup: the longest run of toks' whole blocks the disk holds,
- * from block 0, restorable for the slot of frame f. At least one token of
- * toks is left out (the request must decode one). Only for layouts without
- * an SWA tail (an SWA window cannot be rebuilt from blocks).
+/* One prefix lookup: the stored state of toks[0, n)'s longest prefix. */
+struct thaw_blocks_prefix_params {
+    struct thaw_disk_cache *disk;
+    struct thaw_ram_cache *ram; /* may be NULL */
+    const uint8_t *binding;     /* THAW_KEY_BYTES */
+    uint32_t block_tokens;
+    uint32_t n_window; /* a sliding-window model's window, tokens; 0: none */
+    const thaw_token *toks;
+    int n;
+    const struct thaw_kvlayout_frame *frame; /* the restoring slot's */
+};
+
+/* The longest run of toks' whole blocks the disk holds, from block 0,
+ * restorable for the slot of the frame. At least one token of toks is
+ * left out (the request must decode one). With a window, the deepest
+ * boundary b of that run whose SWA blocks covering [b - n_window, b) are
+ * stored too; the state then holds the run's blocks and an SWA section
+ * rebuilt from those. (A hybrid's lookup is thaw_snapshots_prefix, with
+ * the same params.)
  * Returns 0 and fills out (n_blocks >= 1), THAW_ENOTFOUND (not even block
  * 0), or an error as thaw_blocks_load. */
-int thaw_blocks_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                       uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
-                       struct thaw_blocks_state *out);
-
-/* thaw_blocks_prefix for a sliding-window model (n_window > 0: its window,
- * tokens): the deepest boundary b of the run whose SWA blocks covering
- * [b - n_window, b) are stored too; the state holds the run's blocks and
- * an SWA section rebuilt from those. n_window 0: thaw_blocks_prefix. */
-int thaw_blocks_prefix_swa(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
-                           const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, uint32_t n_window,
-                           const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
-                           struct thaw_blocks_state *out);
+int thaw_blocks_prefix(const struct thaw_blocks_prefix_params *p, struct thaw_blocks_state *out);
 
 /* The id of block id's SWA block. */
 void thaw_blocks_swa_id(const uint8_t id[THAW_KEY_BYTES], uint8_t sid[THAW_KEY_BYTES]);

@@ -76,7 +76,7 @@ struct upload_job {
 struct fetch_job {
     uint8_t key[THAW_KEY_BYTES], ns[THAW_KEY_BYTES];
     bool has_key;
-    const llama_token *prompt;
+    const thaw_token *prompt;
     int n_prompt;
     void (*done)(void *ud);
     void *ud;
@@ -455,7 +455,7 @@ static int fetch_entry(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_P
 
 /* The ids of the prompt's whole blocks (at least one token left to
  * decode), malloc'd into *ids; returns how many (0: none, or ENOMEM). */
-static int prefix_ids(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt, int n_prompt,
+static int prefix_ids(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt, int n_prompt,
                       uint8_t (**ids)[THAW_KEY_BYTES])
 {
     uint8_t binding[THAW_KEY_BYTES];
@@ -471,7 +471,7 @@ static int prefix_ids(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], c
 
 /* The prompt's blocks (prefix fetch on) into *ids, and in *from the first
  * the local tier lacks. Returns how many (0: none to fetch). */
-static int plan_prefix(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
+static int plan_prefix(struct thaw_shared *s, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt,
                        int n_prompt, uint8_t (**ids)[THAW_KEY_BYTES], int *from)
 {
     int nb = s->prefix_fetch ? prefix_ids(s, ns, prompt, n_prompt, ids) : 0;
@@ -504,7 +504,7 @@ static int fetch_prefix(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_
 }
 
 static int fetch_with(struct thaw_shared *s, struct thaw_s3 *const clis[FETCH_PARALLEL], const uint8_t *key,
-                      const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt, int n_prompt)
+                      const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt, int n_prompt)
 {
     int64_t t0 = thaw_now_us(), deadline = t0 + (int64_t)s->timeout_ms * 1000;
     uint8_t(*ids)[THAW_KEY_BYTES] = NULL;
@@ -785,7 +785,7 @@ void thaw_shared_upload(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES]
 }
 
 int thaw_shared_fetch_async(struct thaw_shared *s, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
-                            const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud)
+                            const thaw_token *prompt, int n_prompt, void (*done)(void *ud), void *ud)
 {
     int rc = 0;
 

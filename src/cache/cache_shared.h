@@ -39,9 +39,9 @@
 #define THAW_CACHE_SHARED_H
 
 #include "base/key.h"
+#include "base/token.h"
 #include "cache/cache_disk.h"
 
-#include <llama.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -97,7 +97,7 @@ void thaw_shared_upload(struct thaw_shared *s, const uint8_t key[THAW_KEY_BYTES]
  * is taken now (the local tier holds key, the breaker is open, every fetch
  * thread is busy and the queue is full, stopping): done is not called. */
 int thaw_shared_fetch_async(struct thaw_shared *s, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
-                            const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud);
+                            const thaw_token *prompt, int n_prompt, void (*done)(void *ud), void *ud);
 
 /* A local store of key is coming (the engine has the reply, not yet the
  * state): fetch_async does not go after key meanwhile. A small ring of the

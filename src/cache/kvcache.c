@@ -10,8 +10,8 @@
  *                           verified alongside; a manifest's blocks (and a
  *                           hybrid's last snapshot) assembled for the slot;
  *                           the prefix lookup
- *   ---- store ----         fan-out, what RAM keeps; a sequence's blocks cut from
- *                           the tap, else a capture (thaw_kvcache_store_seq)
+ *   ---- store ----         fan-out, what RAM keeps; a capture cut into blocks,
+ *                           or the blocks of the engine's source (thaw_kvcache_store)
  *   ---- metrics ----       prefetch, the shared tier's fetches, the tiers' gauges
  */
 #include "cache/kvcache.h"
@@ -29,7 +29,6 @@
 #include "cache/manifest.h"
 #include "cache/snapshots.h"
 #include "llama/kvstate.h"
-#include "llama/kvtap.h"
 
 #include <pthread.h>
 #include <sodium.h>
@@ -443,7 +442,8 @@ static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob par
 {
     if (!c->disk || !thaw_manifest_is(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size))
         return sink->install(sink->ud, parts);
-    struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
+    struct thaw_kvlayout_frame f = {
+        .seq_id = sink->slot_id, .n_stream = c->n_stream, .stream = (uint32_t)sink->slot_id};
     struct thaw_blocks_state bs;
     int64_t t0 = thaw_now_us();
     flush_named(c, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size);
@@ -599,11 +599,12 @@ out:
     return got;
 }
 
-int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
+int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt,
                                int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
                                double *restore_ms)
 {
-    struct thaw_kvlayout_frame f = {sink->slot_id, c->n_stream, (uint32_t)sink->slot_id};
+    struct thaw_kvlayout_frame f = {
+        .seq_id = sink->slot_id, .n_stream = c->n_stream, .stream = (uint32_t)sink->slot_id};
     struct thaw_blocks_state bs;
     uint8_t binding[THAW_KEY_BYTES];
     int64_t t0 = thaw_now_us();
@@ -615,9 +616,17 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
     block_binding(c, ns, binding);
     /* a hybrid resumes at its deepest snapshot, a dense or SWA model after its
      * longest run of blocks (an SWA model's with its window's SWA blocks) */
-    int rc = c->snapshots ? thaw_snapshots_prefix(c->disk, c->ram, binding, c->block_tokens, prompt, n_prompt, &f, &bs)
-                          : thaw_blocks_prefix_swa(c->disk, c->ram, binding, c->block_tokens, c->n_window, prompt,
-                                                   n_prompt, &f, &bs);
+    const struct thaw_blocks_prefix_params pp = {
+        .disk = c->disk,
+        .ram = c->ram,
+        .binding = binding,
+        .block_tokens = c->block_tokens,
+        .n_window = c->n_window,
+        .toks = prompt,
+        .n = n_prompt,
+        .frame = &f,
+    };
+    int rc = c->snapshots ? thaw_snapshots_prefix(&pp, &bs) : thaw_blocks_prefix(&pp, &bs);
     if (rc != 0) {
         if (rc != THAW_ENOTFOUND)
             LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(rc));
@@ -680,14 +689,24 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
     if ((rc = thaw_kvstate_parse(w[THAW_PART_KV].data, w[THAW_PART_KV].size, &v)) != 0)
         return rc;
     block_binding(c, ns, binding);
+    const struct thaw_blocks_store_params bp = {
+        .disk = c->disk,
+        .ram = c->ram,
+        .binding = binding,
+        .block_tokens = c->block_tokens,
+        .toks = v.tokens,
+        .n = v.n_tokens,
+        .state = v.state,
+        .n_state = v.n_state,
+        .window = c->n_window,
+    };
     rc = THAW_ELAYOUT;
     if (c->snapshots) {
         /* not with a shared tier: its upload of this turn reads the
          * manifest's entries from the disk now (cache_shared.c) */
         bool keep = c->pending && !c->shared && slot_id >= 0 && (uint32_t)slot_id < c->n_stream;
         struct thaw_snapshot_pending pd;
-        rc = thaw_snapshots_store(c->disk, c->ram, binding, c->block_tokens, v.tokens, v.n_tokens, v.state, v.n_state,
-                                  w[THAW_PART_CKPT].data, w[THAW_PART_CKPT].size, &man, &n_man, keep ? &pd : NULL,
+        rc = thaw_snapshots_store(&bp, w[THAW_PART_CKPT].data, w[THAW_PART_CKPT].size, &man, &n_man, keep ? &pd : NULL,
                                   &st);
         if (rc == 0 && keep) {
             /* the slot still held its last pending one's prefix (a cut
@@ -713,8 +732,7 @@ static int to_blocks(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_
         }
     }
     if (rc == THAW_ELAYOUT)
-        rc = thaw_blocks_store_window(c->disk, c->ram, binding, c->block_tokens, c->n_window, v.tokens, v.n_tokens,
-                                      v.state, v.n_state, &man, &n_man, &st);
+        rc = thaw_blocks_store(&bp, &man, &n_man, &st);
     count_blocks(c, &st);
     if (rc == THAW_ELAYOUT) {
         LOG_WRN("kv-cache: this model's state layout cannot be cut into blocks: whole states from now on");
@@ -739,44 +757,6 @@ int thaw_kvcache_cuts_blocks(const struct thaw_kvcache *c)
 uint32_t thaw_kvcache_block_tokens(const struct thaw_kvcache *c)
 {
     return c->disk ? c->block_tokens : 0;
-}
-
-static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                         const uint8_t ns[THAW_KEY_BYTES], int n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
-                         const uint8_t *supersedes, bool cut);
-
-const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                               const uint8_t ns[THAW_KEY_BYTES], int n_tokens,
-                               struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes)
-{
-    return store(c, slot_id, key, ns, n_tokens, parts, supersedes, false);
-}
-
-const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                                   const uint8_t ns[THAW_KEY_BYTES], const llama_token *toks, int n_tokens,
-                                   const struct thaw_blocks_src *src, struct thaw_part_blob parts[THAW_PART_COUNT],
-                                   const uint8_t *supersedes)
-{
-    struct thaw_blocks_stats st;
-    uint8_t binding[THAW_KEY_BYTES];
-    void *man;
-    size_t n_man;
-
-    if (!thaw_kvcache_cuts_blocks(c) || parts[THAW_PART_KV].data)
-        return NULL;
-    block_binding(c, ns, binding);
-    int rc = thaw_blocks_store_src(c->disk, c->ram, binding, c->block_tokens, toks, n_tokens, src, &man, &n_man, &st);
-    count_blocks(c, &st);
-    if (rc != 0) {
-        if (rc != THAW_ENOTFOUND)
-            LOG_DBG("slot %d: blocks from the cache's memory failed (%s): capturing", slot_id, thaw_strerror(rc));
-        return NULL;
-    }
-    LOG_DBG("slot %d: %u blocks cut from the cache's memory, %u already stored, manifest %.1f KiB", slot_id, st.written,
-            st.skipped, (double)n_man / 1024.0);
-    parts[THAW_PART_KV].data = man;
-    parts[THAW_PART_KV].size = n_man;
-    return store(c, slot_id, key, ns, n_tokens, parts, supersedes, true);
 }
 
 /* cut: parts[THAW_PART_KV] is a manifest already (its blocks are queued) */
@@ -873,111 +853,49 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
     return where;
 }
 
-/* The tap as a store's source (blocks.h) for one sequence. */
-struct tap_ud {
-    struct thaw_kvtap *tap;
-    llama_seq_id seq;
-};
-
-static size_t tap_size(const void *ud, uint32_t a, uint32_t b)
+/* The blocks of a source (the KV cache's memory) and their manifest, for
+ * store(). 0 (parts[THAW_PART_KV] is the manifest) or an error (nothing
+ * stored, nothing held). */
+static int src_blocks(struct thaw_kvcache *c, const struct thaw_kvcache_store_params *p,
+                      struct thaw_part_blob parts[THAW_PART_COUNT])
 {
-    return thaw_kvtap_block_size(((const struct tap_ud *)ud)->tap, a, b);
-}
+    struct thaw_blocks_stats st;
+    uint8_t binding[THAW_KEY_BYTES];
+    void *man;
+    size_t n_man;
 
-static int tap_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_cut(u->tap, u->seq, a, b, dst, cap);
-}
-
-static int tap_known(const void *ud, uint32_t a, uint32_t b)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_known(u->tap, u->seq, a, b);
-}
-
-static size_t tap_swa_size(const void *ud, uint32_t a, uint32_t b)
-{
-    return thaw_kvtap_swa_block_size(((const struct tap_ud *)ud)->tap, a, b);
-}
-
-static int tap_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_swa_cut(u->tap, u->seq, a, b, dst, cap);
-}
-
-static int tap_swa_known(const void *ud, uint32_t a, uint32_t b)
-{
-    const struct tap_ud *u = ud;
-    return thaw_kvtap_swa_known(u->tap, u->seq, a, b);
-}
-
-static void drop_parts(struct thaw_part_blob parts[THAW_PART_COUNT])
-{
-    for (int p = 0; p < THAW_PART_COUNT; p++)
-        thaw_blob_unref(parts[p].data);
-    memset(parts, 0, THAW_PART_COUNT * sizeof *parts);
-}
-
-const char *thaw_kvcache_store_seq(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                                   const uint8_t ns[THAW_KEY_BYTES], const struct thaw_kvcache_seq *seq,
-                                   struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes,
-                                   size_t sizes[THAW_PART_COUNT])
-{
-    const char *where = NULL;
-    char hex[17];
-    int rc;
-
-    thaw_keys_short(key, hex);
-    /* cut from the tap with SWA rows, the blocks hold every position's
-     * window rows: a restore rebuilds the window at any boundary and the
-     * checkpoints (a window each) are not stored (DESIGN §12); they stay
-     * the slot's, for its own rollbacks */
-    bool cut = seq->tap && thaw_kvtap_ready(seq->tap) && thaw_kvcache_cuts_blocks(c);
-    bool swa_rows = cut && thaw_kvtap_has_swa(seq->tap);
-    if (seq->ckpts && !swa_rows &&
-        (rc = seq->ckpts(seq->ckpts_ud, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)
-        goto fail;
-    /* the blocks straight from the cache's memory: as much work on a 16k
-     * history as on a 2k one (kvtap.h) */
-    if (cut) {
-        if (seq->tap_verify)
-            (void)thaw_kvtap_verify(seq->tap, seq->ctx, seq->seq_id, seq->n_tokens, thaw_kvcache_block_tokens(c));
-        struct thaw_blocks_src src = {(uint32_t)seq->n_tokens, tap_size, tap_cut, tap_known,
-                                      &(struct tap_ud){seq->tap, seq->seq_id}, NULL, 0, NULL, NULL, NULL, 0, NULL, 0};
-        if (thaw_kvtap_has_swa(seq->tap)) {
-            /* the SWA rows the tap took as they were written (DESIGN §12) */
-            src.swa_size = tap_swa_size;
-            src.swa_cut = tap_swa_cut;
-            src.swa_known = tap_swa_known;
-            src.n_window = seq->n_swa;
-        }
-        for (int p = 0; p < THAW_PART_COUNT; p++)
-            sizes[p] = parts[p].size;
-        where = thaw_kvcache_store_src(c, slot_id, key, ns, seq->toks, seq->n_tokens, &src, parts, supersedes);
-        atomic_fetch_add(where ? &c->metrics->stores_cut : &c->metrics->stores_captured, 1);
+    block_binding(c, p->ns, binding);
+    const struct thaw_blocks_store_params bp = {
+        .disk = c->disk,
+        .ram = c->ram,
+        .binding = binding,
+        .block_tokens = c->block_tokens,
+        .toks = p->toks,
+        .n = p->n_tokens,
+        .src = p->src,
+    };
+    int rc = thaw_blocks_store(&bp, &man, &n_man, &st);
+    count_blocks(c, &st);
+    if (rc != 0) {
+        if (rc != THAW_ENOTFOUND)
+            LOG_DBG("slot %d: blocks from the cache's memory failed (%s): capturing", p->slot_id, thaw_strerror(rc));
+        return rc;
     }
-    if (!where) {
-        /* a capture: its manifest may have to carry the window, and then
-         * the checkpoints go too (store drops them when it need not) */
-        if (seq->ckpts && swa_rows &&
-            (rc = seq->ckpts(seq->ckpts_ud, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)
-            goto fail;
-        if ((rc = thaw_kvstate_capture_reuse(seq->ctx, seq->seq_id, seq->toks, seq->n_tokens, seq->capture,
-                                             seq->capture_cap, &parts[THAW_PART_KV].data,
-                                             &parts[THAW_PART_KV].size)) != 0)
-            goto fail;
-        for (int p = 0; p < THAW_PART_COUNT; p++)
-            sizes[p] = parts[p].size;
-        where = thaw_kvcache_store(c, slot_id, key, ns, seq->n_tokens, parts, supersedes);
-    }
-    return where;
+    LOG_DBG("slot %d: %u blocks cut from the cache's memory, %u already stored, manifest %.1f KiB", p->slot_id,
+            st.written, st.skipped, (double)n_man / 1024.0);
+    parts[THAW_PART_KV].data = man;
+    parts[THAW_PART_KV].size = n_man;
+    return 0;
+}
 
-fail:
-    LOG_WRN("slot %d: could not capture state for %s: %s", slot_id, hex, thaw_strerror(rc));
-    drop_parts(parts);
-    return NULL;
+const char *thaw_kvcache_store(struct thaw_kvcache *c, const struct thaw_kvcache_store_params *p,
+                               struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    if (!p->src)
+        return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, false);
+    if (!thaw_kvcache_cuts_blocks(c) || parts[THAW_PART_KV].data || src_blocks(c, p, parts) != 0)
+        return NULL;
+    return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, true);
 }
 
 /* ---- metrics
@@ -990,7 +908,7 @@ void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BY
 }
 
 int thaw_kvcache_fetch_shared(struct thaw_kvcache *c, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
-                              const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud)
+                              const thaw_token *prompt, int n_prompt, void (*done)(void *ud), void *ud)
 {
 #ifdef THAW_HAVE_SHARED
     if (c && c->shared)

@@ -12,10 +12,11 @@
  *            dropped from RAM once the disk holds it (a regenerated reply
  *            would look it up again until then)
  *
- * It knows nothing of slots: a lookup hands the parts to the caller's
- * install callback, and a store of a sequence (thaw_kvcache_store_seq)
- * takes the llama_context and the tap to cut or capture it from. Engine thread only, except
- * thaw_kvcache_prefetch and thaw_kvcache_metrics (any thread).
+ * It knows nothing of slots nor of libllama: a lookup hands the parts to
+ * the caller's install callback, and a store takes bytes the engine read
+ * out of its context, either a whole capture or a source of blocks (the
+ * KV cache's memory, blocks.h) the engine describes. Engine thread only,
+ * except thaw_kvcache_prefetch and thaw_kvcache_metrics (any thread).
  */
 #ifndef THAW_KVCACHE_H
 #define THAW_KVCACHE_H
@@ -23,9 +24,9 @@
 #include "base/blob.h"
 #include "base/key.h"
 #include "base/metrics.h"
+#include "base/token.h"
 #include "cache/cache_shared.h"
 
-#include <llama.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -100,19 +101,37 @@ int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES
  * longest run of the prompt's whole blocks the disk holds under the
  * tenant's namespace `ns`, installed through `sink` when it is longer than
  * n_past. Returns as thaw_kvcache_lookup (*source "blocks"). */
-int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const llama_token *prompt,
+int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt,
                                int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
                                double *restore_ms);
 
-/* Hands a captured state to every tier under key. Takes the caller's
- * reference to each part's blob (parts[THAW_PART_KV] present); never waits
- * for I/O (the disk store is queued, and dropped when the queue is full).
- * `supersedes` (NULL = none): the key this conversation was looked up under,
- * whose RAM entry may go (see the top). Returns the tiers it went to, for
- * the log: "ram+disk", "disk", "ram" or "none". */
-const char *thaw_kvcache_store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                               const uint8_t ns[THAW_KEY_BYTES], int n_tokens,
-                               struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes);
+/* One store of a conversation: under which keys, and where its
+ * attention KV comes from. */
+struct thaw_kvcache_store_params {
+    int slot_id;               /* the log's, and the slot whose turn-end snapshot is kept */
+    const uint8_t *key;        /* THAW_KEY_BYTES: the conversation's */
+    const uint8_t *ns;         /* THAW_KEY_BYTES: the tenant's namespace (the blocks' binding, keys.h) */
+    const uint8_t *supersedes; /* the key this conversation was looked up under, whose RAM entry may go
+                                * (see the top); NULL: none */
+    int n_tokens;              /* the tokens stored */
+    /* the attention KV cut from a source (blocks.h: the KV cache's memory,
+     * which the engine reads), parts[THAW_PART_KV] then empty; NULL: a
+     * capture (kvstate.h) in parts[THAW_PART_KV], whose own tokens it is */
+    const struct thaw_blocks_src *src;
+    const thaw_token *toks; /* with src: the tokens stored, n_tokens of them */
+};
+
+/* Hands a conversation's state to every tier under p->key. Takes the
+ * caller's reference to each part's blob (parts[THAW_PART_DFT]: the
+ * draft's state; parts[THAW_PART_CKPT]: the checkpoints, for a model that
+ * needs them, dropped where blocks with SWA rows stand for them); never
+ * waits for I/O (the disk store is queued, and dropped when the queue is
+ * full). Returns the tiers it went to, for the log: "ram+disk", "disk",
+ * "ram" or "none"; with p->src, NULL when the source cannot give the
+ * cells the store needs or blocks are off: nothing was stored and parts
+ * are untouched — capture and call again without it. */
+const char *thaw_kvcache_store(struct thaw_kvcache *c, const struct thaw_kvcache_store_params *p,
+                               struct thaw_part_blob parts[THAW_PART_COUNT]);
 
 /* A hybrid's turn-end snapshot is kept per slot, not written with the
  * turn (snapshots.h, "Written when"): slot slot_id's sequence is about to
@@ -131,56 +150,11 @@ void thaw_kvcache_slot_drop(struct thaw_kvcache *c, int slot_id);
  * (nothing kept, or the flag is 0). NULL: -1. */
 int64_t thaw_kvcache_flush_idle(struct thaw_kvcache *c);
 
-/* 1 when stores go to the disk as blocks (thaw_kvcache_store_src can
- * serve them). */
+/* 1 when stores go to the disk as blocks (a store from a source can be
+ * served). */
 int thaw_kvcache_cuts_blocks(const struct thaw_kvcache *c);
 /* Tokens per block of the disk's stores (0: whole states). */
 uint32_t thaw_kvcache_block_tokens(const struct thaw_kvcache *c);
-
-/* thaw_kvcache_store with the attention KV cut from src (kvtap.h: the
- * cache's memory) instead of a captured state: parts[THAW_PART_KV] must be
- * empty; the other parts as there. NULL when src cannot give the cells the
- * store needs, or blocks are off: nothing was stored and parts are
- * untouched — capture and call thaw_kvcache_store. */
-const char *thaw_kvcache_store_src(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                                   const uint8_t ns[THAW_KEY_BYTES], const llama_token *toks, int n_tokens,
-                                   const struct thaw_blocks_src *src, struct thaw_part_blob parts[THAW_PART_COUNT],
-                                   const uint8_t *supersedes);
-
-/* A sequence to store (thaw_kvcache_store_seq): where its attention KV
- * can come from. */
-struct thaw_kvtap; /* llama/kvtap.h */
-struct thaw_kvcache_seq {
-    struct llama_context *ctx;
-    struct thaw_kvtap *tap; /* the KV cache's memory (kvtap.h); NULL: captures only */
-    bool tap_verify;        /* THAW_HOOK_KVTAP_VERIFY: check the tap against a capture first */
-    uint32_t n_swa;         /* the model's sliding window (llama_model_n_swa), 0: none */
-    int seq_id;
-    const llama_token *toks;
-    int n_tokens;
-    void **capture; /* a capture's buffer, reused once the tiers let go of it (kvstate.h) */
-    size_t *capture_cap;
-    /* the sequence's checkpoints serialised (a blob), for a model that
-     * needs them (SWA, recurrent); NULL: none. Called only when the store
-     * needs them: not for blocks cut with their SWA rows (a restore
-     * rebuilds the window from those). Returns 0 or an error */
-    int (*ckpts)(void *ud, void **data, size_t *size);
-    void *ckpts_ud;
-};
-
-/* The one store path of a sequence: the blocks cut from the tap when it
- * and the disk's blocks are on and it knows the cells (counted as
- * stores_cut), else a capture of the sequence (stores_captured when the
- * tap was tried), with the checkpoints when they are needed, then handed
- * to the tiers as thaw_kvcache_store. parts[THAW_PART_DFT] may hold the
- * draft's state (taken, as thaw_kvcache_store takes it); the others must
- * be empty. sizes gets each part's bytes as handed over (sizes[KV] 0:
- * blocks cut from the tap). Returns the tiers it went to, or NULL when the
- * capture failed (logged; nothing stored, the parts dropped). */
-const char *thaw_kvcache_store_seq(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
-                                   const uint8_t ns[THAW_KEY_BYTES], const struct thaw_kvcache_seq *seq,
-                                   struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *supersedes,
-                                   size_t sizes[THAW_PART_COUNT]);
 
 /* Starts reading key's disk entry into memory while its request waits for
  * a slot (any thread). Counts a prefetch when it did. */
@@ -192,7 +166,7 @@ void thaw_kvcache_prefetch(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BY
  * nonzero (nothing to fetch, tier off or failing, queue full): go on at
  * once, done is not called. Any thread. */
 int thaw_kvcache_fetch_shared(struct thaw_kvcache *c, const uint8_t *key, const uint8_t ns[THAW_KEY_BYTES],
-                              const llama_token *prompt, int n_prompt, void (*done)(void *ud), void *ud);
+                              const thaw_token *prompt, int n_prompt, void (*done)(void *ud), void *ud);
 
 /* A store of key is coming (the engine derived it from a reply it is about
  * to send): until it lands, no shared-tier fetch goes after key. Any

@@ -35,7 +35,7 @@ static const char SNAP_TAG[] = "thaw-snap-v1";
 /* ---- ids and format ---------------------------------------------------------- */
 
 void thaw_snapshots_id(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const uint8_t *prev,
-                       const llama_token *toks, uint32_t p, uint8_t out[THAW_KEY_BYTES])
+                       const thaw_token *toks, uint32_t p, uint8_t out[THAW_KEY_BYTES])
 {
     static const uint8_t zero[THAW_KEY_BYTES];
     uint32_t a = block_tokens ? p / block_tokens * block_tokens : 0;
@@ -153,11 +153,15 @@ static int cmp_at(const void *x, const void *y)
     return a->p < b->p ? -1 : a->p > b->p;
 }
 
-int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                         uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
-                         const void *ckpt, size_t n_ckpt, void **manifest, size_t *n_manifest,
-                         struct thaw_snapshot_pending *defer, struct thaw_blocks_stats *st)
+int thaw_snapshots_store(const struct thaw_blocks_store_params *p, const void *ckpt, size_t n_ckpt, void **manifest,
+                         size_t *n_manifest, struct thaw_snapshot_pending *defer, struct thaw_blocks_stats *st)
 {
+    struct thaw_disk_cache *c = p->disk;
+    struct thaw_ram_cache *ram = p->ram;
+    const uint8_t *binding = p->binding;
+    const uint32_t block_tokens = p->block_tokens;
+    const thaw_token *toks = p->toks;
+    const int n = p->n;
     struct thaw_blocks_stats local = {0}, bst = {0};
     struct thaw_kvlayout *l = NULL;
     struct thaw_ckpt_list ckl = {0};
@@ -175,7 +179,9 @@ int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
     memset(st, 0, sizeof *st);
     if (n <= 0 || block_tokens == 0)
         return THAW_EINVAL;
-    if ((rc = thaw_kvlayout_parse(state, n_state, &l)) != 0)
+    if (p->src)
+        return THAW_EINVAL; /* a capture only: the recurrent state is in no source */
+    if ((rc = thaw_kvlayout_parse(p->state, p->n_state, &l)) != 0)
         return rc == THAW_ECORRUPT ? THAW_ELAYOUT : rc;
     if (!thaw_kvlayout_recurrent(l) || thaw_kvlayout_n_cells(l) != (uint32_t)n) {
         rc = THAW_ELAYOUT;
@@ -255,7 +261,9 @@ int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
         .snaps = (const uint8_t(*)[THAW_KEY_BYTES])sids,
         .n_snaps = n_at,
     };
-    rc = thaw_blocks_store_src(c, ram, binding, block_tokens, toks, n, &src, manifest, n_manifest, &bst);
+    struct thaw_blocks_store_params bp = *p;
+    bp.src = &src;
+    rc = thaw_blocks_store(&bp, manifest, n_manifest, &bst);
     st->written += bst.written;
     st->skipped += bst.skipped;
     st->dropped += bst.dropped;
@@ -316,10 +324,10 @@ int thaw_snapshots_load(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, c
         return rc;
     if (!m.n_snaps)
         return THAW_EINVAL; /* blocks.h's: thaw_blocks_load */
-    llama_token *tokens = malloc((size_t)m.n_tokens * sizeof(llama_token)); /* aligned */
+    thaw_token *tokens = malloc((size_t)m.n_tokens * sizeof(thaw_token)); /* aligned */
     if (!tokens)
         return THAW_ENOMEM;
-    memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(llama_token));
+    memcpy(tokens, m.tokens, (size_t)m.n_tokens * sizeof(thaw_token));
     /* the blocks, then the tail and the recurrent state: the last snapshot's */
     rc = thaw_tiers_fetch(c, ram, m.snaps + (size_t)(m.n_snaps - 1) * THAW_KEY_BYTES, &snap, &n_snap);
     if (rc == 0 && (thaw_snapshots_parse(snap, n_snap, &sv) != 0 || sv.n_tokens != m.n_tokens ||
@@ -374,7 +382,7 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
                 ck->size = 8 + v.rec_size;
                 ck->n_tokens = (int)v.n_tokens;
                 ck->pos_min = 0;
-                ck->pos_max = (llama_pos)v.n_tokens - 1;
+                ck->pos_max = (int32_t)v.n_tokens - 1;
                 ck->flags = THAW_CKPT_SNAPSHOT; /* stored: later manifests name it too */
                 l.n++;
             }
@@ -387,10 +395,14 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
     return rc == 0 ? 0 : rc == THAW_ENOMEM ? rc : THAW_ENOTFOUND;
 }
 
-int thaw_snapshots_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
-                          struct thaw_blocks_state *out)
+int thaw_snapshots_prefix(const struct thaw_blocks_prefix_params *pp, struct thaw_blocks_state *out)
 {
+    struct thaw_disk_cache *c = pp->disk;
+    struct thaw_ram_cache *ram = pp->ram;
+    const uint8_t *binding = pp->binding;
+    const uint32_t block_tokens = pp->block_tokens;
+    const thaw_token *toks = pp->toks;
+    const int n = pp->n;
     uint8_t(*bids)[THAW_KEY_BYTES] = NULL;
     uint8_t sid[THAW_KEY_BYTES];
     int rc = THAW_ENOTFOUND;
@@ -427,7 +439,7 @@ int thaw_snapshots_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram,
             continue;
         }
         rc = thaw_blocks_load_at(c, ram, binding, block_tokens, toks, (int)p, v.tail, v.tail_size, v.rec, v.rec_size,
-                                 f, out);
+                                 pp->frame, out);
         thaw_blob_unref(snap);
         if (rc == 0 || (rc != THAW_ENOTFOUND && rc != THAW_ECORRUPT))
             break;

@@ -68,19 +68,19 @@
 #define THAW_SNAPSHOTS_H
 
 #include "base/key.h"
+#include "base/token.h"
 #include "cache/blocks.h"
 #include "cache/cache_disk.h"
 #include "cache/cache_ram.h"
 #include "llama/kvlayout.h"
 
-#include <llama.h>
 #include <stddef.h>
 #include <stdint.h>
 
 /* The id of the snapshot at p (1 <= p): prev is the id of block p/B - 1
  * (NULL when p < B), toks the conversation's tokens (at least p). */
 void thaw_snapshots_id(const uint8_t binding[THAW_KEY_BYTES], uint32_t block_tokens, const uint8_t *prev,
-                       const llama_token *toks, uint32_t p, uint8_t out[THAW_KEY_BYTES]);
+                       const thaw_token *toks, uint32_t p, uint8_t out[THAW_KEY_BYTES]);
 
 /* 1 if blob starts like a snapshot (magic), else 0. */
 int thaw_snapshots_is(const void *blob, size_t n);
@@ -106,23 +106,22 @@ struct thaw_snapshot_pending {
     int64_t since_us;           /* when it was kept (the caller's clock, for --kv-snapshot-idle) */
 };
 
-/* Stores a hybrid model's capture as blocks and snapshots: the state of
- * toks[0, n) (state, n_state: llama_state_seq_get_data output) and the
- * slot's checkpoints (ckpt, n_ckpt: a .ckpt blob, kvstate.h; may be empty)
- * each at or below n become snapshots (those the disk lacks are submitted),
- * the state's own end the last one; then the blocks and the manifest,
- * which names the snapshots (thaw_blocks_store_src). On 0 the manifest's
- * blocks and snapshots are held as thaw_blocks_store holds its blocks.
- * defer (NULL: write it now, as the others): the end's snapshot, when the
- * disk lacks it, is built but not submitted; *defer takes it (defer->blob
- * NULL when there was nothing to write; since_us is left 0), and the
- * manifest still names it. Returns 0, THAW_ELAYOUT (not a hybrid layout:
- * use thaw_blocks_store), THAW_ECORRUPT (a bad .ckpt blob), or
- * thaw_blocks_store's errors (then *defer is empty). */
-int thaw_snapshots_store(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                         uint32_t block_tokens, const llama_token *toks, int n, const void *state, size_t n_state,
-                         const void *ckpt, size_t n_ckpt, void **manifest, size_t *n_manifest,
-                         struct thaw_snapshot_pending *defer, struct thaw_blocks_stats *st);
+/* Stores a hybrid model's capture as blocks and snapshots: the capture
+ * p->state of p->toks[0, n) (p->src must be NULL: a source holds no
+ * recurrent state) and the slot's checkpoints (ckpt, n_ckpt: a .ckpt blob,
+ * kvstate.h; may be empty) each at or below n become snapshots (those the
+ * disk lacks are submitted), the state's own end the last one; then the
+ * blocks and the manifest, which names the snapshots (thaw_blocks_store).
+ * On 0 the manifest's blocks and snapshots are held as thaw_blocks_store
+ * holds its blocks. defer (NULL: write it now, as the others): the end's
+ * snapshot, when the disk lacks it, is built but not submitted; *defer
+ * takes it (defer->blob NULL when there was nothing to write; since_us is
+ * left 0), and the manifest still names it. Returns 0, THAW_ELAYOUT (not
+ * a hybrid layout: use thaw_blocks_store), THAW_ECORRUPT (a bad .ckpt
+ * blob), THAW_EINVAL (a source), or thaw_blocks_store's errors (then
+ * *defer is empty). */
+int thaw_snapshots_store(const struct thaw_blocks_store_params *p, const void *ckpt, size_t n_ckpt, void **manifest,
+                         size_t *n_manifest, struct thaw_snapshot_pending *defer, struct thaw_blocks_stats *st);
 
 /* Writes a pending snapshot: submitted to the disk writer unless the disk
  * holds it already; *pd is empty afterwards either way. *n_written (may be
@@ -157,11 +156,9 @@ int thaw_snapshots_ckpts(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, 
                          size_t n_manifest, int32_t seq_id, void **ckpt, size_t *n_ckpt);
 
 /* Prefix lookup for a hybrid: the deepest snapshot at p <= n - 1 of toks
- * the disk holds, with blocks 0 .. p/B - 1, assembled for frame f.
- * Returns 0 (out->n_tokens = p), THAW_ENOTFOUND, or an error as
- * thaw_blocks_load. */
-int thaw_snapshots_prefix(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t binding[THAW_KEY_BYTES],
-                          uint32_t block_tokens, const llama_token *toks, int n, const struct thaw_kvlayout_frame *f,
-                          struct thaw_blocks_state *out);
+ * the disk holds, with blocks 0 .. p/B - 1, assembled for the frame
+ * (p->n_window is not used). Returns 0 (out->n_tokens = p),
+ * THAW_ENOTFOUND, or an error as thaw_blocks_load. */
+int thaw_snapshots_prefix(const struct thaw_blocks_prefix_params *p, struct thaw_blocks_state *out);
 
 #endif

@@ -687,8 +687,16 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
                 goto error;
             }
     }
-    struct thaw_slotkv_params skp = {cfg, e->ctx, e->tap, e->tap_verify, e->draft, e->n_swa, e->recurrent, {0},
-                                     metrics};
+    struct thaw_slotkv_params skp = {
+        .cfg = cfg,
+        .ctx = e->ctx,
+        .tap = e->tap,
+        .tap_verify = e->tap_verify,
+        .draft = e->draft,
+        .n_swa = e->n_swa,
+        .recurrent = e->recurrent,
+        .metrics = metrics,
+    };
     memcpy(skp.identity, e->identity, THAW_KEY_BYTES);
     if ((rc = thaw_slotkv_new(&skp, &e->skv)) != 0)
         goto error;

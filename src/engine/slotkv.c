@@ -6,8 +6,10 @@
  *   ---- cutting back ----              removal, rollback (checkpoints for SWA /
  *                                       recurrent memory)
  *   ---- from and to the cache tiers ---- install a cached state, the lookup
- *                                       (slot, then the tiers), the store (the
- *                                       draft's part; the rest kvcache.c's)
+ *                                       (slot, then the tiers), the store: the
+ *                                       tap as a source of blocks (blocks.h),
+ *                                       else a capture, with the checkpoints and
+ *                                       the draft's state, handed to kvcache.c
  */
 #include "engine/slotkv.h"
 
@@ -302,8 +304,8 @@ static void count_lookup(struct thaw_metrics *m, const char *source)
  * afterwards. */
 int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past)
 {
-    struct install_ctx ic = {k, s, t, n_past};
-    const struct thaw_kvcache_sink sink = {install_cb, undo_cb, &ic, s->id};
+    struct install_ctx ic = {.k = k, .s = s, .t = t, .n_past = n_past};
+    const struct thaw_kvcache_sink sink = {.install = install_cb, .undo = undo_cb, .ud = &ic, .slot_id = s->id};
 
     int got = n_past;
     if (t->has_lookup_key) {
@@ -346,9 +348,132 @@ int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct
     return got;
 }
 
-static int ckpts_cb(void *ud, void **data, size_t *size)
+/* The tap as a store's source (blocks.h) for one sequence. */
+struct tap_ud {
+    struct thaw_kvtap *tap;
+    llama_seq_id seq;
+};
+
+static size_t tap_size(const void *ud, uint32_t a, uint32_t b)
 {
-    return thaw_ckpt_serialize(&((struct thaw_slot *)ud)->ckpts, data, size);
+    return thaw_kvtap_block_size(((const struct tap_ud *)ud)->tap, a, b);
+}
+
+static int tap_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_cut(u->tap, u->seq, a, b, dst, cap);
+}
+
+static int tap_known(const void *ud, uint32_t a, uint32_t b)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_known(u->tap, u->seq, a, b);
+}
+
+static size_t tap_swa_size(const void *ud, uint32_t a, uint32_t b)
+{
+    return thaw_kvtap_swa_block_size(((const struct tap_ud *)ud)->tap, a, b);
+}
+
+static int tap_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, size_t cap)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_swa_cut(u->tap, u->seq, a, b, dst, cap);
+}
+
+static int tap_swa_known(const void *ud, uint32_t a, uint32_t b)
+{
+    const struct tap_ud *u = ud;
+    return thaw_kvtap_swa_known(u->tap, u->seq, a, b);
+}
+
+static void drop_parts(struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        thaw_blob_unref(parts[p].data);
+    memset(parts, 0, THAW_PART_COUNT * sizeof *parts);
+}
+
+/* The one store path of the slot's sequence: the blocks cut from the tap
+ * when it and the disk's blocks are on and it knows the cells (counted as
+ * stores_cut), else a capture of the sequence (stores_captured when the
+ * tap was tried), with the checkpoints when they are needed, handed to
+ * the tiers (thaw_kvcache_store). parts[THAW_PART_DFT] may hold the
+ * draft's state (taken); the others must be empty. sizes gets each part's
+ * bytes as handed over (sizes[KV] 0: blocks cut from the tap). Returns
+ * the tiers it went to, or NULL when the capture failed (logged; nothing
+ * stored, the parts dropped). */
+static const char *store_seq(struct thaw_slotkv *k, struct thaw_slot *s, const uint8_t *supersedes,
+                             struct thaw_part_blob parts[THAW_PART_COUNT], size_t sizes[THAW_PART_COUNT])
+{
+    struct thaw_kvcache_store_params sp = {
+        .slot_id = s->id,
+        .key = s->store_key,
+        .ns = s->ns,
+        .supersedes = supersedes,
+        .n_tokens = s->n_tokens,
+        .toks = s->tokens,
+    };
+    const char *where = NULL;
+    char hex[17];
+    int rc;
+
+    thaw_keys_short(s->store_key, hex);
+    /* cut from the tap with SWA rows, the blocks hold every position's
+     * window rows: a restore rebuilds the window at any boundary and the
+     * checkpoints (a window each) are not stored (DESIGN §12); they stay
+     * the slot's, for its own rollbacks */
+    bool cut = k->tap && thaw_kvtap_ready(k->tap) && thaw_kvcache_cuts_blocks(k->kv);
+    bool swa_rows = cut && thaw_kvtap_has_swa(k->tap);
+    if (k->partial && !swa_rows &&
+        (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)
+        goto fail;
+    /* the blocks straight from the cache's memory: as much work on a 16k
+     * history as on a 2k one (kvtap.h) */
+    if (cut) {
+        if (k->tap_verify)
+            (void)thaw_kvtap_verify(k->tap, k->ctx, s->id, s->n_tokens, thaw_kvcache_block_tokens(k->kv));
+        struct thaw_blocks_src src = {
+            .n_cells = (uint32_t)s->n_tokens,
+            .size = tap_size,
+            .cut = tap_cut,
+            .known = tap_known,
+            .ud = &(struct tap_ud){k->tap, s->id},
+        };
+        if (swa_rows) {
+            /* the SWA rows the tap took as they were written (DESIGN §12) */
+            src.swa_size = tap_swa_size;
+            src.swa_cut = tap_swa_cut;
+            src.swa_known = tap_swa_known;
+            src.n_window = (uint32_t)k->n_swa;
+        }
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            sizes[p] = parts[p].size;
+        sp.src = &src;
+        where = thaw_kvcache_store(k->kv, &sp, parts);
+        sp.src = NULL;
+        atomic_fetch_add(where ? &k->metrics->stores_cut : &k->metrics->stores_captured, 1);
+    }
+    if (!where) {
+        /* a capture: its manifest may have to carry the window, and then
+         * the checkpoints go too (the tiers drop them when they need not) */
+        if (k->partial && swa_rows &&
+            (rc = thaw_ckpt_serialize(&s->ckpts, &parts[THAW_PART_CKPT].data, &parts[THAW_PART_CKPT].size)) != 0)
+            goto fail;
+        if ((rc = thaw_kvstate_capture_reuse(k->ctx, s->id, s->tokens, s->n_tokens, &k->capture, &k->capture_cap,
+                                             &parts[THAW_PART_KV].data, &parts[THAW_PART_KV].size)) != 0)
+            goto fail;
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            sizes[p] = parts[p].size;
+        where = thaw_kvcache_store(k->kv, &sp, parts);
+    }
+    return where;
+
+fail:
+    LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
+    drop_parts(parts);
+    return NULL;
 }
 
 /* Serialises the slot's state (and its draft's) and hands it to the RAM
@@ -369,11 +494,8 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
         LOG_WRN("slot %d: draft state not stored with %s: the next turn prefills the draft", s->id, hex);
     const uint8_t *supersedes = s->has_prev_key ? s->prev_key : NULL;
     size_t sizes[THAW_PART_COUNT] = {0, 0, 0};
-    /* blocks cut from the tap, else a capture: kvcache.c's choice */
-    const struct thaw_kvcache_seq seq = {k->ctx,     k->tap,        k->tap_verify, (uint32_t)k->n_swa,
-                                         s->id,      s->tokens,     s->n_tokens,   &k->capture,
-                                         &k->capture_cap, k->partial ? ckpts_cb : NULL, s};
-    const char *where = thaw_kvcache_store_seq(k->kv, s->id, s->store_key, s->ns, &seq, parts, supersedes, sizes);
+    /* blocks cut from the tap, else a capture */
+    const char *where = store_seq(k, s, supersedes, parts, sizes);
     /* stored as generated, past where the next turn parts from it: a
      * hybrid's turn-end snapshot there would serve no prompt (the next
      * turn rolls back below it), so it is not kept for later either */

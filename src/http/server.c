@@ -4,12 +4,14 @@
  *   ---- auth ----          Bearer / x-api-key keys -> namespace
  *   ---- chat route ----    the route's codec parses, the engine answers, the codec replies (whole, or
  *                           streamed: stream.c frames it); the APIs are the codecs' (api/codec.h)
- *   ---- other routes ----  /v1/models, /health, /metrics, /cache, the page (/, /webui/)
+ *   ---- other routes ----  /v1/models, /health, /metrics, /cache, the page (/, /webui/); llama-server's
+ *                           /tokenize, /detokenize, /apply-template, /props (their bodies: api/api_llamaserver.h)
  *   ---- serve ----         start-up, signal wait, orderly shutdown
  */
 #include "http/server.h"
 
 #include "api/api.h"
+#include "api/api_llamaserver.h"
 #include "api/codec.h"
 #include "base/clock.h"
 #include "base/config.h"

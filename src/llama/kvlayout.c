@@ -30,6 +30,7 @@
 
 #include <ggml-backend.h>
 #include <ggml.h>
+#include <llama.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -77,10 +77,13 @@
 #ifndef THAW_KVLAYOUT_H
 #define THAW_KVLAYOUT_H
 
-#include <llama.h>
+#include "base/token.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+
+struct llama_context; /* llama.h */
+struct ggml_tensor;   /* ggml.h */
 
 #define THAW_KVLAYOUT_BLOCK_VERSION 1
 
@@ -312,6 +315,6 @@ void thaw_kvlayout_asm_free(struct thaw_kvlayout_asm *a);
  * entries only; `why` says why in one line), THAW_ELLAMA (a decode or state
  * call failed) or THAW_ENOMEM. `why` (n_why bytes, may be NULL) gets a
  * one-line reason on failure, "" on success. */
-int thaw_kvlayout_selftest(struct llama_context *ctx, llama_seq_id seq, char *why, size_t n_why);
+int thaw_kvlayout_selftest(struct llama_context *ctx, thaw_seq_id seq, char *why, size_t n_why);
 
 #endif

@@ -4,6 +4,7 @@
 #include "base/blob.h"
 #include "base/error.h"
 
+#include <llama.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>

@@ -21,16 +21,18 @@
 #ifndef THAW_KVSTATE_H
 #define THAW_KVSTATE_H
 
-#include <llama.h>
+#include "base/token.h"
 #include <stddef.h>
 #include <stdint.h>
+
+struct llama_context; /* llama.h */
 
 /* ---- .kv ---- */
 
 /* Serialises seq's state with its token list into a blob (blob.h: the
  * caller drops it with thaw_blob_unref).
  * Returns 0, THAW_ENOMEM or THAW_ELLAMA (the state could not be read). */
-int thaw_kvstate_capture(struct llama_context *ctx, llama_seq_id seq, const llama_token *tokens, int n_tokens,
+int thaw_kvstate_capture(struct llama_context *ctx, thaw_seq_id seq, const thaw_token *tokens, int n_tokens,
                          void **out, size_t *n_out);
 
 /* thaw_kvstate_capture into the caller's kept buffer *keep (a blob of
@@ -40,11 +42,11 @@ int thaw_kvstate_capture(struct llama_context *ctx, llama_seq_id seq, const llam
  * was written before spares the page faults of fresh memory, which cost
  * several times the copy itself (measured: 128 MiB of state, 190 ms into
  * fresh pages, 20-25 ms into touched ones). */
-int thaw_kvstate_capture_reuse(struct llama_context *ctx, llama_seq_id seq, const llama_token *tokens, int n_tokens,
+int thaw_kvstate_capture_reuse(struct llama_context *ctx, thaw_seq_id seq, const thaw_token *tokens, int n_tokens,
                                void **keep, size_t *keep_cap, void **out, size_t *n_out);
 
 struct thaw_kvstate_view {
-    const llama_token *tokens; /* points into the blob */
+    const thaw_token *tokens; /* points into the blob */
     int n_tokens;
     const void *state;         /* points into the blob */
     size_t n_state;
@@ -61,11 +63,11 @@ int thaw_kvstate_parse(const void *blob, size_t n, struct thaw_kvstate_view *v);
  * them (header and tokens) at blob: for a state built in place after them
  * (blocks.c) rather than captured. */
 size_t thaw_kvstate_head_size(int n_tokens);
-void thaw_kvstate_write_head(void *blob, const llama_token *tokens, int n_tokens, size_t n_state);
+void thaw_kvstate_write_head(void *blob, const thaw_token *tokens, int n_tokens, size_t n_state);
 
 /* Installs the state into seq (cleared first). Returns 0 or THAW_ELLAMA
  * (the seq is then empty). */
-int thaw_kvstate_restore(struct llama_context *ctx, llama_seq_id seq, const struct thaw_kvstate_view *v);
+int thaw_kvstate_restore(struct llama_context *ctx, thaw_seq_id seq, const struct thaw_kvstate_view *v);
 
 /* Bytes of whole states thaw_kvstate_capture* read out of a context and
  * thaw_kvstate_restore installed, since the start, over every context:
@@ -77,7 +79,7 @@ void thaw_kvstate_io_bytes(uint64_t *out, uint64_t *in);
 
 struct thaw_ckpt {
     int n_tokens;       /* tokens in the sequence when taken */
-    llama_pos pos_min, pos_max; /* positions its (partial) state covers */
+    int32_t pos_min, pos_max; /* positions its (partial) state covers (llama_pos) */
     void *data;         /* malloc'd, owned by the list */
     size_t size;
     uint32_t flags;     /* THAW_CKPT_SNAPSHOT: taken where a hybrid stores a snapshot (snapshots.h) */
@@ -92,11 +94,11 @@ struct thaw_ckpt_list {
 /* Takes a checkpoint of seq (its SWA / recurrent part) holding n_tokens and
  * appends it, dropping the oldest beyond `max_keep` (and any at >= n_tokens).
  * Returns 0, THAW_ENOMEM or THAW_ELLAMA. */
-int thaw_ckpt_take(struct thaw_ckpt_list *l, struct llama_context *ctx, llama_seq_id seq, int n_tokens, int max_keep);
+int thaw_ckpt_take(struct thaw_ckpt_list *l, struct llama_context *ctx, thaw_seq_id seq, int n_tokens, int max_keep);
 
 /* Installs checkpoint c into seq's partial (SWA / recurrent) memory.
  * Returns 0 or THAW_ELLAMA. */
-int thaw_ckpt_restore(const struct thaw_ckpt *c, struct llama_context *ctx, llama_seq_id seq);
+int thaw_ckpt_restore(const struct thaw_ckpt *c, struct llama_context *ctx, thaw_seq_id seq);
 
 /* Drops checkpoints taken at more than n_tokens. */
 void thaw_ckpt_truncate(struct thaw_ckpt_list *l, int n_tokens);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "api/api.h"
+#include "api/api_llamaserver.h"
 #include "base/error.h"
 
 static int parse(const char *body, struct thaw_chat_request *r, char *err)

@@ -170,7 +170,9 @@ static void store(struct thaw_disk_cache *c, const llama_token *t, int n, const 
     llama_memory_seq_rm(llama_get_memory(g_ctx), 0, -1, -1);
     free(decode(0, t, 0, n));
     uint8_t *s = state_of(0, &n_state);
-    assert_int_equal(thaw_blocks_store(c, NULL, g_binding, B, t, n, s, n_state, &man, &n_man, st), 0);
+    assert_int_equal(thaw_blocks_store(&(struct thaw_blocks_store_params){.disk = c, .binding = g_binding, .block_tokens = B, .toks = t,
+                                                              .n = n, .state = s, .n_state = n_state},
+                                       &man, &n_man, st), 0);
     assert_true(thaw_manifest_is(man, n_man));
     /* its blocks are written and nothing names them yet, but they are held
      * (blocks.h): a pass with no grace takes none */
@@ -214,6 +216,15 @@ static int count_files(const char *suffix)
              strcmp(de->d_name + strlen(de->d_name) - strlen(suffix), suffix) == 0;
     closedir(d);
     return n;
+}
+
+/* The prefix lookup of toks[0, n) under binding, for frame f (no window). */
+static int prefix(struct thaw_disk_cache *c, const uint8_t binding[32], const llama_token *toks, int n,
+                  const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out)
+{
+    const struct thaw_blocks_prefix_params p = {
+        .disk = c, .binding = binding, .block_tokens = B, .toks = toks, .n = n, .frame = f};
+    return thaw_blocks_prefix(&p, out);
 }
 
 static void test_store_restore_share_prefix(void **state)
@@ -287,7 +298,7 @@ static void test_store_restore_share_prefix(void **state)
 
     /* prefix lookup: a new prompt sharing 100 tokens finds 3 blocks (96) */
     tokens(probe, 150, 100, 3);
-    assert_int_equal(thaw_blocks_prefix(c, NULL, g_binding, B, probe, 150, &f, &bs), 0);
+    assert_int_equal(prefix(c, g_binding, probe, 150, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, 96);
     assert_int_equal(bs.n_blocks, 3);
     assert_int_equal(thaw_blocks_state_check(&bs), 0);
@@ -299,9 +310,9 @@ static void test_store_restore_share_prefix(void **state)
     thaw_blocks_state_free(&bs);
     /* another binding (model, tenant) shares nothing */
     uint8_t other[32] = {9};
-    assert_int_equal(thaw_blocks_prefix(c, NULL, other, B, probe, 150, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(prefix(c, other, probe, 150, &f, &bs), THAW_ENOTFOUND);
     /* a whole stored conversation as a prompt: all but the last block's worth */
-    assert_int_equal(thaw_blocks_prefix(c, NULL, g_binding, B, a, 200, &f, &bs), 0);
+    assert_int_equal(prefix(c, g_binding, a, 200, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, 192);
     thaw_blocks_state_free(&bs);
     thaw_disk_cache_close(c);
@@ -362,14 +373,14 @@ static void test_corrupt_block_is_a_miss(void **state)
     assert_int_equal(thaw_blocks_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
     thaw_disk_entry_release(e);
     /* the bad block is gone; the prefix run now ends before it */
-    assert_int_equal(thaw_blocks_prefix(c, NULL, g_binding, B, probe, 150, &f, &bs), 0);
+    assert_int_equal(prefix(c, g_binding, probe, 150, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, 64);
     thaw_blocks_state_free(&bs);
     corrupt_block(probe, 150, 0);
-    assert_int_equal(thaw_blocks_prefix(c, NULL, g_binding, B, probe, 150, &f, &bs), 0);
+    assert_int_equal(prefix(c, g_binding, probe, 150, &f, &bs), 0);
     assert_int_equal(thaw_blocks_state_check(&bs), THAW_ECORRUPT);
     thaw_blocks_state_free(&bs);
-    assert_int_equal(thaw_blocks_prefix(c, NULL, g_binding, B, probe, 150, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(prefix(c, g_binding, probe, 150, &f, &bs), THAW_ENOTFOUND);
     /* kvcache.c removes a manifest that misses; then its blocks go */
     assert_int_equal(thaw_disk_cache_remove(c, ka), 0);
     assert_int_equal(thaw_disk_cache_remove(c, kb), 0);
@@ -411,7 +422,9 @@ static uint32_t u32_at(const void *m, size_t off)
 static int store_manifest(struct thaw_disk_cache *c, const llama_token *t, int n, const struct thaw_blocks_src *src,
                           void **man, size_t *n_man)
 {
-    int rc = thaw_blocks_store_src(c, NULL, g_binding, B, t, n, src, man, n_man, NULL);
+    int rc = thaw_blocks_store(
+        &(struct thaw_blocks_store_params){.disk = c, .binding = g_binding, .block_tokens = B, .toks = t, .n = n, .src = src},
+        man, n_man, NULL);
     const uint8_t *ids;
     uint32_t n_ids;
     if (rc == 0 && thaw_manifest_ids(*man, *n_man, &ids, &n_ids) == 0)
@@ -442,8 +455,7 @@ static void test_manifest_versions(void **state)
     free(decode(0, t, 0, n));
     uint8_t *s = state_of(0, &n_state);
     assert_int_equal(thaw_kvlayout_parse(s, n_state, &l), 0);
-    struct thaw_blocks_src plain = {(uint32_t)n, lay_size, lay_cut, NULL, l, NULL, 0,
-                                    NULL, NULL, NULL, 0, NULL, 0};
+    struct thaw_blocks_src plain = {.n_cells = (uint32_t)n, .size = lay_size, .cut = lay_cut, .ud = l};
 
     /* version 1 without either: what a store wrote before both (the
      * reserved word 0); it names its blocks and no snapshot, and loads */
@@ -546,7 +558,7 @@ static void test_manifest_versions(void **state)
     struct thaw_blocks_src both = swa;
     both.snaps = (const uint8_t(*)[THAW_KEY_BYTES])sn;
     both.n_snaps = 2;
-    assert_int_equal(thaw_blocks_store_src(c, NULL, g_binding, B, t, n, &both, &man, &n_man, NULL), THAW_EINVAL);
+    assert_int_equal(store_manifest(c, t, n, &both, &man, &n_man), THAW_EINVAL);
     assert_null(man);
 
     thaw_kvlayout_free(l);

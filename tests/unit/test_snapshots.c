@@ -321,7 +321,9 @@ static void *store_ex(struct thaw_disk_cache *c, const llama_token *t, int n, co
     size_t n_state = llama_state_seq_get_size(g_ctx, 0);
     uint8_t *s = malloc(n_state);
     assert_int_equal(llama_state_seq_get_data(g_ctx, s, n_state, 0), n_state);
-    assert_int_equal(thaw_snapshots_store(c, NULL, g_binding, B, t, n, s, n_state, ckpt, n_ckpt, &man, n_man, defer, st), 0);
+    const struct thaw_blocks_store_params p = {
+        .disk = c, .binding = g_binding, .block_tokens = B, .toks = t, .n = n, .state = s, .n_state = n_state};
+    assert_int_equal(thaw_snapshots_store(&p, ckpt, n_ckpt, &man, n_man, defer, st), 0);
     assert_true(thaw_manifest_is(man, *n_man));
     const uint8_t *ids;
     uint32_t n_ids;
@@ -341,6 +343,15 @@ static void *store(struct thaw_disk_cache *c, const llama_token *t, int n, const
                    struct thaw_blocks_stats *st, size_t *n_man)
 {
     return store_ex(c, t, n, key, st, n_man, NULL);
+}
+
+/* The prefix lookup of toks[0, n) under binding, for frame f. */
+static int prefix(struct thaw_disk_cache *c, const uint8_t binding[32], const llama_token *toks, int n,
+                  const struct thaw_kvlayout_frame *f, struct thaw_blocks_state *out)
+{
+    const struct thaw_blocks_prefix_params p = {
+        .disk = c, .binding = binding, .block_tokens = B, .toks = toks, .n = n, .frame = f};
+    return thaw_snapshots_prefix(&p, out);
 }
 
 /* Installs st into seq 1; the next token must decode as `want`. */
@@ -449,7 +460,7 @@ static void test_store_places_and_restores(void **state)
     struct thaw_blocks_state bs;
     frame(1, &f);
     tokens(probe, 120, 80, 3);
-    assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, probe, 120, &f, &bs), 0);
+    assert_int_equal(prefix(c, g_binding, probe, 120, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, BRANCH);
     assert_int_equal(bs.n_blocks, 2);
     assert_int_equal(thaw_blocks_state_check(&bs), 0);
@@ -460,16 +471,16 @@ static void test_store_places_and_restores(void **state)
     /* a's whole conversation and one more token: at a's end */
     memcpy(whole, a, sizeof a);
     whole[N_A] = 5;
-    assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, whole, N_A + 1, &f, &bs), 0);
+    assert_int_equal(prefix(c, g_binding, whole, N_A + 1, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, N_A);
     assert_int_equal(thaw_blocks_state_check(&bs), 0);
     thaw_blocks_state_free(&bs);
     /* another binding shares nothing; a prompt that diverges before the
      * branch point has no snapshot to resume at */
     uint8_t other[32] = {9};
-    assert_int_equal(thaw_snapshots_prefix(c, NULL, other, B, probe, 120, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(prefix(c, other, probe, 120, &f, &bs), THAW_ENOTFOUND);
     tokens(probe, 120, 60, 4);
-    assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, probe, 120, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(prefix(c, g_binding, probe, 120, &f, &bs), THAW_ENOTFOUND);
     thaw_disk_cache_close(c);
 }
 
@@ -505,7 +516,7 @@ static void test_damaged_snapshot_falls_back_and_gc(void **state)
     fseek(fp, 100, SEEK_SET);
     fputc(ch ^ 0x55, fp);
     fclose(fp);
-    assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, whole, N_A + 1, &f, &bs), 0);
+    assert_int_equal(prefix(c, g_binding, whole, N_A + 1, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, BRANCH);
     assert_int_equal(thaw_blocks_state_check(&bs), 0);
     float *want = reference(whole, BRANCH);
@@ -530,7 +541,7 @@ static void test_damaged_snapshot_falls_back_and_gc(void **state)
     assert_int_equal(thaw_disk_cache_remove(c, ka), 0);
     assert_int_equal(thaw_disk_cache_evict(c), N_A / B - 2);
     assert_true(thaw_disk_cache_has(c, s70));
-    assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, whole, N_A + 1, &f, &bs), 0);
+    assert_int_equal(prefix(c, g_binding, whole, N_A + 1, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, BRANCH);
     thaw_blocks_state_free(&bs);
     /* and with b's, everything */
@@ -540,7 +551,7 @@ static void test_damaged_snapshot_falls_back_and_gc(void **state)
     thaw_disk_cache_get_stats(c, &s);
     assert_int_equal(s.entries, 0);
     assert_int_equal(count_files(".kv"), 0);
-    assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, whole, N_A + 1, &f, &bs), THAW_ENOTFOUND);
+    assert_int_equal(prefix(c, g_binding, whole, N_A + 1, &f, &bs), THAW_ENOTFOUND);
     thaw_disk_cache_close(c);
 }
 
@@ -578,7 +589,7 @@ static void test_turn_end_kept_until_flushed(void **state)
     assert_int_equal(n_snaps, 2);
     assert_memory_equal(snaps + 32, s150, 32); /* named all the same */
     assert_int_equal(thaw_snapshots_load(c, NULL, man, n_man, &f, &bs), THAW_ENOTFOUND);
-    assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, whole, N_A + 1, &f, &bs), 0);
+    assert_int_equal(prefix(c, g_binding, whole, N_A + 1, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, BRANCH);
     thaw_blocks_state_free(&bs);
 
@@ -602,7 +613,7 @@ static void test_turn_end_kept_until_flushed(void **state)
     restore_and_check(&bs, next, want);
     free(want);
     thaw_blocks_state_free(&bs);
-    assert_int_equal(thaw_snapshots_prefix(c, NULL, g_binding, B, whole, N_A + 1, &f, &bs), 0);
+    assert_int_equal(prefix(c, g_binding, whole, N_A + 1, &f, &bs), 0);
     assert_int_equal(bs.n_tokens, N_A);
     thaw_blocks_state_free(&bs);
     /* flushing again, or one the disk holds: nothing written */
