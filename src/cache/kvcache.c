@@ -9,7 +9,9 @@
  *   ---- lookup ----        RAM, the disk writer's queue, then disk with the .kv
  *                           verified alongside; a manifest's blocks (and a
  *                           hybrid's last snapshot) assembled for the slot;
- *                           the prefix lookup
+ *                           the prefix lookup; a hit handed to the caller,
+ *                           who installs it and ends it (checksums waited
+ *                           for, a bad entry removed, the restore counted)
  *   ---- store ----         fan-out, what RAM keeps; a capture cut into blocks,
  *                           or the blocks of the engine's source (thaw_kvcache_store)
  *   ---- metrics ----       prefetch, the shared tier's fetches, the tiers' gauges
@@ -422,197 +424,247 @@ bool thaw_kvcache_enabled(const struct thaw_kvcache *c)
 /* ---- lookup
  * ------------------------------------------------------------------------ */
 
-struct verify_job {
-    struct thaw_disk_cache *disk;
-    struct thaw_disk_entry *entry;
-    int rc;
+/* Where a hit's parts come from, and so what ending it releases and what
+ * a bad one removes. */
+enum held_kind {
+    HELD_RAM,     /* a RAM entry: references to its parts */
+    HELD_PENDING, /* a store the disk writer still holds: references */
+    HELD_DISK,    /* a disk entry: mapped, its .kv verified alongside */
+    HELD_PREFIX,  /* blocks of a prefix lookup */
+};
+
+struct thaw_kvcache_held {
+    enum held_kind kind;
+    uint8_t key[THAW_KEY_BYTES]; /* RAM, pending and disk hits' */
+    int slot_id, n_past;
+    int64_t t0, t_asm0, t_asm1, t_inst; /* lookup, assembly start and end, install end */
+    void *refs[THAW_PART_COUNT];        /* RAM and pending hits' references */
+    struct thaw_disk_entry *de;         /* a disk hit's */
+    struct thaw_job vj;                 /* its .kv's checksum, on a worker */
+    struct thaw_disk_cache *vdisk;
+    int vrc;
+    bool verifying;
+    bool has_bs; /* a manifest's blocks (or a prefix's) were assembled into bs */
+    struct thaw_blocks_state bs;
+    void *snap_ckpt; /* a hybrid's snapshots standing in for the .ckpt */
+    uint32_t block_tokens;
+    bool snapshot; /* a prefix hit ending at a hybrid's snapshot */
 };
 
 static void verify_main(void *arg)
 {
-    struct verify_job *j = arg;
+    struct thaw_kvcache_held *k = arg;
 
-    j->rc = thaw_disk_entry_verify(j->disk, j->entry);
+    k->vrc = thaw_disk_entry_verify(k->vdisk, k->de);
 }
 
-/* Installs parts through the sink; a manifest's blocks are read and
- * assembled for the sink's slot first. */
-static int install_parts(struct thaw_kvcache *c, const struct thaw_part_blob parts[THAW_PART_COUNT],
-                         const struct thaw_kvcache_sink *sink)
+/* A manifest in parts: its blocks (and a hybrid's last snapshot) read and
+ * assembled for the slot into k->bs, which the hit's parts then name; a
+ * whole state: the parts as they are. Returns 0 or an error (a block is
+ * gone: THAW_ECORRUPT, this manifest is no use). */
+static int assemble(struct thaw_kvcache *c, struct thaw_kvcache_held *k, const struct thaw_part_blob in[THAW_PART_COUNT],
+                    struct thaw_part_blob out[THAW_PART_COUNT])
 {
-    if (!c->disk || !thaw_manifest_is(parts[THAW_PART_KV].data, parts[THAW_PART_KV].size))
-        return sink->install(sink->ud, parts);
-    struct thaw_kvlayout_frame f = {
-        .seq_id = sink->slot_id, .n_stream = c->n_stream, .stream = (uint32_t)sink->slot_id};
-    struct thaw_blocks_state bs;
-    int64_t t0 = thaw_now_us();
-    flush_named(c, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size);
-    /* a hybrid's manifest names snapshots: the last one ends the state */
-    const void *man = parts[THAW_PART_KV].data;
-    size_t n_man = parts[THAW_PART_KV].size;
+    memcpy(out, in, sizeof(struct thaw_part_blob) * THAW_PART_COUNT);
+    if (!c->disk || !thaw_manifest_is(in[THAW_PART_KV].data, in[THAW_PART_KV].size))
+        return 0;
+    struct thaw_kvlayout_frame f = {.seq_id = k->slot_id, .n_stream = c->n_stream, .stream = (uint32_t)k->slot_id};
+    const void *man = in[THAW_PART_KV].data;
+    size_t n_man = in[THAW_PART_KV].size;
     const uint8_t *snaps;
     uint32_t n_snaps = 0;
+
+    k->t_asm0 = thaw_now_us();
+    flush_named(c, man, n_man);
+    /* a hybrid's manifest names snapshots: the last one ends the state */
     int rc = thaw_manifest_snaps(man, n_man, &snaps, &n_snaps);
     if (rc == 0 && n_snaps)
-        rc = thaw_snapshots_load(c->disk, c->ram, man, n_man, &f, &bs);
+        rc = thaw_snapshots_load(c->disk, c->ram, man, n_man, &f, &k->bs);
     else if (rc == 0)
-        rc = thaw_blocks_load(c->disk, c->ram, man, n_man, &f, &bs);
+        rc = thaw_blocks_load(c->disk, c->ram, man, n_man, &f, &k->bs);
     if (rc != 0)
-        return rc == THAW_ENOTFOUND ? THAW_ECORRUPT : rc; /* a block is gone: this manifest is no use */
-    int64_t t1 = thaw_now_us();
-    struct thaw_part_blob whole[THAW_PART_COUNT] = {{bs.kv, bs.n_kv}, parts[THAW_PART_CKPT], parts[THAW_PART_DFT]};
-    void *snap_ckpt = NULL; /* a hybrid's disk copy: its snapshots stand in for the .ckpt */
-    if (!whole[THAW_PART_CKPT].data &&
-        thaw_snapshots_ckpts(c->disk, c->ram, parts[THAW_PART_KV].data, parts[THAW_PART_KV].size, f.seq_id, &snap_ckpt,
-                             &whole[THAW_PART_CKPT].size) == 0)
-        whole[THAW_PART_CKPT].data = snap_ckpt;
-    rc = sink->install(sink->ud, whole);
-    thaw_blob_unref(snap_ckpt);
-    int64_t t2 = thaw_now_us();
-    /* the blocks' checksums ran alongside: a bad one undoes the install */
-    if (thaw_blocks_state_check(&bs) != 0) {
-        if (rc >= 0)
-            sink->undo(sink->ud);
-        rc = THAW_ECORRUPT;
-    }
-    LOG_DBG("slot %d: %.1f MiB of state, %d blocks read from files: assembled in %.1f ms, installed in %.1f ms, "
-            "checksums waited for %.1f ms",
-            sink->slot_id, (double)bs.n_kv / 1048576.0, bs.n_blocks, (double)(t1 - t0) / 1000.0,
-            (double)(t2 - t1) / 1000.0, (double)(thaw_now_us() - t2) / 1000.0);
-    thaw_blocks_state_free(&bs);
-    return rc;
+        return rc == THAW_ENOTFOUND ? THAW_ECORRUPT : rc;
+    k->has_bs = true;
+    k->t_asm1 = thaw_now_us();
+    out[THAW_PART_KV] = (struct thaw_part_blob){k->bs.kv, k->bs.n_kv};
+    if (!out[THAW_PART_CKPT].data &&
+        thaw_snapshots_ckpts(c->disk, c->ram, man, n_man, f.seq_id, &k->snap_ckpt, &out[THAW_PART_CKPT].size) == 0)
+        out[THAW_PART_CKPT].data = k->snap_ckpt;
+    return 0;
 }
 
-/* A disk hit: install while the .kv checksum runs on the other core; a
- * mismatch undoes the install before any decode. Returns as lookup_disk. */
-static int install_disk(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], struct thaw_disk_entry *de,
-                        const struct thaw_kvcache_sink *sink)
+static struct thaw_kvcache_held *held_new(enum held_kind kind, const uint8_t *key, int slot_id, int n_past)
 {
-    struct thaw_part_blob parts[THAW_PART_COUNT];
-    struct verify_job job = {c->disk, de, 0};
-    struct thaw_job vj;
-    char hex[17];
-    int got;
+    struct thaw_kvcache_held *k = calloc(1, sizeof(*k));
 
+    if (!k)
+        return NULL;
+    k->kind = kind;
+    if (key)
+        memcpy(k->key, key, THAW_KEY_BYTES);
+    k->slot_id = slot_id;
+    k->n_past = n_past;
+    k->t0 = thaw_now_us();
+    return k;
+}
+
+/* Waits for the checksums still running and releases what the hit held. */
+static void held_free(struct thaw_kvcache *c, struct thaw_kvcache_held *k)
+{
+    if (!k)
+        return;
+    if (k->verifying)
+        thaw_workers_wait(c->workers, &k->vj);
+    thaw_disk_entry_release(k->de);
+    if (k->has_bs)
+        thaw_blocks_state_free(&k->bs);
+    thaw_blob_unref(k->snap_ckpt);
     for (int p = 0; p < THAW_PART_COUNT; p++)
-        parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_part)p, &parts[p].size);
-    if (thaw_workers_submit(c->workers, &vj, verify_main, &job) == 0) {
-        got = install_parts(c, parts, sink);
-        thaw_workers_wait(c->workers, &vj); /* not started yet: verified here */
-    } else {
-        thaw_workers_wait(c->workers, &vj); /* no pool: check first, then install */
-        got = job.rc == 0 ? install_parts(c, parts, sink) : job.rc;
-    }
-    if (got >= 0 && job.rc != 0) {
-        sink->undo(sink->ud);
-        got = job.rc;
-    }
-    thaw_disk_entry_release(de);
-    thaw_keys_short(key, hex);
-    if (job.rc != 0) {
-        LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by "
-                "prefill",
-                sink->slot_id, hex);
-        return 0;
-    }
-    if (got < 0) {
-        LOG_WRN("slot %d: disk entry %s unusable (%s): removed, serving by prefill", sink->slot_id, hex,
-                thaw_strerror(got));
-        thaw_disk_cache_remove(c->disk, key);
-        return 0;
-    }
-    return got;
+        thaw_blob_unref(k->refs[p]);
+    free(k);
 }
 
-int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int n_past,
-                        const struct thaw_kvcache_sink *sink, const char **source, double *restore_ms)
+/* Removes the entry a bad or unusable hit came from. */
+static void held_remove(struct thaw_kvcache *c, const struct thaw_kvcache_held *k)
 {
-    const char *from = NULL;
+    if (k->kind == HELD_RAM) {
+        thaw_ram_cache_remove(c->ram, k->key);
+        ram_gauges(c);
+    } else if (k->kind == HELD_DISK) {
+        thaw_disk_cache_remove(c->disk, k->key);
+    }
+}
+
+static const char *held_what(const struct thaw_kvcache_held *k)
+{
+    static const char *const what[] = {"RAM entry", "queued store", "disk entry", "prefix blocks"};
+    return what[k->kind];
+}
+
+/* A found entry's parts (references taken or the entry's own mapping)
+ * assembled into the hit; a failure ends it as a miss, removing the entry.
+ * Returns as thaw_kvcache_find. */
+static int found(struct thaw_kvcache *c, struct thaw_kvcache_held *k, const struct thaw_part_blob in[THAW_PART_COUNT],
+                 const char *source, struct thaw_kvcache_hit *h)
+{
+    int rc = assemble(c, k, in, h->parts);
+
+    if (rc != 0) {
+        char hex[17];
+        thaw_keys_short(k->key, hex);
+        LOG_WRN("slot %d: %s %s unusable (%s): %s, serving by prefill", k->slot_id, held_what(k), hex,
+                thaw_strerror(rc), k->kind == HELD_PENDING ? "skipped" : "removed");
+        if (k->verifying) { /* a bad .kv removes itself (cache_disk.h) */
+            thaw_workers_wait(c->workers, &k->vj);
+            k->verifying = false;
+        }
+        held_remove(c, k);
+        held_free(c, k);
+        return THAW_ENOTFOUND;
+    }
+#ifdef THAW_HAVE_SHARED
+    /* fetched from the shared tier into the local one just before */
+    if (k->kind == HELD_DISK && thaw_shared_taken(c->shared, k->key))
+        source = "shared";
+#endif
+    h->source = source;
+    h->held = k;
+    return 0;
+}
+
+int thaw_kvcache_find(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int slot_id, int n_past,
+                      struct thaw_kvcache_hit *h)
+{
     char hex[17];
     int64_t t0 = thaw_now_us();
-    int got = n_past;
 
+    memset(h, 0, sizeof(*h));
     thaw_keys_short(key, hex);
     if (c->ram) {
         if (thaw_ram_cache_evict(c->ram, wall_s()) > 0)
             ram_gauges(c);
         const struct thaw_ram_entry *re = thaw_ram_cache_get(c->ram, key, wall_s());
         if (re) {
-            got = install_parts(c, re->parts, sink); /* a manifest: its blocks from RAM, else from disk */
-            if (got < 0) {
-                LOG_WRN("slot %d: RAM entry %s unusable (%s): dropped", sink->slot_id, hex, thaw_strerror(got));
-                thaw_ram_cache_remove(c->ram, key);
-                ram_gauges(c);
-                got = 0;
-            }
-            from = "ram";
-            goto out;
+            struct thaw_kvcache_held *k = held_new(HELD_RAM, key, slot_id, n_past);
+            if (!k)
+                return THAW_ENOTFOUND;
+            k->t0 = t0;
+            for (int p = 0; p < THAW_PART_COUNT; p++)
+                k->refs[p] = re->parts[p].data ? thaw_blob_ref(re->parts[p].data) : NULL;
+            /* a manifest: its blocks from RAM, else from disk */
+            return found(c, k, re->parts, "ram", h);
         }
     }
-    if (c->disk) {
-        struct thaw_disk_entry *de = NULL;
-        struct thaw_part_blob pend[THAW_PART_COUNT];
-        thaw_disk_cache_evict(c->disk);
-        /* A store still in the writer's queue: the turn that follows its
-         * reply at once would miss the files, which are not written yet.
-         * Checked before the index: a job leaves the queue only once its
-         * entry is committed. */
-        if (thaw_disk_cache_pending(c->disk, key, pend) == 0) {
-            got = install_parts(c, pend, sink);
+    if (!c->disk)
+        return THAW_ENOTFOUND;
+    struct thaw_part_blob pend[THAW_PART_COUNT];
+    thaw_disk_cache_evict(c->disk);
+    /* A store still in the writer's queue: the turn that follows its reply
+     * at once would miss the files, which are not written yet. Checked
+     * before the index: a job leaves the queue only once its entry is
+     * committed. */
+    if (thaw_disk_cache_pending(c->disk, key, pend) == 0) {
+        struct thaw_kvcache_held *k = held_new(HELD_PENDING, key, slot_id, n_past);
+        if (!k) {
             for (int p = 0; p < THAW_PART_COUNT; p++)
                 thaw_blob_unref(pend[p].data);
-            if (got < 0) {
-                LOG_WRN("slot %d: queued store %s unusable (%s): serving by prefill", sink->slot_id, hex,
-                        thaw_strerror(got));
-                got = 0;
-            } else {
-                LOG_DBG("slot %d: %s found in the disk writer's queue", sink->slot_id, hex);
-            }
-            from = "disk";
-            goto out;
+            return THAW_ENOTFOUND;
         }
-        int64_t t_lookup = thaw_now_us();
-        int rc = thaw_disk_cache_lookup_ex(c->disk, key, THAW_DISK_LOOKUP_DEFER_KV, &de);
-        LOG_DBG("slot %d: disk lookup %.2f ms (eviction %.2f ms)", sink->slot_id,
-                (double)(thaw_now_us() - t_lookup) / 1000.0, (double)(t_lookup - t0) / 1000.0);
-        if (rc == 0) {
-            got = install_disk(c, key, de, sink);
-            from = "disk";
-            goto out;
+        k->t0 = t0;
+        for (int p = 0; p < THAW_PART_COUNT; p++)
+            k->refs[p] = pend[p].data;
+        LOG_DBG("slot %d: %s found in the disk writer's queue", slot_id, hex);
+        return found(c, k, pend, "disk", h);
+    }
+    struct thaw_disk_entry *de = NULL;
+    int64_t t_lookup = thaw_now_us();
+    int rc = thaw_disk_cache_lookup_ex(c->disk, key, THAW_DISK_LOOKUP_DEFER_KV, &de);
+    LOG_DBG("slot %d: disk lookup %.2f ms (eviction %.2f ms)", slot_id, (double)(thaw_now_us() - t_lookup) / 1000.0,
+            (double)(t_lookup - t0) / 1000.0);
+    if (rc == THAW_ECORRUPT)
+        LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by prefill", slot_id, hex);
+    if (rc != 0)
+        return THAW_ENOTFOUND;
+    struct thaw_kvcache_held *k = held_new(HELD_DISK, key, slot_id, n_past);
+    if (!k) {
+        thaw_disk_entry_release(de);
+        return THAW_ENOTFOUND;
+    }
+    k->t0 = t0;
+    k->de = de;
+    k->vdisk = c->disk;
+    struct thaw_part_blob parts[THAW_PART_COUNT];
+    for (int p = 0; p < THAW_PART_COUNT; p++)
+        parts[p].data = (void *)thaw_disk_entry_part(de, (enum thaw_part)p, &parts[p].size);
+    /* the .kv's checksum runs on the other core while the caller installs */
+    if (thaw_workers_submit(c->workers, &k->vj, verify_main, k) == 0) {
+        k->verifying = true;
+    } else {
+        thaw_workers_wait(c->workers, &k->vj); /* no pool: checked here, first */
+        if (k->vrc != 0) {
+            LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by prefill", slot_id, hex);
+            held_free(c, k);
+            return THAW_ENOTFOUND;
         }
-        if (rc == THAW_ECORRUPT)
-            LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by "
-                    "prefill",
-                    sink->slot_id, hex);
     }
-out:
-#ifdef THAW_HAVE_SHARED
-    /* fetched from the shared tier into the local one just before */
-    if (from && from[0] == 'd' && thaw_shared_taken(c->shared, key) && got > n_past)
-        from = "shared";
-#endif
-    if (from && got > n_past) { /* the caller counts the outcome, once per request */
-        *source = from;
-        *restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
-        atomic_fetch_add(&c->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
-    }
-    return got;
+    return found(c, k, parts, "disk", h);
 }
 
-int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt,
-                               int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
-                               double *restore_ms)
+int thaw_kvcache_find_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt,
+                             int n_prompt, int slot_id, int n_past, struct thaw_kvcache_hit *h)
 {
-    struct thaw_kvlayout_frame f = {
-        .seq_id = sink->slot_id, .n_stream = c->n_stream, .stream = (uint32_t)sink->slot_id};
-    struct thaw_blocks_state bs;
+    struct thaw_kvlayout_frame f = {.seq_id = slot_id, .n_stream = c->n_stream, .stream = (uint32_t)slot_id};
     uint8_t binding[THAW_KEY_BYTES];
-    int64_t t0 = thaw_now_us();
-    int got = n_past;
 
+    memset(h, 0, sizeof(*h));
     if (!c->disk || !c->block_tokens || !(c->prefix_lookup || c->snapshots) || n_prompt - 1 <= n_past ||
         (!c->snapshots && (n_prompt - 1) / (int)c->block_tokens * (int)c->block_tokens <= n_past))
-        return n_past; /* no run of blocks could beat what the slot holds */
+        return THAW_ENOTFOUND; /* no run of blocks could beat what the slot holds */
+    struct thaw_kvcache_held *k = held_new(HELD_PREFIX, NULL, slot_id, n_past);
+    if (!k)
+        return THAW_ENOTFOUND;
+    k->block_tokens = c->block_tokens;
+    k->snapshot = c->snapshots;
     block_binding(c, ns, binding);
     /* a hybrid resumes at its deepest snapshot, a dense or SWA model after its
      * longest run of blocks (an SWA model's with its window's SWA blocks) */
@@ -626,35 +678,76 @@ int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY
         .n = n_prompt,
         .frame = &f,
     };
-    int rc = c->snapshots ? thaw_snapshots_prefix(&pp, &bs) : thaw_blocks_prefix(&pp, &bs);
+    k->t_asm0 = thaw_now_us();
+    int rc = c->snapshots ? thaw_snapshots_prefix(&pp, &k->bs) : thaw_blocks_prefix(&pp, &k->bs);
+    k->t_asm1 = thaw_now_us();
     if (rc != 0) {
         if (rc != THAW_ENOTFOUND)
-            LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(rc));
-        return n_past;
+            LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", slot_id, thaw_strerror(rc));
+        free(k);
+        return THAW_ENOTFOUND;
     }
-    if (bs.n_tokens > n_past) {
-        const struct thaw_part_blob parts[THAW_PART_COUNT] = {{bs.kv, bs.n_kv}, {NULL, 0}, {NULL, 0}};
-        got = sink->install(sink->ud, parts);
-        if (thaw_blocks_state_check(&bs) != 0) { /* a bad block, removed */
-            if (got >= 0)
-                sink->undo(sink->ud);
-            got = THAW_ECORRUPT;
+    k->has_bs = true;
+    if (k->bs.n_tokens <= n_past) {
+        held_free(c, k);
+        return THAW_ENOTFOUND;
+    }
+    h->parts[THAW_PART_KV] = (struct thaw_part_blob){k->bs.kv, k->bs.n_kv};
+    h->source = "blocks";
+    h->held = k;
+    return 0;
+}
+
+int thaw_kvcache_hit_end(struct thaw_kvcache *c, struct thaw_kvcache_hit *h, int installed)
+{
+    struct thaw_kvcache_held *k = h->held;
+    int bad = 0;
+    char hex[17];
+
+    if (!k)
+        return installed;
+    h->held = NULL;
+    k->t_inst = thaw_now_us();
+    if (k->verifying) {
+        thaw_workers_wait(c->workers, &k->vj);
+        k->verifying = false;
+        bad = k->vrc; /* a bad .kv removes itself (cache_disk.h) */
+    }
+    /* the blocks' checksums ran alongside */
+    if (!bad && k->has_bs && thaw_blocks_state_check(&k->bs) != 0)
+        bad = THAW_ECORRUPT; /* the bad block is removed */
+    if (k->has_bs && k->kind != HELD_PREFIX)
+        LOG_DBG("slot %d: %.1f MiB of state, %d blocks read from files: assembled in %.1f ms, installed in %.1f ms, "
+                "checksums waited for %.1f ms",
+                k->slot_id, (double)k->bs.n_kv / 1048576.0, k->bs.n_blocks, (double)(k->t_asm1 - k->t_asm0) / 1000.0,
+                (double)(k->t_inst - k->t_asm1) / 1000.0, (double)(thaw_now_us() - k->t_inst) / 1000.0);
+    thaw_keys_short(k->key, hex);
+    int got = installed;
+    if (bad) {
+        if (k->kind == HELD_DISK && k->vrc)
+            LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by prefill", k->slot_id, hex);
+        else
+            LOG_WRN("slot %d: %s%s%s unusable (%s): serving by prefill", k->slot_id, held_what(k),
+                    k->kind == HELD_PREFIX ? "" : " ", k->kind == HELD_PREFIX ? "" : hex, thaw_strerror(bad));
+        got = bad;
+    } else if (installed < 0) {
+        LOG_WRN("slot %d: %s%s%s unusable (%s): %s, serving by prefill", k->slot_id, held_what(k),
+                k->kind == HELD_PREFIX ? "" : " ", k->kind == HELD_PREFIX ? "" : hex, thaw_strerror(installed),
+                k->kind == HELD_RAM || k->kind == HELD_DISK ? "removed" : "skipped");
+        held_remove(c, k);
+    }
+    if (got > k->n_past) { /* the caller counts the outcome, once per request */
+        int64_t us = thaw_now_us() - k->t0;
+        h->restore_ms = (double)us / 1000.0;
+        atomic_fetch_add(&c->metrics->restore_us, (uint64_t)us);
+        if (k->kind == HELD_PREFIX) {
+            LOG_INF("slot %d: %d prompt tokens from %d stored blocks%s (prefix lookup)", k->slot_id, got,
+                    got / (int)k->block_tokens, k->snapshot ? " and a snapshot" : "");
+            atomic_fetch_add(&c->prefix_hits, 1);
+            atomic_fetch_add(&c->prefix_tokens, (uint64_t)(got - k->n_past));
         }
-        if (got < 0) {
-            LOG_WRN("slot %d: prefix blocks unusable (%s): serving by prefill", sink->slot_id, thaw_strerror(got));
-            got = 0;
-        }
     }
-    thaw_blocks_state_free(&bs);
-    if (got > n_past) {
-        LOG_INF("slot %d: %d prompt tokens from %d stored blocks%s (prefix lookup)", sink->slot_id, got,
-                got / (int)c->block_tokens, c->snapshots ? " and a snapshot" : "");
-        atomic_fetch_add(&c->prefix_hits, 1);
-        atomic_fetch_add(&c->prefix_tokens, (uint64_t)(got - n_past));
-        *source = "blocks";
-        *restore_ms = (double)(thaw_now_us() - t0) / 1000.0;
-        atomic_fetch_add(&c->metrics->restore_us, (uint64_t)(thaw_now_us() - t0));
-    }
+    held_free(c, k);
     return got;
 }
 

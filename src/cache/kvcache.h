@@ -12,10 +12,10 @@
  *            dropped from RAM once the disk holds it (a regenerated reply
  *            would look it up again until then)
  *
- * It knows nothing of slots nor of libllama: a lookup hands the parts to
- * the caller's install callback, and a store takes bytes the engine read
- * out of its context, either a whole capture or a source of blocks (the
- * KV cache's memory, blocks.h) the engine describes. Engine thread only,
+ * It knows nothing of slots nor of libllama: a lookup returns the parts,
+ * which the caller installs before it ends the hit, and a store takes
+ * bytes the engine read out of its context, either a whole capture or a
+ * source of blocks (the KV cache's memory, blocks.h) the engine describes. Engine thread only,
  * except thaw_kvcache_prefetch and thaw_kvcache_metrics (any thread).
  */
 #ifndef THAW_KVCACHE_H
@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 struct thaw_blocks_src; /* blocks.h */
+struct thaw_kvcache_held; /* kvcache.c */
 
 struct thaw_kvcache;
 
@@ -76,34 +77,44 @@ void thaw_kvcache_close(struct thaw_kvcache *c);
 /* Whether any tier is on. */
 bool thaw_kvcache_enabled(const struct thaw_kvcache *c);
 
-/* How a lookup's hit reaches the caller's sequence. install() puts the
- * parts in (they are valid during the call only) and returns the prompt
- * tokens the sequence then holds, or a negative error when the parts are
- * unusable. undo() empties the sequence again: a disk entry's .kv failed
- * its checksum after install() read it. */
-struct thaw_kvcache_sink {
-    int (*install)(void *ud, const struct thaw_part_blob parts[THAW_PART_COUNT]);
-    void (*undo)(void *ud);
-    void *ud;
-    int slot_id; /* for the log */
+/* A lookup's hit: the parts to install into the caller's sequence
+ * (thaw_kvstate_parse reads parts[THAW_PART_KV]), valid until
+ * thaw_kvcache_hit_end. The caller installs them and then ends the hit,
+ * which tells it whether the bytes were good: a disk entry's .kv checksum
+ * and a manifest's blocks' checksums run on a worker thread while the
+ * caller installs, so a restore costs the larger of the two, not their
+ * sum. */
+struct thaw_kvcache_hit {
+    struct thaw_part_blob parts[THAW_PART_COUNT];
+    const char *source;               /* "ram", "disk", "shared" or "blocks" */
+    double restore_ms;                /* set by thaw_kvcache_hit_end: lookup to end */
+    struct thaw_kvcache_held *held;   /* the tier's (kvcache.c) */
 };
 
-/* Looks key up, RAM then disk, and installs a hit through `sink`. n_past is
- * what the caller holds already. Returns the prompt tokens held afterwards
- * (>= 0; n_past on a miss, 0 when a bad entry was dropped after the
- * sequence was emptied); *source is "ram" or "disk" and *restore_ms the
- * time taken when more than n_past is held, else untouched. Counts hits,
- * misses and restore time in the metrics; an unusable entry is removed. */
-int thaw_kvcache_lookup(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int n_past,
-                        const struct thaw_kvcache_sink *sink, const char **source, double *restore_ms);
+/* Looks key up: RAM, the stores the disk writer still holds, then the
+ * disk. Returns 0 (a hit: install it, then thaw_kvcache_hit_end) or
+ * THAW_ENOTFOUND (a miss; an unusable entry found on the way is logged and
+ * removed). n_past: the prompt tokens the caller holds already (the hit's
+ * restore is counted only when the install gives more), slot_id: the
+ * log's and the slot the blocks are assembled for. */
+int thaw_kvcache_find(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int slot_id, int n_past,
+                      struct thaw_kvcache_hit *h);
 
 /* Prefix lookup (with blocks and prefix_lookup on): after a miss, the
  * longest run of the prompt's whole blocks the disk holds under the
- * tenant's namespace `ns`, installed through `sink` when it is longer than
- * n_past. Returns as thaw_kvcache_lookup (*source "blocks"). */
-int thaw_kvcache_lookup_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt,
-                               int n_prompt, int n_past, const struct thaw_kvcache_sink *sink, const char **source,
-                               double *restore_ms);
+ * tenant's namespace `ns` (a hybrid's deepest snapshot on it), when it is
+ * longer than n_past. Returns as thaw_kvcache_find (source "blocks"). */
+int thaw_kvcache_find_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt,
+                             int n_prompt, int slot_id, int n_past, struct thaw_kvcache_hit *h);
+
+/* Ends a hit the caller tried to install: `installed` is the prompt tokens
+ * its sequence holds afterwards (>= 0) or the install's negative error.
+ * Waits for the checksums, then returns `installed` when the bytes were
+ * good, else a negative error: the bytes were bad (the entry or block is
+ * removed) and the caller empties what it installed. An install that
+ * failed on good bytes removes the entry too. Logs, and counts the
+ * restore's time when more than n_past came of it. Frees the hit. */
+int thaw_kvcache_hit_end(struct thaw_kvcache *c, struct thaw_kvcache_hit *h, int installed);
 
 /* One store of a conversation: under which keys, and where its
  * attention KV comes from. */

@@ -260,26 +260,37 @@ static int slot_install(struct thaw_slotkv *k, struct thaw_slot *s, const struct
     return lcp;
 }
 
-/* slot_install through the kvcache's sink */
-struct install_ctx {
-    struct thaw_slotkv *k;
-    struct thaw_slot *s;
-    const struct thaw_task *t;
-    int n_past;
-};
-
-static int install_cb(void *ud, const struct thaw_part_blob parts[THAW_PART_COUNT])
+/* A hit of the cache's installed into the slot, then ended: the prompt
+ * tokens the slot holds afterwards (n_past when the hit gave no more; 0
+ * when its bytes were bad, the slot then emptied). Sets the timings'
+ * source and restore time when it gave more. */
+static int take_hit(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t,
+                    struct thaw_kvcache_hit *h, int n_past)
 {
-    struct install_ctx *ic = ud;
+    int got = slot_install(k, s, t, h->parts, n_past);
+    int rc = thaw_kvcache_hit_end(k->kv, h, got);
 
-    return slot_install(ic->k, ic->s, ic->t, parts, ic->n_past);
+    if (rc < 0) {
+        if (got >= 0)
+            thaw_slotkv_clear(k, s); /* installed, then found bad: before any decode */
+        return 0;
+    }
+    if (got > n_past) {
+        s->timings.cache_source = h->source;
+        s->timings.restore_ms = h->restore_ms;
+    }
+    return got;
 }
 
-static void undo_cb(void *ud)
+/* The cache's prefix lookup (kvcache.h) for a slot holding `reach` tokens:
+ * the tokens it holds afterwards (reach on a miss). */
+static int take_prefix(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int reach)
 {
-    struct install_ctx *ic = ud;
+    struct thaw_kvcache_hit h;
 
-    thaw_slotkv_clear(ic->k, ic->s);
+    if (thaw_kvcache_find_prefix(k->kv, t->ns, t->prompt, t->n_prompt, s->id, reach, &h) != 0)
+        return reach;
+    return take_hit(k, s, t, &h, reach);
 }
 
 /* One lookup, one outcome: the source that served it ("slot" when the slot
@@ -304,27 +315,23 @@ static void count_lookup(struct thaw_metrics *m, const char *source)
  * afterwards. */
 int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past)
 {
-    struct install_ctx ic = {.k = k, .s = s, .t = t, .n_past = n_past};
-    const struct thaw_kvcache_sink sink = {.install = install_cb, .undo = undo_cb, .ud = &ic, .slot_id = s->id};
-
     int got = n_past;
     if (t->has_lookup_key) {
+        struct thaw_kvcache_hit h;
         if (thaw_slot_holds(s, t->lookup_key)) {
             /* the slot still holds this conversation: the prefix path serves it */
             count_lookup(k->metrics, "slot");
             return n_past;
         }
-        got = thaw_kvcache_lookup(k->kv, t->lookup_key, n_past, &sink, &s->timings.cache_source,
-                                  &s->timings.restore_ms);
+        if (thaw_kvcache_find(k->kv, t->lookup_key, s->id, n_past, &h) == 0)
+            got = take_hit(k, s, t, &h, n_past);
     }
     if (got <= n_past) { /* no entry (a first turn, an edit, a fork): stored blocks may still serve it */
         /* recurrent memory resumes only where a checkpoint takes it: a
          * snapshot deeper than that is worth installing */
         const struct thaw_ckpt *c;
         int reach = k->recurrent ? thaw_slotkv_rollback_target(k, s, got, &c) : got;
-        ic.n_past = reach; /* what slot_install must beat */
-        int pre = thaw_kvcache_lookup_prefix(k->kv, t->ns, t->prompt, t->n_prompt, reach, &sink,
-                                             &s->timings.cache_source, &s->timings.restore_ms);
+        int pre = take_prefix(k, s, t, reach);
         if (pre > reach || pre < got) /* a snapshot was installed (or the slot emptied) */
             got = pre;
     } else if (k->n_swa > 0 && !k->recurrent) {
@@ -336,9 +343,7 @@ int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct
         int want = got < t->n_prompt ? got : t->n_prompt - 1; /* one token is decoded (engine.c) */
         int reach = thaw_slotkv_rollback_target(k, s, want, &c);
         if (reach < want) {
-            ic.n_past = reach;
-            int pre = thaw_kvcache_lookup_prefix(k->kv, t->ns, t->prompt, t->n_prompt, reach, &sink,
-                                                 &s->timings.cache_source, &s->timings.restore_ms);
+            int pre = take_prefix(k, s, t, reach);
             if (pre != reach) /* the blocks were installed (or the slot emptied) */
                 got = pre;
         }
