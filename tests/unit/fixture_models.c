@@ -1,10 +1,13 @@
 /* fixture_models.c — `thaw mkmodel` run as a process (fixture_models.h). */
 #include "fixture_models.h"
 
+#include <ggml-backend.h>
+#include <llama.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -31,4 +34,34 @@ int fixture_mkmodel(int argc, char **argv)
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
         return -1;
     return WEXITSTATUS(status);
+}
+
+/* libllama's errors only with THAW_TEST_VERBOSE set */
+static void quiet(enum ggml_log_level level, const char *text, void *ud)
+{
+    (void)ud;
+    if (level == GGML_LOG_LEVEL_ERROR && getenv("THAW_TEST_VERBOSE"))
+        fputs(text, stderr);
+}
+
+int fixture_llama_open(char *dir)
+{
+    const char *bdir = getenv("THAW_BACKEND_DIR");
+
+    llama_log_set(quiet, NULL);
+    llama_backend_init();
+    ggml_backend_load_all_from_path(bdir && *bdir ? bdir : THAW_LLAMA_LIB_DIR);
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+int fixture_llama_close(const char *dir)
+{
+    char *argv[] = {"rm", "-rf", (char *)dir, NULL};
+    int status = 0;
+    pid_t pid;
+
+    llama_backend_free();
+    if (posix_spawnp(&pid, "rm", NULL, NULL, argv, environ) != 0 || waitpid(pid, &status, 0) < 0)
+        return -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }

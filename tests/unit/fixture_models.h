@@ -14,4 +14,15 @@
  * model is written), or -1 when it could not be run or was killed. */
 int fixture_mkmodel(int argc, char **argv);
 
+/* The start of a test group that loads models: libllama quiet (its
+ * errors shown with THAW_TEST_VERBOSE set), its backends loaded (from
+ * $THAW_BACKEND_DIR when set, as the server takes it: another CPU
+ * variant; else the build's), and dir (a mkdtemp template,
+ * "/tmp/name_XXXXXX") made. Returns 0 or -1. */
+int fixture_llama_open(char *dir);
+
+/* The end of such a group: dir and all in it removed, libllama's
+ * backends freed. Returns 0 or -1. */
+int fixture_llama_close(const char *dir);
+
 #endif

@@ -50,21 +50,11 @@ static struct llama_context *g_ctx;
 static int g_vocab;
 static const uint8_t g_binding[32] = {1, 2, 3};
 
-static void quiet(enum ggml_log_level level, const char *text, void *ud)
-{
-    (void)level;
-    (void)text;
-    (void)ud;
-}
-
 static int group_setup(void **state)
 {
     (void)state;
-    llama_log_set(quiet, NULL);
-    llama_backend_init();
-    ggml_backend_load_all_from_path(THAW_LLAMA_LIB_DIR);
     strcpy(g_dir, "/tmp/thaw_blocks_XXXXXX");
-    if (!mkdtemp(g_dir))
+    if (fixture_llama_open(g_dir) != 0)
         return -1;
     snprintf(g_model, sizeof g_model, "%s/m.gguf", g_dir);
     snprintf(g_cache, sizeof g_cache, "%s/cache", g_dir);
@@ -90,14 +80,9 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
     (void)state;
-    char cmd[400];
     llama_free(g_ctx);
     llama_model_free(g_m);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0)
-        return -1;
-    llama_backend_free();
-    return 0;
+    return fixture_llama_close(g_dir);
 }
 
 /* A conversation's tokens: `shared` tokens common to every seed, then its own. */

@@ -33,13 +33,6 @@
 
 static char g_dir[] = "/tmp/thaw_kvlayout_XXXXXX";
 
-static void quiet(enum ggml_log_level level, const char *text, void *ud)
-{
-    (void)ud;
-    if (level == GGML_LOG_LEVEL_ERROR && getenv("THAW_TEST_VERBOSE"))
-        fputs(text, stderr);
-}
-
 /* Writes <g_dir>/<name>.gguf with mkmodel; extra flags after the arch. */
 static void mkmodel(char *path, size_t n, const char *name, const char *arch, const char *const *extra)
 {
@@ -179,10 +172,7 @@ static char m_llama[256], m_gemma3[256], m_gemma4[256], m_lfm2[256], m_ds2[256];
 static int group_setup(void **state)
 {
     (void)state;
-    llama_log_set(quiet, NULL);
-    llama_backend_init();
-    ggml_backend_load_all_from_path(THAW_LLAMA_LIB_DIR);
-    if (!mkdtemp(g_dir))
+    if (fixture_llama_open(g_dir) != 0)
         return -1;
     static const char *const swa[] = {"--layers", "3", "--swa-window", "4", "--swa-pattern", "3", NULL};
     static const char *const g4[] = {"--layers", "3", "--swa-window", "4", "--swa-pattern", "3", NULL};
@@ -198,14 +188,7 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
     (void)state;
-    unlink(m_llama);
-    unlink(m_gemma3);
-    unlink(m_gemma4);
-    unlink(m_lfm2);
-    unlink(m_ds2);
-    rmdir(g_dir);
-    llama_backend_free();
-    return 0;
+    return fixture_llama_close(g_dir);
 }
 
 /* ---- the round trip ---------------------------------------------------------- */

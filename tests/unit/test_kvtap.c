@@ -35,21 +35,11 @@ static struct llama_context *g_ctx;
 static struct thaw_kvtap *g_tap;
 static int g_vocab;
 
-static void quiet(enum ggml_log_level level, const char *text, void *ud)
-{
-    (void)level;
-    (void)text;
-    (void)ud;
-}
-
 static int group_setup(void **state)
 {
     (void)state;
-    llama_log_set(quiet, NULL);
-    llama_backend_init();
-    ggml_backend_load_all_from_path(THAW_LLAMA_LIB_DIR);
     strcpy(g_dir, "/tmp/thaw_kvtap_XXXXXX");
-    if (!mkdtemp(g_dir))
+    if (fixture_llama_open(g_dir) != 0)
         return -1;
     snprintf(g_model, sizeof g_model, "%s/m.gguf", g_dir);
     char *argv[] = {"mkmodel", "-o", g_model, "--arch", (char *)g_arch, "--layers", "3", NULL};
@@ -77,15 +67,10 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
     (void)state;
-    char cmd[400];
     llama_free(g_ctx);
     thaw_kvtap_free(g_tap);
     llama_model_free(g_m);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0)
-        return -1;
-    llama_backend_free();
-    return 0;
+    return fixture_llama_close(g_dir);
 }
 
 /* One llama_decode of n0 tokens of seq 0 at p0.. and n1 of seq 1 at p1..

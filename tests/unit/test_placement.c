@@ -23,30 +23,16 @@
 
 static char g_dir[] = "/tmp/thaw_placement_XXXXXX";
 
-static void quiet(enum ggml_log_level level, const char *text, void *ud)
-{
-    (void)level;
-    (void)text;
-    (void)ud;
-}
-
 static int group_setup(void **state)
 {
     (void)state;
-    llama_log_set(quiet, NULL);
-    llama_backend_init();
-    ggml_backend_load_all_from_path(THAW_LLAMA_LIB_DIR);
-    return mkdtemp(g_dir) ? 0 : -1;
+    return fixture_llama_open(g_dir);
 }
 
 static int group_teardown(void **state)
 {
-    char cmd[400];
-
     (void)state;
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    llama_backend_free();
-    return system(cmd) == 0 ? 0 : -1;
+    return fixture_llama_close(g_dir);
 }
 
 /* A host-only placement of a generated 3-layer model of `arch`. */
