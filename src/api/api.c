@@ -1117,11 +1117,7 @@ static char *chat_reply(const struct thaw_reply *r)
     char *body = thaw_api_completion_json(r->id, r->model, r->created, r->message_json, r->finish_reason,
                                           r->n_prompt, r->timings);
 
-    if (body && r->verbose)
-        body = thaw_codec_add_verbose(r, body);
-    if (body && r->req->logprobs)
-        body = thaw_codec_add_logprobs(r, body, false, chat_place_logprobs);
-    return body;
+    return thaw_codec_add_extras(r, body, false, chat_place_logprobs);
 }
 
 static int chat_open(struct thaw_codec_stream *st)

@@ -254,11 +254,7 @@ static char *completions_reply(const struct thaw_reply *r)
                       : NULL;
 
     free(text);
-    if (body && r->verbose)
-        body = thaw_codec_add_verbose(r, body);
-    if (body && r->req->logprobs)
-        body = thaw_codec_add_logprobs(r, body, true, cmpl_place_logprobs);
-    return body;
+    return thaw_codec_add_extras(r, body, true, cmpl_place_logprobs);
 }
 
 static void completion_place_logprobs(json_t *root, json_t *lp)
@@ -320,10 +316,7 @@ static char *completion_reply(const struct thaw_reply *r)
                       : NULL;
 
     free(text);
-    if (body && r->verbose)
-        body = thaw_codec_add_verbose(r, body);
-    if (body && r->req->logprobs)
-        body = thaw_codec_add_logprobs(r, body, false, completion_place_logprobs);
+    body = thaw_codec_add_extras(r, body, false, completion_place_logprobs);
     return body ? completion_fields(r, body) : NULL;
 }
 

@@ -94,6 +94,11 @@ void thaw_codec_part_reset(struct thaw_codec_stream *st);
  * the prompt as read (r->prompt), the reply's text and its counts. The
  * body as it was when anything fails. */
 char *thaw_codec_add_verbose(const struct thaw_reply *r, char *body);
+/* What a whole reply's `body` (taken; NULL passes through) gains when
+ * the request asked for it: __verbose (thaw_codec_add_verbose), then its
+ * logprobs (thaw_codec_add_logprobs, `legacy` and `place` as there). */
+char *thaw_codec_add_extras(const struct thaw_reply *r, char *body, bool legacy,
+                            void (*place)(json_t *root, json_t *lp));
 /* thaw_codec.merge_choice of the OpenAI APIs: choice 0 of `other` appended
  * to body's choices as choice `index`, its completion tokens added to the
  * usage. Both taken; NULL on ENOMEM. */

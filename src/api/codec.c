@@ -261,6 +261,16 @@ char *thaw_codec_add_verbose(const struct thaw_reply *r, char *body)
     return out;
 }
 
+char *thaw_codec_add_extras(const struct thaw_reply *r, char *body, bool legacy,
+                            void (*place)(json_t *root, json_t *lp))
+{
+    if (body && r->verbose)
+        body = thaw_codec_add_verbose(r, body);
+    if (body && r->req->logprobs)
+        body = thaw_codec_add_logprobs(r, body, legacy, place);
+    return body;
+}
+
 char *thaw_codec_merge_choice(char *body, char *other, int index)
 {
     json_t *a = json_loads(body, 0, NULL), *b = other ? json_loads(other, 0, NULL) : NULL;
