@@ -10,6 +10,7 @@
  */
 #include "cache/s3.h"
 
+#include "base/buf.h"
 #include "base/error.h"
 
 #include <curl/curl.h>
@@ -115,10 +116,9 @@ struct thaw_s3 {
 };
 
 struct body {
-    char *data;
-    size_t n, max;
+    struct thaw_buf buf; /* grows geometrically (a block is megabytes, sent in 16 KiB pieces) */
+    size_t max;
     int too_big;
-    size_t cap; /* allocated: grows geometrically (a block is megabytes, sent in 16 KiB pieces) */
 };
 
 /* ---- client ------------------------------------------------------------ */
@@ -225,30 +225,19 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud)
     struct body *b = ud;
     size_t n = size * nmemb;
 
-    if (b->n + n > b->max) {
+    if (b->buf.len + n > b->max) {
         b->too_big = 1;
         return 0; /* curl stops: CURLE_WRITE_ERROR */
     }
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 65536;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *d = realloc(b->data, cap);
-        if (!d)
-            return 0;
-        b->data = d;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->n, ptr, n);
-    b->n += n;
-    b->data[b->n] = '\0';
+    if (thaw_buf_append(&b->buf, ptr, n) != 0)
+        return 0;
     return n;
 }
 
 /* The S3 error code of an XML error body (<Code>...</Code>), for the message. */
 static void s3_code(const struct body *b, char *out, size_t n)
 {
-    const char *c = b->data ? strstr(b->data, "<Code>") : NULL, *e = c ? strstr(c, "</Code>") : NULL;
+    const char *c = b->buf.data ? strstr(b->buf.data, "<Code>") : NULL, *e = c ? strstr(c, "</Code>") : NULL;
 
     out[0] = '\0';
     if (c && e && (size_t)(e - c - 6) < n)
@@ -345,20 +334,20 @@ static int status_rc(struct thaw_s3 *s, long status, const struct body *b)
 
 int thaw_s3_create_bucket(struct thaw_s3 *s)
 {
-    struct body b = {NULL, 0, 1 << 16, 0, 0};
+    struct body b = {.max = 1 << 16};
     long st;
     int rc = request(s, "PUT", NULL, NULL, NULL, 0, NULL, &b, &st);
 
     if (rc == 0 && st != 200 && st != 409)
         rc = status_rc(s, st, &b);
-    free(b.data);
+    thaw_buf_free(&b.buf);
     return rc;
 }
 
 int thaw_s3_put(struct thaw_s3 *s, const char *key, const void *data, size_t n, int create_only)
 {
     static const char empty[1];
-    struct body b = {NULL, 0, 1 << 16, 0, 0};
+    struct body b = {.max = 1 << 16};
     long st;
     int rc = request(s, "PUT", key, NULL, n ? data : empty, n, create_only ? "If-None-Match: *" : NULL, &b, &st);
 
@@ -366,13 +355,13 @@ int thaw_s3_put(struct thaw_s3 *s, const char *key, const void *data, size_t n, 
         rc = THAW_EEXIST;
     else if (rc == 0 && st != 200)
         rc = status_rc(s, st, &b);
-    free(b.data);
+    thaw_buf_free(&b.buf);
     return rc;
 }
 
 int thaw_s3_get(struct thaw_s3 *s, const char *key, size_t max, void **data, size_t *n)
 {
-    struct body b = {NULL, 0, max, 0, 0};
+    struct body b = {.max = max};
     long st;
     int rc = request(s, "GET", key, NULL, NULL, 0, NULL, &b, &st);
 
@@ -383,29 +372,29 @@ int thaw_s3_get(struct thaw_s3 *s, const char *key, size_t max, void **data, siz
     else if (rc == 0 && st != 200)
         rc = status_rc(s, st, &b);
     if (rc == 0) {
-        *data = b.data ? b.data : calloc(1, 1);
-        *n = b.n;
+        *n = b.buf.len;
+        *data = b.buf.data ? thaw_buf_steal(&b.buf) : calloc(1, 1);
         return *data ? 0 : THAW_ENOMEM;
     }
-    free(b.data);
+    thaw_buf_free(&b.buf);
     return rc;
 }
 
 int thaw_s3_delete(struct thaw_s3 *s, const char *key)
 {
-    struct body b = {NULL, 0, 1 << 16, 0, 0};
+    struct body b = {.max = 1 << 16};
     long st;
     int rc = request(s, "DELETE", key, NULL, NULL, 0, NULL, &b, &st);
 
     if (rc == 0 && st != 204 && st != 200 && st != 404)
         rc = status_rc(s, st, &b);
-    free(b.data);
+    thaw_buf_free(&b.buf);
     return rc;
 }
 
 int thaw_s3_head(struct thaw_s3 *s, const char *key)
 {
-    struct body b = {NULL, 0, 1 << 16, 0, 0};
+    struct body b = {.max = 1 << 16};
     long st;
     int rc = request(s, "HEAD", key, NULL, NULL, 0, NULL, &b, &st);
 
@@ -413,7 +402,7 @@ int thaw_s3_head(struct thaw_s3 *s, const char *key)
         rc = THAW_ENOTFOUND;
     else if (rc == 0 && st != 200)
         rc = status_rc(s, st, &b);
-    free(b.data);
+    thaw_buf_free(&b.buf);
     return rc;
 }
 
@@ -754,7 +743,7 @@ int thaw_s3_list(struct thaw_s3 *s, const char *prefix, thaw_s3_list_fn fn, void
     if (strlen(prefix) > KEY_MAX)
         return THAW_EINVAL;
     for (;;) {
-        struct body b = {NULL, 0, LIST_REPLY_MAX, 0, 0};
+        struct body b = {.max = LIST_REPLY_MAX};
         char *query = list_query(prefix, token, s->list_max_keys), *next = NULL;
         int truncated = 0;
         long st;
@@ -770,13 +759,13 @@ int thaw_s3_list(struct thaw_s3 *s, const char *prefix, thaw_s3_list_fn fn, void
         else if (rc == 0 && st != 200)
             rc = status_rc(s, st, &b);
         else if (rc == 0) {
-            rc = thaw_s3_list_parse(b.data ? b.data : "", b.n, prefix, fn, ud, &truncated, &next, why, sizeof why);
+            rc = thaw_s3_list_parse(b.buf.data ? b.buf.data : "", b.buf.len, prefix, fn, ud, &truncated, &next, why, sizeof why);
             if (rc == THAW_ECORRUPT) {
                 snprintf(s->err, sizeof s->err, "malformed listing: %s", why);
                 rc = THAW_ESTORE;
             }
         }
-        free(b.data);
+        thaw_buf_free(&b.buf);
         if (rc || !truncated)
             break;
         if (token && !strcmp(next, token)) { /* no progress: it would list the same page for ever */

@@ -41,7 +41,7 @@ void thaw_task_release(struct thaw_task *t)
     thaw_logprobs_free(&t->logprobs);
     free(t->progress);
     free(t->prompt);
-    free(t->text);
+    thaw_buf_free(&t->text);
     free(t->error);
     pthread_mutex_destroy(&t->mu);
     free(t);
@@ -72,21 +72,8 @@ int thaw_task_emit(struct thaw_task *t, const char *s, size_t n)
     if (n == 0)
         return 0;
     pthread_mutex_lock(&t->mu);
-    if (t->n_text + n + 1 > t->cap_text) {
-        size_t cap = t->cap_text ? t->cap_text * 2 : 256;
-        while (cap < t->n_text + n + 1)
-            cap *= 2;
-        char *nb = realloc(t->text, cap);
-        if (!nb) {
-            rc = THAW_ENOMEM;
-            goto out;
-        }
-        t->text = nb;
-        t->cap_text = cap;
-    }
-    memcpy(t->text + t->n_text, s, n);
-    t->n_text += n;
-    t->text[t->n_text] = '\0';
+    if ((rc = thaw_buf_append(&t->text, s, n)) != 0)
+        goto out;
     /* only a stream reads text before the end: waking a non-streaming
      * request per token would steal a core from the decode threads */
     if (t->req.stream)
@@ -189,10 +176,10 @@ int thaw_task_news(struct thaw_task *t, size_t from, struct thaw_task_news *out)
     out->done = t->done;
     out->started = t->started || t->done;
     out->cache_n = t->done && t->http_status == 200 ? t->timings.cache_n : t->cache_n;
-    out->n_text = t->n_text;
+    out->n_text = t->text.len;
     out->n_progress = t->n_progress;
     out->text = NULL;
-    if (from < t->n_text && !(out->text = thaw_utf8_sanitize(t->text + from, t->n_text - from)))
+    if (from < t->text.len && !(out->text = thaw_utf8_sanitize(t->text.data + from, t->text.len - from)))
         rc = THAW_ENOMEM;
     pthread_mutex_unlock(&t->mu);
     return rc;
@@ -210,11 +197,11 @@ json_t *thaw_task_logprobs(struct thaw_task *t, size_t from, size_t n_text, bool
 char *thaw_task_text(struct thaw_task *t, size_t from, size_t to)
 {
     pthread_mutex_lock(&t->mu);
-    if (to > t->n_text)
-        to = t->n_text;
+    if (to > t->text.len)
+        to = t->text.len;
     if (from > to)
         from = to;
-    char *s = thaw_utf8_sanitize(t->text ? t->text + from : "", to - from);
+    char *s = thaw_utf8_sanitize(t->text.data ? t->text.data + from : "", to - from);
     pthread_mutex_unlock(&t->mu);
     return s;
 }
@@ -279,7 +266,7 @@ void thaw_task_reply(struct thaw_task *t, const struct thaw_reply_reader *rd, st
         .stop_sequence = t->stop_sequence,
         .timings = &t->timings,
         .rd = rd,
-        .n_text = t->n_text,
+        .n_text = t->text.len,
     };
 }
 

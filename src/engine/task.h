@@ -14,6 +14,7 @@
 #include "api/chat.h"
 #include "api/codec.h"
 #include "api/logprobs.h"
+#include "base/buf.h"
 #include "base/clock.h" /* t_submit_us */
 #include "cache/keys.h"
 
@@ -44,8 +45,7 @@ struct thaw_task {
 
     /* ---- output: written by the engine under mu ---- */
     pthread_mutex_t mu;
-    char *text;                    /* reply bytes safe to send so far (complete UTF-8, no partial stop) */
-    size_t n_text, cap_text;
+    struct thaw_buf text;          /* reply bytes safe to send so far (complete UTF-8, no partial stop) */
     bool done;
     int http_status;               /* 200, or the error's status */
     char *error;                   /* message when http_status != 200 */

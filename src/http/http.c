@@ -18,6 +18,7 @@
  */
 #include "http/http.h"
 
+#include "base/buf.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -60,8 +61,7 @@ struct thaw_http_conn {
     const char *url;           /* the request's path: MHD's, valid until the request completes */
 
     /* request body, collected by the HTTP thread alone */
-    char *body;
-    size_t n_body, cap_body;
+    struct thaw_buf body;      /* at most --max-body bytes, then a NUL */
     size_t n_read;             /* body bytes taken so far, kept or discarded */
     bool too_big;              /* over --max-body: the rest is discarded, then 413 */
     int64_t t_start_us;        /* headers complete: the body deadline runs from here */
@@ -85,7 +85,7 @@ void thaw_http_conn_unref(struct thaw_http_conn *c)
 {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1)
         return;
-    free(c->body);
+    thaw_buf_free(&c->body);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -313,7 +313,7 @@ static bool take_upload(struct thaw_http_conn *hc, const char *upload, size_t n)
         return false;
     }
     hc->n_read += n;
-    if (!hc->too_big && n > h->p.max_body - hc->n_body)
+    if (!hc->too_big && n > h->p.max_body - hc->body.len)
         hc->too_big = true;
     if (hc->too_big) {
         if (hc->n_read <= h->p.max_body + DISCARD_MAX) /* no overflow: --max-body <= 4 GiB */
@@ -321,18 +321,8 @@ static bool take_upload(struct thaw_http_conn *hc, const char *upload, size_t n)
         LOG_INF("http: dropping a client that sent over %zu MiB past --max-body", DISCARD_MAX >> 20);
         return false;
     }
-    if (hc->n_body + n + 1 > hc->cap_body) {
-        size_t cap = hc->cap_body ? hc->cap_body : 4096;
-        while (cap < hc->n_body + n + 1)
-            cap *= 2; /* bounded: n_body + n <= max_body */
-        char *nb = realloc(hc->body, cap);
-        if (!nb)
-            return false;
-        hc->body = nb;
-        hc->cap_body = cap;
-    }
-    memcpy(hc->body + hc->n_body, upload, n);
-    hc->n_body += n;
+    if (thaw_buf_append(&hc->body, upload, n) != 0) /* bounded: body + n <= max_body */
+        return false;
     return true;
 }
 
@@ -401,13 +391,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (hc->too_big)
         return answer_413(hc, c);
-    if (hc->body)
-        hc->body[hc->n_body] = '\0';
     struct thaw_http_request req = {
         .method = method,
         .url = url,
-        .body = hc->body ? hc->body : "",
-        .n_body = hc->n_body,
+        .body = hc->body.data ? hc->body.data : "",
+        .n_body = hc->body.len,
         .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
         .x_api_key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"),
         .origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"),
@@ -444,8 +432,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (hc->defer_free)
         hc->defer_free(hc->defer_ud);
     hc->defer_free = NULL;
-    free(hc->body);
-    hc->body = NULL;
+    thaw_buf_free(&hc->body);
     atomic_fetch_sub(&h->in_flight, 1);
     thaw_http_conn_unref(hc);
 }

@@ -272,11 +272,11 @@ static void test_flush_holds_back_a_possible_stop(void **state)
     thaw_slot_move(&s, THAW_SLOT_PREFILL, &(struct thaw_slot_enter){.task = t}, NULL);
     assert_int_equal(thaw_slot_gen_append(&s, "hello E", 7), 0);
     thaw_slot_flush_text(&s, false);
-    assert_int_equal(t->n_text, 5); /* "hello", not " E": it may begin "END" */
+    assert_int_equal(t->text.len, 5); /* "hello", not " E": it may begin "END" */
     assert_null(thaw_slot_find_stop(&s, 0, NULL));
     assert_int_equal(thaw_slot_gen_append(&s, "\xc3", 1), 0); /* half of a 2-byte character */
     thaw_slot_flush_text(&s, false);
-    assert_int_equal(t->n_text, 6);
+    assert_int_equal(t->text.len, 6);
     assert_int_equal(thaw_slot_gen_append(&s, "\xa9", 1), 0);
     assert_null(thaw_slot_find_stop(&s, 8, NULL));
     assert_int_equal(thaw_slot_gen_append(&s, "END", 3), 0);
@@ -286,7 +286,7 @@ static void test_flush_holds_back_a_possible_stop(void **state)
     assert_int_equal(which, 0);
     assert_int_equal(hit - s.gen.data, 9);
     thaw_slot_flush_text(&s, true);
-    assert_int_equal(t->n_text, s.gen.len);
+    assert_int_equal(t->text.len, s.gen.len);
     thaw_slot_move(&s, THAW_SLOT_IDLE, NULL, NULL);
     thaw_task_release(t);
     thaw_slot_free(&s);
