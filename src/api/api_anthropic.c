@@ -18,6 +18,7 @@
 #include "api/codec.h"
 
 #include "base/error.h"
+#include "base/fmt.h"
 #include "base/log.h"
 #include "base/utf8.h"
 
@@ -578,16 +579,11 @@ char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int output_tokens)
 
 void thaw_anthropic_signature(const char *thinking, size_t n, char out[THAW_ANTHROPIC_SIGNATURE_LEN])
 {
-    static const char hex[] = "0123456789abcdef";
     unsigned char h[16];
 
     crypto_generichash(h, sizeof h, (const unsigned char *)thinking, n, (const unsigned char *)"thaw.thinking.v1", 16);
     memcpy(out, "thaw-", 5);
-    for (int i = 0; i < 16; i++) {
-        out[5 + 2 * i] = hex[h[i] >> 4];
-        out[6 + 2 * i] = hex[h[i] & 15];
-    }
-    out[37] = '\0';
+    thaw_hex(h, sizeof h, out + 5);
 }
 
 char *thaw_anthropic_message_json(const char *id, const char *model, const char *message_json,

@@ -4,6 +4,7 @@
 
 #include "base/blob.h"
 #include "base/error.h"
+#include "base/fmt.h"
 #include "base/le.h"
 
 #include <sodium.h>
@@ -27,8 +28,7 @@ static void tag16(const uint8_t key[32], const char *what, const uint8_t v[THAW_
     crypto_generichash_update(&st, (const uint8_t *)what, strlen(what) + 1);
     crypto_generichash_update(&st, v, THAW_KEY_BYTES);
     crypto_generichash_final(&st, h, sizeof h);
-    for (int i = 0; i < 8; i++)
-        snprintf(out + 2 * i, 3, "%02x", h[i]);
+    thaw_hex(h, 8, out);
 }
 
 int thaw_shared_derive(const void *secret, size_t n_secret, const uint8_t identity[THAW_KEY_BYTES],
@@ -49,8 +49,7 @@ void thaw_shared_name(const struct thaw_shared_names *nm, const uint8_t ns[THAW_
     char tenant[17], hex[2 * THAW_KEY_BYTES + 1];
 
     tag16(nm->key, "tenant", ns, tenant);
-    for (int i = 0; i < THAW_KEY_BYTES; i++)
-        snprintf(hex + 2 * i, 3, "%02x", id[i]);
+    thaw_hex(id, THAW_KEY_BYTES, hex);
     snprintf(out, cap, "v1/%s/%s/%c/%s", nm->model_tag, tenant, kind, hex);
 }
 

@@ -9,6 +9,7 @@
 
 #include "api/keys_request.h"
 #include "base/error.h"
+#include "base/fmt.h"
 #include "base/log.h"
 #include "engine/engine_state.h"
 
@@ -123,8 +124,7 @@ int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, cons
      * max_tokens 0: nothing to generate, answered after one token as OpenAI does */
     unsigned char rnd[6];
     randombytes_buf(rnd, sizeof rnd);
-    for (int i = 0; i < 6; i++)
-        snprintf(t->id_prefix + 2 * i, 3, "%02x", rnd[i]);
+    thaw_hex(rnd, sizeof rnd, t->id_prefix);
     t->model_name = e->model_name;
     t->max_tokens = t->req.max_tokens > 0 ? t->req.max_tokens : t->req.max_tokens == 0 ? 1 : e->cfg->n_predict;
 

@@ -16,6 +16,7 @@
 #include "base/clock.h"
 #include "base/config.h"
 #include "base/error.h"
+#include "base/fmt.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "engine/engine.h"
@@ -107,8 +108,7 @@ static void make_id(const char *prefix, char out[48])
 
     randombytes_buf(r, sizeof r);
     memcpy(out, prefix, n);
-    for (int i = 0; i < 12; i++)
-        snprintf(out + n + 2 * i, 3, "%02x", r[i]);
+    thaw_hex(r, sizeof r, out + n);
 }
 
 /* The engine reaches the HTTP connection through these (task.h). */
