@@ -1,6 +1,6 @@
 /* keys.h — what a cached conversation is bound to: tenant namespaces,
  * bindings, block bindings (DESIGN §2 "Keying", §5); the conversation keys
- * over a request's messages are keys_request.h's.
+ * over a request's messages are request_keys.h's.
  *
  * The lookup key hashes the conversation truncated at its last assistant
  * message; the store key hashes the conversation plus the reply as the
@@ -68,7 +68,7 @@ void thaw_keys_block_binding(const uint8_t identity[THAW_KEY_BYTES], const uint8
 void thaw_keys_short(const uint8_t key[THAW_KEY_BYTES], char out[17]);
 
 /* Hashes s as one field: its length (u64, little-endian), then its bytes,
- * so no two lists of fields hash alike. For keys_request.c's keys. */
+ * so no two lists of fields hash alike. For request_keys.c's keys. */
 void thaw_keys_hash_field(crypto_generichash_state *st, const char *s);
 
 #endif

@@ -462,8 +462,8 @@ static void verify_main(void *arg)
  * assembled for the slot into k->bs, which the hit's parts then name; a
  * whole state: the parts as they are. Returns 0 or an error (a block is
  * gone: THAW_ECORRUPT, this manifest is no use). */
-static int assemble(struct thaw_kvcache *c, struct thaw_kvcache_held *k, const struct thaw_part_blob in[THAW_PART_COUNT],
-                    struct thaw_part_blob out[THAW_PART_COUNT])
+static int assemble(struct thaw_kvcache *c, struct thaw_kvcache_held *k,
+                    const struct thaw_part_blob in[THAW_PART_COUNT], struct thaw_part_blob out[THAW_PART_COUNT])
 {
     memcpy(out, in, sizeof(struct thaw_part_blob) * THAW_PART_COUNT);
     if (!c->disk || !thaw_manifest_is(in[THAW_PART_KV].data, in[THAW_PART_KV].size))

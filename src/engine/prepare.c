@@ -7,7 +7,7 @@
  */
 #include "engine/prepare.h"
 
-#include "api/keys_request.h"
+#include "api/request_keys.h"
 #include "base/error.h"
 #include "base/fmt.h"
 #include "base/log.h"
@@ -140,11 +140,11 @@ int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, cons
      * stored, the conversation up to its last assistant message */
     memcpy(t->ns, ns, THAW_KEY_BYTES);
     thaw_engine_binding(e, ns, t->binding);
-    thaw_keys_bind_request(t->binding, &t->req, t->binding);
-    long last_asst = thaw_keys_last_assistant(t->req.messages, t->req.n_messages);
+    thaw_request_keys_bind(t->binding, &t->req, t->binding);
+    long last_asst = thaw_request_keys_last_assistant(t->req.messages, t->req.n_messages);
     if (last_asst >= 0) {
         t->has_lookup_key = true;
-        thaw_keys_conversation(t->binding, t->req.messages, (size_t)last_asst + 1, NULL, t->lookup_key);
+        thaw_request_keys_conversation(t->binding, t->req.messages, (size_t)last_asst + 1, NULL, t->lookup_key);
     }
     if (thaw_log_verbosity() >= THAW_LOG_DEBUG) {
         char pck[4 * THAW_API_MAX_CONVERSATION_ID + 1], xci[4 * THAW_API_MAX_CONVERSATION_ID + 1];
@@ -169,5 +169,5 @@ fail_request:
 void thaw_prepare_store_key(const struct thaw_task *t, const char *norm_reply, const llama_token *tokens,
                             int n_tokens, uint8_t out[THAW_KEY_BYTES])
 {
-    thaw_keys_reply(t->binding, &t->req, norm_reply, tokens, n_tokens, out);
+    thaw_request_keys_reply(t->binding, &t->req, norm_reply, tokens, n_tokens, out);
 }

@@ -264,8 +264,8 @@ static int slot_install(struct thaw_slotkv *k, struct thaw_slot *s, const struct
  * tokens the slot holds afterwards (n_past when the hit gave no more; 0
  * when its bytes were bad, the slot then emptied). Sets the timings'
  * source and restore time when it gave more. */
-static int take_hit(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t,
-                    struct thaw_kvcache_hit *h, int n_past)
+static int take_hit(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, struct thaw_kvcache_hit *h,
+                    int n_past)
 {
     int got = slot_install(k, s, t, h->parts, n_past);
     int rc = thaw_kvcache_hit_end(k->kv, h, got);

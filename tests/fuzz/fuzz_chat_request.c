@@ -78,12 +78,12 @@ static void derive_key(const struct thaw_chat_request *req)
 {
     static const uint8_t binding[THAW_KEY_BYTES] = {1, 2, 3};
     uint8_t key[THAW_KEY_BYTES];
-    long last = thaw_keys_last_assistant(req->messages, req->n_messages);
+    long last = thaw_request_keys_last_assistant(req->messages, req->n_messages);
 
     if (last < -1 || last >= (long)req->n_messages)
         abort();
     if (last >= 0)
-        thaw_keys_conversation(binding, req->messages, (size_t)last + 1, NULL, key);
+        thaw_request_keys_conversation(binding, req->messages, (size_t)last + 1, NULL, key);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "api/keys_request.h"
+#include "api/request_keys.h"
 #include "cache/keys.h"
 
 static void test_namespace_is_the_key_not_its_position(void **state)
@@ -45,8 +45,8 @@ static void test_binding_separates_tenants_and_identity(void **state)
     thaw_keys_binding(fp, "s", NULL, id);
     assert_memory_not_equal(ba, bb, THAW_KEY_BYTES);
     assert_memory_not_equal(ba, id, THAW_KEY_BYTES);
-    thaw_keys_conversation(ba, m, 1, "{}", ka);
-    thaw_keys_conversation(bb, m, 1, "{}", kb);
+    thaw_request_keys_conversation(ba, m, 1, "{}", ka);
+    thaw_request_keys_conversation(bb, m, 1, "{}", kb);
     assert_memory_not_equal(ka, kb, THAW_KEY_BYTES);
 }
 
@@ -62,10 +62,10 @@ static void test_request_binding_covers_tools_and_kwargs(void **state)
     r2.tools_json = (char *)"[{\"function\":{\"name\":\"b\"},\"type\":\"function\"}]";
     r3.tools_json = r1.tools_json;
     r3.template_kwargs = (char *)"{\"enable_thinking\":false}";
-    thaw_keys_bind_request(b, &r1, b1);
-    thaw_keys_bind_request(b, &r2, b2);
-    thaw_keys_bind_request(b, &r3, b3);
-    thaw_keys_bind_request(b, &r1, b4);
+    thaw_request_keys_bind(b, &r1, b1);
+    thaw_request_keys_bind(b, &r2, b2);
+    thaw_request_keys_bind(b, &r3, b3);
+    thaw_request_keys_bind(b, &r1, b4);
     assert_memory_not_equal(b1, b2, THAW_KEY_BYTES);
     assert_memory_not_equal(b1, b3, THAW_KEY_BYTES);
     assert_memory_equal(b1, b4, THAW_KEY_BYTES);

@@ -1,11 +1,11 @@
-/* keys_request.c — the keys of a request's conversation (keys_request.h). */
-#include "api/keys_request.h"
+/* request_keys.c — the keys of a request's conversation (request_keys.h). */
+#include "api/request_keys.h"
 
 #include "api/api.h"
 
 #include <string.h>
 
-long thaw_keys_last_assistant(const struct thaw_message *msgs, size_t n)
+long thaw_request_keys_last_assistant(const struct thaw_message *msgs, size_t n)
 {
     for (size_t i = n; i-- > 0;)
         if (strcmp(msgs[i].role, "assistant") == 0)
@@ -13,8 +13,8 @@ long thaw_keys_last_assistant(const struct thaw_message *msgs, size_t n)
     return -1;
 }
 
-void thaw_keys_conversation(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
-                            const char *extra_json, uint8_t out[THAW_KEY_BYTES])
+void thaw_request_keys_conversation(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_message *msgs, size_t n,
+                                    const char *extra_json, uint8_t out[THAW_KEY_BYTES])
 {
     crypto_generichash_state st;
 
@@ -30,7 +30,7 @@ void thaw_keys_conversation(const uint8_t binding[THAW_KEY_BYTES], const struct 
     crypto_generichash_final(&st, out, THAW_KEY_BYTES);
 }
 
-void thaw_keys_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
+void thaw_request_keys_bind(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
                             uint8_t out[THAW_KEY_BYTES])
 {
     crypto_generichash_state st;
@@ -43,13 +43,13 @@ void thaw_keys_bind_request(const uint8_t binding[THAW_KEY_BYTES], const struct 
     crypto_generichash_final(&st, out, THAW_KEY_BYTES);
 }
 
-void thaw_keys_reply(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
-                     const char *reply_json, const int32_t *tokens, int n_tokens, uint8_t out[THAW_KEY_BYTES])
+void thaw_request_keys_reply(const uint8_t binding[THAW_KEY_BYTES], const struct thaw_chat_request *req,
+                             const char *reply_json, const int32_t *tokens, int n_tokens, uint8_t out[THAW_KEY_BYTES])
 {
     crypto_generichash_state st;
 
     if (!req->raw) {
-        thaw_keys_conversation(binding, req->messages, thaw_chat_request_n_history(req), reply_json, out);
+        thaw_request_keys_conversation(binding, req->messages, thaw_chat_request_n_history(req), reply_json, out);
         return;
     }
     crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
