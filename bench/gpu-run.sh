@@ -18,6 +18,12 @@
 # Run again on the same (still warm) box, it skips what is built and
 # generated (ninja is incremental; the model stays in .deps/gpu-models/) and
 # the bench gets the whole budget: what the first run had to skip, it runs.
+# bench/gpu's steps (8k, the copy rate, the seed workload, Claude Code's
+# request shape, 32k, 128k) take about one warm call; the 128k history
+# (~17 GB of KV: prefill twice, store, restore) runs last and may need the
+# next, with ~36 GB of disk for the model and its blocks. bench/gpu builds
+# bench/h2d.c (the plain copy rate) with the box's C compiler against the
+# llama.cpp just built.
 #
 # Files in $OUT (at most 8): gpu-run.log (everything printed), gpu-bench.md
 # (the table), servers.log (every thaw server's log), host-build.log,
