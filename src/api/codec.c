@@ -31,9 +31,26 @@ size_t thaw_codec_stream_from(const struct thaw_codec_stream *st)
     return st->parser ? 0 : st->n_seen;
 }
 
+/* Whether a parsed message carries nothing: no content, reasoning or
+ * tool call. */
+static bool msg_empty(const char *msg)
+{
+    json_t *m = json_loads(msg, 0, NULL), *c;
+    bool empty = json_is_object(m) && (!(c = json_object_get(m, "content")) || json_is_null(c) ||
+                                       (json_is_string(c) && json_string_length(c) == 0)) &&
+                 !json_object_get(m, "reasoning_content") && json_array_size(json_object_get(m, "tool_calls")) == 0;
+
+    json_decref(m);
+    return empty;
+}
+
 /* Hands the deltas from the last parsed message to `msg` to the writer.
- * A partial text that does not parse yet waits for more. */
-static int deltas(struct thaw_codec_stream *st, const char *msg)
+ * A partial text that does not parse yet waits for more, and so does one
+ * that parses as nothing at all (as llama-server's stream): a parser that
+ * reads the start of a tool call in what was content so far ("{" for
+ * Llama 3.x) gives an empty message until it knows, and a diff against
+ * that would send the whole content again at the end. */
+static int deltas(struct thaw_codec_stream *st, const char *msg, bool final)
 {
     char *diffs = NULL, err[256];
     json_t *arr = NULL, *d;
@@ -41,6 +58,8 @@ static int deltas(struct thaw_codec_stream *st, const char *msg)
     size_t i;
     int rc = 0;
 
+    if (!final && msg_empty(msg))
+        return 0;
     if (!(diffs = thaw_tmpl_diffs(st->prev_msg, msg, err, sizeof err)))
         return 0; /* nothing sendable yet */
     if (!(arr = json_loads(diffs, 0, &jerr)) || !json_is_array(arr)) {
@@ -104,7 +123,7 @@ int thaw_codec_stream_step(struct thaw_codec_stream *st, const struct thaw_codec
             msg = nw->reply && nw->reply->message_json ? strdup(nw->reply->message_json) : NULL;
         else if (nw->text)
             (void)thaw_chat_parse_reply(st->parser, nw->text, true, st->call_prefix, &msg, NULL, err, sizeof err);
-        rc = msg ? deltas(st, msg) : 0;
+        rc = msg ? deltas(st, msg, nw->done) : 0;
         free(msg);
     } else if (nw->text) {
         json_t *diff = json_pack("{s:s}", "content", nw->text);

@@ -270,6 +270,15 @@ char *thaw_tmpl_diffs(const char *prev_msg_json, const char *next_msg_json, char
     return json_call(err, errlen, "stream deltas could not be computed", [&] {
         common_chat_msg prev = prev_msg_json ? msg_from_json(prev_msg_json) : common_chat_msg{};
         common_chat_msg next = msg_from_json(next_msg_json);
+        /* A partial parse may trim the content's leading white space that
+         * the final one keeps (Llama 3.x's parser, when the text turned
+         * out not to be a tool call): it cannot be sent any more, but the
+         * rest can, rather than failing the diff and losing the tail. */
+        size_t ws = next.content.find_first_not_of(" \t\r\n");
+        if (!prev.content.empty() && ws != std::string::npos && ws > 0 &&
+            next.content.compare(0, prev.content.size(), prev.content) != 0 &&
+            next.content.compare(ws, prev.content.size(), prev.content) == 0)
+            prev.content = next.content.substr(0, ws) + prev.content;
         common_json out = common_json::array();
         for (const auto &d : common_chat_msg_diff::compute_diffs(prev, next)) {
             common_json o = common_json::object();

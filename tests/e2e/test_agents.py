@@ -140,6 +140,24 @@ def test_openai_sdk_gets_the_same_call_streamed_and_not(serve, family_models):
         s.kill()
 
 
+def test_content_with_a_brace_streams_once(serve, family_models):
+    # Llama 3.x's parser reads a "{" in what was content so far as the
+    # start of a tool call and parses the partial text as an empty message
+    # until the reply ends: a stream that diffed against that sent the
+    # whole content a second time at the end (every API's stream: the
+    # codecs share the step, codec.c; Anthropic's body takes no grammar)
+    s = serve(family_models["llama3.1"], "-np", "1")
+    grammar = 'root ::= "Use it like f(x) { return 1; } and " [a-z ]+'
+    body = {"messages": [user("Show me.")], "tools": [WEATHER, TIME], "grammar": grammar, "temperature": 0,
+            "max_tokens": 32}
+    r = s.post("/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    whole = r.json()["choices"][0]["message"]["content"]
+    assert whole.startswith("Use it like f(x) { return 1; } and "), whole
+    streamed, _ = stream_message(s, body)
+    assert streamed["content"] == whole
+
+
 def test_reasoning_is_split_from_content(serve, family_models):
     # DeepSeek R1's generation prompt opens <think>: all a random model says
     # is reasoning until it closes the tag
