@@ -931,13 +931,16 @@ char *thaw_api_dump(json_t *root)
 json_t *thaw_api_timings_json(const struct thaw_timings *t)
 {
     double pps = t->prompt_ms > 0 ? t->prompt_n * 1000.0 / t->prompt_ms : 0;
-    double gps = t->predicted_ms > 0 ? t->predicted_n * 1000.0 / t->predicted_ms : 0;
+    /* the generation rate is over decode steps, as llama-server's: the first
+     * token comes from the prompt's last batch and costs none of predicted_ms */
+    int steps = t->predicted_n > 0 ? t->predicted_n - 1 : 0;
+    double gps = t->predicted_ms > 0 ? steps * 1000.0 / t->predicted_ms : 0;
 
     return json_pack("{s:i, s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:s, s:f, s:i, s:i, s:i}", "cache_n", t->cache_n,
                      "prompt_n", t->prompt_n, "prompt_ms", t->prompt_ms, "prompt_per_token_ms",
                      t->prompt_n ? t->prompt_ms / t->prompt_n : 0.0, "prompt_per_second", pps, "predicted_n",
                      t->predicted_n, "predicted_ms", t->predicted_ms, "predicted_per_token_ms",
-                     t->predicted_n ? t->predicted_ms / t->predicted_n : 0.0, "predicted_per_second", gps,
+                     steps ? t->predicted_ms / steps : 0.0, "predicted_per_second", gps,
                      "cache_source", t->cache_source ? t->cache_source : "none", "restore_ms", t->restore_ms,
                      "draft_n", t->draft_n, "draft_n_accepted", t->draft_n_accepted, "draft_restored",
                      t->draft_restored);

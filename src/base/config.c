@@ -47,6 +47,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->kv_tap = true;
     cfg->reasoning_format = "auto";
     cfg->slots = true;
+    cfg->metrics = true;
     cfg->sse_ping_s = 30;
     cfg->api_prefix = "";
     cfg->draft_max = 16;

@@ -161,6 +161,7 @@ struct thaw_config {
     const char *reasoning;       /* -rea: on | off | auto (enable_thinking in the template's kwargs) */
     const char *api_prefix;      /* --api-prefix: the routes are served under it ("" = none) */
     bool slots;                  /* --slots (default) / --no-slots: GET /slots */
+    bool metrics;                /* --metrics (default) / --no-metrics: GET /metrics */
     int sse_ping_s;              /* --sse-ping-interval: ":" comment after this long without events (<= 0 off) */
 
     /* logging */

@@ -1,4 +1,4 @@
-/* metrics.c — Prometheus text exposition of struct thaw_metrics. */
+/* metrics.c — Prometheus text exposition of struct thaw_metrics: thaw's names, then llama-server's. */
 #include "base/metrics.h"
 
 #include <stdarg.h>
@@ -16,9 +16,57 @@ void thaw_metrics_append(char *buf, size_t cap, size_t *len, const char *name, c
         *len += (size_t)n < cap - *len ? (size_t)n : cap - *len;
 }
 
-char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn extra, void *ud)
+/* A rate over the window since the last scrape: (n - *n_seen) per second of
+ * (us - *us_seen); a scrape moves the window's start to now. 0 when no time
+ * passed in the window (nothing decoded: llama-server's 0 too). */
+static double window_rate(uint64_t n, uint64_t us, atomic_uint_fast64_t *n_seen, atomic_uint_fast64_t *us_seen,
+                          bool scrape)
 {
-    const size_t cap = 16384;
+    uint64_t n0 = scrape ? atomic_exchange(n_seen, n) : atomic_load(n_seen);
+    uint64_t us0 = scrape ? atomic_exchange(us_seen, us) : atomic_load(us_seen);
+
+    return us > us0 ? (double)(n - n0) * 1e6 / (double)(us - us0) : 0;
+}
+
+/* llama-server's names, HELP texts and types (its server_task_result_metrics
+ * ::to_metrics), from thaw's counters. */
+static void render_llamacpp(struct thaw_metrics *m, bool scrape, char *buf, size_t cap, size_t *len)
+{
+    uint64_t prompt_n = atomic_load(&m->prompt_tokens), prompt_us = atomic_load(&m->prompt_us);
+    uint64_t steps = atomic_load(&m->predicted_steps), predicted_us = atomic_load(&m->predicted_us);
+    uint64_t decodes = atomic_load(&m->decode_calls);
+
+#define C(name, help, v) thaw_metrics_append(buf, cap, len, "llamacpp:" name, "counter", help, (double)(v))
+#define G(name, help, v) thaw_metrics_append(buf, cap, len, "llamacpp:" name, "gauge", help, (double)(v))
+    C("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", prompt_n);
+    C("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+      atomic_load(&m->prompt_cached_tokens));
+    C("prompt_seconds_total", "Total time spent processing prompts", prompt_us / 1e6);
+    C("tokens_predicted_total", "Number of generation tokens processed", atomic_load(&m->predicted_tokens));
+    C("tokens_predicted_seconds_total", "Total time spent generating tokens", predicted_us / 1e6);
+    C("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+      decodes);
+    C("n_tokens_max", "Largest observed sequence length (prompt + generation)", atomic_load(&m->n_tokens_max));
+    C("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", atomic_load(&m->draft_tokens));
+    C("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
+      atomic_load(&m->draft_accepted));
+    C("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
+      atomic_load(&m->draft_steps));
+    G("prompt_tokens_seconds", "Average prompt throughput in tokens/s",
+      window_rate(prompt_n, prompt_us, &m->scraped_prompt_tokens, &m->scraped_prompt_us, scrape));
+    G("predicted_tokens_seconds", "Average generation throughput in tokens/s",
+      window_rate(steps, predicted_us, &m->scraped_predicted_steps, &m->scraped_predicted_us, scrape));
+    G("requests_processing", "Number of requests processing", atomic_load(&m->requests_processing));
+    G("requests_deferred", "Number of requests deferred", atomic_load(&m->queue_depth));
+    G("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+      (double)atomic_load(&m->busy_slot_decodes) / (decodes ? (double)decodes : 1.0));
+#undef C
+#undef G
+}
+
+char *thaw_metrics_render(struct thaw_metrics *m, bool scrape, thaw_metrics_extra_fn extra, void *ud)
+{
+    const size_t cap = 65536; /* thaw's, the cache tiers' and llama-server's: about 20 KiB with every tier on */
     char *buf = malloc(cap);
     size_t len = 0;
 
@@ -87,5 +135,6 @@ char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn ex
 #undef G
     if (extra)
         extra(ud, buf, cap, &len);
+    render_llamacpp(m, scrape, buf, cap, &len);
     return buf;
 }

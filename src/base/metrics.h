@@ -3,11 +3,18 @@
  * Every field is an atomic so any thread may update it without a lock; the
  * /metrics route snapshots them in thaw_metrics_render(). Seconds are kept
  * as microseconds internally (integers add atomically).
+ *
+ * The text carries thaw's own names (thaw_*) and, beside them, llama-server's
+ * (llamacpp:*, same meanings and types) so a dashboard built for
+ * llama-server reads thaw unchanged. Two of those are rates over the window
+ * since the previous scrape, as there: the `scraped_*` fields hold the
+ * counters as that scrape saw them.
  */
 #ifndef THAW_METRICS_H
 #define THAW_METRICS_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,8 +29,14 @@ struct thaw_metrics {
     atomic_uint_fast64_t predicted_tokens;   /* tokens generated */
     atomic_uint_fast64_t prompt_us;          /* time spent prefilling, microseconds */
     atomic_uint_fast64_t predicted_us;       /* time spent generating, microseconds */
+    atomic_uint_fast64_t predicted_steps;    /* decode steps that generated: each reply's tokens less its first,
+                                              * which the prompt's last batch yields */
     atomic_uint_fast64_t decode_calls;       /* llama_decode calls */
-    atomic_int slots_busy;                   /* gauge */
+    atomic_uint_fast64_t busy_slot_decodes;  /* requests_processing summed over the llama_decode calls */
+    atomic_uint_fast64_t n_tokens_max;       /* the longest sequence a slot held after a decode (prompt +
+                                              * generation); written by the engine thread only */
+    atomic_int slots_busy;                   /* gauge: slots in any phase but IDLE (re-decodes too) */
+    atomic_int requests_processing;          /* gauge: slots holding a request (PREFILL or GEN) */
     atomic_int queue_depth;                  /* gauge: tasks waiting for a slot */
     int slots_total;
     /* KV cache */
@@ -52,15 +65,22 @@ struct thaw_metrics {
     /* speculative decoding */
     atomic_uint_fast64_t draft_tokens;       /* tokens proposed by the draft */
     atomic_uint_fast64_t draft_accepted;     /* of those, accepted by the target */
+    atomic_uint_fast64_t draft_steps;        /* target decodes that verified drafted tokens */
+    /* the counters at the last /metrics scrape: llamacpp's rate gauges cover the window since */
+    atomic_uint_fast64_t scraped_prompt_tokens, scraped_prompt_us;
+    atomic_uint_fast64_t scraped_predicted_steps, scraped_predicted_us;
 };
 
 /* Snapshot callback for gauges owned by other modules (disk cache stats):
  * appends Prometheus lines to `buf` of `cap` bytes at `*len`. */
 typedef void (*thaw_metrics_extra_fn)(void *ud, char *buf, size_t cap, size_t *len);
 
-/* Renders all metrics into a malloc'd NUL-terminated string the caller frees;
- * NULL on allocation failure. `extra` may be NULL. */
-char *thaw_metrics_render(const struct thaw_metrics *m, thaw_metrics_extra_fn extra, void *ud);
+/* Renders all metrics, thaw's then llama-server's, into a malloc'd
+ * NUL-terminated string the caller frees; NULL on allocation failure.
+ * `extra` may be NULL. `scrape`: a Prometheus scrape (GET /metrics), which
+ * ends the rate gauges' window and starts the next; false reads the same
+ * numbers and leaves the window alone (the page's /cache). */
+char *thaw_metrics_render(struct thaw_metrics *m, bool scrape, thaw_metrics_extra_fn extra, void *ud);
 
 /* Appends one metric with HELP/TYPE lines; used by render and by extras. */
 void thaw_metrics_append(char *buf, size_t cap, size_t *len, const char *name, const char *type,

@@ -65,7 +65,6 @@ static int fn_cache_ram(void *dst, const struct thaw_flag *fl, const char *flag,
 static int fn_cpu_mask(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 static int fn_api_key(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 static int fn_verbose(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
-static int fn_accept(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 
 #define WHY_DOWNLOAD "thaw downloads nothing: pass a local GGUF with -m"
 #define WHY_EMBED "thaw serves chat, not embeddings or reranking"
@@ -256,7 +255,10 @@ static const struct thaw_flag opts[] = {
     {"--webui,--ui", NULL, THAW_FLAG_TRUE, OFF(webui), 0, 0,
      "serve the chat page with its cache view at / (default; the API it calls needs the key as usual)", NULL},
     {"--no-webui,--no-ui", NULL, THAW_FLAG_FALSE, OFF(webui), 0, 0, "no page: / and /webui/ answer 404", NULL},
-    FN("--metrics", NULL, fn_accept, "accepted for llama-server compatibility: /metrics is always on"),
+    {"--metrics", NULL, THAW_FLAG_TRUE, OFF(metrics), 0, 0,
+     "GET /metrics: Prometheus text, thaw's names and llama-server's (llamacpp:*) (default, unlike llama-server)",
+     NULL},
+    {"--no-metrics", NULL, THAW_FLAG_FALSE, OFF(metrics), 0, 0, "GET /metrics answers 501", NULL},
     {"--api-prefix", "PREFIX", THAW_FLAG_STR, OFF(api_prefix), 0, 0,
      "serve every route under PREFIX (e.g. /llm: /llm/v1/chat/completions), without the trailing slash", NULL},
     {"--ssl-key-file", "FILE", THAW_FLAG_STR, OFF(ssl_key_file), 0, 0, "serve HTTPS with this PEM private key (and --ssl-cert-file)", NULL},
@@ -1072,13 +1074,6 @@ static int fn_verbose(void *dst, const struct thaw_flag *fl, const char *flag, c
         cfg->verbosity = 0;
     else
         cfg->verbosity++;
-    return 0;
-}
-
-/* a llama-server flag thaw always behaves as */
-static int fn_accept(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
-{
-    (void)dst, (void)fl, (void)flag, (void)v;
     return 0;
 }
 

@@ -386,6 +386,7 @@ static void finish_fixups(struct thaw_engine *e, bool force)
 static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
 {
     int n_prompt_tokens = 0;
+    uint64_t n_tokens_max = atomic_load(&e->metrics->n_tokens_max);
 
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
@@ -407,7 +408,10 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             if (thaw_task_progress(s->task, s->n_prompt_done, (t1 - s->t_start_us) / 1000) != 0)
                 LOG_WRN("slot %d: out of memory for a progress report", s->id);
         }
+        if ((uint64_t)s->n_tokens > n_tokens_max)
+            n_tokens_max = (uint64_t)s->n_tokens;
     }
+    atomic_store(&e->metrics->n_tokens_max, n_tokens_max); /* this thread is its only writer */
     atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n_prompt_tokens);
     if (n_prompt_tokens > 0)
         atomic_fetch_add(&e->metrics->prompt_us, (uint64_t)(t1 - t0));
@@ -521,6 +525,7 @@ static void *engine_main(void *arg)
         int rc = llama_decode(e->ctx, e->batch);
         int64_t t1 = thaw_now_us();
         atomic_fetch_add(&e->metrics->decode_calls, 1);
+        atomic_fetch_add(&e->metrics->busy_slot_decodes, (uint64_t)atomic_load(&e->metrics->requests_processing));
         if (rc != 0) {
             fail_batch(e, rc);
             continue;

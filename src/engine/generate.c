@@ -41,6 +41,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
     thaw_slot_flush_text(s, true);
     thaw_slot_finish_timings(s, now);
     atomic_fetch_add(&e->metrics->predicted_tokens, (uint64_t)s->n_decoded);
+    atomic_fetch_add(&e->metrics->predicted_steps, (uint64_t)(s->n_decoded > 0 ? s->n_decoded - 1 : 0));
     atomic_fetch_add(&e->metrics->predicted_us, (uint64_t)(now - s->t_prompt_done_us));
     /* the reply as the message the client gets: content, reasoning, tool
      * calls; its normalised form keys the store, as the client will echo it */
@@ -212,6 +213,7 @@ void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s)
     s->timings.draft_n_accepted += accepted;
     atomic_fetch_add(&e->metrics->draft_tokens, (uint64_t)s->n_drafts);
     atomic_fetch_add(&e->metrics->draft_accepted, (uint64_t)accepted);
+    atomic_fetch_add(&e->metrics->draft_steps, 1);
     /* the KV holds next_token and every draft: keep next_token + accepted */
     thaw_slotkv_rm(e->skv, s, base + 1 + accepted);
     s->tokens[base] = s->next_token;

@@ -134,6 +134,11 @@ void thaw_slot_move(struct thaw_slot *s, enum thaw_slot_phase to, const struct t
         atomic_fetch_add(&m->slots_busy, 1);
     else if (to == THAW_SLOT_IDLE)
         atomic_fetch_sub(&m->slots_busy, 1);
+    /* processing a request = PREFILL or GEN: the task is taken and released above */
+    if (to == THAW_SLOT_PREFILL)
+        atomic_fetch_add(&m->requests_processing, 1);
+    else if ((from == THAW_SLOT_PREFILL || from == THAW_SLOT_GEN) && to != THAW_SLOT_GEN)
+        atomic_fetch_sub(&m->requests_processing, 1);
 }
 
 void thaw_slot_count(const struct thaw_slot *slots, int n, int count[THAW_SLOT_PHASE_COUNT])

@@ -14,8 +14,9 @@
  *   GEN -> FIXUP     and re-decodes the canonical form takes the fix-up tokens
  *   FIXUP -> IDLE    stored, cut short or failed       frees the fix-up tokens
  *
- * Every move updates the busy gauge (metrics slots_busy: every phase but
- * IDLE), so it always equals the number of non-IDLE slots.
+ * Every move updates the busy gauges (metrics slots_busy: every phase but
+ * IDLE; requests_processing: PREFILL and GEN), so they always equal the
+ * number of slots in those phases.
  *
  * PREFILL and GEN hold a task; FIXUP runs after the reply has been sent:
  * the slot re-decodes the reply's tail as the next turn will present it

@@ -13,7 +13,8 @@ struct one {
     enum thaw_slot_phase phase;
     llama_token *tokens; /* what the KV held at the last publish, n_tokens of cap */
     int n_tokens, cap;
-    int n_prompt, n_cached, n_decoded; /* the request in progress, or the last one */
+    int n_prompt, n_cached;            /* the request in progress, or the last one */
+    int n_decoded, n_remain;           /* the request in progress; 0 and -1 without one, as llama-server's */
     const char *cache_source;          /* static */
     const char *stored_to;             /* static, NULL = not stored yet */
     uint8_t ns[THAW_KEY_BYTES];
@@ -36,8 +37,10 @@ struct thaw_slots_view *thaw_slots_view_new(int n_slots, int n_ctx)
     pthread_mutex_init(&v->mu, NULL);
     v->n_slots = n_slots;
     v->n_ctx = n_ctx;
-    for (int i = 0; i < n_slots; i++)
+    for (int i = 0; i < n_slots; i++) {
         v->slots[i].cache_source = "none";
+        v->slots[i].n_remain = -1; /* no request yet */
+    }
     return v;
 }
 
@@ -73,10 +76,10 @@ void thaw_slots_view_publish(struct thaw_slots_view *v, const struct thaw_slot *
     if (s->phase == THAW_SLOT_PREFILL) /* a new request: it is not stored yet */
         o->stored_to = NULL;
     o->phase = s->phase;
-    if (s->task) {
+    o->n_decoded = s->task ? s->n_decoded : 0;
+    o->n_remain = s->task ? s->task->max_tokens - s->n_decoded : -1;
+    if (s->task)
         o->n_prompt = s->task->n_prompt;
-        o->n_decoded = s->n_decoded;
-    }
     o->n_cached = s->timings.cache_n;
     o->cache_source = s->timings.cache_source ? s->timings.cache_source : "none";
     memcpy(o->ns, s->ns, THAW_KEY_BYTES);
@@ -103,12 +106,15 @@ char *thaw_slots_view_json(struct thaw_slots_view *v, const struct thaw_chat *ch
     for (int i = 0; i < v->n_slots; i++) {
         const struct one *o = &v->slots[i];
         bool mine = memcmp(o->ns, ns, THAW_KEY_BYTES) == 0;
+        /* a request in flight, as llama-server's; the re-decode after a reply (FIXUP) is not one */
+        bool processing = o->phase == THAW_SLOT_PREFILL || o->phase == THAW_SLOT_GEN;
         char *text = mine && o->n_tokens ? thaw_chat_detokenize(chat, o->tokens, o->n_tokens) : NULL;
         json_t *so = json_pack(
-            "{s:i, s:i, s:b, s:b, s:i, s:i, s:i, s:s, s:[{s:b, s:i}], s:{s:s, s:i, s:s, s:o}}", "id", i, "n_ctx",
-            v->n_ctx, "speculative", 0, "is_processing", o->phase != THAW_SLOT_IDLE, "n_prompt_tokens", o->n_prompt,
+            "{s:i, s:i, s:b, s:b, s:i, s:i, s:i, s:s, s:[{s:b, s:i, s:i}], s:{s:s, s:i, s:s, s:o}}", "id", i, "n_ctx",
+            v->n_ctx, "speculative", 0, "is_processing", processing, "n_prompt_tokens", o->n_prompt,
             "n_prompt_tokens_processed", o->n_prompt - o->n_cached, "n_prompt_tokens_cache", o->n_cached, "prompt",
-            text ? text : "", "next_token", "has_next_token", o->phase == THAW_SLOT_GEN, "n_decoded", o->n_decoded,
+            text ? text : "", "next_token", "has_next_token", o->phase == THAW_SLOT_GEN, "n_remain", o->n_remain,
+            "n_decoded", o->n_decoded,
             "thaw", "phase", thaw_slot_phase_name(o->phase), "n_tokens", mine ? o->n_tokens : 0, "cache_source",
             o->cache_source, "stored_to", o->stored_to ? json_string(o->stored_to) : json_null());
         free(text);

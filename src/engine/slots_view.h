@@ -33,8 +33,10 @@ void thaw_slots_view_publish(struct thaw_slots_view *v, const struct thaw_slot *
 void thaw_slots_view_stored(struct thaw_slots_view *v, int id, const char *tiers);
 
 /* Any thread: llama-server's GET /slots array, one object per slot: id,
- * n_ctx, speculative, is_processing, n_prompt_tokens,
- * n_prompt_tokens_cache, prompt (the text the KV holds), next_token, plus
+ * n_ctx, speculative, is_processing (a request in flight: PREFILL or GEN),
+ * n_prompt_tokens, n_prompt_tokens_cache, prompt (the text the KV holds),
+ * next_token [{has_next_token, n_remain, n_decoded}: -1 and 0 with no
+ * request, so a finished request's budget does not linger], plus
  * "thaw": {phase, n_tokens, cache_source, stored_to}. The prompt text is
  * shown only for slots holding namespace `ns`'s tokens (with API keys, no
  * tenant reads another's conversation). malloc'd JSON, NULL on ENOMEM. */

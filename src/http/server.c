@@ -44,6 +44,8 @@ struct server {
     struct thaw_engine *engine;
     struct thaw_http *http;
     long started;
+    char started_text[24]; /* `started` in decimal, for /metrics' Process-Start-Time-Unix */
+    const char *metrics_headers[3];
     uint8_t key_ns[THAW_MAX_API_KEYS][THAW_KEY_BYTES]; /* thaw_keys_namespace of each --api-key */
     uint8_t anon_ns[THAW_KEY_BYTES];                   /* the namespace without keys */
 };
@@ -381,9 +383,14 @@ static void route_metrics(struct server *srv, const struct thaw_http_request *hr
 {
     (void)hr;
     (void)ns;
+    if (!srv->cfg.metrics) {
+        set_error(srv, r, 501, "This server does not support metrics endpoint. Start it with `--metrics`");
+        return;
+    }
     r->status = 200;
     r->content_type = "text/plain; version=0.0.4";
-    r->body = thaw_metrics_render(&srv->metrics, thaw_engine_metrics, srv->engine);
+    r->headers = srv->metrics_headers; /* llama-server's Process-Start-Time-Unix */
+    r->body = thaw_metrics_render(&srv->metrics, true, thaw_engine_metrics, srv->engine);
     if (!r->body)
         set_error(srv, r, 500, "out of memory");
 }
@@ -393,7 +400,7 @@ static void route_metrics(struct server *srv, const struct thaw_http_request *hr
 static void route_cache(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
                         struct thaw_http_response *r)
 {
-    char *text = thaw_metrics_render(&srv->metrics, thaw_engine_metrics, srv->engine);
+    char *text = thaw_metrics_render(&srv->metrics, false, thaw_engine_metrics, srv->engine);
 
     (void)hr;
     (void)ns;
@@ -805,6 +812,9 @@ int thaw_serve(const struct thaw_config *cfg)
     signal(SIGPIPE, SIG_IGN);
 
     srv->started = time(NULL);
+    snprintf(srv->started_text, sizeof srv->started_text, "%ld", srv->started);
+    srv->metrics_headers[0] = "Process-Start-Time-Unix";
+    srv->metrics_headers[1] = srv->started_text;
     if ((rc = thaw_engine_new(&srv->cfg, &srv->metrics, &srv->engine)) != 0)
         goto out;
     struct thaw_http_params hp = {

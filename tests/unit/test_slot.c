@@ -54,7 +54,7 @@ static void test_table_is_exactly_the_documented_moves(void **state)
 }
 
 /* Every path through the table keeps slots_busy == the number of slots
- * not IDLE. */
+ * not IDLE, and requests_processing == those in PREFILL or GEN. */
 static void test_busy_gauge_follows_every_path(void **state)
 {
     static const enum thaw_slot_phase paths[][5] = {
@@ -79,12 +79,16 @@ static void test_busy_gauge_follows_every_path(void **state)
             move(&a, paths[k][i], &m);
             assert_int_equal(a.phase, paths[k][i]);
             assert_int_equal(atomic_load(&m.slots_busy), 1 + (a.phase != THAW_SLOT_IDLE));
+            /* a request in flight: PREFILL or GEN, the re-decode after it not */
+            assert_int_equal(atomic_load(&m.requests_processing),
+                             1 + (a.phase == THAW_SLOT_PREFILL || a.phase == THAW_SLOT_GEN));
             if (a.phase == THAW_SLOT_IDLE)
                 break;
         }
     }
     move(&b, THAW_SLOT_IDLE, &m);
     assert_int_equal(atomic_load(&m.slots_busy), 0);
+    assert_int_equal(atomic_load(&m.requests_processing), 0);
     move(&a, THAW_SLOT_PREFILL, NULL); /* no metrics: the phase still moves */
     assert_int_equal(a.phase, THAW_SLOT_PREFILL);
     assert_int_equal(atomic_load(&m.slots_busy), 0);
