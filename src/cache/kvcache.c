@@ -563,8 +563,9 @@ static int found(struct thaw_kvcache *c, struct thaw_kvcache_held *k, const stru
         return THAW_ENOTFOUND;
     }
 #ifdef THAW_HAVE_SHARED
-    /* fetched from the shared tier into the local one just before */
-    if (k->kind == HELD_DISK && thaw_shared_taken(c->shared, k->key))
+    /* fetched from the shared tier into the local one just before (its
+     * files, or still the writer's) */
+    if ((k->kind == HELD_DISK || k->kind == HELD_PENDING) && thaw_shared_taken(c->shared, k->key))
         source = "shared";
 #endif
     h->source = source;
