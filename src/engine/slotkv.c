@@ -98,6 +98,8 @@ static int open_tiers(struct thaw_slotkv *k, const struct thaw_slotkv_params *p)
     return thaw_kvcache_open(&kp, &k->kv);
 }
 
+static void count_device_io(struct thaw_slotkv *k);
+
 int thaw_slotkv_new(const struct thaw_slotkv_params *p, struct thaw_slotkv **out)
 {
     struct thaw_slotkv *k = calloc(1, sizeof *k);
@@ -118,6 +120,7 @@ int thaw_slotkv_new(const struct thaw_slotkv_params *p, struct thaw_slotkv **out
         free(k);
         return rc;
     }
+    count_device_io(k); /* the start-up self-test's reads, from the first scrape */
     *out = k;
     return 0;
 }
@@ -242,7 +245,7 @@ static int slot_install(struct thaw_slotkv *k, struct thaw_slot *s, const struct
     thaw_slotkv_clear(k, s);
     if ((rc = thaw_kvstate_restore(k->ctx, s->id, &v)) != 0)
         return rc;
-    thaw_kvtap_restored(k->tap, s->id, v.state, v.n_state);
+    thaw_kvtap_restored(k->tap, s->id, v.state, v.n_state, thaw_kvcache_block_tokens(k->kv));
     memcpy(s->tokens, v.tokens, (size_t)v.n_tokens * sizeof(llama_token));
     s->n_tokens = v.n_tokens;
     if ((rc = thaw_ckpt_parse(parts[THAW_PART_CKPT].data, parts[THAW_PART_CKPT].size, &s->ckpts)) != 0) {

@@ -714,7 +714,34 @@ static void swa_restored(struct thaw_kvtap *t, llama_seq_id seq, const struct th
     free(idx);
 }
 
-void thaw_kvtap_restored(struct thaw_kvtap *t, llama_seq_id seq, const void *state, size_t n_state)
+/* A device's restored partial last block [a, n) of the state l, kept as
+ * stream seq's last cut: its rows are the state's own bytes, so the store
+ * that cuts the block next reads only the cells past n from the device. */
+static void last_restored(struct thaw_kvtap *t, llama_seq_id seq, const struct thaw_kvlayout *l, uint32_t n,
+                          uint32_t block_tokens)
+{
+    uint32_t a = n / block_tokens * block_tokens;
+
+    if (a == n || (!t->last && !(t->last = calloc(t->n_stream, sizeof *t->last))))
+        return;
+    struct last_cut *lc = &t->last[seq];
+    size_t sz = thaw_kvlayout_block_size(l, a, n);
+    if (sz == 0 || sz != thaw_kvtap_block_size(t, a, n))
+        return;
+    if (sz > lc->cap) {
+        uint8_t *x = realloc(lc->blk, sz);
+        if (!x)
+            return;
+        lc->blk = x;
+        lc->cap = sz;
+    }
+    if (thaw_kvlayout_cut(l, a, n, lc->blk, sz) != 0)
+        return;
+    lc->a = a, lc->cells = n - a, lc->valid = n;
+}
+
+void thaw_kvtap_restored(struct thaw_kvtap *t, llama_seq_id seq, const void *state, size_t n_state,
+                         uint32_t block_tokens)
 {
     struct thaw_kvlayout *l = NULL;
 
@@ -736,10 +763,13 @@ void thaw_kvtap_restored(struct thaw_kvtap *t, llama_seq_id seq, const void *sta
         t->cell[base + p] = (int32_t)p;
         t->rev[base + p] = (int32_t)p;
     }
-    if (same_block(t, l, seq, 0, 1) != 0 || same_block(t, l, seq, n - 1, n) != 0)
+    if (same_block(t, l, seq, 0, 1) != 0 || same_block(t, l, seq, n - 1, n) != 0) {
         thaw_kvtap_forget(t, seq, 0);
-    else
+    } else {
         swa_restored(t, seq, l);
+        if (t->device && block_tokens)
+            last_restored(t, seq, l, n, block_tokens);
+    }
     thaw_kvlayout_free(l);
 }
 
@@ -1038,7 +1068,7 @@ int thaw_kvtap_selftest(struct thaw_kvtap *t, struct llama_context *ctx, llama_s
         rc = thaw_why(why, n_why, THAW_ELLAMA, "llama_state_seq_set_data failed");
         goto done;
     }
-    thaw_kvtap_restored(t, seq, state, n_state);
+    thaw_kvtap_restored(t, seq, state, n_state, 0);
     if (!thaw_kvtap_known(t, seq, 0, SELFTEST_TOKENS)) {
         t->ready = 0;
         rc = thaw_why(why, n_why, THAW_ELAYOUT, "a restored state's cells are not where the tap expects them");

@@ -88,8 +88,12 @@ void thaw_kvtap_forget(struct thaw_kvtap *t, llama_seq_id seq, int from_pos);
 
 /* The engine installed `state` (llama_state_seq_set_data's input, n_state
  * bytes) into seq: its cells are known if its first and last cells are
- * where a fresh install puts them. */
-void thaw_kvtap_restored(struct thaw_kvtap *t, llama_seq_id seq, const void *state, size_t n_state);
+ * where a fresh install puts them. With a cache in device memory and
+ * block_tokens > 0 (the store's blocks), the state's partial last block
+ * is kept as the stream's last cut, so the next store reads only the
+ * cells past it from the device. */
+void thaw_kvtap_restored(struct thaw_kvtap *t, llama_seq_id seq, const void *state, size_t n_state,
+                         uint32_t block_tokens);
 
 /* 1 if positions [a, b) of seq are known. */
 int thaw_kvtap_known(const struct thaw_kvtap *t, llama_seq_id seq, uint32_t a, uint32_t b);

@@ -176,7 +176,7 @@ static void test_cuts_equal_captures_through_a_slots_life(void **state)
     llama_memory_seq_rm(mem, 2, -1, -1);
     thaw_kvtap_forget(g_tap, 2, 0);
     assert_int_equal(llama_state_seq_set_data(g_ctx, st, n_state, 2), n_state);
-    thaw_kvtap_restored(g_tap, 2, st, n_state);
+    thaw_kvtap_restored(g_tap, 2, st, n_state, 0);
     free(st);
     assert_cuts_match(2, 160, 32);
     /* and it goes on from there */
