@@ -19,11 +19,16 @@ Run as its own pass by scripts/test.sh (THAW_TEST_VULKAN=1, with
 GGML_VK_VISIBLE_DEVICES=0: ggml skips a Vulkan device of CPU type unless
 named); skipped otherwise, so the main pass stays on the CPU.
 
-Every server runs with -fa off: Mesa 22.3's lavapipe crashes now and then
-in its own worker thread (SIGSEGV inside libvulkan_lvp.so while the engine
-waits in llama_decode) on the flash-attention graphs (issue #41: a gemma3
-model with -fa on in 2 of 3 runs of a 3.2k-token prompt). The pass must
-not be flaky, so it does not run what triggers the driver's crash.
+Every server runs with -fa off: Mesa 22.3's lavapipe crashes on the
+flash-attention graphs of gpt-oss and deepseek2 (issue #41), every time,
+on the first prompt (a 140-token prompt, one server, no disk cache): a
+SIGSEGV in lavapipe's queue thread (every frame inside libvulkan_lvp.so)
+while the engine waits in ggml_vk_synchronize and no thread of thaw's
+runs; Khronos' validation layer reports nothing about ggml-vulkan's
+submissions before it, and LP_NUM_THREADS=0 changes nothing. So it is
+the driver's; with -fa off both run. (Last session's intermittent gemma3
+crash with -fa on did not come back in 14 runs on this build, warm or
+cold shader cache.)
 
 lavapipe compiles a pipeline per shape on first use; Mesa keeps them in
 $XDG_CACHE_HOME (~/.cache/mesa_shader_cache), so only a machine's first run
