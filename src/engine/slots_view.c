@@ -2,6 +2,7 @@
 #include "engine/slots_view.h"
 
 #include "api/chat.h"
+#include "base/utf8.h"
 #include "engine/slot.h"
 
 #include <jansson.h>
@@ -108,7 +109,11 @@ char *thaw_slots_view_json(struct thaw_slots_view *v, const struct thaw_chat *ch
         bool mine = memcmp(o->ns, ns, THAW_KEY_BYTES) == 0;
         /* a request in flight, as llama-server's; the re-decode after a reply (FIXUP) is not one */
         bool processing = o->phase == THAW_SLOT_PREFILL || o->phase == THAW_SLOT_GEN;
-        char *text = mine && o->n_tokens ? thaw_chat_detokenize(chat, o->tokens, o->n_tokens) : NULL;
+        /* what a slot holds may end inside a character, or be bytes no
+         * character makes (a prompt of token ids): sent as valid UTF-8 */
+        char *raw = mine && o->n_tokens ? thaw_chat_detokenize(chat, o->tokens, o->n_tokens) : NULL;
+        char *text = raw ? thaw_utf8_sanitize(raw, strlen(raw)) : NULL;
+        free(raw);
         json_t *so = json_pack(
             "{s:i, s:i, s:b, s:b, s:i, s:i, s:i, s:s, s:[{s:b, s:i, s:i}], s:{s:s, s:i, s:s, s:o}}", "id", i, "n_ctx",
             v->n_ctx, "speculative", 0, "is_processing", processing, "n_prompt_tokens", o->n_prompt,

@@ -183,6 +183,17 @@ def test_cors_preflight(serve):
     assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
 
 
+def test_slots_answer_when_a_slot_holds_bytes_no_character_makes(serve):
+    # a prompt of token ids may be a lone byte token: /slots detokenizes
+    # what each slot holds, which was then no valid UTF-8 and a 500
+    s = serve("llama", "-np", "1", "-c", "1024")
+    r = s.post("/completion", {"prompt": [229], "n_predict": 1})
+    assert r.status_code == 200, r.text
+    r = s.get("/slots")
+    assert r.status_code == 200, r.text
+    assert r.json()[0]["id"] == 0
+
+
 def test_id_slot_runs_on_the_named_slot(serve):
     s = serve("llama", "-np", "2", "-c", "1024")
     a, b = "alpha " * 6 + "one", "beta " * 6 + "two"
