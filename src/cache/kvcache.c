@@ -535,10 +535,17 @@ static void held_remove(struct thaw_kvcache *c, const struct thaw_kvcache_held *
     }
 }
 
-static const char *held_what(const struct thaw_kvcache_held *k)
+/* What a hit came from, for the log: "disk entry <key>", "prefix blocks". */
+static const char *held_name(const struct thaw_kvcache_held *k, char out[40])
 {
     static const char *const what[] = {"RAM entry", "queued store", "disk entry", "prefix blocks"};
-    return what[k->kind];
+    char hex[17];
+
+    if (k->kind == HELD_PREFIX)
+        return what[k->kind];
+    thaw_keys_short(k->key, hex);
+    snprintf(out, 40, "%s %s", what[k->kind], hex);
+    return out;
 }
 
 /* A found entry's parts (references taken or the entry's own mapping)
@@ -550,9 +557,8 @@ static int found(struct thaw_kvcache *c, struct thaw_kvcache_held *k, const stru
     int rc = assemble(c, k, in, h->parts);
 
     if (rc != 0) {
-        char hex[17];
-        thaw_keys_short(k->key, hex);
-        LOG_WRN("slot %d: %s %s unusable (%s): %s, serving by prefill", k->slot_id, held_what(k), hex,
+        char name[40];
+        LOG_WRN("slot %d: %s unusable (%s): %s, serving by prefill", k->slot_id, held_name(k, name),
                 thaw_strerror(rc), k->kind == HELD_PENDING ? "skipped" : "removed");
         if (k->verifying) { /* a bad .kv removes itself (cache_disk.h) */
             thaw_workers_wait(c->workers, &k->vj);
@@ -703,7 +709,7 @@ int thaw_kvcache_hit_end(struct thaw_kvcache *c, struct thaw_kvcache_hit *h, int
 {
     struct thaw_kvcache_held *k = h->held;
     int bad = 0;
-    char hex[17];
+    char name[40];
 
     if (!k)
         return installed;
@@ -722,19 +728,17 @@ int thaw_kvcache_hit_end(struct thaw_kvcache *c, struct thaw_kvcache_hit *h, int
                 "checksums waited for %.1f ms",
                 k->slot_id, (double)k->bs.n_kv / 1048576.0, k->bs.n_blocks, (double)(k->t_asm1 - k->t_asm0) / 1000.0,
                 (double)(k->t_inst - k->t_asm1) / 1000.0, (double)(thaw_now_us() - k->t_inst) / 1000.0);
-    thaw_keys_short(k->key, hex);
     int got = installed;
     if (bad) {
         if (k->kind == HELD_DISK && k->vrc)
-            LOG_WRN("slot %d: disk entry %s failed verification: removed, serving by prefill", k->slot_id, hex);
+            LOG_WRN("slot %d: %s failed verification: removed, serving by prefill", k->slot_id, held_name(k, name));
         else
-            LOG_WRN("slot %d: %s%s%s unusable (%s): serving by prefill", k->slot_id, held_what(k),
-                    k->kind == HELD_PREFIX ? "" : " ", k->kind == HELD_PREFIX ? "" : hex, thaw_strerror(bad));
+            LOG_WRN("slot %d: %s unusable (%s): serving by prefill", k->slot_id, held_name(k, name),
+                    thaw_strerror(bad));
         got = bad;
     } else if (installed < 0) {
-        LOG_WRN("slot %d: %s%s%s unusable (%s): %s, serving by prefill", k->slot_id, held_what(k),
-                k->kind == HELD_PREFIX ? "" : " ", k->kind == HELD_PREFIX ? "" : hex, thaw_strerror(installed),
-                k->kind == HELD_RAM || k->kind == HELD_DISK ? "removed" : "skipped");
+        LOG_WRN("slot %d: %s unusable (%s): %s, serving by prefill", k->slot_id, held_name(k, name),
+                thaw_strerror(installed), k->kind == HELD_RAM || k->kind == HELD_DISK ? "removed" : "skipped");
         held_remove(c, k);
     }
     if (got > k->n_past) { /* the caller counts the outcome, once per request */
