@@ -118,11 +118,14 @@ char *thaw_metrics_render(struct thaw_metrics *m, bool scrape, thaw_metrics_extr
     C("kv_cache_fixups_cut_total",
       "post-reply re-decodes cut short for a request that needed the slot (the next turn prefills the rest)",
       atomic_load(&m->fixups_cut));
-    C("kv_cache_reply_stores_total", "finished replies stored once re-decoded (engine.c)",
+    C("kv_cache_reply_stores_total", "finished replies stored (the first store of each: early, or once re-decoded)",
       atomic_load(&m->reply_stores));
     C("kv_cache_reply_store_wait_seconds_total",
-      "time from a reply's end to its store (the canonical re-decode and waiting for the engine)",
+      "time from a reply's end to its first store (the canonical re-decode and waiting for the engine, or none)",
       atomic_load(&m->reply_store_wait_us) / 1e6);
+    C("kv_cache_stores_early_total",
+      "replies stored as they stood because their re-decoding had to wait for a busy engine (superseded after it)",
+      atomic_load(&m->stores_early));
     G("kv_cache_ram_bytes", "bytes held by the RAM tier", atomic_load(&m->ram_bytes));
     G("kv_cache_ram_entries", "conversations held by the RAM tier", atomic_load(&m->ram_entries));
     G("kv_cache_ram_budget_bytes", "the RAM tier's budget, --cache-ram (0 = off)", m->ram_budget_bytes);

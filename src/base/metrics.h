@@ -56,8 +56,9 @@ struct thaw_metrics {
     atomic_uint_fast64_t device_to_host;     /* bytes stores copied out of device memory (0: KV on the host) */
     atomic_uint_fast64_t host_to_device;     /* bytes restores copied into device memory */
     atomic_uint_fast64_t fixups_cut;         /* post-reply re-decodes cut short for a request needing the slot */
-    atomic_uint_fast64_t reply_stores;       /* finished replies stored (after their re-decoding) */
-    atomic_uint_fast64_t reply_store_wait_us; /* their time from the reply's end to the store, microseconds */
+    atomic_uint_fast64_t reply_stores;       /* finished replies stored (the first store of each: early, or after its re-decoding) */
+    atomic_uint_fast64_t reply_store_wait_us; /* their time from the reply's end to that store, microseconds */
+    atomic_uint_fast64_t stores_early;       /* of those, stored before a re-decoding that had to wait (engine.c) */
     atomic_uint_fast64_t ram_bytes;          /* gauge: bytes held by the RAM tier */
     atomic_int ram_entries;                  /* gauge: conversations held by the RAM tier */
     uint64_t ram_budget_bytes;               /* --cache-ram in bytes (0 = tier off); set once at start */

@@ -169,10 +169,7 @@ int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY
 {
     uint64_t size = parts_size(parts);
     uint8_t *own = NULL;
-    int i;
 
-    if ((i = find(c, key)) >= 0)
-        drop(c, i);
     if (size > c->budget || (n_refs && !(own = malloc((size_t)n_refs * THAW_KEY_BYTES)))) {
         parts_unref(parts);
         sweep_orphans(c); /* blocks put for this entry */
@@ -208,8 +205,14 @@ int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY
     /* named before making room: its own blocks are not orphans; what is
      * still an orphan was left by a store that never put its entry */
     refs_apply(c, own, n_refs, +1);
+    /* the key stored again (the reply as generated, then its canonical
+     * form): the old entry goes only now, so that the blocks both name,
+     * which the new store found held and did not put again, stay */
+    int old = find(c, key);
+    if (old < c->n - 1)
+        drop(c, old); /* moves the new entry, the last, into old's place */
     sweep_orphans(c);
-    make_room(c, 0, c->n - 1);
+    make_room(c, 0, find(c, key));
     if (c->bytes > c->budget) { /* it alone, with its blocks, does not fit */
         drop(c, find(c, key));
         sweep_orphans(c);

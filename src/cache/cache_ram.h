@@ -37,7 +37,7 @@ void thaw_ram_cache_free(struct thaw_ram_cache *c);
 /* Takes the caller's reference to each present part's blob (dropped on
  * eviction, or at once when the entry alone exceeds the budget: then
  * THAW_ETOOBIG); parts[THAW_PART_KV] must be present. Replaces an entry of
- * the same key. Evicts LRU entries to fit. Returns 0 or THAW_ETOOBIG /
+ * the same key (kept when the new one is refused before it is in). Evicts LRU entries to fit. Returns 0 or THAW_ETOOBIG /
  * THAW_ENOMEM (the references are taken in every case). */
 int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
                        const struct thaw_part_blob parts[THAW_PART_COUNT], int64_t now);

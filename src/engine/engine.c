@@ -345,11 +345,14 @@ static bool engine_alone(const struct thaw_engine *e)
 }
 
 /* Stores a FIXUP slot's state (slotkv.h), counting how long after the
- * reply's end it went (the re-decode and the wait for the engine). */
+ * reply's end its first store went (the re-decode and the wait for the
+ * engine, or none when stored early). */
 static void store_reply(struct thaw_engine *e, struct thaw_slot *s)
 {
-    atomic_fetch_add(&e->metrics->reply_stores, 1);
-    atomic_fetch_add(&e->metrics->reply_store_wait_us, (uint64_t)(thaw_now_us() - s->fix_since_us));
+    if (!s->stored_early || s->n_tokens < s->n_fix) { /* the reply's first store */
+        atomic_fetch_add(&e->metrics->reply_stores, 1);
+        atomic_fetch_add(&e->metrics->reply_store_wait_us, (uint64_t)(thaw_now_us() - s->fix_since_us));
+    }
     thaw_slotkv_store(e->skv, s);
 }
 
@@ -379,6 +382,39 @@ static void finish_fixups(struct thaw_engine *e, bool force)
             continue;
         store_reply(e, s);
         thaw_engine_slot_idle(e, s);
+    }
+}
+
+/* A re-decoding expected to take longer than this (its tokens x the
+ * measured cost of one) is not waited for: the reply is stored first. */
+#define THAW_EARLY_STORE_US 20000.0
+
+/* FIXUP slots whose re-decoding will not be done soon (another slot
+ * prefills or generates, a request is queued, or the re-decode itself is
+ * long or of unknown cost) store what they hold now, once: a prefix of
+ * the conversation as the next turn presents it (the reply's tokens up to
+ * where the canonical form parts from them), so a reply is on disk within
+ * the writer's commit, not when the engine gets to it, and a crash or
+ * restart in between costs the next turn only the few tokens past that
+ * point. The store after the re-decoding supersedes it under the same key
+ * (its full blocks are the same ones: not written twice; the manifest and
+ * its tail are). Only where a store is cheap (the tap); not on recurrent
+ * memory, whose turn-end snapshot is a whole state and kept for later
+ * anyway. */
+static void store_early(struct thaw_engine *e)
+{
+    if (!store_is_cheap(e) || e->recurrent || !thaw_kvcache_enabled(e->kv))
+        return;
+    bool soon = (e->fixup_awaited || engine_alone(e)) && thaw_sched_depth(e->sched) == 0;
+    for (int i = 0; i < e->n_slots; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        if (s->phase != THAW_SLOT_FIXUP || s->stored_early || s->n_tokens >= s->n_fix || fixup_held(e, s))
+            continue;
+        if (soon && e->fixup_us_per_tok > 0 && (s->n_fix - s->n_tokens) * e->fixup_us_per_tok <= THAW_EARLY_STORE_US)
+            continue;
+        s->stored_early = true;
+        atomic_fetch_add(&e->metrics->stores_early, 1);
+        store_reply(e, s);
     }
 }
 
@@ -459,6 +495,7 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             continue;
         thaw_gen_take_token(e, s, tok, &probs);
     }
+    store_early(e); /* the replies that just finished */
 }
 
 static void fail_batch(struct thaw_engine *e, int rc)
@@ -516,6 +553,7 @@ static void *engine_main(void *arg)
         }
         if (admit(e, true) == 0)
             continue;
+        store_early(e); /* before a prompt just admitted makes a re-decode wait */
         build_batch(e);
         if (e->batch.n_tokens == 0) {
             finish_fixups(e, true); /* nothing decodes */

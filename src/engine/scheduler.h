@@ -23,7 +23,9 @@
  *     prompt it waits; beside generation it waits THAW_FIXUP_DEFER_US, then
  *     THAW_FIXUP_PIGGYBACK tokens ride along each step, so a busy server
  *     still stores within seconds. Its store waits the same way when
- *     it is a whole capture; from the tap (a few rows) it goes at once.
+ *     it is a whole capture; from the tap (a few rows) it goes at once,
+ *     and a re-decode that will not be done soon stores the reply as it
+ *     stands first (engine.c, store_early).
  */
 #ifndef THAW_SCHEDULER_H
 #define THAW_SCHEDULER_H

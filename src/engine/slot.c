@@ -119,6 +119,7 @@ void thaw_slot_move(struct thaw_slot *s, enum thaw_slot_phase to, const struct t
         s->fix = in->fix;
         s->n_fix = in->fix ? in->n_fix : s->n_tokens;
         s->fix_since_us = thaw_now_us();
+        s->stored_early = false;
     }
     if (from == THAW_SLOT_FIXUP) {
         free(s->fix);

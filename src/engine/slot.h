@@ -97,6 +97,7 @@ struct thaw_slot {
     llama_token *fix;
     int n_fix;
     int64_t fix_since_us; /* when the slot entered FIXUP */
+    bool stored_early;    /* FIXUP: what it held was stored before its re-decoding (engine.c) */
     uint8_t store_key[THAW_KEY_BYTES];
     int store_parts_at; /* > 0: the next turn presents tokens that part from the stored ones at this
                          * position (stored as generated: no rollback reached the canonical form) */

@@ -1,6 +1,8 @@
 """When a finished turn is on disk, and what a restart under load keeps
 (issue #42): a turn's commit costs the same few syncs whatever its number
-of blocks, so it lands soon after the reply even on a slow disk; SIGTERM with a backlog of stores and slow syncs exits within
+of blocks, so it lands soon after the reply even on a slow disk; a reply
+whose re-decoding has to wait for a busy engine is stored as it stands
+first; SIGTERM with a backlog of stores and slow syncs exits within
 --shutdown-timeout with every finished turn restorable; a second SIGTERM
 exits at once. Real binary, real files, a slow disk by test hook
 (THAW_TEST_DISK_FSYNC_DELAY_MS: every fsync and syncfs sleeps first)."""
@@ -55,6 +57,48 @@ def test_turn_commits_in_two_syncs_on_a_slow_disk(serve, models, tmp_path):
     got, _ = from_cache(r2)
     assert r2["timings"]["cache_source"] in ("disk", "blocks")
     assert got >= 0.95 * r1["usage"]["prompt_tokens"], (got, r1["usage"])
+
+
+def test_reply_stored_before_a_busy_engine_frees(serve, models, tmp_path):
+    """A reply whose re-decoding must wait (the other slot prefills and
+    generates without pause) is stored as it stands at once: the store
+    does not wait for the engine to be free. Then restored after a kill."""
+    flags = ["--kv-cache-dir", str(tmp_path), "--cache-ram", "0", "-np", "2", "-c", "8192",
+             "--kv-cache-min-tokens", "700"]
+    s = serve("llama", *flags)
+    stop = threading.Event()
+
+    def traffic():  # never stored: shorter than --kv-cache-min-tokens
+        i = 0
+        while not stop.is_set():
+            i += 1
+            s.post("/v1/chat/completions", {"messages": [user(f"background {i}. " + text(300, 50 + i))],
+                                            "max_tokens": 64, "temperature": 0, "cache_prompt": False})
+
+    bg = threading.Thread(target=traffic, daemon=True)
+    bg.start()
+    try:
+        time.sleep(0.5)
+        conv = [system("a long conversation. " + text(900, 2)), user("what comes next?")]
+        before = s.metrics()
+        r1 = chat(s, conv)
+        t0 = time.time()
+        while not committed(s, before) and time.time() - t0 < 30:
+            time.sleep(0.02)
+        assert committed(s, before), s.log()
+        m = s.metrics()
+        # stored as it stood, not after the wait for a free engine
+        assert m["thaw_kv_cache_stores_early_total"] - before["thaw_kv_cache_stores_early_total"] >= 1, s.log()
+    finally:
+        stop.set()
+        bg.join(120)
+    s.kill()
+    s2 = serve("llama", *flags)
+    r2 = chat(s2, conv + [assistant(reply(r1)), user("and then?")])
+    got, _ = from_cache(r2)
+    # at least what the reply and the history share with the next turn's
+    # rendering: the prompt of turn 1
+    assert got >= 0.95 * r1["usage"]["prompt_tokens"], (got, r1["usage"], s.log())
 
 
 def test_sigterm_with_a_backlog_on_a_slow_disk(serve, models, tmp_path):

@@ -203,6 +203,38 @@ static void test_blocks_evicted_with_their_last_entry(void **state)
     thaw_ram_cache_free(c);
 }
 
+/* A conversation stored again under its key (the reply as generated, then
+ * its canonical form): the new entry's blocks that the old one held stay,
+ * though the new store did not put them again (held already). */
+static void test_same_key_again_keeps_the_blocks_both_name(void **state)
+{
+    struct thaw_ram_cache *c;
+    uint8_t k[THAW_KEY_BYTES];
+
+    (void)state;
+    assert_int_equal(thaw_ram_cache_new(1000, 0, &c), 0);
+    put_blk(c, 1, 100);
+    put_blk(c, 2, 100);
+    assert_int_equal(put_man(c, 1, 10, (int[]){1, 2}, 2, 1), 0);
+    put_blk(c, 1, 100); /* held already: not put again */
+    put_blk(c, 3, 100);
+    assert_int_equal(put_man(c, 1, 20, (int[]){1, 3}, 2, 2), 0);
+    assert_true(has(c, 1) && has(c, 3));
+    assert_false(has(c, 2)); /* only the old entry named it */
+    assert_int_equal(thaw_ram_cache_count(c), 1);
+    assert_int_equal(thaw_ram_cache_bytes(c), 2 * 100 + 20);
+    const struct thaw_ram_entry *e = thaw_ram_cache_get(c, (key(k, 1), k), 3);
+    assert_non_null(e);
+    assert_int_equal(e->parts[THAW_PART_KV].size, 20);
+    /* one that does not fit leaves the old entry as it was */
+    assert_int_equal(put_man(c, 1, 2000, (int[]){1}, 1, 4), THAW_ETOOBIG);
+    e = thaw_ram_cache_get(c, k, 5);
+    assert_non_null(e);
+    assert_int_equal(e->parts[THAW_PART_KV].size, 20);
+    assert_true(has(c, 1) && has(c, 3));
+    thaw_ram_cache_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -211,6 +243,7 @@ int main(void)
         cmocka_unit_test(test_off),
         cmocka_unit_test(test_blocks_held_once),
         cmocka_unit_test(test_blocks_evicted_with_their_last_entry),
+        cmocka_unit_test(test_same_key_again_keeps_the_blocks_both_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
