@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/utf8.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,9 +279,15 @@ static char *completion_fields(const struct thaw_reply *r, char *body)
     if (!json_is_object(root) || !r->prompt || !(out = json_object()))
         goto done;
     json_object_set_new(root, "prompt", json_string(r->prompt));
+    json_t *biases = json_array();
+    for (int k = 0; biases && k < r->n_bias; k++) /* -inf (banned) as null, as llama-server writes it */
+        json_array_append_new(biases, json_pack("{s:o, s:i}", "bias",
+                                                isinf(r->bias_val[k]) ? json_null() : json_real(r->bias_val[k]),
+                                                "token", (int)r->bias_tok[k]));
     json_object_set_new(root, "generation_settings",
-                        json_pack("{s:i, s:i, s:b, s:b}", "n_predict", r->max_tokens, "n_probs", req->n_probs,
-                                  "post_sampling_probs", req->post_sampling_probs, "stream", req->stream));
+                        json_pack("{s:i, s:i, s:b, s:b, s:o*}", "n_predict", r->max_tokens, "n_probs", req->n_probs,
+                                  "post_sampling_probs", req->post_sampling_probs, "stream", req->stream,
+                                  "logit_bias", biases));
     if (!json_is_array(fields)) {
         text = json_dumps(root, JSON_COMPACT);
         goto done;

@@ -79,6 +79,10 @@ struct thaw_reply {
     bool verbose;                       /* add __verbose (a codec with THAW_CODEC_VERBOSE) */
     const char *prompt;                 /* the prompt as the model read it: set when verbose, or for a
                                          * codec with THAW_CODEC_PROMPT; NULL otherwise */
+    const int32_t *bias_tok;            /* the logit biases the sampler applied (generation_settings of a
+                                         * codec with THAW_CODEC_PROMPT), -INFINITY = banned; n_bias */
+    const float *bias_val;
+    int n_bias;
 };
 
 /* A stream: the transport's part, the step's, and the writer's. */

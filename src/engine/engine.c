@@ -821,6 +821,12 @@ void thaw_engine_free(struct thaw_engine *e)
 }
 
 const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e) { return e->chat; }
+
+int thaw_engine_biases(const struct thaw_engine *e, const struct thaw_chat_request *req, int32_t **tok,
+                       float **val)
+{
+    return thaw_sampler_biases(e->vocab, &e->cfg->sampling, req, tok, val);
+}
 struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e) { return e->view; }
 const char *thaw_engine_model_name(const struct thaw_engine *e) { return e->model_name; }
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; }

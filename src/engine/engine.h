@@ -41,6 +41,10 @@ void thaw_engine_free(struct thaw_engine *e);
 int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t);
 
 const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e);
+/* The logit biases req's sampler applies (thaw_sampler_biases): how many
+ * into *tok / *val (the caller frees both), or THAW_ENOMEM. Any thread. */
+int thaw_engine_biases(const struct thaw_engine *e, const struct thaw_chat_request *req, int32_t **tok,
+                       float **val);
 /* What GET /slots shows (slots_view.h): any thread may read it. */
 struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e);
 const char *thaw_engine_model_name(const struct thaw_engine *e);

@@ -241,6 +241,41 @@ struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const st
     return c;
 }
 
+int thaw_sampler_biases(const struct llama_vocab *vocab, const struct thaw_sampling *defaults,
+                        const struct thaw_chat_request *req, llama_token **tok, float **val)
+{
+    int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    bool ignore_eos = req->ignore_eos >= 0 ? req->ignore_eos > 0 : defaults->ignore_eos;
+    int cap = req->n_bias_tok + defaults->n_logit_bias, n = 0;
+
+    *tok = NULL;
+    *val = NULL;
+    if (ignore_eos)
+        for (llama_token t = 0; t < n_vocab; t++)
+            cap += llama_vocab_is_eog(vocab, t);
+    if (cap == 0)
+        return 0;
+    llama_token *tk = malloc((size_t)cap * sizeof *tk);
+    float *v = malloc((size_t)cap * sizeof *v);
+    if (!tk || !v) {
+        free(tk);
+        free(v);
+        return THAW_ENOMEM;
+    }
+    for (int i = 0; i < req->n_bias_tok; i++)
+        tk[n] = req->bias_tok[i], v[n++] = req->bias_val[i];
+    for (int i = 0; i < defaults->n_logit_bias; i++)
+        if (defaults->logit_bias[i].token < n_vocab)
+            tk[n] = defaults->logit_bias[i].token, v[n++] = defaults->logit_bias[i].bias;
+    if (ignore_eos)
+        for (llama_token t = 0; t < n_vocab; t++)
+            if (llama_vocab_is_eog(vocab, t))
+                tk[n] = t, v[n++] = -INFINITY;
+    *tok = tk;
+    *val = v;
+    return n;
+}
+
 
 /* ---- probabilities ---------------------------------------------------------------- */
 

@@ -23,6 +23,15 @@
 struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const struct thaw_sampling *defaults,
                                        int n_ctx_slot, const struct thaw_task *t);
 
+/* The logit biases t's chain applies, as llama-server lists them in
+ * /completion's generation_settings: the request's logit_bias, the
+ * server's --logit-bias, and with ignore_eos (the request's, else
+ * --ignore-eos) every end-of-generation token at -INFINITY. Into *tok and
+ * *val (the caller frees both; NULL when none). Returns how many, or
+ * THAW_ENOMEM. Any thread (reads the vocabulary only). */
+int thaw_sampler_biases(const struct llama_vocab *vocab, const struct thaw_sampling *defaults,
+                        const struct thaw_chat_request *req, llama_token **tok, float **val);
+
 /* A sampled token's probabilities, as llama-server computes them
  * (logprobs.h): before sampling, the softmax of the logits over the whole
  * vocabulary; after (post_sampling_probs), what the chain left, and for a

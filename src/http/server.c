@@ -154,8 +154,20 @@ static char *reply_body(struct server *srv, struct thaw_task *t, const struct th
                     (t->req.verbose >= 0 ? t->req.verbose > 0 : srv->cfg.verbosity >= THAW_LOG_DEBUG);
     if (t->message_json && (reply.verbose || (c->caps & THAW_CODEC_PROMPT)))
         reply.prompt = prompt = thaw_chat_prompt_text(thaw_engine_chat(srv->engine), t->prompt, t->n_prompt);
+    int32_t *bias_tok = NULL;
+    float *bias_val = NULL;
+    if (t->message_json && (c->caps & THAW_CODEC_PROMPT)) {
+        int n = thaw_engine_biases(srv->engine, &t->req, &bias_tok, &bias_val);
+        if (n < 0) {
+            free(prompt);
+            return NULL;
+        }
+        reply.bias_tok = bias_tok, reply.bias_val = bias_val, reply.n_bias = n;
+    }
     body = t->message_json ? c->reply(&reply) : NULL;
     free(prompt);
+    free(bias_tok);
+    free(bias_val);
     return body;
 }
 

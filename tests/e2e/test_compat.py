@@ -275,6 +275,19 @@ def test_completion_response_fields(serve):
     assert r["prompt"].endswith(prompt) and len(r["prompt"]) > len(prompt)  # BOS rendered, as llama-server
 
 
+def test_generation_settings_list_the_logit_biases(serve):
+    """/completion's generation_settings.logit_bias, as llama-server's:
+    the request's biases, and with ignore_eos every end-of-generation token
+    banned (bias null: -inf); none without."""
+    s = serve("llama")
+    body = {"prompt": "Once upon a time", "n_predict": 4, "temperature": 0}
+    assert s.post("/completion", {**body, "ignore_eos": False}).json()["generation_settings"]["logit_bias"] == []
+    lb = s.post("/completion", {**body, "ignore_eos": True}).json()["generation_settings"]["logit_bias"]
+    assert lb and all(e["bias"] is None for e in lb), lb
+    lb = s.post("/completion", {**body, "logit_bias": [[5, -2.5]]}).json()["generation_settings"]["logit_bias"]
+    assert lb == [{"bias": -2.5, "token": 5}], lb
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/completion"])
 def test_return_progress_reports_every_prefill_batch(serve, path):
     """llama-server's prompt_progress: one report when the slot has chosen
