@@ -465,6 +465,11 @@ int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_
     cp.kv_unified = false; /* each slot its own cells: a slot's state is its own to save and restore */
     cp.swa_full = cfg->swa_full;
     cp.no_perf = true;
+    if (cfg->embedding) {
+        /* outputs are pooled vectors (or each token's, pooling none), not logits */
+        cp.embeddings = true;
+        cp.pooling_type = (enum llama_pooling_type)cfg->pooling;
+    }
     thaw_params_fit(cfg, &pp, &mp, &cp);
     llama_log_set(llama_log_cb, NULL); /* -fit borrows llama's logger */
     mp.progress_callback = load_progress;
