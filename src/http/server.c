@@ -525,7 +525,6 @@ static void embed_start(struct embed_wait *w, const struct thaw_http_request *hr
         embed_wait_free(w);
         return;
     }
-    atomic_fetch_add(&w->srv->metrics.chat_requests, 1);
     r->defer = true;
     r->resume = embed_resume;
     r->defer_ud = w;
