@@ -18,8 +18,10 @@
  * then stores it.
  *
  * generate.c takes each sampled token (text out, stop strings, the
- * reply's end, speculative drafts and their verdict); engine_state.h is
- * the state both files share.
+ * reply's end, speculative drafts and their verdict); under --embedding
+ * embed.c builds each step's batch (whole prompts) and answers after the
+ * decode instead, on the same queue, admission and slots; engine_state.h
+ * is the state these files share.
  *
  * Only engine_main() and what it calls touch e->ctx.
  */
