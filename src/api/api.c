@@ -966,6 +966,8 @@ char *thaw_api_error_json(int status, const char *message)
         type = "not_found_error";
     else if (status == 503)
         type = "unavailable_error";
+    else if (status == 501)
+        type = "not_supported_error"; /* llama-server's, for what a server was not started to serve */
     else if (status >= 500)
         type = "server_error";
     char *out = clean ? thaw_api_dump(json_pack("{s:{s:s, s:s, s:i}}", "error", "message", clean, "type", type, "code", status))

@@ -186,7 +186,7 @@ static json_t *placement_json(const struct thaw_placement *pl)
 
 char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
                           int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict,
-                          const struct thaw_placement *pl)
+                          const struct thaw_placement *pl, const struct thaw_props_embedding *embd)
 {
     char *clean = thaw_utf8_sanitize(chat_template, strlen(chat_template));
     json_t *params = json_pack("{s:I, s:f, s:i, s:f, s:f, s:i, s:f, s:f, s:f, s:b}", "seed", (json_int_t)smp->seed,
@@ -204,6 +204,15 @@ char *thaw_api_props_json(const char *model, const char *model_path, const char 
 
     free(clean);
     if (root && pl && (!where || json_object_set_new(root, "placement", where) != 0)) {
+        json_decref(root);
+        return NULL;
+    }
+    if (root && embd &&
+        json_object_update_new(root, json_pack("{s:b, s:s, s:i, s:b, s:s}", "embedding", true, "pooling",
+                                               embd->pooling, "embd_normalize", embd->embd_normalize, "rerank",
+                                               embd->rerank, "kv_cache_embeddings",
+                                               "not used: each embedding is computed afresh in one micro-batch; "
+                                               "nothing is stored or restored")) != 0) {
         json_decref(root);
         return NULL;
     }

@@ -31,11 +31,20 @@ char *thaw_api_string_json(const char *key, const char *text);
  *  "n_layers", "output", "weights_bytes", "kv_bytes", "compute_bytes",
  *  and for a device "description", "memory_total", "memory_free"}]},
  * the devices first, then the host. */
+/* With `embd` (a server started with --embedding; NULL otherwise) also
+ * "embedding": true, "pooling", "embd_normalize", "rerank" and
+ * "kv_cache_embeddings": a sentence saying the KV cache is not used for
+ * them. */
 struct thaw_sampling;
 struct thaw_placement;
+struct thaw_props_embedding {
+    const char *pooling; /* none | mean | cls | last | rank */
+    int embd_normalize;
+    bool rerank;         /* /rerank is served */
+};
 char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
                           int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict,
-                          const struct thaw_placement *pl);
+                          const struct thaw_placement *pl, const struct thaw_props_embedding *embd);
 /* GET /cache: {"object":"thaw.cache","metrics":{name: number}} from the
  * Prometheus text of thaw_metrics_render (its sample lines, "thaw_" cut from
  * each name), so the page and /metrics can never disagree: counts and sizes

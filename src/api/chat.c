@@ -592,6 +592,83 @@ int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool
     return tokenize(chat, text, add_special, true, out, n_out);
 }
 
+/* Appends src[0..n) to *dst (n_dst of cap). 0 or THAW_ENOMEM. */
+static int append_tokens(llama_token **dst, int *n_dst, int *cap, const llama_token *src, int n)
+{
+    if (*n_dst + n > *cap) {
+        int nc = 2 * (*n_dst + n) + 8;
+        llama_token *nt = realloc(*dst, (size_t)nc * sizeof *nt);
+        if (!nt)
+            return THAW_ENOMEM;
+        *dst = nt;
+        *cap = nc;
+    }
+    memcpy(*dst + *n_dst, src, (size_t)n * sizeof *src);
+    *n_dst += n;
+    return 0;
+}
+
+int thaw_chat_rerank_prompt(const struct thaw_chat *chat, const char *query, const char *doc, llama_token **out,
+                            int *n_out)
+{
+    const char *tmpl = llama_model_chat_template(chat->model, "rerank");
+    llama_token *q = NULL, *d = NULL, *res = NULL, eos = llama_vocab_eos(chat->vocab);
+    int nq = 0, nd = 0, n = 0, cap = 0, rc;
+
+    if (tmpl) {
+        /* the model's own layout: {query} and {document} replaced, special
+         * tokens in the template parsed */
+        struct thaw_buf b = {0};
+        for (const char *p = tmpl; *p;) {
+            const char *next = strchr(p, '{');
+            if (!next) {
+                thaw_buf_append(&b, p, strlen(p));
+                break;
+            }
+            thaw_buf_append(&b, p, (size_t)(next - p));
+            if (strncmp(next, "{query}", 7) == 0) {
+                thaw_buf_append(&b, query, strlen(query));
+                p = next + 7;
+            } else if (strncmp(next, "{document}", 10) == 0) {
+                thaw_buf_append(&b, doc, strlen(doc));
+                p = next + 10;
+            } else {
+                thaw_buf_append(&b, "{", 1);
+                p = next + 1;
+            }
+        }
+        rc = b.oom ? THAW_ENOMEM : tokenize(chat, b.data ? b.data : "", false, true, out, n_out);
+        thaw_buf_free(&b);
+        return rc;
+    }
+    /* [BOS] query [EOS] [SEP] document [EOS], each marker as the vocab adds
+     * it (a BERT vocab: [CLS] query [SEP] [SEP] document [SEP]); the texts'
+     * own special-token spellings are text */
+    if (eos == LLAMA_TOKEN_NULL)
+        eos = llama_vocab_sep(chat->vocab);
+    llama_token bos = llama_vocab_bos(chat->vocab), sep = llama_vocab_sep(chat->vocab);
+    bool add_eos = llama_vocab_get_add_eos(chat->vocab);
+    if ((rc = tokenize(chat, query, false, false, &q, &nq)) != 0 || (rc = tokenize(chat, doc, false, false, &d, &nd)) != 0)
+        goto out;
+    if ((llama_vocab_get_add_bos(chat->vocab) && (rc = append_tokens(&res, &n, &cap, &bos, 1)) != 0) ||
+        (rc = append_tokens(&res, &n, &cap, q, nq)) != 0 || (add_eos && (rc = append_tokens(&res, &n, &cap, &eos, 1)) != 0) ||
+        (llama_vocab_get_add_sep(chat->vocab) && (rc = append_tokens(&res, &n, &cap, &sep, 1)) != 0) ||
+        (rc = append_tokens(&res, &n, &cap, d, nd)) != 0 || (add_eos && (rc = append_tokens(&res, &n, &cap, &eos, 1)) != 0))
+        goto out;
+    if (!res && !(res = malloc(sizeof *res))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    *out = res;
+    *n_out = n;
+    res = NULL;
+out:
+    free(res);
+    free(d);
+    free(q);
+    return rc;
+}
+
 int thaw_chat_tokenize_plain(const struct thaw_chat *chat, const char *text, llama_token **out, int *n_out)
 {
     return tokenize(chat, text, false, false, out, n_out);

@@ -111,6 +111,14 @@ int thaw_chat_render_prompt(const struct thaw_chat *chat, const struct thaw_chat
  * when add_special. Returns 0, THAW_EINVAL, THAW_ETOOBIG or THAW_ENOMEM. */
 int thaw_chat_tokenize_text(const struct thaw_chat *chat, const char *text, bool add_special, llama_token **out,
                             int *n_out);
+/* A rerank prompt for (query, document), as llama-server lays it out: the
+ * model's "rerank" template (tokenizer.chat_template.rerank) with {query}
+ * and {document} replaced, tokenized with special tokens parsed; without
+ * one, [BOS] query [EOS] [SEP] document [EOS], each marker where the vocab
+ * adds it. A malloc'd array (at least one element allocated) and its
+ * count. Returns 0, THAW_EINVAL, THAW_ETOOBIG or THAW_ENOMEM. */
+int thaw_chat_rerank_prompt(const struct thaw_chat *chat, const char *query, const char *doc, llama_token **out,
+                            int *n_out);
 /* Text as it reads inside a reply (logit_bias's words): no BOS, special
  * tokens taken as text. A malloc'd array (at least one element allocated)
  * and its count. Returns 0, THAW_EINVAL, THAW_ETOOBIG or THAW_ENOMEM. */

@@ -18,6 +18,8 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->n_batch = 2048;
     cfg->n_ubatch = 512;
     cfg->n_predict = -1;
+    cfg->pooling = -1; /* LLAMA_POOLING_TYPE_UNSPECIFIED: the model's */
+    cfg->embd_normalize = 2;
     cfg->host = "127.0.0.1";
     cfg->port = 8080;
     cfg->slot_prompt_similarity = 0.1f;

@@ -45,6 +45,12 @@ struct thaw_config {
     const char *backend_dir;     /* --backend-dir; NULL = $THAW_BACKEND_DIR, else llama.cpp's lib dir */
     bool kv_tap;                 /* --kv-tap (default) / --no-kv-tap: stores cut blocks from the KV cache */
 
+    /* embeddings and rerank (llama-server's): the server serves only them */
+    bool embedding;              /* --embedding: /embedding(s), /v1/embeddings; no chat, no KV cache kept */
+    bool reranking;              /* --rerank: /rerank & co. too (implies embedding, pooling rank) */
+    int pooling;                 /* --pooling: enum llama_pooling_type, -1 (UNSPECIFIED) = the model's */
+    int embd_normalize;          /* --embd-normalize: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean, >2 p-norm */
+
     /* speculative decoding */
     const char *draft_path;      /* -md: draft model; NULL = off */
     int n_ctx_draft;             /* -cd: draft context, total (0 = same as -c) */

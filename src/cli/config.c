@@ -65,9 +65,9 @@ static int fn_cache_ram(void *dst, const struct thaw_flag *fl, const char *flag,
 static int fn_cpu_mask(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 static int fn_api_key(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 static int fn_verbose(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_pooling(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 
 #define WHY_DOWNLOAD "thaw downloads nothing: pass a local GGUF with -m"
-#define WHY_EMBED "thaw serves chat, not embeddings or reranking"
 #define WHY_MEDIA "thaw serves text chat: no vision or audio projector"
 #define WHY_ADAPTER "thaw loads no LoRA adapters or control vectors (a stored conversation's KV would not say which were applied)"
 #define WHY_ROUTER "thaw serves one model per process: no router mode"
@@ -123,6 +123,20 @@ static const struct thaw_flag opts[] = {
     {"--backend-dir", "DIR", THAW_FLAG_STR, OFF(backend_dir), 0, 0,
      "load ggml's backends (CPU variants, GPU) from DIR: a folder holding only libggml-cpu-x64.so runs the "
      "portable CPU code on any x86 machine (default: $THAW_BACKEND_DIR, else the llama.cpp thaw was built with)", NULL},
+
+    /* ---- embeddings and rerank */
+    {"--embedding,--embeddings", NULL, THAW_FLAG_TRUE, OFF(embedding), 0, 0,
+     "serve embeddings only (POST /embedding, /embeddings, /v1/embeddings): chat routes answer 501, and no KV "
+     "cache is kept or stored for embeddings (they are computed afresh each time)", NULL},
+    {"--rerank,--reranking", NULL, THAW_FLAG_TRUE, OFF(reranking), 0, 0,
+     "serve reranking too (POST /rerank, /reranking, /v1/rerank, /v1/reranking): --embedding with --pooling "
+     "rank; needs a model with a rank head (a reranker)", NULL},
+    FN("--pooling", "none|mean|cls|last|rank", fn_pooling,
+       "how --embedding pools a prompt's token vectors into one (none: one vector per token, on /embedding(s) "
+       "only) (default: the model's)"),
+    {"--embd-normalize", "N", THAW_FLAG_INT, OFF(embd_normalize), -1, 1 << 20,
+     "normalisation of pooled embeddings: -1 none, 0 max absolute (int16 range), 1 taxicab, 2 euclidean, "
+     ">2 p-norm (a request's embd_normalize wins)", NULL},
 
     /* ---- placement and memory */
     FN("-ngl,--gpu-layers,--n-gpu-layers", "N|auto|all", fn_ngl,
@@ -391,7 +405,6 @@ static const struct thaw_flag opts[] = {
     REFUSE("-r,--reverse-prompt", "PROMPT", "thaw takes stop strings per request (the request's 'stop')"),
     REFUSE("-sp,--special", NULL, "thaw renders special tokens as the chat parser needs them"),
     REFUSE("--spm-infill", NULL, "thaw has no /infill endpoint"),
-    REFUSE("--pooling", "TYPE", WHY_EMBED),
     REFUSE("-nocb,--no-cont-batching", NULL, "thaw always batches its slots together"),
     REFUSE("-mm,--mmproj", "FILE", WHY_MEDIA),
     REFUSE("-mmu,--mmproj-url", "URL", WHY_MEDIA),
@@ -416,9 +429,6 @@ static const struct thaw_flag opts[] = {
     REFUSE("-hf,-hfr,--hf-repo", "REPO", WHY_DOWNLOAD),
     REFUSE("-hff,--hf-file", "FILE", WHY_DOWNLOAD),
     REFUSE("-hft,--hf-token", "TOKEN", WHY_DOWNLOAD),
-    REFUSE("--embd-normalize", "N", WHY_EMBED),
-    REFUSE("--embedding,--embeddings", NULL, WHY_EMBED),
-    REFUSE("--rerank,--reranking", NULL, WHY_EMBED),
     REFUSE("--reuse-port", NULL, "thaw does not share its port: run replicas on their own ports"),
     REFUSE("--path", "PATH", "thaw serves its own built-in page (--no-webui for none)"),
     REFUSE("--cors-methods", "METHODS", "thaw allows the methods its API uses (--cors-origin chooses the origins)"),
@@ -623,6 +633,21 @@ static int fn_split_mode(void *dst, const struct thaw_flag *fl, const char *flag
             return 0;
         }
     return bad_value(flag, v, "none, layer, row or tensor");
+}
+
+static int fn_pooling(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
+{
+    struct thaw_config *cfg = dst;
+    /* enum llama_pooling_type, from 0 */
+    static const char *const names[] = {"none", "mean", "cls", "last", "rank"};
+
+    (void)fl;
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(v, names[i])) {
+            cfg->pooling = i;
+            return 0;
+        }
+    return bad_value(flag, v, "none, mean, cls, last or rank");
 }
 
 /* "a,b,c" or "a/b/c" of numbers >= 0 into out[0..max-1], the rest 0 */
@@ -1221,6 +1246,19 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
     }
     if (cfg->n_ubatch > cfg->n_batch)
         cfg->n_ubatch = cfg->n_batch;
+    if (cfg->reranking) {
+        /* llama-server's --rerank: embeddings, pooled by the model's rank head */
+        if (cfg->pooling >= 0 && cfg->pooling != LLAMA_POOLING_TYPE_RANK) {
+            fprintf(stderr, "thaw: --rerank pools with the model's rank head: drop --pooling or give --pooling rank\n");
+            return THAW_EINVAL;
+        }
+        cfg->embedding = true;
+        cfg->pooling = LLAMA_POOLING_TYPE_RANK;
+    }
+    if (cfg->embedding && cfg->draft_path) {
+        fprintf(stderr, "thaw: --embedding computes no tokens for a draft model to guess: drop -md\n");
+        return THAW_EINVAL;
+    }
     if (cfg->n_threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         cfg->n_threads = n > 0 ? (int)n : 1;

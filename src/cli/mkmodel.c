@@ -8,7 +8,8 @@
  *                          the tokenizer.* keys, choosing a chat template
  *   ---- model ----        hyper-parameter keys and the tensor list per arch
  *                          (llama, gemma3, qwen3, gemma4, lfm2, qwen35,
- *                          gpt-oss, deepseek2)
+ *                          gpt-oss, deepseek2, bert), and the rank heads
+ *                          of --rerank (bert, qwen3)
  *   ---- writer ----       streaming the file: meta, then each tensor's data,
  *                          temp file -> fsync -> rename -> fsync(dir)
  *   ---- main ----         thaw_mkmodel_main()
@@ -142,7 +143,8 @@ enum mk_arch {
     MK_ARCH_LFM2,
     MK_ARCH_QWEN35,
     MK_ARCH_GPTOSS,
-    MK_ARCH_DEEPSEEK2
+    MK_ARCH_DEEPSEEK2,
+    MK_ARCH_BERT
 };
 
 /* What the flags, the vocab and the template choice need to know of an
@@ -172,6 +174,9 @@ static const struct mk_arch_info {
     /* DeepSeek V2's own tokenizer (DeepSeek LLM's, 102400 tokens) and the
      * template it carries; a dense leading layer, then MoE layers */
     [MK_ARCH_DEEPSEEK2] = { "deepseek2", "deepseek-llm", NULL, 2, false, false },
+    /* an encoder for thaw serve --embedding (bge-small's shape and its
+     * WordPiece vocab): no KV cache, bidirectional attention, CLS pooling */
+    [MK_ARCH_BERT] = { "bert", "bert-bge", NULL, 1, false, false },
 };
 #define MK_N_ARCHS (sizeof mk_archs / sizeof mk_archs[0])
 
@@ -201,6 +206,7 @@ struct mk_opts {
     bool set_attn;        /* --attn-pattern given: lfm2 only */
     bool set_swa_window;  /* --swa-window given (gpt-oss defaults to 128) */
     bool set_tmpl;        /* --template or --draft-of given */
+    bool rerank;          /* --rerank: a rank head and pooling rank (bert, qwen3) */
 };
 
 /* Strict unsigned parse: whole string, no sign, no overflow, in [lo, hi]. */
@@ -265,7 +271,7 @@ static int mk_fn_arch(void *dst, const struct thaw_flag *f, const char *flag, co
         }
     fprintf(stderr,
             "mkmodel: --arch: expected llama, gemma3, qwen3, gemma4, "
-            "lfm2, qwen35, gpt-oss or deepseek2, got '%s'\n",
+            "lfm2, qwen35, gpt-oss, deepseek2 or bert, got '%s'\n",
             val);
     return THAW_EINVAL;
 }
@@ -376,7 +382,10 @@ static const struct thaw_flag mk_flags[] = {
           "  deepseek2 MLA attention (a K-only latent\n"
           "          KV cache: rank 64 + 32 rope\n"
           "          dims), 1 dense layer, then MoE\n"
-          "          with a shared expert           deepseek-llm"),
+          "          with a shared expert           deepseek-llm\n"
+          "  bert    encoder for embeddings (thaw serve\n"
+          "          --embedding): bidirectional, no KV\n"
+          "          cache, CLS pooling             bert-bge"),
     {"--vocab", "FILE|NAME", THAW_FLAG_STR, MK_OFF(vocab), 0, 0,
      "vocab GGUF to take the tokenizer from (default: the\n"
      "arch's); a NAME (no '/', no .gguf) means\n"
@@ -430,6 +439,13 @@ static const struct thaw_flag mk_flags[] = {
            "(qwen35); 2..layers (default 3, qwen35 4, or layers\n"
            "if fewer)"),
     MK_U32("--ctx-train", "N", n_ctx_train, 16, 1u << 24, "trained context length, tokens (default 8192)"),
+    {"--rerank", NULL, THAW_FLAG_TRUE, MK_OFF(rerank), 0, 0,
+     "a reranker for thaw serve --rerank (pooling rank):\n"
+     "bert: a classification head (cls, cls.output: one\n"
+     "score); qwen3: Qwen3-Reranker style, cls.output with\n"
+     "labels yes/no (the score is p(yes)) and a rerank\n"
+     "prompt template (tokenizer.chat_template.rerank)",
+     NULL},
     MK_FN("--seed", "N", mk_fn_seed, "PRNG seed, decimal or 0x-hex (default 1)"),
     MK_FN("--type", "T", mk_fn_type,
           "f16 | f32 for the weight matrices; norms are always\n"
@@ -529,6 +545,18 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
         if (o->swa_pattern == UINT32_MAX)
             o->swa_pattern = 2; /* alternating, as libllama defaults it */
     }
+    if (o->rerank && o->arch != MK_ARCH_BERT && o->arch != MK_ARCH_QWEN3) {
+        fprintf(stderr, "mkmodel: --rerank applies to --arch bert and qwen3 only\n");
+        return THAW_EINVAL;
+    }
+    if (o->arch == MK_ARCH_BERT) {
+        /* bert's q, k, v are all embd wide (libllama's bert.cpp) */
+        if (o->n_head_kv != 0 && o->n_head_kv != o->n_head) {
+            fprintf(stderr, "mkmodel: --arch bert has as many KV heads as heads\n");
+            return THAW_EINVAL;
+        }
+        o->n_head_kv = o->n_head;
+    }
     if (!mk_archs[o->arch].hybrid && o->set_attn) {
         fprintf(stderr, "mkmodel: --attn-pattern applies to --arch lfm2 and qwen35 only\n");
         return THAW_EINVAL;
@@ -617,6 +645,15 @@ static const char mk_tmpl_chatml[] =
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"
     "{%- endif %}";
+
+/* --rerank on qwen3: the (query, document) prompt of a Qwen3-Reranker
+ * style model; llama-server substitutes {query} and {document} and
+ * tokenizes the result with special tokens, as thaw does. */
+static const char mk_tmpl_qwen3_rerank[] =
+    "<|im_start|>system\nJudge whether the Document meets the requirements of the Query. "
+    "Answer only \"yes\" or \"no\".<|im_end|>\n"
+    "<|im_start|>user\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n";
 
 static const char mk_tmpl_gemma[] =
     "{{- bos_token }}"
@@ -1241,6 +1278,22 @@ static void mk_set_hparams(struct gguf_context *g, const struct mk_opts *o)
     case MK_ARCH_DEEPSEEK2:
         mk_set_hparams_deepseek2(g, o);
         break;
+    case MK_ARCH_BERT:
+        /* bge's: LayerNorm eps 1e-12, bidirectional, CLS pooling (rank
+         * with --rerank: the head reads the CLS row) */
+        mk_set_arch_f32(g, a, "attention.layer_norm_epsilon", 1e-12f);
+        gguf_set_val_bool(g, "bert.attention.causal", false);
+        break;
+    }
+    if (o->rerank || a == MK_ARCH_BERT)
+        /* enum llama_pooling_type: 2 cls, 4 rank */
+        mk_set_arch_u32(g, a, "pooling_type", o->rerank ? 4 : 2);
+    if (o->rerank && a == MK_ARCH_QWEN3) {
+        /* two outputs, softmaxed by libllama: the score is p("yes") */
+        const char *labels[] = {"yes", "no"}; /* gguf_set_arr_str takes char ** */
+        char key[64];
+        snprintf(key, sizeof key, "%s.classifier.output_labels", mk_arch_name(a));
+        gguf_set_arr_str(g, key, labels, 2);
     }
 }
 
@@ -1327,6 +1380,7 @@ static void mk_add_gptoss_block(struct mk_model *m, const struct mk_opts *o, uin
  *    kernel std 1/sqrt(l_cache) keeps conv's output at unit scale. */
 static void mk_add_tensors_qwen35(struct mk_model *m, const struct mk_opts *o);
 static void mk_add_tensors_deepseek2(struct mk_model *m, const struct mk_opts *o);
+static void mk_add_tensors_bert(struct mk_model *m, const struct mk_opts *o);
 
 static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
 {
@@ -1353,6 +1407,12 @@ static void mk_add_tensors(struct mk_model *m, const struct mk_opts *o)
         mk_add_tensors_deepseek2(m, o);
         return;
     }
+    if (a == MK_ARCH_BERT) {
+        mk_add_tensors_bert(m, o);
+        return;
+    }
+    if (o->rerank) /* qwen3's rank head: yes / no */
+        mk_add(m, "cls.output.weight", W, E, 2, MK_INIT_RANDOM, sE);
     for (uint32_t il = 0; il < o->n_layer; il++)
         any_global |= !mk_is_swa(o, il);
 
@@ -1508,6 +1568,54 @@ static void mk_add_tensors_deepseek2(struct mk_model *m, const struct mk_opts *o
     }
 }
 
+/* bert (src/models/bert.cpp): token, token-type and learnt position
+ * embeddings summed and LayerNormed (token_embd_norm), then post-norm
+ * blocks: attention with biases, its residual LayerNormed
+ * (attn_output_norm), a GELU FFN (up, down, biases), its residual
+ * LayerNormed (layer_output_norm). With --rerank the classification head:
+ * cls (dense + tanh on the CLS row) and cls.output (one score). Values as
+ * mk_add_tensors explains (attn_q std 4/sqrt(embd): scores of std ~4, so
+ * different inputs give clearly different vectors); biases 0, norms 1. */
+static void mk_add_tensors_bert(struct mk_model *m, const struct mk_opts *o)
+{
+    const int64_t E = o->n_embd, F = o->n_ff, V = m->n_vocab;
+    const enum ggml_type W = o->wtype, N = GGML_TYPE_F32;
+    const float sE = 1.0f / sqrtf((float)E), sF = 1.0f / sqrtf((float)F);
+    char nm[GGML_MAX_NAME];
+
+    mk_add(m, "token_embd.weight", W, E, V, MK_INIT_RANDOM, sE);
+    mk_add(m, "token_types.weight", N, E, 2, MK_INIT_RANDOM, sE);
+    mk_add(m, "position_embd.weight", N, E, o->n_ctx_train, MK_INIT_RANDOM, sE);
+    mk_add(m, "token_embd_norm.weight", N, E, 0, MK_INIT_CONST, 1.0f);
+    mk_add(m, "token_embd_norm.bias", N, E, 0, MK_INIT_CONST, 0.0f);
+    if (o->rerank) {
+        mk_add(m, "cls.weight", W, E, E, MK_INIT_RANDOM, sE);
+        mk_add(m, "cls.bias", N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, "cls.output.weight", W, E, 1, MK_INIT_RANDOM, sE);
+        mk_add(m, "cls.output.bias", N, 1, 0, MK_INIT_CONST, 0.0f);
+    }
+    for (uint32_t il = 0; il < o->n_layer; il++) {
+#define MK_BLK(suffix) (snprintf(nm, sizeof nm, "blk.%" PRIu32 "." suffix, il), nm)
+        mk_add(m, MK_BLK("attn_q.weight"), W, E, E, MK_INIT_RANDOM, 4.0f * sE);
+        mk_add(m, MK_BLK("attn_q.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_BLK("attn_k.weight"), W, E, E, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_BLK("attn_k.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_BLK("attn_v.weight"), W, E, E, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_BLK("attn_v.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_BLK("attn_output.weight"), W, E, E, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_BLK("attn_output.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_BLK("attn_output_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+        mk_add(m, MK_BLK("attn_output_norm.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_BLK("ffn_up.weight"), W, E, F, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_BLK("ffn_up.bias"), N, F, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_BLK("ffn_down.weight"), W, F, E, MK_INIT_RANDOM, sF);
+        mk_add(m, MK_BLK("ffn_down.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_BLK("layer_output_norm.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+        mk_add(m, MK_BLK("layer_output_norm.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+#undef MK_BLK
+    }
+}
+
 static void mk_model_free(struct mk_model *m)
 {
     free(m->init);
@@ -1523,9 +1631,9 @@ static void mk_model_free(struct mk_model *m)
 static int mk_model_build(struct mk_model *m, const struct mk_opts *o, const char *vocab_path)
 {
     /* per block: llama 9 tensors, gemma3 and gemma4 13, qwen3 11, lfm2 at
-     * most 11, qwen35 at most 14, gpt-oss 16, deepseek2 at most 15; plus
-     * at most 3 globals */
-    size_t max_tensors = (size_t)o->n_layer * 16 + 3;
+     * most 11, qwen35 at most 14, gpt-oss 16, deepseek2 at most 15, bert
+     * 16; plus at most 9 globals (bert with a rank head) */
+    size_t max_tensors = (size_t)o->n_layer * 16 + 9;
     struct ggml_init_params gp = {
         .mem_size = max_tensors * ggml_tensor_overhead(),
         .mem_buffer = NULL,
@@ -1549,6 +1657,11 @@ static int mk_model_build(struct mk_model *m, const struct mk_opts *o, const cha
     if (rc != 0)
         goto fail;
     mk_set_arch_u32(m->gguf, o->arch, "vocab_size", m->n_vocab);
+    if (o->arch == MK_ARCH_BERT && gguf_find_key(m->gguf, "tokenizer.ggml.token_type_count") < 0)
+        gguf_set_val_u32(m->gguf, "tokenizer.ggml.token_type_count", 2); /* BERT's sentence A and B */
+    if (o->rerank && o->arch == MK_ARCH_QWEN3)
+        /* how llama-server lays out a (query, document) pair for this model */
+        gguf_set_val_str(m->gguf, "tokenizer.chat_template.rerank", mk_tmpl_qwen3_rerank);
 
     mk_add_tensors(m, o);
     return 0;

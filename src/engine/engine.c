@@ -18,8 +18,10 @@
  * then stores it.
  *
  * generate.c takes each sampled token (text out, stop strings, the
- * reply's end, speculative drafts and their verdict); engine_state.h is
- * the state both files share.
+ * reply's end, speculative drafts and their verdict); under --embedding
+ * embed.c builds each step's batch (whole prompts) and answers after the
+ * decode instead, on the same queue, admission and slots; engine_state.h
+ * is the state these files share.
  *
  * Only engine_main() and what it calls touch e->ctx.
  */
@@ -228,7 +230,7 @@ static int admit(struct thaw_engine *e, bool block)
             working -= !was_held;
         }
         open--;
-        if (slot_start(e, s, t) == 0) {
+        if ((t->kind == THAW_TASK_CHAT ? slot_start(e, s, t) : thaw_embed_start(e, s, t)) == 0) {
             busy++;
             working++;
         }
@@ -554,7 +556,10 @@ static void *engine_main(void *arg)
         if (admit(e, true) == 0)
             continue;
         store_early(e); /* before a prompt just admitted makes a re-decode wait */
-        build_batch(e);
+        if (e->embedding)
+            thaw_embed_build_batch(e);
+        else
+            build_batch(e);
         if (e->batch.n_tokens == 0) {
             finish_fixups(e, true); /* nothing decodes */
             continue;
@@ -568,7 +573,10 @@ static void *engine_main(void *arg)
             fail_batch(e, rc);
             continue;
         }
-        after_decode(e, t0, t1);
+        if (e->embedding)
+            thaw_embed_after_decode(e, t0, t1);
+        else
+            after_decode(e, t0, t1);
     }
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
@@ -609,6 +617,16 @@ int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
     bool has_key = t->has_lookup_key;
     int rc;
 
+    if (t->kind != THAW_TASK_CHAT) {
+        /* decoded whole in one micro-batch, nothing generated after it
+         * (embed.c); the route says which limit a prompt is over */
+        if (t->n_prompt < 1 || t->n_prompt > e->n_ctx_slot || t->n_prompt > e->n_ubatch || !e->embedding)
+            return THAW_ECTXFULL;
+        rc = thaw_sched_push(e->sched, t);
+        if (rc == 0)
+            atomic_store(&e->metrics->queue_depth, thaw_sched_depth(e->sched));
+        return rc;
+    }
     if (t->n_prompt < 1 || t->n_prompt >= e->n_ctx_slot)
         return THAW_ECTXFULL;
     /* never more than the slot can hold after the prompt: every size the
@@ -645,6 +663,27 @@ int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
 
 /* ---- lifecycle ------------------------------------------------------------------ */
 
+/* What --embedding serves, logged at start: the pooling, the vectors'
+ * width, and that no KV cache is kept for them. */
+static void log_embedding(const struct thaw_engine *e)
+{
+    static const char *const names[] = {"none", "mean", "cls", "last", "rank"};
+    const char *pooling = e->pooling >= 0 && e->pooling <= 4 ? names[e->pooling] : "?";
+
+    if (e->pooling == LLAMA_POOLING_TYPE_RANK)
+        LOG_INF("embeddings: pooling rank (the rank head's %d outputs; /rerank serves its scores)", e->n_cls_out);
+    else
+        LOG_INF("embeddings: pooling %s, %d floats per vector, --embd-normalize %d%s", pooling, e->n_embd_out,
+                e->cfg->embd_normalize, e->pooling == LLAMA_POOLING_TYPE_NONE ? " (pooling none: not normalised)" : "");
+    LOG_INF("embeddings: the KV cache is not used for embeddings: each prompt is computed afresh in one "
+            "micro-batch (-ub %d tokens at most), nothing is stored or restored; chat routes answer 501",
+            e->n_ubatch < e->n_batch ? e->n_ubatch : e->n_batch);
+    if (e->cfg->kv_cache_dir || e->cfg->kv_shared)
+        LOG_WRN("--kv-cache-dir / --kv-shared: no effect with --embedding (nothing is stored)");
+    if (e->cfg->reranking && e->n_cls_out < 1)
+        LOG_WRN("--rerank: the model has no rank head outputs: scores will be meaningless");
+}
+
 int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_engine **out)
 {
     struct thaw_engine *e = calloc(1, sizeof *e);
@@ -661,7 +700,8 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         goto error;
     }
     struct llama_context_params cp;
-    if ((rc = thaw_params_open(cfg, cfg->kv_cache_dir && cfg->kv_tap, &e->model, &e->ctx, &e->tap, &e->threads, &cp)) != 0)
+    /* --embedding keeps no KV cache: no tap to cut it */
+    if ((rc = thaw_params_open(cfg, cfg->kv_cache_dir && cfg->kv_tap && !cfg->embedding, &e->model, &e->ctx, &e->tap, &e->threads, &cp)) != 0)
         goto error;
     if ((rc = thaw_placement_init(&e->placement, e->model, e->ctx)) != 0)
         goto error;
@@ -671,6 +711,11 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     e->max_token_bytes = thaw_tokens_max_bytes(e->vocab); /* admission's bound (thaw_api_admit) */
     e->n_ctx_slot = (int)llama_n_ctx_seq(e->ctx);
     e->n_batch = (int)llama_n_batch(e->ctx);
+    e->n_ubatch = (int)llama_n_ubatch(e->ctx);
+    e->embedding = cfg->embedding;
+    e->pooling = cfg->embedding ? (int)llama_pooling_type(e->ctx) : -1;
+    e->n_embd_out = llama_model_n_embd_out(e->model);
+    e->n_cls_out = (int)llama_model_n_cls_out(e->model);
     e->n_swa = cfg->swa_full ? 0 : llama_model_n_swa(e->model);
     e->recurrent = llama_model_is_recurrent(e->model) || llama_model_is_hybrid(e->model);
     e->partial = e->n_swa > 0 || e->recurrent;
@@ -750,6 +795,9 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     LOG_INF("model %s: %s, %.1fM params, %d slots x %d tokens%s, loaded in %.0f ms", e->model_name, desc,
             (double)llama_model_n_params(e->model) / 1e6, e->n_slots, e->n_ctx_slot,
             e->n_swa ? " (sliding window)" : "", (double)(thaw_now_us() - t0) / 1000.0);
+
+    if (e->embedding)
+        log_embedding(e);
 
     atomic_init(&e->stop, false);
     if ((rc = -pthread_create(&e->thread, NULL, engine_main, e)) != 0)
@@ -832,6 +880,11 @@ const char *thaw_engine_model_name(const struct thaw_engine *e) { return e->mode
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; }
 int thaw_engine_max_token_bytes(const struct thaw_engine *e) { return e->max_token_bytes; }
 int thaw_engine_n_ctx_train(const struct thaw_engine *e) { return llama_model_n_ctx_train(e->model); }
+int thaw_engine_pooling(const struct thaw_engine *e) { return e->pooling; }
+int thaw_engine_max_embed_tokens(const struct thaw_engine *e)
+{
+    return e->n_ubatch < e->n_batch ? e->n_ubatch : e->n_batch;
+}
 bool thaw_engine_recurrent(const struct thaw_engine *e)
 {
     return e->recurrent;

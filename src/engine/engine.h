@@ -36,7 +36,9 @@ void thaw_engine_free(struct thaw_engine *e);
 /* Hands a task to the engine (it takes its own reference); when the task's
  * conversation is on disk, starts reading it (thaw_disk_cache_prefetch)
  * before it waits for a slot. Returns 0,
- * THAW_ECTXFULL (prompt cannot fit a slot's context), THAW_EBUSY (queue
+ * THAW_ECTXFULL (prompt cannot fit a slot's context; an EMBED or RERANK
+ * task: empty, over a slot's context or over thaw_engine_max_embed_tokens,
+ * or the server was not started with --embedding), THAW_EBUSY (queue
  * full) or THAW_ESHUTDOWN. */
 int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t);
 
@@ -52,6 +54,12 @@ int thaw_engine_n_ctx_slot(const struct thaw_engine *e);
 /* The longest text any one token stands for, in bytes (>= 1). */
 int thaw_engine_max_token_bytes(const struct thaw_engine *e);
 int thaw_engine_n_ctx_train(const struct thaw_engine *e);
+/* --embedding: the context's pooling (enum llama_pooling_type: 0 none, 1
+ * mean, 2 cls, 3 last, 4 rank); -1 when the server serves chat. */
+int thaw_engine_pooling(const struct thaw_engine *e);
+/* --embedding: the longest prompt one embedding takes (one micro-batch,
+ * -ub; a slot's context bounds it too: thaw_engine_n_ctx_slot). */
+int thaw_engine_max_embed_tokens(const struct thaw_engine *e);
 /* Recurrent or hybrid memory: rolls back only to a checkpoint. */
 bool thaw_engine_recurrent(const struct thaw_engine *e);
 uint64_t thaw_engine_n_params(const struct thaw_engine *e);

@@ -51,6 +51,13 @@ struct thaw_engine {
     uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
     struct llama_batch batch;  /* n_batch tokens */
     int n_batch;
+    int n_ubatch;              /* tokens per micro-batch: the longest prompt an embedding takes */
+
+    /* --embedding (embed.c): every task is EMBED or RERANK */
+    bool embedding;
+    int pooling;               /* enum llama_pooling_type of the context (-1 without --embedding) */
+    int n_embd_out;            /* floats per vector */
+    int n_cls_out;             /* the rank head's outputs (pooling rank) */
 
     pthread_t thread;
     atomic_bool stop;
@@ -82,5 +89,13 @@ int thaw_gen_draft(struct thaw_engine *e, struct thaw_slot *s, int room);
  * is decoded: the matching ones kept, the samples emitted, the rest rolled
  * back. */
 void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s);
+
+/* embed.c: an EMBED or RERANK task enters slot s (IDLE -> PREFILL, its
+ * sequence emptied; returns 0); a step's batch is whole prompts of such
+ * slots, at most n_ubatch tokens in all; after the decode each answered
+ * slot's task gets its vectors (or fails) and the slot is idle and empty. */
+int thaw_embed_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_task *t);
+void thaw_embed_build_batch(struct thaw_engine *e);
+void thaw_embed_after_decode(struct thaw_engine *e, int64_t t0, int64_t t1);
 
 #endif

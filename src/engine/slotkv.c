@@ -116,7 +116,9 @@ int thaw_slotkv_new(const struct thaw_slotkv_params *p, struct thaw_slotkv **out
     k->partial = p->n_swa > 0 || p->recurrent;
     k->min_tokens = p->cfg->kv_cache_min_tokens;
     k->metrics = p->metrics;
-    if ((rc = open_tiers(k, p)) != 0) {
+    /* --embedding: every prompt is computed afresh and nothing is kept, so
+     * no tier is opened (k->kv stays NULL: the tiers' calls do nothing) */
+    if (!p->cfg->embedding && (rc = open_tiers(k, p)) != 0) {
         free(k);
         return rc;
     }

@@ -50,7 +50,9 @@ struct thaw_slotkv_params {
 /* Opens the cache tiers the flags ask for (kvcache.h), with blocks only
  * when the context's state layout passes kvlayout.c's round trip on slot
  * 0's still empty sequence, and cut from the tap only when the tap passes
- * its own. Returns 0, THAW_ENOMEM or thaw_kvcache_open's error. */
+ * its own; with cfg->embedding none (nothing is stored or restored: the
+ * slots' sequences are only cleared). Returns 0, THAW_ENOMEM or
+ * thaw_kvcache_open's error. */
 int thaw_slotkv_new(const struct thaw_slotkv_params *p, struct thaw_slotkv **out);
 /* Closes the tiers (what the disk writer holds is written first), frees
  * the reused capture buffer and the handle. NULL: no-op. */

@@ -27,6 +27,36 @@ struct thaw_task *thaw_task_new(struct thaw_chat_request *req, llama_token *prom
     return t;
 }
 
+static void wake(struct thaw_task *t);
+
+struct thaw_task *thaw_task_new_embed(enum thaw_task_kind kind, llama_token *prompt, int n_prompt, int embd_normalize)
+{
+    struct thaw_chat_request req = {0};
+
+    req.id_slot = -1; /* any slot; cache_prompt false: nothing of a slot is reused */
+    struct thaw_task *t = thaw_task_new(&req, prompt, n_prompt);
+    if (t) {
+        t->kind = kind;
+        t->embd_normalize = embd_normalize;
+    }
+    return t;
+}
+
+void thaw_task_finish_embd(struct thaw_task *t, float *embd, int n_rows, int n)
+{
+    pthread_mutex_lock(&t->mu);
+    if (t->done) {
+        free(embd);
+    } else {
+        t->embd = embd;
+        t->n_embd_rows = n_rows;
+        t->n_embd = n;
+        t->done = true;
+    }
+    wake(t);
+    pthread_mutex_unlock(&t->mu);
+}
+
 void thaw_task_retain(struct thaw_task *t) { atomic_fetch_add(&t->refs, 1); }
 
 void thaw_task_release(struct thaw_task *t)
@@ -38,6 +68,7 @@ void thaw_task_release(struct thaw_task *t)
     thaw_chat_request_free(&t->req);
     thaw_chat_gen_free(&t->gen);
     free(t->message_json);
+    free(t->embd);
     thaw_logprobs_free(&t->logprobs);
     free(t->progress);
     free(t->prompt);

@@ -24,8 +24,17 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* What a task's prompt is decoded for. */
+enum thaw_task_kind {
+    THAW_TASK_CHAT,   /* a reply, sampled token by token */
+    THAW_TASK_EMBED,  /* --embedding: the prompt's vector (pooled), or each token's (pooling none) */
+    THAW_TASK_RERANK, /* --rerank: the rank head's score of a (query, document) prompt */
+};
+
 struct thaw_task {
     /* ---- input: set before submit, read-only afterwards ---- */
+    enum thaw_task_kind kind;
+    int embd_normalize;            /* EMBED: how a pooled vector is normalised (thaw_embd_normalize) */
     struct thaw_chat_request req;  /* owned */
     llama_token *prompt;           /* owned, n_prompt tokens */
     int n_prompt;
@@ -58,6 +67,10 @@ struct thaw_task {
     struct thaw_task_progress *progress; /* req.return_progress on a stream: one report per prefill batch, */
     int n_progress, cap_progress;        /* the first when the slot chose what to reuse */
     struct thaw_timings timings;
+    float *embd;                   /* EMBED / RERANK, set with done: n_embd_rows rows of n_embd floats
+                                    * (pooled: one row; pooling none: one per prompt token; RERANK: the
+                                    * rank head's outputs, score first), owned */
+    int n_embd_rows, n_embd;
 
     atomic_bool cancelled;         /* the client went away: stop generating */
     atomic_int refs;
@@ -95,6 +108,14 @@ int thaw_task_emit(struct thaw_task *t, const char *s, size_t n);
 void thaw_task_finish(struct thaw_task *t, const char *finish_reason, const char *stop_sequence,
                       const struct thaw_timings *timings, char *message_json);
 void thaw_task_fail(struct thaw_task *t, int http_status, const char *message);
+
+/* An EMBED or RERANK task for `prompt` (moved: freed with the task),
+ * n_prompt tokens; its request is empty (any slot, no cache). Refcount 1.
+ * NULL on ENOMEM (then the prompt is the caller's still). */
+struct thaw_task *thaw_task_new_embed(enum thaw_task_kind kind, llama_token *prompt, int n_prompt, int embd_normalize);
+/* Done with its vectors: `embd` (malloc'd, n_rows x n floats) moves into
+ * the task (freed here when the task is already done). */
+void thaw_task_finish_embd(struct thaw_task *t, float *embd, int n_rows, int n);
 
 /* Appends a sampled token's probabilities (logprobs.h): its bytes
  * [start, end) of the reply text. 0 or THAW_ENOMEM. */

@@ -4,6 +4,8 @@
  *   ---- auth ----          Bearer / x-api-key keys -> namespace
  *   ---- chat route ----    the route's codec parses, the engine answers, the codec replies (whole, or
  *                           streamed: stream.c frames it); the APIs are the codecs' (api/codec.h)
+ *   ---- embeddings ----    --embedding's /embedding(s), /v1/embeddings and /rerank & co.: one task per
+ *                           input through the engine's queue and slots (api/api_embed.h has the shapes)
  *   ---- other routes ----  /v1/models, /health, /metrics, /cache, the page (/, /webui/); llama-server's
  *                           /tokenize, /detokenize, /apply-template, /props (their bodies: api/api_llamaserver.h)
  *   ---- serve ----         start-up, signal wait, orderly shutdown
@@ -11,6 +13,7 @@
 #include "http/server.h"
 
 #include "api/api.h"
+#include "api/api_embed.h"
 #include "api/api_llamaserver.h"
 #include "api/codec.h"
 #include "base/clock.h"
@@ -118,6 +121,13 @@ static void client_wake(void *ud) { thaw_http_wake(ud); }
 static bool client_alive(void *ud) { return thaw_http_conn_alive(ud); }
 static void client_release(void *ud) { thaw_http_conn_unref(ud); }
 static const struct thaw_task_client http_client = {client_wake, client_alive, client_release};
+
+/* What a server started with --embedding answers on the chat routes, in
+ * each API's error shape (llama-server's --embedding is "restricted to
+ * the embedding use case" too: its context computes vectors, not logits). */
+#define EMBEDDING_ONLY                                                                                                 \
+    "This server serves embeddings only (started with --embedding): chat and completions need a server started "  \
+    "without it"
 
 /* A non-streaming request waiting for the engine: its task and its API. */
 struct deferred {
@@ -286,10 +296,14 @@ static int submit(struct server *srv, struct thaw_task *t, struct thaw_http_resp
 static void route_chat(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
                        struct thaw_http_response *r, const struct thaw_codec *c)
 {
-    struct thaw_task *t = build_task(srv, hr, ns, r, c);
+    struct thaw_task *t;
     struct deferred *d = NULL;
 
-    if (!t)
+    if (srv->cfg.embedding) {
+        set_codec_error(r, c, 501, EMBEDDING_ONLY);
+        return;
+    }
+    if (!(t = build_task(srv, hr, ns, r, c)))
         return;
     int n = t->req.n_choices;
     if (n > 1 && (t->req.stream || !c->merge_choice)) {
@@ -356,6 +370,10 @@ static void route_count(struct server *srv, const struct thaw_http_request *hr, 
     int n_prompt = 0, rc;
 
     (void)ns;
+    if (srv->cfg.embedding) {
+        set_codec_error(r, c, 501, EMBEDDING_ONLY);
+        return;
+    }
     if (parse(srv, hr, c, r, &req) != 0)
         return;
     if ((rc = thaw_prepare_count(srv->engine, &req, &n_prompt, err, sizeof err)) != 0) {
@@ -366,6 +384,243 @@ static void route_count(struct server *srv, const struct thaw_http_request *hr, 
     set_json(r, 200, strdup(buf));
     if (!r->body)
         set_codec_error(r, c, 500, "out of memory");
+}
+
+/* ---- embeddings ------------------------------------------------------------------ */
+
+/* An embeddings or rerank request waiting for the engine: one task per
+ * prompt, submitted at most -np at a time (a request with many inputs
+ * neither fills the queue nor keeps other requests from the slots). */
+struct embed_wait {
+    struct server *srv;
+    struct thaw_http_conn *conn;
+    bool rerank;
+    struct thaw_embed_request er;  /* !rerank */
+    struct thaw_rerank_request rr; /* rerank */
+    llama_token **prompts;         /* er's or rr's: taken by each task as it is submitted */
+    int *n_prompt, n, normalize;
+    struct thaw_task **task;       /* n; NULL until submitted */
+    int n_submitted;
+};
+
+static void embed_wait_free(void *ud)
+{
+    struct embed_wait *w = ud;
+
+    for (int i = 0; i < w->n_submitted; i++)
+        thaw_task_abandon(w->task[i]);
+    free(w->task);
+    thaw_api_embed_request_free(&w->er);
+    thaw_api_rerank_request_free(&w->rr);
+    free(w);
+}
+
+/* Submits prompts until -np of the request's tasks are in the engine.
+ * 0, or an error answered in r. */
+static int embed_submit_more(struct embed_wait *w, struct thaw_http_response *r)
+{
+    int in_flight = 0;
+
+    for (int i = 0; i < w->n_submitted; i++)
+        in_flight += !thaw_task_done(w->task[i]);
+    while (w->n_submitted < w->n && in_flight < w->srv->cfg.n_parallel) {
+        int i = w->n_submitted;
+        struct thaw_task *t = thaw_task_new_embed(w->rerank ? THAW_TASK_RERANK : THAW_TASK_EMBED, w->prompts[i],
+                                                  w->n_prompt[i], w->normalize);
+        if (!t) {
+            set_error(w->srv, r, 500, "out of memory");
+            return THAW_ENOMEM;
+        }
+        w->prompts[i] = NULL; /* the task's now */
+        t->model_name = thaw_engine_model_name(w->srv->engine);
+        thaw_http_conn_ref(w->conn);
+        t->client = &http_client;
+        t->client_ud = w->conn;
+        int rc = thaw_engine_submit(w->srv->engine, t);
+        if (rc != 0) {
+            thaw_task_release(t);
+            set_error(w->srv, r, rc == THAW_ESHUTDOWN || rc == THAW_EBUSY ? 503 : 500,
+                      rc == THAW_EBUSY     ? "the server is busy: every slot is working and the queue is full; retry later"
+                      : rc == THAW_ESHUTDOWN ? "the server is shutting down"
+                                             : thaw_strerror(rc));
+            return rc;
+        }
+        w->task[w->n_submitted++] = t;
+        in_flight++;
+    }
+    return 0;
+}
+
+/* The reply once every prompt's task is done; an error as soon as one
+ * failed. */
+static void embed_resume(void *ud, struct thaw_http_response *r)
+{
+    struct embed_wait *w = ud;
+    bool all_done = w->n_submitted == w->n;
+
+    for (int i = 0; i < w->n_submitted; i++) {
+        struct thaw_task *t = w->task[i];
+        if (!thaw_task_done(t)) {
+            all_done = false;
+            continue;
+        }
+        if (t->http_status != 200) {
+            set_error(w->srv, r, t->http_status, t->error ? t->error : "error");
+            return;
+        }
+    }
+    if (!all_done) {
+        if (embed_submit_more(w, r) != 0)
+            return;
+        r->defer = true;
+        r->resume = embed_resume;
+        r->defer_ud = w;
+        return;
+    }
+    const char *model = thaw_engine_model_name(w->srv->engine);
+    char *body = NULL;
+    if (w->rerank) {
+        float *scores = malloc((size_t)w->n * sizeof *scores);
+        int *n_tokens = malloc((size_t)w->n * sizeof *n_tokens);
+        for (int i = 0; scores && n_tokens && i < w->n; i++) {
+            scores[i] = w->task[i]->n_embd > 0 ? w->task[i]->embd[0] : -1e6f;
+            n_tokens[i] = w->task[i]->n_prompt;
+        }
+        if (scores && n_tokens)
+            body = thaw_api_rerank_reply(&w->rr, model, scores, n_tokens);
+        free(scores);
+        free(n_tokens);
+    } else {
+        struct thaw_embed_vec *v = malloc((size_t)w->n * sizeof *v);
+        for (int i = 0; v && i < w->n; i++)
+            v[i] = (struct thaw_embed_vec){w->task[i]->embd, w->task[i]->n_embd_rows, w->task[i]->n_embd,
+                                           w->task[i]->n_prompt};
+        if (v)
+            body = thaw_api_embed_reply(&w->er, model, v);
+        free(v);
+    }
+    set_json(r, 200, body);
+    if (!r->body)
+        set_error(w->srv, r, 500, "out of memory");
+}
+
+/* Checks each prompt against what one embedding can take, then submits
+ * the first ones and defers (w is r's from here on, or freed). */
+static void embed_start(struct embed_wait *w, const struct thaw_http_request *hr, struct thaw_http_response *r)
+{
+    int max_batch = thaw_engine_max_embed_tokens(w->srv->engine), n_ctx = thaw_engine_n_ctx_slot(w->srv->engine);
+    char msg[200];
+
+    for (int i = 0; i < w->n; i++) {
+        if (w->n_prompt[i] > max_batch || w->n_prompt[i] > n_ctx) {
+            /* llama-server's words (the upstream tests look for "too large") */
+            if (w->n_prompt[i] > max_batch)
+                snprintf(msg, sizeof msg,
+                         "input (%d tokens) is too large to process. increase the physical batch size (current "
+                         "batch size: %d)",
+                         w->n_prompt[i], max_batch);
+            else
+                snprintf(msg, sizeof msg, "input (%d tokens) is larger than the max context size (%d tokens)",
+                         w->n_prompt[i], n_ctx);
+            set_error(w->srv, r, 400, msg);
+            embed_wait_free(w);
+            return;
+        }
+    }
+    w->conn = hr->conn;
+    if (!(w->task = calloc((size_t)w->n, sizeof *w->task))) {
+        set_error(w->srv, r, 500, "out of memory");
+        embed_wait_free(w);
+        return;
+    }
+    if (embed_submit_more(w, r) != 0) {
+        embed_wait_free(w);
+        return;
+    }
+    r->defer = true;
+    r->resume = embed_resume;
+    r->defer_ud = w;
+    r->defer_free = embed_wait_free;
+}
+
+/* POST /embedding, /embeddings (llama-server's shape) and /v1/embeddings
+ * (OpenAI's) */
+static void route_embed(struct server *srv, const struct thaw_http_request *hr, struct thaw_http_response *r,
+                        bool oai)
+{
+    struct embed_wait *w;
+    char err[512];
+    int rc;
+
+    if (!srv->cfg.embedding) {
+        set_error(srv, r, 501, "This server does not support embeddings. Start it with `--embeddings`");
+        return;
+    }
+    if (oai && thaw_engine_pooling(srv->engine) == LLAMA_POOLING_TYPE_NONE) {
+        set_error(srv, r, 400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type");
+        return;
+    }
+    if (!(w = calloc(1, sizeof *w))) {
+        set_error(srv, r, 500, "out of memory");
+        return;
+    }
+    w->srv = srv;
+    if ((rc = thaw_api_parse_embed(hr->body, hr->n_body, oai, thaw_engine_chat(srv->engine), srv->cfg.embd_normalize,
+                                   &w->er, err, sizeof err)) != 0) {
+        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        embed_wait_free(w);
+        return;
+    }
+    w->prompts = w->er.prompts;
+    w->n_prompt = w->er.n_prompt;
+    w->n = w->er.n_prompts;
+    w->normalize = w->er.embd_normalize;
+    embed_start(w, hr, r);
+}
+
+static void route_embeddings(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                             struct thaw_http_response *r)
+{
+    (void)ns;
+    route_embed(srv, hr, r, false);
+}
+
+static void route_embeddings_oai(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                                 struct thaw_http_response *r)
+{
+    (void)ns;
+    route_embed(srv, hr, r, true);
+}
+
+/* POST /rerank, /reranking, /v1/rerank, /v1/reranking */
+static void route_rerank(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                         struct thaw_http_response *r)
+{
+    struct embed_wait *w;
+    char err[512];
+    int rc;
+
+    (void)ns;
+    if (!srv->cfg.embedding || thaw_engine_pooling(srv->engine) != LLAMA_POOLING_TYPE_RANK) {
+        set_error(srv, r, 501, "This server does not support reranking. Start it with `--reranking`");
+        return;
+    }
+    if (!(w = calloc(1, sizeof *w))) {
+        set_error(srv, r, 500, "out of memory");
+        return;
+    }
+    w->srv = srv;
+    w->rerank = true;
+    if ((rc = thaw_api_parse_rerank(hr->body, hr->n_body, thaw_engine_chat(srv->engine), &w->rr, err, sizeof err)) !=
+        0) {
+        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        embed_wait_free(w);
+        return;
+    }
+    w->prompts = w->rr.prompts;
+    w->n_prompt = w->rr.n_prompt;
+    w->n = w->rr.n_docs;
+    embed_start(w, hr, r);
 }
 
 /* ---- other routes ---------------------------------------------------------------- */
@@ -535,13 +790,20 @@ static void route_apply_template(struct server *srv, const struct thaw_http_requ
 static void route_props(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
                         struct thaw_http_response *r)
 {
+    static const char *const poolings[] = {"none", "mean", "cls", "last", "rank"};
+    int pooling = thaw_engine_pooling(srv->engine);
+    const struct thaw_props_embedding embd = {pooling >= 0 && pooling <= 4 ? poolings[pooling] : "none",
+                                              srv->cfg.embd_normalize, pooling == LLAMA_POOLING_TYPE_RANK};
+
     (void)hr;
     (void)ns;
     set_json(r, 200,
              thaw_api_props_json(thaw_engine_model_name(srv->engine), srv->cfg.model_path,
                                  thaw_chat_template(thaw_engine_chat(srv->engine)), srv->cfg.n_parallel,
-                                 thaw_engine_n_ctx_slot(srv->engine), srv->cfg.jinja, srv->cfg.kv_cache_dir != NULL,
-                                 &srv->cfg.sampling, srv->cfg.n_predict, thaw_engine_placement(srv->engine)));
+                                 thaw_engine_n_ctx_slot(srv->engine), srv->cfg.jinja,
+                                 srv->cfg.kv_cache_dir != NULL && !srv->cfg.embedding, &srv->cfg.sampling,
+                                 srv->cfg.n_predict, thaw_engine_placement(srv->engine),
+                                 srv->cfg.embedding ? &embd : NULL));
 }
 
 /* GET /slots: llama-server's array, each slot's conversation (the
@@ -589,6 +851,11 @@ static const struct route {
     {"/v1/responses", "/responses", "POST", NULL, route_chat, &thaw_codec_responses, false, false},
     {"/v1/messages/count_tokens", NULL, "POST", NULL, route_count, &thaw_codec_messages, false, false},
     {"/v1/models", "/models", "GET", route_models, NULL, NULL, false, false},
+    /* llama-server's shape at both; only /v1/embeddings is OpenAI's */
+    {"/embeddings", "/embedding", "POST", route_embeddings, NULL, NULL, false, false},
+    {"/v1/embeddings", NULL, "POST", route_embeddings_oai, NULL, NULL, false, false},
+    {"/rerank", "/reranking", "POST", route_rerank, NULL, NULL, false, false},
+    {"/v1/rerank", "/v1/reranking", "POST", route_rerank, NULL, NULL, false, false},
     {"/metrics", NULL, "GET", route_metrics, NULL, NULL, false, false},
     {"/tokenize", NULL, "POST", route_tokenize, NULL, NULL, false, false},
     {"/detokenize", NULL, "POST", route_detokenize, NULL, NULL, false, false},

@@ -465,6 +465,18 @@ int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_
     cp.kv_unified = false; /* each slot its own cells: a slot's state is its own to save and restore */
     cp.swa_full = cfg->swa_full;
     cp.no_perf = true;
+    if (cfg->embedding) {
+        /* outputs are pooled vectors (or each token's, pooling none), not
+         * logits. One KV stream for all slots: nothing is stored per slot,
+         * and with a stream per sequence libllama cuts a batch of several
+         * prompts into equal-length micro-batches (split_equal), so a
+         * decoder's pooling would see only the last piece of a prompt; one
+         * stream takes the batch whole (split_simple, <= n_ubatch). A
+         * prompt may then use the whole -c. */
+        cp.embeddings = true;
+        cp.pooling_type = (enum llama_pooling_type)cfg->pooling;
+        cp.kv_unified = true;
+    }
     thaw_params_fit(cfg, &pp, &mp, &cp);
     llama_log_set(llama_log_cb, NULL); /* -fit borrows llama's logger */
     mp.progress_callback = load_progress;

@@ -27,7 +27,7 @@ def value_for(opt, name, tmp):
         "--host": "127.0.0.1", "-c": "4096", "--api-key": "k", "-a": "name", "-m": str(tmp / "absent.gguf"),
         "--log-file": str(tmp / "log.txt"), "--dry-sequence-breaker": "none", "--cors-origins": "http://a",
         "-l": "15+1", "--spec-draft-type-k": "q8_0", "--spec-draft-type-v": "q8_0", "--spec-draft-ngl": "0", "--spec-draft-device": "none", "--spec-draft-override-tensor": "exps=CPU",
-        "-C": "3", "-Cr": "0-1", "-Cb": "3", "-Crb": "0-1",
+        "-C": "3", "-Cr": "0-1", "-Cb": "3", "-Crb": "0-1", "--pooling": "mean",
     }
     first = opt["args"][0]
     if first in special:
@@ -79,8 +79,8 @@ def test_every_llama_server_option_is_accounted_for(tmp_path):
 
 
 def test_a_refusal_is_one_line_naming_the_flag():
-    rc, err, _ = run("--embedding")
-    assert rc == 2 and err == ["thaw: --embedding: thaw serves chat, not embeddings or reranking"]
+    rc, err, _ = run("--spm-infill")
+    assert rc == 2 and err == ["thaw: --spm-infill: thaw has no /infill endpoint"]
     rc, err, _ = run("-hf", "org/model")
     assert rc == 2 and len(err) == 1 and err[0].startswith("thaw: -hf: thaw downloads nothing")
     rc, err, _ = run("--no-such-flag")

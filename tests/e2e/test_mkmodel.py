@@ -226,7 +226,7 @@ def test_vocab_dir_env_and_name(tmp_path):
 
 BAD_FLAGS = [
     ([], "-o OUT.gguf is required"),
-    (["--arch", "gpt2"], "expected llama, gemma3, qwen3, gemma4, lfm2, qwen35, gpt-oss or deepseek2"),
+    (["--arch", "gpt2"], "expected llama, gemma3, qwen3, gemma4, lfm2, qwen35, gpt-oss, deepseek2 or bert"),
     (["--layers", "0"], "--layers"),
     (["--layers", "513"], "--layers"),
     (["--layers", "2x"], "--layers"),
@@ -254,6 +254,8 @@ BAD_FLAGS = [
     (["--chat-template-file", str(SPM), "--template", "chatml"], "excludes --template"),
     (["--chat-template-file", str(SPM), "--draft-of", str(SPM)], "excludes --template"),
     (["--arch", "gemma3", "--swa-window", "9000"], "below --ctx-train"),
+    (["--arch", "llama", "--rerank"], "--rerank applies to --arch bert and qwen3 only"),
+    (["--arch", "bert", "--kv-heads", "2"], "as many KV heads as heads"),
     (["--type", "q8_0"], "--type"),
     (["--seed", "abc"], "--seed"),
     (["--seed", "18446744073709551616"], "--seed"),
@@ -330,6 +332,34 @@ def test_qwen3_layout(tmp_path):
     assert t["blk.2.attn_k_norm.weight"] == ((16,), 0)
     assert t["blk.2.attn_k.weight"][0] == (64, 32)
     assert "blk.0.post_attention_norm.weight" not in t
+
+
+def test_bert_layout_and_rerank_heads(tmp_path):
+    out = tmp_path / "b.gguf"
+    r = build(out, "--arch", "bert", "--layers", 2, "--embd", 64, "--heads", 4, "--ctx-train", 512)
+    assert "ggml-vocab-bert-bge.gguf" in r.stderr  # bge-small's WordPiece vocab
+    kv, t = tensor_map(out)
+    assert kv["general.architecture"] == "bert" and kv["bert.attention.causal"] is False
+    assert kv["bert.pooling_type"] == 2  # CLS, as bge's
+    assert kv["bert.attention.head_count_kv"] == 4
+    assert t["position_embd.weight"][0] == (64, 512)
+    assert t["token_types.weight"][0] == (64, 2)
+    assert t["blk.1.layer_output_norm.bias"] == ((64,), 0)
+    assert not any(n.startswith("cls") for n in t)
+    assert len(t) == 5 + 16 * 2
+    out = tmp_path / "br.gguf"
+    build(out, "--arch", "bert", "--rerank")
+    kv, t = tensor_map(out)
+    assert kv["bert.pooling_type"] == 4  # rank
+    # one score: [64, 1], which GGUF stores as 1-D (trailing 1s are not dimensions)
+    assert t["cls.weight"][0] == (64, 64) and t["cls.output.weight"][0] == (64,)
+    assert t["cls.output.bias"][0] == (1,)
+    out = tmp_path / "qr.gguf"
+    build(out, "--arch", "qwen3", "--rerank")
+    kv, t = tensor_map(out)
+    assert kv["qwen3.pooling_type"] == 4 and kv["qwen3.classifier.output_labels"] == ["yes", "no"]
+    assert "{query}" in kv["tokenizer.chat_template.rerank"] and "{document}" in kv["tokenizer.chat_template.rerank"]
+    assert t["cls.output.weight"][0] == (64, 2)
 
 
 def test_gemma4_layout(tmp_path):

@@ -168,9 +168,10 @@ static void test_llama_server_values(void **state)
 static void test_refused_and_bad_values(void **state)
 {
     static const char *const bad[][3] = {
-        {"--embedding", NULL}, {"-hf", "a/b"},        {"-kvu", NULL},      {"-ngl", "many"}, {"-fa", "maybe"},
+        {"--spm-infill", NULL}, {"-hf", "a/b"},        {"-kvu", NULL},      {"-ngl", "many"}, {"-fa", "maybe"},
         {"-ctk", "q3_k", NULL}, {"-ot", "noequals"}, {"--override-kv", "a=long:1"}, {"-sm", "diagonal"},
-        {"--samplers", "top_q"}, {"--mirostat", "3"}, {"--sampler-seq", "kz"},
+        {"--samplers", "top_q"}, {"--mirostat", "3"}, {"--sampler-seq", "kz"}, {"--pooling", "sum"},
+        {"--embd-normalize", "-2"},
     };
     struct thaw_config c;
 
@@ -184,6 +185,38 @@ static void test_refused_and_bad_values(void **state)
             fail_msg("accepted: %s %s", bad[i][0], bad[i][1] ? bad[i][1] : "");
         thaw_config_free(&c);
     }
+}
+
+/* --rerank is --embedding with pooling rank; --pooling takes llama-server's names */
+static void test_embedding_flags(void **state)
+{
+    struct thaw_config c;
+    const char *plain[] = {"serve", "-m", "x.gguf"};
+    const char *embd[] = {"serve", "-m", "x.gguf", "--embeddings", "--pooling", "last", "--embd-normalize", "-1"};
+    const char *rerank[] = {"serve", "-m", "x.gguf", "--reranking"};
+    const char *conflict[] = {"serve", "-m", "x.gguf", "--rerank", "--pooling", "mean"};
+    const char *draft[] = {"serve", "-m", "x.gguf", "--embedding", "-md", "d.gguf"};
+
+    (void)state;
+    assert_int_equal(parse(&c, 3, plain), 0);
+    assert_false(c.embedding);
+    assert_int_equal(c.pooling, -1); /* the model's */
+    assert_int_equal(c.embd_normalize, 2);
+    thaw_config_free(&c);
+    assert_int_equal(parse(&c, sizeof embd / sizeof *embd, embd), 0);
+    assert_true(c.embedding);
+    assert_false(c.reranking);
+    assert_int_equal(c.pooling, 3); /* LLAMA_POOLING_TYPE_LAST */
+    assert_int_equal(c.embd_normalize, -1);
+    thaw_config_free(&c);
+    assert_int_equal(parse(&c, sizeof rerank / sizeof *rerank, rerank), 0);
+    assert_true(c.embedding && c.reranking);
+    assert_int_equal(c.pooling, 4); /* LLAMA_POOLING_TYPE_RANK */
+    thaw_config_free(&c);
+    assert_int_equal(parse(&c, sizeof conflict / sizeof *conflict, conflict), THAW_EINVAL);
+    thaw_config_free(&c);
+    assert_int_equal(parse(&c, sizeof draft / sizeof *draft, draft), THAW_EINVAL);
+    thaw_config_free(&c);
 }
 
 /* the default breakers are llama-server's; the first flag replaces them, later ones add */
@@ -253,6 +286,7 @@ int main(void)
         cmocka_unit_test(test_help_lists_every_flag),
         cmocka_unit_test(test_llama_server_values),
         cmocka_unit_test(test_refused_and_bad_values),
+        cmocka_unit_test(test_embedding_flags),
         cmocka_unit_test(test_dry_breakers),
         cmocka_unit_test(test_cpu_placement),
     };
