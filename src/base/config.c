@@ -55,6 +55,10 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->draft_max = 16;
     cfg->draft_min = 0;
     cfg->draft_p_min = 0.75f;
+    /* llama-server's n-gram defaults (common/common.h) */
+    for (int k = THAW_SPEC_NGRAM_SIMPLE; k <= THAW_SPEC_NGRAM_MAP_K4V; k++)
+        cfg->spec_ngram[k] = (struct thaw_spec_ngram){.size_n = 12, .size_m = 48, .min_hits = 1, .n_min = 1};
+    cfg->spec_ngram[THAW_SPEC_NGRAM_MOD] = (struct thaw_spec_ngram){.size_n = 24, .size_m = 64, .min_hits = 1, .n_min = 48};
     /* llama-server's defaults (common/common.h) */
     cfg->n_gpu_layers = -1;
     cfg->draft_n_gpu_layers = -1;

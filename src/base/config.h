@@ -21,6 +21,25 @@
 #define THAW_MAX_DEVICES 16   /* -ts / -fitt entries */
 #define THAW_MAX_OVERRIDES 32 /* -ot / --override-kv entries, each possibly a comma list */
 
+/* --spec-type's kinds (llama-server's names in cli/config.c); the n-gram
+ * kinds come first, in the order they are tried */
+enum thaw_spec_kind {
+    THAW_SPEC_NGRAM_SIMPLE,  /* ngram-simple */
+    THAW_SPEC_NGRAM_MAP_K,   /* ngram-map-k */
+    THAW_SPEC_NGRAM_MAP_K4V, /* ngram-map-k4v */
+    THAW_SPEC_NGRAM_MOD,     /* ngram-mod */
+    THAW_SPEC_N_NGRAM,
+    THAW_SPEC_DRAFT = THAW_SPEC_N_NGRAM, /* draft-simple: the draft model (-md) */
+};
+
+/* One n-gram kind's settings (engine/ngram.h says what each does). */
+struct thaw_spec_ngram {
+    int size_n;   /* tokens of the key looked up (ngram-mod: --spec-ngram-mod-n-match) */
+    int size_m;   /* most tokens drafted per step (ngram-mod: n-max) */
+    int min_hits; /* earlier occurrences of the key needed to draft (ngram-mod: 1) */
+    int n_min;    /* shortest draft worth verifying (ngram-mod: n-min; the others: 1) */
+};
+
 struct thaw_config {
     /* model + context */
     const char *model_path;      /* -m */
@@ -51,7 +70,11 @@ struct thaw_config {
     int pooling;                 /* --pooling: enum llama_pooling_type, -1 (UNSPECIFIED) = the model's */
     int embd_normalize;          /* --embd-normalize: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean, >2 p-norm */
 
-    /* speculative decoding */
+    /* speculative decoding: the n-gram kinds (drafts from the slot's own
+     * conversation) are tried first, in enum order, then the draft model */
+    unsigned spec_types;         /* --spec-type: bit (1u << THAW_SPEC_*) per kind; -md alone implies DRAFT */
+    bool spec_type_given;        /* --spec-type was given (none: spec_types 0) */
+    struct thaw_spec_ngram spec_ngram[THAW_SPEC_N_NGRAM]; /* --spec-ngram-<kind>-*, per n-gram kind */
     const char *draft_path;      /* -md: draft model; NULL = off */
     int n_ctx_draft;             /* -cd: draft context, total (0 = same as -c) */
     int draft_max;               /* --draft-max: tokens drafted per step */

@@ -66,13 +66,19 @@ static int fn_cpu_mask(void *dst, const struct thaw_flag *fl, const char *flag, 
 static int fn_api_key(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 static int fn_verbose(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 static int fn_pooling(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_spec_type(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
+static int fn_spec_default(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 
 #define WHY_DOWNLOAD "thaw downloads nothing: pass a local GGUF with -m"
 #define WHY_MEDIA "thaw serves text chat: no vision or audio projector"
 #define WHY_ADAPTER "thaw loads no LoRA adapters or control vectors (a stored conversation's KV would not say which were applied)"
 #define WHY_ROUTER "thaw serves one model per process: no router mode"
 #define WHY_PIN "thaw places the draft model's threads as the model's: use -C, -Cr, --cpu-strict, --prio, --poll"
-#define WHY_NGRAM "thaw speculates with a draft model only (-md)"
+#define WHY_NGRAM_CACHE "thaw has no ngram-cache: its n-gram drafts come from the conversation itself (--spec-type)"
+#define WHY_SYNTH "thaw has no synthetic-acceptance mode: speculation always verifies real drafts"
+#define WHY_NGRAM_REMOVED(kind) "removed in llama.cpp: use --spec-ngram-simple-" kind ", --spec-ngram-map-k-" kind ", ..."
+/* the n-gram kinds' settings, by kind (base/config.h) */
+#define NGRAM(k, f) OFF(spec_ngram[THAW_SPEC_NGRAM_##k].f)
 #define WHY_PRESET "presets download their models: " WHY_DOWNLOAD
 #define WHY_NOT_YET "not implemented in thaw yet"
 #define WHY_AGENT "thaw runs no tools or MCP servers itself: the client does"
@@ -210,6 +216,34 @@ static const struct thaw_flag opts[] = {
     {"--mirostat-ent", "N", THAW_FLAG_FLOAT, SMP(mirostat_tau), 0, 1e6, "Mirostat target entropy (tau)", NULL},
 
     /* ---- speculative decoding */
+    FN("--spec-type", "TYPE[,TYPE]", fn_spec_type,
+       "kinds of speculative decoding, tried in this order: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod\n"
+       "(drafts copied from the slot's own conversation), then draft-simple (the draft model, -md); none = off\n"
+       "(default: draft-simple with -md, else none; -md drafts after any n-gram kind given)"),
+    {"--spec-ngram-simple-size-n", "N", THAW_FLAG_INT, NGRAM(SIMPLE, size_n), 1, 1024,
+     "ngram-simple: tokens of the n-gram looked up in the conversation (the last ones, the sampled one included)", NULL},
+    {"--spec-ngram-simple-size-m", "N", THAW_FLAG_INT, NGRAM(SIMPLE, size_m), 1, 1024,
+     "ngram-simple: most tokens drafted: those that followed the n-gram's latest earlier occurrence", NULL},
+    {"--spec-ngram-simple-min-hits", "N", THAW_FLAG_INT, NGRAM(SIMPLE, min_hits), 1, 65535,
+     "ngram-simple: earlier occurrences of the n-gram needed to draft", NULL},
+    {"--spec-ngram-map-k-size-n", "N", THAW_FLAG_INT, NGRAM(MAP_K, size_n), 1, 1024,
+     "ngram-map-k: tokens of the n-gram looked up", NULL},
+    {"--spec-ngram-map-k-size-m", "N", THAW_FLAG_INT, NGRAM(MAP_K, size_m), 1, 1024,
+     "ngram-map-k: most tokens drafted; a key drafts no more than it had accepted the time before", NULL},
+    {"--spec-ngram-map-k-min-hits", "N", THAW_FLAG_INT, NGRAM(MAP_K, min_hits), 1, 65535,
+     "ngram-map-k: earlier occurrences of the n-gram needed to draft", NULL},
+    {"--spec-ngram-map-k4v-size-n", "N", THAW_FLAG_INT, NGRAM(MAP_K4V, size_n), 1, 1024,
+     "ngram-map-k4v: tokens of the n-gram looked up", NULL},
+    {"--spec-ngram-map-k4v-size-m", "N", THAW_FLAG_INT, NGRAM(MAP_K4V, size_m), 1, 1024,
+     "ngram-map-k4v: tokens drafted: the most frequent of up to 4 continuations seen, when it dominates", NULL},
+    {"--spec-ngram-map-k4v-min-hits", "N", THAW_FLAG_INT, NGRAM(MAP_K4V, min_hits), 1, 65535,
+     "ngram-map-k4v: earlier occurrences of the n-gram needed to draft", NULL},
+    {"--spec-ngram-mod-n-match", "N", THAW_FLAG_INT, NGRAM(MOD, size_n), 1, 1024,
+     "ngram-mod: tokens of the n-gram looked up for each drafted token", NULL},
+    {"--spec-ngram-mod-n-min", "N", THAW_FLAG_INT, NGRAM(MOD, n_min), 0, 1024,
+     "ngram-mod: shortest draft worth verifying", NULL},
+    {"--spec-ngram-mod-n-max", "N", THAW_FLAG_INT, NGRAM(MOD, size_m), 0, 1024, "ngram-mod: most tokens drafted", NULL},
+    FN("--spec-default", NULL, fn_spec_default, "llama-server's default speculation: ngram-mod, n-match 24, n-min 48, n-max 64"),
     {"-md,--model-draft,--spec-draft-model", "FILE", THAW_FLAG_STR, OFF(draft_path), 0, 0,
      "draft model for speculative decoding (same vocabulary as -m)", NULL},
     {"-cd,--ctx-size-draft", "N", THAW_FLAG_INT, OFF(n_ctx_draft), 0, 1 << 24, "draft context, total (0 = same as -c)", NULL},
@@ -393,8 +427,8 @@ static const struct thaw_flag opts[] = {
     {"--cpu-strict-batch", "0|1", THAW_FLAG_INT, OFF(cpu_batch.strict), 0, 1, "--cpu-strict for the prompt-processing threads (default: same as --cpu-strict)", NULL},
     {"--prio-batch", "N", THAW_FLAG_INT, OFF(cpu_batch.prio), -1, 3, "--prio for the prompt-processing threads (default: same as --prio)", NULL},
     {"--poll-batch", "0..100", THAW_FLAG_INT, OFF(cpu_batch.poll), 0, 100, "--poll for the prompt-processing threads (default: same as --poll)", NULL},
-    REFUSE("-lcs,--lookup-cache-static", "FILE", WHY_NGRAM),
-    REFUSE("-lcd,--lookup-cache-dynamic", "FILE", WHY_NGRAM),
+    REFUSE("-lcs,--lookup-cache-static", "FILE", WHY_NGRAM_CACHE),
+    REFUSE("-lcd,--lookup-cache-dynamic", "FILE", WHY_NGRAM_CACHE),
     REFUSE("--kv-unified-per-slot", "N", "thaw keeps each slot's KV cells apart (-c is split evenly across -np)"),
     REFUSE("--keep", "N", "thaw never shifts the context, so there is nothing to keep: a reply ends when its slot is full"),
     REFUSE("-cms,--checkpoint-min-step", "N", "thaw places its context checkpoints itself (see --ctx-checkpoints)"),
@@ -468,26 +502,12 @@ static const struct thaw_flag opts[] = {
     REFUSE("--spec-draft-cpu-strict-batch,--cpu-strict-batch-draft", "0|1", WHY_PIN),
     REFUSE("--spec-draft-prio-batch,--prio-batch-draft", "N", WHY_PIN),
     REFUSE("--spec-draft-poll-batch,--poll-batch-draft", "0|1", WHY_PIN),
-    REFUSE("--spec-synth-len", "N", WHY_NGRAM),
-    REFUSE("--spec-synth-rates", "R", WHY_NGRAM),
+    REFUSE("--spec-synth-len", "N", WHY_SYNTH),
+    REFUSE("--spec-synth-rates", "R", WHY_SYNTH),
     REFUSE("--spec-draft-p-split,--draft-p-split", "P", "thaw drafts one sequence per slot"),
-    REFUSE("--spec-type", "TYPE", WHY_NGRAM),
-    REFUSE("--spec-ngram-mod-n-min", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-mod-n-max", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-mod-n-match", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-simple-size-n", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-simple-size-m", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-simple-min-hits", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-map-k-size-n", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-map-k-size-m", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-map-k-min-hits", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-map-k4v-size-n", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-map-k4v-size-m", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-map-k4v-min-hits", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-size-n", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-size-m", "N", WHY_NGRAM),
-    REFUSE("--spec-ngram-min-hits", "N", WHY_NGRAM),
-    REFUSE("--spec-default", NULL, WHY_PRESET),
+    REFUSE("--spec-ngram-size-n", "N", WHY_NGRAM_REMOVED("size-n")),
+    REFUSE("--spec-ngram-size-m", "N", WHY_NGRAM_REMOVED("size-m")),
+    REFUSE("--spec-ngram-min-hits", "N", WHY_NGRAM_REMOVED("min-hits")),
     REFUSE("--embd-gemma-default", NULL, WHY_PRESET),
     REFUSE("--fim-qwen-1.5b-default", NULL, WHY_PRESET),
     REFUSE("--fim-qwen-3b-default", NULL, WHY_PRESET),
@@ -648,6 +668,61 @@ static int fn_pooling(void *dst, const struct thaw_flag *fl, const char *flag, c
             return 0;
         }
     return bad_value(flag, v, "none, mean, cls, last or rank");
+}
+
+/* llama-server's --spec-type names, by enum thaw_spec_kind; the ones thaw
+ * refuses, each by name */
+static const char *const spec_names[] = {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "draft-simple"};
+static const char *const spec_refused[] = {"ngram-cache", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"};
+
+/* "ngram-simple,ngram-map-k": adds each kind (llama-server's flag adds up
+ * when repeated); "none" anywhere turns speculation off */
+static int fn_spec_type(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
+{
+    struct thaw_config *cfg = dst;
+    unsigned kinds = 0;
+    bool none = false;
+
+    (void)fl;
+    for (const char *p = v;;) {
+        size_t n = strcspn(p, ",");
+        int k = -1;
+        for (int i = 0; i < (int)(sizeof spec_names / sizeof *spec_names); i++)
+            if (strlen(spec_names[i]) == n && !strncmp(p, spec_names[i], n))
+                k = i;
+        if (n == 4 && !strncmp(p, "none", 4))
+            none = true;
+        else if (k >= 0)
+            kinds |= 1u << k;
+        else {
+            for (size_t i = 0; i < sizeof spec_refused / sizeof *spec_refused; i++)
+                if (strlen(spec_refused[i]) == n && !strncmp(p, spec_refused[i], n)) {
+                    fprintf(stderr,
+                            "thaw: %s: %s is not implemented in thaw (it has none, ngram-simple, ngram-map-k, "
+                            "ngram-map-k4v, ngram-mod, draft-simple)\n",
+                            flag, spec_refused[i]);
+                    return THAW_EINVAL;
+                }
+            return bad_value(flag, v, "a comma list of none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, draft-simple");
+        }
+        if (!p[n])
+            break;
+        p += n + 1;
+    }
+    cfg->spec_types = none ? 0 : cfg->spec_types | kinds;
+    cfg->spec_type_given = true;
+    return 0;
+}
+
+static int fn_spec_default(void *dst, const struct thaw_flag *fl, const char *flag, const char *v)
+{
+    struct thaw_config *cfg = dst;
+
+    (void)fl, (void)flag, (void)v;
+    cfg->spec_types |= 1u << THAW_SPEC_NGRAM_MOD;
+    cfg->spec_type_given = true;
+    cfg->spec_ngram[THAW_SPEC_NGRAM_MOD] = (struct thaw_spec_ngram){.size_n = 24, .size_m = 64, .min_hits = 1, .n_min = 48};
+    return 0;
 }
 
 /* "a,b,c" or "a/b/c" of numbers >= 0 into out[0..max-1], the rest 0 */
@@ -1254,6 +1329,20 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
         }
         cfg->embedding = true;
         cfg->pooling = LLAMA_POOLING_TYPE_RANK;
+    }
+    /* -md alone is the draft model's speculation (thaw's habit before
+     * --spec-type); beside n-gram kinds it drafts when they find nothing */
+    if (cfg->draft_path && cfg->spec_type_given && cfg->spec_types == 0) {
+        if (cfg->n_no_effect < THAW_MAX_OVERRIDES) {
+            cfg->no_effect[cfg->n_no_effect].flag = "-md";
+            cfg->no_effect[cfg->n_no_effect++].why = "--spec-type none: no speculation, the draft model is not loaded";
+        }
+        cfg->draft_path = NULL;
+    } else if (cfg->draft_path) {
+        cfg->spec_types |= 1u << THAW_SPEC_DRAFT;
+    } else if (cfg->spec_types & (1u << THAW_SPEC_DRAFT)) {
+        fprintf(stderr, "thaw: --spec-type draft-simple needs a draft model: give -md FILE\n");
+        return THAW_EINVAL;
     }
     if (cfg->embedding && cfg->draft_path) {
         fprintf(stderr, "thaw: --embedding computes no tokens for a draft model to guess: drop -md\n");

@@ -33,6 +33,7 @@
 #include "base/testhooks.h"
 #include "engine/draft.h"
 #include "engine/engine_state.h"
+#include "engine/ngram.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/slotkv.h"
@@ -291,7 +292,7 @@ static void build_batch(struct thaw_engine *e)
         s->n_in_batch = 0;
         if (s->phase != THAW_SLOT_GEN)
             continue;
-        s->n_drafts = e->draft ? thaw_gen_draft(e, s, e->n_batch - b->n_tokens - 1) : 0;
+        s->n_drafts = s->drafts ? thaw_gen_draft(e, s, e->n_batch - b->n_tokens - 1) : 0;
         s->i_batch = b->n_tokens;
         batch_add(b, s->next_token, s->n_tokens, s->id, true);
         for (int k = 0; k < s->n_drafts; k++)
@@ -661,6 +662,29 @@ int thaw_engine_submit(struct thaw_engine *e, struct thaw_task *t)
     return rc;
 }
 
+/* Whether the slots draft: n-gram kinds or a draft model (an embedding
+ * server generates nothing to draft). */
+static bool speculative(const struct thaw_config *cfg)
+{
+    return !cfg->embedding && ((cfg->draft_path && cfg->draft_max > 0) || thaw_ngram_enabled(cfg));
+}
+
+static void log_speculation(const struct thaw_config *cfg, bool draft)
+{
+    char kinds[160] = "";
+    static const char *const names[THAW_SPEC_N_NGRAM] = {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod"};
+
+    for (int k = 0; k < THAW_SPEC_N_NGRAM; k++) {
+        const struct thaw_spec_ngram *p = &cfg->spec_ngram[k];
+        size_t l = strlen(kinds);
+        if (cfg->spec_types & (1u << k))
+            snprintf(kinds + l, sizeof kinds - l, "%s%s (n %d, m %d)", l ? ", " : "", names[k], p->size_n, p->size_m);
+    }
+    if (kinds[0])
+        LOG_INF("speculative decoding: n-gram drafts from each slot's conversation: %s%s", kinds,
+                draft ? "; then the draft model" : "");
+}
+
 /* ---- lifecycle ------------------------------------------------------------------ */
 
 /* What --embedding serves, logged at start: the pooling, the vectors'
@@ -746,7 +770,7 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         rc = THAW_ENOMEM;
         goto error;
     }
-    if (!(e->view = thaw_slots_view_new(e->n_slots, e->n_ctx_slot))) {
+    if (!(e->view = thaw_slots_view_new(e->n_slots, e->n_ctx_slot, speculative(cfg)))) {
         rc = THAW_ENOMEM;
         goto error;
     }
@@ -760,20 +784,29 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     if ((rc = thaw_sched_new(cfg->max_queue, &e->sched)) != 0)
         goto error;
     thaw_keys_binding(e->fingerprint, e->settings, NULL, e->identity);
-    if (cfg->draft_path && cfg->draft_max > 0) {
+    bool use_draft = cfg->draft_path && cfg->draft_max > 0;
+    if (speculative(cfg)) {
         if (e->recurrent) {
             LOG_ERR("speculative decoding needs a target that can roll back rejected drafts; %s is recurrent",
                     cfg->model_path);
             rc = THAW_EINVAL;
             goto error;
         }
-        if ((rc = thaw_draft_new(cfg, e->model, e->n_slots, &e->draft)) != 0)
+        if (use_draft && (rc = thaw_draft_new(cfg, e->model, e->n_slots, &e->draft)) != 0)
             goto error;
-        for (int i = 0; i < e->n_slots; i++)
-            if (!(e->slots[i].drafts = malloc((size_t)(cfg->draft_max + 1) * sizeof(llama_token)))) {
+        int n_max = thaw_ngram_max_draft(cfg); /* the n-gram kinds are tried first, then the draft */
+        if (use_draft && cfg->draft_max > n_max)
+            n_max = cfg->draft_max;
+        for (int i = 0; i < e->n_slots; i++) {
+            struct thaw_slot *s = &e->slots[i];
+            if (!(s->drafts = malloc((size_t)(n_max + 1) * sizeof(llama_token)))) {
                 rc = THAW_ENOMEM;
                 goto error;
             }
+            if ((rc = thaw_ngram_new(cfg, e->n_ctx_slot, &s->ngram)) != 0)
+                goto error;
+        }
+        log_speculation(cfg, e->draft != NULL);
     }
     struct thaw_slotkv_params skp = {
         .cfg = cfg,

@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "base/utf8.h" /* thaw_utf8_sanitize */
 #include "engine/draft.h"
+#include "engine/ngram.h"
 #include "engine/prepare.h"
 #include "engine/sampler.h"
 #include "engine/slotkv.h"
@@ -65,10 +66,14 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
         thaw_kvcache_expect(e->kv, s->store_key);
     }
     thaw_task_finish(s->task, reason, s->stop_word, &s->timings, msg);
-    LOG_INF("slot %d: done (%s): prompt %d (%d cached, %s), %.1f ms; %d generated, %.1f tok/s", s->id, reason,
+    char spec[96] = "";
+    if (s->timings.draft_n > 0)
+        snprintf(spec, sizeof spec, "; drafts: %d of %d accepted (%.0f%%)", s->timings.draft_n_accepted,
+                 s->timings.draft_n, 100.0 * s->timings.draft_n_accepted / s->timings.draft_n);
+    LOG_INF("slot %d: done (%s): prompt %d (%d cached, %s), %.1f ms; %d generated, %.1f tok/s%s", s->id, reason,
             s->task->n_prompt, s->timings.cache_n, s->timings.cache_source, s->timings.prompt_ms,
             s->timings.predicted_n,
-            s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0);
+            s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0, spec);
     /* a verified draft may have left positions past the finish in the KV */
     thaw_slotkv_rm(e->skv, s, s->n_tokens);
     if (will_store)
@@ -164,18 +169,29 @@ void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token
         thaw_slot_move(s, THAW_SLOT_GEN, NULL, e->metrics);
 }
 
-/* Asks the draft for up to `room` tokens after the slot's next token. */
+/* Up to `room` tokens after the slot's next token: the n-gram kinds'
+ * (copied from the slot's own conversation) first, then the draft
+ * model's, as llama-server tries them. */
 int thaw_gen_draft(struct thaw_engine *e, struct thaw_slot *s, int room)
 {
     const struct thaw_config *cfg = e->cfg;
-    int max = cfg->draft_max;
+    int max = room;
 
-    if (max > room)
-        max = room;
     if (max > s->task->max_tokens - s->n_decoded - 1)
         max = s->task->max_tokens - s->n_decoded - 1;
     if (max > e->n_ctx_slot - s->n_tokens - 2)
         max = e->n_ctx_slot - s->n_tokens - 2;
+    if (max < 1)
+        return 0;
+    if (s->ngram) {
+        int n = thaw_ngram_draft(s->ngram, s->tokens, s->n_tokens, s->next_token, max, s->drafts);
+        if (n > 0)
+            return n;
+    }
+    if (!e->draft)
+        return 0;
+    if (max > cfg->draft_max)
+        max = cfg->draft_max;
     if (max < 1 || max < cfg->draft_min)
         return 0;
     if (thaw_draft_sync(e->draft, s->id, s->tokens, s->n_tokens) < 0)
@@ -189,7 +205,8 @@ int thaw_gen_draft(struct thaw_engine *e, struct thaw_slot *s, int room)
  * the drafts that match, emit the samples, roll the rest back. */
 void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s)
 {
-    llama_token emitted[THAW_DRAFT_MAX + 1];
+    _Static_assert(THAW_NGRAM_MAX >= THAW_DRAFT_MAX, "emitted[] holds the longest draft of either source");
+    llama_token emitted[THAW_NGRAM_MAX + 1];
     int base = s->n_tokens, n_emit = 0;
     /* every emitted token is sampled at its own row: its probabilities are
      * the target's there, as without a draft */
@@ -209,6 +226,7 @@ void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s)
             break;
     }
     int accepted = n_emit - 1;
+    thaw_ngram_accept(s->ngram, accepted); /* nothing when the draft model drafted */
     s->timings.draft_n += s->n_drafts;
     s->timings.draft_n_accepted += accepted;
     atomic_fetch_add(&e->metrics->draft_tokens, (uint64_t)s->n_drafts);

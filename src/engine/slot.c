@@ -3,6 +3,7 @@
  * its reply's text on the way out. */
 #include "engine/slot.h"
 
+#include "engine/ngram.h"
 #include "engine/slots_view.h"
 
 #include "base/error.h"
@@ -35,6 +36,8 @@ void thaw_slot_free(struct thaw_slot *s)
     thaw_buf_free(&s->gen);
     free(s->fix);
     free(s->drafts);
+    thaw_ngram_free(s->ngram);
+    s->ngram = NULL;
     thaw_ckpt_clear(&s->ckpts);
     s->tokens = s->fix = s->drafts = NULL;
     s->n_tokens = s->cap_tokens = s->n_fix = 0;
@@ -73,6 +76,7 @@ static void enter_prefill(struct thaw_slot *s, const struct thaw_slot_enter *in)
     s->i_batch = -1;
     s->stop_hold = 0; /* the longest stop string - 1: held back while streaming */
     s->stop_word = NULL;
+    thaw_ngram_begin(s->ngram); /* what the last request's verdicts taught is not this one's */
     for (int i = 0; i < t->req.n_stop + t->gen.n_stops; i++) {
         size_t l = strlen(i < t->req.n_stop ? t->req.stop[i] : t->gen.stops[i - t->req.n_stop]);
         if (l > 0 && l - 1 > s->stop_hold)

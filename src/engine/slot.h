@@ -6,7 +6,9 @@
  *   from -> to       when                              side effects
  *   IDLE -> PREFILL  admitted a task (engine slot_start) takes the task and
  *                                                      its sampler, resets the
- *                                                      request's fields
+ *                                                      request's fields and
+ *                                                      what n-gram verdicts
+ *                                                      taught (ngram.h)
  *   PREFILL -> GEN   first token sampled               -
  *   PREFILL -> IDLE  failed or cancelled               releases task + sampler
  *   GEN -> IDLE      finished, failed or cancelled     releases task + sampler
@@ -68,9 +70,10 @@ struct thaw_slot {
     /* the request in progress */
     int n_prompt_done;      /* prompt tokens already in the KV */
     llama_token next_token; /* GEN: sampled, waits to be decoded */
-    llama_token *drafts;    /* GEN with -md: the draft's proposal after next_token,
-                               n_drafts */
+    llama_token *drafts;    /* GEN with speculation on: the proposal after next_token
+                               (n-grams' or the draft model's), n_drafts */
     int n_drafts;
+    struct thaw_ngram *ngram; /* the n-gram drafter over this slot's tokens (ngram.h); NULL = none */
     int i_batch;    /* row of this slot's logits in the current batch, -1 = none */
     int n_in_batch; /* tokens this slot put in the current batch */
     struct llama_sampler *smpl;

@@ -16,6 +16,7 @@ struct one {
     int n_tokens, cap;
     int n_prompt, n_cached;            /* the request in progress, or the last one */
     int n_decoded, n_remain;           /* the request in progress; 0 and -1 without one, as llama-server's */
+    int draft_n, draft_n_accepted;     /* its speculative tokens proposed, accepted (the last one's after it) */
     const char *cache_source;          /* static */
     const char *stored_to;             /* static, NULL = not stored yet */
     uint8_t ns[THAW_KEY_BYTES];
@@ -24,10 +25,11 @@ struct one {
 struct thaw_slots_view {
     pthread_mutex_t mu;
     int n_slots, n_ctx;
+    bool speculative; /* drafts are made (n-grams or a draft model) */
     struct one *slots;
 };
 
-struct thaw_slots_view *thaw_slots_view_new(int n_slots, int n_ctx)
+struct thaw_slots_view *thaw_slots_view_new(int n_slots, int n_ctx, bool speculative)
 {
     struct thaw_slots_view *v = calloc(1, sizeof *v);
 
@@ -38,6 +40,7 @@ struct thaw_slots_view *thaw_slots_view_new(int n_slots, int n_ctx)
     pthread_mutex_init(&v->mu, NULL);
     v->n_slots = n_slots;
     v->n_ctx = n_ctx;
+    v->speculative = speculative;
     for (int i = 0; i < n_slots; i++) {
         v->slots[i].cache_source = "none";
         v->slots[i].n_remain = -1; /* no request yet */
@@ -82,6 +85,8 @@ void thaw_slots_view_publish(struct thaw_slots_view *v, const struct thaw_slot *
     if (s->task)
         o->n_prompt = s->task->n_prompt;
     o->n_cached = s->timings.cache_n;
+    o->draft_n = s->timings.draft_n;
+    o->draft_n_accepted = s->timings.draft_n_accepted;
     o->cache_source = s->timings.cache_source ? s->timings.cache_source : "none";
     memcpy(o->ns, s->ns, THAW_KEY_BYTES);
     pthread_mutex_unlock(&v->mu);
@@ -115,13 +120,15 @@ char *thaw_slots_view_json(struct thaw_slots_view *v, const struct thaw_chat *ch
         char *text = raw ? thaw_utf8_sanitize(raw, strlen(raw)) : NULL;
         free(raw);
         json_t *so = json_pack(
-            "{s:i, s:i, s:b, s:b, s:i, s:i, s:i, s:s, s:[{s:b, s:i, s:i}], s:{s:s, s:i, s:s, s:o}}", "id", i, "n_ctx",
-            v->n_ctx, "speculative", 0, "is_processing", processing, "n_prompt_tokens", o->n_prompt,
+            "{s:i, s:i, s:b, s:b, s:i, s:i, s:i, s:s, s:[{s:b, s:i, s:i}], s:{s:s, s:i, s:s, s:o, s:i, s:i, s:f}}",
+            "id", i, "n_ctx", v->n_ctx, "speculative", v->speculative, "is_processing", processing, "n_prompt_tokens", o->n_prompt,
             "n_prompt_tokens_processed", o->n_prompt - o->n_cached, "n_prompt_tokens_cache", o->n_cached, "prompt",
             text ? text : "", "next_token", "has_next_token", o->phase == THAW_SLOT_GEN, "n_remain", o->n_remain,
             "n_decoded", o->n_decoded,
             "thaw", "phase", thaw_slot_phase_name(o->phase), "n_tokens", mine ? o->n_tokens : 0, "cache_source",
-            o->cache_source, "stored_to", o->stored_to ? json_string(o->stored_to) : json_null());
+            o->cache_source, "stored_to", o->stored_to ? json_string(o->stored_to) : json_null(), "draft_n",
+            o->draft_n, "draft_n_accepted", o->draft_n_accepted, "draft_acceptance_rate",
+            o->draft_n ? (double)o->draft_n_accepted / o->draft_n : 0.0);
         free(text);
         if (!so || json_array_append_new(arr, so) != 0)
             goto out;

@@ -21,7 +21,7 @@ struct thaw_slot;
 struct thaw_chat;
 
 /* A view of n_slots slots of n_ctx tokens each. NULL on ENOMEM. */
-struct thaw_slots_view *thaw_slots_view_new(int n_slots, int n_ctx);
+struct thaw_slots_view *thaw_slots_view_new(int n_slots, int n_ctx, bool speculative);
 void thaw_slots_view_free(struct thaw_slots_view *v);
 
 /* Engine thread: slot s as it is now (phase, the tokens its KV holds, where
@@ -37,7 +37,9 @@ void thaw_slots_view_stored(struct thaw_slots_view *v, int id, const char *tiers
  * n_prompt_tokens, n_prompt_tokens_cache, prompt (the text the KV holds),
  * next_token [{has_next_token, n_remain, n_decoded}: -1 and 0 with no
  * request, so a finished request's budget does not linger], plus
- * "thaw": {phase, n_tokens, cache_source, stored_to}. The prompt text is
+ * "thaw": {phase, n_tokens, cache_source, stored_to, draft_n,
+ * draft_n_accepted, draft_acceptance_rate (of the request in progress, or
+ * the last one)}. speculative: the slots draft (n-grams or a draft model). The prompt text is
  * shown only for slots holding namespace `ns`'s tokens (with API keys, no
  * tenant reads another's conversation). malloc'd JSON, NULL on ENOMEM. */
 char *thaw_slots_view_json(struct thaw_slots_view *v, const struct thaw_chat *chat, const uint8_t ns[THAW_KEY_BYTES]);

@@ -27,6 +27,7 @@ def value_for(opt, name, tmp):
         "--host": "127.0.0.1", "-c": "4096", "--api-key": "k", "-a": "name", "-m": str(tmp / "absent.gguf"),
         "--log-file": str(tmp / "log.txt"), "--dry-sequence-breaker": "none", "--cors-origins": "http://a",
         "-l": "15+1", "--spec-draft-type-k": "q8_0", "--spec-draft-type-v": "q8_0", "--spec-draft-ngl": "0", "--spec-draft-device": "none", "--spec-draft-override-tensor": "exps=CPU",
+        "--spec-type": "ngram-simple",
         "-C": "3", "-Cr": "0-1", "-Cb": "3", "-Crb": "0-1", "--pooling": "mean",
     }
     first = opt["args"][0]

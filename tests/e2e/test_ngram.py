@@ -1,0 +1,170 @@
+"""Speculative decoding with n-gram drafts (--spec-type ngram-*): drafts
+copied from the slot's own conversation, verified by the target, so the
+output is the target's alone; drafts come from the whole conversation,
+restored history included; each request drafts only from its own slot's
+tokens.
+
+A random-weight model rarely repeats itself, so these tests steer it: a
+logit bias on three words keeps its greedy reply inside a tiny alphabet,
+where it falls into runs that recur, and short n-grams (-size-n 3) find
+them. The drafts are then right often and wrong often: both the accepted
+and the rolled-back paths run."""
+import subprocess
+
+import pytest
+
+from harness import THAW, WORDS, chat, conversation, kv_flags, reply
+
+KINDS = {
+    "ngram-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "3"],
+    "ngram-map-k4v": ["--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-size-n", "2",
+                      "--spec-ngram-map-k4v-size-m", "4"],
+    "ngram-mod": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "3", "--spec-ngram-mod-n-min", "2",
+                  "--spec-ngram-mod-n-max", "16"],
+}
+
+
+def bias(s, n_words=3):
+    ids = [s.post("/tokenize", {"content": " " + w, "add_special": False}).json()["tokens"][0] for w in WORDS[:n_words]]
+    return {str(t): 30 for t in ids}
+
+
+def ask(s, msgs, n, b, stream=False):
+    body = {"messages": msgs, "max_tokens": n, "temperature": 0, "logit_bias": b}
+    if not stream:
+        r = s.post("/v1/chat/completions", body)
+        assert r.status_code == 200, r.text
+        j = r.json()
+        return reply(j), j["timings"]
+    text, final, _, _ = s.chat_stream(msgs, max_tokens=n, temperature=0, logit_bias=b)
+    return text, final["timings"]
+
+
+def run_all(s, convs, n):
+    b = bias(s)
+    out, drafted, accepted = [], 0, 0
+    for c in convs:
+        for stream in (False, True):
+            text, t = ask(s, c, n, b, stream)
+            out.append(text)
+            drafted += t["draft_n"]
+            accepted += t["draft_n_accepted"]
+    return out, drafted, accepted
+
+
+@pytest.mark.parametrize("arch,kind", [("llama", k) for k in KINDS] + [("gemma3", "ngram-simple")])
+def test_greedy_output_identical_with_and_without_ngram_drafts(serve, arch, kind):
+    convs = [conversation(i, 40) for i in range(3)]
+    plain = serve(arch, "-np", "1")
+    want, d0, _ = run_all(plain, convs, 96)
+    plain.stop()
+    assert d0 == 0
+    spec = serve(arch, "-np", "1", *KINDS[kind])
+    got, drafted, accepted = run_all(spec, convs, 96)
+    assert got == want
+    # the drafts were tried, and both verdicts happened: kept and rolled back
+    assert drafted > 0 and 0 < accepted < drafted, (drafted, accepted)
+    assert f"n-gram drafts from each slot's conversation: {kind}" in spec.log()
+
+
+def test_drafts_accepted_on_a_reply_that_repeats_the_prompt(serve):
+    # the reference: the model's own greedy reply, then the same question
+    # again with that reply in the history: the second reply's runs are
+    # in the prompt from its first token on
+    s = serve("llama", "-np", "1", "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4")
+    b = bias(s)
+    conv = conversation(5, 40)
+    r1, _ = ask(s, conv, 120, b)
+    conv2 = conv + [{"role": "assistant", "content": r1}, {"role": "user", "content": conv[-1]["content"]}]
+    r2, t = ask(s, conv2, 120, b)
+    assert t["draft_n"] > 0 and t["draft_n_accepted"] > 0
+    m = s.metrics()
+    assert m["thaw_draft_tokens_total"] >= t["draft_n"] and m["thaw_draft_accepted_total"] >= t["draft_n_accepted"]
+    # /slots shows the last request's acceptance, and that the slot drafts
+    (slot,) = s.get("/slots").json()
+    assert slot["speculative"] is True
+    assert slot["thaw"]["draft_n"] == t["draft_n"] and slot["thaw"]["draft_n_accepted"] == t["draft_n_accepted"]
+    assert 0 < slot["thaw"]["draft_acceptance_rate"] <= 1
+    assert "drafts: %d of %d accepted" % (t["draft_n_accepted"], t["draft_n"]) in s.log()
+    s.stop()
+    plain = serve("llama", "-np", "1")
+    assert ask(plain, conv, 120, b)[0] == r1 and ask(plain, conv2, 120, b)[0] == r2
+
+
+def forced(s, text):
+    """A grammar whose only sentence is text's tokens, token by token: a
+    reply that copies what the conversation holds, whatever the model."""
+    toks = s.post("/tokenize", {"content": text, "add_special": False}).json()["tokens"]
+    return "root ::= " + " ".join(f"<[{t}]>" for t in toks), len(toks)
+
+
+def test_restored_conversation_drafts_from_its_history(serve, tmp_path):
+    # turn 1 quotes a passage U (every word once: no n-gram of U recurs in
+    # U itself); turn 2, after a restart, restores turn 1 from disk and
+    # its reply is U again (forced by a grammar). Its drafts can only come
+    # from the restored history.
+    passage = " " + " ".join(WORDS)
+    conv = [{"role": "system", "content": "You repeat what you are given."},
+            {"role": "user", "content": "Repeat this:" + passage}]
+    flags = ["-np", "1", "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+             *kv_flags(tmp_path, "--kv-cache-min-tokens", "16")]
+    s = serve("llama", *flags)
+    r1 = reply(chat(s, conv, 8))
+    s.stop()
+    conv2 = conv + [{"role": "assistant", "content": r1}, {"role": "user", "content": "Once more."}]
+    s = serve("llama", *flags)
+    g, n = forced(s, passage)
+    r = s.post("/v1/chat/completions", {"messages": conv2, "max_tokens": n + 4, "temperature": 0, "grammar": g}).json()
+    t = r["timings"]
+    assert reply(r) == passage.strip() or reply(r) == passage
+    assert t["cache_source"] == "disk" and t["cache_n"] > 0
+    assert t["draft_n"] > 0 and t["draft_n_accepted"] >= n // 2, t
+    s.stop()
+    # the control: the same reply without the passage in the history
+    s = serve("llama", "-np", "1", "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3")
+    r = s.post("/v1/chat/completions", {"messages": [conv[0], {"role": "user", "content": "Once more."}],
+                                        "max_tokens": n + 4, "temperature": 0, "grammar": g}).json()
+    assert r["timings"]["draft_n"] == 0, r["timings"]
+
+
+def test_each_slot_drafts_from_its_own_conversation_only(serve):
+    # the same two conversations served one after the other on one slot,
+    # and each alone on a fresh server: every request's drafts are the
+    # same, so none drafted from what another left in the slot (no
+    # shared index: no timing channel between requests)
+    convs = [conversation(i, 40) for i in range(2)]
+    flags = ["-np", "1", "--spec-type", "ngram-simple,ngram-map-k", "--spec-ngram-simple-size-n", "3",
+             "--spec-ngram-map-k-size-n", "3", "--no-cache-prompt"]
+    s = serve("llama", *flags)
+    b = bias(s)
+    both = [ask(s, c, 64, b)[1] for c in convs]
+    s.stop()
+    for c, t in zip(convs, both):
+        s = serve("llama", *flags)
+        alone = ask(s, c, 64, b)[1]
+        s.stop()
+        assert (alone["draft_n"], alone["draft_n_accepted"]) == (t["draft_n"], t["draft_n_accepted"])
+
+
+def test_spec_type_flags():
+    def run(*args):
+        p = subprocess.run([THAW, "serve", *args], capture_output=True, text=True, timeout=60)
+        return p.returncode, [l for l in p.stderr.splitlines() if not l.startswith("load_backend:")]
+    for kind in ("ngram-cache", "draft-mtp", "draft-eagle3"):
+        rc, err = run("--spec-type", kind)
+        assert rc == 2 and len(err) == 1 and err[0].startswith(f"thaw: --spec-type: {kind} is not implemented"), err
+    rc, err = run("--spec-type", "ngram-simple,bogus")
+    assert rc == 2 and "--spec-type" in err[0]
+    rc, err = run("--spec-type", "draft-simple", "-m", "x.gguf")
+    assert rc == 2 and "needs a draft model" in err[-1]
+    rc, err = run("--spec-type", "ngram-simple,ngram-mod", "--spec-ngram-mod-n-match", "16")
+    assert rc == 2 and err[-1].startswith("thaw: no model given")
+
+
+def test_recurrent_target_refuses_ngram_speculation(tmp_path):
+    from harness import mkmodel
+    m = mkmodel(tmp_path / "lfm2.gguf", "--arch", "lfm2")
+    p = subprocess.run([THAW, "serve", "-m", m, "--port", "0", "--spec-type", "ngram-simple"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "can roll back rejected drafts" in p.stderr
