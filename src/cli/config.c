@@ -76,7 +76,7 @@ static int fn_spec_default(void *dst, const struct thaw_flag *fl, const char *fl
 #define WHY_PIN "thaw places the draft model's threads as the model's: use -C, -Cr, --cpu-strict, --prio, --poll"
 #define WHY_NGRAM_CACHE "thaw has no ngram-cache: its n-gram drafts come from the conversation itself (--spec-type)"
 #define WHY_SYNTH "thaw has no synthetic-acceptance mode: speculation always verifies real drafts"
-#define WHY_NGRAM_REMOVED(kind) "removed in llama.cpp: use --spec-ngram-simple-" kind ", --spec-ngram-map-k-" kind ", ..."
+#define WHY_NGRAM_REMOVED "removed in llama.cpp: use the kind's own, --spec-ngram-<kind>-size-n, -size-m, -min-hits"
 /* the n-gram kinds' settings, by kind (base/config.h) */
 #define NGRAM(k, f) OFF(spec_ngram[THAW_SPEC_NGRAM_##k].f)
 #define WHY_PRESET "presets download their models: " WHY_DOWNLOAD
@@ -505,9 +505,9 @@ static const struct thaw_flag opts[] = {
     REFUSE("--spec-synth-len", "N", WHY_SYNTH),
     REFUSE("--spec-synth-rates", "R", WHY_SYNTH),
     REFUSE("--spec-draft-p-split,--draft-p-split", "P", "thaw drafts one sequence per slot"),
-    REFUSE("--spec-ngram-size-n", "N", WHY_NGRAM_REMOVED("size-n")),
-    REFUSE("--spec-ngram-size-m", "N", WHY_NGRAM_REMOVED("size-m")),
-    REFUSE("--spec-ngram-min-hits", "N", WHY_NGRAM_REMOVED("min-hits")),
+    REFUSE("--spec-ngram-size-n", "N", WHY_NGRAM_REMOVED),
+    REFUSE("--spec-ngram-size-m", "N", WHY_NGRAM_REMOVED),
+    REFUSE("--spec-ngram-min-hits", "N", WHY_NGRAM_REMOVED),
     REFUSE("--embd-gemma-default", NULL, WHY_PRESET),
     REFUSE("--fim-qwen-1.5b-default", NULL, WHY_PRESET),
     REFUSE("--fim-qwen-3b-default", NULL, WHY_PRESET),
