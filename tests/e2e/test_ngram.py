@@ -68,6 +68,26 @@ def test_greedy_output_identical_with_and_without_ngram_drafts(serve, arch, kind
     assert f"n-gram drafts from each slot's conversation: {kind}" in spec.log()
 
 
+def test_seeded_sampling_is_the_same_with_and_without_ngram_drafts(serve):
+    # at temperature > 0 the verify path samples every emitted token at its
+    # own row with the request's sampler, in order: the same seed draws the
+    # same tokens as without drafts (the bias keeps the distribution far
+    # from flat, so the logits' last bits, which a batch moves, decide no
+    # draw), while drafts are tried, and some rejected
+    body = dict(temperature=0.8, top_k=3, seed=42, max_tokens=80, cache_prompt=False)
+    convs = [conversation(i, 40) for i in range(2)]
+    plain = serve("llama", "-np", "1")
+    b = bias(plain)
+    want = [reply(plain.post("/v1/chat/completions", {**body, "messages": c, "logit_bias": b}).json()) for c in convs]
+    plain.stop()
+    spec = serve("llama", "-np", "1", *KINDS["ngram-simple"])
+    got = [spec.post("/v1/chat/completions", {**body, "messages": c, "logit_bias": b}).json() for c in convs]
+    assert [reply(r) for r in got] == want
+    drafted = sum(r["timings"]["draft_n"] for r in got)
+    accepted = sum(r["timings"]["draft_n_accepted"] for r in got)
+    assert drafted > 0 and 0 < accepted < drafted, (drafted, accepted)
+
+
 def test_drafts_accepted_on_a_reply_that_repeats_the_prompt(serve):
     # the reference: the model's own greedy reply, then the same question
     # again with that reply in the history: the second reply's runs are
