@@ -424,6 +424,9 @@ static const char *store_seq(struct thaw_slotkv *k, struct thaw_slot *s, const u
         .supersedes = supersedes,
         .n_tokens = s->n_tokens,
         .toks = s->tokens,
+        /* stored before its re-decode (engine.c, store_early): the store
+         * after it supersedes this one, and only that one is shared */
+        .local_only = s->phase == THAW_SLOT_FIXUP && s->n_tokens < s->n_fix,
     };
     const char *where = NULL;
     char hex[17];
