@@ -471,9 +471,14 @@ static int convert_settings(json_t *root, json_t *oai, char *err, size_t errlen)
         if (!on && strcmp(ty, "disabled") != 0)
             return fail(err, errlen, "'thinking.type' '%s' is not one of enabled, adaptive, disabled", ty);
         json_t *budget = json_object_get(v, "budget_tokens");
-        if (budget && !json_is_null(budget) && (!json_is_integer(budget) || json_integer_value(budget) < 0))
+        if (budget && !json_is_null(budget) &&
+            (!json_is_integer(budget) || json_integer_value(budget) < 0 || json_integer_value(budget) > INT32_MAX))
             return fail(err, errlen, "'thinking.budget_tokens' must be a non-negative integer");
         json_object_set_new(oai, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", on));
+        /* enabled's budget_tokens is the reasoning budget (engine/budget.h),
+         * as llama-server maps it */
+        if (strcmp(ty, "enabled") == 0 && json_is_integer(budget))
+            json_object_set(oai, "thinking_budget_tokens", budget);
     }
 
     /* structured output: output_config.format (and the older output_format) */
@@ -482,6 +487,14 @@ static int convert_settings(json_t *root, json_t *oai, char *err, size_t errlen)
         if (!json_is_object(oc))
             return fail(err, errlen, "'output_config' must be an object");
         fmt = json_object_get(oc, "format");
+    }
+    /* output_config.effort (adaptive thinking's depth): the template's
+     * reasoning_effort, as a chat completion's reasoning_effort */
+    json_t *effort = json_is_object(oc) ? json_object_get(oc, "effort") : NULL;
+    if (effort && !json_is_null(effort)) {
+        if (!json_is_string(effort) || json_string_length(effort) == 0)
+            return fail(err, errlen, "'output_config.effort' must be a string (low, medium, high, max)");
+        json_object_set(oai, "reasoning_effort", effort);
     }
     if ((!fmt || json_is_null(fmt)) && (v = json_object_get(root, "output_format")) && !json_is_null(v))
         fmt = v;

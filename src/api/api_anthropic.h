@@ -13,7 +13,9 @@
  *   tool_use blocks       -> tool_calls (input encoded as the arguments)
  *   tool_result blocks    -> tool messages (tool_call_id = tool_use_id)
  *   tools (input_schema)  -> function tools;  tool_choice auto/any/tool/none
- *   thinking enabled/adaptive/disabled -> chat_template_kwargs.enable_thinking
+ *   thinking enabled/adaptive/disabled -> chat_template_kwargs.enable_thinking;
+ *     enabled's budget_tokens -> thinking_budget_tokens (the reasoning budget)
+ *   output_config.effort  -> reasoning_effort (the template's kwarg)
  *   output_config.format  -> a JSON-schema grammar
  *   stop_sequences, temperature, top_p, top_k, max_tokens, stream
  * What varies per request without changing the conversation never reaches

@@ -694,6 +694,13 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         return THAW_ENOMEM;
     e->cfg = cfg;
     e->metrics = metrics;
+    pthread_mutex_init(&e->props_mu, NULL);
+    e->reasoning_budget = cfg->reasoning_budget;
+    if (cfg->reasoning_budget_message && *cfg->reasoning_budget_message &&
+        !(e->reasoning_budget_message = strdup(cfg->reasoning_budget_message))) {
+        rc = THAW_ENOMEM;
+        goto error;
+    }
 
     if ((rc = thaw_fingerprint_file(cfg->model_path, e->fingerprint)) != 0) {
         LOG_ERR("cannot read model %s: %s", cfg->model_path, thaw_strerror(rc));
@@ -865,6 +872,8 @@ void thaw_engine_free(struct thaw_engine *e)
     llama_model_free(e->model);
     llama_backend_free();
     thaw_placement_free(&e->placement);
+    free(e->reasoning_budget_message);
+    pthread_mutex_destroy(&e->props_mu);
     free(e);
 }
 
@@ -875,6 +884,36 @@ int thaw_engine_biases(const struct thaw_engine *e, const struct thaw_chat_reque
 {
     return thaw_sampler_biases(e->vocab, &e->cfg->sampling, req, tok, val);
 }
+
+int thaw_engine_reasoning_get(struct thaw_engine *e, int *budget, char **message)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&e->props_mu);
+    *budget = e->reasoning_budget;
+    *message = NULL;
+    if (e->reasoning_budget_message && !(*message = strdup(e->reasoning_budget_message)))
+        rc = THAW_ENOMEM;
+    pthread_mutex_unlock(&e->props_mu);
+    return rc;
+}
+
+int thaw_engine_reasoning_set(struct thaw_engine *e, int budget, const char *message)
+{
+    char *m = message && *message ? strdup(message) : NULL;
+
+    if (message && *message && !m)
+        return THAW_ENOMEM;
+    pthread_mutex_lock(&e->props_mu);
+    e->reasoning_budget = budget;
+    if (message) {
+        free(e->reasoning_budget_message);
+        e->reasoning_budget_message = m;
+    }
+    pthread_mutex_unlock(&e->props_mu);
+    return 0;
+}
+
 struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e) { return e->view; }
 const char *thaw_engine_model_name(const struct thaw_engine *e) { return e->model_name; }
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; }
