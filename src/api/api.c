@@ -40,6 +40,24 @@ int thaw_api_fail(char *err, size_t errlen, const char *fmt, ...)
 
 #define fail thaw_api_fail /* the short name this file's checks use */
 
+json_t *thaw_api_load_object(const char *body, size_t len, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+
+    if (!root) {
+        fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+             jerr.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        fail(err, errlen, "request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
 /* Flattens `content`: a string, null (assistant tool calls), or an array of
  * parts of which only {"type":"text","text":...} carry text. */
 static int flatten_content(json_t *content, size_t idx, char **out, char *err, size_t errlen)

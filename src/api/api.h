@@ -196,6 +196,8 @@ struct thaw_timings {
     int draft_n;            /* speculative tokens proposed (0 without -md) */
     int draft_n_accepted;
     int draft_restored;     /* tokens of the draft's state restored with the entry (.dft) */
+    int cache_new_n;        /* prompt tokens this turn newly stores (not reused, stored with the reply to
+                             * the cache tiers); 0 when the turn is not stored. Known at the reply's end */
 };
 
 /* Parses a request body. Returns 0 and fills `out` (free with

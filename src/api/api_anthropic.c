@@ -584,10 +584,11 @@ const char *thaw_anthropic_stop_reason(const char *finish_reason, const char *st
     return "end_turn";
 }
 
-char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int output_tokens)
+char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int cache_new_n, int output_tokens)
 {
-    return thaw_api_dump(json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", n_prompt - cache_n, "cache_creation_input_tokens", 0,
-                          "cache_read_input_tokens", cache_n, "output_tokens", output_tokens));
+    return thaw_api_dump(json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", n_prompt - cache_n - cache_new_n,
+                                   "cache_creation_input_tokens", cache_new_n, "cache_read_input_tokens", cache_n,
+                                   "output_tokens", output_tokens));
 }
 
 void thaw_anthropic_signature(const char *thinking, size_t n, char out[THAW_ANTHROPIC_SIGNATURE_LEN])
@@ -630,7 +631,7 @@ char *thaw_anthropic_message_json(const char *id, const char *model, const char 
                                                 json_object_get(c, "id"), "name", json_object_get(fn, "name"), "input",
                                                 input));
     }
-    if (!(u = thaw_anthropic_usage_json(n_prompt, t->cache_n, t->predicted_n)) || !(usage = json_loads(u, 0, &jerr)))
+    if (!(u = thaw_anthropic_usage_json(n_prompt, t->cache_n, t->cache_new_n, t->predicted_n)) || !(usage = json_loads(u, 0, &jerr)))
         goto fail;
     free(u);
     json_decref(msg);
@@ -666,7 +667,7 @@ static char *messages_too_long(int n_prompt, int n_ctx_slot)
 
 static int msg_open(struct thaw_codec_stream *st)
 {
-    json_t *usage = thaw_codec_loads(thaw_anthropic_usage_json(st->n_prompt, st->cache_n, 0));
+    json_t *usage = thaw_codec_loads(thaw_anthropic_usage_json(st->n_prompt, st->cache_n, st->cache_new_n, 0));
     int rc;
 
     if (!usage)
@@ -761,7 +762,7 @@ static int msg_close(struct thaw_codec_stream *st)
 {
     const struct thaw_reply *r = st->reply;
     json_t *usage = thaw_codec_loads(thaw_anthropic_usage_json(r->n_prompt, r->timings->cache_n,
-                                                               r->timings->predicted_n));
+                                                               r->timings->cache_new_n, r->timings->predicted_n));
     int rc = msg_block_stop(st);
 
     if (!usage)

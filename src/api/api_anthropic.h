@@ -55,8 +55,11 @@ char *thaw_anthropic_message_json(const char *id, const char *model, const char 
                                   const struct thaw_timings *t);
 
 /* {"input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
- * "output_tokens"}: input_tokens is the part of the prompt not reused. */
-char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int output_tokens);
+ * "output_tokens"}, as Anthropic splits the prompt: cache_read the tokens
+ * reused (cache_n), cache_creation those this turn newly stores
+ * (cache_new_n: thaw stores every turn whose prompt is long enough, so a
+ * stored turn's input_tokens is 0), input_tokens the rest. */
+char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int cache_new_n, int output_tokens);
 
 /* finish_reason ("stop" | "length" | "tool_calls") -> stop_reason
  * ("end_turn" | "max_tokens" | "tool_use"), or "stop_sequence" when one of

@@ -23,28 +23,10 @@
 
 #define fail thaw_api_fail /* the short name this file's checks use */
 
-static json_t *load_object(const char *body, size_t len, char *err, size_t errlen)
-{
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-
-    if (!root) {
-        fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-             jerr.column);
-        return NULL;
-    }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        fail(err, errlen, "request body must be a JSON object");
-        return NULL;
-    }
-    return root;
-}
-
 int thaw_api_parse_tokenize(const char *body, size_t len, char **content, bool *add_special, bool *with_pieces,
                             char *err, size_t errlen)
 {
-    json_t *root = load_object(body, len, err, errlen);
+    json_t *root = thaw_api_load_object(body, len, err, errlen);
     int rc = THAW_EINVAL;
 
     *content = NULL;
@@ -69,7 +51,7 @@ out:
 int thaw_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t **tokens, size_t *n, char *err,
                               size_t errlen)
 {
-    json_t *root = load_object(body, len, err, errlen), *arr, *v;
+    json_t *root = thaw_api_load_object(body, len, err, errlen), *arr, *v;
     size_t i;
     int rc = THAW_EINVAL;
 

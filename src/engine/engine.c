@@ -111,7 +111,11 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
         s->timings.cache_source = "none";
     s->n_prompt_done = n_past;
     s->timings.cache_n = n_past;
-    thaw_task_started(t, n_past);
+    /* Anthropic's cache_creation_input_tokens, told when the stream opens:
+     * a prompt long enough to be stored with its reply (slot_finish clears
+     * it when the reply is not stored after all) */
+    s->timings.cache_new_n = thaw_slotkv_will_store(e->skv, t->n_prompt) ? t->n_prompt - n_past : 0;
+    thaw_task_started(t, n_past, s->timings.cache_new_n);
     if (thaw_task_progress(t, n_past, (thaw_now_us() - s->t_start_us) / 1000) != 0)
         LOG_WRN("slot %d: out of memory for a progress report", s->id);
     atomic_fetch_add(&e->metrics->prompt_cached_tokens, (uint64_t)n_past);

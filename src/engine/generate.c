@@ -64,6 +64,8 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
         thaw_prepare_store_key(s->task, norm, s->tokens, s->n_tokens, s->store_key);
         thaw_kvcache_expect(e->kv, s->store_key);
     }
+    if (!will_store) /* cache_new_n as told when the slot took it (engine.c) */
+        s->timings.cache_new_n = 0;
     thaw_task_finish(s->task, reason, s->stop_word, &s->timings, msg);
     LOG_INF("slot %d: done (%s): prompt %d (%d cached, %s), %.1f ms; %d generated, %.1f tok/s", s->id, reason,
             s->task->n_prompt, s->timings.cache_n, s->timings.cache_source, s->timings.prompt_ms,

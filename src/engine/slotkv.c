@@ -489,6 +489,11 @@ fail:
     return NULL;
 }
 
+bool thaw_slotkv_will_store(const struct thaw_slotkv *k, int n_tokens)
+{
+    return thaw_kvcache_enabled(k->kv) && n_tokens > 0 && n_tokens >= k->min_tokens;
+}
+
 /* Serialises the slot's state (and its draft's) and hands it to the RAM
  * tier and the disk writer under s->store_key. Never waits for I/O. */
 void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
