@@ -40,6 +40,24 @@ int thaw_api_fail(char *err, size_t errlen, const char *fmt, ...)
 
 #define fail thaw_api_fail /* the short name this file's checks use */
 
+json_t *thaw_api_load_object(const char *body, size_t len, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+
+    if (!root) {
+        fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+             jerr.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        fail(err, errlen, "request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
 /* Flattens `content`: a string, null (assistant tool calls), or an array of
  * parts of which only {"type":"text","text":...} carry text. */
 static int flatten_content(json_t *content, size_t idx, char **out, char *err, size_t errlen)
@@ -554,6 +572,7 @@ static int parse_continuation(json_t *root, struct thaw_chat_request *out, char 
             return fail(err, errlen, "Cannot set both add_generation_prompt and continue_final_message to true.");
         out->continue_final = true;
         out->add_generation_prompt = false;
+        out->prefill_implicit = true;
     }
     if (out->continue_final && out->add_generation_prompt) {
         if (agp_sent)
@@ -571,6 +590,83 @@ static int parse_continuation(json_t *root, struct thaw_chat_request *out, char 
         out->last_transient = true; /* the reply is the continued message, whole */
     }
     return 0;
+}
+
+void thaw_api_no_prefill(struct thaw_chat_request *req)
+{
+    if (!req->prefill_implicit)
+        return;
+    req->prefill_implicit = false;
+    req->continue_final = false;
+    req->add_generation_prompt = true;
+    req->last_transient = false;
+}
+
+int thaw_api_kwargs_set(struct thaw_chat_request *req, const char *key, const char *value_json, bool if_absent)
+{
+    json_error_t jerr;
+    json_t *kw = req->template_kwargs ? json_loads(req->template_kwargs, 0, &jerr) : json_object();
+    json_t *v = json_loads(value_json, JSON_DECODE_ANY, &jerr);
+    char *out;
+    int rc = 0;
+
+    if (!v || !kw) {
+        rc = v ? THAW_ENOMEM : THAW_EINVAL;
+        goto done;
+    }
+    if (if_absent && json_object_get(kw, key))
+        goto done;
+    if (json_object_set(kw, key, v) != 0 || !(out = json_dumps(kw, JSON_COMPACT | JSON_SORT_KEYS))) {
+        rc = THAW_ENOMEM;
+        goto done;
+    }
+    free(req->template_kwargs);
+    req->template_kwargs = out;
+done:
+    json_decref(v);
+    json_decref(kw);
+    return rc;
+}
+
+/* llama-server's reasoning fields: reasoning_budget_tokens (its alias
+ * thinking_budget_tokens), reasoning_budget_message, and OpenAI's
+ * reasoning_effort as the template's kwarg ("none": thinking off). After
+ * chat_template_kwargs, which reasoning_effort overrides as there. */
+static int parse_reasoning(json_t *root, struct thaw_chat_request *out, char *err, size_t errlen)
+{
+    static const char *const names[] = {"thinking_budget_tokens", "reasoning_budget_tokens"};
+    double d;
+    bool present;
+    int rc;
+
+    out->reasoning_budget = -1;
+    for (int i = 0; i < 2; i++) { /* reasoning_budget_tokens wins when both are sent */
+        if ((rc = get_int(root, names[i], -1, INT32_MAX, &d, &present, err, errlen)) != 0)
+            return rc;
+        if (present && (i == 1 || out->reasoning_budget < 0))
+            out->reasoning_budget = (int)d;
+    }
+    json_t *m = json_object_get(root, "reasoning_budget_message");
+    if (m && !json_is_null(m)) {
+        if (!json_is_string(m))
+            return fail(err, errlen, "'reasoning_budget_message' must be a string");
+        if (!(out->reasoning_budget_message = strdup(json_string_value(m))))
+            return THAW_ENOMEM;
+    }
+    json_t *eff = json_object_get(root, "reasoning_effort");
+    if (!eff || json_is_null(eff))
+        return 0;
+    if (!json_is_string(eff) || json_string_length(eff) == 0)
+        return fail(err, errlen, "'reasoning_effort' must be a non-empty string (none, minimal, low, medium, high, ...)");
+    const char *e = json_string_value(eff);
+    if (strcmp(e, "none") == 0)
+        return thaw_api_kwargs_set(out, "enable_thinking", "false", false);
+    json_t *s = json_string(e);
+    char *txt = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
+    json_decref(s);
+    rc = txt ? thaw_api_kwargs_set(out, "reasoning_effort", txt, false) : THAW_ENOMEM;
+    free(txt);
+    return rc;
 }
 
 /* One logit_bias value: a number, or false (banned). */
@@ -809,7 +905,7 @@ int thaw_api_parse_chat_json(json_t *root, bool default_cache_prompt, struct tha
         goto error;
     if ((rc = thaw_api_get_bool(root, "cache_prompt", &out->cache_prompt, err, errlen)) != 0)
         goto error;
-    if ((rc = parse_continuation(root, out, err, errlen)) != 0)
+    if ((rc = parse_continuation(root, out, err, errlen)) != 0 || (rc = parse_reasoning(root, out, err, errlen)) != 0)
         goto error;
     if ((rc = parse_logit_bias(root, out, err, errlen)) != 0)
         goto error;
@@ -878,6 +974,7 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
     free(req->bias_val);
     free(req->tools_json);
     free(req->tool_choice);
+    free(req->reasoning_budget_message);
     free(req->tool_choice_name);
     free(req->json_schema);
     free(req->template_kwargs);

@@ -149,7 +149,31 @@ struct thaw_chat_request {
      * llama-server answers), so the reply is stored and keyed as the history
      * without it (thaw_chat_request_n_history). */
     bool last_transient;
+    /* The trailing assistant message became a prefill by default (none of
+     * add_generation_prompt / continue_final_message sent): a server with
+     * --no-prefill-assistant renders it whole instead (thaw_api_no_prefill). */
+    bool prefill_implicit;
+
+    /* reasoning (llama-server's fields): the budget of tokens inside the
+     * template's thinking block, reasoning_budget_tokens or its alias
+     * thinking_budget_tokens (-1 = not sent: the server's --reasoning-budget;
+     * the engine resolves it, 0 also turning enable_thinking off); the
+     * message forced before the end tag when it is spent (NULL = the
+     * server's). reasoning_effort lands in template_kwargs at parse time
+     * ("none": enable_thinking false), so the cache keys cover it. */
+    int reasoning_budget;
+    char *reasoning_budget_message;
 };
+
+/* Sets one of req's chat_template_kwargs (`value_json`: a JSON value's
+ * text), keys kept sorted as the parser keeps them; with `if_absent` a key
+ * already there stays. Returns 0, THAW_EINVAL (value_json is not JSON)
+ * or THAW_ENOMEM. */
+int thaw_api_kwargs_set(struct thaw_chat_request *req, const char *key, const char *value_json, bool if_absent);
+
+/* --no-prefill-assistant: a trailing assistant message that became a
+ * prefill by default is rendered whole, a new assistant turn after it. */
+void thaw_api_no_prefill(struct thaw_chat_request *req);
 
 /* The messages a reply follows in the conversation's history: n_messages,
  * less a transient last one. The store key and the canonical re-decode
@@ -172,6 +196,8 @@ struct thaw_timings {
     int draft_n;            /* speculative tokens proposed (0 without -md) */
     int draft_n_accepted;
     int draft_restored;     /* tokens of the draft's state restored with the entry (.dft) */
+    int cache_new_n;        /* prompt tokens this turn newly stores (not reused, stored with the reply to
+                             * the cache tiers); 0 when the turn is not stored. Known at the reply's end */
 };
 
 /* Parses a request body. Returns 0 and fills `out` (free with

@@ -471,9 +471,14 @@ static int convert_settings(json_t *root, json_t *oai, char *err, size_t errlen)
         if (!on && strcmp(ty, "disabled") != 0)
             return fail(err, errlen, "'thinking.type' '%s' is not one of enabled, adaptive, disabled", ty);
         json_t *budget = json_object_get(v, "budget_tokens");
-        if (budget && !json_is_null(budget) && (!json_is_integer(budget) || json_integer_value(budget) < 0))
+        if (budget && !json_is_null(budget) &&
+            (!json_is_integer(budget) || json_integer_value(budget) < 0 || json_integer_value(budget) > INT32_MAX))
             return fail(err, errlen, "'thinking.budget_tokens' must be a non-negative integer");
         json_object_set_new(oai, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", on));
+        /* enabled's budget_tokens is the reasoning budget (engine/budget.h),
+         * as llama-server maps it */
+        if (strcmp(ty, "enabled") == 0 && json_is_integer(budget))
+            json_object_set(oai, "thinking_budget_tokens", budget);
     }
 
     /* structured output: output_config.format (and the older output_format) */
@@ -482,6 +487,14 @@ static int convert_settings(json_t *root, json_t *oai, char *err, size_t errlen)
         if (!json_is_object(oc))
             return fail(err, errlen, "'output_config' must be an object");
         fmt = json_object_get(oc, "format");
+    }
+    /* output_config.effort (adaptive thinking's depth): the template's
+     * reasoning_effort, as a chat completion's reasoning_effort */
+    json_t *effort = json_is_object(oc) ? json_object_get(oc, "effort") : NULL;
+    if (effort && !json_is_null(effort)) {
+        if (!json_is_string(effort) || json_string_length(effort) == 0)
+            return fail(err, errlen, "'output_config.effort' must be a string (low, medium, high, max)");
+        json_object_set(oai, "reasoning_effort", effort);
     }
     if ((!fmt || json_is_null(fmt)) && (v = json_object_get(root, "output_format")) && !json_is_null(v))
         fmt = v;
@@ -571,10 +584,11 @@ const char *thaw_anthropic_stop_reason(const char *finish_reason, const char *st
     return "end_turn";
 }
 
-char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int output_tokens)
+char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int cache_new_n, int output_tokens)
 {
-    return thaw_api_dump(json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", n_prompt - cache_n, "cache_creation_input_tokens", 0,
-                          "cache_read_input_tokens", cache_n, "output_tokens", output_tokens));
+    return thaw_api_dump(json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", n_prompt - cache_n - cache_new_n,
+                                   "cache_creation_input_tokens", cache_new_n, "cache_read_input_tokens", cache_n,
+                                   "output_tokens", output_tokens));
 }
 
 void thaw_anthropic_signature(const char *thinking, size_t n, char out[THAW_ANTHROPIC_SIGNATURE_LEN])
@@ -617,7 +631,7 @@ char *thaw_anthropic_message_json(const char *id, const char *model, const char 
                                                 json_object_get(c, "id"), "name", json_object_get(fn, "name"), "input",
                                                 input));
     }
-    if (!(u = thaw_anthropic_usage_json(n_prompt, t->cache_n, t->predicted_n)) || !(usage = json_loads(u, 0, &jerr)))
+    if (!(u = thaw_anthropic_usage_json(n_prompt, t->cache_n, t->cache_new_n, t->predicted_n)) || !(usage = json_loads(u, 0, &jerr)))
         goto fail;
     free(u);
     json_decref(msg);
@@ -653,7 +667,7 @@ static char *messages_too_long(int n_prompt, int n_ctx_slot)
 
 static int msg_open(struct thaw_codec_stream *st)
 {
-    json_t *usage = thaw_codec_loads(thaw_anthropic_usage_json(st->n_prompt, st->cache_n, 0));
+    json_t *usage = thaw_codec_loads(thaw_anthropic_usage_json(st->n_prompt, st->cache_n, st->cache_new_n, 0));
     int rc;
 
     if (!usage)
@@ -748,7 +762,7 @@ static int msg_close(struct thaw_codec_stream *st)
 {
     const struct thaw_reply *r = st->reply;
     json_t *usage = thaw_codec_loads(thaw_anthropic_usage_json(r->n_prompt, r->timings->cache_n,
-                                                               r->timings->predicted_n));
+                                                               r->timings->cache_new_n, r->timings->predicted_n));
     int rc = msg_block_stop(st);
 
     if (!usage)

@@ -13,7 +13,9 @@
  *   tool_use blocks       -> tool_calls (input encoded as the arguments)
  *   tool_result blocks    -> tool messages (tool_call_id = tool_use_id)
  *   tools (input_schema)  -> function tools;  tool_choice auto/any/tool/none
- *   thinking enabled/adaptive/disabled -> chat_template_kwargs.enable_thinking
+ *   thinking enabled/adaptive/disabled -> chat_template_kwargs.enable_thinking;
+ *     enabled's budget_tokens -> thinking_budget_tokens (the reasoning budget)
+ *   output_config.effort  -> reasoning_effort (the template's kwarg)
  *   output_config.format  -> a JSON-schema grammar
  *   stop_sequences, temperature, top_p, top_k, max_tokens, stream
  * What varies per request without changing the conversation never reaches
@@ -53,8 +55,11 @@ char *thaw_anthropic_message_json(const char *id, const char *model, const char 
                                   const struct thaw_timings *t);
 
 /* {"input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
- * "output_tokens"}: input_tokens is the part of the prompt not reused. */
-char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int output_tokens);
+ * "output_tokens"}, as Anthropic splits the prompt: cache_read the tokens
+ * reused (cache_n), cache_creation those this turn newly stores
+ * (cache_new_n: thaw stores every turn whose prompt is long enough, so a
+ * stored turn's input_tokens is 0), input_tokens the rest. */
+char *thaw_anthropic_usage_json(int n_prompt, int cache_n, int cache_new_n, int output_tokens);
 
 /* finish_reason ("stop" | "length" | "tool_calls") -> stop_reason
  * ("end_turn" | "max_tokens" | "tool_use"), or "stop_sequence" when one of

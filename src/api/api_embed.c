@@ -28,24 +28,6 @@ static char *dump(json_t *root)
     return s;
 }
 
-static json_t *load_object(const char *body, size_t len, char *err, size_t errlen)
-{
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-
-    if (!root) {
-        fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-             jerr.column);
-        return NULL;
-    }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        fail(err, errlen, "request body must be a JSON object");
-        return NULL;
-    }
-    return root;
-}
-
 /* "model" as sent: a string, else none */
 static char *model_of(json_t *root)
 {
@@ -163,7 +145,7 @@ int thaw_api_parse_embed(const char *body, size_t len, bool oai_route, const str
 
     memset(out, 0, sizeof *out);
     out->embd_normalize = default_normalize;
-    if (!(root = load_object(body, len, err, errlen)))
+    if (!(root = thaw_api_load_object(body, len, err, errlen)))
         return THAW_EINVAL;
     out->oai = oai_route;
     if (!(in = json_object_get(root, "input"))) {
@@ -322,7 +304,7 @@ int thaw_api_parse_rerank(const char *body, size_t len, const struct thaw_chat *
     int rc = 0;
 
     memset(out, 0, sizeof *out);
-    if (!(root = load_object(body, len, err, errlen)))
+    if (!(root = thaw_api_load_object(body, len, err, errlen)))
         return THAW_EINVAL;
     out->tei = json_object_get(root, "texts") != NULL;
     if (!(q = json_object_get(root, "query"))) {

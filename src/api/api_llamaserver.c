@@ -16,33 +16,17 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define fail thaw_api_fail /* the short name this file's checks use */
 
-static json_t *load_object(const char *body, size_t len, char *err, size_t errlen)
-{
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-
-    if (!root) {
-        fail(err, errlen, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-             jerr.column);
-        return NULL;
-    }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        fail(err, errlen, "request body must be a JSON object");
-        return NULL;
-    }
-    return root;
-}
-
 int thaw_api_parse_tokenize(const char *body, size_t len, char **content, bool *add_special, bool *with_pieces,
                             char *err, size_t errlen)
 {
-    json_t *root = load_object(body, len, err, errlen);
+    json_t *root = thaw_api_load_object(body, len, err, errlen);
     int rc = THAW_EINVAL;
 
     *content = NULL;
@@ -67,7 +51,7 @@ out:
 int thaw_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t **tokens, size_t *n, char *err,
                               size_t errlen)
 {
-    json_t *root = load_object(body, len, err, errlen), *arr, *v;
+    json_t *root = thaw_api_load_object(body, len, err, errlen), *arr, *v;
     size_t i;
     int rc = THAW_EINVAL;
 
@@ -184,7 +168,61 @@ static json_t *placement_json(const struct thaw_placement *pl)
     return o;
 }
 
-char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
+int thaw_api_parse_props(const char *body, size_t len, bool *has_budget, bool *has_message,
+                         struct thaw_api_props_live *out, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr), *v;
+    const char *key;
+    int rc = 0;
+
+    *has_budget = *has_message = false;
+    memset(out, 0, sizeof *out);
+    if (!json_is_object(root)) {
+        snprintf(err, errlen, "POST /props takes a JSON object of the settings to change");
+        rc = THAW_EINVAL;
+        goto done;
+    }
+    json_object_foreach(root, key, v) {
+        if (strcmp(key, "reasoning_budget_tokens") == 0) {
+            if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > INT32_MAX) {
+                snprintf(err, errlen, "'reasoning_budget_tokens' must be an integer, -1 (unlimited) or more");
+                rc = THAW_EINVAL;
+                goto done;
+            }
+            out->reasoning_budget = (int)json_integer_value(v);
+            *has_budget = true;
+        } else if (strcmp(key, "reasoning_budget_message") == 0) {
+            if (!json_is_string(v)) {
+                snprintf(err, errlen, "'reasoning_budget_message' must be a string (\"\" for none)");
+                rc = THAW_EINVAL;
+                goto done;
+            }
+            if (!(out->reasoning_budget_message = strdup(json_string_value(v)))) {
+                rc = THAW_ENOMEM;
+                goto done;
+            }
+            *has_message = true;
+        } else {
+            snprintf(err, errlen,
+                     "'%.64s' cannot be changed at run time: POST /props changes reasoning_budget_tokens and "
+                     "reasoning_budget_message; the rest is set by thaw serve's flags",
+                     key);
+            rc = THAW_EINVAL;
+            goto done;
+        }
+    }
+done:
+    if (rc != 0) {
+        free((char *)out->reasoning_budget_message);
+        out->reasoning_budget_message = NULL;
+    }
+    json_decref(root);
+    return rc;
+}
+
+char *thaw_api_props_json(const struct thaw_api_props_live *live, const char *model, const char *model_path,
+                          const char *chat_template, int total_slots,
                           int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict,
                           const struct thaw_placement *pl, const struct thaw_props_embedding *embd)
 {
@@ -201,6 +239,16 @@ char *thaw_api_props_json(const char *model, const char *model_path, const char 
                                                "kv_cache", kv_cache, "build_info", thaw_tmpl_build_fingerprint())
                                    : (json_decref(params), NULL);
     json_t *where = root && pl ? placement_json(pl) : NULL;
+
+    if (root && live && (json_object_set_new(root, "endpoint_props", json_boolean(live->endpoint_props)) != 0 ||
+                         json_object_set_new(params, "reasoning_budget_tokens", json_integer(live->reasoning_budget)) != 0 ||
+                         json_object_set_new(params, "reasoning_budget_message",
+                                             json_string(live->reasoning_budget_message ? live->reasoning_budget_message
+                                                                                        : "")) != 0)) {
+        json_decref(root);
+        json_decref(where);
+        return NULL;
+    }
 
     free(clean);
     if (root && pl && (!where || json_object_set_new(root, "placement", where) != 0)) {

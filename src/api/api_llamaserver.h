@@ -42,7 +42,25 @@ struct thaw_props_embedding {
     int embd_normalize;
     bool rerank;         /* /rerank is served */
 };
-char *thaw_api_props_json(const char *model, const char *model_path, const char *chat_template, int total_slots,
+/* What a server can change at run time (POST /props, --props), and GET
+ * /props shows: the reasoning budget requests default to. */
+struct thaw_api_props_live {
+    bool endpoint_props;              /* --props: POST /props is on */
+    int reasoning_budget;             /* -1 unlimited */
+    const char *reasoning_budget_message; /* NULL = none */
+};
+/* POST /props's body: a JSON object of the settings to change, each by
+ * its request field's name: reasoning_budget_tokens (an integer >= -1),
+ * reasoning_budget_message (a string, "" = none). Any other key is a
+ * THAW_EINVAL naming it (thaw fixes the rest at start-up: its flag says
+ * how); so is a bad value. Fills `out` (out->reasoning_budget_message is
+ * malloc'd, the caller frees; *has_budget / *has_message say what was
+ * sent). Returns 0, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
+int thaw_api_parse_props(const char *body, size_t len, bool *has_budget, bool *has_message,
+                         struct thaw_api_props_live *out, char *err, size_t errlen);
+/* `live` may be NULL (the fields are then left out). */
+char *thaw_api_props_json(const struct thaw_api_props_live *live, const char *model, const char *model_path,
+                          const char *chat_template, int total_slots,
                           int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict,
                           const struct thaw_placement *pl, const struct thaw_props_embedding *embd);
 /* GET /cache: {"object":"thaw.cache","metrics":{name: number}} from the

@@ -399,6 +399,19 @@ static int convert_settings(json_t *root, json_t *oai, char *err, size_t errlen)
             return fail(err, errlen, "'max_output_tokens' must be an integer of at least 1");
         json_object_set(oai, "max_tokens", v);
     }
+    /* reasoning.effort: the template's reasoning_effort ("none": thinking
+     * off), as a chat completion's reasoning_effort; summary is not made */
+    json_t *rs = json_object_get(root, "reasoning");
+    if (rs && !json_is_null(rs)) {
+        if (!json_is_object(rs))
+            return fail(err, errlen, "'reasoning' must be an object");
+        json_t *eff = json_object_get(rs, "effort");
+        if (eff && !json_is_null(eff)) {
+            if (!json_is_string(eff) || json_string_length(eff) == 0)
+                return fail(err, errlen, "'reasoning.effort' must be a string (none, minimal, low, medium, high, xhigh)");
+            json_object_set(oai, "reasoning_effort", eff);
+        }
+    }
     json_t *text = json_object_get(root, "text");
     if (text && !json_is_null(text)) {
         json_t *fmt = json_object_get(text, "format");

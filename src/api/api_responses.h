@@ -11,7 +11,8 @@
  *   function_call_output   -> tool messages (tool_call_id = call_id)
  *   function tools, and the functions inside namespace tools -> function tools
  *   tool_choice, parallel_tool_calls, text.format (json_schema, json_object),
- *   max_output_tokens, temperature, top_p, stream, prompt_cache_key
+ *   max_output_tokens, temperature, top_p, stream, prompt_cache_key,
+ *   reasoning.effort -> reasoning_effort (the template's; "none": thinking off)
  * Consecutive reasoning, assistant message and function_call items (the
  * order thaw answers them in) merge into one assistant message, so a reply
  * echoed back is keyed and rendered as the one thaw stored. Other tool

@@ -18,6 +18,10 @@
 /* Writes the reason to err[errlen]; returns THAW_EINVAL. */
 int thaw_api_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* A request body that must be a JSON object (duplicate keys refused): the
+ * object (the caller's reference), or NULL with the reason in err. */
+json_t *thaw_api_load_object(const char *body, size_t len, char *err, size_t errlen);
+
 /* An optional boolean field of root: absent or null leaves *out as it
  * is; else 0, or THAW_EINVAL (not a boolean, reason in err). */
 int thaw_api_get_bool(json_t *root, const char *name, bool *out, char *err, size_t errlen);

@@ -315,6 +315,12 @@ void thaw_chat_gen_free(struct thaw_chat_gen *g)
         free(g->stops[i]);
     free(g->stops);
     free(g->parser);
+    free(g->think_start);
+    for (int i = 0; i < g->n_think_ends; i++)
+        free(g->think_ends[i]);
+    free(g->think_ends);
+    free(g->think_forced);
+    free(g->gen_prompt);
     memset(g, 0, sizeof *g);
 }
 
@@ -493,6 +499,49 @@ static int own_grammar(const struct thaw_chat_request *req, bool schema, struct 
     return 0;
 }
 
+/* The reasoning budget's tags and forced tokens (thaw_chat_gen), when the
+ * template has a thinking block and req a budget (resolved by the engine
+ * from --reasoning-budget: thaw_chat_request.reasoning_budget). The forced
+ * run is the budget message then the first end tag, tokenized with special
+ * tokens parsed (llama-server's reasoning_budget_forced). 0 or THAW_ENOMEM. */
+static int take_budget(const struct thaw_chat *chat, const struct thaw_chat_request *req, json_t *res,
+                       struct thaw_chat_gen *g)
+{
+    json_t *th = json_object_get(res, "thinking"), *ends = json_object_get(th, "ends"), *v;
+    const char *start = json_string_value(json_object_get(th, "start"));
+    const char *gp = json_string_value(json_object_get(json_object_get(res, "parser"), "generation_prompt"));
+    size_t i;
+    int rc;
+
+    g->reasoning_budget = -1;
+    if (req->reasoning_budget < 0 || !start || !*start || json_array_size(ends) == 0)
+        return 0;
+    if (!(g->think_start = strdup(start)) || !(g->think_ends = calloc(json_array_size(ends), sizeof *g->think_ends)) ||
+        !(g->gen_prompt = strdup(gp ? gp : "")))
+        return THAW_ENOMEM;
+    json_array_foreach(ends, i, v) {
+        if (json_string_length(v) == 0)
+            continue;
+        if (!(g->think_ends[g->n_think_ends] = strdup(json_string_value(v))))
+            return THAW_ENOMEM;
+        g->n_think_ends++;
+    }
+    if (g->n_think_ends == 0)
+        return 0;
+    const char *msg = req->reasoning_budget_message ? req->reasoning_budget_message : "";
+    size_t n = strlen(msg) + strlen(g->think_ends[0]) + 1;
+    char *text = malloc(n);
+    if (!text)
+        return THAW_ENOMEM;
+    snprintf(text, n, "%s%s", msg, g->think_ends[0]);
+    rc = tokenize_piece(chat, text, &g->think_forced, &g->n_think_forced);
+    free(text);
+    if (rc != 0)
+        return rc;
+    g->reasoning_budget = g->n_think_forced > 0 ? req->reasoning_budget : -1;
+    return 0;
+}
+
 int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
                      int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen)
 {
@@ -511,6 +560,8 @@ int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_reques
         goto done;
     if ((rc = take_gen(chat, res, gen)) == 0 && gen->grammar)
         rc = reshape_grammar(req, gen);
+    if (rc == 0)
+        rc = take_budget(chat, req, res, gen);
     if (rc == 0)
         rc = own_grammar(req, schema_here, gen, err, errlen);
     if (rc == 0 && gen->grammar)

@@ -51,6 +51,15 @@ struct thaw_chat_gen {
     char **stops;                /* additional stop strings, n_stops */
     int n_stops;
     char *parser;                /* for thaw_chat_parse_reply; NULL = the reply is plain text */
+    /* the reasoning budget (engine/budget.h), when the template has a
+     * thinking block and the request a budget >= 0; think_start NULL = none */
+    int reasoning_budget;        /* tokens inside the block; 0 = end it at once */
+    char *think_start;           /* the block's start tag */
+    char **think_ends;           /* the tags that end it, n_think_ends (the first is forced) */
+    int n_think_ends;
+    llama_token *think_forced;   /* what ends a spent budget: the budget message + think_ends[0] */
+    int n_think_forced;
+    char *gen_prompt;            /* the generation prompt's text, scanned before the first token */
 };
 void thaw_chat_gen_free(struct thaw_chat_gen *g);
 

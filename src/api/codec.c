@@ -94,6 +94,7 @@ int thaw_codec_stream_step(struct thaw_codec_stream *st, const struct thaw_codec
             return THAW_CODEC_WAIT;
         st->opened = true;
         st->cache_n = nw->cache_n;
+        st->cache_new_n = nw->cache_new_n;
         st->tool_index = -1;
         return c->open(st);
     }

@@ -110,6 +110,7 @@ struct thaw_codec_stream {
     char *prev_msg;                     /* with a parser: the message as last parsed (deltas are from it) */
     int n_progress;                     /* prefill reports sent */
     int cache_n;                        /* prompt tokens reused, from the news that opened the stream */
+    int cache_new_n;                    /* and those to be stored with the reply */
     size_t text_from;                   /* where this step's text starts in the reply */
     size_t n_text;                      /* the reply's bytes handed out, as of this step */
     bool done;                          /* this step's news is the reply's end */
@@ -175,6 +176,7 @@ struct thaw_codec_news {
     bool done;                          /* the reply is complete (or failed) */
     bool started;                       /* a slot took the task: cache_n is known */
     int cache_n;
+    int cache_new_n;                    /* prompt tokens to be stored with the reply (thaw_timings) */
     size_t n_text;                      /* bytes of reply text so far */
     int n_progress;                     /* prefill reports so far */
     const char *text;                   /* the reply's bytes from thaw_codec_stream_from() to n_text, valid

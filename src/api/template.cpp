@@ -226,7 +226,14 @@ char *thaw_tmpl_apply(const struct thaw_tmpl *t, const char *inputs_json, char *
                                  {"generation_prompt", p.generation_prompt},
                                  {"peg", p.parser},
                                  {"reasoning_format", common_reasoning_format_name(ci.reasoning_format)}});
+        /* the template's thinking block, for the reasoning budget
+         * (budget.h): its start tag and the tags that end it, the first
+         * being the one to force */
+        common_json thinking = nullptr;
+        if (!p.thinking_start_tag.empty() && !p.thinking_end_tags.empty() && !p.thinking_end_tags[0].empty())
+            thinking = common_json::object({{"start", p.thinking_start_tag}, {"ends", p.thinking_end_tags}});
         common_json res = common_json::object({{"prompt", p.prompt},
+                                               {"thinking", thinking},
                                                {"grammar", p.grammar},
                                                {"grammar_lazy", p.grammar_lazy},
                                                {"triggers", triggers},

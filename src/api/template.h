@@ -50,7 +50,8 @@ bool thaw_tmpl_jinja(const struct thaw_tmpl *t);
  *   {"prompt": s, "grammar": s, "grammar_lazy": b,
  *    "triggers": [{"type": 0 token|1 word|2 pattern|3 full pattern, "value": s, "token": i}],
  *    "preserved_tokens": [s], "additional_stops": [s],
- *    "parser": {"format": i, "generation_prompt": s, "peg": s, "reasoning_format": s}}
+ *    "parser": {"format": i, "generation_prompt": s, "peg": s, "reasoning_format": s},
+ *    "thinking": {"start": s, "ends": [s]} | null (the template has no thinking block)}
  * or NULL with the reason in err (a template error, a bad tool schema). */
 char *thaw_tmpl_apply(const struct thaw_tmpl *t, const char *inputs_json, char *err, size_t errlen);
 

@@ -48,6 +48,9 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->jinja = true;
     cfg->kv_tap = true;
     cfg->reasoning_format = "auto";
+    cfg->reasoning_budget = -1;
+    cfg->reasoning_preserve = true;
+    cfg->prefill_assistant = true;
     cfg->slots = true;
     cfg->metrics = true;
     cfg->sse_ping_s = 30;
@@ -100,6 +103,8 @@ void thaw_config_free(struct thaw_config *cfg)
     }
     free(cfg->chat_template_text);
     cfg->chat_template_text = NULL;
+    free(cfg->kwargs_text);
+    cfg->kwargs_text = NULL;
     for (int i = 0; i < cfg->n_api_keys; i++)
         free((char *)cfg->api_keys[i]);
     cfg->n_api_keys = 0;

@@ -188,6 +188,17 @@ struct thaw_config {
     const char *ssl_key, *ssl_cert; /* their text (in file_texts / tls_texts) */
     char *tls_texts[2];
     const char *reasoning;       /* -rea: on | off | auto (enable_thinking in the template's kwargs) */
+    int reasoning_budget;        /* --reasoning-budget: tokens inside the thinking block, -1 = unlimited,
+                                  * 0 = thinking off (enable_thinking false, the block ended at once) */
+    const char *reasoning_budget_message; /* --reasoning-budget-message: forced before the end tag; NULL = none */
+    const char *reasoning_effort; /* --reasoning-effort: the template's reasoning_effort; NULL / "default" = none */
+    bool reasoning_preserve;     /* --reasoning-preserve (default) / --no-...: the template's preserve_reasoning */
+    bool prefill_assistant;      /* --prefill-assistant (default) / --no-...: a trailing assistant message is
+                                  * continued, not rendered whole */
+    bool props;                  /* --props: POST /props may change settings at run time */
+    char *kwargs_text;           /* the template kwargs every request gets: --chat-template-kwargs with -rea,
+                                  * --reasoning-effort and --reasoning-preserve merged in (owned; what
+                                  * chat_template_kwargs points to after parsing) */
     const char *api_prefix;      /* --api-prefix: the routes are served under it ("" = none) */
     bool slots;                  /* --slots (default) / --no-slots: GET /slots */
     bool metrics;                /* --metrics (default) / --no-metrics: GET /metrics */

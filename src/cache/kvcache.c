@@ -860,7 +860,7 @@ uint32_t thaw_kvcache_block_tokens(const struct thaw_kvcache *c)
 /* cut: parts[THAW_PART_KV] is a manifest already (its blocks are queued) */
 static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
                          const uint8_t ns[THAW_KEY_BYTES], int n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
-                         const uint8_t *supersedes, bool cut)
+                         const uint8_t *supersedes, bool cut, bool local_only)
 {
     const char *where = c->disk && c->ram ? "ram+disk" : c->disk ? "disk" : c->ram ? "ram" : "none";
     void *man_ram = NULL;
@@ -906,8 +906,10 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
         else
             rc = thaw_disk_cache_submit(c->disk, key, (uint32_t)n_tokens, w, NULL, 0);
 #ifdef THAW_HAVE_SHARED
-        if (rc == 0)
+        if (rc == 0 && !local_only)
             thaw_shared_upload(c->shared, key, ns);
+#else
+        (void)local_only;
 #endif
         if (rc != 0) {
             /* the cache logged why (queue bytes, shutdown, ...) */
@@ -990,10 +992,10 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, const struct thaw_kvcache
                                struct thaw_part_blob parts[THAW_PART_COUNT])
 {
     if (!p->src)
-        return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, false);
+        return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, false, p->local_only);
     if (!thaw_kvcache_cuts_blocks(c) || parts[THAW_PART_KV].data || src_blocks(c, p, parts) != 0)
         return NULL;
-    return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, true);
+    return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, true, p->local_only);
 }
 
 /* ---- metrics

@@ -130,6 +130,9 @@ struct thaw_kvcache_store_params {
      * capture (kvstate.h) in parts[THAW_PART_KV], whose own tokens it is */
     const struct thaw_blocks_src *src;
     const thaw_token *toks; /* with src: the tokens stored, n_tokens of them */
+    bool local_only;        /* a store the caller will supersede under the same key soon (a reply
+                             * as it stands, before its re-decode): the RAM and disk tiers only,
+                             * the shared tier gets the one that supersedes it */
 };
 
 /* Hands a conversation's state to every tier under p->key. Takes the

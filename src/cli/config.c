@@ -14,6 +14,7 @@
 #include "base/error.h"
 
 #include <ggml.h>
+#include <jansson.h>
 #include <llama.h>
 
 #include <errno.h>
@@ -318,7 +319,26 @@ static const struct thaw_flag opts[] = {
      "a streamed reply silent this long gets an SSE comment (':'), so clients and proxies keep it open (<= 0: never)", NULL},
     {"-rea,--reasoning", "on|off|auto", THAW_FLAG_STR, OFF(reasoning), 0, 0,
      "let the template think (on: enable_thinking true, off: false, auto: the template's default); "
-     "--chat-template-kwargs, when given, wins", NULL},
+     "--chat-template-kwargs, when it names enable_thinking, wins", NULL},
+    {"--reasoning-budget", "N", THAW_FLAG_INT, OFF(reasoning_budget), -1, INT_MAX,
+     "tokens a reply may think (inside the template's thinking block) before its end tag is forced: "
+     "-1 unlimited, 0 no thinking (enable_thinking false); a request's reasoning_budget_tokens wins (default -1)",
+     NULL},
+    {"--reasoning-budget-message", "MESSAGE", THAW_FLAG_STR, OFF(reasoning_budget_message), 0, 0,
+     "text forced before the end-of-thinking tag when the budget is spent (default: none)", NULL},
+    {"--reasoning-effort", "LEVEL", THAW_FLAG_STR, OFF(reasoning_effort), 0, 0,
+     "the template's reasoning_effort (gpt-oss and others): default (the template's), minimal, low, medium, high, "
+     "xhigh, max; a request's reasoning_effort wins", NULL},
+    {"--reasoning-preserve", NULL, THAW_FLAG_TRUE, OFF(reasoning_preserve), 0, 0,
+     "render earlier turns' reasoning in history where the template can (its preserve_reasoning) (default)", NULL},
+    {"--no-reasoning-preserve", NULL, THAW_FLAG_FALSE, OFF(reasoning_preserve), 0, 0,
+     "render only the template's default reasoning in history (preserve_reasoning false)", NULL},
+    {"--prefill-assistant", NULL, THAW_FLAG_TRUE, OFF(prefill_assistant), 0, 0,
+     "a trailing assistant message is a prefill the reply continues (default)", NULL},
+    {"--no-prefill-assistant", NULL, THAW_FLAG_FALSE, OFF(prefill_assistant), 0, 0,
+     "a trailing assistant message is a whole turn; the reply is a new one after it", NULL},
+    {"--props", NULL, THAW_FLAG_TRUE, OFF(props), 0, 0,
+     "POST /props may change the reasoning budget and its message at run time (GET /props is always on)", NULL},
     {"--grammar", "GBNF", THAW_FLAG_STR, OFF(grammar), 0, 0,
      "constrain replies with this grammar when a request sets no grammar, schema or tools", NULL},
     {"--grammar-file", "FILE", THAW_FLAG_STR, OFF(grammar_file), 0, 0, "--grammar read from FILE", NULL},
@@ -407,9 +427,7 @@ static const struct thaw_flag opts[] = {
     NOOP("--no-agent,-no-ag", NULL, WHY_AGENT),
     NOOP("--no-ui-mcp-proxy,--no-webui-mcp-proxy", NULL, WHY_AGENT),
     NOOP("--no-cors-credentials", NULL, "thaw never allows credentialed CORS requests"),
-    NOOP("--no-reasoning-preserve", NULL, "thaw keeps no reasoning across turns itself"),
     NOOP("--no-skip-chat-parsing", NULL, "thaw always parses the reply"),
-    NOOP("--no-prefill-assistant", NULL, "thaw does not prefill a trailing assistant message"),
     NOOP("--no-spec-draft-backend-sampling", NULL, "thaw samples on the CPU"),
     NOOP("--spec-draft-backend-sampling", NULL, "thaw samples on the CPU"),
 
@@ -478,18 +496,12 @@ static const struct thaw_flag opts[] = {
     REFUSE("-ag,--agent", NULL, WHY_AGENT),
     REFUSE("--cache-reuse", "N",
            "thaw's cache supersedes it: a conversation's KV is restored from RAM or disk, and shared prefixes are reused as blocks"),
-    REFUSE("--props", NULL, "thaw's properties are set on the command line only (GET /props is always on)"),
     REFUSE("--slot-save-path", "PATH", "thaw's cache supersedes it: --kv-cache-dir stores every conversation's KV"),
     REFUSE("--models-dir", "DIR", WHY_ROUTER),
     REFUSE("--models-preset", "FILE", WHY_ROUTER),
     REFUSE("--models-max", "N", WHY_ROUTER),
     REFUSE("--models-autoload", NULL, WHY_ROUTER),
-    REFUSE("--reasoning-effort", "LEVEL", WHY_NOT_YET),
-    REFUSE("--reasoning-budget", "N", WHY_NOT_YET),
-    REFUSE("--reasoning-budget-message", "TEXT", WHY_NOT_YET),
-    REFUSE("--reasoning-preserve", NULL, WHY_NOT_YET),
     REFUSE("--skip-chat-parsing", NULL, "thaw always parses the reply (--reasoning-format none keeps reasoning in content)"),
-    REFUSE("--prefill-assistant", NULL, WHY_NOT_YET),
     REFUSE("--sleep-idle-seconds", "N", WHY_NOT_YET),
     REFUSE("--log-prompts-dir", "DIR", "thaw never writes conversations to its logs"),
     REFUSE("--spec-draft-hf,-hfd,-hfrd,--hf-repo-draft", "REPO", WHY_DOWNLOAD),
@@ -1209,6 +1221,40 @@ static int read_text(const char *flag, const char *path, char **out)
     return rc == 0 ? 0 : THAW_EINVAL;
 }
 
+/* The template kwargs every request gets (cfg->kwargs_text): the
+ * --chat-template-kwargs object, then what -rea, --reasoning-effort and
+ * --reasoning-preserve say for each key it does not name (llama-server
+ * keeps them in one map too, default_template_kwargs: preserve_reasoning
+ * true unless told otherwise). Keys sorted, so the text (which the cache
+ * binding hashes) does not depend on the flags' order. 0, or THAW_EINVAL
+ * / THAW_ENOMEM after printing why. */
+static int merge_kwargs(struct thaw_config *cfg)
+{
+    json_error_t jerr;
+    json_t *kw = cfg->chat_template_kwargs ? json_loads(cfg->chat_template_kwargs, 0, &jerr) : json_object();
+    int rc = 0;
+
+    if (!json_is_object(kw)) {
+        fprintf(stderr, "thaw: --chat-template-kwargs must be a JSON object: %s\n", kw ? "not an object" : jerr.text);
+        json_decref(kw);
+        return THAW_EINVAL;
+    }
+    if (cfg->reasoning && strcmp(cfg->reasoning, "auto") != 0 && !json_object_get(kw, "enable_thinking"))
+        json_object_set_new(kw, "enable_thinking", json_boolean(strcmp(cfg->reasoning, "on") == 0));
+    if (cfg->reasoning_effort && strcmp(cfg->reasoning_effort, "default") != 0 &&
+        !json_object_get(kw, "reasoning_effort"))
+        json_object_set_new(kw, "reasoning_effort", json_string(cfg->reasoning_effort));
+    if (!json_object_get(kw, "preserve_reasoning"))
+        json_object_set_new(kw, "preserve_reasoning", json_boolean(cfg->reasoning_preserve));
+    if (!(cfg->kwargs_text = json_dumps(kw, JSON_COMPACT | JSON_SORT_KEYS))) {
+        fprintf(stderr, "thaw: out of memory\n");
+        rc = THAW_ENOMEM;
+    }
+    cfg->chat_template_kwargs = cfg->kwargs_text;
+    json_decref(kw);
+    return rc;
+}
+
 /* --grammar-file, -jf and the TLS key and certificate: read now, so a
  * missing file stops the start-up with its name. */
 static int read_side_files(struct thaw_config *cfg)
@@ -1249,9 +1295,8 @@ static int read_side_files(struct thaw_config *cfg)
         fprintf(stderr, "thaw: --reasoning expects on, off or auto, got '%s'\n", cfg->reasoning);
         return THAW_EINVAL;
     }
-    if (cfg->reasoning && !cfg->chat_template_kwargs && strcmp(cfg->reasoning, "auto") != 0)
-        cfg->chat_template_kwargs = strcmp(cfg->reasoning, "on") == 0 ? "{\"enable_thinking\":true}"
-                                                                       : "{\"enable_thinking\":false}";
+    if ((rc = merge_kwargs(cfg)) != 0)
+        return rc;
     size_t np = strlen(cfg->api_prefix);
     if (np > 0 && (cfg->api_prefix[0] != '/' || cfg->api_prefix[np - 1] == '/')) {
         fprintf(stderr, "thaw: --api-prefix must start with '/' and not end with one, got '%s'\n", cfg->api_prefix);

@@ -112,7 +112,11 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
         s->timings.cache_source = "none";
     s->n_prompt_done = n_past;
     s->timings.cache_n = n_past;
-    thaw_task_started(t, n_past);
+    /* Anthropic's cache_creation_input_tokens, told when the stream opens:
+     * a prompt long enough to be stored with its reply (slot_finish clears
+     * it when the reply is not stored after all) */
+    s->timings.cache_new_n = thaw_slotkv_will_store(e->skv, t->n_prompt) ? t->n_prompt - n_past : 0;
+    thaw_task_started(t, n_past, s->timings.cache_new_n);
     if (thaw_task_progress(t, n_past, (thaw_now_us() - s->t_start_us) / 1000) != 0)
         LOG_WRN("slot %d: out of memory for a progress report", s->id);
     atomic_fetch_add(&e->metrics->prompt_cached_tokens, (uint64_t)n_past);
@@ -718,6 +722,13 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         return THAW_ENOMEM;
     e->cfg = cfg;
     e->metrics = metrics;
+    pthread_mutex_init(&e->props_mu, NULL);
+    e->reasoning_budget = cfg->reasoning_budget;
+    if (cfg->reasoning_budget_message && *cfg->reasoning_budget_message &&
+        !(e->reasoning_budget_message = strdup(cfg->reasoning_budget_message))) {
+        rc = THAW_ENOMEM;
+        goto error;
+    }
 
     if ((rc = thaw_fingerprint_file(cfg->model_path, e->fingerprint)) != 0) {
         LOG_ERR("cannot read model %s: %s", cfg->model_path, thaw_strerror(rc));
@@ -898,6 +909,8 @@ void thaw_engine_free(struct thaw_engine *e)
     llama_model_free(e->model);
     llama_backend_free();
     thaw_placement_free(&e->placement);
+    free(e->reasoning_budget_message);
+    pthread_mutex_destroy(&e->props_mu);
     free(e);
 }
 
@@ -908,6 +921,36 @@ int thaw_engine_biases(const struct thaw_engine *e, const struct thaw_chat_reque
 {
     return thaw_sampler_biases(e->vocab, &e->cfg->sampling, req, tok, val);
 }
+
+int thaw_engine_reasoning_get(struct thaw_engine *e, int *budget, char **message)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&e->props_mu);
+    *budget = e->reasoning_budget;
+    *message = NULL;
+    if (e->reasoning_budget_message && !(*message = strdup(e->reasoning_budget_message)))
+        rc = THAW_ENOMEM;
+    pthread_mutex_unlock(&e->props_mu);
+    return rc;
+}
+
+int thaw_engine_reasoning_set(struct thaw_engine *e, int budget, const char *message)
+{
+    char *m = message && *message ? strdup(message) : NULL;
+
+    if (message && *message && !m)
+        return THAW_ENOMEM;
+    pthread_mutex_lock(&e->props_mu);
+    e->reasoning_budget = budget;
+    if (message) {
+        free(e->reasoning_budget_message);
+        e->reasoning_budget_message = m;
+    }
+    pthread_mutex_unlock(&e->props_mu);
+    return 0;
+}
+
 struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e) { return e->view; }
 const char *thaw_engine_model_name(const struct thaw_engine *e) { return e->model_name; }
 int thaw_engine_n_ctx_slot(const struct thaw_engine *e) { return e->n_ctx_slot; }

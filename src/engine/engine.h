@@ -47,6 +47,14 @@ const struct thaw_chat *thaw_engine_chat(const struct thaw_engine *e);
  * into *tok / *val (the caller frees both), or THAW_ENOMEM. Any thread. */
 int thaw_engine_biases(const struct thaw_engine *e, const struct thaw_chat_request *req, int32_t **tok,
                        float **val);
+/* The reasoning budget requests default to (--reasoning-budget, then POST
+ * /props): *budget (-1 unlimited) and a malloc'd copy of the budget
+ * message in *message (NULL = none; the caller frees). Returns 0 or
+ * THAW_ENOMEM. Any thread. */
+int thaw_engine_reasoning_get(struct thaw_engine *e, int *budget, char **message);
+/* Sets them for requests from now on: budget >= -1; message NULL keeps
+ * the current one, "" means none. Returns 0 or THAW_ENOMEM. Any thread. */
+int thaw_engine_reasoning_set(struct thaw_engine *e, int budget, const char *message);
 /* What GET /slots shows (slots_view.h): any thread may read it. */
 struct thaw_slots_view *thaw_engine_slots_view(const struct thaw_engine *e);
 const char *thaw_engine_model_name(const struct thaw_engine *e);

@@ -61,6 +61,13 @@ struct thaw_engine {
 
     pthread_t thread;
     atomic_bool stop;
+
+    /* the reasoning budget requests default to: --reasoning-budget and its
+     * message, changed at run time by POST /props (--props); any thread,
+     * under props_mu (thaw_engine_reasoning_get / _set) */
+    pthread_mutex_t props_mu;
+    int reasoning_budget;            /* -1 unlimited */
+    char *reasoning_budget_message;  /* NULL = none */
 };
 
 /* engine.c: the slot's request or post-reply work ends (the slot is free

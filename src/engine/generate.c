@@ -65,6 +65,8 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
         thaw_prepare_store_key(s->task, norm, s->tokens, s->n_tokens, s->store_key);
         thaw_kvcache_expect(e->kv, s->store_key);
     }
+    if (!will_store) /* cache_new_n as told when the slot took it (engine.c) */
+        s->timings.cache_new_n = 0;
     thaw_task_finish(s->task, reason, s->stop_word, &s->timings, msg);
     char spec[96] = "";
     if (s->timings.draft_n > 0)

@@ -24,6 +24,8 @@
  * nothing itself (no grammar, schema, or tools). 0 or THAW_ENOMEM. */
 static int apply_defaults(const struct thaw_config *cfg, struct thaw_chat_request *req)
 {
+    if (!cfg->prefill_assistant)
+        thaw_api_no_prefill(req);
     if (req->grammar || req->json_schema || req->tools_json)
         return 0;
     if (cfg->json_schema && !(req->json_schema = strdup(cfg->json_schema)))
@@ -33,10 +35,35 @@ static int apply_defaults(const struct thaw_config *cfg, struct thaw_chat_reques
     return 0;
 }
 
+/* The reasoning budget a request runs with: its own, else the server's
+ * (--reasoning-budget, POST /props), and the message likewise. A budget
+ * of 0 also turns the template's thinking off (enable_thinking false,
+ * unless the request names it): before the keys are derived, so they
+ * cover what is rendered. 0 or THAW_ENOMEM. */
+static int apply_reasoning(struct thaw_engine *e, struct thaw_chat_request *req)
+{
+    int budget;
+    char *msg;
+
+    if (req->raw)
+        return 0;
+    if (thaw_engine_reasoning_get(e, &budget, &msg) != 0)
+        return THAW_ENOMEM;
+    if (req->reasoning_budget < 0)
+        req->reasoning_budget = budget;
+    if (!req->reasoning_budget_message)
+        req->reasoning_budget_message = msg;
+    else
+        free(msg);
+    if (req->reasoning_budget == 0)
+        return thaw_api_kwargs_set(req, "enable_thinking", "false", true);
+    return 0;
+}
+
 /* The bounds, the bias, the defaults, the template: the prompt and what
  * generation needs. Returns as thaw_prepare_task; on failure nothing is
  * left to free in prompt or gen (req stays the caller's). */
-static int render(const struct thaw_engine *e, struct thaw_chat_request *req, llama_token **prompt, int *n_prompt,
+static int render(struct thaw_engine *e, struct thaw_chat_request *req, llama_token **prompt, int *n_prompt,
                   struct thaw_chat_gen *gen, char *err, size_t errlen)
 {
     int rc;
@@ -54,7 +81,7 @@ static int render(const struct thaw_engine *e, struct thaw_chat_request *req, ll
     /* cheap bounds first: no template or tokenizer work for what cannot fit */
     if ((rc = thaw_api_admit(req, e->n_ctx_slot, e->max_token_bytes, err, errlen)) != 0)
         return rc;
-    if ((rc = apply_defaults(e->cfg, req)) != 0)
+    if ((rc = apply_defaults(e->cfg, req)) != 0 || (rc = apply_reasoning(e, req)) != 0)
         return rc;
     return req->raw ? thaw_chat_raw_prompt(e->chat, req, prompt, n_prompt, gen, err, errlen)
                     : thaw_chat_prompt(e->chat, req, prompt, n_prompt, gen, err, errlen);

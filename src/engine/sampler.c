@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/sampling.h"
+#include "engine/budget.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -197,6 +198,20 @@ struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const st
             lb[i] = (llama_logit_bias){req->bias_tok[i], req->bias_val[i]};
         llama_sampler_chain_add(c, llama_sampler_init_logit_bias(llama_vocab_n_tokens(vocab), req->n_bias_tok, lb));
         free(lb); /* it copies them */
+    }
+    /* the reasoning budget (budget.h): after the grammar and the biases,
+     * so it sees what they forbid and never forces against them; before
+     * the settings' stages, so the pick is the forced token */
+    if (g->think_start && g->reasoning_budget >= 0) {
+        struct thaw_budget_params bp = {g->think_start, (const char *const *)g->think_ends, g->n_think_ends,
+                                        g->think_forced, g->n_think_forced, g->reasoning_budget};
+        struct llama_sampler *b = thaw_budget_new(vocab, &bp);
+        if (!b) {
+            llama_sampler_free(c);
+            return NULL;
+        }
+        thaw_budget_feed(b, g->gen_prompt);
+        llama_sampler_chain_add(c, b);
     }
     /* the server's defaults (--temp, --top-k, --samplers, ...), the request's own fields over them */
     struct thaw_sampling sp = *defaults;

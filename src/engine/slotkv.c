@@ -424,6 +424,9 @@ static const char *store_seq(struct thaw_slotkv *k, struct thaw_slot *s, const u
         .supersedes = supersedes,
         .n_tokens = s->n_tokens,
         .toks = s->tokens,
+        /* stored before its re-decode (engine.c, store_early): the store
+         * after it supersedes this one, and only that one is shared */
+        .local_only = s->phase == THAW_SLOT_FIXUP && s->n_tokens < s->n_fix,
     };
     const char *where = NULL;
     char hex[17];
@@ -484,6 +487,11 @@ fail:
     LOG_WRN("slot %d: could not capture state for %s: %s", s->id, hex, thaw_strerror(rc));
     drop_parts(parts);
     return NULL;
+}
+
+bool thaw_slotkv_will_store(const struct thaw_slotkv *k, int n_tokens)
+{
+    return thaw_kvcache_enabled(k->kv) && n_tokens > 0 && n_tokens >= k->min_tokens;
 }
 
 /* Serialises the slot's state (and its draft's) and hands it to the RAM

@@ -86,6 +86,10 @@ int thaw_slotkv_rollback(struct thaw_slotkv *k, struct thaw_slot *s, int n);
  * (0 when a bad entry emptied it). */
 int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past);
 
+/* Whether a slot holding n_tokens will be stored when its reply ends (a
+ * tier is on, and n_tokens reaches --kv-cache-min-tokens). */
+bool thaw_slotkv_will_store(const struct thaw_slotkv *k, int n_tokens);
+
 /* Stores the slot's state (its checkpoints and draft too) under
  * s->store_key; the slot then holds that key. Not when it holds fewer than
  * min_tokens tokens; a failed capture is logged and dropped. */

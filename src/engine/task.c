@@ -187,11 +187,12 @@ bool thaw_task_progress_at(struct thaw_task *t, int i, struct thaw_task_progress
     return ok;
 }
 
-void thaw_task_started(struct thaw_task *t, int cache_n)
+void thaw_task_started(struct thaw_task *t, int cache_n, int cache_new_n)
 {
     pthread_mutex_lock(&t->mu);
     t->started = true;
     t->cache_n = cache_n;
+    t->cache_new_n = cache_new_n;
     if (t->req.stream)
         wake(t);
     pthread_mutex_unlock(&t->mu);
@@ -207,6 +208,7 @@ int thaw_task_news(struct thaw_task *t, size_t from, struct thaw_task_news *out)
     out->done = t->done;
     out->started = t->started || t->done;
     out->cache_n = t->done && t->http_status == 200 ? t->timings.cache_n : t->cache_n;
+    out->cache_new_n = t->done && t->http_status == 200 ? t->timings.cache_new_n : t->cache_new_n;
     out->n_text = t->text.len;
     out->n_progress = t->n_progress;
     out->text = NULL;

@@ -62,6 +62,7 @@ struct thaw_task {
     const char *stop_sequence;     /* one of req.stop the reply ended on, or NULL */
     bool started;                  /* a slot took the task and chose what to reuse */
     int cache_n;                   /* prompt tokens reused, once started */
+    int cache_new_n;               /* prompt tokens to be stored with the reply (thaw_timings), once started */
     char *message_json;            /* the reply as a message (content, reasoning, tool calls), set with done */
     struct thaw_logprobs logprobs; /* req.logprobs: one entry per sampled token (logprobs.h) */
     struct thaw_task_progress *progress; /* req.return_progress on a stream: one report per prefill batch, */
@@ -137,10 +138,11 @@ int thaw_task_progress(struct thaw_task *t, int processed, int64_t time_ms);
 /* Report i (false when there is none yet). */
 bool thaw_task_progress_at(struct thaw_task *t, int i, struct thaw_task_progress *out);
 
-/* The slot has chosen what to reuse (`cache_n` prompt tokens): a stream
- * whose opening event reports usage (Anthropic's message_start) waits for
- * it. Wakes a streaming client. */
-void thaw_task_started(struct thaw_task *t, int cache_n);
+/* The slot has chosen what to reuse (`cache_n` prompt tokens; the
+ * `cache_new_n` it will store with the reply): a stream whose opening
+ * event reports usage (Anthropic's message_start) waits for it. Wakes a
+ * streaming client. */
+void thaw_task_started(struct thaw_task *t, int cache_n, int cache_new_n);
 
 /* ---- client side (HTTP threads) ----
  * The output fields above are the engine's until `done`; a client reads
@@ -153,6 +155,7 @@ struct thaw_task_news {
     bool done;
     bool started;   /* cache_n is known */
     int cache_n;
+    int cache_new_n;
     size_t n_text;  /* bytes of reply text so far */
     int n_progress; /* progress reports so far (thaw_task_progress_at) */
     char *text;     /* malloc'd copy of text[from, n_text), made valid UTF-8; NULL when from >= n_text */

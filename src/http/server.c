@@ -794,16 +794,63 @@ static void route_props(struct server *srv, const struct thaw_http_request *hr, 
     int pooling = thaw_engine_pooling(srv->engine);
     const struct thaw_props_embedding embd = {pooling >= 0 && pooling <= 4 ? poolings[pooling] : "none",
                                               srv->cfg.embd_normalize, pooling == LLAMA_POOLING_TYPE_RANK};
+    struct thaw_api_props_live live = {srv->cfg.props, -1, NULL};
+    char *msg = NULL;
 
     (void)hr;
     (void)ns;
+    if (thaw_engine_reasoning_get(srv->engine, &live.reasoning_budget, &msg) != 0) {
+        set_error(srv, r, 500, "out of memory");
+        return;
+    }
+    live.reasoning_budget_message = msg;
     set_json(r, 200,
-             thaw_api_props_json(thaw_engine_model_name(srv->engine), srv->cfg.model_path,
+             thaw_api_props_json(&live, thaw_engine_model_name(srv->engine), srv->cfg.model_path,
                                  thaw_chat_template(thaw_engine_chat(srv->engine)), srv->cfg.n_parallel,
                                  thaw_engine_n_ctx_slot(srv->engine), srv->cfg.jinja,
                                  srv->cfg.kv_cache_dir != NULL && !srv->cfg.embedding, &srv->cfg.sampling,
                                  srv->cfg.n_predict, thaw_engine_placement(srv->engine),
                                  srv->cfg.embedding ? &embd : NULL));
+    free(msg);
+    if (!r->body)
+        set_error(srv, r, 500, "out of memory");
+}
+
+/* POST /props (llama-server's, with --props): changes the settings thaw
+ * can change at run time (the reasoning budget requests default to, and
+ * its message); any other key is a 400 naming it. Without --props, 501 as
+ * llama-server answers. */
+static void route_props_set(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                            struct thaw_http_response *r)
+{
+    struct thaw_api_props_live set;
+    bool has_budget, has_message;
+    char err[256];
+    int rc, budget;
+    char *cur = NULL;
+
+    (void)ns;
+    if (!srv->cfg.props) {
+        set_error(srv, r, 501, "This server does not support changing global properties. Start it with `--props`");
+        return;
+    }
+    if ((rc = thaw_api_parse_props(hr->body, hr->n_body, &has_budget, &has_message, &set, err, sizeof err)) != 0) {
+        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+        return;
+    }
+    if ((rc = thaw_engine_reasoning_get(srv->engine, &budget, &cur)) == 0)
+        rc = thaw_engine_reasoning_set(srv->engine, has_budget ? set.reasoning_budget : budget,
+                                       has_message ? set.reasoning_budget_message : NULL);
+    free(cur);
+    free((char *)set.reasoning_budget_message);
+    if (rc != 0) {
+        set_error(srv, r, 500, thaw_strerror(rc));
+        return;
+    }
+    if (has_budget || has_message)
+        LOG_INF("POST /props: requests now default to reasoning budget %d%s", has_budget ? set.reasoning_budget : budget,
+                has_message ? " (message changed)" : "");
+    set_json(r, 200, strdup("{\"success\":true}"));
 }
 
 /* GET /slots: llama-server's array, each slot's conversation (the
@@ -861,6 +908,7 @@ static const struct route {
     {"/detokenize", NULL, "POST", route_detokenize, NULL, NULL, false, false},
     {"/apply-template", NULL, "POST", route_apply_template, NULL, NULL, false, false},
     {"/props", NULL, "GET", route_props, NULL, NULL, false, false},
+    {"/props", NULL, "POST", route_props_set, NULL, NULL, false, false},
     {"/cache", NULL, "GET", route_cache, NULL, NULL, false, false},
     {"/slots", NULL, "GET", route_slots, NULL, NULL, false, false},
     {"/", NULL, "GET", route_webui, NULL, NULL, true, false},
@@ -978,10 +1026,15 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
         url = url[np] ? url + np : "/";
     else if (np)
         url = NULL;
-    for (size_t i = 0; url && i < sizeof routes / sizeof routes[0] && !rt; i++)
+    /* the route for the path and method; else the path's first (a 405) */
+    for (size_t i = 0; url && i < sizeof routes / sizeof routes[0]; i++)
         if (strcmp(url, routes[i].path) == 0 || (routes[i].alias && strcmp(url, routes[i].alias) == 0) ||
-            (routes[i].prefix && strncmp(url, routes[i].path, strlen(routes[i].path)) == 0))
-            rt = &routes[i];
+            (routes[i].prefix && strncmp(url, routes[i].path, strlen(routes[i].path)) == 0)) {
+            if (!rt || strcmp(hr->method, routes[i].method) == 0)
+                rt = &routes[i];
+            if (strcmp(hr->method, routes[i].method) == 0)
+                break;
+        }
     r->allow_origin = cors_allow(srv, hr->origin);
     if (strcmp(hr->method, "OPTIONS") == 0) {
         /* a browser's preflight, on any path (it carries no key): an empty

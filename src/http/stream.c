@@ -74,6 +74,7 @@ static int refill(struct thaw_stream *st)
         .done = tn.done,
         .started = tn.started,
         .cache_n = tn.cache_n,
+        .cache_new_n = tn.cache_new_n,
         .n_text = tn.n_text,
         .n_progress = tn.n_progress,
         .text = tn.text,

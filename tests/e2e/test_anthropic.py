@@ -93,6 +93,11 @@ def assemble(evs):
     return msg
 
 
+def prompt_total(u):
+    """The prompt's tokens, as Anthropic splits them: new, stored, reused."""
+    return u["input_tokens"] + u["cache_creation_input_tokens"] + u["cache_read_input_tokens"]
+
+
 def no_ids(blocks):
     """Content blocks without their ids (each reply names its own tool calls)."""
     return [{k: v for k, v in b.items() if k != "id"} for b in blocks]
@@ -121,8 +126,8 @@ def test_messages_stream_and_plain_agree(serve, qwen3):
     assert m["content"] == p["content"] and m["stop_reason"] == p["stop_reason"]
     assert m["usage"]["output_tokens"] == p["usage"]["output_tokens"]
     # the same prompt again: the slot holds it (one token is always decoded)
-    n_in = p["usage"]["input_tokens"] + p["usage"]["cache_read_input_tokens"]
-    assert m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"] == n_in
+    n_in = prompt_total(p["usage"])
+    assert prompt_total(m["usage"]) == n_in
     assert m["usage"]["cache_read_input_tokens"] == n_in - 1
     # count_tokens counts the prompt the request renders to
     c = post(s, {k: v for k, v in body.items() if k in ("model", "system", "messages")},
@@ -193,6 +198,48 @@ def test_forced_tool_call_and_result_round_trip_from_cache(serve, qwen3):
     u = r.json()["usage"]
     # the conversation's first turn is what the slot holds, reply included
     assert u["cache_read_input_tokens"] > 0 and u["input_tokens"] < u["cache_read_input_tokens"]
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_usage_splits_the_prompt_into_new_stored_and_reused(serve, qwen3, tmp_path, cache):
+    """cache_creation_input_tokens: the prompt tokens a turn newly stores
+    (thaw stores every turn whose prompt reaches --kv-cache-min-tokens:
+    then input_tokens is 0);
+    cache_read_input_tokens: those it reused; with no cache tier on, the
+    new tokens are input_tokens and nothing is created. Streamed, the
+    final message_delta carries the same split."""
+    tiers = ["--kv-cache-dir", str(tmp_path)] if cache else ["--cache-ram", "0"]
+    s = serve(qwen3, "-np", "1", "--kv-cache-min-tokens", "16", *tiers)
+    body = {"model": "m", "max_tokens": 8, "temperature": 0, "system": "Be brief. " * 8,
+            "messages": [{"role": "user", "content": "Tell me about the sea."}]}
+    u1 = post(s, body).json()["usage"]
+    n1 = prompt_total(u1)
+    if cache:
+        assert u1["cache_creation_input_tokens"] == n1 - u1["cache_read_input_tokens"] > 0, u1
+        assert u1["input_tokens"] == 0, u1
+    else:
+        assert u1["cache_creation_input_tokens"] == 0 and u1["input_tokens"] > 0, u1
+    p = post(s, body).json()
+    turn2 = {**body, "messages": [*body["messages"], {"role": "assistant", "content": p["content"]},
+                                  {"role": "user", "content": "And the mountains?"}]}
+    evs = events(post(s, {**turn2, "stream": True}, stream=True))
+    u2 = assemble(evs)["usage"]
+    # message_start already carries the split the final message_delta does
+    start = evs[0][1]["message"]["usage"]
+    assert {k: start[k] for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")} == \
+        {k: u2[k] for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}, (start, u2)
+    assert u2["cache_read_input_tokens"] >= n1 - 1, (u1, u2)  # the slot held turn 1
+    new = prompt_total(u2) - u2["cache_read_input_tokens"]
+    assert (u2["cache_creation_input_tokens"], u2["input_tokens"]) == ((new, 0) if cache else (0, new)), u2
+    # a prompt shorter than --kv-cache-min-tokens is not stored; nor
+    # counted as created, streamed or not
+    s.stop()
+    short = {**body, "system": "", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    s2 = serve(qwen3, "-np", "1", "--kv-cache-min-tokens", "4000", *tiers)
+    u3 = post(s2, short).json()["usage"]
+    assert u3["cache_creation_input_tokens"] == 0 and u3["input_tokens"] > 0, u3
+    evs = events(post(s2, {**short, "stream": True}, stream=True))
+    assert evs[0][1]["message"]["usage"]["cache_creation_input_tokens"] == 0
 
 
 def test_thinking_blocks_stream_and_echo(serve, r1):
@@ -307,7 +354,7 @@ def test_anthropic_sdk(serve, qwen3, tmp_path):
     assert out["tool_result"]["content"] == out["tool_result_stream"]["content"]
     u = out["tool_result"]["usage"]
     assert u["cache_read_input_tokens"] > 0
-    assert out["count"]["input_tokens"] == u["input_tokens"] + u["cache_read_input_tokens"]
+    assert out["count"]["input_tokens"] == prompt_total(u)
     for e in out["errors"]:
         assert e and e["status"] == 400 and e["type"] == "error" and e["error_type"] == "invalid_request_error", e
     assert out["auth"] == {"status": 401, "error_type": "authentication_error"}
@@ -356,7 +403,7 @@ def test_claude_code_continues_from_cache_across_a_restart(serve, tmp_path_facto
     assert first > 5000, s.log()
     t2 = claude(home, cwd, s.url, "--continue", "And goodbye.")
     share2, n2 = from_cache(t2)
-    assert n2 > n1 and share2 >= 0.9, (t1["usage"], t2["usage"])
+    assert n2 > n1 and share2 >= 0.9, (json.dumps(t1["usage"]), json.dumps(t2["usage"]))
     assert s.stop() == 0
     s = serve(model, *args)
     t3 = claude(home, cwd, s.url, "--continue", "Once more.")

@@ -353,6 +353,66 @@ static void test_continuation_and_bias(void **state)
     thaw_chat_request_free(&r);
 }
 
+/* llama-server's reasoning fields: the budget under either name (the
+ * longer one wins), its message, reasoning_effort into the template's
+ * kwargs ("none": enable_thinking false, over chat_template_kwargs); the
+ * implicit prefill undone by --no-prefill-assistant. */
+static void test_reasoning_fields(void **state)
+{
+    struct thaw_chat_request r;
+    char err[256];
+    const char *m = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]";
+    char body[512];
+
+    (void)state;
+    snprintf(body, sizeof body, "%s}", m);
+    assert_int_equal(parse(body, &r, err), 0);
+    assert_int_equal(r.reasoning_budget, -1);
+    assert_null(r.reasoning_budget_message);
+    thaw_chat_request_free(&r);
+    snprintf(body, sizeof body, "%s,\"thinking_budget_tokens\":9,\"reasoning_budget_tokens\":2,"
+                                "\"reasoning_budget_message\":\" ok\",\"reasoning_effort\":\"high\","
+                                "\"chat_template_kwargs\":{\"z\":1}}", m);
+    assert_int_equal(parse(body, &r, err), 0);
+    assert_int_equal(r.reasoning_budget, 2);
+    assert_string_equal(r.reasoning_budget_message, " ok");
+    assert_string_equal(r.template_kwargs, "{\"reasoning_effort\":\"high\",\"z\":1}");
+    thaw_chat_request_free(&r);
+    snprintf(body, sizeof body, "%s,\"thinking_budget_tokens\":9,\"reasoning_effort\":\"none\","
+                                "\"chat_template_kwargs\":{\"enable_thinking\":true}}", m);
+    assert_int_equal(parse(body, &r, err), 0);
+    assert_int_equal(r.reasoning_budget, 9);
+    assert_string_equal(r.template_kwargs, "{\"enable_thinking\":false}");
+    assert_int_equal(thaw_api_kwargs_set(&r, "enable_thinking", "true", true), 0); /* there: kept */
+    assert_string_equal(r.template_kwargs, "{\"enable_thinking\":false}");
+    assert_int_equal(thaw_api_kwargs_set(&r, "a", "[1]", false), 0);
+    assert_string_equal(r.template_kwargs, "{\"a\":[1],\"enable_thinking\":false}");
+    thaw_chat_request_free(&r);
+    static const char *const bad[] = {"\"reasoning_budget_tokens\":-2", "\"thinking_budget_tokens\":\"5\"",
+                                      "\"reasoning_budget_message\":3", "\"reasoning_effort\":\"\""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(body, sizeof body, "%s,%s}", m, bad[i]);
+        assert_int_equal(parse(body, &r, err), THAW_EINVAL);
+    }
+
+    /* a trailing assistant message: a prefill by default, whole with --no-prefill-assistant */
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},"
+                           "{\"role\":\"assistant\",\"content\":\"y\"}]}",
+                           &r, err),
+                     0);
+    assert_true(r.continue_final && r.prefill_implicit && r.last_transient && !r.add_generation_prompt);
+    thaw_api_no_prefill(&r);
+    assert_true(!r.continue_final && !r.last_transient && r.add_generation_prompt);
+    thaw_chat_request_free(&r);
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},"
+                           "{\"role\":\"assistant\",\"content\":\"y\"}],\"continue_final_message\":true}",
+                           &r, err),
+                     0);
+    thaw_api_no_prefill(&r); /* asked for explicitly: stays */
+    assert_true(r.continue_final && !r.prefill_implicit);
+    thaw_chat_request_free(&r);
+}
+
 static void test_cache_json_from_metrics_text(void **state)
 {
     const char *text = "# HELP thaw_kv_cache_hits_disk_total lookups served by the disk tier\n"
@@ -383,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_agent_fields),
         cmocka_unit_test(test_prompt_cache_key),
         cmocka_unit_test(test_cache_json_from_metrics_text),
+        cmocka_unit_test(test_reasoning_fields),
         cmocka_unit_test(test_continuation_and_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -81,7 +81,24 @@ static void test_named_tool_and_schema(void **state)
     assert_string_equal(r.tool_choice_name, "f");
     assert_true(r.parallel_tool_calls);
     assert_string_equal(r.json_schema, "{\"type\":\"object\"}");
-    assert_null(r.template_kwargs); /* no thinking field: the template's default */
+    /* no thinking field: the template's default; the effort is its reasoning_effort */
+    assert_string_equal(r.template_kwargs, "{\"reasoning_effort\":\"high\"}");
+    assert_int_equal(r.reasoning_budget, -1); /* the server's */
+    thaw_chat_request_free(&r);
+
+    /* enabled's budget_tokens is the reasoning budget; adaptive has none */
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                           "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024}}",
+                           &r, err),
+                     0);
+    assert_int_equal(r.reasoning_budget, 1024);
+    assert_string_equal(r.template_kwargs, "{\"enable_thinking\":true}");
+    thaw_chat_request_free(&r);
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                           "\"thinking\":{\"type\":\"adaptive\",\"budget_tokens\":1024}}",
+                           &r, err),
+                     0);
+    assert_int_equal(r.reasoning_budget, -1);
     thaw_chat_request_free(&r);
 }
 
