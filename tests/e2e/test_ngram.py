@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from harness import THAW, WORDS, chat, conversation, kv_flags, reply
+from harness import THAW, WORDS, chat, conversation, idle, kv_flags, reply
 
 KINDS = {
     "ngram-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3"],
@@ -102,6 +102,9 @@ def test_drafts_accepted_on_a_reply_that_repeats_the_prompt(serve):
     m = s.metrics()
     assert m["thaw_draft_tokens_total"] >= t["draft_n"] and m["thaw_draft_accepted_total"] >= t["draft_n_accepted"]
     # /slots shows the last request's acceptance, and that the slot drafts
+    # (published when the slot leaves GEN, which may be just after the
+    # client has its reply)
+    idle(s)
     (slot,) = s.get("/slots").json()
     assert slot["speculative"] is True
     assert slot["thaw"]["draft_n"] == t["draft_n"] and slot["thaw"]["draft_n_accepted"] == t["draft_n_accepted"]
