@@ -169,13 +169,20 @@ error:
 
 void thaw_models_stop(struct thaw_models *ms)
 {
+    /* once stopped nothing starts a move, and a load in progress stops its
+     * engine itself: the LOADED ones stay so, and are stopped without the
+     * mutex (a stop waits for the engine's re-decoding; releases go on) */
     pthread_mutex_lock(&ms->mu);
     ms->stopped = true;
-    for (int i = 0; i < ms->n; i++)
-        if (ms->models[i].status == THAW_MODEL_LOADED)
-            thaw_engine_stop(ms->models[i].engine);
     pthread_cond_broadcast(&ms->cond);
     pthread_mutex_unlock(&ms->mu);
+    for (int i = 0; i < ms->n; i++) {
+        pthread_mutex_lock(&ms->mu);
+        struct thaw_engine *e = ms->models[i].status == THAW_MODEL_LOADED ? ms->models[i].engine : NULL;
+        pthread_mutex_unlock(&ms->mu);
+        if (e)
+            thaw_engine_stop(e);
+    }
 }
 
 void thaw_models_free(struct thaw_models *ms)
@@ -365,11 +372,15 @@ int thaw_models_unload(struct thaw_models *ms, const char *name, int timeout_s)
         rc = ms->many ? THAW_ENOTFOUND : THAW_EINVAL;
         goto out;
     }
-    while (m->status == THAW_MODEL_LOADING || (m->status == THAW_MODEL_LOADED && m->refs > 0))
+    while (!ms->stopped && (m->status == THAW_MODEL_LOADING || (m->status == THAW_MODEL_LOADED && m->refs > 0)))
         if (!wait_until(ms, &deadline)) {
             rc = THAW_ETIMEDOUT;
             goto out;
         }
+    if (ms->stopped) {
+        rc = THAW_ESHUTDOWN;
+        goto out;
+    }
     if (m->status != THAW_MODEL_LOADED) {
         rc = THAW_EINVAL;
         goto out;

@@ -73,7 +73,7 @@ void thaw_models_release(struct thaw_models *ms, struct thaw_model *m);
 
 /* Unloads `name` (its conversations stored) once nobody holds it. Returns
  * 0, THAW_ENOTFOUND, THAW_EINVAL (not loaded; or the -m model, which is
- * never unloaded) or THAW_ETIMEDOUT (still held after timeout_s). */
+ * never unloaded) or THAW_ETIMEDOUT (still held after timeout_s) or THAW_ESHUTDOWN. */
 int thaw_models_unload(struct thaw_models *ms, const char *name, int timeout_s);
 
 /* A held model's engine (valid while held) and its name (valid as long

@@ -152,7 +152,8 @@ static void deferred_free(void *ud)
 }
 
 /* One task's whole reply in its codec's shape; NULL on ENOMEM. */
-static char *reply_body(struct server *srv, struct thaw_model *mdl, struct thaw_task *t, const struct thaw_codec *c, const char *id)
+static char *reply_body(struct server *srv, struct thaw_model *mdl, struct thaw_task *t, const struct thaw_codec *c,
+                        const char *id)
 {
     struct thaw_reply_reader rd;
     struct thaw_reply reply;
@@ -263,7 +264,8 @@ static struct thaw_task *build_task(struct server *srv, struct thaw_model *mdl, 
 
 /* Submits t, or answers the engine's refusal in r (then t's reference is
  * dropped). Returns the engine's rc. */
-static int submit(struct server *srv, struct thaw_model *mdl, struct thaw_task *t, struct thaw_http_response *r, const struct thaw_codec *c)
+static int submit(struct server *srv, struct thaw_model *mdl, struct thaw_task *t, struct thaw_http_response *r,
+                  const struct thaw_codec *c)
 {
     int rc = thaw_engine_submit(thaw_model_engine(mdl), t);
 
@@ -318,8 +320,8 @@ static void held_stream_free(void *ud)
  * path is all that is matched), /v1/responses (Codex: {base_url}/responses),
  * /v1/completions (OpenAI's legacy API) and /completion (llama-server's): one
  * route, the route's codec */
-static void route_chat(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
-                       struct thaw_http_response *r, const struct thaw_codec *c)
+static void route_chat(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                       const uint8_t ns[THAW_KEY_BYTES], struct thaw_http_response *r, const struct thaw_codec *c)
 {
     struct thaw_task *t;
     struct deferred *d = NULL;
@@ -393,8 +395,8 @@ static void route_chat(struct server *srv, struct thaw_model *mdl, const struct 
  * /v1/chat/completions/input_tokens and /v1/responses/input_tokens: the
  * prompt the request renders to, counted ({"input_tokens": n}); nothing is
  * generated. */
-static void route_count(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                        struct thaw_http_response *r, const struct thaw_codec *c)
+static void route_count(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t *ns, struct thaw_http_response *r, const struct thaw_codec *c)
 {
     struct thaw_chat_request req;
     char err[512], buf[48];
@@ -541,7 +543,8 @@ static void embed_resume(void *ud, struct thaw_http_response *r)
  * the first ones and defers (w is r's from here on, or freed). */
 static void embed_start(struct embed_wait *w, const struct thaw_http_request *hr, struct thaw_http_response *r)
 {
-    int max_batch = thaw_engine_max_embed_tokens(thaw_model_engine(w->mdl)), n_ctx = thaw_engine_n_ctx_slot(thaw_model_engine(w->mdl));
+    int max_batch = thaw_engine_max_embed_tokens(thaw_model_engine(w->mdl)),
+        n_ctx = thaw_engine_n_ctx_slot(thaw_model_engine(w->mdl));
     char msg[200];
 
     for (int i = 0; i < w->n; i++) {
@@ -578,8 +581,8 @@ static void embed_start(struct embed_wait *w, const struct thaw_http_request *hr
 
 /* POST /embedding, /embeddings (llama-server's shape) and /v1/embeddings
  * (OpenAI's) */
-static void route_embed(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, struct thaw_http_response *r,
-                        bool oai)
+static void route_embed(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        struct thaw_http_response *r, bool oai)
 {
     struct embed_wait *w;
     char err[512];
@@ -600,8 +603,8 @@ static void route_embed(struct server *srv, struct thaw_model *mdl, const struct
     w->srv = srv;
     w->mdl = mdl;
     thaw_models_hold(srv->models, mdl);
-    if ((rc = thaw_api_parse_embed(hr->body, hr->n_body, oai, thaw_engine_chat(thaw_model_engine(mdl)), srv->cfg.embd_normalize,
-                                   &w->er, err, sizeof err)) != 0) {
+    if ((rc = thaw_api_parse_embed(hr->body, hr->n_body, oai, thaw_engine_chat(thaw_model_engine(mdl)),
+                                   srv->cfg.embd_normalize, &w->er, err, sizeof err)) != 0) {
         set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         embed_wait_free(w);
         return;
@@ -613,23 +616,23 @@ static void route_embed(struct server *srv, struct thaw_model *mdl, const struct
     embed_start(w, hr, r);
 }
 
-static void route_embeddings(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                             struct thaw_http_response *r)
+static void route_embeddings(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                             const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)ns;
     route_embed(srv, mdl, hr, r, false);
 }
 
-static void route_embeddings_oai(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                                 struct thaw_http_response *r)
+static void route_embeddings_oai(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                                 const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)ns;
     route_embed(srv, mdl, hr, r, true);
 }
 
 /* POST /rerank, /reranking, /v1/rerank, /v1/reranking */
-static void route_rerank(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                         struct thaw_http_response *r)
+static void route_rerank(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                         const uint8_t *ns, struct thaw_http_response *r)
 {
     struct embed_wait *w;
     char err[512];
@@ -648,8 +651,8 @@ static void route_rerank(struct server *srv, struct thaw_model *mdl, const struc
     w->mdl = mdl;
     thaw_models_hold(srv->models, mdl);
     w->rerank = true;
-    if ((rc = thaw_api_parse_rerank(hr->body, hr->n_body, thaw_engine_chat(thaw_model_engine(mdl)), &w->rr, err, sizeof err)) !=
-        0) {
+    if ((rc = thaw_api_parse_rerank(hr->body, hr->n_body, thaw_engine_chat(thaw_model_engine(mdl)), &w->rr, err,
+                                    sizeof err)) != 0) {
         set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         embed_wait_free(w);
         return;
@@ -662,8 +665,8 @@ static void route_rerank(struct server *srv, struct thaw_model *mdl, const struc
 
 /* ---- other routes ---------------------------------------------------------------- */
 
-static void route_health(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                         struct thaw_http_response *r)
+static void route_health(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                         const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)mdl;
     (void)srv;
@@ -704,7 +707,8 @@ static void route_models(struct server *srv, struct thaw_model *mdl, const struc
         return;
     }
     thaw_engine_model_meta(thaw_model_engine(one), &m);
-    set_json(r, 200, thaw_api_models_json(thaw_engine_model_name(thaw_model_engine(one)), srv->cfg.tags, srv->started, &m));
+    set_json(r, 200,
+             thaw_api_models_json(thaw_engine_model_name(thaw_model_engine(one)), srv->cfg.tags, srv->started, &m));
     thaw_models_release(srv->models, one);
 }
 
@@ -720,7 +724,8 @@ static void route_models_move(struct server *srv, const struct thaw_http_request
     int rc;
 
     if (!thaw_models_many(srv->models)) {
-        set_error(srv, r, 501, "this server serves one model (-m): start it with --models-dir to load and unload models");
+        set_error(srv, r, 501,
+                  "this server serves one model (-m): start it with --models-dir to load and unload models");
         goto out;
     }
     if (!name || !*name) {
@@ -787,8 +792,8 @@ static void engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
     }
 }
 
-static void route_metrics(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                          struct thaw_http_response *r)
+static void route_metrics(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                          const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)mdl;
     (void)hr;
@@ -807,8 +812,8 @@ static void route_metrics(struct server *srv, struct thaw_model *mdl, const stru
 
 /* The cache's counts and sizes as JSON for the page's cache view: the very
  * numbers /metrics renders (one place computes them), never text or keys. */
-static void route_cache(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                        struct thaw_http_response *r)
+static void route_cache(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)mdl;
     char *text = thaw_metrics_render(&srv->metrics, false, engine_metrics, srv);
@@ -823,8 +828,8 @@ static void route_cache(struct server *srv, struct thaw_model *mdl, const struct
 
 /* The chat page and its files (webui.h), public like /health: the page asks
  * for the key when the API answers 401. --no-webui: 404, as before it existed. */
-static void route_webui(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                        struct thaw_http_response *r)
+static void route_webui(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)mdl;
     const struct thaw_webui_file *f = srv->cfg.webui ? thaw_webui_find(hr->url) : NULL;
@@ -852,8 +857,8 @@ static void route_webui(struct server *srv, struct thaw_model *mdl, const struct
     r->headers = thaw_webui_headers;
 }
 
-static void route_tokenize(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                           struct thaw_http_response *r)
+static void route_tokenize(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                           const uint8_t *ns, struct thaw_http_response *r)
 {
     const struct thaw_chat *chat = thaw_engine_chat(thaw_model_engine(mdl));
     char err[256], *content = NULL, **pieces = NULL;
@@ -888,8 +893,8 @@ out:
     free(content);
 }
 
-static void route_detokenize(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                             struct thaw_http_response *r)
+static void route_detokenize(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                             const uint8_t *ns, struct thaw_http_response *r)
 {
     const struct thaw_chat *chat = thaw_engine_chat(thaw_model_engine(mdl));
     char err[256], *text;
@@ -910,8 +915,8 @@ static void route_detokenize(struct server *srv, struct thaw_model *mdl, const s
     free(toks);
 }
 
-static void route_apply_template(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                                 struct thaw_http_response *r)
+static void route_apply_template(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                                 const uint8_t *ns, struct thaw_http_response *r)
 {
     struct thaw_chat_request req;
     char err[512], *prompt = NULL;
@@ -922,8 +927,8 @@ static void route_apply_template(struct server *srv, struct thaw_model *mdl, con
         set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         return;
     }
-    if ((rc = thaw_api_admit(&req, thaw_engine_n_ctx_slot(thaw_model_engine(mdl)), thaw_engine_max_token_bytes(thaw_model_engine(mdl)),
-                             err, sizeof err)) != 0 ||
+    if ((rc = thaw_api_admit(&req, thaw_engine_n_ctx_slot(thaw_model_engine(mdl)),
+                             thaw_engine_max_token_bytes(thaw_model_engine(mdl)), err, sizeof err)) != 0 ||
         (rc = thaw_chat_render_prompt(thaw_engine_chat(thaw_model_engine(mdl)), &req, &prompt, err, sizeof err)) != 0)
         set_error(srv, r, rc == THAW_ENOMEM ? 500 : 400, rc == THAW_ENOMEM ? thaw_strerror(rc) : err);
     else
@@ -932,8 +937,8 @@ static void route_apply_template(struct server *srv, struct thaw_model *mdl, con
     thaw_chat_request_free(&req);
 }
 
-static void route_props(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                        struct thaw_http_response *r)
+static void route_props(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t *ns, struct thaw_http_response *r)
 {
     static const char *const poolings[] = {"none", "mean", "cls", "last", "rank"};
     int pooling = thaw_engine_pooling(thaw_model_engine(mdl));
@@ -965,8 +970,8 @@ static void route_props(struct server *srv, struct thaw_model *mdl, const struct
  * can change at run time (the reasoning budget requests default to, and
  * its message); any other key is a 400 naming it. Without --props, 501 as
  * llama-server answers. */
-static void route_props_set(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                            struct thaw_http_response *r)
+static void route_props_set(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                            const uint8_t *ns, struct thaw_http_response *r)
 {
     struct thaw_api_props_live set;
     bool has_budget, has_message;
@@ -1001,23 +1006,25 @@ static void route_props_set(struct server *srv, struct thaw_model *mdl, const st
 /* GET /slots: llama-server's array, each slot's conversation (the
  * caller's own tenant's text only), phase and cache tier. --no-slots: 501
  * as llama-server answers. */
-static void route_slots(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                        struct thaw_http_response *r)
+static void route_slots(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)hr;
     if (!srv->cfg.slots) {
         set_error(srv, r, 501, "This server does not support slots endpoint. Start it with `--slots`");
         return;
     }
-    set_json(r, 200, thaw_slots_view_json(thaw_engine_slots_view(thaw_model_engine(mdl)), thaw_engine_chat(thaw_model_engine(mdl)), ns));
+    set_json(r, 200,
+             thaw_slots_view_json(thaw_engine_slots_view(thaw_model_engine(mdl)),
+                                  thaw_engine_chat(thaw_model_engine(mdl)), ns));
     if (!r->body)
         set_error(srv, r, 500, "out of memory");
 }
 
-typedef void (*route_fn)(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                         struct thaw_http_response *r);
-typedef void (*codec_route_fn)(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr, const uint8_t *ns,
-                               struct thaw_http_response *r, const struct thaw_codec *c);
+typedef void (*route_fn)(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                         const uint8_t *ns, struct thaw_http_response *r);
+typedef void (*codec_route_fn)(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                               const uint8_t *ns, struct thaw_http_response *r, const struct thaw_codec *c);
 
 /* Every route: its paths, its one method, what serves it (a function of
  * its own, or one that speaks the route's codec), whether it needs a key,
@@ -1038,8 +1045,8 @@ static const struct route {
     {"/v1/completions", NULL, "POST", NULL, route_chat, &thaw_codec_completions, false, false, true},
     /* llama-server's own shape at both, as there; only /v1/completions is OpenAI's */
     {"/completion", "/completions", "POST", NULL, route_chat, &thaw_codec_completion, false, false, true},
-    {"/v1/chat/completions/input_tokens", "/chat/completions/input_tokens", "POST", NULL, route_count,
-     &thaw_codec_chat, false, false, true},
+    {"/v1/chat/completions/input_tokens", "/chat/completions/input_tokens", "POST", NULL, route_count, &thaw_codec_chat,
+     false, false, true},
     {"/v1/responses/input_tokens", "/responses/input_tokens", "POST", NULL, route_count, &thaw_codec_responses, false,
      false, true},
     {"/v1/responses", "/responses", "POST", NULL, route_chat, &thaw_codec_responses, false, false, true},
@@ -1170,7 +1177,10 @@ static int route_model(struct server *srv, const struct route *rt, const struct 
 {
     char *name = thaw_models_many(srv->models) ? thaw_api_request_model(hr->body, hr->n_body) : NULL;
     char msg[512], names[384];
-    int rc = thaw_models_acquire(srv->models, name, srv->cfg.models_autoload, srv->cfg.timeout_s, out);
+    /* llama-server's ?autoload=true|1 (anything else: false) overrides --models-autoload */
+    const char *q = thaw_models_many(srv->models) ? thaw_http_query(hr->conn, "autoload") : NULL;
+    bool autoload = q && *q ? strcmp(q, "true") == 0 || strcmp(q, "1") == 0 : srv->cfg.models_autoload;
+    int rc = thaw_models_acquire(srv->models, name, autoload, srv->cfg.timeout_s, out);
 
     if (rc == THAW_ENOTFOUND) {
         thaw_models_names(srv->models, names, sizeof names);
@@ -1183,8 +1193,11 @@ static int route_model(struct server *srv, const struct route *rt, const struct 
         snprintf(msg, sizeof msg, "model '%.64s' is not loaded (--no-models-autoload): POST /models/load loads it",
                  name);
         set_codec_error(r, errors_of(rt), 503, msg);
+    } else if (rc == THAW_ESHUTDOWN) {
+        set_codec_error(r, errors_of(rt), 503, "the server is shutting down");
     } else if (rc != 0) {
-        snprintf(msg, sizeof msg, "model '%.64s': %s", name ? name : "", rc == THAW_ELLAMA ? "cannot be loaded" : thaw_strerror(rc));
+        snprintf(msg, sizeof msg, "model '%.64s': %s", name ? name : "",
+                 rc == THAW_ELLAMA ? "cannot be loaded" : thaw_strerror(rc));
         set_codec_error(r, errors_of(rt), rc == THAW_ETIMEDOUT || rc == THAW_ESHUTDOWN ? 503 : 500, msg);
     }
     free(name);

@@ -102,6 +102,10 @@ def test_models_load_unload_and_statuses(router):
     assert s.post("/models/unload", {"model": "alpha"}).status_code == 400  # not loaded
     assert s.post("/models/unload", {"model": "gamma"}).status_code == 404
     assert s.post("/models/load", {}).status_code == 400
+    # llama-server's ?autoload= overrides --no-models-autoload for one request
+    r = s.post("/v1/chat/completions?autoload=true", {"model": "alpha", "messages": msgs, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert statuses(s) == {"alpha": "loaded", "beta": "loaded"}
 
 
 def test_lru_unloads_the_least_recently_used(router):
