@@ -1168,17 +1168,25 @@ static const char *cors_headers(const char *asked)
     return asked;
 }
 
-/* The model the request names in its body's "model" (models.h: with -m,
- * always the one), held in *out and loaded when it is not (unless
+/* The model the request names in its body's "model", else in its query's
+ * ?model= (models.h: with -m, always the one), held in *out and loaded when it is not (unless
  * --no-models-autoload): the request waits for it, up to --timeout. 0, or
  * the error answered in r. */
 static int route_model(struct server *srv, const struct route *rt, const struct thaw_http_request *hr,
                        struct thaw_http_response *r, struct thaw_model **out)
 {
     char *name = thaw_models_many(srv->models) ? thaw_api_request_model(hr->body, hr->n_body) : NULL;
+    const char *q;
+
+    /* a GET (/props, /slots) names it in the query, as llama-server's router takes it */
+    if (!name && thaw_models_many(srv->models) && (q = thaw_http_query(hr->conn, "model")) && *q &&
+        !(name = strdup(q))) {
+        set_codec_error(r, errors_of(rt), 500, "out of memory");
+        return THAW_ENOMEM;
+    }
     char msg[512], names[384];
     /* llama-server's ?autoload=true|1 (anything else: false) overrides --models-autoload */
-    const char *q = thaw_models_many(srv->models) ? thaw_http_query(hr->conn, "autoload") : NULL;
+    q = thaw_models_many(srv->models) ? thaw_http_query(hr->conn, "autoload") : NULL;
     bool autoload = q && *q ? strcmp(q, "true") == 0 || strcmp(q, "1") == 0 : srv->cfg.models_autoload;
     int rc = thaw_models_acquire(srv->models, name, autoload, srv->cfg.timeout_s, out);
 

@@ -74,6 +74,29 @@ def test_a_swapped_model_restores_its_conversation_from_disk(router, models_dir,
         assert reply(r2) == reply(a2)
 
 
+def test_a_swap_right_after_a_reply_stores_that_reply(router, tmp_path):
+    # no wait for the slot's post-reply work: the unload finishes it and
+    # stores the conversation (a clean shutdown of that engine) before beta loads
+    s = router("--models-max", "1", "--kv-cache-dir", str(tmp_path / "kv"), "--cache-ram", "0")
+    conv = conversation(3, n_words=400)
+    a1 = ask(s, "alpha", conv)
+    ask(s, "beta", [{"role": "user", "content": "hello"}], 2)
+    a2 = ask(s, "alpha", turn2(conv, a1, 3))
+    history = a1["usage"]["prompt_tokens"] + a1["usage"]["completion_tokens"]
+    assert a2["timings"]["cache_source"] in ("disk", "blocks"), a2["timings"]
+    assert a2["timings"]["cache_n"] >= 0.95 * history, (a2["timings"], history)
+
+
+def test_get_routes_name_the_model_in_the_query(router):
+    s = router("--models-max", "2")
+    r = s.get("/props?model=beta")
+    assert r.status_code == 200, r.text
+    assert r.json()["model_alias"] == "beta"
+    assert statuses(s)["beta"] == "loaded"
+    assert s.get("/props").status_code == 400  # two models: which one?
+    assert s.get("/props?model=gamma").status_code == 404
+
+
 def test_an_unknown_model_is_a_404_naming_the_models(router):
     s = router()
     r = s.post("/v1/chat/completions", {"model": "gamma", "messages": [{"role": "user", "content": "hi"}]})
