@@ -37,6 +37,8 @@ struct thaw_model {
     struct thaw_engine *engine; /* LOADED: set; else NULL */
     enum thaw_model_status status;
     int refs;                  /* holds (thaw_models_acquire/hold) */
+    int wanted;                /* watches waiting for it (thaw_models_try): the loader loads it */
+    int load_rc;               /* its last load's error, for its watchers; 0 once it is wanted anew */
     uint64_t last_used;        /* ms->tick at its last acquire: the LRU order */
 };
 
@@ -48,9 +50,14 @@ struct thaw_models {
     struct thaw_model *models; /* n, sorted by name */
     int n;
     uint64_t tick;
+    struct thaw_models_watch *watches; /* every request waiting in thaw_models_try */
+    pthread_t loader;                  /* --models-dir: loads what watches want */
+    bool loader_started;
     pthread_mutex_t mu;
     pthread_cond_t cond;
 };
+
+static void *loader_main(void *arg);
 
 const char *thaw_model_status_name(enum thaw_model_status s)
 {
@@ -143,6 +150,9 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
             goto error;
         LOG_INF("--models-dir %s: %d models, at most %d loaded at once%s", cfg->models_dir, ms->n, cfg->models_max,
                 cfg->models_autoload ? ", loaded on demand" : "");
+        if ((rc = -pthread_create(&ms->loader, NULL, loader_main, ms)) != 0)
+            goto error;
+        ms->loader_started = true;
     } else {
         struct thaw_model *m = ms->models = calloc(1, sizeof *m);
         if (!m) {
@@ -200,7 +210,10 @@ void thaw_models_free(struct thaw_models *ms)
             break;
         pthread_cond_wait(&ms->cond, &ms->mu);
     }
+    pthread_cond_broadcast(&ms->cond);
     pthread_mutex_unlock(&ms->mu);
+    if (ms->loader_started)
+        pthread_join(ms->loader, NULL);
     for (int i = 0; i < ms->n; i++) {
         struct thaw_model *m = &ms->models[i];
         thaw_engine_free(m->engine);
@@ -261,6 +274,30 @@ static void unload_locked(struct thaw_models *ms, struct thaw_model *m, const ch
     pthread_cond_broadcast(&ms->cond);
 }
 
+/* Loads m (UNLOADED, with room under --models-max). Called with ms->mu
+ * held; returns with it held again: 0 or thaw_engine_new's error (logged,
+ * and kept in m->load_rc for its watchers). */
+static int load_locked(struct thaw_models *ms, struct thaw_model *m)
+{
+    struct thaw_engine *e = NULL;
+    int rc;
+
+    m->status = THAW_MODEL_LOADING;
+    pthread_mutex_unlock(&ms->mu);
+    LOG_INF("model %s: loading %s", m->name, m->path);
+    rc = thaw_engine_new(&m->cfg, ms->metrics, &e);
+    pthread_mutex_lock(&ms->mu);
+    if (rc == 0 && ms->stopped)
+        thaw_engine_stop(e); /* stopped while it loaded: its requests get 503 */
+    m->engine = e;
+    m->status = rc == 0 ? THAW_MODEL_LOADED : THAW_MODEL_UNLOADED;
+    m->load_rc = rc;
+    pthread_cond_broadcast(&ms->cond);
+    if (rc != 0)
+        LOG_ERR("model %s: cannot load: %s", m->name, thaw_strerror(rc));
+    return rc;
+}
+
 /* The least recently used model loaded and not held, or NULL. */
 static struct thaw_model *lru_victim(struct thaw_models *ms)
 {
@@ -318,21 +355,8 @@ int thaw_models_acquire(struct thaw_models *ms, const char *name, bool load, int
             }
             /* every loaded model is held: wait for a release */
         } else if (m->status == THAW_MODEL_UNLOADED) {
-            struct thaw_engine *e = NULL;
-            m->status = THAW_MODEL_LOADING;
-            pthread_mutex_unlock(&ms->mu);
-            LOG_INF("model %s: loading %s", m->name, m->path);
-            rc = thaw_engine_new(&m->cfg, ms->metrics, &e);
-            pthread_mutex_lock(&ms->mu);
-            if (rc == 0 && ms->stopped)
-                thaw_engine_stop(e); /* stopped while it loaded: its requests get 503 */
-            m->engine = e;
-            m->status = rc == 0 ? THAW_MODEL_LOADED : THAW_MODEL_UNLOADED;
-            pthread_cond_broadcast(&ms->cond);
-            if (rc != 0) {
-                LOG_ERR("model %s: cannot load: %s", m->name, thaw_strerror(rc));
+            if ((rc = load_locked(ms, m)) != 0)
                 break;
-            }
             continue;
         }
         if (!wait_until(ms, &deadline)) {
@@ -389,6 +413,113 @@ int thaw_models_unload(struct thaw_models *ms, const char *name, int timeout_s)
 out:
     pthread_mutex_unlock(&ms->mu);
     return rc;
+}
+
+static void watch_drop(struct thaw_models *ms, struct thaw_models_watch *w)
+{
+    if (!w->want)
+        return;
+    w->want->wanted--;
+    w->want = NULL;
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        ms->watches = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    w->prev = w->next = NULL;
+}
+
+int thaw_models_try(struct thaw_models *ms, const char *name, bool load, struct thaw_models_watch *w,
+                    struct thaw_model **out)
+{
+    struct thaw_model *m;
+    int rc = THAW_EPENDING;
+
+    pthread_mutex_lock(&ms->mu);
+    if (!(m = find(ms, name)))
+        rc = THAW_ENOTFOUND;
+    else if (ms->stopped)
+        rc = THAW_ESHUTDOWN;
+    else if (m->status == THAW_MODEL_LOADED) {
+        m->refs++;
+        m->last_used = ++ms->tick;
+        *out = m;
+        rc = 0;
+    } else if (w->want == m && m->status == THAW_MODEL_UNLOADED && m->load_rc != 0)
+        rc = m->load_rc; /* the load it waited for failed */
+    else if (w->want != m && m->status == THAW_MODEL_UNLOADED && !load)
+        rc = THAW_EBUSY;
+    if (rc != THAW_EPENDING) {
+        watch_drop(ms, w);
+    } else if (w->want != m) {
+        watch_drop(ms, w);
+        if (m->status == THAW_MODEL_UNLOADED)
+            m->load_rc = 0; /* wanted anew: the loader tries again */
+        m->wanted++;
+        w->want = m;
+        w->next = ms->watches;
+        if (w->next)
+            w->next->prev = w;
+        ms->watches = w;
+        pthread_cond_broadcast(&ms->cond); /* the loader */
+    }
+    pthread_mutex_unlock(&ms->mu);
+    return rc;
+}
+
+void thaw_models_unwatch(struct thaw_models *ms, struct thaw_models_watch *w)
+{
+    pthread_mutex_lock(&ms->mu);
+    watch_drop(ms, w);
+    pthread_mutex_unlock(&ms->mu);
+}
+
+static void wake_watches(struct thaw_models *ms)
+{
+    for (struct thaw_models_watch *w = ms->watches; w; w = w->next)
+        w->wake(w->ud);
+}
+
+/* The loader: loads the models watches want (unloading the least recently
+ * used one not held first when --models-max is reached), and wakes every
+ * watch after each move and once a second (each checks its own deadline). */
+static void *loader_main(void *arg)
+{
+    struct thaw_models *ms = arg;
+
+    pthread_mutex_lock(&ms->mu);
+    while (!ms->stopped) {
+        struct thaw_model *m = NULL;
+        for (int i = 0; i < ms->n && !m; i++)
+            if (ms->models[i].wanted > 0 && ms->models[i].status == THAW_MODEL_UNLOADED && ms->models[i].load_rc == 0)
+                m = &ms->models[i];
+        if (m && ms->cfg->models_max > 0 && n_resident(ms) >= ms->cfg->models_max) {
+            struct thaw_model *v = lru_victim(ms);
+            if (v) {
+                unload_locked(ms, v, "--models-max");
+                wake_watches(ms);
+                continue;
+            }
+            m = NULL; /* every loaded model is held: wait for a release */
+        }
+        if (m) {
+            (void)load_locked(ms, m);
+            wake_watches(ms);
+            continue;
+        }
+        if (ms->watches) {
+            struct timespec t;
+            deadline_in(1, &t);
+            (void)wait_until(ms, &t);
+            wake_watches(ms);
+        } else {
+            pthread_cond_wait(&ms->cond, &ms->mu);
+        }
+    }
+    wake_watches(ms); /* they see the stop */
+    pthread_mutex_unlock(&ms->mu);
+    return NULL;
 }
 
 /* ---- queries ------------------------------------------------------------------------- */

@@ -64,6 +64,29 @@ bool thaw_models_many(const struct thaw_models *ms);
  * THAW_ESHUTDOWN, or the load's error (logged; the model stays unloaded). */
 int thaw_models_acquire(struct thaw_models *ms, const char *name, bool load, int timeout_s, struct thaw_model **out);
 
+/* A request that waits for its model without blocking its thread: it
+ * registers a watch and is woken (wake(ud), from the set's loader thread,
+ * with the set's mutex held: wake must not call back into the set) after
+ * every load or unload and at least once a second, and then asks again.
+ * Caller storage; zero it before first use. */
+struct thaw_models_watch {
+    void (*wake)(void *ud);
+    void *ud;
+    struct thaw_model *want;                  /* set's: the model it waits for, NULL = not watching */
+    struct thaw_models_watch *prev, *next;    /* set's */
+};
+
+/* As thaw_models_acquire, without waiting: 0 (*out held), THAW_EPENDING
+ * (the model is loading, or is to be loaded by the set's loader thread:
+ * `w` is watching, ask again when woken), THAW_ENOTFOUND, THAW_EBUSY,
+ * THAW_ESHUTDOWN, or the error its load ended with. Anything but
+ * THAW_EPENDING leaves `w` not watching. */
+int thaw_models_try(struct thaw_models *ms, const char *name, bool load, struct thaw_models_watch *w,
+                    struct thaw_model **out);
+
+/* Stops watching (a request that gives up waiting). No-op when `w` is not. */
+void thaw_models_unwatch(struct thaw_models *ms, struct thaw_models_watch *w);
+
 /* Another hold on a model the caller holds (for work that outlives the
  * request's handler: a deferred reply, a stream). */
 void thaw_models_hold(struct thaw_models *ms, struct thaw_model *m);

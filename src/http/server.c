@@ -1168,27 +1168,13 @@ static const char *cors_headers(const char *asked)
     return asked;
 }
 
-/* The model the request names in its body's "model", else in its query's
- * ?model= (models.h: with -m, always the one), held in *out and loaded when it is not (unless
- * --no-models-autoload): the request waits for it, up to --timeout. 0, or
- * the error answered in r. */
-static int route_model(struct server *srv, const struct route *rt, const struct thaw_http_request *hr,
-                       struct thaw_http_response *r, struct thaw_model **out)
-{
-    char *name = thaw_models_many(srv->models) ? thaw_api_request_model(hr->body, hr->n_body) : NULL;
-    const char *q;
+/* ---- the request's model ------------------------------------------------------------- */
 
-    /* a GET (/props, /slots) names it in the query, as llama-server's router takes it */
-    if (!name && thaw_models_many(srv->models) && (q = thaw_http_query(hr->conn, "model")) && *q &&
-        !(name = strdup(q))) {
-        set_codec_error(r, errors_of(rt), 500, "out of memory");
-        return THAW_ENOMEM;
-    }
+/* Answers a request whose model cannot serve it (rc: thaw_models_try's). */
+static void model_error(const struct route *rt, struct server *srv, const char *name, int rc,
+                        struct thaw_http_response *r)
+{
     char msg[512], names[384];
-    /* llama-server's ?autoload=true|1 (anything else: false) overrides --models-autoload */
-    q = thaw_models_many(srv->models) ? thaw_http_query(hr->conn, "autoload") : NULL;
-    bool autoload = q && *q ? strcmp(q, "true") == 0 || strcmp(q, "1") == 0 : srv->cfg.models_autoload;
-    int rc = thaw_models_acquire(srv->models, name, autoload, srv->cfg.timeout_s, out);
 
     if (rc == THAW_ENOTFOUND) {
         thaw_models_names(srv->models, names, sizeof names);
@@ -1203,13 +1189,132 @@ static int route_model(struct server *srv, const struct route *rt, const struct 
         set_codec_error(r, errors_of(rt), 503, msg);
     } else if (rc == THAW_ESHUTDOWN) {
         set_codec_error(r, errors_of(rt), 503, "the server is shutting down");
-    } else if (rc != 0) {
+    } else {
         snprintf(msg, sizeof msg, "model '%.64s': %s", name ? name : "",
                  rc == THAW_ELLAMA ? "cannot be loaded" : thaw_strerror(rc));
-        set_codec_error(r, errors_of(rt), rc == THAW_ETIMEDOUT || rc == THAW_ESHUTDOWN ? 503 : 500, msg);
+        set_codec_error(r, errors_of(rt), rc == THAW_ETIMEDOUT ? 503 : 500, msg);
     }
-    free(name);
-    return rc;
+}
+
+/* A --models-dir request and the model it waits for: the connection is
+ * deferred (no HTTP thread waits) until the model is loaded, then the
+ * route runs; a route that defers in turn is resumed through this one. */
+struct model_wait {
+    struct server *srv;
+    const struct route *rt;
+    struct thaw_http_request hr; /* its strings are MHD's and the body http.c's, until the request completes */
+    uint8_t ns[THAW_KEY_BYTES];
+    char *name;                  /* NULL: none given */
+    bool autoload;
+    bool deferred;               /* http.c holds it (model_wait_free ends it) */
+    int64_t deadline_us;         /* --timeout from the request's start */
+    struct thaw_models_watch watch;
+    thaw_http_resume_fn resume;  /* the route's own deferral, once it runs */
+    void *resume_ud;
+    void (*resume_free)(void *);
+};
+
+static void model_wait_free(void *ud)
+{
+    struct model_wait *w = ud;
+
+    thaw_models_unwatch(w->srv->models, &w->watch);
+    if (w->resume_free)
+        w->resume_free(w->resume_ud);
+    thaw_http_conn_unref(w->hr.conn);
+    free(w->name);
+    free(w);
+}
+
+static void model_resume(void *ud, struct thaw_http_response *r);
+
+/* Defers r on w (from the handler, the first time: http.c owns w then). */
+static void model_defer(struct model_wait *w, struct thaw_http_response *r)
+{
+    r->defer = true;
+    r->resume = model_resume;
+    r->defer_ud = w;
+    r->defer_free = model_wait_free;
+    w->deferred = true;
+}
+
+/* One try at the model: the route served, an error answered, or r
+ * deferred again until the loader wakes it. */
+static void model_step(struct model_wait *w, struct thaw_http_response *r)
+{
+    struct thaw_model *mdl;
+    int rc = thaw_models_try(w->srv->models, w->name, w->autoload, &w->watch, &mdl);
+
+    if (rc == THAW_EPENDING && thaw_now_us() >= w->deadline_us) {
+        thaw_models_unwatch(w->srv->models, &w->watch);
+        rc = THAW_ETIMEDOUT;
+    }
+    if (rc == THAW_EPENDING) {
+        model_defer(w, r);
+        return;
+    }
+    if (rc != 0) {
+        model_error(w->rt, w->srv, w->name, rc, r);
+    } else {
+        if (w->rt->serve)
+            w->rt->serve(w->srv, mdl, &w->hr, w->ns, r, w->rt->codec);
+        else
+            w->rt->fn(w->srv, mdl, &w->hr, w->ns, r);
+        thaw_models_release(w->srv->models, mdl); /* what outlives the route took its own hold */
+        if (r->defer) {
+            w->resume = r->resume;
+            w->resume_ud = r->defer_ud;
+            w->resume_free = r->defer_free;
+            model_defer(w, r);
+            return;
+        }
+    }
+    if (!w->deferred)
+        model_wait_free(w);
+}
+
+static void model_resume(void *ud, struct thaw_http_response *r)
+{
+    struct model_wait *w = ud;
+
+    if (w->resume) {
+        w->resume(w->resume_ud, r);
+        r->resume = model_resume; /* http.c keeps the first deferral's; for clarity */
+        r->defer_ud = w;
+        r->defer_free = model_wait_free;
+    } else {
+        model_step(w, r);
+    }
+}
+
+/* --models-dir: the request's model from its body's "model", else its
+ * query's ?model= (a GET: /props, /slots, as llama-server's router takes
+ * it), loaded unless --no-models-autoload (llama-server's ?autoload=true|1
+ * overrides it; anything else there is false); then the route. */
+static void serve_with_model(struct server *srv, const struct route *rt, const struct thaw_http_request *hr,
+                             const uint8_t ns[THAW_KEY_BYTES], struct thaw_http_response *r)
+{
+    struct model_wait *w = calloc(1, sizeof *w);
+    const char *q;
+
+    if (!w) {
+        set_codec_error(r, errors_of(rt), 500, "out of memory");
+        return;
+    }
+    w->srv = srv;
+    w->rt = rt;
+    w->hr = *hr;
+    memcpy(w->ns, ns, THAW_KEY_BYTES);
+    w->name = thaw_api_request_model(hr->body, hr->n_body);
+    if (!w->name && (q = thaw_http_query(hr->conn, "model")) && *q)
+        w->name = strdup(q);
+    q = thaw_http_query(hr->conn, "autoload");
+    w->autoload = q && *q ? strcmp(q, "true") == 0 || strcmp(q, "1") == 0 : srv->cfg.models_autoload;
+    w->deadline_us = thaw_now_us() + (int64_t)srv->cfg.timeout_s * 1000000;
+    w->watch.wake = client_wake;
+    w->watch.ud = hr->conn;
+    thaw_http_conn_ref(hr->conn);
+    model_step(w, r);
 }
 
 static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_http_response *r)
@@ -1262,12 +1367,17 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
     } else {
         struct thaw_http_request under = *hr; /* the path as the routes know it */
         struct thaw_model *mdl = NULL;
+        int rc = 0;
         under.url = url;
-        if (!rt->model || route_model(srv, rt, &under, r, &mdl) == 0) {
+        if (rt->model && thaw_models_many(srv->models)) {
+            serve_with_model(srv, rt, &under, ns, r);
+        } else if (!rt->model || (rc = thaw_models_acquire(srv->models, NULL, false, 0, &mdl)) == 0) {
             if (rt->serve)
                 rt->serve(srv, mdl, &under, ns, r, rt->codec);
             else
                 rt->fn(srv, mdl, &under, ns, r);
+        } else {
+            model_error(rt, srv, NULL, rc, r); /* -m: only at shutdown */
         }
         if (mdl) /* what outlives the handler took its own hold */
             thaw_models_release(srv->models, mdl);

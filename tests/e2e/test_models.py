@@ -4,6 +4,8 @@ unloaded and loaded back restores its conversations from --kv-cache-dir
 (llama-server's router, llama-swap and Ollama prefill them again). -m alone
 keeps its one-model behaviour."""
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -85,6 +87,36 @@ def test_a_swap_right_after_a_reply_stores_that_reply(router, tmp_path):
     history = a1["usage"]["prompt_tokens"] + a1["usage"]["completion_tokens"]
     assert a2["timings"]["cache_source"] in ("disk", "blocks"), a2["timings"]
     assert a2["timings"]["cache_n"] >= 0.95 * history, (a2["timings"], history)
+
+
+def test_a_busy_model_is_not_unloaded_and_no_http_thread_waits(router):
+    # one HTTP thread: a request waiting for its model must not hold it, or
+    # alpha's reply (sent by that thread) would wait for beta's load, which
+    # waits for alpha's reply to end (upstream: test_router_queue_does_not_evict_busy_model)
+    s = router("--models-max", "1", "--threads-http", "1", "--timeout", "60")
+    msgs = [{"role": "user", "content": "tell me a story"}]
+    out = {}
+
+    def run(model, n):
+        out[model] = ask(s, model, msgs, n)
+
+    t0 = time.time()
+    ta = threading.Thread(target=run, args=("alpha", 48))
+    ta.start()
+    deadline = time.time() + 30
+    while statuses(s)["alpha"] != "loaded":
+        assert time.time() < deadline
+        time.sleep(0.05)
+    tb = threading.Thread(target=run, args=("beta", 2))
+    tb.start()
+    ta.join(60)
+    tb.join(60)
+    assert out["alpha"]["usage"]["completion_tokens"] == 48, out  # not cut short by the unload
+    assert out["beta"]["model"] == "beta"
+    assert statuses(s) == {"alpha": "unloaded", "beta": "loaded"}
+    assert time.time() - t0 < 30, "a request waited for its model on the HTTP thread"
+    log = s.log()
+    assert log.index("model alpha: unloading") > log.index("model alpha: loading")
 
 
 def test_get_routes_name_the_model_in_the_query(router):
