@@ -712,17 +712,18 @@ static void route_models(struct server *srv, struct thaw_model *mdl, const struc
     thaw_models_release(srv->models, one);
 }
 
-/* POST /models/load and /models/unload ({"model": NAME}), with --models-dir:
- * llama-server's router answers ({"success": true}); a load waits until the
- * model is loaded (up to --timeout), an unload until its conversations are
- * stored and its memory freed. */
-static void route_models_move(struct server *srv, const struct thaw_http_request *hr, struct thaw_http_response *r,
-                              bool load)
+/* POST /models/unload ({"model": NAME}), with --models-dir: llama-server's
+ * router answer ({"success": true}) once the model's conversations are
+ * stored and its memory freed; it waits (on this HTTP thread, up to
+ * --timeout) for the requests holding the model to end. */
+static void route_models_unload(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                                const uint8_t *ns, struct thaw_http_response *r)
 {
     char *name = thaw_api_request_model(hr->body, hr->n_body), msg[512];
-    struct thaw_model *m;
     int rc;
 
+    (void)mdl;
+    (void)ns;
     if (!thaw_models_many(srv->models)) {
         set_error(srv, r, 501,
                   "this server serves one model (-m): start it with --models-dir to load and unload models");
@@ -732,12 +733,7 @@ static void route_models_move(struct server *srv, const struct thaw_http_request
         set_error(srv, r, 400, "model name is missing from the request");
         goto out;
     }
-    if (load) {
-        if ((rc = thaw_models_acquire(srv->models, name, true, srv->cfg.timeout_s, &m)) == 0)
-            thaw_models_release(srv->models, m);
-    } else {
-        rc = thaw_models_unload(srv->models, name, srv->cfg.timeout_s);
-    }
+    rc = thaw_models_unload(srv->models, name, srv->cfg.timeout_s);
     if (rc == 0) {
         set_json(r, 200, strdup("{\"success\":true}"));
     } else if (rc == THAW_ENOTFOUND) {
@@ -755,21 +751,21 @@ out:
     free(name);
 }
 
+/* POST /models/load ({"model": NAME}): a model route (serve_with_model
+ * loads it, --no-models-autoload or not, the request deferred meanwhile);
+ * then llama-server's router answer ({"success": true}). */
 static void route_models_load(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
                               const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)mdl;
+    (void)hr;
     (void)ns;
-    route_models_move(srv, hr, r, true);
+    if (!thaw_models_many(srv->models))
+        set_error(srv, r, 501, "this server serves one model (-m): start it with --models-dir to load and unload models");
+    else
+        set_json(r, 200, strdup("{\"success\":true}"));
 }
 
-static void route_models_unload(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
-                                const uint8_t *ns, struct thaw_http_response *r)
-{
-    (void)mdl;
-    (void)ns;
-    route_models_move(srv, hr, r, false);
-}
 
 /* The engine lines of /metrics and /cache: -m's model's; with --models-dir
  * the first loaded model's (--kv-cache-dir allows one loaded model there
@@ -1067,7 +1063,7 @@ static const struct route {
     {"/slots", NULL, "GET", route_slots, NULL, NULL, false, false, true},
     {"/", NULL, "GET", route_webui, NULL, NULL, true, false, false},
     {"/webui/", NULL, "GET", route_webui, NULL, NULL, true, true, false},
-    {"/models/load", NULL, "POST", route_models_load, NULL, NULL, false, false, false},
+    {"/models/load", NULL, "POST", route_models_load, NULL, NULL, false, false, true},
     {"/models/unload", NULL, "POST", route_models_unload, NULL, NULL, false, false, false},
 };
 
@@ -1310,6 +1306,8 @@ static void serve_with_model(struct server *srv, const struct route *rt, const s
         w->name = strdup(q);
     q = thaw_http_query(hr->conn, "autoload");
     w->autoload = q && *q ? strcmp(q, "true") == 0 || strcmp(q, "1") == 0 : srv->cfg.models_autoload;
+    if (rt->fn == route_models_load)
+        w->autoload = true; /* what it is for */
     w->deadline_us = thaw_now_us() + (int64_t)srv->cfg.timeout_s * 1000000;
     w->watch.wake = client_wake;
     w->watch.ud = hr->conn;
