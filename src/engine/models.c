@@ -298,14 +298,17 @@ static int load_locked(struct thaw_models *ms, struct thaw_model *m)
     return rc;
 }
 
-/* The least recently used model loaded and not held, or NULL. */
+/* The least recently used model loaded, not held and not waited for, or
+ * NULL. A model loaded for waiting requests is theirs until they take it:
+ * else two requests for two models under --models-max 1 would have the
+ * loader unload each one before its request resumes. */
 static struct thaw_model *lru_victim(struct thaw_models *ms)
 {
     struct thaw_model *v = NULL;
 
     for (int i = 0; i < ms->n; i++) {
         struct thaw_model *m = &ms->models[i];
-        if (m->status == THAW_MODEL_LOADED && m->refs == 0 && (!v || m->last_used < v->last_used))
+        if (m->status == THAW_MODEL_LOADED && m->refs == 0 && m->wanted == 0 && (!v || m->last_used < v->last_used))
             v = m;
     }
     return v;

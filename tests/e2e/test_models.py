@@ -119,6 +119,23 @@ def test_a_busy_model_is_not_unloaded_and_no_http_thread_waits(router):
     assert log.index("model alpha: unloading") > log.index("model alpha: loading")
 
 
+def test_requests_for_two_models_at_once_load_each_once(router):
+    # --models-max 1: one is loaded and serves its request before the
+    # other's load unloads it (a model loaded for a waiting request is not
+    # an LRU victim until that request has it)
+    s = router("--models-max", "1")
+    msgs = [{"role": "user", "content": "hello"}]
+    out = {}
+    threads = [threading.Thread(target=lambda m=m: out.update({m: ask(s, m, msgs, 2)})) for m in ("alpha", "beta")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert out["alpha"]["model"] == "alpha" and out["beta"]["model"] == "beta", out
+    loads = [l for l in s.log().splitlines() if ": loading /" in l]
+    assert len(loads) == 2, loads
+
+
 def test_get_routes_name_the_model_in_the_query(router):
     s = router("--models-max", "2")
     r = s.get("/props?model=beta")
