@@ -478,7 +478,7 @@ static const struct thaw_flag opts[] = {
     REFUSE("--slot-save-path", "PATH", "thaw's cache supersedes it: --kv-cache-dir stores every conversation's KV"),
     {"--models-dir", "DIR", THAW_FLAG_STR, OFF(models_dir), 0, 0,
      "serve every GGUF file in DIR (instead of -m), each named by its file name without .gguf; a request's "
-     "'model' picks one, loaded on demand (one engine per model, one --kv-cache-dir for all)", NULL},
+     "'model' picks one, loaded on demand (one engine per model; with --kv-cache-dir, --models-max 1 for now)", NULL},
     REFUSE("--models-preset", "FILE", WHY_ROUTER),
     {"--models-max", "N", THAW_FLAG_INT, OFF(models_max), 0, 1024,
      "--models-dir: most models loaded at once; loading one more unloads the least recently used, its "
