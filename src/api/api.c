@@ -1288,3 +1288,24 @@ const struct thaw_codec thaw_codec_chat = {
     .close = chat_close,
     .fail = chat_fail,
 };
+
+char *thaw_api_router_models_json(int n, const char *const *names, const char *const *statuses, long created)
+{
+    json_t *data = json_array();
+
+    for (int i = 0; data && i < n; i++)
+        json_array_append_new(data, json_pack("{s:s, s:[s], s:[], s:s, s:s, s:I, s:{s:s, s:[]}}", "id", names[i],
+                                              "aliases", names[i], "tags", "object", "model", "owned_by", "thaw",
+                                              "created", (json_int_t)created, "status", "value", statuses[i], "args"));
+    return thaw_api_dump(json_pack("{s:o, s:s}", "data", data, "object", "list"));
+}
+
+char *thaw_api_request_model(const char *body, size_t n_body)
+{
+    json_t *root = body && n_body ? json_loadb(body, n_body, 0, NULL) : NULL;
+    const char *s = json_is_object(root) ? json_string_value(json_object_get(root, "model")) : NULL;
+    char *model = s ? strdup(s) : NULL;
+
+    json_decref(root);
+    return model;
+}

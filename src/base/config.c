@@ -11,6 +11,8 @@ void thaw_config_init(struct thaw_config *cfg)
     memset(cfg, 0, sizeof *cfg);
     cfg->n_ctx = 4096;
     cfg->n_parallel = 1;
+    cfg->models_max = 4; /* llama-server's */
+    cfg->models_autoload = true;
     cfg->n_threads = 0; /* resolved after parsing: number of CPUs */
     cfg->n_threads_batch = 0;
     cfg->cpu.poll = 50; /* llama-server's */

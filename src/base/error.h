@@ -27,7 +27,8 @@
     X(LAYOUT, "unknown llama.cpp state layout")                              \
     X(EXIST, "already exists")                                                 \
     X(TIMEDOUT, "timed out")                                                 \
-    X(STORE, "object store request failed")
+    X(STORE, "object store request failed")                                  \
+    X(PENDING, "not ready yet: the caller is woken when it may be")
 
 enum thaw_error {
     THAW_ERR_BASE_ = -100000,

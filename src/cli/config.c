@@ -17,11 +17,25 @@
 #include <jansson.h>
 #include <llama.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Whether --models-dir names a directory thaw can list; says why not. */
+static bool opendir_ok(const char *dir)
+{
+    DIR *d = opendir(dir);
+
+    if (!d) {
+        fprintf(stderr, "thaw: --models-dir: cannot open '%s': %s\n", dir, strerror(errno));
+        return false;
+    }
+    closedir(d);
+    return true;
+}
 
 /* ---- the flag table -------------------------------------------------------- */
 
@@ -73,7 +87,7 @@ static int fn_spec_default(void *dst, const struct thaw_flag *fl, const char *fl
 #define WHY_DOWNLOAD "thaw downloads nothing: pass a local GGUF with -m"
 #define WHY_MEDIA "thaw serves text chat: no vision or audio projector"
 #define WHY_ADAPTER "thaw loads no LoRA adapters or control vectors (a stored conversation's KV would not say which were applied)"
-#define WHY_ROUTER "thaw serves one model per process: no router mode"
+#define WHY_ROUTER "thaw reads no model presets: put the GGUF files in --models-dir"
 #define WHY_PIN "thaw places the draft model's threads as the model's: use -C, -Cr, --cpu-strict, --prio, --poll"
 #define WHY_NGRAM_CACHE "thaw has no ngram-cache: its n-gram drafts come from the conversation itself (--spec-type)"
 #define WHY_SYNTH "thaw has no synthetic-acceptance mode: speculation always verifies real drafts"
@@ -423,7 +437,6 @@ static const struct thaw_flag opts[] = {
     NOOP("--no-mmproj,--no-mmproj-auto", NULL, "thaw loads no projector"),
     NOOP("--no-mmproj-offload", NULL, "thaw loads no projector"),
     NOOP("--mmproj-auto", NULL, "thaw downloads no projector"),
-    NOOP("--no-models-autoload", NULL, WHY_ROUTER),
     NOOP("--no-agent,-no-ag", NULL, WHY_AGENT),
     NOOP("--no-ui-mcp-proxy,--no-webui-mcp-proxy", NULL, WHY_AGENT),
     NOOP("--no-cors-credentials", NULL, "thaw never allows credentialed CORS requests"),
@@ -497,10 +510,17 @@ static const struct thaw_flag opts[] = {
     REFUSE("--cache-reuse", "N",
            "thaw's cache supersedes it: a conversation's KV is restored from RAM or disk, and shared prefixes are reused as blocks"),
     REFUSE("--slot-save-path", "PATH", "thaw's cache supersedes it: --kv-cache-dir stores every conversation's KV"),
-    REFUSE("--models-dir", "DIR", WHY_ROUTER),
+    {"--models-dir", "DIR", THAW_FLAG_STR, OFF(models_dir), 0, 0,
+     "serve every GGUF file in DIR (instead of -m), each named by its file name without .gguf; a request's "
+     "'model' picks one, loaded on demand (one engine per model; with --kv-cache-dir, --models-max 1 for now)", NULL},
     REFUSE("--models-preset", "FILE", WHY_ROUTER),
-    REFUSE("--models-max", "N", WHY_ROUTER),
-    REFUSE("--models-autoload", NULL, WHY_ROUTER),
+    {"--models-max", "N", THAW_FLAG_INT, OFF(models_max), 0, 1024,
+     "--models-dir: most models loaded at once; loading one more unloads the least recently used, its "
+     "conversations stored first (0 = no limit)", NULL},
+    {"--models-autoload", NULL, THAW_FLAG_TRUE, OFF(models_autoload), 0, 0,
+     "--models-dir: a request for a model not loaded loads it (default)", NULL},
+    {"--no-models-autoload", NULL, THAW_FLAG_FALSE, OFF(models_autoload), 0, 0,
+     "--models-dir: a request for a model not loaded gets 503 until POST /models/load loads it", NULL},
     REFUSE("--skip-chat-parsing", NULL, "thaw always parses the reply (--reasoning-format none keeps reasoning in content)"),
     REFUSE("--sleep-idle-seconds", "N", WHY_NOT_YET),
     REFUSE("--log-prompts-dir", "DIR", "thaw never writes conversations to its logs"),
@@ -1319,8 +1339,21 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
     }
     if (cfg->list_devices)
         return 1; /* main.c lists them */
-    if (!cfg->model_path) {
-        fprintf(stderr, "thaw: no model given: use -m FILE.gguf (see thaw serve --help)\n");
+    if (!cfg->model_path && !cfg->models_dir) {
+        fprintf(stderr, "thaw: no model given: use -m FILE.gguf or --models-dir DIR (see thaw serve --help)\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->models_dir && !opendir_ok(cfg->models_dir))
+        return THAW_EINVAL;
+    if (cfg->model_path && cfg->models_dir) {
+        fprintf(stderr, "thaw: -m and --models-dir: give one (a file, or a directory of them)\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->models_dir && cfg->kv_cache_dir && cfg->models_max != 1) {
+        /* each engine still opens its own cache tiers, and a disk tier
+         * locks its directory: one loaded model at a time shares it */
+        fprintf(stderr, "thaw: --models-dir with --kv-cache-dir needs --models-max 1 for now (one disk tier shared "
+                        "by several loaded engines is not implemented yet)\n");
         return THAW_EINVAL;
     }
     if (cfg->n_ctx != 0 && cfg->n_ctx < 16 * cfg->n_parallel) {

@@ -907,7 +907,6 @@ void thaw_engine_free(struct thaw_engine *e)
     thaw_threads_free(e->threads);
     thaw_kvtap_free(e->tap);
     llama_model_free(e->model);
-    llama_backend_free();
     thaw_placement_free(&e->placement);
     free(e->reasoning_budget_message);
     pthread_mutex_destroy(&e->props_mu);

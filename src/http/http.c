@@ -101,6 +101,11 @@ void thaw_http_wake(struct thaw_http_conn *c)
     pthread_mutex_unlock(&c->mu);
 }
 
+const char *thaw_http_query(struct thaw_http_conn *c, const char *key)
+{
+    return c->c ? MHD_lookup_connection_value(c->c, MHD_GET_ARGUMENT_KIND, key) : NULL;
+}
+
 bool thaw_http_conn_alive(struct thaw_http_conn *c)
 {
     bool alive;

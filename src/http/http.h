@@ -112,6 +112,10 @@ void thaw_http_conn_unref(struct thaw_http_conn *c);
 /* Resumes a deferred request or a waiting stream; a no-op once the
  * connection is gone. Never blocks on the network. */
 void thaw_http_wake(struct thaw_http_conn *c);
+/* The value of the query argument `key` of the request being handled (the
+ * URL's "?key=value", decoded), or NULL when absent. Only during the
+ * handler, on its thread. */
+const char *thaw_http_query(struct thaw_http_conn *c, const char *key);
 /* False once the client has hung up (checked on the socket without reading
  * it, so it also works while the connection is suspended). */
 bool thaw_http_conn_alive(struct thaw_http_conn *c);

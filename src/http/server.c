@@ -23,6 +23,7 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "engine/engine.h"
+#include "engine/models.h"
 #include "engine/prepare.h"
 #include "engine/slots_view.h"
 #include "engine/task.h"
@@ -44,7 +45,7 @@
 struct server {
     struct thaw_config cfg;
     struct thaw_metrics metrics;
-    struct thaw_engine *engine;
+    struct thaw_models *models; /* -m's one, or --models-dir's (models.h) */
     struct thaw_http *http;
     long started;
     char started_text[24]; /* `started` in decimal, for /metrics' Process-Start-Time-Unix */
@@ -135,6 +136,7 @@ struct deferred {
     int n_tasks;
     const struct thaw_codec *codec;
     struct server *srv;
+    struct thaw_model *mdl; /* held until the connection is done */
 };
 
 /* The connection is done with a deferred request (answered, or the client
@@ -145,11 +147,13 @@ static void deferred_free(void *ud)
 
     for (int i = 0; i < d->n_tasks; i++)
         thaw_task_abandon(d->task[i]);
+    thaw_models_release(d->srv->models, d->mdl);
     free(d);
 }
 
 /* One task's whole reply in its codec's shape; NULL on ENOMEM. */
-static char *reply_body(struct server *srv, struct thaw_task *t, const struct thaw_codec *c, const char *id)
+static char *reply_body(struct server *srv, struct thaw_model *mdl, struct thaw_task *t, const struct thaw_codec *c,
+                        const char *id)
 {
     struct thaw_reply_reader rd;
     struct thaw_reply reply;
@@ -163,11 +167,11 @@ static char *reply_body(struct server *srv, struct thaw_task *t, const struct th
     reply.verbose = (c->caps & THAW_CODEC_VERBOSE) &&
                     (t->req.verbose >= 0 ? t->req.verbose > 0 : srv->cfg.verbosity >= THAW_LOG_DEBUG);
     if (t->message_json && (reply.verbose || (c->caps & THAW_CODEC_PROMPT)))
-        reply.prompt = prompt = thaw_chat_prompt_text(thaw_engine_chat(srv->engine), t->prompt, t->n_prompt);
+        reply.prompt = prompt = thaw_chat_prompt_text(thaw_engine_chat(thaw_model_engine(mdl)), t->prompt, t->n_prompt);
     int32_t *bias_tok = NULL;
     float *bias_val = NULL;
     if (t->message_json && (c->caps & THAW_CODEC_PROMPT)) {
-        int n = thaw_engine_biases(srv->engine, &t->req, &bias_tok, &bias_val);
+        int n = thaw_engine_biases(thaw_model_engine(mdl), &t->req, &bias_tok, &bias_val);
         if (n < 0) {
             free(prompt);
             return NULL;
@@ -204,9 +208,9 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
         }
     }
     make_id(d->codec->id_prefix, id);
-    char *body = reply_body(d->srv, d->task[0], d->codec, id);
+    char *body = reply_body(d->srv, d->mdl, d->task[0], d->codec, id);
     for (int i = 1; i < d->n_tasks && body; i++) /* n > 1: only with merge_choice (serve_chat) */
-        body = d->codec->merge_choice(body, reply_body(d->srv, d->task[i], d->codec, id), i);
+        body = d->codec->merge_choice(body, reply_body(d->srv, d->mdl, d->task[i], d->codec, id), i);
     set_json(r, 200, body);
     if (!r->body)
         set_codec_error(r, d->codec, 500, "out of memory");
@@ -236,7 +240,7 @@ static int parse(struct server *srv, const struct thaw_http_request *hr, const s
 /* Parse, prepare (prepare.h) and set up one task for the request, not
  * submitted, the connection referenced for it. NULL when the request was
  * answered (an error in r). */
-static struct thaw_task *build_task(struct server *srv, const struct thaw_http_request *hr,
+static struct thaw_task *build_task(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
                                     const uint8_t ns[THAW_KEY_BYTES], struct thaw_http_response *r,
                                     const struct thaw_codec *c)
 {
@@ -247,7 +251,7 @@ static struct thaw_task *build_task(struct server *srv, const struct thaw_http_r
 
     if (parse(srv, hr, c, r, &req) != 0)
         return NULL;
-    if ((rc = thaw_prepare_task(srv->engine, &req, ns, hr->conversation_id, &t, err, sizeof err)) != 0) {
+    if ((rc = thaw_prepare_task(thaw_model_engine(mdl), &req, ns, hr->conversation_id, &t, err, sizeof err)) != 0) {
         set_codec_error(r, c, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         return NULL;
     }
@@ -260,9 +264,10 @@ static struct thaw_task *build_task(struct server *srv, const struct thaw_http_r
 
 /* Submits t, or answers the engine's refusal in r (then t's reference is
  * dropped). Returns the engine's rc. */
-static int submit(struct server *srv, struct thaw_task *t, struct thaw_http_response *r, const struct thaw_codec *c)
+static int submit(struct server *srv, struct thaw_model *mdl, struct thaw_task *t, struct thaw_http_response *r,
+                  const struct thaw_codec *c)
 {
-    int rc = thaw_engine_submit(srv->engine, t);
+    int rc = thaw_engine_submit(thaw_model_engine(mdl), t);
 
     if (rc == 0) {
         atomic_fetch_add(&srv->metrics.chat_requests, 1);
@@ -271,7 +276,7 @@ static int submit(struct server *srv, struct thaw_task *t, struct thaw_http_resp
     char msg[160];
     int status = 500;
     if (rc == THAW_ECTXFULL) {
-        set_json(r, 400, c->too_long_json(t->n_prompt, thaw_engine_n_ctx_slot(srv->engine)));
+        set_json(r, 400, c->too_long_json(t->n_prompt, thaw_engine_n_ctx_slot(thaw_model_engine(mdl))));
         thaw_task_release(t);
         return rc;
     }
@@ -289,12 +294,34 @@ static int submit(struct server *srv, struct thaw_task *t, struct thaw_http_resp
     return rc;
 }
 
+/* A stream and the hold on its model: the model is not unloaded while
+ * the stream's task may still read its engine. */
+struct held_stream {
+    struct thaw_stream *st;
+    struct server *srv;
+    struct thaw_model *mdl;
+};
+
+static ssize_t held_stream_read(void *ud, char *buf, size_t max)
+{
+    return thaw_stream_read(((struct held_stream *)ud)->st, buf, max);
+}
+
+static void held_stream_free(void *ud)
+{
+    struct held_stream *hs = ud;
+
+    thaw_stream_free(hs->st);
+    thaw_models_release(hs->srv->models, hs->mdl);
+    free(hs);
+}
+
 /* POST /v1/chat/completions, /v1/messages (Claude Code adds ?beta=true: the
  * path is all that is matched), /v1/responses (Codex: {base_url}/responses),
  * /v1/completions (OpenAI's legacy API) and /completion (llama-server's): one
  * route, the route's codec */
-static void route_chat(struct server *srv, const struct thaw_http_request *hr, const uint8_t ns[THAW_KEY_BYTES],
-                       struct thaw_http_response *r, const struct thaw_codec *c)
+static void route_chat(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                       const uint8_t ns[THAW_KEY_BYTES], struct thaw_http_response *r, const struct thaw_codec *c)
 {
     struct thaw_task *t;
     struct deferred *d = NULL;
@@ -303,7 +330,7 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
         set_codec_error(r, c, 501, EMBEDDING_ONLY);
         return;
     }
-    if (!(t = build_task(srv, hr, ns, r, c)))
+    if (!(t = build_task(srv, mdl, hr, ns, r, c)))
         return;
     int n = t->req.n_choices;
     if (n > 1 && (t->req.stream || !c->merge_choice)) {
@@ -313,23 +340,27 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
         thaw_task_release(t);
         return;
     }
-    if (submit(srv, t, r, c) != 0)
+    if (submit(srv, mdl, t, r, c) != 0)
         return;
 
     if (t->req.stream) {
         char id[48];
         make_id(c->id_prefix, id);
-        struct thaw_stream *st = thaw_stream_new(c, t, id, time(NULL));
-        if (!st) {
+        struct held_stream *hs = calloc(1, sizeof *hs);
+        if (!hs || !(hs->st = thaw_stream_new(c, t, id, time(NULL)))) {
+            free(hs);
             thaw_task_abandon(t);
             set_codec_error(r, c, 500, "out of memory");
             return;
         }
+        hs->srv = srv;
+        hs->mdl = mdl;
+        thaw_models_hold(srv->models, mdl);
         r->status = 200;
         r->content_type = "text/event-stream; charset=utf-8";
-        r->stream = thaw_stream_read;
-        r->stream_ud = st;
-        r->stream_free = thaw_stream_free;
+        r->stream = held_stream_read;
+        r->stream_ud = hs;
+        r->stream_free = held_stream_free;
         return;
     }
     /* the connection sleeps until the engine is done (no thread waits) */
@@ -341,12 +372,14 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
     d->task[d->n_tasks++] = t;
     d->codec = c;
     d->srv = srv;
+    d->mdl = mdl;
+    thaw_models_hold(srv->models, mdl);
     /* n > 1: each further choice is a task of its own, built from the same
      * body (its own sampler and seed); they queue for slots like any
      * request, and after the first the prompt is usually a cache hit */
     while (d->n_tasks < n) {
-        struct thaw_task *ti = build_task(srv, hr, ns, r, c);
-        if (!ti || submit(srv, ti, r, c) != 0) {
+        struct thaw_task *ti = build_task(srv, mdl, hr, ns, r, c);
+        if (!ti || submit(srv, mdl, ti, r, c) != 0) {
             deferred_free(d); /* r holds the answer */
             return;
         }
@@ -362,8 +395,8 @@ static void route_chat(struct server *srv, const struct thaw_http_request *hr, c
  * /v1/chat/completions/input_tokens and /v1/responses/input_tokens: the
  * prompt the request renders to, counted ({"input_tokens": n}); nothing is
  * generated. */
-static void route_count(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                        struct thaw_http_response *r, const struct thaw_codec *c)
+static void route_count(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t *ns, struct thaw_http_response *r, const struct thaw_codec *c)
 {
     struct thaw_chat_request req;
     char err[512], buf[48];
@@ -376,7 +409,7 @@ static void route_count(struct server *srv, const struct thaw_http_request *hr, 
     }
     if (parse(srv, hr, c, r, &req) != 0)
         return;
-    if ((rc = thaw_prepare_count(srv->engine, &req, &n_prompt, err, sizeof err)) != 0) {
+    if ((rc = thaw_prepare_count(thaw_model_engine(mdl), &req, &n_prompt, err, sizeof err)) != 0) {
         set_codec_error(r, c, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         return;
     }
@@ -393,6 +426,7 @@ static void route_count(struct server *srv, const struct thaw_http_request *hr, 
  * neither fills the queue nor keeps other requests from the slots). */
 struct embed_wait {
     struct server *srv;
+    struct thaw_model *mdl; /* held until the connection is done */
     struct thaw_http_conn *conn;
     bool rerank;
     struct thaw_embed_request er;  /* !rerank */
@@ -412,6 +446,7 @@ static void embed_wait_free(void *ud)
     free(w->task);
     thaw_api_embed_request_free(&w->er);
     thaw_api_rerank_request_free(&w->rr);
+    thaw_models_release(w->srv->models, w->mdl);
     free(w);
 }
 
@@ -432,11 +467,11 @@ static int embed_submit_more(struct embed_wait *w, struct thaw_http_response *r)
             return THAW_ENOMEM;
         }
         w->prompts[i] = NULL; /* the task's now */
-        t->model_name = thaw_engine_model_name(w->srv->engine);
+        t->model_name = thaw_engine_model_name(thaw_model_engine(w->mdl));
         thaw_http_conn_ref(w->conn);
         t->client = &http_client;
         t->client_ud = w->conn;
-        int rc = thaw_engine_submit(w->srv->engine, t);
+        int rc = thaw_engine_submit(thaw_model_engine(w->mdl), t);
         if (rc != 0) {
             thaw_task_release(t);
             set_error(w->srv, r, rc == THAW_ESHUTDOWN || rc == THAW_EBUSY ? 503 : 500,
@@ -477,7 +512,7 @@ static void embed_resume(void *ud, struct thaw_http_response *r)
         r->defer_ud = w;
         return;
     }
-    const char *model = thaw_engine_model_name(w->srv->engine);
+    const char *model = thaw_engine_model_name(thaw_model_engine(w->mdl));
     char *body = NULL;
     if (w->rerank) {
         float *scores = malloc((size_t)w->n * sizeof *scores);
@@ -508,7 +543,8 @@ static void embed_resume(void *ud, struct thaw_http_response *r)
  * the first ones and defers (w is r's from here on, or freed). */
 static void embed_start(struct embed_wait *w, const struct thaw_http_request *hr, struct thaw_http_response *r)
 {
-    int max_batch = thaw_engine_max_embed_tokens(w->srv->engine), n_ctx = thaw_engine_n_ctx_slot(w->srv->engine);
+    int max_batch = thaw_engine_max_embed_tokens(thaw_model_engine(w->mdl)),
+        n_ctx = thaw_engine_n_ctx_slot(thaw_model_engine(w->mdl));
     char msg[200];
 
     for (int i = 0; i < w->n; i++) {
@@ -545,8 +581,8 @@ static void embed_start(struct embed_wait *w, const struct thaw_http_request *hr
 
 /* POST /embedding, /embeddings (llama-server's shape) and /v1/embeddings
  * (OpenAI's) */
-static void route_embed(struct server *srv, const struct thaw_http_request *hr, struct thaw_http_response *r,
-                        bool oai)
+static void route_embed(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        struct thaw_http_response *r, bool oai)
 {
     struct embed_wait *w;
     char err[512];
@@ -556,7 +592,7 @@ static void route_embed(struct server *srv, const struct thaw_http_request *hr, 
         set_error(srv, r, 501, "This server does not support embeddings. Start it with `--embeddings`");
         return;
     }
-    if (oai && thaw_engine_pooling(srv->engine) == LLAMA_POOLING_TYPE_NONE) {
+    if (oai && thaw_engine_pooling(thaw_model_engine(mdl)) == LLAMA_POOLING_TYPE_NONE) {
         set_error(srv, r, 400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type");
         return;
     }
@@ -565,8 +601,10 @@ static void route_embed(struct server *srv, const struct thaw_http_request *hr, 
         return;
     }
     w->srv = srv;
-    if ((rc = thaw_api_parse_embed(hr->body, hr->n_body, oai, thaw_engine_chat(srv->engine), srv->cfg.embd_normalize,
-                                   &w->er, err, sizeof err)) != 0) {
+    w->mdl = mdl;
+    thaw_models_hold(srv->models, mdl);
+    if ((rc = thaw_api_parse_embed(hr->body, hr->n_body, oai, thaw_engine_chat(thaw_model_engine(mdl)),
+                                   srv->cfg.embd_normalize, &w->er, err, sizeof err)) != 0) {
         set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         embed_wait_free(w);
         return;
@@ -578,30 +616,30 @@ static void route_embed(struct server *srv, const struct thaw_http_request *hr, 
     embed_start(w, hr, r);
 }
 
-static void route_embeddings(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                             struct thaw_http_response *r)
+static void route_embeddings(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                             const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)ns;
-    route_embed(srv, hr, r, false);
+    route_embed(srv, mdl, hr, r, false);
 }
 
-static void route_embeddings_oai(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                                 struct thaw_http_response *r)
+static void route_embeddings_oai(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                                 const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)ns;
-    route_embed(srv, hr, r, true);
+    route_embed(srv, mdl, hr, r, true);
 }
 
 /* POST /rerank, /reranking, /v1/rerank, /v1/reranking */
-static void route_rerank(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                         struct thaw_http_response *r)
+static void route_rerank(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                         const uint8_t *ns, struct thaw_http_response *r)
 {
     struct embed_wait *w;
     char err[512];
     int rc;
 
     (void)ns;
-    if (!srv->cfg.embedding || thaw_engine_pooling(srv->engine) != LLAMA_POOLING_TYPE_RANK) {
+    if (!srv->cfg.embedding || thaw_engine_pooling(thaw_model_engine(mdl)) != LLAMA_POOLING_TYPE_RANK) {
         set_error(srv, r, 501, "This server does not support reranking. Start it with `--reranking`");
         return;
     }
@@ -610,9 +648,11 @@ static void route_rerank(struct server *srv, const struct thaw_http_request *hr,
         return;
     }
     w->srv = srv;
+    w->mdl = mdl;
+    thaw_models_hold(srv->models, mdl);
     w->rerank = true;
-    if ((rc = thaw_api_parse_rerank(hr->body, hr->n_body, thaw_engine_chat(srv->engine), &w->rr, err, sizeof err)) !=
-        0) {
+    if ((rc = thaw_api_parse_rerank(hr->body, hr->n_body, thaw_engine_chat(thaw_model_engine(mdl)), &w->rr, err,
+                                    sizeof err)) != 0) {
         set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         embed_wait_free(w);
         return;
@@ -625,29 +665,133 @@ static void route_rerank(struct server *srv, const struct thaw_http_request *hr,
 
 /* ---- other routes ---------------------------------------------------------------- */
 
-static void route_health(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                         struct thaw_http_response *r)
+static void route_health(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                         const uint8_t *ns, struct thaw_http_response *r)
 {
+    (void)mdl;
     (void)srv;
     (void)hr;
     (void)ns;
     set_json(r, 200, strdup("{\"status\":\"ok\"}"));
 }
 
-static void route_models(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                         struct thaw_http_response *r)
+/* GET /v1/models, /models: -m's model with its numbers; with --models-dir
+ * every model and its status (llama-server's router list) */
+static void route_models(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                         const uint8_t *ns, struct thaw_http_response *r)
 {
     struct thaw_model_meta m;
 
-    (void)hr;
     (void)ns;
-    thaw_engine_model_meta(srv->engine, &m);
-    set_json(r, 200, thaw_api_models_json(thaw_engine_model_name(srv->engine), srv->cfg.tags, srv->started, &m));
+    (void)hr;
+    (void)mdl;
+    if (thaw_models_many(srv->models)) {
+        int n = thaw_models_count(srv->models);
+        const char **names = calloc((size_t)n, sizeof *names), **statuses = calloc((size_t)n, sizeof *statuses);
+        for (int i = 0; names && statuses && i < n; i++) {
+            const char *path;
+            enum thaw_model_status st;
+            thaw_models_get(srv->models, i, &names[i], &path, &st);
+            statuses[i] = thaw_model_status_name(st);
+        }
+        set_json(r, 200, names && statuses ? thaw_api_router_models_json(n, names, statuses, srv->started) : NULL);
+        free(names);
+        free(statuses);
+        if (!r->body)
+            set_error(srv, r, 500, "out of memory");
+        return;
+    }
+    struct thaw_model *one;
+    if (thaw_models_acquire(srv->models, NULL, false, 0, &one) != 0) {
+        set_error(srv, r, 503, "the server is shutting down");
+        return;
+    }
+    thaw_engine_model_meta(thaw_model_engine(one), &m);
+    set_json(r, 200,
+             thaw_api_models_json(thaw_engine_model_name(thaw_model_engine(one)), srv->cfg.tags, srv->started, &m));
+    thaw_models_release(srv->models, one);
 }
 
-static void route_metrics(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                          struct thaw_http_response *r)
+/* POST /models/unload ({"model": NAME}), with --models-dir: llama-server's
+ * router answer ({"success": true}) once the model's conversations are
+ * stored and its memory freed; it waits (on this HTTP thread, up to
+ * --timeout) for the requests holding the model to end. */
+static void route_models_unload(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                                const uint8_t *ns, struct thaw_http_response *r)
 {
+    char *name = thaw_api_request_model(hr->body, hr->n_body), msg[512];
+    int rc;
+
+    (void)mdl;
+    (void)ns;
+    if (!thaw_models_many(srv->models)) {
+        set_error(srv, r, 501,
+                  "this server serves one model (-m): start it with --models-dir to load and unload models");
+        goto out;
+    }
+    if (!name || !*name) {
+        set_error(srv, r, 400, "model name is missing from the request");
+        goto out;
+    }
+    rc = thaw_models_unload(srv->models, name, srv->cfg.timeout_s);
+    if (rc == 0) {
+        set_json(r, 200, strdup("{\"success\":true}"));
+    } else if (rc == THAW_ENOTFOUND) {
+        char names[384];
+        thaw_models_names(srv->models, names, sizeof names);
+        snprintf(msg, sizeof msg, "model '%.64s' not found; the models are: %s", name, names);
+        set_error(srv, r, 404, msg);
+    } else if (rc == THAW_EINVAL) {
+        set_error(srv, r, 400, "model is not loaded");
+    } else {
+        snprintf(msg, sizeof msg, "model '%.64s': %s", name, thaw_strerror(rc));
+        set_error(srv, r, rc == THAW_ETIMEDOUT || rc == THAW_ESHUTDOWN ? 503 : 500, msg);
+    }
+out:
+    free(name);
+}
+
+/* POST /models/load ({"model": NAME}): a model route (serve_with_model
+ * loads it, --no-models-autoload or not, the request deferred meanwhile);
+ * then llama-server's router answer ({"success": true}). */
+static void route_models_load(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                              const uint8_t *ns, struct thaw_http_response *r)
+{
+    (void)mdl;
+    (void)hr;
+    (void)ns;
+    if (!thaw_models_many(srv->models))
+        set_error(srv, r, 501, "this server serves one model (-m): start it with --models-dir to load and unload models");
+    else
+        set_json(r, 200, strdup("{\"success\":true}"));
+}
+
+
+/* The engine lines of /metrics and /cache: -m's model's; with --models-dir
+ * the first loaded model's (--kv-cache-dir allows one loaded model there
+ * for now, so its cache lines are the cache's). */
+static void engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
+{
+    struct server *srv = ud;
+    struct thaw_model *m;
+
+    for (int i = 0; i < thaw_models_count(srv->models); i++) {
+        const char *name, *path;
+        enum thaw_model_status st;
+        thaw_models_get(srv->models, i, &name, &path, &st);
+        if (st != THAW_MODEL_LOADED ||
+            thaw_models_acquire(srv->models, thaw_models_many(srv->models) ? name : NULL, false, 0, &m) != 0)
+            continue;
+        thaw_engine_metrics(thaw_model_engine(m), buf, cap, len);
+        thaw_models_release(srv->models, m);
+        return;
+    }
+}
+
+static void route_metrics(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                          const uint8_t *ns, struct thaw_http_response *r)
+{
+    (void)mdl;
     (void)hr;
     (void)ns;
     if (!srv->cfg.metrics) {
@@ -657,17 +801,18 @@ static void route_metrics(struct server *srv, const struct thaw_http_request *hr
     r->status = 200;
     r->content_type = "text/plain; version=0.0.4";
     r->headers = srv->metrics_headers; /* llama-server's Process-Start-Time-Unix */
-    r->body = thaw_metrics_render(&srv->metrics, true, thaw_engine_metrics, srv->engine);
+    r->body = thaw_metrics_render(&srv->metrics, true, engine_metrics, srv);
     if (!r->body)
         set_error(srv, r, 500, "out of memory");
 }
 
 /* The cache's counts and sizes as JSON for the page's cache view: the very
  * numbers /metrics renders (one place computes them), never text or keys. */
-static void route_cache(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                        struct thaw_http_response *r)
+static void route_cache(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t *ns, struct thaw_http_response *r)
 {
-    char *text = thaw_metrics_render(&srv->metrics, false, thaw_engine_metrics, srv->engine);
+    (void)mdl;
+    char *text = thaw_metrics_render(&srv->metrics, false, engine_metrics, srv);
 
     (void)hr;
     (void)ns;
@@ -679,9 +824,10 @@ static void route_cache(struct server *srv, const struct thaw_http_request *hr, 
 
 /* The chat page and its files (webui.h), public like /health: the page asks
  * for the key when the API answers 401. --no-webui: 404, as before it existed. */
-static void route_webui(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                        struct thaw_http_response *r)
+static void route_webui(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t *ns, struct thaw_http_response *r)
 {
+    (void)mdl;
     const struct thaw_webui_file *f = srv->cfg.webui ? thaw_webui_find(hr->url) : NULL;
     char msg[160];
 
@@ -707,10 +853,10 @@ static void route_webui(struct server *srv, const struct thaw_http_request *hr, 
     r->headers = thaw_webui_headers;
 }
 
-static void route_tokenize(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                           struct thaw_http_response *r)
+static void route_tokenize(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                           const uint8_t *ns, struct thaw_http_response *r)
 {
-    const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
+    const struct thaw_chat *chat = thaw_engine_chat(thaw_model_engine(mdl));
     char err[256], *content = NULL, **pieces = NULL;
     bool add_special, with_pieces;
     llama_token *toks = NULL;
@@ -743,10 +889,10 @@ out:
     free(content);
 }
 
-static void route_detokenize(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                             struct thaw_http_response *r)
+static void route_detokenize(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                             const uint8_t *ns, struct thaw_http_response *r)
 {
-    const struct thaw_chat *chat = thaw_engine_chat(srv->engine);
+    const struct thaw_chat *chat = thaw_engine_chat(thaw_model_engine(mdl));
     char err[256], *text;
     int32_t *toks;
     size_t n;
@@ -765,8 +911,8 @@ static void route_detokenize(struct server *srv, const struct thaw_http_request 
     free(toks);
 }
 
-static void route_apply_template(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                                 struct thaw_http_response *r)
+static void route_apply_template(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                                 const uint8_t *ns, struct thaw_http_response *r)
 {
     struct thaw_chat_request req;
     char err[512], *prompt = NULL;
@@ -777,9 +923,9 @@ static void route_apply_template(struct server *srv, const struct thaw_http_requ
         set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         return;
     }
-    if ((rc = thaw_api_admit(&req, thaw_engine_n_ctx_slot(srv->engine), thaw_engine_max_token_bytes(srv->engine),
-                             err, sizeof err)) != 0 ||
-        (rc = thaw_chat_render_prompt(thaw_engine_chat(srv->engine), &req, &prompt, err, sizeof err)) != 0)
+    if ((rc = thaw_api_admit(&req, thaw_engine_n_ctx_slot(thaw_model_engine(mdl)),
+                             thaw_engine_max_token_bytes(thaw_model_engine(mdl)), err, sizeof err)) != 0 ||
+        (rc = thaw_chat_render_prompt(thaw_engine_chat(thaw_model_engine(mdl)), &req, &prompt, err, sizeof err)) != 0)
         set_error(srv, r, rc == THAW_ENOMEM ? 500 : 400, rc == THAW_ENOMEM ? thaw_strerror(rc) : err);
     else
         set_json(r, 200, thaw_api_string_json("prompt", prompt));
@@ -787,11 +933,11 @@ static void route_apply_template(struct server *srv, const struct thaw_http_requ
     thaw_chat_request_free(&req);
 }
 
-static void route_props(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                        struct thaw_http_response *r)
+static void route_props(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t *ns, struct thaw_http_response *r)
 {
     static const char *const poolings[] = {"none", "mean", "cls", "last", "rank"};
-    int pooling = thaw_engine_pooling(srv->engine);
+    int pooling = thaw_engine_pooling(thaw_model_engine(mdl));
     const struct thaw_props_embedding embd = {pooling >= 0 && pooling <= 4 ? poolings[pooling] : "none",
                                               srv->cfg.embd_normalize, pooling == LLAMA_POOLING_TYPE_RANK};
     struct thaw_api_props_live live = {srv->cfg.props, -1, NULL};
@@ -799,17 +945,17 @@ static void route_props(struct server *srv, const struct thaw_http_request *hr, 
 
     (void)hr;
     (void)ns;
-    if (thaw_engine_reasoning_get(srv->engine, &live.reasoning_budget, &msg) != 0) {
+    if (thaw_engine_reasoning_get(thaw_model_engine(mdl), &live.reasoning_budget, &msg) != 0) {
         set_error(srv, r, 500, "out of memory");
         return;
     }
     live.reasoning_budget_message = msg;
     set_json(r, 200,
-             thaw_api_props_json(&live, thaw_engine_model_name(srv->engine), srv->cfg.model_path,
-                                 thaw_chat_template(thaw_engine_chat(srv->engine)), srv->cfg.n_parallel,
-                                 thaw_engine_n_ctx_slot(srv->engine), srv->cfg.jinja,
+             thaw_api_props_json(&live, thaw_engine_model_name(thaw_model_engine(mdl)), srv->cfg.model_path,
+                                 thaw_chat_template(thaw_engine_chat(thaw_model_engine(mdl))), srv->cfg.n_parallel,
+                                 thaw_engine_n_ctx_slot(thaw_model_engine(mdl)), srv->cfg.jinja,
                                  srv->cfg.kv_cache_dir != NULL && !srv->cfg.embedding, &srv->cfg.sampling,
-                                 srv->cfg.n_predict, thaw_engine_placement(srv->engine),
+                                 srv->cfg.n_predict, thaw_engine_placement(thaw_model_engine(mdl)),
                                  srv->cfg.embedding ? &embd : NULL));
     free(msg);
     if (!r->body)
@@ -820,8 +966,8 @@ static void route_props(struct server *srv, const struct thaw_http_request *hr, 
  * can change at run time (the reasoning budget requests default to, and
  * its message); any other key is a 400 naming it. Without --props, 501 as
  * llama-server answers. */
-static void route_props_set(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                            struct thaw_http_response *r)
+static void route_props_set(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                            const uint8_t *ns, struct thaw_http_response *r)
 {
     struct thaw_api_props_live set;
     bool has_budget, has_message;
@@ -838,8 +984,8 @@ static void route_props_set(struct server *srv, const struct thaw_http_request *
         set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
         return;
     }
-    if ((rc = thaw_engine_reasoning_get(srv->engine, &budget, &cur)) == 0)
-        rc = thaw_engine_reasoning_set(srv->engine, has_budget ? set.reasoning_budget : budget,
+    if ((rc = thaw_engine_reasoning_get(thaw_model_engine(mdl), &budget, &cur)) == 0)
+        rc = thaw_engine_reasoning_set(thaw_model_engine(mdl), has_budget ? set.reasoning_budget : budget,
                                        has_message ? set.reasoning_budget_message : NULL);
     free(cur);
     free((char *)set.reasoning_budget_message);
@@ -856,27 +1002,30 @@ static void route_props_set(struct server *srv, const struct thaw_http_request *
 /* GET /slots: llama-server's array, each slot's conversation (the
  * caller's own tenant's text only), phase and cache tier. --no-slots: 501
  * as llama-server answers. */
-static void route_slots(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                        struct thaw_http_response *r)
+static void route_slots(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t *ns, struct thaw_http_response *r)
 {
     (void)hr;
     if (!srv->cfg.slots) {
         set_error(srv, r, 501, "This server does not support slots endpoint. Start it with `--slots`");
         return;
     }
-    set_json(r, 200, thaw_slots_view_json(thaw_engine_slots_view(srv->engine), thaw_engine_chat(srv->engine), ns));
+    set_json(r, 200,
+             thaw_slots_view_json(thaw_engine_slots_view(thaw_model_engine(mdl)),
+                                  thaw_engine_chat(thaw_model_engine(mdl)), ns));
     if (!r->body)
         set_error(srv, r, 500, "out of memory");
 }
 
-typedef void (*route_fn)(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                         struct thaw_http_response *r);
-typedef void (*codec_route_fn)(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
-                               struct thaw_http_response *r, const struct thaw_codec *c);
+typedef void (*route_fn)(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                         const uint8_t *ns, struct thaw_http_response *r);
+typedef void (*codec_route_fn)(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                               const uint8_t *ns, struct thaw_http_response *r, const struct thaw_codec *c);
 
 /* Every route: its paths, its one method, what serves it (a function of
  * its own, or one that speaks the route's codec), whether it needs a key,
- * and whether `path` is a prefix (the page's files). */
+ * whether `path` is a prefix (the page's files) and whether a model's
+ * engine serves it. */
 static const struct route {
     const char *path, *alias;
     const char *method;
@@ -884,35 +1033,38 @@ static const struct route {
     codec_route_fn serve;           /* with codec: fn is NULL */
     const struct thaw_codec *codec; /* the API it speaks, whose shape its errors take; NULL: OpenAI's */
     bool public, prefix;
+    bool model; /* served by the engine of the request's model (models.h) */
 } routes[] = {
-    {"/health", "/v1/health", "GET", route_health, NULL, NULL, true, false},
-    {"/v1/chat/completions", "/chat/completions", "POST", NULL, route_chat, &thaw_codec_chat, false, false},
-    {"/v1/messages", NULL, "POST", NULL, route_chat, &thaw_codec_messages, false, false},
-    {"/v1/completions", NULL, "POST", NULL, route_chat, &thaw_codec_completions, false, false},
+    {"/health", "/v1/health", "GET", route_health, NULL, NULL, true, false, false},
+    {"/v1/chat/completions", "/chat/completions", "POST", NULL, route_chat, &thaw_codec_chat, false, false, true},
+    {"/v1/messages", NULL, "POST", NULL, route_chat, &thaw_codec_messages, false, false, true},
+    {"/v1/completions", NULL, "POST", NULL, route_chat, &thaw_codec_completions, false, false, true},
     /* llama-server's own shape at both, as there; only /v1/completions is OpenAI's */
-    {"/completion", "/completions", "POST", NULL, route_chat, &thaw_codec_completion, false, false},
-    {"/v1/chat/completions/input_tokens", "/chat/completions/input_tokens", "POST", NULL, route_count,
-     &thaw_codec_chat, false, false},
+    {"/completion", "/completions", "POST", NULL, route_chat, &thaw_codec_completion, false, false, true},
+    {"/v1/chat/completions/input_tokens", "/chat/completions/input_tokens", "POST", NULL, route_count, &thaw_codec_chat,
+     false, false, true},
     {"/v1/responses/input_tokens", "/responses/input_tokens", "POST", NULL, route_count, &thaw_codec_responses, false,
-     false},
-    {"/v1/responses", "/responses", "POST", NULL, route_chat, &thaw_codec_responses, false, false},
-    {"/v1/messages/count_tokens", NULL, "POST", NULL, route_count, &thaw_codec_messages, false, false},
-    {"/v1/models", "/models", "GET", route_models, NULL, NULL, false, false},
+     false, true},
+    {"/v1/responses", "/responses", "POST", NULL, route_chat, &thaw_codec_responses, false, false, true},
+    {"/v1/messages/count_tokens", NULL, "POST", NULL, route_count, &thaw_codec_messages, false, false, true},
+    {"/v1/models", "/models", "GET", route_models, NULL, NULL, false, false, false},
     /* llama-server's shape at both; only /v1/embeddings is OpenAI's */
-    {"/embeddings", "/embedding", "POST", route_embeddings, NULL, NULL, false, false},
-    {"/v1/embeddings", NULL, "POST", route_embeddings_oai, NULL, NULL, false, false},
-    {"/rerank", "/reranking", "POST", route_rerank, NULL, NULL, false, false},
-    {"/v1/rerank", "/v1/reranking", "POST", route_rerank, NULL, NULL, false, false},
-    {"/metrics", NULL, "GET", route_metrics, NULL, NULL, false, false},
-    {"/tokenize", NULL, "POST", route_tokenize, NULL, NULL, false, false},
-    {"/detokenize", NULL, "POST", route_detokenize, NULL, NULL, false, false},
-    {"/apply-template", NULL, "POST", route_apply_template, NULL, NULL, false, false},
-    {"/props", NULL, "GET", route_props, NULL, NULL, false, false},
-    {"/props", NULL, "POST", route_props_set, NULL, NULL, false, false},
-    {"/cache", NULL, "GET", route_cache, NULL, NULL, false, false},
-    {"/slots", NULL, "GET", route_slots, NULL, NULL, false, false},
-    {"/", NULL, "GET", route_webui, NULL, NULL, true, false},
-    {"/webui/", NULL, "GET", route_webui, NULL, NULL, true, true},
+    {"/embeddings", "/embedding", "POST", route_embeddings, NULL, NULL, false, false, true},
+    {"/v1/embeddings", NULL, "POST", route_embeddings_oai, NULL, NULL, false, false, true},
+    {"/rerank", "/reranking", "POST", route_rerank, NULL, NULL, false, false, true},
+    {"/v1/rerank", "/v1/reranking", "POST", route_rerank, NULL, NULL, false, false, true},
+    {"/metrics", NULL, "GET", route_metrics, NULL, NULL, false, false, false},
+    {"/tokenize", NULL, "POST", route_tokenize, NULL, NULL, false, false, true},
+    {"/detokenize", NULL, "POST", route_detokenize, NULL, NULL, false, false, true},
+    {"/apply-template", NULL, "POST", route_apply_template, NULL, NULL, false, false, true},
+    {"/props", NULL, "GET", route_props, NULL, NULL, false, false, true},
+    {"/props", NULL, "POST", route_props_set, NULL, NULL, false, false, true},
+    {"/cache", NULL, "GET", route_cache, NULL, NULL, false, false, false},
+    {"/slots", NULL, "GET", route_slots, NULL, NULL, false, false, true},
+    {"/", NULL, "GET", route_webui, NULL, NULL, true, false, false},
+    {"/webui/", NULL, "GET", route_webui, NULL, NULL, true, true, false},
+    {"/models/load", NULL, "POST", route_models_load, NULL, NULL, false, false, true},
+    {"/models/unload", NULL, "POST", route_models_unload, NULL, NULL, false, false, false},
 };
 
 /* The shape a route's errors take: its codec's, else OpenAI's. */
@@ -1012,6 +1164,157 @@ static const char *cors_headers(const char *asked)
     return asked;
 }
 
+/* ---- the request's model ------------------------------------------------------------- */
+
+/* Answers a request whose model cannot serve it (rc: thaw_models_try's). */
+static void model_error(const struct route *rt, struct server *srv, const char *name, int rc,
+                        struct thaw_http_response *r)
+{
+    char msg[512], names[384];
+
+    if (rc == THAW_ENOTFOUND) {
+        thaw_models_names(srv->models, names, sizeof names);
+        if (name)
+            snprintf(msg, sizeof msg, "model '%.64s' not found; the models are: %s", name, names);
+        else
+            snprintf(msg, sizeof msg, "model name is missing from the request; the models are: %s", names);
+        set_codec_error(r, errors_of(rt), name ? 404 : 400, msg);
+    } else if (rc == THAW_EBUSY) {
+        snprintf(msg, sizeof msg, "model '%.64s' is not loaded (--no-models-autoload): POST /models/load loads it",
+                 name);
+        set_codec_error(r, errors_of(rt), 503, msg);
+    } else if (rc == THAW_ESHUTDOWN) {
+        set_codec_error(r, errors_of(rt), 503, "the server is shutting down");
+    } else {
+        snprintf(msg, sizeof msg, "model '%.64s': %s", name ? name : "",
+                 rc == THAW_ELLAMA ? "cannot be loaded" : thaw_strerror(rc));
+        set_codec_error(r, errors_of(rt), rc == THAW_ETIMEDOUT ? 503 : 500, msg);
+    }
+}
+
+/* A --models-dir request and the model it waits for: the connection is
+ * deferred (no HTTP thread waits) until the model is loaded, then the
+ * route runs; a route that defers in turn is resumed through this one. */
+struct model_wait {
+    struct server *srv;
+    const struct route *rt;
+    struct thaw_http_request hr; /* its strings are MHD's and the body http.c's, until the request completes */
+    uint8_t ns[THAW_KEY_BYTES];
+    char *name;                  /* NULL: none given */
+    bool autoload;
+    bool deferred;               /* http.c holds it (model_wait_free ends it) */
+    int64_t deadline_us;         /* --timeout from the request's start */
+    struct thaw_models_watch watch;
+    thaw_http_resume_fn resume;  /* the route's own deferral, once it runs */
+    void *resume_ud;
+    void (*resume_free)(void *);
+};
+
+static void model_wait_free(void *ud)
+{
+    struct model_wait *w = ud;
+
+    thaw_models_unwatch(w->srv->models, &w->watch);
+    if (w->resume_free)
+        w->resume_free(w->resume_ud);
+    thaw_http_conn_unref(w->hr.conn);
+    free(w->name);
+    free(w);
+}
+
+static void model_resume(void *ud, struct thaw_http_response *r);
+
+/* Defers r on w (from the handler, the first time: http.c owns w then). */
+static void model_defer(struct model_wait *w, struct thaw_http_response *r)
+{
+    r->defer = true;
+    r->resume = model_resume;
+    r->defer_ud = w;
+    r->defer_free = model_wait_free;
+    w->deferred = true;
+}
+
+/* One try at the model: the route served, an error answered, or r
+ * deferred again until the loader wakes it. */
+static void model_step(struct model_wait *w, struct thaw_http_response *r)
+{
+    struct thaw_model *mdl;
+    int rc = thaw_models_try(w->srv->models, w->name, w->autoload, &w->watch, &mdl);
+
+    if (rc == THAW_EPENDING && thaw_now_us() >= w->deadline_us) {
+        thaw_models_unwatch(w->srv->models, &w->watch);
+        rc = THAW_ETIMEDOUT;
+    }
+    if (rc == THAW_EPENDING) {
+        model_defer(w, r);
+        return;
+    }
+    if (rc != 0) {
+        model_error(w->rt, w->srv, w->name, rc, r);
+    } else {
+        if (w->rt->serve)
+            w->rt->serve(w->srv, mdl, &w->hr, w->ns, r, w->rt->codec);
+        else
+            w->rt->fn(w->srv, mdl, &w->hr, w->ns, r);
+        thaw_models_release(w->srv->models, mdl); /* what outlives the route took its own hold */
+        if (r->defer) {
+            w->resume = r->resume;
+            w->resume_ud = r->defer_ud;
+            w->resume_free = r->defer_free;
+            model_defer(w, r);
+            return;
+        }
+    }
+    if (!w->deferred)
+        model_wait_free(w);
+}
+
+static void model_resume(void *ud, struct thaw_http_response *r)
+{
+    struct model_wait *w = ud;
+
+    if (w->resume) {
+        w->resume(w->resume_ud, r);
+        r->resume = model_resume; /* http.c keeps the first deferral's; for clarity */
+        r->defer_ud = w;
+        r->defer_free = model_wait_free;
+    } else {
+        model_step(w, r);
+    }
+}
+
+/* --models-dir: the request's model from its body's "model", else its
+ * query's ?model= (a GET: /props, /slots, as llama-server's router takes
+ * it), loaded unless --no-models-autoload (llama-server's ?autoload=true|1
+ * overrides it; anything else there is false); then the route. */
+static void serve_with_model(struct server *srv, const struct route *rt, const struct thaw_http_request *hr,
+                             const uint8_t ns[THAW_KEY_BYTES], struct thaw_http_response *r)
+{
+    struct model_wait *w = calloc(1, sizeof *w);
+    const char *q;
+
+    if (!w) {
+        set_codec_error(r, errors_of(rt), 500, "out of memory");
+        return;
+    }
+    w->srv = srv;
+    w->rt = rt;
+    w->hr = *hr;
+    memcpy(w->ns, ns, THAW_KEY_BYTES);
+    w->name = thaw_api_request_model(hr->body, hr->n_body);
+    if (!w->name && (q = thaw_http_query(hr->conn, "model")) && *q)
+        w->name = strdup(q);
+    q = thaw_http_query(hr->conn, "autoload");
+    w->autoload = q && *q ? strcmp(q, "true") == 0 || strcmp(q, "1") == 0 : srv->cfg.models_autoload;
+    if (rt->fn == route_models_load)
+        w->autoload = true; /* what it is for */
+    w->deadline_us = thaw_now_us() + (int64_t)srv->cfg.timeout_s * 1000000;
+    w->watch.wake = client_wake;
+    w->watch.ud = hr->conn;
+    thaw_http_conn_ref(hr->conn);
+    model_step(w, r);
+}
+
 static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_http_response *r)
 {
     struct server *srv = ud;
@@ -1061,11 +1364,21 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
         set_codec_error(r, errors_of(rt), 401, errors_of(rt)->auth_hint);
     } else {
         struct thaw_http_request under = *hr; /* the path as the routes know it */
+        struct thaw_model *mdl = NULL;
+        int rc = 0;
         under.url = url;
-        if (rt->serve)
-            rt->serve(srv, &under, ns, r, rt->codec);
-        else
-            rt->fn(srv, &under, ns, r);
+        if (rt->model && thaw_models_many(srv->models)) {
+            serve_with_model(srv, rt, &under, ns, r);
+        } else if (!rt->model || (rc = thaw_models_acquire(srv->models, NULL, false, 0, &mdl)) == 0) {
+            if (rt->serve)
+                rt->serve(srv, mdl, &under, ns, r, rt->codec);
+            else
+                rt->fn(srv, mdl, &under, ns, r);
+        } else {
+            model_error(rt, srv, NULL, rc, r); /* -m: only at shutdown */
+        }
+        if (mdl) /* what outlives the handler took its own hold */
+            thaw_models_release(srv->models, mdl);
     }
     if (r->status >= 400 && !r->defer)
         atomic_fetch_add(&srv->metrics.requests_errors, 1);
@@ -1147,7 +1460,7 @@ int thaw_serve(const struct thaw_config *cfg)
     snprintf(srv->started_text, sizeof srv->started_text, "%ld", srv->started);
     srv->metrics_headers[0] = "Process-Start-Time-Unix";
     srv->metrics_headers[1] = srv->started_text;
-    if ((rc = thaw_engine_new(&srv->cfg, &srv->metrics, &srv->engine)) != 0)
+    if ((rc = thaw_models_new(&srv->cfg, &srv->metrics, &srv->models)) != 0)
         goto out;
     struct thaw_http_params hp = {
         .host = srv->cfg.host,
@@ -1183,14 +1496,14 @@ int thaw_serve(const struct thaw_config *cfg)
     if (pthread_create(&second, NULL, second_signal, &sigs) == 0)
         pthread_detach(second);
     thaw_http_quiesce(srv->http);
-    thaw_engine_stop(srv->engine); /* every waiting request now has its answer */
+    thaw_models_stop(srv->models); /* every waiting request now has its answer */
     if (!thaw_http_drain(srv->http, drain_ms))
         LOG_WRN("some responses were still being sent after %d ms; closing their connections", drain_ms);
     thaw_http_stop(srv->http);
     code = 0;
 out_engine:
     thaw_stream_pinger_stop();
-    thaw_engine_free(srv->engine);
+    thaw_models_free(srv->models);
     if (code == 0)
         LOG_INF("shut down in %.1f s", (double)(thaw_now_us() - t_stop) / 1e6);
 out:

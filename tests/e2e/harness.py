@@ -28,9 +28,10 @@ class Server:
     """A running `thaw serve`; its log is kept for assertions and failures."""
 
     def __init__(self, model, *args, env=None, timeout=120):
-        """timeout: seconds to wait for "listening on" (a device's first
+        """model: a GGUF path for -m, or None. timeout: seconds to wait for "listening on" (a device's first
         start compiles its pipelines: minutes on lavapipe, cold)."""
-        self.args = [THAW, "serve", "-m", model, "--port", "0", "-t", "2", *args]
+        # model None: the args name the models (--models-dir)
+        self.args = [THAW, "serve", *(["-m", model] if model else []), "--port", "0", "-t", "2", *args]
         self.lines = []
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True, env={**os.environ, **(env or {})})

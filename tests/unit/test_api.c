@@ -431,6 +431,31 @@ static void test_cache_json_from_metrics_text(void **state)
     free(j);
 }
 
+/* --models-dir: the request's model, and the router's list */
+static void test_request_model_and_router_list(void **state)
+{
+    const char *b = "{\"model\":\"alpha\",\"messages\":[]}";
+    char *m = thaw_api_request_model(b, strlen(b));
+    const char *names[] = {"alpha", "beta"}, *statuses[] = {"loaded", "unloaded"};
+
+    (void)state;
+    assert_non_null(m);
+    assert_string_equal(m, "alpha");
+    free(m);
+    assert_null(thaw_api_request_model("{\"model\":7}", 11));  /* not a string */
+    assert_null(thaw_api_request_model("[\"model\"]", 9));     /* not an object */
+    assert_null(thaw_api_request_model("{\"mod", 5));          /* not JSON: its route answers that */
+    assert_null(thaw_api_request_model("", 0));
+    char *j = thaw_api_router_models_json(2, names, statuses, 5);
+    assert_non_null(j);
+    assert_string_equal(j, "{\"data\":[{\"id\":\"alpha\",\"aliases\":[\"alpha\"],\"tags\":[],\"object\":\"model\","
+                           "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"loaded\",\"args\":[]}},"
+                           "{\"id\":\"beta\",\"aliases\":[\"beta\"],\"tags\":[],\"object\":\"model\","
+                           "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"unloaded\",\"args\":[]}}],"
+                           "\"object\":\"list\"}");
+    free(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -445,6 +470,7 @@ int main(void)
         cmocka_unit_test(test_cache_json_from_metrics_text),
         cmocka_unit_test(test_reasoning_fields),
         cmocka_unit_test(test_continuation_and_bias),
+        cmocka_unit_test(test_request_model_and_router_list),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,559 @@
+/* models.c — the set of models and their engines: lookup, load, LRU unload.
+ *
+ * Map:
+ *   ---- the set ----      -m's one model, or --models-dir's files
+ *   ---- load/unload ----  one mutex and one condition for every move
+ *   ---- queries ----
+ *
+ * A model's status moves UNLOADED -> LOADING -> LOADED -> UNLOADING ->
+ * UNLOADED, always under ms->mu, and every move broadcasts ms->cond. The
+ * slow part of a move (thaw_engine_new, thaw_engine_free) runs with the
+ * mutex released, by the thread that made the move: its status tells the
+ * others to wait. A LOADING or UNLOADING model counts toward --models-max,
+ * so an unload finishes (its memory freed) before the load it makes room
+ * for starts.
+ */
+#include "engine/models.h"
+
+#include "base/error.h"
+#include "base/log.h"
+#include "engine/engine.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <llama.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+struct thaw_model {
+    char *name;                /* --models-dir: the file's stem; -m: the engine's name */
+    char *file;                /* the file name, with .gguf (--models-dir) */
+    char *path;
+    struct thaw_config cfg;    /* the server's, with this model's path and name */
+    struct thaw_engine *engine; /* LOADED: set; else NULL */
+    enum thaw_model_status status;
+    int refs;                  /* holds (thaw_models_acquire/hold) */
+    int wanted;                /* watches waiting for it (thaw_models_try): the loader loads it */
+    int load_rc;               /* its last load's error, for its watchers; 0 once it is wanted anew */
+    uint64_t last_used;        /* ms->tick at its last acquire: the LRU order */
+};
+
+struct thaw_models {
+    const struct thaw_config *cfg;
+    struct thaw_metrics *metrics;
+    bool many;                 /* --models-dir */
+    bool stopped;
+    struct thaw_model *models; /* n, sorted by name */
+    int n;
+    uint64_t tick;
+    struct thaw_models_watch *watches; /* every request waiting in thaw_models_try */
+    pthread_t loader;                  /* --models-dir: loads what watches want */
+    bool loader_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+};
+
+static void *loader_main(void *arg);
+
+const char *thaw_model_status_name(enum thaw_model_status s)
+{
+    static const char *const names[] = {"unloaded", "loading", "loaded", "unloading"};
+    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "unknown";
+}
+
+/* ---- the set ------------------------------------------------------------------------ */
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const struct thaw_model *)a)->name, ((const struct thaw_model *)b)->name);
+}
+
+static bool is_gguf(const char *name)
+{
+    size_t n = strlen(name);
+    return n > 5 && strcmp(name + n - 5, ".gguf") == 0 && name[0] != '.';
+}
+
+/* Every regular *.gguf file in dir, as an unloaded model. */
+static int scan_dir(struct thaw_models *ms, const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int rc = 0, cap = 0;
+
+    if (!d) {
+        rc = -errno;
+        LOG_ERR("--models-dir %s: %s", dir, thaw_strerror(rc));
+        return rc;
+    }
+    while ((de = readdir(d)) != NULL) {
+        char path[4096];
+        struct stat st;
+
+        if (!is_gguf(de->d_name))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (ms->n == cap) {
+            int ncap = cap ? cap * 2 : 8;
+            struct thaw_model *grown = realloc(ms->models, (size_t)ncap * sizeof *grown);
+            if (!grown) {
+                rc = THAW_ENOMEM;
+                break;
+            }
+            ms->models = grown;
+            cap = ncap;
+        }
+        struct thaw_model *m = &ms->models[ms->n];
+        memset(m, 0, sizeof *m);
+        m->file = strdup(de->d_name);
+        m->path = strdup(path);
+        m->name = m->file ? strndup(m->file, strlen(m->file) - 5) : NULL;
+        ms->n++;
+        if (!m->file || !m->path || !m->name) {
+            rc = THAW_ENOMEM;
+            break;
+        }
+        m->cfg = *ms->cfg;
+        m->cfg.model_path = m->path;
+        m->cfg.alias = m->name;
+    }
+    closedir(d);
+    if (rc == 0 && ms->n == 0) {
+        LOG_ERR("--models-dir %s holds no .gguf file", dir);
+        rc = THAW_ENOTFOUND;
+    }
+    if (rc == 0)
+        qsort(ms->models, (size_t)ms->n, sizeof *ms->models, by_name);
+    return rc;
+}
+
+int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_models **out)
+{
+    struct thaw_models *ms = calloc(1, sizeof *ms);
+    int rc;
+
+    if (!ms)
+        return THAW_ENOMEM;
+    ms->cfg = cfg;
+    ms->metrics = metrics;
+    pthread_mutex_init(&ms->mu, NULL);
+    pthread_cond_init(&ms->cond, NULL);
+    if (cfg->models_dir) {
+        ms->many = true;
+        if ((rc = scan_dir(ms, cfg->models_dir)) != 0)
+            goto error;
+        LOG_INF("--models-dir %s: %d models, at most %d loaded at once%s", cfg->models_dir, ms->n, cfg->models_max,
+                cfg->models_autoload ? ", loaded on demand" : "");
+        if ((rc = -pthread_create(&ms->loader, NULL, loader_main, ms)) != 0)
+            goto error;
+        ms->loader_started = true;
+    } else {
+        struct thaw_model *m = ms->models = calloc(1, sizeof *m);
+        if (!m) {
+            rc = THAW_ENOMEM;
+            goto error;
+        }
+        ms->n = 1;
+        m->cfg = *cfg;
+        if ((rc = thaw_engine_new(&m->cfg, metrics, &m->engine)) != 0)
+            goto error;
+        m->status = THAW_MODEL_LOADED;
+        if (!(m->name = strdup(thaw_engine_model_name(m->engine))) || !(m->path = strdup(cfg->model_path))) {
+            rc = THAW_ENOMEM;
+            goto error;
+        }
+    }
+    *out = ms;
+    return 0;
+
+error:
+    thaw_models_free(ms);
+    return rc;
+}
+
+void thaw_models_stop(struct thaw_models *ms)
+{
+    /* once stopped nothing starts a move, and a load in progress stops its
+     * engine itself: the LOADED ones stay so, and are stopped without the
+     * mutex (a stop waits for the engine's re-decoding; releases go on) */
+    pthread_mutex_lock(&ms->mu);
+    ms->stopped = true;
+    pthread_cond_broadcast(&ms->cond);
+    pthread_mutex_unlock(&ms->mu);
+    for (int i = 0; i < ms->n; i++) {
+        pthread_mutex_lock(&ms->mu);
+        struct thaw_engine *e = ms->models[i].status == THAW_MODEL_LOADED ? ms->models[i].engine : NULL;
+        pthread_mutex_unlock(&ms->mu);
+        if (e)
+            thaw_engine_stop(e);
+    }
+}
+
+void thaw_models_free(struct thaw_models *ms)
+{
+    if (!ms)
+        return;
+    pthread_mutex_lock(&ms->mu);
+    ms->stopped = true;
+    /* a load or unload in progress finishes first: its thread owns the engine */
+    for (;;) {
+        bool moving = false;
+        for (int i = 0; i < ms->n; i++)
+            moving |= ms->models[i].status == THAW_MODEL_LOADING || ms->models[i].status == THAW_MODEL_UNLOADING;
+        if (!moving)
+            break;
+        pthread_cond_wait(&ms->cond, &ms->mu);
+    }
+    pthread_cond_broadcast(&ms->cond);
+    pthread_mutex_unlock(&ms->mu);
+    if (ms->loader_started)
+        pthread_join(ms->loader, NULL);
+    for (int i = 0; i < ms->n; i++) {
+        struct thaw_model *m = &ms->models[i];
+        thaw_engine_free(m->engine);
+        free(m->name);
+        free(m->file);
+        free(m->path);
+    }
+    free(ms->models);
+    pthread_cond_destroy(&ms->cond);
+    pthread_mutex_destroy(&ms->mu);
+    free(ms);
+    llama_backend_free();
+}
+
+bool thaw_models_many(const struct thaw_models *ms) { return ms->many; }
+
+/* ---- load/unload ---------------------------------------------------------------------- */
+
+static struct thaw_model *find(struct thaw_models *ms, const char *name)
+{
+    if (!ms->many || ((!name || !*name) && ms->n == 1))
+        return &ms->models[0]; /* -m: every request is its model's */
+    if (!name)
+        return NULL;
+    for (int i = 0; i < ms->n; i++)
+        if (strcmp(ms->models[i].name, name) == 0 || strcmp(ms->models[i].file, name) == 0)
+            return &ms->models[i];
+    return NULL;
+}
+
+/* Waits on ms->cond until `deadline` (CLOCK_REALTIME); false when it passed. */
+static bool wait_until(struct thaw_models *ms, const struct timespec *deadline)
+{
+    return pthread_cond_timedwait(&ms->cond, &ms->mu, deadline) != ETIMEDOUT;
+}
+
+static void deadline_in(int timeout_s, struct timespec *ts)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += timeout_s > 0 ? timeout_s : 3600;
+}
+
+/* Frees m's engine: its conversations stored (DESIGN §16). Called with
+ * ms->mu held and m LOADED and not held; returns with it held again. */
+static void unload_locked(struct thaw_models *ms, struct thaw_model *m, const char *why)
+{
+    struct thaw_engine *e = m->engine;
+
+    m->status = THAW_MODEL_UNLOADING;
+    pthread_mutex_unlock(&ms->mu);
+    int64_t t0 = (int64_t)time(NULL);
+    LOG_INF("model %s: unloading (%s): its conversations are stored first", m->name, why);
+    thaw_engine_free(e); /* stops its thread, stores what its slots hold, writes the queue */
+    LOG_INF("model %s: unloaded in %lld s", m->name, (long long)(time(NULL) - t0));
+    pthread_mutex_lock(&ms->mu);
+    m->engine = NULL;
+    m->status = THAW_MODEL_UNLOADED;
+    pthread_cond_broadcast(&ms->cond);
+}
+
+/* Loads m (UNLOADED, with room under --models-max). Called with ms->mu
+ * held; returns with it held again: 0 or thaw_engine_new's error (logged,
+ * and kept in m->load_rc for its watchers). */
+static int load_locked(struct thaw_models *ms, struct thaw_model *m)
+{
+    struct thaw_engine *e = NULL;
+    int rc;
+
+    m->status = THAW_MODEL_LOADING;
+    pthread_mutex_unlock(&ms->mu);
+    LOG_INF("model %s: loading %s", m->name, m->path);
+    rc = thaw_engine_new(&m->cfg, ms->metrics, &e);
+    pthread_mutex_lock(&ms->mu);
+    if (rc == 0 && ms->stopped)
+        thaw_engine_stop(e); /* stopped while it loaded: its requests get 503 */
+    m->engine = e;
+    m->status = rc == 0 ? THAW_MODEL_LOADED : THAW_MODEL_UNLOADED;
+    m->load_rc = rc;
+    pthread_cond_broadcast(&ms->cond);
+    if (rc != 0)
+        LOG_ERR("model %s: cannot load: %s", m->name, thaw_strerror(rc));
+    return rc;
+}
+
+/* The least recently used model loaded, not held and not waited for, or
+ * NULL. A model loaded for waiting requests is theirs until they take it:
+ * else two requests for two models under --models-max 1 would have the
+ * loader unload each one before its request resumes. */
+static struct thaw_model *lru_victim(struct thaw_models *ms)
+{
+    struct thaw_model *v = NULL;
+
+    for (int i = 0; i < ms->n; i++) {
+        struct thaw_model *m = &ms->models[i];
+        if (m->status == THAW_MODEL_LOADED && m->refs == 0 && m->wanted == 0 && (!v || m->last_used < v->last_used))
+            v = m;
+    }
+    return v;
+}
+
+static int n_resident(const struct thaw_models *ms)
+{
+    int n = 0;
+
+    for (int i = 0; i < ms->n; i++)
+        n += ms->models[i].status != THAW_MODEL_UNLOADED;
+    return n;
+}
+
+int thaw_models_acquire(struct thaw_models *ms, const char *name, bool load, int timeout_s, struct thaw_model **out)
+{
+    struct thaw_model *m;
+    struct timespec deadline;
+    int rc = 0;
+
+    deadline_in(timeout_s, &deadline);
+    pthread_mutex_lock(&ms->mu);
+    if (!(m = find(ms, name))) {
+        rc = THAW_ENOTFOUND;
+        goto out;
+    }
+    for (;;) {
+        if (ms->stopped) {
+            rc = THAW_ESHUTDOWN;
+            break;
+        }
+        if (m->status == THAW_MODEL_LOADED) {
+            m->refs++;
+            m->last_used = ++ms->tick;
+            *out = m;
+            break;
+        }
+        if (m->status == THAW_MODEL_UNLOADED && !load) {
+            rc = THAW_EBUSY;
+            break;
+        }
+        if (m->status == THAW_MODEL_UNLOADED && ms->cfg->models_max > 0 && n_resident(ms) >= ms->cfg->models_max) {
+            struct thaw_model *v = lru_victim(ms);
+            if (v) {
+                unload_locked(ms, v, "--models-max");
+                continue;
+            }
+            /* every loaded model is held: wait for a release */
+        } else if (m->status == THAW_MODEL_UNLOADED) {
+            if ((rc = load_locked(ms, m)) != 0)
+                break;
+            continue;
+        }
+        if (!wait_until(ms, &deadline)) {
+            rc = THAW_ETIMEDOUT;
+            break;
+        }
+    }
+out:
+    pthread_mutex_unlock(&ms->mu);
+    return rc;
+}
+
+void thaw_models_hold(struct thaw_models *ms, struct thaw_model *m)
+{
+    pthread_mutex_lock(&ms->mu);
+    m->refs++;
+    pthread_mutex_unlock(&ms->mu);
+}
+
+void thaw_models_release(struct thaw_models *ms, struct thaw_model *m)
+{
+    pthread_mutex_lock(&ms->mu);
+    if (--m->refs == 0)
+        pthread_cond_broadcast(&ms->cond);
+    pthread_mutex_unlock(&ms->mu);
+}
+
+int thaw_models_unload(struct thaw_models *ms, const char *name, int timeout_s)
+{
+    struct thaw_model *m;
+    struct timespec deadline;
+    int rc = 0;
+
+    deadline_in(timeout_s, &deadline);
+    pthread_mutex_lock(&ms->mu);
+    if (!ms->many || !name || !(m = find(ms, name))) {
+        rc = ms->many ? THAW_ENOTFOUND : THAW_EINVAL;
+        goto out;
+    }
+    while (!ms->stopped && (m->status == THAW_MODEL_LOADING || (m->status == THAW_MODEL_LOADED && m->refs > 0)))
+        if (!wait_until(ms, &deadline)) {
+            rc = THAW_ETIMEDOUT;
+            goto out;
+        }
+    if (ms->stopped) {
+        rc = THAW_ESHUTDOWN;
+        goto out;
+    }
+    if (m->status != THAW_MODEL_LOADED) {
+        rc = THAW_EINVAL;
+        goto out;
+    }
+    unload_locked(ms, m, "POST /models/unload");
+out:
+    pthread_mutex_unlock(&ms->mu);
+    return rc;
+}
+
+static void watch_drop(struct thaw_models *ms, struct thaw_models_watch *w)
+{
+    if (!w->want)
+        return;
+    w->want->wanted--;
+    w->want = NULL;
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        ms->watches = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    w->prev = w->next = NULL;
+}
+
+int thaw_models_try(struct thaw_models *ms, const char *name, bool load, struct thaw_models_watch *w,
+                    struct thaw_model **out)
+{
+    struct thaw_model *m;
+    int rc = THAW_EPENDING;
+
+    pthread_mutex_lock(&ms->mu);
+    if (!(m = find(ms, name)))
+        rc = THAW_ENOTFOUND;
+    else if (ms->stopped)
+        rc = THAW_ESHUTDOWN;
+    else if (m->status == THAW_MODEL_LOADED) {
+        m->refs++;
+        m->last_used = ++ms->tick;
+        *out = m;
+        rc = 0;
+    } else if (w->want == m && m->status == THAW_MODEL_UNLOADED && m->load_rc != 0)
+        rc = m->load_rc; /* the load it waited for failed */
+    else if (w->want != m && m->status == THAW_MODEL_UNLOADED && !load)
+        rc = THAW_EBUSY;
+    if (rc != THAW_EPENDING) {
+        watch_drop(ms, w);
+    } else if (w->want != m) {
+        watch_drop(ms, w);
+        if (m->status == THAW_MODEL_UNLOADED)
+            m->load_rc = 0; /* wanted anew: the loader tries again */
+        m->wanted++;
+        w->want = m;
+        w->next = ms->watches;
+        if (w->next)
+            w->next->prev = w;
+        ms->watches = w;
+        pthread_cond_broadcast(&ms->cond); /* the loader */
+    }
+    pthread_mutex_unlock(&ms->mu);
+    return rc;
+}
+
+void thaw_models_unwatch(struct thaw_models *ms, struct thaw_models_watch *w)
+{
+    pthread_mutex_lock(&ms->mu);
+    watch_drop(ms, w);
+    pthread_mutex_unlock(&ms->mu);
+}
+
+static void wake_watches(struct thaw_models *ms)
+{
+    for (struct thaw_models_watch *w = ms->watches; w; w = w->next)
+        w->wake(w->ud);
+}
+
+/* The loader: loads the models watches want (unloading the least recently
+ * used one not held first when --models-max is reached), and wakes every
+ * watch after each move and once a second (each checks its own deadline). */
+static void *loader_main(void *arg)
+{
+    struct thaw_models *ms = arg;
+
+    pthread_mutex_lock(&ms->mu);
+    while (!ms->stopped) {
+        struct thaw_model *m = NULL;
+        for (int i = 0; i < ms->n && !m; i++)
+            if (ms->models[i].wanted > 0 && ms->models[i].status == THAW_MODEL_UNLOADED && ms->models[i].load_rc == 0)
+                m = &ms->models[i];
+        if (m && ms->cfg->models_max > 0 && n_resident(ms) >= ms->cfg->models_max) {
+            struct thaw_model *v = lru_victim(ms);
+            if (v) {
+                unload_locked(ms, v, "--models-max");
+                wake_watches(ms);
+                continue;
+            }
+            m = NULL; /* every loaded model is held: wait for a release */
+        }
+        if (m) {
+            (void)load_locked(ms, m);
+            wake_watches(ms);
+            continue;
+        }
+        if (ms->watches) {
+            struct timespec t;
+            deadline_in(1, &t);
+            (void)wait_until(ms, &t);
+            wake_watches(ms);
+        } else {
+            pthread_cond_wait(&ms->cond, &ms->mu);
+        }
+    }
+    wake_watches(ms); /* they see the stop */
+    pthread_mutex_unlock(&ms->mu);
+    return NULL;
+}
+
+/* ---- queries ------------------------------------------------------------------------- */
+
+struct thaw_engine *thaw_model_engine(const struct thaw_model *m) { return m->engine; }
+const char *thaw_model_name(const struct thaw_model *m) { return m->name; }
+int thaw_models_count(const struct thaw_models *ms) { return ms->n; }
+
+void thaw_models_get(struct thaw_models *ms, int i, const char **name, const char **path,
+                     enum thaw_model_status *status)
+{
+    pthread_mutex_lock(&ms->mu);
+    *name = ms->models[i].name;
+    *path = ms->models[i].path;
+    *status = ms->models[i].status;
+    pthread_mutex_unlock(&ms->mu);
+}
+
+void thaw_models_names(const struct thaw_models *ms, char *buf, size_t cap)
+{
+    size_t len = 0;
+
+    if (cap)
+        buf[0] = '\0';
+    for (int i = 0; i < ms->n && len < cap; i++) {
+        int w = snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", ms->models[i].name);
+        if (w < 0 || (size_t)w >= cap - len) {
+            if (cap > 4)
+                memcpy(buf + cap - 4, "...", 4);
+            break;
+        }
+        len += (size_t)w;
+    }
+}

@@ -1,0 +1,117 @@
+/* models.h — the models one process serves, and the engine each loaded one
+ * runs (DESIGN §16).
+ *
+ * With -m there is one model, loaded at start and never unloaded: every
+ * request goes to it whatever its 'model' field says (thaw's behaviour
+ * before --models-dir). With --models-dir every GGUF file in the directory
+ * is a model named by its stem; a request's 'model' picks one (its stem,
+ * or its file name), which is loaded on demand. At most --models-max are
+ * loaded at once: loading one more first unloads the least recently used
+ * one no request holds. Unloading is a clean shutdown of that engine
+ * (thaw_engine_free: its slots' conversations stored, the writer's queue
+ * written), so a model that comes back restores its conversations from the
+ * cache: the keys carry the model's fingerprint and settings.
+ *
+ * A request holds the model it was routed to (thaw_models_acquire) until
+ * its connection is done with the engine (thaw_models_release): a model
+ * held is never unloaded. Any thread.
+ */
+#ifndef THAW_MODELS_H
+#define THAW_MODELS_H
+
+#include "base/config.h"
+#include "base/metrics.h"
+
+#include <stdbool.h>
+
+struct thaw_engine;
+struct thaw_models;
+struct thaw_model;
+
+enum thaw_model_status {
+    THAW_MODEL_UNLOADED,
+    THAW_MODEL_LOADING,
+    THAW_MODEL_LOADED,
+    THAW_MODEL_UNLOADING,
+};
+
+/* "unloaded", "loading", "loaded", "unloading" (llama-server's words). */
+const char *thaw_model_status_name(enum thaw_model_status s);
+
+/* The models cfg names: -m (loaded now; its failure is returned) or the
+ * GGUF files in --models-dir (none loaded yet; an empty directory is
+ * THAW_ENOTFOUND, logged). `cfg` and `metrics` must outlive the set.
+ * Returns 0, THAW_ENOMEM, -errno or thaw_engine_new's error. */
+int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_models **out);
+
+/* Stops every loaded engine (thaw_engine_stop: waiting requests get their
+ * 503) and makes later loads fail with THAW_ESHUTDOWN. Idempotent. */
+void thaw_models_stop(struct thaw_models *ms);
+
+/* Stops and frees every engine (their conversations stored), then the set.
+ * NULL: no-op. */
+void thaw_models_free(struct thaw_models *ms);
+
+/* Whether the set is --models-dir's (many models) rather than -m's. */
+bool thaw_models_many(const struct thaw_models *ms);
+
+/* The model `name` names (NULL or "" with -m: the one model; with
+ * --models-dir, NULL or "" names the only model when there is exactly one),
+ * held for the caller in *out: loaded (when `load`; it waits while another
+ * request loads it or while every loaded model is held, up to timeout_s
+ * seconds). Returns 0 (release it with thaw_models_release), THAW_ENOTFOUND
+ * (no such model), THAW_EBUSY (not loaded and `load` false), THAW_ETIMEDOUT,
+ * THAW_ESHUTDOWN, or the load's error (logged; the model stays unloaded). */
+int thaw_models_acquire(struct thaw_models *ms, const char *name, bool load, int timeout_s, struct thaw_model **out);
+
+/* A request that waits for its model without blocking its thread: it
+ * registers a watch and is woken (wake(ud), from the set's loader thread,
+ * with the set's mutex held: wake must not call back into the set) after
+ * every load or unload and at least once a second, and then asks again.
+ * Caller storage; zero it before first use. */
+struct thaw_models_watch {
+    void (*wake)(void *ud);
+    void *ud;
+    struct thaw_model *want;                  /* set's: the model it waits for, NULL = not watching */
+    struct thaw_models_watch *prev, *next;    /* set's */
+};
+
+/* As thaw_models_acquire, without waiting: 0 (*out held), THAW_EPENDING
+ * (the model is loading, or is to be loaded by the set's loader thread:
+ * `w` is watching, ask again when woken), THAW_ENOTFOUND, THAW_EBUSY,
+ * THAW_ESHUTDOWN, or the error its load ended with. Anything but
+ * THAW_EPENDING leaves `w` not watching. */
+int thaw_models_try(struct thaw_models *ms, const char *name, bool load, struct thaw_models_watch *w,
+                    struct thaw_model **out);
+
+/* Stops watching (a request that gives up waiting). No-op when `w` is not. */
+void thaw_models_unwatch(struct thaw_models *ms, struct thaw_models_watch *w);
+
+/* Another hold on a model the caller holds (for work that outlives the
+ * request's handler: a deferred reply, a stream). */
+void thaw_models_hold(struct thaw_models *ms, struct thaw_model *m);
+
+/* Drops one hold. */
+void thaw_models_release(struct thaw_models *ms, struct thaw_model *m);
+
+/* Unloads `name` (its conversations stored) once nobody holds it. Returns
+ * 0, THAW_ENOTFOUND, THAW_EINVAL (not loaded; or the -m model, which is
+ * never unloaded) or THAW_ETIMEDOUT (still held after timeout_s) or THAW_ESHUTDOWN. */
+int thaw_models_unload(struct thaw_models *ms, const char *name, int timeout_s);
+
+/* A held model's engine (valid while held) and its name (valid as long
+ * as the set). */
+struct thaw_engine *thaw_model_engine(const struct thaw_model *m);
+const char *thaw_model_name(const struct thaw_model *m);
+
+/* The i-th model (0 <= i < thaw_models_count), its name, path and status
+ * now (the status may change as soon as this returns). */
+int thaw_models_count(const struct thaw_models *ms);
+void thaw_models_get(struct thaw_models *ms, int i, const char **name, const char **path,
+                     enum thaw_model_status *status);
+
+/* The names of every model, comma-separated, into buf (truncated with
+ * "..." when it does not fit). */
+void thaw_models_names(const struct thaw_models *ms, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,216 @@
+"""Many models in one process (--models-dir, DESIGN §16): requests routed by
+their 'model', --models-max with LRU unloading, and the headline: a model
+unloaded and loaded back restores its conversations from --kv-cache-dir
+(llama-server's router, llama-swap and Ollama prefill them again). -m alone
+keeps its one-model behaviour."""
+import subprocess
+import threading
+import time
+
+import pytest
+
+from harness import THAW, Server, conversation, idle, mkmodel, reply, turn2
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models_dir")
+    mkmodel(d / "alpha.gguf", "--arch", "llama", "--seed", "11")
+    mkmodel(d / "beta.gguf", "--arch", "gemma3", "--seed", "12", "--swa-window", "32")
+    (d / "notes.txt").write_text("not a model\n")
+    return d
+
+
+@pytest.fixture
+def router(models_dir):
+    started = []
+
+    def start(*args):
+        s = Server(None, "--models-dir", str(models_dir), *args)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.kill()
+
+
+def ask(s, model, messages, max_tokens=16):
+    r = s.post("/v1/chat/completions", {"model": model, "messages": messages, "max_tokens": max_tokens,
+                                        "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def statuses(s):
+    r = s.get("/models")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list"
+    return {m["id"]: m["status"]["value"] for m in body["data"]}
+
+
+def test_a_swapped_model_restores_its_conversation_from_disk(router, models_dir, tmp_path):
+    s = router("--models-max", "1", "--kv-cache-dir", str(tmp_path / "kv"), "--cache-ram", "0", "-c", "4096")
+    conv = conversation(1, n_words=500)
+    a1 = ask(s, "alpha", conv)
+    idle(s)
+    b1 = ask(s, "beta", conversation(2, n_words=200))  # --models-max 1: alpha is unloaded first
+    assert b1["model"] == "beta"
+    assert statuses(s) == {"alpha": "unloaded", "beta": "loaded"}
+    assert "model alpha: unloading" in s.log()
+    a2 = ask(s, "alpha.gguf", turn2(conv, a1, 1))  # the file name names it too
+    t = a2["timings"]
+    history = a1["usage"]["prompt_tokens"] + a1["usage"]["completion_tokens"]
+    assert t["cache_source"] in ("disk", "blocks"), t
+    assert t["cache_n"] >= 0.95 * history, (t, history)
+    assert statuses(s) == {"alpha": "loaded", "beta": "unloaded"}
+    s.stop()
+
+    # the same turns from a fresh one-model server, prefilled: the same words
+    with Server(str(models_dir / "alpha.gguf")) as ref:
+        r1 = ask(ref, "anything", conv)
+        assert reply(r1) == reply(a1)
+        r2 = ask(ref, "anything", turn2(conv, r1, 1))
+        assert r2["timings"]["cache_source"] in ("slot", "none")
+        assert reply(r2) == reply(a2)
+
+
+def test_a_swap_right_after_a_reply_stores_that_reply(router, tmp_path):
+    # no wait for the slot's post-reply work: the unload finishes it and
+    # stores the conversation (a clean shutdown of that engine) before beta loads
+    s = router("--models-max", "1", "--kv-cache-dir", str(tmp_path / "kv"), "--cache-ram", "0")
+    conv = conversation(3, n_words=400)
+    a1 = ask(s, "alpha", conv)
+    ask(s, "beta", [{"role": "user", "content": "hello"}], 2)
+    a2 = ask(s, "alpha", turn2(conv, a1, 3))
+    history = a1["usage"]["prompt_tokens"] + a1["usage"]["completion_tokens"]
+    assert a2["timings"]["cache_source"] in ("disk", "blocks"), a2["timings"]
+    assert a2["timings"]["cache_n"] >= 0.95 * history, (a2["timings"], history)
+
+
+def test_a_busy_model_is_not_unloaded_and_no_http_thread_waits(router):
+    # one HTTP thread: a request waiting for its model must not hold it, or
+    # alpha's reply (sent by that thread) would wait for beta's load, which
+    # waits for alpha's reply to end (upstream: test_router_queue_does_not_evict_busy_model)
+    s = router("--models-max", "1", "--threads-http", "1", "--timeout", "60")
+    msgs = [{"role": "user", "content": "tell me a story"}]
+    out = {}
+
+    def run(model, n):
+        out[model] = ask(s, model, msgs, n)
+
+    t0 = time.time()
+    ta = threading.Thread(target=run, args=("alpha", 48))
+    ta.start()
+    deadline = time.time() + 30
+    while statuses(s)["alpha"] != "loaded":
+        assert time.time() < deadline
+        time.sleep(0.05)
+    tb = threading.Thread(target=run, args=("beta", 2))
+    tb.start()
+    ta.join(60)
+    tb.join(60)
+    assert out["alpha"]["usage"]["completion_tokens"] == 48, out  # not cut short by the unload
+    assert out["beta"]["model"] == "beta"
+    assert statuses(s) == {"alpha": "unloaded", "beta": "loaded"}
+    assert time.time() - t0 < 30, "a request waited for its model on the HTTP thread"
+    log = s.log()
+    assert log.index("model alpha: unloading") > log.index("model alpha: loading")
+
+
+def test_requests_for_two_models_at_once_load_each_once(router):
+    # --models-max 1: one is loaded and serves its request before the
+    # other's load unloads it (a model loaded for a waiting request is not
+    # an LRU victim until that request has it)
+    s = router("--models-max", "1")
+    msgs = [{"role": "user", "content": "hello"}]
+    out = {}
+    threads = [threading.Thread(target=lambda m=m: out.update({m: ask(s, m, msgs, 2)})) for m in ("alpha", "beta")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert out["alpha"]["model"] == "alpha" and out["beta"]["model"] == "beta", out
+    loads = [l for l in s.log().splitlines() if ": loading /" in l]
+    assert len(loads) == 2, loads
+
+
+def test_get_routes_name_the_model_in_the_query(router):
+    s = router("--models-max", "2")
+    r = s.get("/props?model=beta")
+    assert r.status_code == 200, r.text
+    assert r.json()["model_alias"] == "beta"
+    assert statuses(s)["beta"] == "loaded"
+    assert s.get("/props").status_code == 400  # two models: which one?
+    assert s.get("/props?model=gamma").status_code == 404
+
+
+def test_an_unknown_model_is_a_404_naming_the_models(router):
+    s = router()
+    r = s.post("/v1/chat/completions", {"model": "gamma", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404, r.text
+    msg = r.json()["error"]["message"]
+    assert "gamma" in msg and "alpha" in msg and "beta" in msg and "notes" not in msg, msg
+    r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "missing" in r.json()["error"]["message"], r.text
+    assert statuses(s) == {"alpha": "unloaded", "beta": "unloaded"}  # nothing was loaded for them
+
+
+def test_models_load_unload_and_statuses(router):
+    s = router("--no-models-autoload", "--models-max", "2")
+    assert statuses(s) == {"alpha": "unloaded", "beta": "unloaded"}
+    assert s.get("/v1/models").json()["data"][0]["status"]["value"] == "unloaded"  # both paths list them all
+    msgs = [{"role": "user", "content": "hello"}]
+    r = s.post("/v1/chat/completions", {"model": "alpha", "messages": msgs, "max_tokens": 4})
+    assert r.status_code == 503 and "/models/load" in r.text, r.text
+    assert s.post("/models/load", {"model": "alpha"}).json() == {"success": True}
+    assert statuses(s) == {"alpha": "loaded", "beta": "unloaded"}
+    assert ask(s, "alpha", msgs, 4)["model"] == "alpha"
+    assert s.post("/models/load", {"model": "beta"}).status_code == 200
+    assert statuses(s) == {"alpha": "loaded", "beta": "loaded"}  # --models-max 2: both fit
+    assert s.post("/models/unload", {"model": "alpha"}).json() == {"success": True}
+    assert statuses(s) == {"alpha": "unloaded", "beta": "loaded"}
+    assert s.post("/models/unload", {"model": "alpha"}).status_code == 400  # not loaded
+    assert s.post("/models/unload", {"model": "gamma"}).status_code == 404
+    assert s.post("/models/load", {}).status_code == 400
+    # llama-server's ?autoload= overrides --no-models-autoload for one request
+    r = s.post("/v1/chat/completions?autoload=true", {"model": "alpha", "messages": msgs, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert statuses(s) == {"alpha": "loaded", "beta": "loaded"}
+
+
+def test_lru_unloads_the_least_recently_used(router):
+    s = router("--models-max", "1")
+    msgs = [{"role": "user", "content": "hello"}]
+    for model in ("alpha", "beta", "alpha"):
+        assert ask(s, model, msgs, 2)["model"] == model
+        loaded = [m for m, st in statuses(s).items() if st == "loaded"]
+        assert loaded == [model]
+
+
+def test_m_alone_serves_its_one_model_whatever_the_request_names(tmp_path, models_dir):
+    with Server(str(models_dir / "alpha.gguf")) as s:
+        msgs = [{"role": "user", "content": "hello"}]
+        assert ask(s, "no-such-model", msgs, 2)["model"] == "alpha.gguf"
+        assert ask(s, "", msgs, 2)["model"] == "alpha.gguf"
+        body = s.get("/v1/models").json()
+        assert body["data"][0]["id"] == "alpha.gguf" and "models" in body  # its own shape, with meta
+        assert s.post("/models/load", {"model": "alpha"}).status_code == 501
+        assert s.post("/models/unload", {"model": "alpha.gguf"}).status_code == 501
+
+
+def test_models_flags_are_checked(models_dir, tmp_path):
+    def run(*args):
+        p = subprocess.run([THAW, "serve", *args], capture_output=True, text=True, timeout=60)
+        return p.returncode, p.stderr
+
+    rc, err = run("-m", str(models_dir / "alpha.gguf"), "--models-dir", str(models_dir))
+    assert rc == 2 and "give one" in err, err
+    rc, err = run("--models-dir", str(tmp_path / "absent"))
+    assert rc == 2 and "cannot open" in err, err
+    rc, err = run("--models-dir", str(models_dir), "--kv-cache-dir", str(tmp_path / "kv"), "--models-max", "2")
+    assert rc == 2 and "--models-max 1" in err, err
+    (tmp_path / "empty").mkdir()
+    rc, err = run("--models-dir", str(tmp_path / "empty"), "--port", "0")
+    assert rc != 0 and "no .gguf file" in err, err
