@@ -356,6 +356,8 @@ static bool engine_alone(const struct thaw_engine *e)
  * engine, or none when stored early). */
 static void store_reply(struct thaw_engine *e, struct thaw_slot *s)
 {
+    if (!thaw_slotkv_will_store(e->skv, s->n_tokens))
+        return; /* too short to store (--kv-cache-min-tokens) */
     if (!s->stored_early || s->n_tokens < s->n_fix) { /* the reply's first store */
         atomic_fetch_add(&e->metrics->reply_stores, 1);
         atomic_fetch_add(&e->metrics->reply_store_wait_us, (uint64_t)(thaw_now_us() - s->fix_since_us));
@@ -415,7 +417,8 @@ static void store_early(struct thaw_engine *e)
     bool soon = (e->fixup_awaited || engine_alone(e)) && thaw_sched_depth(e->sched) == 0;
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
-        if (s->phase != THAW_SLOT_FIXUP || s->stored_early || s->n_tokens >= s->n_fix || fixup_held(e, s))
+        if (s->phase != THAW_SLOT_FIXUP || s->stored_early || s->n_tokens >= s->n_fix || fixup_held(e, s) ||
+            !thaw_slotkv_will_store(e->skv, s->n_tokens))
             continue;
         if (soon && e->fixup_us_per_tok > 0 && (s->n_fix - s->n_tokens) * e->fixup_us_per_tok <= THAW_EARLY_STORE_US)
             continue;
