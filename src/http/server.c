@@ -579,6 +579,29 @@ static void embed_start(struct embed_wait *w, const struct thaw_http_request *hr
     r->defer_free = embed_wait_free;
 }
 
+/* A new wait for one embedding or rerank request on mdl (held until the
+ * wait is freed); NULL after answering 500. */
+static struct embed_wait *embed_wait_new(struct server *srv, struct thaw_model *mdl, struct thaw_http_response *r)
+{
+    struct embed_wait *w = calloc(1, sizeof *w);
+
+    if (!w) {
+        set_error(srv, r, 500, "out of memory");
+        return NULL;
+    }
+    w->srv = srv;
+    w->mdl = mdl;
+    thaw_models_hold(srv->models, mdl);
+    return w;
+}
+
+/* Answers a request body embed/rerank parsing refused (rc), and frees w. */
+static void embed_refused(struct embed_wait *w, struct thaw_http_response *r, int rc, const char *err)
+{
+    set_error(w->srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
+    embed_wait_free(w);
+}
+
 /* POST /embedding, /embeddings (llama-server's shape) and /v1/embeddings
  * (OpenAI's) */
 static void route_embed(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
@@ -596,17 +619,11 @@ static void route_embed(struct server *srv, struct thaw_model *mdl, const struct
         set_error(srv, r, 400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type");
         return;
     }
-    if (!(w = calloc(1, sizeof *w))) {
-        set_error(srv, r, 500, "out of memory");
+    if (!(w = embed_wait_new(srv, mdl, r)))
         return;
-    }
-    w->srv = srv;
-    w->mdl = mdl;
-    thaw_models_hold(srv->models, mdl);
     if ((rc = thaw_api_parse_embed(hr->body, hr->n_body, oai, thaw_engine_chat(thaw_model_engine(mdl)),
                                    srv->cfg.embd_normalize, &w->er, err, sizeof err)) != 0) {
-        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
-        embed_wait_free(w);
+        embed_refused(w, r, rc, err);
         return;
     }
     w->prompts = w->er.prompts;
@@ -643,18 +660,12 @@ static void route_rerank(struct server *srv, struct thaw_model *mdl, const struc
         set_error(srv, r, 501, "This server does not support reranking. Start it with `--reranking`");
         return;
     }
-    if (!(w = calloc(1, sizeof *w))) {
-        set_error(srv, r, 500, "out of memory");
+    if (!(w = embed_wait_new(srv, mdl, r)))
         return;
-    }
-    w->srv = srv;
-    w->mdl = mdl;
-    thaw_models_hold(srv->models, mdl);
     w->rerank = true;
     if ((rc = thaw_api_parse_rerank(hr->body, hr->n_body, thaw_engine_chat(thaw_model_engine(mdl)), &w->rr, err,
                                     sizeof err)) != 0) {
-        set_error(srv, r, rc == THAW_EINVAL ? 400 : 500, rc == THAW_EINVAL ? err : thaw_strerror(rc));
-        embed_wait_free(w);
+        embed_refused(w, r, rc, err);
         return;
     }
     w->prompts = w->rr.prompts;
