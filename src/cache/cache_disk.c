@@ -113,7 +113,15 @@
  * GROUP_MAX_BYTES (no limit once closing: Shutdown, below) and never two
  * stores of one key (the second waits for the next group), and commits it
  * with two syncs of the filesystem, whatever its number of blocks
- * (store_group):
+ * (store_group). A store made of several submits (a turn's new blocks,
+ * then its manifest) is submitted as a batch (thaw_disk_cache_batch_begin
+ * and _end): the writer takes no new group while one is open, so the
+ * turn is one group, not a first block alone and the rest after (measured:
+ * 21 groups for 15 turn stores, 36 syncs, before; 15 and 30 after). A root
+ * submitted while an older store of its key still waits replaces it in
+ * the queue (queue_supersede): a reply stored early, before its re-decode,
+ * and the store after the re-decode cost one commit when the writer was
+ * busy meanwhile, not two. The steps:
  *   a. stage every job (checks, checksums, .idx record) and claim its key;
  *      open the directory (the syncs' descriptor: opened before the first
  *      write, so that syncfs reports any writeback error of the group's);
@@ -308,6 +316,15 @@ enum evict_why {
  * still in the writer's queue), plus the holds of stores in progress. Keyed apart from the entries: a root may
  * name a block that is not (or not yet, or no longer) on disk, and the count
  * must be right when it arrives. Absent = 0. */
+/* A retention hint on a block (thaw_disk_cache_retain): it counts as one
+ * name of the block in refcs while it lasts. */
+struct retain {
+    uint8_t key[THAW_KEY_BYTES];
+    int64_t until; /* Unix seconds (the cache's clock) */
+    struct thaw_keymap_node hn; /* in retains */
+    struct retain *next;        /* the list, in no order */
+};
+
 struct refc {
     uint8_t key[THAW_KEY_BYTES];
     uint32_t n;
@@ -397,6 +414,8 @@ struct thaw_disk_cache {
     uint64_t bytes;                            /* of live entries */
     uint64_t n_blocks, block_bytes, n_orphans; /* of live blocks */
     struct thaw_keymap refcs; /* block key -> struct refc */
+    struct thaw_keymap retains; /* block key -> struct retain */
+    struct retain *ret_head;
     struct thaw_disk_cache_stats st;
 
     /* writer */
@@ -412,6 +431,7 @@ struct thaw_disk_cache {
                                     * its parts; cleared under mu before it is freed */
     int q_writing;                 /* the writer holds a group */
     int q_paused;                  /* thaw_disk_cache_pause: take no new group */
+    unsigned q_batches;            /* thaw_disk_cache_batch_begin()s not ended: take no new group */
     pthread_cond_t q_cond;         /* a job arrived, unpaused, or stopping */
     pthread_cond_t q_idle;         /* a group finished */
     atomic_uint_fast64_t n_fsyncs; /* vfs fsync calls, files and directory: stats.fsyncs */
@@ -1366,6 +1386,13 @@ static void free_index(struct thaw_disk_cache *c)
         free(THAW_KEYMAP_OF(n, struct refc, hn));
     }
     thaw_keymap_fini(&c->refcs);
+    while (c->ret_head) {
+        struct retain *r = c->ret_head;
+
+        c->ret_head = r->next;
+        free(r);
+    }
+    thaw_keymap_fini(&c->retains);
 }
 
 int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_disk_cache **out)
@@ -1390,7 +1417,8 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     atomic_init(&c->n_fsyncs, 0);
     c->dir = strndup(p->dir, len);
     c->q_max_bytes = p->queue_max_bytes;
-    if (!c->dir || thaw_keymap_init(&c->index) != 0 || thaw_keymap_init(&c->refcs) != 0) {
+    if (!c->dir || thaw_keymap_init(&c->index) != 0 || thaw_keymap_init(&c->refcs) != 0 ||
+        thaw_keymap_init(&c->retains) != 0) {
         ret = THAW_ENOMEM;
         goto err_free;
     }
@@ -1471,6 +1499,7 @@ err_mutex:
 err_free:
     thaw_keymap_fini(&c->index);
     thaw_keymap_fini(&c->refcs);
+    thaw_keymap_fini(&c->retains);
     free(c->dir);
     free(c);
     return ret;
@@ -2024,7 +2053,7 @@ static void *writer_main(void *arg)
 
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while ((!c->q_head || c->q_paused) && !c->stopping)
+        while ((!c->q_head || c->q_paused || c->q_batches) && !c->stopping)
             pthread_cond_wait(&c->q_cond, &c->mu);
         if (!c->q_head)
             break; /* stopping, and drained */
@@ -2048,10 +2077,37 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
+/* A root j just queued replaces a store of its key still waiting (not yet
+ * in a group): that one would be overwritten as soon as it committed
+ * (the newest store of a key wins), so it is taken out of the queue, its
+ * refs dropped (after j's were counted: a block both name never looks
+ * unnamed) and its bytes out of the budget. Returns it, for the caller to
+ * free outside the lock, or NULL. Blocks are not touched: a block queued
+ * twice is the same bytes, and the first stays ahead of the roots that
+ * name it (FIFO, invariant 7). With c->mu held. */
+static struct job *queue_supersede(struct thaw_disk_cache *c, struct job *j)
+{
+    struct job *prev = NULL, *o = c->q_head;
+
+    for (; o != j && memcmp(o->key, j->key, THAW_KEY_BYTES); prev = o, o = o->next)
+        ;
+    if (o == j)
+        return NULL;
+    if (prev)
+        prev->next = o->next;
+    else
+        c->q_head = o->next; /* o is not the tail: j is behind it */
+    c->q_len--;
+    c->q_bytes -= o->bytes;
+    held_release(c, &o->links);
+    c->st.stores_superseded++;
+    return o;
+}
+
 int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
                            struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta)
 {
-    struct job *j = NULL;
+    struct job *j = NULL, *old = NULL;
     uint64_t total = 0, held = 0;
     unsigned held_n = 0;
     char hex[HEX_LEN + 1] = "(no key)", size[24], held_s[24], budget[24];
@@ -2115,10 +2171,13 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
          * it (the same FIFO) are not collected while it waits. */
         if (ln.n_refs)
             refs_add(c, ln.refs, ln.n_refs);
+        if (!ln.is_block)
+            old = queue_supersede(c, j);
         j = NULL;
         pthread_cond_signal(&c->q_cond);
     }
     pthread_mutex_unlock(&c->mu);
+    job_free(old);
 
 out:
     if (ret == 0)
@@ -2176,6 +2235,25 @@ void thaw_disk_cache_flush(struct thaw_disk_cache *c)
     pthread_cond_signal(&c->q_cond);
     while (c->q_head || c->q_writing)
         pthread_cond_wait(&c->q_idle, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void thaw_disk_cache_batch_begin(struct thaw_disk_cache *c)
+{
+    if (!c || !c->has_writer)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->q_batches++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void thaw_disk_cache_batch_end(struct thaw_disk_cache *c)
+{
+    if (!c || !c->has_writer)
+        return;
+    pthread_mutex_lock(&c->mu);
+    if (c->q_batches && --c->q_batches == 0)
+        pthread_cond_signal(&c->q_cond);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -2612,6 +2690,67 @@ void thaw_disk_cache_unhold(struct thaw_disk_cache *c, const uint8_t *keys, uint
     pthread_mutex_unlock(&c->mu);
 }
 
+void thaw_disk_cache_retain(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n, int64_t until)
+{
+    if (!c || !keys || !n)
+        return;
+    pthread_mutex_lock(&c->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *key = keys + (size_t)i * THAW_KEY_BYTES;
+        struct thaw_keymap_node *hn = thaw_keymap_find(&c->retains, key);
+        struct retain *r = hn ? THAW_KEYMAP_OF(hn, struct retain, hn) : NULL;
+
+        if (!r) {
+            if (!(r = calloc(1, sizeof *r)))
+                continue; /* unkept: LRU as ever */
+            memcpy(r->key, key, THAW_KEY_BYTES);
+            thaw_keymap_insert(&c->retains, &r->hn, r->key);
+            r->next = c->ret_head;
+            c->ret_head = r;
+            refs_add(c, r->key, 1);
+        }
+        if (until > r->until)
+            r->until = until;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Ends the retention hints whose deadline is at or before `before` (all of
+ * them: INT64_MAX); with `one`, only the one of the earliest deadline.
+ * Their blocks lose that name (orphans if it was the last). Returns how
+ * many ended. With c->mu held. */
+static unsigned retains_end(struct thaw_disk_cache *c, int64_t before, int one)
+{
+    struct retain **pp, **victim = NULL, *r;
+    unsigned n = 0;
+
+    if (one) {
+        for (pp = &c->ret_head; *pp; pp = &(*pp)->next)
+            if (!victim || (*pp)->until < (*victim)->until)
+                victim = pp;
+        if (!victim)
+            return 0;
+        r = *victim;
+        *victim = r->next;
+        thaw_keymap_remove(&c->retains, &r->hn);
+        refs_drop(c, r->key, 1);
+        free(r);
+        return 1;
+    }
+    for (pp = &c->ret_head; (r = *pp);) {
+        if (r->until > before) {
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        thaw_keymap_remove(&c->retains, &r->hn);
+        refs_drop(c, r->key, 1);
+        free(r);
+        n++;
+    }
+    return n;
+}
+
 /* contains(), with c->mu held. */
 static int contains_locked(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
@@ -2917,12 +3056,16 @@ int thaw_disk_cache_evict(struct thaw_disk_cache *c)
      * whatever nothing names past its grace — none after a pass over
      * budget, so a conversation evicted for room takes its own blocks
      * along (the chain keeps every root before its blocks). */
+    (void)retains_end(c, now, 0); /* hints past their deadline */
     int pressed = 0;
     while (c->max_bytes > 0 && c->bytes > c->max_bytes) {
         pressed = 1;
         if (take_orphans(c, now, orphan_grace(c, 1), &tail) > 0)
             continue;
-        if (!take_lru(c, EVICT_LRU, &tail))
+        if (take_lru(c, EVICT_LRU, &tail))
+            continue;
+        /* nothing else left: the blocks kept by hints, the earliest deadline first */
+        if (!retains_end(c, now, 1))
             break;
     }
     (void)take_orphans(c, now, orphan_grace(c, pressed), &tail);
@@ -2951,6 +3094,8 @@ static int make_room(struct thaw_disk_cache *c, const char *hex, uint64_t need, 
         freed += e->bytes;
         freed += take_orphans(c, now, orphan_grace(c, 1), &tail);
     }
+    while (freed < need && retains_end(c, now, 1)) /* then what hints keep */
+        freed += take_orphans(c, now, orphan_grace(c, 1), &tail);
     *tail = NULL;
     pthread_mutex_unlock(&c->mu);
     n = evict_victims(c, victims, now);

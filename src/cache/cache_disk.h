@@ -242,6 +242,17 @@ void thaw_disk_cache_flush(struct thaw_disk_cache *c);
  * choosing. No-op for NULL or without a writer thread. */
 void thaw_disk_cache_pause(struct thaw_disk_cache *c, int paused);
 
+/* A store made of several submits (a turn's new blocks, then the manifest
+ * naming them) goes as one group, two syncs, rather than as many groups as
+ * the writer happens to wake for: between batch_begin() and batch_end()
+ * the writer finishes the group it is writing but takes no new one.
+ * Nestable and any thread (one engine per model may store at once): the
+ * writer waits until every batch has ended, or the cache closes. A batch
+ * must not wait for the writer (flush) and should last only the submits'
+ * own work (milliseconds). No-op for NULL or without a writer thread. */
+void thaw_disk_cache_batch_begin(struct thaw_disk_cache *c);
+void thaw_disk_cache_batch_end(struct thaw_disk_cache *c);
+
 /* Looks key up, maps its parts read-only and verifies every checksum.
  * Returns 0 and sets *out: a hit, to be released with
  *   thaw_disk_entry_release(); the entry's last use becomes now (a root's
@@ -355,6 +366,16 @@ void thaw_disk_kv_close(struct thaw_disk_cache *c, struct thaw_disk_kv_file *f, 
  * unheld (its block may go: a miss, never a wrong state). NULL c or n 0:
  * no-op. */
 void thaw_disk_cache_hold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n);
+
+/* A retention hint (an Anthropic cache_control mark: what it covers is
+ * kept at least its ttl): each of the n block keys counts as named until
+ * `until` (Unix seconds, the cache's clock), so it outlives the roots that
+ * name it, and goes over budget or on a full disk only once no root and
+ * no other block is left to evict (the earliest deadline first). A later
+ * call extends, never shortens. Memory only: a restart forgets the hints
+ * (the blocks stay, as blocks nothing names: their grace). Any thread;
+ * keys need not be on disk yet. Out of memory leaves a key unkept. */
+void thaw_disk_cache_retain(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n, int64_t until);
 /* Drops what thaw_disk_cache_hold(c, keys, n) took. */
 void thaw_disk_cache_unhold(struct thaw_disk_cache *c, const uint8_t *keys, uint32_t n);
 
@@ -465,6 +486,8 @@ struct thaw_disk_cache_stats {
     uint64_t fsyncs;          /* fsync and syncfs calls made, of files, the
                                * directory and the filesystem (whatever
                                * their outcome) */
+    uint64_t stores_superseded; /* submitted roots taken out of the queue,
+                                 * unwritten, by a newer store of their key */
     /* The writer's group commits, where a store's time goes after submit
      * (microseconds, summed over groups): waiting in the queue (the
      * group's oldest job, submit to the group's start), writing its files,

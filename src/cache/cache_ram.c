@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/keymap.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,7 @@ struct rblock {
 struct thaw_ram_cache {
     uint64_t budget, bytes;
     int64_t ttl_s;
+    int64_t now; /* the clock of the last put or retain: what a retention is judged by */
     struct thaw_ram_entry *v;
     int n, cap;
     struct thaw_keymap blocks; /* id -> struct rblock */
@@ -131,7 +133,19 @@ void thaw_ram_cache_free(struct thaw_ram_cache *c)
     free(c);
 }
 
-/* Evicts the least recently used entries other than `keep` (-1: none)
+/* Whether a should go before b for room: entries no retention holds
+ * first, least recently used first; then the held ones, the earliest
+ * deadline first. */
+static bool goes_before(const struct thaw_ram_cache *c, const struct thaw_ram_entry *a, const struct thaw_ram_entry *b)
+{
+    bool ka = a->kept_until > c->now, kb = b->kept_until > c->now;
+
+    if (ka != kb)
+        return kb;
+    return ka ? a->kept_until < b->kept_until : a->last_used < b->last_used;
+}
+
+/* Evicts entries other than `keep` (-1: none), in goes_before() order,
  * until `need` more bytes fit. Orphan blocks are not touched: between puts
  * they are the blocks of the entry about to be put. */
 static void make_room(struct thaw_ram_cache *c, uint64_t need, int keep)
@@ -139,7 +153,7 @@ static void make_room(struct thaw_ram_cache *c, uint64_t need, int keep)
     while (c->bytes + need > c->budget) {
         int lru = -1;
         for (int i = 0; i < c->n; i++)
-            if (i != keep && (lru < 0 || c->v[i].last_used < c->v[lru].last_used))
+            if (i != keep && (lru < 0 || goes_before(c, &c->v[i], &c->v[lru])))
                 lru = i;
         if (lru < 0)
             return;
@@ -187,8 +201,14 @@ int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY
         c->v = nv;
         c->cap = cap;
     }
+    if (now > c->now)
+        c->now = now;
+    int prev = find(c, key);
     struct thaw_ram_entry *e = &c->v[c->n++];
+    memset(e, 0, sizeof *e);
     memcpy(e->key, key, THAW_KEY_BYTES);
+    if (prev >= 0)
+        e->kept_until = c->v[prev].kept_until; /* the key stored again keeps its hint */
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         e->parts[p] = parts[p];
         if (!parts[p].size) { /* absent: no buffer held for it */
@@ -267,7 +287,7 @@ const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const 
 {
     int i = find(c, key);
 
-    if (i < 0)
+    if (i < 0 || !c->v[i].parts[THAW_PART_KV].data) /* none, or a retention's entry (no state of its own) */
         return NULL;
     c->v[i].last_used = now;
     return &c->v[i];
@@ -281,14 +301,53 @@ void thaw_ram_cache_remove(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_
         drop(c, i);
 }
 
+int thaw_ram_cache_retain(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES], const uint8_t *refs,
+                          uint32_t n_refs, int64_t until, int64_t now)
+{
+    int i = find(c, key);
+
+    if (now > c->now)
+        c->now = now;
+    if (i < 0) {
+        uint8_t *own;
+
+        if (!n_refs)
+            return THAW_ENOTFOUND;
+        if (c->n == c->cap) {
+            int cap = c->cap ? c->cap * 2 : 8;
+            struct thaw_ram_entry *nv = realloc(c->v, (size_t)cap * sizeof *nv);
+            if (!nv)
+                return THAW_ENOMEM;
+            c->v = nv;
+            c->cap = cap;
+        }
+        if (!(own = malloc((size_t)n_refs * THAW_KEY_BYTES)))
+            return THAW_ENOMEM;
+        memcpy(own, refs, (size_t)n_refs * THAW_KEY_BYTES);
+        i = c->n++;
+        memset(&c->v[i], 0, sizeof c->v[i]);
+        memcpy(c->v[i].key, key, THAW_KEY_BYTES);
+        c->v[i].refs = own;
+        c->v[i].n_refs = n_refs;
+        c->v[i].last_used = now;
+        refs_apply(c, own, n_refs, +1);
+    }
+    if (until > c->v[i].kept_until)
+        c->v[i].kept_until = until;
+    return 0;
+}
+
 int thaw_ram_cache_evict(struct thaw_ram_cache *c, int64_t now)
 {
     int n = 0;
 
-    if (c->ttl_s <= 0)
-        return 0;
+    if (now > c->now)
+        c->now = now;
     for (int i = c->n - 1; i >= 0; i--) {
-        if (now - c->v[i].last_used > c->ttl_s) {
+        if (c->v[i].kept_until > now) /* a retention hint outlives the TTL */
+            continue;
+        bool hint_only = !c->v[i].parts[THAW_PART_KV].data; /* a retention's entry, its hint over */
+        if (hint_only || (c->ttl_s > 0 && now - c->v[i].last_used > c->ttl_s)) {
             drop(c, i);
             n++;
         }

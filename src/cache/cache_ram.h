@@ -27,6 +27,8 @@ struct thaw_ram_entry {
     uint8_t *refs;     /* the block ids its .kv part (a manifest) names, n_refs x 32 bytes */
     uint32_t n_refs;
     int64_t last_used; /* Unix seconds */
+    int64_t kept_until; /* Unix seconds: a retention hint (thaw_ram_cache_retain) holds it until then
+                         * against LRU and TTL, within the budget; 0 = none */
 };
 
 /* budget 0 = the tier is off (every put is refused, lookups miss).
@@ -71,6 +73,18 @@ const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const 
                                                 int64_t now);
 
 void thaw_ram_cache_remove(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES]);
+
+/* A retention hint (an Anthropic cache_control mark: what it covers is
+ * kept at least ttl): the entry `key` is kept until `until` (Unix
+ * seconds) against TTL and least-recently-used eviction, and goes for room
+ * only once every entry not kept has gone (the earliest deadline first).
+ * When key is not held and n_refs > 0, it is put as an entry with no parts
+ * that names the n_refs blocks at refs (the prefix a mark covers: its
+ * blocks stay while the hint lasts, counted once in the budget); such an
+ * entry is never returned by get(). A later call extends, never shortens.
+ * 0, THAW_ENOTFOUND (nothing held, nothing to name) or THAW_ENOMEM. */
+int thaw_ram_cache_retain(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES], const uint8_t *refs,
+                          uint32_t n_refs, int64_t until, int64_t now);
 
 /* Drops entries unused for more than the TTL. Returns how many. */
 int thaw_ram_cache_evict(struct thaw_ram_cache *c, int64_t now);

@@ -1223,6 +1223,145 @@ static void test_group_pending(void **state)
     pthread_mutex_destroy(&g.mu);
 }
 
+/* A store made of several submits between batch_begin() and batch_end()
+ * is one group, two syncs, however long its submits take: the writer,
+ * idle and awake, would otherwise take the first block at once as a group
+ * of its own (one sync more). */
+static void test_batch_is_one_group(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    static const unsigned ids[] = {0, 1, 2};
+    struct thaw_disk_cache_stats st0, st1;
+
+    fx_open_p(f, &p);
+    st0 = stats(f->c);
+    thaw_disk_cache_batch_begin(f->c);
+    for (unsigned i = 0; i < 3; i++) {
+        assert_int_equal(submit_block(f->c, ids[i]), 0);
+        usleep(30000); /* the writer has woken for it */
+    }
+    thaw_disk_cache_batch_begin(f->c); /* nested: a second engine's store */
+    assert_int_equal(submit_man(f->c, 0, ids, 3), 0);
+    thaw_disk_cache_batch_end(f->c);
+    usleep(30000);
+    assert_int_equal(stats(f->c).stores_ok, st0.stores_ok); /* still one batch open */
+    thaw_disk_cache_batch_end(f->c);
+    thaw_disk_cache_flush(f->c);
+    st1 = stats(f->c);
+    assert_int_equal(st1.stores_ok - st0.stores_ok, 4);
+    assert_int_equal(st1.groups - st0.groups, 1);
+    assert_int_equal(st1.fsyncs - st0.fsyncs, 2);
+    assert_true(lookup_ok(f, 1000) && lookup_ok(f, 2));
+}
+
+/* A root submitted while an older store of its key still waits takes its
+ * place: the older one is never written (it would be overwritten at once),
+ * its blocks lose its name (the newer one's counted first, so block 0,
+ * named by both, never looks unnamed), its bytes leave the queue. The
+ * newest store of the key is what a lookup finds before and after. */
+static void test_queued_root_superseded(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    static const unsigned first[] = {0, 1}, second[] = {0, 2};
+    struct thaw_part_blob got[THAW_PART_COUNT];
+    struct thaw_disk_cache_stats st;
+    uint8_t key[THAW_KEY_BYTES];
+    size_t want_n;
+    uint8_t *want;
+
+    fx_open_p(f, &p);
+    key_make(key, 1000);
+    thaw_disk_cache_pause(f->c, 1);
+    for (unsigned i = 0; i < 3; i++)
+        assert_int_equal(submit_block(f->c, i), 0);
+    assert_int_equal(submit_man(f->c, 0, first, 2), 0);
+    assert_int_equal(stats(f->c).queue_len, 4);
+    assert_int_equal(submit_man(f->c, 0, second, 2), 0);
+    st = stats(f->c);
+    assert_int_equal(st.queue_len, 4);
+    assert_int_equal(st.queue_bytes, 3 * block_bytes() + man_bytes(2));
+    assert_int_equal(st.stores_superseded, 1);
+    want = man_kv(second, 2, &want_n);
+    assert_int_equal(thaw_disk_cache_pending(f->c, key, got), 0);
+    assert_int_equal(got[THAW_PART_KV].size, want_n);
+    assert_memory_equal(got[THAW_PART_KV].data, want, want_n);
+    for (int i = 0; i < THAW_PART_COUNT; i++)
+        thaw_blob_unref(got[i].data);
+    thaw_disk_cache_pause(f->c, 0);
+    thaw_disk_cache_flush(f->c);
+    st = stats(f->c);
+    assert_int_equal(st.stores_ok, 4); /* three blocks, one manifest */
+    assert_int_equal(st.queue_bytes, 0);
+    assert_int_equal(st.blocks_unreferenced, 1); /* block 1: the superseded one named it alone */
+    {
+        struct thaw_disk_entry *e = NULL;
+        size_t n = 0;
+        const void *kv;
+
+        assert_int_equal(thaw_disk_cache_lookup(f->c, key, &e), 0);
+        kv = thaw_disk_entry_part(e, THAW_PART_KV, &n);
+        assert_int_equal(n, want_n);
+        assert_memory_equal(kv, want, want_n);
+        thaw_disk_entry_release(e);
+    }
+    free(want);
+}
+
+/* A retention hint (a cache_control mark) keeps its blocks after the
+ * roots naming them went for room or TTL: over budget, roots and other
+ * blocks go first; the kept blocks go only when nothing else is left, the
+ * earliest deadline first; past its deadline a hint keeps nothing. */
+static void test_retention_evicted_last(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    uint8_t k0[THAW_KEY_BYTES], k1[THAW_KEY_BYTES];
+    int64_t t0 = f->now;
+
+    p.max_bytes = 3 * block_bytes() + 2 * man_bytes(2); /* A and B */
+    p.block_grace_s = GRACE;
+    fx_open_p(f, &p);
+    store_ab(f); /* A = {0, 1} at t0+1, B = {0, 2} at t0+2 */
+    key_make(k1, 1);
+    thaw_disk_cache_retain(f->c, k1, 1, t0 + 1000); /* A's own block, as a mark on A's prefix */
+    /* C needs room: A goes (LRU) but block 1 stays, kept; B next */
+    f->now++;
+    assert_int_equal(store_block(f->c, 3), 0);
+    assert_int_equal(store_man(f->c, 2, ids_c, 2), 0);
+    (void)thaw_disk_cache_evict(f->c);
+    assert_false(has_man(f, 0));
+    assert_true(has_block(f, 1));
+    assert_false(has_man(f, 1) || has_block(f, 2)); /* B went too: block 1 is not for room */
+    assert_true(has_man(f, 2) && has_block(f, 0) && has_block(f, 3));
+    assert_true(stats(f->c).bytes <= p.max_bytes);
+    /* a smaller budget: C goes, then (nothing else left) the kept block */
+    fx_close(f);
+    p.max_bytes = block_bytes();
+    fx_open_p(f, &p); /* a restart forgets the hint */
+    thaw_disk_cache_retain(f->c, k1, 1, t0 + 1000);
+    key_make(k0, 0);
+    thaw_disk_cache_retain(f->c, k0, 1, t0 + 2000); /* block 0: a later deadline */
+    (void)thaw_disk_cache_evict(f->c);
+    assert_false(has_man(f, 2) || has_block(f, 3));
+    assert_false(has_block(f, 1)); /* the earliest deadline went */
+    assert_true(has_block(f, 0));
+    assert_true(stats(f->c).bytes <= p.max_bytes);
+    /* unnamed and unused for longer than its grace: kept while the hint
+     * lasts, collected once it is over */
+    p.max_bytes = 0;
+    fx_close(f);
+    fx_open_p(f, &p);
+    thaw_disk_cache_retain(f->c, k0, 1, t0 + 2000);
+    f->now = t0 + 1999;
+    assert_int_equal(thaw_disk_cache_evict(f->c), 0);
+    assert_true(has_block(f, 0));
+    f->now++;
+    assert_int_equal(thaw_disk_cache_evict(f->c), 1);
+    assert_false(has_block(f, 0));
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1239,6 +1378,9 @@ int main(void)
         T(test_group_fsyncs),
         T(test_group_errors),
         T(test_group_pending),
+        T(test_batch_is_one_group),
+        T(test_queued_root_superseded),
+        T(test_retention_evicted_last),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

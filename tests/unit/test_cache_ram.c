@@ -235,6 +235,64 @@ static void test_same_key_again_keeps_the_blocks_both_name(void **state)
     thaw_ram_cache_free(c);
 }
 
+/* A retention hint (an Anthropic cache_control mark) holds an entry
+ * against LRU and TTL while it lasts, within the budget; a hint over a
+ * prefix is an entry of its own naming the prefix's blocks, which stay
+ * after the conversation that put them has gone. */
+static void test_retention(void **state)
+{
+    struct thaw_ram_cache *c;
+    uint8_t k[THAW_KEY_BYTES], r[THAW_KEY_BYTES], refs[1][THAW_KEY_BYTES];
+
+    (void)state;
+    assert_int_equal(thaw_ram_cache_new(300, 50, &c), 0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(put(c, (key(k, i), k), blob(100), 100, NULL, 0, NULL, 0, 10 + i), 0);
+    assert_int_equal(thaw_ram_cache_retain(c, (key(k, 0), k), NULL, 0, 1000, 13), 0);
+    assert_int_equal(thaw_ram_cache_retain(c, (key(k, 7), k), NULL, 0, 1000, 13), THAW_ENOTFOUND);
+    /* room for 3 and 4: 1 and 2 go, though 0 is the least recently used */
+    assert_int_equal(put(c, (key(k, 3), k), blob(100), 100, NULL, 0, NULL, 0, 14), 0);
+    assert_int_equal(put(c, (key(k, 4), k), blob(100), 100, NULL, 0, NULL, 0, 15), 0);
+    assert_non_null(thaw_ram_cache_get(c, (key(k, 0), k), 16));
+    assert_null(thaw_ram_cache_get(c, (key(k, 1), k), 16));
+    assert_null(thaw_ram_cache_get(c, (key(k, 2), k), 16));
+    /* past the TTL, held by the hint; the others go */
+    assert_int_equal(thaw_ram_cache_evict(c, 500), 2);
+    assert_non_null(thaw_ram_cache_get(c, (key(k, 0), k), 500));
+    /* the budget wins: held entries go for room when nothing else is left,
+     * the earliest deadline first */
+    assert_int_equal(put(c, (key(k, 5), k), blob(100), 100, NULL, 0, NULL, 0, 501), 0);
+    assert_int_equal(thaw_ram_cache_retain(c, (key(k, 5), k), NULL, 0, 900, 501), 0);
+    assert_int_equal(put(c, (key(k, 6), k), blob(100), 100, NULL, 0, NULL, 0, 502), 0);
+    assert_int_equal(put(c, (key(k, 8), k), blob(200), 200, NULL, 0, NULL, 0, 503), 0);
+    assert_null(thaw_ram_cache_get(c, (key(k, 5), k), 504)); /* 900 < 1000 */
+    assert_non_null(thaw_ram_cache_get(c, (key(k, 0), k), 504));
+    /* the hint over: TTL as ever */
+    assert_int_equal(thaw_ram_cache_evict(c, 1100), 2);
+    assert_int_equal(thaw_ram_cache_count(c), 0);
+    thaw_ram_cache_free(c);
+
+    /* a prefix's hint keeps its blocks after their conversation goes */
+    assert_int_equal(thaw_ram_cache_new(1000, 0, &c), 0);
+    put_blk(c, 1, 100);
+    put_blk(c, 2, 100);
+    assert_int_equal(put_man(c, 1, 10, (int[]){1, 2}, 2, 1), 0);
+    bid(refs[0], 1);
+    key(r, 200);
+    assert_int_equal(thaw_ram_cache_retain(c, r, refs[0], 1, 100, 2), 0);
+    assert_int_equal(thaw_ram_cache_bytes(c), 2 * 100 + 10);
+    thaw_ram_cache_remove(c, (key(k, 1), k));
+    assert_true(has(c, 1));
+    assert_false(has(c, 2));
+    assert_null(thaw_ram_cache_get(c, r, 3)); /* no state of its own */
+    assert_int_equal(thaw_ram_cache_evict(c, 50), 0);
+    assert_true(has(c, 1));
+    assert_int_equal(thaw_ram_cache_evict(c, 101), 1); /* over: it goes, and the block */
+    assert_false(has(c, 1));
+    assert_int_equal(thaw_ram_cache_bytes(c), 0);
+    thaw_ram_cache_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -244,6 +302,7 @@ int main(void)
         cmocka_unit_test(test_blocks_held_once),
         cmocka_unit_test(test_blocks_evicted_with_their_last_entry),
         cmocka_unit_test(test_same_key_again_keeps_the_blocks_both_name),
+        cmocka_unit_test(test_retention),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
