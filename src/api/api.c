@@ -950,8 +950,18 @@ int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_pro
         rc = THAW_ENOMEM;
         goto out;
     }
-    if ((rc = convert(root, oai, err, errlen)) == 0)
-        rc = thaw_api_parse_chat_json(oai, default_cache_prompt, out, err, errlen);
+    if ((rc = convert(root, oai, err, errlen)) == 0 &&
+        (rc = thaw_api_parse_chat_json(oai, default_cache_prompt, out, err, errlen)) == 0) {
+        json_t *marks = json_object_get(oai, THAW_API_RETAIN_KEY), *m;
+        size_t i;
+        json_array_foreach(marks, i, m) {
+            if (out->n_retain == THAW_API_MAX_RETAIN)
+                break;
+            out->retain[out->n_retain].n_msgs = (int)json_integer_value(json_array_get(m, 0));
+            out->retain[out->n_retain].ttl_s = (int)json_integer_value(json_array_get(m, 1));
+            out->n_retain++;
+        }
+    }
 out:
     json_decref(oai);
     json_decref(root);

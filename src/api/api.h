@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #define THAW_API_MAX_STOP 4
+#define THAW_API_MAX_RETAIN 2 /* retention hints kept per request: the furthest mark of each ttl */
 /* Most choices one request may ask for ('n'): each is a generation of its own */
 #define THAW_API_MAX_N 8
 /* Longest conversation id a client may send (prompt_cache_key, the
@@ -163,6 +164,17 @@ struct thaw_chat_request {
      * ("none": enable_thinking false), so the cache keys cover it. */
     int reasoning_budget;
     char *reasoning_budget_message;
+
+    /* Anthropic's cache_control marks, as retention hints for the cache
+     * tiers (never in the keys or the prompt): what a mark covers, the
+     * first n_msgs messages as the template renders them (tools with them;
+     * 0: the tools alone), is kept at least ttl_s seconds. The furthest
+     * mark of each ttl (5 minutes, 1 hour). */
+    struct thaw_api_retain {
+        int n_msgs;
+        int ttl_s;
+    } retain[THAW_API_MAX_RETAIN];
+    int n_retain;
 };
 
 /* Sets one of req's chat_template_kwargs (`value_json`: a JSON value's

@@ -278,7 +278,63 @@ static bool is_recovery(json_t *m)
     return text && strncmp(text, THAW_ANTHROPIC_RECOVERY_PREFIX, n) == 0;
 }
 
-static int convert_messages(json_t *root, json_t *oai, char *err, size_t errlen)
+/* cache_control marks (prompt caching): per ttl (5 minutes, 1 hour), how
+ * many of the converted messages the furthest mark covers, -1 for none;
+ * handed on as retention hints (THAW_API_RETAIN_KEY). */
+struct marks {
+    int n_msgs[2];
+};
+
+/* b's cache_control: *ttl_s 0 (none), 300 or 3600; 0 or a 400. */
+static int cache_mark(json_t *b, const char *where, int *ttl_s, char *err, size_t errlen)
+{
+    json_t *cc = json_object_get(b, "cache_control"), *ttl;
+
+    *ttl_s = 0;
+    if (!json_is_object(b) || !cc || json_is_null(cc))
+        return 0;
+    if (!json_is_object(cc) || !is_type(cc, "ephemeral"))
+        return fail(err, errlen, "%s.cache_control must be {\"type\": \"ephemeral\"}, with an optional \"ttl\"",
+                    where);
+    ttl = json_object_get(cc, "ttl");
+    if (!ttl || json_is_null(ttl) || (json_is_string(ttl) && strcmp(json_string_value(ttl), "5m") == 0))
+        *ttl_s = 300;
+    else if (json_is_string(ttl) && strcmp(json_string_value(ttl), "1h") == 0)
+        *ttl_s = 3600;
+    else
+        return fail(err, errlen, "%s.cache_control.ttl must be \"5m\" or \"1h\"", where);
+    return 0;
+}
+
+/* Every mark on `v` (a block, or an array of blocks, tool_result blocks'
+ * own content included) covers the first n_msgs converted messages. */
+static int note_marks(json_t *v, const char *where, int n_msgs, struct marks *mk, char *err, size_t errlen)
+{
+    char w[128];
+    json_t *b;
+    size_t k;
+    int ttl, rc;
+
+    if (json_is_array(v)) {
+        json_array_foreach(v, k, b) {
+            snprintf(w, sizeof w, "%s[%zu]", where, k);
+            if ((rc = note_marks(b, w, n_msgs, mk, err, errlen)) != 0)
+                return rc;
+        }
+        return 0;
+    }
+    if ((rc = cache_mark(v, where, &ttl, err, errlen)) != 0)
+        return rc;
+    if (ttl && n_msgs > mk->n_msgs[ttl == 3600])
+        mk->n_msgs[ttl == 3600] = n_msgs;
+    if (json_is_object(v) && is_type(v, "tool_result") && json_is_array(json_object_get(v, "content"))) {
+        snprintf(w, sizeof w, "%s.content", where);
+        return note_marks(json_object_get(v, "content"), w, n_msgs, mk, err, errlen);
+    }
+    return 0;
+}
+
+static int convert_messages(json_t *root, json_t *oai, struct marks *mk, char *err, size_t errlen)
 {
     json_t *msgs = json_object_get(root, "messages"), *out = json_array(), *sys = NULL, *m;
     size_t i;
@@ -295,6 +351,8 @@ static int convert_messages(json_t *root, json_t *oai, char *err, size_t errlen)
         return rc;
     if (sys && json_array_append_new(out, message("system", sys)) != 0)
         return THAW_ENOMEM;
+    if ((rc = note_marks(json_object_get(root, "system"), "system", (int)json_array_size(out), mk, err, errlen)) != 0)
+        return rc;
     json_array_foreach(msgs, i, m) {
         json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
         if (!json_is_object(m) || !json_is_string(role))
@@ -327,7 +385,35 @@ static int convert_messages(json_t *root, json_t *oai, char *err, size_t errlen)
         }
         if (rc != 0)
             return rc;
+        char where[48];
+        snprintf(where, sizeof where, "messages[%zu].content", i);
+        if ((rc = note_marks(content, where, (int)json_array_size(out), mk, err, errlen)) != 0)
+            return rc;
     }
+    return 0;
+}
+
+/* The marks on the tools (they render before every message: they cover
+ * none) and the request's own (Anthropic's automatic caching: all of it),
+ * then every mark into oai as retention hints. */
+static int convert_marks(json_t *root, json_t *oai, struct marks *mk, char *err, size_t errlen)
+{
+    json_t *tools = json_object_get(root, "tools"), *list;
+    int rc, ttl;
+
+    if (json_is_array(tools) && (rc = note_marks(tools, "tools", 0, mk, err, errlen)) != 0)
+        return rc;
+    if ((rc = cache_mark(root, "request", &ttl, err, errlen)) != 0)
+        return rc;
+    if (ttl)
+        mk->n_msgs[ttl == 3600] = (int)json_array_size(json_object_get(oai, "messages"));
+    if (mk->n_msgs[0] < 0 && mk->n_msgs[1] < 0)
+        return 0;
+    if (!(list = json_array()) || json_object_set_new(oai, THAW_API_RETAIN_KEY, list) != 0)
+        return THAW_ENOMEM;
+    for (int k = 1; k >= 0; k--) /* the longer ttl first */
+        if (mk->n_msgs[k] >= 0 && json_array_append_new(list, json_pack("[i, i]", mk->n_msgs[k], k ? 3600 : 300)) != 0)
+            return THAW_ENOMEM;
     return 0;
 }
 
@@ -520,11 +606,12 @@ static int convert_settings(json_t *root, json_t *oai, char *err, size_t errlen)
 
 static int convert(json_t *root, json_t *oai, char *err, size_t errlen)
 {
+    struct marks mk = {{-1, -1}};
     int rc;
 
-    if ((rc = convert_messages(root, oai, err, errlen)) != 0 ||
+    if ((rc = convert_messages(root, oai, &mk, err, errlen)) != 0 ||
         (rc = convert_tools(root, oai, err, errlen)) != 0 ||
-        (rc = convert_settings(root, oai, err, errlen)) != 0)
+        (rc = convert_settings(root, oai, err, errlen)) != 0 || (rc = convert_marks(root, oai, &mk, err, errlen)) != 0)
         return rc;
     return 0;
 }

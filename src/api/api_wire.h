@@ -39,6 +39,11 @@ int thaw_api_parse_chat_json(json_t *root, bool default_cache_prompt, struct tha
 /* Parses body as JSON, converts it with `convert` into a chat-completions
  * object, then reads that as thaw_api_parse_chat_json does (same returns;
  * `out` empty on error). The body is parsed once: no text in between. */
+/* A converter's retention hints (struct thaw_api_retain), handed through
+ * the chat object it builds under this key: [[n_msgs, ttl_s], ...]. Only a
+ * converter sets it; a chat completion's own body never reaches it. */
+#define THAW_API_RETAIN_KEY "thaw.retain"
+
 int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_prompt, thaw_api_convert_fn convert,
                             struct thaw_chat_request *out, char *err, size_t errlen);
 

@@ -925,6 +925,7 @@ int thaw_chat_branch_point(const struct thaw_chat *chat, const uint8_t *ns, cons
     char *in;
 
     *remembered = false;
+    lead.last_transient = false; /* the lead is history whatever the request's last message is */
     lead.n_messages = 0;
     while (lead.n_messages < req->n_messages && req->messages[lead.n_messages].role &&
            (strcmp(req->messages[lead.n_messages].role, "system") == 0 ||
@@ -947,6 +948,27 @@ int thaw_chat_branch_point(const struct thaw_chat *chat, const uint8_t *ns, cons
     free(ta);
     free(tb);
     return n > 0 && n < n_prompt ? n : 0;
+}
+
+int thaw_chat_prefix_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req, int n_msgs,
+                            const llama_token *prompt, int n_prompt)
+{
+    /* [first n_msgs..., user "a"]: those messages as every conversation
+     * going on from them renders them (tools included), as far as this
+     * prompt agrees with it */
+    static const char *const a[1] = {"{\"role\":\"user\",\"content\":\"a\"}"};
+    struct thaw_chat_request lead = *req;
+    llama_token *ta = NULL;
+    int na = 0, n = 0;
+
+    if (req->raw || n_msgs < 0 || (size_t)n_msgs > req->n_messages)
+        return 0;
+    lead.n_messages = (size_t)n_msgs;
+    lead.last_transient = false;
+    if (render_tokens(chat, &lead, a, 1, &ta, &na) == 0)
+        n = thaw_lcp(ta, na, prompt, n_prompt);
+    free(ta);
+    return n;
 }
 
 int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,

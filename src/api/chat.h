@@ -88,6 +88,14 @@ int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_re
  * there are no such messages, nothing else, or the rendering fails.
  * The leading messages' rendering is remembered per tenant `ns`
  * (THAW_KEY_BYTES): `*remembered` says whether it was. */
+/* How many of prompt's n_prompt tokens the first n_msgs messages of req
+ * take (tools and template glue included), as any conversation going on
+ * from them renders them: what a cache_control mark on message n_msgs - 1
+ * covers (0 messages: the tools). 0 when the rendering fails or for a raw
+ * prompt. */
+int thaw_chat_prefix_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req, int n_msgs,
+                            const llama_token *prompt, int n_prompt);
+
 int thaw_chat_branch_point(const struct thaw_chat *chat, const uint8_t *ns, const struct thaw_chat_request *req,
                            const llama_token *prompt, int n_prompt, bool *remembered);
 

@@ -63,6 +63,7 @@ struct thaw_kvcache {
      * shutdown), superseded by the next turn in the same slot (never
      * written), dropped (the writer refused them) */
     atomic_uint_fast64_t turn_snaps_kept, turn_snaps_written, turn_snaps_superseded, turn_snaps_dropped;
+    atomic_uint_fast64_t retains; /* retention hints applied (thaw_kvcache_retain) */
 };
 
 static void block_binding(const struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], uint8_t out[THAW_KEY_BYTES])
@@ -857,10 +858,47 @@ uint32_t thaw_kvcache_block_tokens(const struct thaw_kvcache *c)
     return c->disk ? c->block_tokens : 0;
 }
 
+/* The RAM tier's entry for a hint over the n blocks at ids: named by the
+ * last one, whose id chains all before it (DESIGN §9). */
+static void retain_key(const uint8_t *ids, uint32_t n, uint8_t out[THAW_KEY_BYTES])
+{
+    crypto_generichash_state st;
+
+    crypto_generichash_init(&st, NULL, 0, THAW_KEY_BYTES);
+    crypto_generichash_update(&st, (const unsigned char *)"thaw.retain.v1", 14);
+    crypto_generichash_update(&st, ids + (size_t)(n - 1) * THAW_KEY_BYTES, THAW_KEY_BYTES);
+    crypto_generichash_final(&st, out, THAW_KEY_BYTES);
+}
+
+/* A store's retention hints (kvcache.h): over its manifest's first blocks
+ * (ids, n_ids; NULL without blocks: the entry `key` itself, RAM only). */
+static void apply_retains(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], const uint8_t *ids,
+                          uint32_t n_ids, const struct thaw_kvcache_retain *retain, int n_retain, bool disk, bool ram)
+{
+    for (int i = 0; i < n_retain; i++) {
+        uint32_t nb = ids && c->block_tokens ? (uint32_t)retain[i].n_tokens / c->block_tokens : 0;
+        uint8_t rk[THAW_KEY_BYTES];
+
+        if (nb > n_ids)
+            nb = n_ids;
+        if (ids && nb == 0)
+            continue; /* covers less than a block */
+        if (disk && nb)
+            thaw_disk_cache_retain(c->disk, ids, nb, retain[i].until);
+        if (ram && c->ram) {
+            if (nb)
+                retain_key(ids, nb, rk);
+            (void)thaw_ram_cache_retain(c->ram, nb ? rk : key, nb ? ids : NULL, nb, retain[i].until, wall_s());
+        }
+        atomic_fetch_add(&c->retains, 1);
+    }
+}
+
 /* cut: parts[THAW_PART_KV] is a manifest already (its blocks are queued) */
 static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[THAW_KEY_BYTES],
                          const uint8_t ns[THAW_KEY_BYTES], int n_tokens, struct thaw_part_blob parts[THAW_PART_COUNT],
-                         const uint8_t *supersedes, bool cut, bool local_only)
+                         const uint8_t *supersedes, bool cut, bool local_only, const struct thaw_kvcache_retain *retain,
+                         int n_retain)
 {
     const char *where = c->disk && c->ram ? "ram+disk" : c->disk ? "disk" : c->ram ? "ram" : "none";
     void *man_ram = NULL;
@@ -918,6 +956,8 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
                 thaw_blob_unref(w[p].data); /* on failure the reference stayed here */
         }
         if (held) {
+            if (rc == 0)
+                apply_retains(c, key, held_ids, n_held, retain, n_retain, true, false);
             thaw_disk_cache_unhold(c->disk, held_ids, n_held);
             thaw_blob_unref(held);
         }
@@ -936,6 +976,8 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
         }
         if (thaw_ram_cache_put_refs(c->ram, key, parts, ids, n_ids, wall_s()) != 0)
             LOG_DBG("slot %d: %s does not fit the RAM tier (--cache-ram)", slot_id, hex);
+        else
+            apply_retains(c, key, man_ram ? ids : NULL, n_ids, retain, n_retain, false, true);
         memset(parts, 0, THAW_PART_COUNT * sizeof *parts); /* the RAM tier's now */
     } else if (!c->disk) {
         for (int p = 0; p < THAW_PART_COUNT; p++)
@@ -992,10 +1034,12 @@ static const char *store_batched(struct thaw_kvcache *c, const struct thaw_kvcac
                                  struct thaw_part_blob parts[THAW_PART_COUNT])
 {
     if (!p->src)
-        return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, false, p->local_only);
+        return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, false, p->local_only,
+                     p->retain, p->n_retain);
     if (!thaw_kvcache_cuts_blocks(c) || parts[THAW_PART_KV].data || src_blocks(c, p, parts) != 0)
         return NULL;
-    return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, true, p->local_only);
+    return store(c, p->slot_id, p->key, p->ns, p->n_tokens, parts, p->supersedes, true, p->local_only, p->retain,
+                 p->n_retain);
 }
 
 /* A turn's new blocks and its manifest reach the writer as one batch: one
@@ -1107,6 +1151,9 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
       atomic_load(&c->turn_snaps_superseded));
     C("turn_snapshots_dropped_total", "kept turn-end snapshots the writer refused (queue full, shutting down)",
       atomic_load(&c->turn_snaps_dropped));
+    C("retention_hints_total",
+      "cache_control marks applied to a stored turn: what each covers is kept its ttl, evicted last",
+      atomic_load(&c->retains));
     C("evictions_enospc_total", "entries evicted to make room when the disk was full", st.evictions_enospc);
     C("evictions_ttl_total", "conversations (manifests, whole states) evicted by --kv-cache-ttl", st.evictions_ttl);
     C("evictions_lru_total", "conversations (manifests, whole states) evicted by --kv-cache-max", st.evictions_lru);

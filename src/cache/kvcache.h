@@ -118,6 +118,16 @@ int thaw_kvcache_hit_end(struct thaw_kvcache *c, struct thaw_kvcache_hit *h, int
 
 /* One store of a conversation: under which keys, and where its
  * attention KV comes from. */
+/* A retention hint (an Anthropic cache_control mark): the first n_tokens
+ * of what is stored stay until `until` (Unix seconds) in the RAM and disk
+ * tiers, against LRU and TTL and evicted last, within their budgets
+ * (thaw_ram_cache_retain, thaw_disk_cache_retain): the whole blocks they
+ * fill; without blocks (the RAM tier alone), the entry itself. */
+struct thaw_kvcache_retain {
+    int n_tokens;
+    int64_t until;
+};
+
 struct thaw_kvcache_store_params {
     int slot_id;               /* the log's, and the slot whose turn-end snapshot is kept */
     const uint8_t *key;        /* THAW_KEY_BYTES: the conversation's */
@@ -133,6 +143,8 @@ struct thaw_kvcache_store_params {
     bool local_only;        /* a store the caller will supersede under the same key soon (a reply
                              * as it stands, before its re-decode): the RAM and disk tiers only,
                              * the shared tier gets the one that supersedes it */
+    const struct thaw_kvcache_retain *retain; /* n_retain hints over what is stored; NULL: none */
+    int n_retain;
 };
 
 /* Hands a conversation's state to every tier under p->key. Takes the

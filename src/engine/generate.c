@@ -18,6 +18,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* After a reply (s->store_key derived): the slot enters FIXUP with the
  * tokens the next turn will present for this conversation, or with what it
@@ -61,9 +62,14 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
      * tiers learn it is coming, so the shared tier does not go looking for
      * a state this replica is about to write itself. */
     bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm;
+    s->n_retain = 0;
     if (will_store) {
         thaw_prepare_store_key(s->task, norm, s->tokens, s->n_tokens, s->store_key);
         thaw_kvcache_expect(e->kv, s->store_key);
+        for (int i = 0; i < s->task->req.n_retain; i++)
+            if (s->task->retain_tokens[i] > 0)
+                s->retain[s->n_retain++] = (struct thaw_kvcache_retain){
+                    s->task->retain_tokens[i], (int64_t)time(NULL) + s->task->req.retain[i].ttl_s};
     }
     if (!will_store) /* cache_new_n as told when the slot took it (engine.c) */
         s->timings.cache_new_n = 0;

@@ -161,6 +161,11 @@ int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, cons
     t->n_branch = thaw_chat_branch_point(e->chat, ns, &t->req, t->prompt, t->n_prompt, &branch_remembered);
     if (e->recurrent)
         t->n_gen_prompt = thaw_chat_gen_prompt_tokens(e->chat, &t->req);
+    /* cache_control marks: the prompt tokens each covers (a retention hint
+     * for what the turn stores) */
+    for (int i = 0; i < t->req.n_retain && thaw_kvcache_enabled(e->kv); i++)
+        t->retain_tokens[i] = thaw_chat_prefix_tokens(e->chat, &t->req, t->req.retain[i].n_msgs, t->prompt,
+                                                      t->n_prompt);
 
     /* the conversation's identity: the binding (model, settings, tenant,
      * then tools and template kwargs), and the key of what the last turn

@@ -41,6 +41,7 @@
 #include "base/buf.h"
 #include "base/metrics.h"
 #include "cache/keys.h"
+#include "cache/kvcache.h"
 #include "engine/task.h"
 #include "llama/kvstate.h"
 
@@ -102,6 +103,10 @@ struct thaw_slot {
     int64_t fix_since_us; /* when the slot entered FIXUP */
     bool stored_early;    /* FIXUP: what it held was stored before its re-decoding (engine.c) */
     uint8_t store_key[THAW_KEY_BYTES];
+    /* the request's cache_control marks as retention hints for what this
+     * turn stores (kvcache.h), set with store_key */
+    struct thaw_kvcache_retain retain[THAW_API_MAX_RETAIN];
+    int n_retain;
     int store_parts_at; /* > 0: the next turn presents tokens that part from the stored ones at this
                          * position (stored as generated: no rollback reached the canonical form) */
 

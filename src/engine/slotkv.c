@@ -427,6 +427,8 @@ static const char *store_seq(struct thaw_slotkv *k, struct thaw_slot *s, const u
         /* stored before its re-decode (engine.c, store_early): the store
          * after it supersedes this one, and only that one is shared */
         .local_only = s->phase == THAW_SLOT_FIXUP && s->n_tokens < s->n_fix,
+        .retain = s->retain,
+        .n_retain = s->n_retain,
     };
     const char *where = NULL;
     char hex[17];

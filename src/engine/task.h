@@ -47,6 +47,8 @@ struct thaw_task {
                                     * (thaw_chat_branch_point): where a hybrid snapshots; 0 none */
     int n_gen_prompt;              /* hybrids: tokens the generation prompt adds at the prompt's end
                                     * (thaw_chat_gen_prompt_tokens), checkpointed before; 0 none */
+    int retain_tokens[THAW_API_MAX_RETAIN]; /* req.retain[i]: the prompt tokens that mark covers
+                                    * (thaw_chat_prefix_tokens) */
     bool has_lookup_key;           /* the conversation has an assistant message */
     uint8_t lookup_key[THAW_KEY_BYTES];
     uint8_t binding[THAW_KEY_BYTES]; /* the store key's (thaw_prepare_store_key, at the reply's end) */

@@ -8,10 +8,11 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 
-from harness import REPO, mkmodel
+from harness import REPO, drained, mkmodel, text
 
 TEMPLATES = os.path.join(REPO, ".deps", "llama.cpp", "models", "templates")
 AGENTS = os.path.join(REPO, ".deps", "agents", "node_modules")
@@ -242,6 +243,71 @@ def test_usage_splits_the_prompt_into_new_stored_and_reused(serve, qwen3, tmp_pa
     assert evs[0][1]["message"]["usage"]["cache_creation_input_tokens"] == 0
 
 
+def idle(s, timeout=60):
+    """Waits until no slot is busy (a turn's RAM store is made before its slot is free)."""
+    deadline = time.time() + timeout
+    while s.metrics()["thaw_slots_busy"] != 0:
+        assert time.time() < deadline, "slots still busy"
+        time.sleep(0.05)
+
+
+def marked(t, ttl="1h"):
+    """A system prompt as one text block carrying a cache_control mark (None: no mark)."""
+    b = {"type": "text", "text": t}
+    if ttl:
+        b["cache_control"] = {"type": "ephemeral", "ttl": ttl}
+    return [b]
+
+
+@pytest.mark.parametrize("tier", ["disk", "ram"])
+def test_cache_control_keeps_what_it_marks_when_the_budget_evicts_the_rest(serve, tmp_path, tier):
+    """A cache_control mark is a retention hint: what it covers stays in the
+    cache tiers at least its ttl, the last thing the budget evicts. Disk:
+    conversation A's system prompt is marked; five other conversations
+    push A out of a 1 MiB --kv-cache-max (~4k tokens of the tiny model):
+    a new conversation on A's system prompt still finds its blocks (a
+    prefix lookup). RAM tier alone (1 MiB, whole states): A's last message
+    is marked, and A's turn 2 still comes from RAM. Each against the same
+    run without the mark, where the budget took A."""
+    def run(mark):
+        d = tmp_path / f"{tier}-{mark}"
+        tiers = (["--kv-cache-dir", str(d), "--cache-ram", "0", "--kv-cache-block", "32", "--kv-cache-max", "1"]
+                 if tier == "disk" else ["--cache-ram", "1"])
+        s = serve("llama", "-np", "1", "-c", "8192", "--kv-cache-min-tokens", "16", *tiers)
+        sys_a = "Kept rules. " + text(1300, 3)
+        ask = [{"role": "user", "content": "Job A: " + text(150, 7)}]
+        if tier == "ram" and mark:  # the mark on the last message: the whole conversation
+            ask = [{"role": "user", "content": marked(ask[0]["content"])}]
+        body = {"model": "m", "max_tokens": 4, "temperature": 0,
+                "system": marked(sys_a, "1h" if mark and tier == "disk" else None), "messages": ask}
+        a = post(s, body).json()
+        for i in range(5):
+            post(s, {**body, "system": f"Other rules {i}. " + text(1300, 10 + i),
+                     "messages": [{"role": "user", "content": f"Job {i}: " + text(150, 20 + i)}]}).raise_for_status()
+        if tier == "disk":
+            drained(s)
+        else:
+            idle(s)
+        if tier == "disk":
+            again = {**body, "messages": [{"role": "user", "content": "Job B: " + text(150, 8)}]}
+        else:
+            again = {**body, "messages": [*ask, {"role": "assistant", "content": a["content"]},
+                                          {"role": "user", "content": "And then?"}]}
+        u = post(s, again).json()["usage"]
+        m = s.metrics()
+        s.stop()
+        return u, m
+
+    kept, m = run(True)
+    if tier == "disk":
+        assert m["thaw_kv_disk_retention_hints_total"] >= 1, m
+        assert m["thaw_kv_disk_evictions_lru_total"] >= 1, m
+        assert m["thaw_kv_disk_bytes"] <= 1 << 20, m
+    assert kept["cache_read_input_tokens"] >= 1200, kept  # the system prompt's blocks / turn 1 whole
+    lost, _ = run(False)
+    assert lost["cache_read_input_tokens"] < 100, lost
+
+
 def test_thinking_blocks_stream_and_echo(serve, r1):
     s = serve(r1)
     body = {"model": "m", "max_tokens": 24, "temperature": 0, "thinking": {"type": "enabled", "budget_tokens": 1024},
@@ -303,6 +369,12 @@ def test_system_blocks_billing_header_and_system_messages(serve, qwen3):
     ({"messages": [{"role": "user", "content": "x"}], "output_config": {"format": {"type": "xml"}}}, "format"),
     ({"messages": [{"role": "user", "content": "x"}], "stop_sequences": "END"}, "stop_sequences"),
     ({"messages": [{"role": "user", "content": "x"}], "system": 5}, "system"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral",
+                                                                                                "ttl": "2d"}}]}]},
+     "messages[0].content[0].cache_control.ttl"),
+    ({"messages": [{"role": "user", "content": "x"}], "system": [{"type": "text", "text": "x",
+                                                                   "cache_control": {"type": "forever"}}]},
+     "system[0].cache_control"),
     ("{not json", "JSON"),
 ])
 def test_bad_fields_get_anthropic_400s(serve, qwen3, body, needle):
