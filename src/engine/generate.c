@@ -60,7 +60,9 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
      * client has this reply, before the store below is captured. The cache
      * tiers learn it is coming, so the shared tier does not go looking for
      * a state this replica is about to write itself. */
-    bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm;
+    /* a prompt with images is not stored: the keys do not cover images yet
+     * (DESIGN §15), so a stored state could be served for another image */
+    bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm && !s->task->vision;
     if (will_store) {
         thaw_prepare_store_key(s->task, norm, s->tokens, s->n_tokens, s->store_key);
         thaw_kvcache_expect(e->kv, s->store_key);
