@@ -15,6 +15,7 @@
 #include "api/codec.h"
 #include "api/template.h"
 
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/utf8.h"
 
@@ -112,11 +113,21 @@ int thaw_api_image_from_base64(const char *b64, size_t len, const char *where, s
     return 0;
 }
 
-/* Appends `img` (moved) to the request's images. 0 or THAW_ENOMEM (then
- * img is freed). */
+/* Appends `img` (moved) to the request's images, its key tag set. 0 or
+ * THAW_ENOMEM (then img is freed). */
 static int add_image(struct thaw_chat_request *req, struct thaw_image *img)
 {
     struct thaw_image *v = realloc(req->images, (req->n_images + 1) * sizeof *v);
+    unsigned char h[crypto_hash_sha256_BYTES];
+    char hex[2 * sizeof h + 1];
+
+    if (img->data) {
+        crypto_hash_sha256(h, img->data, img->len);
+        snprintf(img->tag, sizeof img->tag, "sha256:%s", sodium_bin2hex(hex, sizeof hex, h, sizeof h));
+    } else {
+        crypto_generichash(h, sizeof h, (const unsigned char *)img->path, strlen(img->path), NULL, 0);
+        snprintf(img->tag, sizeof img->tag, "file:%s", sodium_bin2hex(hex, sizeof hex, h, sizeof h));
+    }
 
     if (!v) {
         free(img->data);
@@ -344,6 +355,50 @@ static int parse_tool_calls(json_t *calls, size_t i, json_t *into, char *err, si
     return 0;
 }
 
+/* A message with images: the template still renders it with each image's
+ * marker (out->render, set from out->json when not already), while the
+ * keys' form (out->json) carries after each marker the image's tag (its
+ * SHA-256), so two conversations differing only in an image's bytes never
+ * share a key (DESIGN §15). `norm` is the message's normalised JSON (its
+ * content replaced here). 0 or THAW_ENOMEM. */
+static int key_images(struct thaw_message *out, const struct thaw_image *imgs, size_t n, json_t *norm)
+{
+    const char *marker = thaw_vision_marker(), *p = out->content;
+    size_t ml = strlen(marker), k = 0;
+    struct thaw_buf b = {0};
+    char *keyed;
+
+    while (*p) {
+        const char *q = strstr(p, marker);
+        if (!q) {
+            thaw_buf_puts(&b, p);
+            break;
+        }
+        thaw_buf_append(&b, p, (size_t)(q + ml - p));
+        if (k < n) {
+            thaw_buf_puts(&b, "{");
+            thaw_buf_puts(&b, imgs[k++].tag);
+            thaw_buf_puts(&b, "}");
+        }
+        p = q + ml;
+    }
+    if (b.oom || !(keyed = b.data ? strndup(b.data, b.len) : strdup(""))) {
+        thaw_buf_free(&b);
+        return THAW_ENOMEM;
+    }
+    thaw_buf_free(&b);
+    json_object_set_new(norm, "content", json_string(keyed));
+    free(keyed);
+    if (!out->render) {
+        out->render = out->json;
+        out->json = NULL;
+    } else {
+        free(out->json);
+    }
+    out->json = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS);
+    return out->json ? 0 : THAW_ENOMEM;
+}
+
 /* One message: checked, flattened to text for the cheap checks, and
  * normalised (known fields only, text parts joined) into JSON for the
  * template and the conversation keys. Fills out (role, content, json). */
@@ -367,6 +422,7 @@ static int normalize_message(json_t *m, size_t i, struct thaw_chat_request *req,
         return fail(err, errlen, "messages[%zu].role '%s' is not one of system, developer, user, assistant, tool", i,
                     json_string_value(role));
     bool assistant = strcmp(json_string_value(role), "assistant") == 0;
+    size_t first_image = req ? req->n_images : 0; /* this message's images are those added from here */
     json_t *content = json_object_get(m, "content");
     json_t *calls = json_object_get(m, "tool_calls");
     bool has_calls = calls && !json_is_null(calls);
@@ -420,6 +476,11 @@ static int normalize_message(json_t *m, size_t i, struct thaw_chat_request *req,
             free(out->json);
             out->json = NULL;
         }
+    }
+    if (out->json && req && req->n_images > first_image &&
+        (rc = key_images(out, &req->images[first_image], req->n_images - first_image, norm)) != 0) {
+        json_decref(norm);
+        return rc;
     }
     json_decref(norm);
     return out->json ? 0 : THAW_ENOMEM;

@@ -286,8 +286,7 @@ static const struct thaw_flag opts[] = {
     /* ---- images */
     {"-mm,--mmproj", "FILE", THAW_FLAG_STR, OFF(mmproj_path), 0, 0,
      "the model's vision projector (GGUF): requests may carry images (image_url data: URLs, Anthropic image "
-     "blocks, Responses input_image); without it an image is a 400. Requests with images bypass the RAM and "
-     "disk caches for now", NULL},
+     "blocks, Responses input_image), cached by their content like text; without it an image is a 400", NULL},
     {"--mmproj-offload", NULL, THAW_FLAG_TRUE, OFF(mmproj_offload), 0, 0, "run the projector on the GPU when there is one (default)", NULL},
     {"--no-mmproj-offload", NULL, THAW_FLAG_FALSE, OFF(mmproj_offload), 0, 0, "run the projector on the CPU", NULL},
     {"--image-min-tokens", "N", THAW_FLAG_INT, OFF(image_min_tokens), 0, 1 << 20,
@@ -1441,6 +1440,10 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
     }
     if (cfg->mmproj_path && cfg->models_dir) {
         fprintf(stderr, "thaw: --mmproj belongs to one model: give it with -m, not --models-dir\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->mmproj_path && cfg->draft_path) {
+        fprintf(stderr, "thaw: a draft model (-md) cannot read images yet: drop -md or --mmproj\n");
         return THAW_EINVAL;
     }
     if (cfg->media_path && !cfg->mmproj_path) {

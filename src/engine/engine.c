@@ -43,6 +43,8 @@
 #include "llama/params.h"
 #include "llama/threads.h"
 
+#include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -95,10 +97,10 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     int n_past = req->cache_prompt ? thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) : 0;
     if (n_past > 0)
         s->timings.cache_source = "slot";
-    /* a prompt with images: the slot's own prefix only (its placeholders
-     * match only the same image bytes, vision.h); the tiers' keys do not
-     * cover images yet */
-    if (thaw_kvcache_enabled(e->kv) && !t->vision)
+    /* (a prompt with images too: every reuse is bounded by a token prefix
+     * match, and an image's placeholders pin its bytes and the projector,
+     * vision.h) */
+    if (thaw_kvcache_enabled(e->kv))
         n_past = thaw_slotkv_restore(e->skv, s, t, n_past);
     /* at least one prompt token must be decoded to get logits to sample from */
     if (n_past >= t->n_prompt)
@@ -271,7 +273,9 @@ static bool snapshot_at(const struct thaw_engine *e, const struct thaw_slot *s, 
 {
     const struct thaw_task *t = s->task;
 
-    if (!e->recurrent || e->cfg->ctx_checkpoints == 0 || !t || p <= 0 || p >= t->n_prompt)
+    /* (not in a prompt with images: a snapshot is stored by its tokens,
+     * which do not cover images yet) */
+    if (!e->recurrent || e->cfg->ctx_checkpoints == 0 || !t || t->vision || p <= 0 || p >= t->n_prompt)
         return false;
     return p == t->n_branch || (e->cfg->checkpoint_every > 0 && p % e->cfg->checkpoint_every == 0);
 }
@@ -817,14 +821,28 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         int64_t tv = thaw_now_us();
         struct thaw_vision_params vp = {cfg->mmproj_path, cfg->mmproj_offload, cfg->n_threads_batch,
                                         cfg->image_min_tokens, cfg->image_max_tokens,
-                                        cp.flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED};
+                                        cp.flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED, {0}};
+        /* what makes an image's KV: the projector's bytes and how many
+         * tokens it makes of an image (vision.h's placeholders) */
+        uint8_t fp[THAW_KEY_BYTES];
+        char settings[64];
+        if ((rc = thaw_fingerprint_file(cfg->mmproj_path, fp)) != 0) {
+            LOG_ERR("--mmproj: cannot read %s: %s", cfg->mmproj_path, thaw_strerror(rc));
+            goto error;
+        }
+        snprintf(settings, sizeof settings, "thaw.vision.v1 min %d max %d", cfg->image_min_tokens,
+                 cfg->image_max_tokens);
+        crypto_generichash_state hs;
+        crypto_generichash_init(&hs, NULL, 0, sizeof vp.identity);
+        crypto_generichash_update(&hs, fp, sizeof fp);
+        crypto_generichash_update(&hs, (const unsigned char *)settings, strlen(settings));
+        crypto_generichash_final(&hs, vp.identity, sizeof vp.identity);
         if ((rc = thaw_vision_new(e->model, &vp, &e->vision, verr, sizeof verr)) != 0) {
             LOG_ERR("--mmproj: %s", rc == THAW_EINVAL ? verr : thaw_strerror(rc));
             goto error;
         }
-        LOG_INF("projector %s loaded in %.0f ms: requests may carry images; those bypass the RAM and disk "
-                "caches (their keys do not cover images yet)",
-                cfg->mmproj_path, (double)(thaw_now_us() - tv) / 1000.0);
+        LOG_INF("projector %s loaded in %.0f ms: requests may carry images", cfg->mmproj_path,
+                (double)(thaw_now_us() - tv) / 1000.0);
     }
     const struct thaw_keys_settings ks = {cp.swa_full, (int)cp.type_k, (int)cp.type_v, thaw_chat_template(e->chat),
                                           cfg->jinja, cfg->chat_template_kwargs};

@@ -27,8 +27,10 @@ static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const
     llama_token *canon = NULL;
     int n_canon = 0;
 
-    if (thaw_chat_canonical(e->chat, &s->task->req, reply_json, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
-        thaw_slot_reserve(s, n_canon + 1) != 0) {
+    /* a prompt with images is stored as generated: the canonical form is
+     * tokenized as text, where its images would be their marker's tokens */
+    if (s->task->vision || thaw_chat_canonical(e->chat, &s->task->req, reply_json, &canon, &n_canon) != 0 ||
+        n_canon >= e->n_ctx_slot || thaw_slot_reserve(s, n_canon + 1) != 0) {
         free(canon);
         canon = NULL;
     }
@@ -60,9 +62,7 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
      * client has this reply, before the store below is captured. The cache
      * tiers learn it is coming, so the shared tier does not go looking for
      * a state this replica is about to write itself. */
-    /* a prompt with images is not stored: the keys do not cover images yet
-     * (DESIGN §15), so a stored state could be served for another image */
-    bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm && !s->task->vision;
+    bool will_store = thaw_kvcache_enabled(e->kv) && stored_msg && norm;
     if (will_store) {
         thaw_prepare_store_key(s->task, norm, s->tokens, s->n_tokens, s->store_key);
         thaw_kvcache_expect(e->kv, s->store_key);

@@ -309,10 +309,9 @@ int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, cons
     thaw_engine_binding(e, ns, t->binding);
     thaw_request_keys_bind(t->binding, &t->req, t->binding);
     long last_asst = thaw_request_keys_last_assistant(t->req.messages, t->req.n_messages);
-    if (vp) {
-        LOG_INF("chat: a prompt with %d images (%d tokens): the RAM and disk caches are bypassed (no lookup, no "
-                "store: their keys do not cover images yet)", thaw_vision_prompt_count(vp), n_prompt);
-    } else if (last_asst >= 0) {
+    if (vp)
+        LOG_DBG("chat: a prompt with %d images (%d tokens)", thaw_vision_prompt_count(vp), n_prompt);
+    if (last_asst >= 0) {
         t->has_lookup_key = true;
         thaw_request_keys_conversation(t->binding, t->req.messages, (size_t)last_asst + 1, NULL, t->lookup_key);
     }

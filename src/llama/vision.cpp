@@ -16,6 +16,7 @@ extern "C" {
 
 #include <mtmd-helper.h>
 #include <mtmd.h>
+#include <sodium.h>
 #include <stb/stb_image.h> /* declarations only: the code is in mtmd-helper.cpp */
 
 #include <cstdarg>
@@ -29,6 +30,7 @@ extern "C" {
 
 struct thaw_vision {
     mtmd_context *mctx;
+    uint8_t identity[32]; /* thaw_vision_params.identity */
 };
 
 struct vision_span {
@@ -74,20 +76,28 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-/* The placeholder of position k of the image whose content id (libmtmd's
- * bitmap id: the SHA-256 of its bytes, hex) is `id`: negative, so never a
- * vocabulary id, and equal for two images only where their ids are
- * (FNV-1a of the id, then mixed with k by splitmix64; 31 bits kept). */
-static llama_token placeholder(const char *id, int k)
+/* The placeholders of an image whose content id (libmtmd's bitmap id: the
+ * SHA-256 of its bytes, hex) is `id`, n of them into out: position k's is
+ * -1 - (30 bits of BLAKE2b-64 keyed by BLAKE2b-256(projector identity ||
+ * id), over k as 4 little-endian bytes). Negative, so never a vocabulary
+ * id; a run of them pins the image and the projector (vision.h). */
+static void placeholders(const thaw_vision *v, const char *id, int n, llama_token *out)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
-        h = (h ^ *p) * 0x100000001b3ull;
-    uint64_t z = h + 0x9e3779b97f4a7c15ull * (uint64_t)(k + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (llama_token)(-1 - (int32_t)(z & 0x3fffffff));
+    uint8_t key[crypto_generichash_KEYBYTES];
+    crypto_generichash_state st;
+
+    crypto_generichash_init(&st, NULL, 0, sizeof key);
+    crypto_generichash_update(&st, v->identity, sizeof v->identity);
+    crypto_generichash_update(&st, (const unsigned char *)id, strlen(id));
+    crypto_generichash_final(&st, key, sizeof key);
+    for (int k = 0; k < n; k++) {
+        const unsigned char le[4] = {(unsigned char)k, (unsigned char)(k >> 8), (unsigned char)(k >> 16),
+                                     (unsigned char)(k >> 24)};
+        uint8_t h[8];
+        crypto_generichash(h, sizeof h, le, sizeof le, key, sizeof key);
+        uint32_t x = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+        out[k] = (llama_token)(-1 - (int32_t)(x & 0x3fffffff));
+    }
 }
 
 /* ---- lifecycle ------------------------------------------------------------------ */
@@ -126,11 +136,12 @@ int thaw_vision_new(const struct llama_model *model, const struct thaw_vision_pa
             set_err(err, errlen, "'%s' has no vision encoder: thaw takes images only", p->path);
             return THAW_EINVAL;
         }
-        thaw_vision *v = new (std::nothrow) thaw_vision{mctx};
+        thaw_vision *v = new (std::nothrow) thaw_vision{mctx, {0}};
         if (!v) {
             mtmd_free(mctx);
             return THAW_ENOMEM;
         }
+        memcpy(v->identity, p->identity, sizeof v->identity);
         *out = v;
         return 0;
     } catch (const std::bad_alloc &) {
@@ -264,8 +275,11 @@ int thaw_vision_tokenize(const struct thaw_vision *v, const char *text, const st
                 goto done;
             }
             const char *id = mtmd_input_chunk_get_id(ch);
-            for (int k = 0; k < nt; k++)
-                toks[n + k] = placeholder(id ? id : "", k);
+            if (!id || !*id) { /* libmtmd's helper always names a bitmap by its SHA-256 */
+                set_err(err, errlen, "an image has no content id");
+                goto done;
+            }
+            placeholders(v, id, nt, toks + n);
             vp->spans.push_back(vision_span{n, nt, c});
             n += nt;
         }

@@ -19,12 +19,16 @@
  *      calls thaw_vision_eval: the projector encodes the image and its
  *      embeddings are decoded into the slot's sequence there.
  *
- * Placeholder tokens are negative (never a vocabulary id) and derived from
- * the image's SHA-256 and the index inside the image: two prompts agree on
- * them only where they hold the same image bytes at the same place, so a
- * longest-common-prefix over token arrays never takes one image's KV for
- * another's. A prefix must never end inside an image either (its positions
- * attend to each other both ways on Gemma 3): thaw_vision_prompt_back_off.
+ * Placeholder tokens are negative (never a vocabulary id), 30 bits each of
+ * BLAKE2b over (the projector's identity: its file's fingerprint and the
+ * image-token settings; the image's SHA-256; the index inside the image)
+ * (DESIGN §15): two prompts agree on an image's run only where they hold
+ * the same image bytes, seen by the same projector the same way. Every
+ * reuse of KV is bounded by a token-array prefix match (the slot's own, a
+ * stored state's, a block chain's), so an image's KV is never taken for
+ * another's, in a slot, after a restart, or in a shared block. A prefix
+ * must never end inside an image either (its positions attend to each
+ * other both ways on Gemma 3): thaw_vision_prompt_back_off.
  *
  * Thread safety: a thaw_vision is shared; tokenize may run on any thread at
  * once, eval on the engine thread only (it uses the projector's compute
@@ -49,6 +53,8 @@ struct thaw_image {
     unsigned char *data;
     size_t len;
     char *path;
+    char tag[80]; /* the image in the conversation keys: "sha256:HEX" of the bytes, or for a file:// URL
+                   * "file:HEX" (BLAKE2b of its path; its placeholders still pin the bytes read) */
 };
 
 /* Most bytes one encoded image may have (a data URL's decoded size, a
@@ -68,6 +74,8 @@ struct thaw_vision_params {
     int image_min_tokens; /* 0: the projector's own (--image-min-tokens; dynamic-resolution models only) */
     int image_max_tokens; /* 0: the projector's own (--image-max-tokens) */
     bool flash_attn;      /* as the text model's context */
+    uint8_t identity[32]; /* the projector's identity for the placeholders: its file's fingerprint
+                           * (fingerprint.h) mixed with the image-token settings */
 };
 
 /* Loads the projector for `model` (which must outlive it). Returns 0,
