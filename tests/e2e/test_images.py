@@ -266,3 +266,32 @@ def test_responses_input_image(srv):
         {"type": "input_image", "image_url": "https://example.com/a.png"}]}])
     r = srv.post("/v1/responses", bad)
     assert r.status_code == 400 and "fetches no" in r.text
+
+
+def test_browser_attach_an_image(models, tmp_path):
+    """The chat page: an image attached with the file picker goes with the
+    message (as an image_url part), is shown in the conversation and kept
+    with it (headless Chromium driven by webui_driver.mjs, as test_webui)."""
+    import json
+    chromium = os.environ.get("THAW_CHROMIUM", "/usr/bin/chromium")
+    npm = os.path.join(REPO, ".deps", "webui", "node_modules")
+    try:
+        p = subprocess.run([chromium, "--headless", "--no-sandbox", "--version"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"chromium cannot run here: {e}")
+    if p.returncode != 0:
+        pytest.skip("chromium cannot run here")
+    model, mmproj = models
+    with Server(model, "--mmproj", mmproj, "-c", "4096", "-v") as s:
+        driver = os.path.join(os.path.dirname(__file__), "webui_driver.mjs")
+        r = subprocess.run(["node", driver, "image", s.url + "/", str(tmp_path / "profile"), str(tmp_path), JPEG],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "THAW_WEBUI_NPM": npm, "THAW_CHROMIUM": chromium})
+        assert r.returncode == 0, r.stdout + r.stderr
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        assert "failure" not in res, res["failure"]
+        assert res["blocked"] == [] and res["console_errors"] == [] and res["page_errors"] == [], res
+        assert res["reply"].strip() and res["n_messages"] == 2, res
+        assert res["images_shown"] == 1 and res["thumbs_left"] == 0 and res["kept_images"] == 1, res
+        assert (tmp_path / "image.png").stat().st_size > 10_000
+        assert "a prompt with 1 images" in s.log()  # it reached the server as an image
