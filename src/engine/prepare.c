@@ -191,8 +191,8 @@ static int render(struct thaw_engine *e, struct thaw_chat_request *req, llama_to
     *vp = NULL;
     memset(gen, 0, sizeof *gen);
     if (req->n_images > 0 && !e->vision) {
-        snprintf(err, errlen, "this server takes no images: it was started without --mmproj (the model's "
-                              "vision projector)");
+        snprintf(err, errlen, "image input is not supported: the server was started without --mmproj (the "
+                              "model's vision projector)");
         return THAW_EINVAL;
     }
     if (req->n_bias > 0 && (rc = thaw_chat_resolve_bias(e->chat, req, err, errlen)) != 0)
