@@ -109,6 +109,11 @@ int thaw_api_image_from_base64(const char *b64, size_t len, const char *where, s
         out->data = NULL;
         return fail(err, errlen, "%s: the image's data is not valid base64", where);
     }
+    if (n == 0) {
+        free(out->data);
+        out->data = NULL;
+        return fail(err, errlen, "%s: the image's data is empty", where);
+    }
     out->len = n;
     return 0;
 }
