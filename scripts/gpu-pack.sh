@@ -33,13 +33,18 @@ log() { printf '[gpu-pack] %s\n' "$*" >&2; }
 # Kept: the top-level CMake files, cmake/, include/, src/ (libllama), ggml/ with
 # only the CPU and CUDA backends (the others are add_subdirectory'd only when
 # enabled), vendor/ (always add_subdirectory'd by the top-level CMakeLists),
-# common/ (libllama-common, should thaw ever link it) and one vocab GGUF.
-# Dropped: models/ but that vocab and templates/, tools/ (llama-server...), examples/, tests/,
-# docs/, benches/, media/, conversion scripts, gguf-py/, .git/.
+# common/ (libllama-common, should thaw ever link it), tools/mtmd (thaw compiles
+# libmtmd from it: images, issue #35; its test image kept, its audio and video
+# samples dropped) and one vocab GGUF.
+# Dropped: models/ but that vocab and templates/, the rest of tools/ (llama-server...),
+# examples/, tests/, docs/, benches/, media/, conversion scripts, gguf-py/, .git/.
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp/llama.cpp/models" "$out.tmp/llama.cpp/ggml/src"
 (cd "$src" && cp -a CMakeLists.txt LICENSE cmake include src vendor common "$out.tmp/llama.cpp/")
 [ -d "$src/licenses" ] && cp -a "$src/licenses" "$out.tmp/llama.cpp/"
+mkdir -p "$out.tmp/llama.cpp/tools"
+cp -a "$src/tools/mtmd" "$out.tmp/llama.cpp/tools/"
+rm -f "$out.tmp/llama.cpp/tools/mtmd/test-2.mp3" "$out.tmp/llama.cpp/tools/mtmd/test-3.mp4"
 (cd "$src/ggml" && cp -a CMakeLists.txt cmake include "$out.tmp/llama.cpp/ggml/")
 (cd "$src/ggml/src" && for f in *; do
    case "$f" in
@@ -51,9 +56,8 @@ mkdir -p "$out.tmp/llama.cpp/models" "$out.tmp/llama.cpp/ggml/src"
 cp -a "$src/models/ggml-vocab-llama-bpe.gguf" "$out.tmp/llama.cpp/models/"
 # the real models' chat templates (0.6 MiB): mkmodel can take a family's own from there
 [ -d "$src/models/templates" ] && cp -a "$src/models/templates" "$out.tmp/llama.cpp/models/"
-# the vendored header-only audio library (4 MiB) is only for tools/mtmd; its
-# CMakeLists (an INTERFACE target) stays: vendor/ add_subdirectory's it always
-find "$out.tmp/llama.cpp/vendor/miniaudio" -type f ! -name CMakeLists.txt -delete
+# (the vendored header-only audio library, 4 MiB, stays: libmtmd's helper
+# includes it, whatever thaw reads)
 
 # ---- 2. the Debian packages, unpacked into one sysroot --------------------------
 pkgs=(libmicrohttpd-dev libmicrohttpd12 libjansson-dev libjansson4 libsodium-dev libsodium23

@@ -19,7 +19,11 @@ function load(key, dflt) {
   try { return JSON.parse(localStorage.getItem(key)) ?? dflt; } catch { return dflt; }
 }
 function save() {
-  localStorage.setItem(STORE, JSON.stringify(convs));
+  try {
+    localStorage.setItem(STORE, JSON.stringify(convs));
+  } catch (e) { // images can outgrow the browser's storage: the page goes on, unsaved
+    $('status').textContent = 'not saved in this browser: ' + e.name;
+  }
   if (current) localStorage.setItem(CURRENT, current);
 }
 function conv() { return convs.find((c) => c.id === current); }
@@ -102,6 +106,13 @@ function renderMessage(m, el) {
     c.className = 'content';
     c.textContent = m.content;
     el.append(c);
+    for (const u of m.images || []) {
+      const img = document.createElement('img');
+      img.className = 'image';
+      img.alt = 'attached image';
+      img.src = u;
+      el.append(img);
+    }
     return;
   }
   if (m.reasoning) {
@@ -196,6 +207,11 @@ function apiMessages(c) {
   for (const m of c.messages) {
     if (m.role === 'assistant' && m.error && !m.content) continue;
     const x = { role: m.role, content: m.content };
+    // images as chat completions' parts, after the text (data: URLs)
+    if (m.images?.length) {
+      x.content = [{ type: 'text', text: m.content },
+        ...m.images.map((u) => ({ type: 'image_url', image_url: { url: u } }))];
+    }
     if (m.tool_calls?.length) x.tool_calls = m.tool_calls;
     out.push(x);
   }
@@ -299,10 +315,40 @@ async function complete(c) {
   render();
 }
 
+// The images attached to the next message, as data: URLs.
+let pending = [];
+
+function showAttached() {
+  const el = $('attached');
+  el.replaceChildren();
+  pending.forEach((u, i) => {
+    const img = document.createElement('img');
+    img.className = 'thumb';
+    img.alt = 'attached image';
+    img.title = 'Click to remove';
+    img.src = u;
+    img.addEventListener('click', () => { pending.splice(i, 1); showAttached(); });
+    el.append(img);
+  });
+}
+
+function attach(files) {
+  for (const f of files) {
+    if (!f.type.startsWith('image/')) continue;
+    const r = new FileReader();
+    r.onload = () => { pending.push(r.result); showAttached(); };
+    r.readAsDataURL(f);
+  }
+}
+
 async function send(text) {
   const c = conv() || newConv();
-  if (c.messages.length === 0) c.title = text.slice(0, 40);
-  c.messages.push({ role: 'user', content: text });
+  if (c.messages.length === 0) c.title = (text || '(image)').slice(0, 40);
+  const m = { role: 'user', content: text };
+  if (pending.length) m.images = pending;
+  pending = [];
+  showAttached();
+  c.messages.push(m);
   save();
   await complete(c);
 }
@@ -327,7 +373,7 @@ export function initChat() {
   $('composer').addEventListener('submit', (ev) => {
     ev.preventDefault();
     const text = $('input').value.trim();
-    if (!text || inflight) return;
+    if ((!text && !pending.length) || inflight) return;
     $('input').value = '';
     send(text);
   });
@@ -335,6 +381,14 @@ export function initChat() {
     if (ev.key === 'Enter' && !ev.shiftKey) { ev.preventDefault(); $('composer').requestSubmit(); }
   });
   $('stop').addEventListener('click', () => inflight?.controller.abort());
+  $('attach').addEventListener('click', () => $('attach-file').click());
+  $('attach-file').addEventListener('change', (ev) => { attach(ev.target.files); ev.target.value = ''; });
+  $('input').addEventListener('paste', (ev) => {
+    const files = [...(ev.clipboardData?.files || [])].filter((f) => f.type.startsWith('image/'));
+    if (!files.length) return;
+    ev.preventDefault();
+    attach(files);
+  });
   $('regenerate').addEventListener('click', () => {
     const c = conv();
     if (inflight || !c || c.messages.at(-1)?.role !== 'assistant') return;
@@ -348,6 +402,8 @@ export function initChat() {
     while (i >= 0 && c.messages[i].role !== 'user') i--;
     if (i < 0) return;
     $('input').value = c.messages[i].content;
+    pending = c.messages[i].images || [];
+    showAttached();
     c.messages.splice(i); // the message and its reply: sending again replaces them
     save();
     render();

@@ -15,11 +15,13 @@
 #include "api/codec.h"
 #include "api/template.h"
 
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/utf8.h"
 
 #include <jansson.h>
 #include <math.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,10 +60,110 @@ json_t *thaw_api_load_object(const char *body, size_t len, char *err, size_t err
     return root;
 }
 
-/* Flattens `content`: a string, null (assistant tool calls), or an array of
- * parts of which only {"type":"text","text":...} carry text. */
-static int flatten_content(json_t *content, size_t idx, char **out, char *err, size_t errlen)
+/* ---- images ---- */
+
+/* An image URL made a struct thaw_image (vision.h): a data: URL's bytes
+ * (base64), or a file:// URL's path (read under --media-path by prepare);
+ * http(s) is refused: thaw fetches nothing. 0 or THAW_EINVAL (err says
+ * why, for a 400) or THAW_ENOMEM. */
+int thaw_api_image_from_url(const char *url, const char *where, struct thaw_image *out, char *err, size_t errlen)
 {
+    memset(out, 0, sizeof *out);
+    if (strncmp(url, "data:", 5) == 0) {
+        const char *comma = strchr(url, ',');
+        if (!comma)
+            return fail(err, errlen, "%s: a data: URL needs a ',' before its data", where);
+        /* the header's parameters end in ;base64 (data:image/png;base64,...) */
+        size_t hlen = (size_t)(comma - url);
+        if (hlen < 12 || strncmp(comma - 7, ";base64", 7) != 0)
+            return fail(err, errlen, "%s: only base64 data: URLs are taken (data:image/png;base64,...)", where);
+        return thaw_api_image_from_base64(comma + 1, strlen(comma + 1), where, out, err, errlen);
+    }
+    if (strncmp(url, "file://", 7) == 0) {
+        if (!url[7])
+            return fail(err, errlen, "%s: the file:// URL names no file", where);
+        return (out->path = strdup(url + 7)) ? 0 : THAW_ENOMEM;
+    }
+    if (strncmp(url, "http://", 7) == 0 || strncmp(url, "https://", 8) == 0)
+        return fail(err, errlen, "%s: thaw fetches no URLs: send the image inline as a data: URL "
+                                 "(data:image/png;base64,...)", where);
+    return fail(err, errlen, "%s: the image URL must be a data: URL (or file:// under --media-path)", where);
+}
+
+int thaw_api_image_from_base64(const char *b64, size_t len, const char *where, struct thaw_image *out, char *err,
+                               size_t errlen)
+{
+    size_t cap = len / 4 * 3 + 3, n = 0;
+
+    memset(out, 0, sizeof *out);
+    if (len == 0)
+        return fail(err, errlen, "%s: the image's data is empty", where);
+    if (cap - 3 > THAW_VISION_MAX_IMAGE_BYTES)
+        return fail(err, errlen, "%s: the image is over %u MiB", where, THAW_VISION_MAX_IMAGE_BYTES >> 20);
+    if (!(out->data = malloc(cap)))
+        return THAW_ENOMEM;
+    if (sodium_base642bin(out->data, cap, b64, len, " \t\r\n", &n, NULL, sodium_base64_VARIANT_ORIGINAL) != 0 &&
+        sodium_base642bin(out->data, cap, b64, len, " \t\r\n", &n, NULL, sodium_base64_VARIANT_ORIGINAL_NO_PADDING) !=
+            0) {
+        free(out->data);
+        out->data = NULL;
+        return fail(err, errlen, "%s: the image's data is not valid base64", where);
+    }
+    if (n == 0) {
+        free(out->data);
+        out->data = NULL;
+        return fail(err, errlen, "%s: the image's data is empty", where);
+    }
+    out->len = n;
+    return 0;
+}
+
+/* Appends `img` (moved) to the request's images, its key tag set. 0 or
+ * THAW_ENOMEM (then img is freed). */
+static int add_image(struct thaw_chat_request *req, struct thaw_image *img)
+{
+    struct thaw_image *v = realloc(req->images, (req->n_images + 1) * sizeof *v);
+    unsigned char h[crypto_hash_sha256_BYTES];
+    char hex[2 * sizeof h + 1];
+
+    if (img->data) {
+        crypto_hash_sha256(h, img->data, img->len);
+        snprintf(img->tag, sizeof img->tag, "sha256:%s", sodium_bin2hex(hex, sizeof hex, h, sizeof h));
+    } else {
+        crypto_generichash(h, sizeof h, (const unsigned char *)img->path, strlen(img->path), NULL, 0);
+        snprintf(img->tag, sizeof img->tag, "file:%s", sodium_bin2hex(hex, sizeof hex, h, sizeof h));
+    }
+
+    if (!v) {
+        free(img->data);
+        free(img->path);
+        return THAW_ENOMEM;
+    }
+    req->images = v;
+    req->images[req->n_images++] = *img;
+    memset(img, 0, sizeof *img);
+    return 0;
+}
+
+/* An image_url part's URL: {"image_url": {"url": "..."}} or {"image_url": "..."} */
+static const char *image_part_url(json_t *part)
+{
+    json_t *u = json_object_get(part, "image_url");
+
+    if (json_is_object(u))
+        u = json_object_get(u, "url");
+    return json_is_string(u) ? json_string_value(u) : NULL;
+}
+
+/* Flattens `content`: a string, null (assistant tool calls), or an array of
+ * parts of which {"type":"text","text":...} carry text and, when `req` is
+ * given, {"type":"image_url"} an image: its bytes go to req->images and
+ * the text gets the marker that stands for it (thaw_vision_marker). */
+static int flatten_content(json_t *content, size_t idx, struct thaw_chat_request *req, char **out, char *err,
+                           size_t errlen)
+{
+    const char *marker = thaw_vision_marker();
+
     if (!content || json_is_null(content)) {
         *out = strdup("");
         return *out ? 0 : THAW_ENOMEM;
@@ -80,9 +182,22 @@ static int flatten_content(json_t *content, size_t idx, char **out, char *err, s
         json_t *text = json_object_get(part, "text");
         if (!json_is_object(part) || !json_is_string(type))
             return fail(err, errlen, "messages[%zu].content[%zu] must be an object with a string 'type'", idx, i);
+        if (req && strcmp(json_string_value(type), "image_url") == 0) {
+            char where[64];
+            const char *url = image_part_url(part);
+            struct thaw_image img;
+            int rc;
+            snprintf(where, sizeof where, "messages[%zu].content[%zu].image_url", idx, i);
+            if (!url)
+                return fail(err, errlen, "%s.url must be a string", where);
+            if ((rc = thaw_api_image_from_url(url, where, &img, err, errlen)) != 0 || (rc = add_image(req, &img)) != 0)
+                return rc;
+            total += strlen(marker);
+            continue;
+        }
         if (strcmp(json_string_value(type), "text") != 0)
-            return fail(err, errlen, "messages[%zu].content[%zu].type '%s' is not supported (only 'text')", idx, i,
-                        json_string_value(type));
+            return fail(err, errlen, "messages[%zu].content[%zu].type '%s' is not supported (only 'text'%s)", idx, i,
+                        json_string_value(type), req ? " and 'image_url'" : "");
         if (!json_is_string(text))
             return fail(err, errlen, "messages[%zu].content[%zu].text must be a string", idx, i);
         total += json_string_length(text);
@@ -93,6 +208,11 @@ static int flatten_content(json_t *content, size_t idx, char **out, char *err, s
         return THAW_ENOMEM;
     json_array_foreach(content, i, part) {
         json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text)) { /* an image */
+            memcpy(buf + len, marker, strlen(marker));
+            len += strlen(marker);
+            continue;
+        }
         memcpy(buf + len, json_string_value(text), json_string_length(text));
         len += json_string_length(text);
     }
@@ -240,10 +360,55 @@ static int parse_tool_calls(json_t *calls, size_t i, json_t *into, char *err, si
     return 0;
 }
 
+/* A message with images: the template still renders it with each image's
+ * marker (out->render, set from out->json when not already), while the
+ * keys' form (out->json) carries after each marker the image's tag (its
+ * SHA-256), so two conversations differing only in an image's bytes never
+ * share a key (DESIGN §15). `norm` is the message's normalised JSON (its
+ * content replaced here). 0 or THAW_ENOMEM. */
+static int key_images(struct thaw_message *out, const struct thaw_image *imgs, size_t n, json_t *norm)
+{
+    const char *marker = thaw_vision_marker(), *p = out->content;
+    size_t ml = strlen(marker), k = 0;
+    struct thaw_buf b = {0};
+    char *keyed;
+
+    while (*p) {
+        const char *q = strstr(p, marker);
+        if (!q) {
+            thaw_buf_puts(&b, p);
+            break;
+        }
+        thaw_buf_append(&b, p, (size_t)(q + ml - p));
+        if (k < n) {
+            thaw_buf_puts(&b, "{");
+            thaw_buf_puts(&b, imgs[k++].tag);
+            thaw_buf_puts(&b, "}");
+        }
+        p = q + ml;
+    }
+    if (b.oom || !(keyed = b.data ? strndup(b.data, b.len) : strdup(""))) {
+        thaw_buf_free(&b);
+        return THAW_ENOMEM;
+    }
+    thaw_buf_free(&b);
+    json_object_set_new(norm, "content", json_string(keyed));
+    free(keyed);
+    if (!out->render) {
+        out->render = out->json;
+        out->json = NULL;
+    } else {
+        free(out->json);
+    }
+    out->json = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS);
+    return out->json ? 0 : THAW_ENOMEM;
+}
+
 /* One message: checked, flattened to text for the cheap checks, and
  * normalised (known fields only, text parts joined) into JSON for the
  * template and the conversation keys. Fills out (role, content, json). */
-static int normalize_message(json_t *m, size_t i, struct thaw_message *out, char *err, size_t errlen)
+static int normalize_message(json_t *m, size_t i, struct thaw_chat_request *req, struct thaw_message *out, char *err,
+                             size_t errlen)
 {
     static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
     json_t *role = json_object_get(m, "role");
@@ -262,6 +427,7 @@ static int normalize_message(json_t *m, size_t i, struct thaw_message *out, char
         return fail(err, errlen, "messages[%zu].role '%s' is not one of system, developer, user, assistant, tool", i,
                     json_string_value(role));
     bool assistant = strcmp(json_string_value(role), "assistant") == 0;
+    size_t first_image = req ? req->n_images : 0; /* this message's images are those added from here */
     json_t *content = json_object_get(m, "content");
     json_t *calls = json_object_get(m, "tool_calls");
     bool has_calls = calls && !json_is_null(calls);
@@ -271,7 +437,7 @@ static int normalize_message(json_t *m, size_t i, struct thaw_message *out, char
         return fail(err, errlen, "messages[%zu].tool_calls: only assistant messages make tool calls", i);
     if (!(out->role = strdup(json_string_value(role))))
         return THAW_ENOMEM;
-    if ((rc = flatten_content(content, i, &out->content, err, errlen)) != 0)
+    if ((rc = flatten_content(content, i, req, &out->content, err, errlen)) != 0)
         return rc;
 
     /* "developer" is OpenAI's newer name for the system role */
@@ -304,13 +470,22 @@ static int normalize_message(json_t *m, size_t i, struct thaw_message *out, char
     if (out->json && json_is_array(content) && json_array_size(content) > 1) {
         json_t *parts = json_array(), *part;
         size_t k;
-        json_array_foreach(content, k, part)
-            json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", json_object_get(part, "text")));
+        json_array_foreach(content, k, part) {
+            json_t *text = json_object_get(part, "text");
+            json_array_append_new(parts, json_pack("{s:s, s:o}", "type", "text", "text",
+                                                   json_is_string(text) ? json_incref(text)
+                                                                        : json_string(thaw_vision_marker())));
+        }
         json_object_set_new(norm, "content", parts);
         if (!(out->render = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS))) {
             free(out->json);
             out->json = NULL;
         }
+    }
+    if (out->json && req && req->n_images > first_image &&
+        (rc = key_images(out, &req->images[first_image], req->n_images - first_image, norm)) != 0) {
+        json_decref(norm);
+        return rc;
     }
     json_decref(norm);
     return out->json ? 0 : THAW_ENOMEM;
@@ -334,7 +509,7 @@ static int parse_messages(json_t *root, struct thaw_chat_request *out, char *err
         return THAW_ENOMEM;
     json_array_foreach(msgs, i, m) {
         out->n_messages = i + 1; /* freed by thaw_chat_request_free, even half-filled */
-        if ((rc = normalize_message(m, i, &out->messages[i], err, errlen)) != 0)
+        if ((rc = normalize_message(m, i, out, &out->messages[i], err, errlen)) != 0)
             return rc;
     }
     return 0;
@@ -350,7 +525,7 @@ int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size
     *out = NULL;
     if (!root)
         return fail(err, errlen, "not JSON: %s", jerr.text);
-    rc = normalize_message(root, 0, &m, err, errlen);
+    rc = normalize_message(root, 0, NULL, &m, err, errlen);
     json_decref(root);
     free(m.role);
     free(m.content);
@@ -991,6 +1166,11 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
     free(req->grammar);
     free(req->raw_text);
     free(req->raw_tokens);
+    for (size_t i = 0; i < req->n_images; i++) {
+        free(req->images[i].data);
+        free(req->images[i].path);
+    }
+    free(req->images);
     free(req->messages);
     free(req->model);
     free(req->prompt_cache_key);
@@ -1203,10 +1383,11 @@ char *thaw_api_models_json(const char *model, const char *tags, long created, co
             id = json_string_value(v);
     if (!id)
         id = model;
-    return thaw_api_dump(json_pack("{s:[{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s], s:[s], s:s, s:o}], s:s, "
+    json_t *caps = m->vision ? json_pack("[s, s]", "completion", "multimodal") : json_pack("[s]", "completion");
+    return thaw_api_dump(json_pack("{s:[{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s], s:o, s:s, s:o}], s:s, "
                           "s:[{s:s, s:o, s:o, s:s, s:I, s:s, s:o}]}",
                           "models", "name", id, "model", id, "modified_at", "", "size", "", "digest", "", "type",
-                          "model", "description", "", "tags", "", "capabilities", "completion", "parameters", "",
+                          "model", "description", "", "tags", "", "capabilities", caps, "parameters", "",
                           "details", details, "object", "list", "data", "id", id, "aliases", aliases, "tags",
                           comma_list(tags), "object", "model", "created", (json_int_t)created, "owned_by", "thaw",
                           "meta", meta));

@@ -9,6 +9,8 @@
 #ifndef THAW_API_H
 #define THAW_API_H
 
+#include "llama/vision.h" /* struct thaw_image */
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -67,6 +69,9 @@ extern const struct thaw_api_smp_field thaw_api_smp_fields[THAW_API_SMP_COUNT];
 struct thaw_chat_request {
     struct thaw_message *messages; /* n_messages, owned */
     size_t n_messages;
+    struct thaw_image *images;     /* the messages' images in order, each a marker in its message's content
+                                    * (thaw_vision_marker); n_images, owned */
+    size_t n_images;
     char *model;                   /* as sent, may be NULL; not used for routing */
     char *prompt_cache_key;        /* OpenAI's conversation id, as sent (at most THAW_API_MAX_CONVERSATION_ID
                                     * bytes), NULL when absent: the proxy routes on it, thaw only logs it (its
@@ -227,6 +232,17 @@ void thaw_chat_request_free(struct thaw_chat_request *req);
  * malloc'd *out, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
 int thaw_api_normalize_message(const char *msg_json, char **out, char *err, size_t errlen);
 
+/* An image given by URL (`where` names it in errors): a base64 data: URL
+ * becomes its bytes, a file:// URL its path (read under --media-path when
+ * the request is prepared); http(s) and anything else are refused (thaw
+ * fetches nothing). Returns 0 and *out (its data or path malloc'd),
+ * THAW_EINVAL (why in err, for a 400) or THAW_ENOMEM. */
+int thaw_api_image_from_url(const char *url, const char *where, struct thaw_image *out, char *err, size_t errlen);
+/* The same for base64 text (b64, len bytes; whitespace skipped), as an
+ * Anthropic image block's source carries it. */
+int thaw_api_image_from_base64(const char *b64, size_t len, const char *where, struct thaw_image *out, char *err,
+                               size_t errlen);
+
 /* Admission: bounds that need no template or tokenizer, so a request that
  * cannot fit is refused before any costly work. A prompt must leave a slot
  * of `n_ctx_slot` tokens one free for the reply, so it cannot have as many
@@ -261,6 +277,7 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
 struct thaw_model_meta {
     uint64_t n_params, size_bytes;
     int n_vocab, vocab_type, n_ctx_train, n_embd, n_ctx_slot;
+    bool vision; /* a projector is loaded (--mmproj): llama-server's "multimodal" capability */
 };
 /* GET /v1/models body: OpenAI's list ("data") with llama-server's "meta",
  * "aliases" (`model` split at commas; the id is the first of them in byte

@@ -61,8 +61,95 @@ static int append_text(json_t **acc, const char *s, size_t n, const char *sep)
     return rc;
 }
 
+/* An image block ({"type": "image", "source": {"type": "base64",
+ * "media_type", "data"}}) as the chat-completions part api.c reads (an
+ * image_url with a data: URL). A "url" source is refused here, by this
+ * API's field names: thaw fetches nothing. 0, THAW_EINVAL or THAW_ENOMEM. */
+static int image_part(json_t *b, const char *where, size_t k, json_t **out, char *err, size_t errlen)
+{
+    json_t *src = json_object_get(b, "source");
+    json_t *ty = json_object_get(src, "type"), *mt = json_object_get(src, "media_type"),
+           *data = json_object_get(src, "data");
+
+    *out = NULL;
+    if (!json_is_object(src) || !json_is_string(ty))
+        return fail(err, errlen, "%s[%zu].source must be an object with a string 'type'", where, k);
+    if (strcmp(json_string_value(ty), "base64") != 0)
+        return fail(err, errlen, "%s[%zu].source.type '%s' is not supported: send the image as base64 (thaw "
+                                 "fetches no URLs)", where, k, json_string_value(ty));
+    if (!json_is_string(mt) || !json_is_string(data))
+        return fail(err, errlen, "%s[%zu].source needs string 'media_type' and 'data'", where, k);
+    size_t n = json_string_length(mt) + json_string_length(data) + 16;
+    char *url = malloc(n);
+    if (!url)
+        return THAW_ENOMEM;
+    snprintf(url, n, "data:%s;base64,%s", json_string_value(mt), json_string_value(data));
+    *out = json_pack("{s:s, s:{s:s}}", "type", "image_url", "image_url", "url", url);
+    free(url);
+    return *out ? 0 : THAW_ENOMEM;
+}
+
+/* Moves the text gathered so far (*text, may be NULL) into `parts` as a
+ * text part. 0 or THAW_ENOMEM. */
+static int flush_text(json_t *parts, json_t **text)
+{
+    int rc = 0;
+
+    if (*text)
+        rc = json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", *text)) == 0 ? 0
+                                                                                                       : THAW_ENOMEM;
+    json_decref(*text);
+    *text = NULL;
+    return rc;
+}
+
 /* Text of a content field that may be a string or text blocks (system,
  * tool_result): blocks joined by `sep`; NULL *out for none. */
+static int text_of(json_t *content, const char *where, const char *sep, bool drop_billing, json_t **out, char *err,
+                   size_t errlen);
+
+/* A tool_result's content: its text as text_of gives it, or, when it
+ * holds image blocks, chat-completions parts (text and image_url) in
+ * order. */
+static int tool_result_content(json_t *content, const char *where, json_t **out, char *err, size_t errlen)
+{
+    json_t *b, *text = NULL, *parts = NULL;
+    size_t k;
+    bool images = false;
+    int rc;
+
+    if (json_is_array(content))
+        json_array_foreach(content, k, b)
+            images |= is_type(b, "image");
+    if (!images)
+        return text_of(content, where, "", false, out, err, errlen);
+    *out = NULL;
+    if (!(parts = json_array()))
+        return THAW_ENOMEM;
+    json_array_foreach(content, k, b) {
+        json_t *part = NULL, *t = json_object_get(b, "text");
+        if (is_type(b, "image")) {
+            if ((rc = flush_text(parts, &text)) != 0 || (rc = image_part(b, where, k, &part, err, errlen)) != 0 ||
+                (rc = json_array_append_new(parts, part) == 0 ? 0 : THAW_ENOMEM) != 0)
+                goto fail;
+        } else if (is_type(b, "text") && json_is_string(t)) {
+            if ((rc = append_text(&text, json_string_value(t), json_string_length(t), "")) != 0)
+                goto fail;
+        } else {
+            rc = fail(err, errlen, "%s[%zu] must be a text or image block", where, k);
+            goto fail;
+        }
+    }
+    if ((rc = flush_text(parts, &text)) != 0)
+        goto fail;
+    *out = parts;
+    return 0;
+fail:
+    json_decref(text);
+    json_decref(parts);
+    return rc;
+}
+
 static int text_of(json_t *content, const char *where, const char *sep, bool drop_billing, json_t **out, char *err,
                    size_t errlen)
 {
@@ -131,7 +218,7 @@ static json_t *message(const char *role, json_t *content /* taken, may be NULL *
 static int user_message(json_t *content, size_t i, json_t *out, char *err, size_t errlen)
 {
     char where[64];
-    json_t *text = NULL, *b;
+    json_t *text = NULL, *b, *parts = NULL; /* parts: once an image is met, the message's parts in order */
     size_t k;
     int rc;
 
@@ -161,28 +248,45 @@ static int user_message(json_t *content, size_t i, json_t *out, char *err, size_
                 rc = fail(err, errlen, "%s[%zu].tool_use_id must be a non-empty string", where, k);
                 goto out;
             }
-            if ((rc = text_of(json_object_get(b, "content"), w2, "", false, &res, err, errlen)) != 0)
+            if ((rc = tool_result_content(json_object_get(b, "content"), w2, &res, err, errlen)) != 0)
                 goto out;
             json_t *tm = message("tool", res);
             if (!tm || json_object_set(tm, "tool_call_id", id) != 0 || json_array_append_new(out, tm) != 0) {
                 rc = THAW_ENOMEM;
                 goto out;
             }
+        } else if (is_type(b, "image")) {
+            json_t *part;
+            if (!parts && !(parts = json_array())) {
+                rc = THAW_ENOMEM;
+                goto out;
+            }
+            if ((rc = flush_text(parts, &text)) != 0 || (rc = image_part(b, where, k, &part, err, errlen)) != 0)
+                goto out;
+            if (json_array_append_new(parts, part) != 0) {
+                rc = THAW_ENOMEM;
+                goto out;
+            }
         } else {
             const char *ty = json_string_value(json_object_get(b, "type"));
-            rc = fail(err, errlen, "%s[%zu].type '%s' is not supported in a user message (text, tool_result)%s", where,
-                      k, ty,
-                      strcmp(ty, "image") == 0 || strcmp(ty, "document") == 0 ? ": the model reads text only" : "");
+            rc = fail(err, errlen, "%s[%zu].type '%s' is not supported in a user message (text, image, tool_result)%s",
+                      where, k, ty, strcmp(ty, "document") == 0 ? ": the model reads text and images only" : "");
             goto out;
         }
     }
     rc = 0;
-    if (text || json_array_size(content) == 0) {
+    if (parts) {
+        if ((rc = flush_text(parts, &text)) == 0) {
+            rc = json_array_append_new(out, message("user", parts)) == 0 ? 0 : THAW_ENOMEM;
+            parts = NULL; /* taken by message() */
+        }
+    } else if (text || json_array_size(content) == 0) {
         rc = json_array_append_new(out, message("user", text)) == 0 ? 0 : THAW_ENOMEM;
         text = NULL;
     }
 out:
     json_decref(text);
+    json_decref(parts);
     return rc;
 }
 

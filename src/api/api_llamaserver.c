@@ -13,6 +13,7 @@
 #include "base/sampling.h"
 #include "base/utf8.h"
 #include "llama/placement.h"
+#include "llama/vision.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -241,6 +242,10 @@ char *thaw_api_props_json(const struct thaw_api_props_live *live, const char *mo
     json_t *where = root && pl ? placement_json(pl) : NULL;
 
     if (root && live && (json_object_set_new(root, "endpoint_props", json_boolean(live->endpoint_props)) != 0 ||
+                         json_object_set_new(root, "modalities",
+                                             json_pack("{s:b, s:b, s:b}", "vision", live->vision, "video", false,
+                                                       "audio", false)) != 0 ||
+                         json_object_set_new(root, "media_marker", json_string(thaw_vision_marker())) != 0 ||
                          json_object_set_new(params, "reasoning_budget_tokens", json_integer(live->reasoning_budget)) != 0 ||
                          json_object_set_new(params, "reasoning_budget_message",
                                              json_string(live->reasoning_budget_message ? live->reasoning_budget_message

@@ -48,6 +48,7 @@ struct thaw_api_props_live {
     bool endpoint_props;              /* --props: POST /props is on */
     int reasoning_budget;             /* -1 unlimited */
     const char *reasoning_budget_message; /* NULL = none */
+    bool vision;                      /* --mmproj: requests may carry images ("modalities") */
 };
 /* POST /props's body: a JSON object of the settings to change, each by
  * its request field's name: reasoning_budget_tokens (an integer >= -1),

@@ -37,14 +37,69 @@ static const char *type_of(json_t *o)
     return json_is_string(t) ? json_string_value(t) : NULL;
 }
 
+/* Content parts with an input_image among them, as chat-completions
+ * parts in order: text parts as "text", each input_image ({"image_url":
+ * "data:..."}) as an "image_url" part api.c reads (a file_id is refused:
+ * thaw keeps no files). */
+static int parts_with_images(json_t *content, const char *where, json_t **out, char *err, size_t errlen)
+{
+    json_t *parts = json_array(), *p;
+    size_t i;
+
+    *out = NULL;
+    if (!parts)
+        return THAW_ENOMEM;
+    json_array_foreach(content, i, p) {
+        const char *ty = type_of(p);
+        json_t *part;
+        if (!json_is_object(p) || !ty) {
+            json_decref(parts);
+            return fail(err, errlen, "%s[%zu] must be an object with a string 'type'", where, i);
+        }
+        if (strcmp(ty, "input_image") == 0) {
+            json_t *url = json_object_get(p, "image_url");
+            if (json_is_object(url))
+                url = json_object_get(url, "url");
+            if (!json_is_string(url)) {
+                json_decref(parts);
+                return fail(err, errlen, "%s[%zu].image_url must be a string (a data: URL; thaw keeps no files for "
+                                         "a file_id)", where, i);
+            }
+            part = json_pack("{s:s, s:{s:O}}", "type", "image_url", "image_url", "url", url);
+        } else if (strcmp(ty, "input_text") == 0 || strcmp(ty, "output_text") == 0 || strcmp(ty, "text") == 0) {
+            json_t *t = json_object_get(p, "text");
+            if (!json_is_string(t)) {
+                json_decref(parts);
+                return fail(err, errlen, "%s[%zu].text must be a string", where, i);
+            }
+            part = json_pack("{s:s, s:O}", "type", "text", "text", t);
+        } else {
+            json_decref(parts);
+            return fail(err, errlen, "%s[%zu].type '%s' is not supported (input_text, output_text, input_image)",
+                        where, i, ty);
+        }
+        if (json_array_append_new(parts, part) != 0) {
+            json_decref(parts);
+            return THAW_ENOMEM;
+        }
+    }
+    *out = parts;
+    return 0;
+}
+
 /* The text of a content field: a string, or parts of which input_text,
- * output_text and text carry text (joined). Images and files are refused. */
+ * output_text and text carry text (joined); with an input_image among
+ * them, the parts themselves (parts_with_images). Files are refused. */
 static int text_of(json_t *content, const char *where, json_t **out, char *err, size_t errlen)
 {
     size_t i, total = 0;
     json_t *p;
 
     *out = NULL;
+    if (json_is_array(content))
+        json_array_foreach(content, i, p)
+            if (type_of(p) && strcmp(type_of(p), "input_image") == 0)
+                return parts_with_images(content, where, out, err, errlen);
     if (!content || json_is_null(content)) {
         *out = json_string("");
         return *out ? 0 : THAW_ENOMEM;
@@ -60,8 +115,8 @@ static int text_of(json_t *content, const char *where, json_t **out, char *err, 
         if (!json_is_object(p) || !ty)
             return fail(err, errlen, "%s[%zu] must be an object with a string 'type'", where, i);
         if (strcmp(ty, "input_text") != 0 && strcmp(ty, "output_text") != 0 && strcmp(ty, "text") != 0)
-            return fail(err, errlen, "%s[%zu].type '%s' is not supported (input_text, output_text)%s", where, i, ty,
-                        strncmp(ty, "input_", 6) == 0 ? ": the model reads text only" : "");
+            return fail(err, errlen, "%s[%zu].type '%s' is not supported (input_text, output_text, input_image)%s",
+                        where, i, ty, strncmp(ty, "input_", 6) == 0 ? ": the model reads text and images only" : "");
         if (!json_is_string(json_object_get(p, "text")))
             return fail(err, errlen, "%s[%zu].text must be a string", where, i);
         total += json_string_length(json_object_get(p, "text"));

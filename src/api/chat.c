@@ -543,7 +543,7 @@ static int take_budget(const struct thaw_chat *chat, const struct thaw_chat_requ
 }
 
 int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
-                     int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen)
+                     int *n_tokens, char **text, struct thaw_chat_gen *gen, char *err, size_t errlen)
 {
     int rc;
     json_t *res;
@@ -556,8 +556,17 @@ int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_reques
         shown.json_schema = NULL;
     if (!(res = apply_request(chat, &shown, err, errlen, &rc)))
         return rc;
-    if ((rc = thaw_chat_tokenize(chat, json_string_value(json_object_get(res, "prompt")), tokens, n_tokens)) != 0)
+    *tokens = NULL;
+    *n_tokens = 0;
+    if (text) {
+        if (!(*text = strdup(json_string_value(json_object_get(res, "prompt"))))) {
+            rc = THAW_ENOMEM;
+            goto done;
+        }
+    } else if ((rc = thaw_chat_tokenize(chat, json_string_value(json_object_get(res, "prompt")), tokens,
+                                        n_tokens)) != 0) {
         goto done;
+    }
     if ((rc = take_gen(chat, res, gen)) == 0 && gen->grammar)
         rc = reshape_grammar(req, gen);
     if (rc == 0)
@@ -570,6 +579,10 @@ int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_reques
     if (rc != 0) {
         free(*tokens);
         *tokens = NULL;
+        if (text) {
+            free(*text);
+            *text = NULL;
+        }
         thaw_chat_gen_free(gen);
     }
 done:
@@ -764,6 +777,9 @@ int thaw_chat_resolve_bias(const struct thaw_chat *chat, struct thaw_chat_reques
 
 char *thaw_chat_token_piece(const struct thaw_chat *chat, llama_token tok)
 {
+    /* an image's placeholder (vision.h): no vocabulary piece */
+    if (tok < 0 || tok >= llama_vocab_n_tokens(chat->vocab))
+        return strdup("");
     char *buf = malloc(256);
     int got = buf ? llama_token_to_piece(chat->vocab, tok, buf, 255, 0, true) : -1;
 

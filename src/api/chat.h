@@ -63,11 +63,14 @@ struct thaw_chat_gen {
 };
 void thaw_chat_gen_free(struct thaw_chat_gen *g);
 
-/* Request -> prompt tokens and generation needs. Returns 0, THAW_EINVAL
+/* Request -> prompt tokens and generation needs. With `text` non-NULL the
+ * rendered prompt is not tokenized: it comes back in *text (malloc'd) and
+ * *tokens is NULL, for the caller to tokenize (a prompt with images, whose
+ * markers vision.h turns into image positions). Returns 0, THAW_EINVAL
  * (the template could not render these messages or tools: reason in
  * err[errlen]) or THAW_ENOMEM. */
 int thaw_chat_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
-                     int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen);
+                     int *n_tokens, char **text, struct thaw_chat_gen *gen, char *err, size_t errlen);
 
 /* A raw completion's prompt (req->raw): raw_text tokenized (BOS as the
  * vocab wants, special tokens parsed) or raw_tokens checked against the

@@ -69,6 +69,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->draft_n_gpu_layers = -1;
     cfg->split_mode = 1; /* LLAMA_SPLIT_MODE_LAYER */
     cfg->kv_offload = true;
+    cfg->mmproj_offload = true;
     cfg->op_offload = true;
     cfg->load_mode = -1; /* LLAMA_LOAD_MODE_AUTO */
     cfg->lazy_mode = 1;  /* LLAMA_LAZY_MODE_AUTO */

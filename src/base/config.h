@@ -93,6 +93,13 @@ struct thaw_config {
     bool draft_cpu_moe;          /* -cmoed */
     int draft_n_cpu_moe;         /* -ncmoed */
 
+    /* images (vision.h): --mmproj loads a projector; NULL = text only */
+    const char *mmproj_path;     /* -mm: the projector GGUF */
+    bool mmproj_offload;         /* --mmproj-offload (default) / --no-mmproj-offload */
+    int image_min_tokens;        /* --image-min-tokens: 0 = the projector's */
+    int image_max_tokens;        /* --image-max-tokens: 0 = the projector's */
+    const char *media_path;      /* --media-path: file:// images are read under it; NULL = refused */
+
     /* serving */
     const char *host;            /* --host */
     int port;                    /* --port */

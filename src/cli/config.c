@@ -85,7 +85,7 @@ static int fn_spec_type(void *dst, const struct thaw_flag *fl, const char *flag,
 static int fn_spec_default(void *dst, const struct thaw_flag *fl, const char *flag, const char *v);
 
 #define WHY_DOWNLOAD "thaw downloads nothing: pass a local GGUF with -m"
-#define WHY_MEDIA "thaw serves text chat: no vision or audio projector"
+#define WHY_MEDIA "thaw takes images only: no video or audio"
 #define WHY_ADAPTER "thaw loads no LoRA adapters or control vectors (a stored conversation's KV would not say which were applied)"
 #define WHY_ROUTER "thaw reads no model presets: put the GGUF files in --models-dir"
 #define WHY_PIN "thaw places the draft model's threads as the model's: use -C, -Cr, --cpu-strict, --prio, --poll"
@@ -283,6 +283,20 @@ static const struct thaw_flag opts[] = {
     FN("-ncmoed,--spec-draft-n-cpu-moe,--spec-draft-ncmoe,--n-cpu-moe-draft", "N", fn_cpu_moe,
        "the draft model's first N layers' experts in host memory, as -ncmoe"),
 
+    /* ---- images */
+    {"-mm,--mmproj", "FILE", THAW_FLAG_STR, OFF(mmproj_path), 0, 0,
+     "the model's vision projector (GGUF): requests may carry images (image_url data: URLs, Anthropic image "
+     "blocks, Responses input_image), cached by their content like text; without it an image is a 400", NULL},
+    {"--mmproj-offload", NULL, THAW_FLAG_TRUE, OFF(mmproj_offload), 0, 0, "run the projector on the GPU when there is one (default)", NULL},
+    {"--no-mmproj-offload", NULL, THAW_FLAG_FALSE, OFF(mmproj_offload), 0, 0, "run the projector on the CPU", NULL},
+    {"--image-min-tokens", "N", THAW_FLAG_INT, OFF(image_min_tokens), 0, 1 << 20,
+     "fewest tokens an image becomes, for projectors with dynamic resolution (0 = the projector's)", NULL},
+    {"--image-max-tokens", "N", THAW_FLAG_INT, OFF(image_max_tokens), 0, 1 << 20,
+     "most tokens an image becomes, for projectors with dynamic resolution (0 = the projector's)", NULL},
+    {"--media-path", "DIR", THAW_FLAG_STR, OFF(media_path), 0, 0,
+     "file:// image URLs are read from under DIR (a path that leaves it, by '..' or a link, is a 400); "
+     "without it file:// URLs are refused. thaw fetches no http(s) URLs", NULL},
+
     /* ---- serving */
     {"--host", "ADDR", THAW_FLAG_STR, OFF(host), 0, 0, "address to listen on", NULL},
     {"--port", "N", THAW_FLAG_INT, OFF(port), 0, 65535, "port to listen on (0 = pick a free one and log it)", NULL},
@@ -434,8 +448,7 @@ static const struct thaw_flag opts[] = {
     NOOP("-bs,--backend-sampling", NULL, "thaw samples on the CPU"),
     NOOP("-dt,--defrag-thold", "N", "deprecated in llama.cpp: the KV cache needs no defragmenting"),
     NOOP("--offline", NULL, "thaw never uses the network for models"),
-    NOOP("--no-mmproj,--no-mmproj-auto", NULL, "thaw loads no projector"),
-    NOOP("--no-mmproj-offload", NULL, "thaw loads no projector"),
+    NOOP("--no-mmproj,--no-mmproj-auto", NULL, "thaw loads a projector only when --mmproj names one"),
     NOOP("--mmproj-auto", NULL, "thaw downloads no projector"),
     NOOP("--no-agent,-no-ag", NULL, WHY_AGENT),
     NOOP("--no-ui-mcp-proxy,--no-webui-mcp-proxy", NULL, WHY_AGENT),
@@ -471,17 +484,12 @@ static const struct thaw_flag opts[] = {
     REFUSE("-sp,--special", NULL, "thaw renders special tokens as the chat parser needs them"),
     REFUSE("--spm-infill", NULL, "thaw has no /infill endpoint"),
     REFUSE("-nocb,--no-cont-batching", NULL, "thaw always batches its slots together"),
-    REFUSE("-mm,--mmproj", "FILE", WHY_MEDIA),
-    REFUSE("-mmu,--mmproj-url", "URL", WHY_MEDIA),
-    REFUSE("--mmproj-offload", NULL, WHY_MEDIA),
-    REFUSE("-mmdev,--mmproj-device", "DEV", WHY_MEDIA),
-    REFUSE("--image-min-tokens", "N", WHY_MEDIA),
-    REFUSE("--image-max-tokens", "N", WHY_MEDIA),
-    REFUSE("--mtmd-batch-max-tokens", "N", WHY_MEDIA),
+    REFUSE("-mmu,--mmproj-url", "URL", WHY_DOWNLOAD),
+    REFUSE("-mmdev,--mmproj-device", "DEV", "thaw puts the projector on the model's first GPU (--no-mmproj-offload: the CPU)"),
+    REFUSE("--mtmd-batch-max-tokens", "N", "thaw encodes one image at a time"),
     REFUSE("--video-fps", "N", WHY_MEDIA),
     REFUSE("--video-timestamp-interval", "N", WHY_MEDIA),
     REFUSE("--video-ffmpeg-dir", "DIR", WHY_MEDIA),
-    REFUSE("--media-path", "PATH", WHY_MEDIA),
     REFUSE("--rpc", "SERVERS", "thaw loads no RPC backends"),
     REFUSE("--lora", "FILE", WHY_ADAPTER),
     REFUSE("--lora-scaled", "FILE", WHY_ADAPTER),
@@ -1424,6 +1432,22 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
     }
     if (cfg->embedding && cfg->draft_path) {
         fprintf(stderr, "thaw: --embedding computes no tokens for a draft model to guess: drop -md\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->mmproj_path && cfg->embedding) {
+        fprintf(stderr, "thaw: --embedding takes text only: drop --mmproj\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->mmproj_path && cfg->models_dir) {
+        fprintf(stderr, "thaw: --mmproj belongs to one model: give it with -m, not --models-dir\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->mmproj_path && cfg->draft_path) {
+        fprintf(stderr, "thaw: a draft model (-md) cannot read images yet: drop -md or --mmproj\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->media_path && !cfg->mmproj_path) {
+        fprintf(stderr, "thaw: --media-path serves images: it needs --mmproj\n");
         return THAW_EINVAL;
     }
     if (cfg->n_threads == 0) {

@@ -66,6 +66,18 @@
 #define MK_MAX_LAYERS 512 /* LLAMA_MAX_LAYERS in llama.cpp v0.4.0 */
 #define MK_CHUNK 16384    /* elements generated per step (64 KiB of f32) */
 #define MK_WBUF (4u << 20) /* bytes buffered before each write(2) */
+/* --mmproj's vision encoder (gemma3): image side, patch side, width, feed-
+ * forward width (not the width: clip.cpp takes ffn_down as swapped when its
+ * ne0 is the width), heads, layers, and the average pooling's kernel, which
+ * leaves (64 / 4 / 4)^2 = 16 tokens per image */
+#define MK_V_IMAGE 64
+#define MK_V_PATCH 4
+#define MK_V_EMBD 64
+#define MK_V_FF 128
+#define MK_V_HEADS 4
+#define MK_V_LAYERS 2
+#define MK_V_MERGE 4
+#define MK_V_TOKENS 16
 
 /* ---- prng ----------------------------------------------------------------- */
 
@@ -207,6 +219,7 @@ struct mk_opts {
     bool set_swa_window;  /* --swa-window given (gpt-oss defaults to 128) */
     bool set_tmpl;        /* --template or --draft-of given */
     bool rerank;          /* --rerank: a rank head and pooling rank (bert, qwen3) */
+    const char *mmproj;   /* --mmproj: also write a vision projector there (gemma3); NULL = none */
 };
 
 /* Strict unsigned parse: whole string, no sign, no overflow, in [lo, hi]. */
@@ -446,6 +459,14 @@ static const struct thaw_flag mk_flags[] = {
      "labels yes/no (the score is p(yes)) and a rerank\n"
      "prompt template (tokenizer.chat_template.rerank)",
      NULL},
+    {"--mmproj", "OUT", THAW_FLAG_STR, MK_OFF(mmproj), 0, 0,
+     "also write a vision projector for the model to OUT\n"
+     "(gemma3 only): a Gemma 3 style CLIP encoder\n"
+     "(clip.projector_type gemma3), random weights, made\n"
+     "small: " MK_STR(MK_V_IMAGE) "x" MK_STR(MK_V_IMAGE) " pixels in " MK_STR(MK_V_PATCH) "x" MK_STR(MK_V_PATCH) " patches, " MK_STR(MK_V_LAYERS) " layers x " MK_STR(MK_V_EMBD) ",\n"
+     "pooled to " MK_STR(MK_V_TOKENS) " tokens per image, projected to --embd.\n"
+     "thaw serve --mmproj OUT takes images with it",
+     NULL},
     MK_FN("--seed", "N", mk_fn_seed, "PRNG seed, decimal or 0x-hex (default 1)"),
     MK_FN("--type", "T", mk_fn_type,
           "f16 | f32 for the weight matrices; norms are always\n"
@@ -559,6 +580,14 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
     }
     if (!mk_archs[o->arch].hybrid && o->set_attn) {
         fprintf(stderr, "mkmodel: --attn-pattern applies to --arch lfm2 and qwen35 only\n");
+        return THAW_EINVAL;
+    }
+    if (o->mmproj != NULL && o->arch != MK_ARCH_GEMMA3) {
+        fprintf(stderr, "mkmodel: --mmproj writes a Gemma 3 projector: it needs --arch gemma3\n");
+        return THAW_EINVAL;
+    }
+    if (o->mmproj != NULL && strcmp(o->mmproj, o->out) == 0) {
+        fprintf(stderr, "mkmodel: --mmproj must name another file than -o\n");
         return THAW_EINVAL;
     }
     if (o->tmpl_file != NULL && o->set_tmpl) {
@@ -1299,10 +1328,11 @@ static void mk_set_hparams(struct gguf_context *g, const struct mk_opts *o)
 
 /* Adds one tensor (ggml order: ne0 = the contiguous, input-side dimension)
  * to the meta context and the gguf, and records how to fill it. */
-static void mk_add3(struct mk_model *m, const char *name, enum ggml_type type, int64_t ne0,
-                    int64_t ne1, int64_t ne2, enum mk_init init, float value)
+static void mk_add4(struct mk_model *m, const char *name, enum ggml_type type, int64_t ne0,
+                    int64_t ne1, int64_t ne2, int64_t ne3, enum mk_init init, float value)
 {
-    struct ggml_tensor *t = ne2 > 0   ? ggml_new_tensor_3d(m->meta, type, ne0, ne1, ne2)
+    struct ggml_tensor *t = ne3 > 0   ? ggml_new_tensor_4d(m->meta, type, ne0, ne1, ne2, ne3)
+                            : ne2 > 0 ? ggml_new_tensor_3d(m->meta, type, ne0, ne1, ne2)
                             : ne1 > 0 ? ggml_new_tensor_2d(m->meta, type, ne0, ne1)
                                       : ggml_new_tensor_1d(m->meta, type, ne0);
 
@@ -1312,6 +1342,12 @@ static void mk_add3(struct mk_model *m, const char *name, enum ggml_type type, i
     m->init[m->n_tensors].value = value;
     m->n_tensors++;
     m->n_params += (uint64_t)ggml_nelements(t);
+}
+
+static void mk_add3(struct mk_model *m, const char *name, enum ggml_type type, int64_t ne0,
+                    int64_t ne1, int64_t ne2, enum mk_init init, float value)
+{
+    mk_add4(m, name, type, ne0, ne1, ne2, 0, init, value);
 }
 
 static void mk_add(struct mk_model *m, const char *name, enum ggml_type type, int64_t ne0,
@@ -1673,6 +1709,85 @@ fail:
     return rc;
 }
 
+/* Builds --mmproj's projector: a Gemma 3 style vision encoder (clip.cpp's
+ * PROJECTOR_TYPE_GEMMA3: a SigLIP ViT, then average pooling, an RMS norm
+ * and a projection to the text model's width), keys and tensor names as
+ * llama.cpp's converter writes them (tools/mtmd/clip-impl.h). Returns 0,
+ * or THAW_ENOMEM after printing why; *m is freed on failure. */
+static int mk_mmproj_build(struct mk_model *m, const struct mk_opts *o)
+{
+    const int64_t E = MK_V_EMBD, F = MK_V_FF, P = MK_V_PATCH, T = o->n_embd;
+    const int64_t n_patches = (MK_V_IMAGE / MK_V_PATCH) * (MK_V_IMAGE / MK_V_PATCH);
+    const enum ggml_type W = o->wtype, N = GGML_TYPE_F32;
+    const float sE = 1.0f / sqrtf((float)E), sF = 1.0f / sqrtf((float)F);
+    size_t max_tensors = (size_t)MK_V_LAYERS * 16 + 8;
+    struct ggml_init_params gp = {
+        .mem_size = max_tensors * ggml_tensor_overhead(),
+        .mem_buffer = NULL,
+        .no_alloc = true,
+    };
+    const float half[3] = {0.5f, 0.5f, 0.5f};
+    char name[96];
+
+    memset(m, 0, sizeof *m);
+    m->gguf = gguf_init_empty();
+    m->meta = ggml_init(gp);
+    m->init = calloc(max_tensors, sizeof *m->init);
+    if (m->gguf == NULL || m->meta == NULL || m->init == NULL) {
+        fprintf(stderr, "mkmodel: out of memory\n");
+        mk_model_free(m);
+        return THAW_ENOMEM;
+    }
+    struct gguf_context *g = m->gguf;
+    gguf_set_val_str(g, "general.architecture", "clip");
+    gguf_set_val_str(g, "general.name", "thaw mkmodel gemma3 projector");
+    gguf_set_val_str(g, "clip.projector_type", "gemma3");
+    gguf_set_val_bool(g, "clip.has_vision_encoder", true);
+    gguf_set_val_bool(g, "clip.use_gelu", true);
+    gguf_set_val_u32(g, "clip.vision.image_size", MK_V_IMAGE);
+    gguf_set_val_u32(g, "clip.vision.patch_size", MK_V_PATCH);
+    gguf_set_val_u32(g, "clip.vision.embedding_length", MK_V_EMBD);
+    gguf_set_val_u32(g, "clip.vision.feed_forward_length", MK_V_FF);
+    gguf_set_val_u32(g, "clip.vision.block_count", MK_V_LAYERS);
+    gguf_set_val_u32(g, "clip.vision.projection_dim", o->n_embd);
+    gguf_set_val_u32(g, "clip.vision.attention.head_count", MK_V_HEADS);
+    gguf_set_val_f32(g, "clip.vision.attention.layer_norm_epsilon", 1e-6f);
+    gguf_set_val_u32(g, "clip.vision.projector.scale_factor", MK_V_MERGE);
+    gguf_set_arr_data(g, "clip.vision.image_mean", GGUF_TYPE_FLOAT32, half, 3);
+    gguf_set_arr_data(g, "clip.vision.image_std", GGUF_TYPE_FLOAT32, half, 3);
+
+    /* the patch convolution stays f32 (its im2col takes the kernel's type) */
+    mk_add4(m, "v.patch_embd.weight", N, P, P, 3, E, MK_INIT_RANDOM, 1.0f / sqrtf((float)(3 * P * P)));
+    mk_add(m, "v.patch_embd.bias", N, E, 0, MK_INIT_CONST, 0.0f);
+    mk_add(m, "v.position_embd.weight", N, E, n_patches, MK_INIT_RANDOM, 0.02f);
+    for (uint32_t il = 0; il < MK_V_LAYERS; il++) {
+#define MK_VBLK(suffix) (snprintf(name, sizeof name, "v.blk.%" PRIu32 ".%s", il, suffix), name)
+        mk_add(m, MK_VBLK("ln1.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+        mk_add(m, MK_VBLK("ln1.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_VBLK("attn_q.weight"), W, E, E, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_VBLK("attn_q.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_VBLK("attn_k.weight"), W, E, E, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_VBLK("attn_k.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_VBLK("attn_v.weight"), W, E, E, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_VBLK("attn_v.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_VBLK("attn_out.weight"), W, E, E, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_VBLK("attn_out.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_VBLK("ln2.weight"), N, E, 0, MK_INIT_CONST, 1.0f);
+        mk_add(m, MK_VBLK("ln2.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_VBLK("ffn_up.weight"), W, E, F, MK_INIT_RANDOM, sE);
+        mk_add(m, MK_VBLK("ffn_up.bias"), N, F, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, MK_VBLK("ffn_down.weight"), W, F, E, MK_INIT_RANDOM, sF);
+        mk_add(m, MK_VBLK("ffn_down.bias"), N, E, 0, MK_INIT_CONST, 0.0f);
+#undef MK_VBLK
+    }
+    mk_add(m, "v.post_ln.weight", N, E, 0, MK_INIT_CONST, 1.0f);
+    mk_add(m, "v.post_ln.bias", N, E, 0, MK_INIT_CONST, 0.0f);
+    mk_add(m, "mm.soft_emb_norm.weight", N, E, 0, MK_INIT_CONST, 1.0f);
+    /* (T, E): clip.cpp multiplies by its transpose, E -> T */
+    mk_add(m, "mm.input_projection.weight", W, T, E, MK_INIT_RANDOM, sE);
+    return 0;
+}
+
 /* ---- writer --------------------------------------------------------------- */
 
 struct mk_out {
@@ -1793,11 +1908,11 @@ static int mk_sync_dir(const char *path)
     return rc;
 }
 
-/* Writes the whole model to o->out atomically: <out>.tmp.<pid> is written,
- * fsynced and renamed over o->out, then the directory is fsynced. On failure
- * the temp file is removed and o->out is untouched. *n_bytes = file size.
+/* Writes the whole model to `path` atomically: <path>.tmp.<pid> is written,
+ * fsynced and renamed over path, then the directory is fsynced. On failure
+ * the temp file is removed and path is untouched. *n_bytes = file size.
  * Returns 0, -errno or a thaw code. */
-static int mk_write(const struct mk_model *m, const struct mk_opts *o, uint64_t *n_bytes)
+static int mk_write(const struct mk_model *m, const struct mk_opts *o, const char *path, uint64_t *n_bytes)
 {
     char tmp[PATH_MAX];
     struct stat st;
@@ -1808,10 +1923,10 @@ static int mk_write(const struct mk_model *m, const struct mk_opts *o, uint64_t 
     ggml_fp16_t *f16 = NULL;
     int n, rc = 0;
 
-    n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", o->out, (long)getpid());
+    n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (n < 0 || (size_t)n >= sizeof tmp)
         return -ENAMETOOLONG;
-    if (stat(o->out, &st) == 0 && S_ISDIR(st.st_mode))
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         return -EISDIR; /* fail before writing, not at the rename */
 
     meta_size = gguf_get_meta_size(m->gguf);
@@ -1842,12 +1957,12 @@ static int mk_write(const struct mk_model *m, const struct mk_opts *o, uint64_t 
     w.fd = -1;
     if (rc != 0)
         goto out_unlink;
-    if (rename(tmp, o->out) != 0) {
+    if (rename(tmp, path) != 0) {
         rc = -errno;
         goto out_unlink;
     }
     *n_bytes = w.off;
-    rc = mk_sync_dir(o->out);
+    rc = mk_sync_dir(path);
     goto out_free;
 
 out_unlink:
@@ -1910,11 +2025,33 @@ int thaw_mkmodel_main(int argc, char **argv)
     if (rc != 0)
         return rc == THAW_EINVAL ? 2 : 1;
 
-    rc = mk_write(&m, &o, &n_bytes);
+    rc = mk_write(&m, &o, o.out, &n_bytes);
     if (rc != 0) {
         fprintf(stderr, "mkmodel: writing %s: %s\n", o.out, thaw_strerror(rc));
         mk_model_free(&m);
         return 1;
+    }
+    if (o.mmproj != NULL) {
+        struct mk_model v;
+        uint64_t v_bytes = 0;
+        if (mk_mmproj_build(&v, &o) != 0) {
+            mk_model_free(&m);
+            return 1;
+        }
+        rc = mk_write(&v, &o, o.mmproj, &v_bytes);
+        if (rc != 0)
+            fprintf(stderr, "mkmodel: writing %s: %s\n", o.mmproj, thaw_strerror(rc));
+        else
+            fprintf(stderr,
+                    "mkmodel: %s: gemma3 vision projector, %d layers x %d, %dx%d images in %d-pixel patches, "
+                    "%d tokens per image, projected to %" PRIu32 ", %.2fM params, %.1f MB\n",
+                    o.mmproj, MK_V_LAYERS, MK_V_EMBD, MK_V_IMAGE, MK_V_IMAGE, MK_V_PATCH, MK_V_TOKENS, o.n_embd,
+                    (double)v.n_params / 1e6, (double)v_bytes / 1e6);
+        mk_model_free(&v);
+        if (rc != 0) {
+            mk_model_free(&m);
+            return 1;
+        }
     }
     swa[0] = '\0';
     if (mk_archs[o.arch].swa)

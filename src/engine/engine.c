@@ -43,6 +43,8 @@
 #include "llama/params.h"
 #include "llama/threads.h"
 
+#include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -95,12 +97,19 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     int n_past = req->cache_prompt ? thaw_lcp(s->tokens, s->n_tokens, t->prompt, t->n_prompt) : 0;
     if (n_past > 0)
         s->timings.cache_source = "slot";
+    /* (a prompt with images too: every reuse is bounded by a token prefix
+     * match, and an image's placeholders pin its bytes and the projector,
+     * vision.h) */
     if (thaw_kvcache_enabled(e->kv))
         n_past = thaw_slotkv_restore(e->skv, s, t, n_past);
     /* at least one prompt token must be decoded to get logits to sample from */
     if (n_past >= t->n_prompt)
         n_past = t->n_prompt - 1;
+    /* never resume inside an image: its positions attend to each other */
+    n_past = thaw_vision_prompt_back_off(t->vision, n_past);
     n_past = thaw_slotkv_rollback(e->skv, s, n_past);
+    if (thaw_vision_prompt_back_off(t->vision, n_past) != n_past) /* a checkpoint inside an image */
+        n_past = thaw_slotkv_rollback(e->skv, s, thaw_vision_prompt_back_off(t->vision, n_past));
     if (s->timings.restore_ms > 0) {
         char hex[17];
         thaw_keys_short(t->lookup_key, hex);
@@ -264,7 +273,9 @@ static bool snapshot_at(const struct thaw_engine *e, const struct thaw_slot *s, 
 {
     const struct thaw_task *t = s->task;
 
-    if (!e->recurrent || e->cfg->ctx_checkpoints == 0 || !t || p <= 0 || p >= t->n_prompt)
+    /* (not in a prompt with images: a snapshot is stored by its tokens,
+     * which do not cover images yet) */
+    if (!e->recurrent || e->cfg->ctx_checkpoints == 0 || !t || t->vision || p <= 0 || p >= t->n_prompt)
         return false;
     return p == t->n_branch || (e->cfg->checkpoint_every > 0 && p % e->cfg->checkpoint_every == 0);
 }
@@ -282,6 +293,39 @@ static bool gen_prompt_at(const struct thaw_engine *e, const struct thaw_slot *s
            p == t->n_prompt - t->n_gen_prompt;
 }
 
+/* Every prefilling slot whose next prompt position starts an image: the
+ * projector encodes it and its embeddings are decoded into the slot's
+ * sequence, one image per slot per step (alone: an embeddings batch holds
+ * no tokens, and Gemma 3 decodes an image with non-causal attention). */
+static void eval_images(struct thaw_engine *e)
+{
+    for (int i = 0; i < e->n_slots; i++) {
+        struct thaw_slot *s = &e->slots[i];
+        if (s->phase != THAW_SLOT_PREFILL || !s->task || !s->task->vision)
+            continue;
+        struct thaw_task *t = s->task;
+        int img = thaw_vision_prompt_at(t->vision, s->n_prompt_done), pos, n;
+        if (img < 0)
+            continue;
+        thaw_vision_prompt_span(t->vision, img, &pos, &n);
+        int64_t t0 = thaw_now_us();
+        if (thaw_vision_eval(e->vision, e->ctx, t->vision, img, s->id, e->n_batch) != 0) {
+            thaw_engine_slot_fail(e, s, 500, "the image could not be encoded or decoded");
+            continue;
+        }
+        int64_t t1 = thaw_now_us();
+        memcpy(s->tokens + s->n_tokens, t->prompt + pos, (size_t)n * sizeof(llama_token));
+        s->n_tokens += n;
+        s->n_prompt_done += n;
+        atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n);
+        atomic_fetch_add(&e->metrics->prompt_us, (uint64_t)(t1 - t0));
+        LOG_DBG("slot %d: image %d of the prompt (%d positions at %d) in %.1f ms", s->id, img + 1, n, pos,
+                (double)(t1 - t0) / 1000.0);
+        if (thaw_task_progress(t, s->n_prompt_done, (t1 - s->t_start_us) / 1000) != 0)
+            LOG_WRN("slot %d: out of memory for a progress report", s->id);
+    }
+}
+
 /* Fills e->batch: first the next token of every generating slot (so
  * generation never waits behind a long prompt), then prompt tokens, then
  * FIXUP tokens (nobody waits for those). */
@@ -296,7 +340,8 @@ static void build_batch(struct thaw_engine *e)
         s->n_in_batch = 0;
         if (s->phase != THAW_SLOT_GEN)
             continue;
-        s->n_drafts = s->drafts ? thaw_gen_draft(e, s, e->n_batch - b->n_tokens - 1) : 0;
+        /* (no drafts over an image's placeholders: they are no vocabulary ids) */
+        s->n_drafts = s->drafts && !s->task->vision ? thaw_gen_draft(e, s, e->n_batch - b->n_tokens - 1) : 0;
         s->i_batch = b->n_tokens;
         batch_add(b, s->next_token, s->n_tokens, s->id, true);
         for (int k = 0; k < s->n_drafts; k++)
@@ -312,6 +357,8 @@ static void build_batch(struct thaw_engine *e)
             int p = s->n_prompt_done + s->n_in_batch;
             if (s->n_in_batch > 0 && (snapshot_at(e, s, p) || gen_prompt_at(e, s, p)))
                 break; /* checkpointed after this decode (after_decode) */
+            if (thaw_vision_prompt_at(t->vision, p) >= 0)
+                break; /* an image: decoded on its own (eval_images) */
             bool last = p == t->n_prompt - 1;
             if (last)
                 s->i_batch = b->n_tokens;
@@ -564,6 +611,8 @@ static void *engine_main(void *arg)
         if (admit(e, true) == 0)
             continue;
         store_early(e); /* before a prompt just admitted makes a re-decode wait */
+        if (e->vision)
+            eval_images(e);
         if (e->embedding)
             thaw_embed_build_batch(e);
         else
@@ -767,6 +816,34 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     struct thaw_chat_params chp = {cfg->chat_template, cfg->jinja, cfg->chat_template_kwargs, cfg->reasoning_format};
     if ((rc = thaw_chat_new(e->model, &chp, &e->chat)) != 0)
         goto error;
+    if (cfg->mmproj_path) {
+        char verr[512] = "";
+        int64_t tv = thaw_now_us();
+        struct thaw_vision_params vp = {cfg->mmproj_path, cfg->mmproj_offload, cfg->n_threads_batch,
+                                        cfg->image_min_tokens, cfg->image_max_tokens,
+                                        cp.flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED, {0}};
+        /* what makes an image's KV: the projector's bytes and how many
+         * tokens it makes of an image (vision.h's placeholders) */
+        uint8_t fp[THAW_KEY_BYTES];
+        char settings[64];
+        if ((rc = thaw_fingerprint_file(cfg->mmproj_path, fp)) != 0) {
+            LOG_ERR("--mmproj: cannot read %s: %s", cfg->mmproj_path, thaw_strerror(rc));
+            goto error;
+        }
+        snprintf(settings, sizeof settings, "thaw.vision.v1 min %d max %d", cfg->image_min_tokens,
+                 cfg->image_max_tokens);
+        crypto_generichash_state hs;
+        crypto_generichash_init(&hs, NULL, 0, sizeof vp.identity);
+        crypto_generichash_update(&hs, fp, sizeof fp);
+        crypto_generichash_update(&hs, (const unsigned char *)settings, strlen(settings));
+        crypto_generichash_final(&hs, vp.identity, sizeof vp.identity);
+        if ((rc = thaw_vision_new(e->model, &vp, &e->vision, verr, sizeof verr)) != 0) {
+            LOG_ERR("--mmproj: %s", rc == THAW_EINVAL ? verr : thaw_strerror(rc));
+            goto error;
+        }
+        LOG_INF("projector %s loaded in %.0f ms: requests may carry images", cfg->mmproj_path,
+                (double)(thaw_now_us() - tv) / 1000.0);
+    }
     const struct thaw_keys_settings ks = {cp.swa_full, (int)cp.type_k, (int)cp.type_v, thaw_chat_template(e->chat),
                                           cfg->jinja, cfg->chat_template_kwargs};
     thaw_keys_settings(&ks, e->settings, sizeof e->settings);
@@ -865,6 +942,7 @@ error:
     thaw_slots_view_free(e->view);
     free(e->model_name);
     thaw_chat_free(e->chat);
+    thaw_vision_free(e->vision);
     if (e->ctx)
         llama_free(e->ctx);
     thaw_threads_free(e->threads);
@@ -905,6 +983,7 @@ void thaw_engine_free(struct thaw_engine *e)
     thaw_slots_view_free(e->view);
     llama_batch_free(e->batch);
     thaw_chat_free(e->chat);
+    thaw_vision_free(e->vision);
     free(e->model_name);
     llama_free(e->ctx);
     thaw_threads_free(e->threads);
@@ -973,7 +1052,8 @@ void thaw_engine_model_meta(const struct thaw_engine *e, struct thaw_model_meta 
 {
     *m = (struct thaw_model_meta){llama_model_n_params(e->model), llama_model_size(e->model),
                                   llama_vocab_n_tokens(e->vocab), (int)llama_vocab_type(e->vocab),
-                                  llama_model_n_ctx_train(e->model), llama_model_n_embd(e->model), e->n_ctx_slot};
+                                  llama_model_n_ctx_train(e->model), llama_model_n_embd(e->model), e->n_ctx_slot,
+                                  e->vision != NULL};
 }
 
 void thaw_engine_binding(const struct thaw_engine *e, const uint8_t namespace_id[THAW_KEY_BYTES],

@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/slot.h"
 #include "llama/placement.h"
+#include "llama/vision.h"
 
 #include <llama.h>
 #include <pthread.h>
@@ -25,6 +26,7 @@ struct thaw_engine {
     const struct llama_vocab *vocab;
     struct llama_context *ctx;
     struct thaw_chat *chat;
+    struct thaw_vision *vision; /* --mmproj: the projector (vision.h); NULL = text only */
     struct thaw_sched *sched;
     char *model_name;
     uint8_t fingerprint[THAW_KEY_BYTES];

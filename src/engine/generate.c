@@ -28,8 +28,10 @@ static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const
     llama_token *canon = NULL;
     int n_canon = 0;
 
-    if (thaw_chat_canonical(e->chat, &s->task->req, reply_json, &canon, &n_canon) != 0 || n_canon >= e->n_ctx_slot ||
-        thaw_slot_reserve(s, n_canon + 1) != 0) {
+    /* a prompt with images is stored as generated: the canonical form is
+     * tokenized as text, where its images would be their marker's tokens */
+    if (s->task->vision || thaw_chat_canonical(e->chat, &s->task->req, reply_json, &canon, &n_canon) != 0 ||
+        n_canon >= e->n_ctx_slot || thaw_slot_reserve(s, n_canon + 1) != 0) {
         free(canon);
         canon = NULL;
     }

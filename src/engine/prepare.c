@@ -13,10 +13,14 @@
 #include "base/log.h"
 #include "engine/engine_state.h"
 
+#include <fcntl.h>
+#include <limits.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- the prompt ---------------------------------------------------------------------- */
 
@@ -60,17 +64,137 @@ static int apply_reasoning(struct thaw_engine *e, struct thaw_chat_request *req)
     return 0;
 }
 
+/* A file:// image's bytes, read from under --media-path `dir`: `rel` is
+ * taken relative to it (leading slashes too, as llama-server does); a ".."
+ * component, or a link that resolves outside dir, is refused. 0,
+ * THAW_EINVAL (why in err, for a 400) or THAW_ENOMEM. */
+static int read_media(const char *dir, struct thaw_image *img, size_t i, char *err, size_t errlen)
+{
+    char full[PATH_MAX], *rdir = NULL, *rfile = NULL;
+    const char *rel = img->path;
+    int fd = -1, rc = THAW_EINVAL;
+    struct stat st;
+
+    if (!dir) {
+        snprintf(err, errlen, "image %zu: file:// URLs are refused: the server has no --media-path", i + 1);
+        return THAW_EINVAL;
+    }
+    for (const char *p = rel; *p;) { /* each component */
+        size_t n = strcspn(p, "/");
+        if (n == 2 && p[0] == '.' && p[1] == '.') {
+            snprintf(err, errlen, "image %zu: the file:// path may not contain '..'", i + 1);
+            return THAW_EINVAL;
+        }
+        p += n;
+        p += *p == '/';
+    }
+    if (snprintf(full, sizeof full, "%s/%s", dir, rel) >= (int)sizeof full) {
+        snprintf(err, errlen, "image %zu: the file:// path is too long", i + 1);
+        return THAW_EINVAL;
+    }
+    rdir = realpath(dir, NULL);
+    rfile = realpath(full, NULL);
+    size_t nd = rdir ? strlen(rdir) : 0;
+    if (!rdir || !rfile || strncmp(rfile, rdir, nd) != 0 || (rfile[nd] != '/' && strcmp(rdir, "/") != 0)) {
+        snprintf(err, errlen, "image %zu: no such file under --media-path", i + 1);
+        goto out;
+    }
+    if ((fd = open(rfile, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "image %zu: the file cannot be read", i + 1);
+        goto out;
+    }
+    if (st.st_size <= 0 || (uint64_t)st.st_size > THAW_VISION_MAX_IMAGE_BYTES) {
+        snprintf(err, errlen, "image %zu: the file is %s (the limit is %u MiB)", i + 1,
+                 st.st_size <= 0 ? "empty" : "too large", THAW_VISION_MAX_IMAGE_BYTES >> 20);
+        goto out;
+    }
+    if (!(img->data = malloc((size_t)st.st_size))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, img->data + got, (size_t)st.st_size - got);
+        if (r <= 0) {
+            snprintf(err, errlen, "image %zu: the file cannot be read", i + 1);
+            free(img->data);
+            img->data = NULL;
+            goto out;
+        }
+        got += (size_t)r;
+    }
+    img->len = got;
+    rc = 0;
+out:
+    if (fd >= 0)
+        close(fd);
+    free(rfile);
+    free(rdir);
+    return rc;
+}
+
+/* A prompt with images: the template's text tokenized by the projector's
+ * tokenizer (vision.h), each image's bytes read first where a file:// URL
+ * names them. Returns as thaw_prepare_task. */
+static int vision_prompt(struct thaw_engine *e, struct thaw_chat_request *req, const char *text,
+                         llama_token **prompt, int *n_prompt, struct thaw_vision_prompt **vp, char *err,
+                         size_t errlen)
+{
+    int rc;
+
+    for (size_t i = 0; i < req->n_images; i++)
+        if (!req->images[i].data && (rc = read_media(e->cfg->media_path, &req->images[i], i, err, errlen)) != 0)
+            return rc;
+    if ((rc = thaw_vision_tokenize(e->vision, text, req->images, req->n_images, prompt, n_prompt, vp, err,
+                                   errlen)) != 0)
+        return rc;
+    for (int i = 0; i < thaw_vision_prompt_count(*vp); i++) {
+        int pos, n;
+        thaw_vision_prompt_span(*vp, i, &pos, &n);
+        /* one micro-batch per image (non-causal inside it), and text after
+         * the last one to sample the reply from */
+        if (n > e->n_ubatch || pos + n >= *n_prompt) {
+            if (n > e->n_ubatch)
+                snprintf(err, errlen, "an image takes %d positions: more than a micro-batch (-ub %d)", n, e->n_ubatch);
+            else
+                snprintf(err, errlen, "the prompt ends with an image: nothing to reply after");
+            rc = THAW_EINVAL;
+            break;
+        }
+    }
+    if (rc == 0 && *n_prompt >= e->n_ctx_slot) {
+        snprintf(err, errlen, "the prompt is %d tokens with its images: a slot's context holds %d (-c / -np)",
+                 *n_prompt, e->n_ctx_slot);
+        rc = THAW_EINVAL;
+    }
+    if (rc != 0) {
+        free(*prompt);
+        *prompt = NULL;
+        *n_prompt = 0;
+        thaw_vision_prompt_free(*vp);
+        *vp = NULL;
+    }
+    return rc;
+}
+
 /* The bounds, the bias, the defaults, the template: the prompt and what
- * generation needs. Returns as thaw_prepare_task; on failure nothing is
- * left to free in prompt or gen (req stays the caller's). */
+ * generation needs (and the prompt's images, *vp, NULL for none). Returns
+ * as thaw_prepare_task; on failure nothing is left to free in prompt, gen
+ * or vp (req stays the caller's). */
 static int render(struct thaw_engine *e, struct thaw_chat_request *req, llama_token **prompt, int *n_prompt,
-                  struct thaw_chat_gen *gen, char *err, size_t errlen)
+                  struct thaw_vision_prompt **vp, struct thaw_chat_gen *gen, char *err, size_t errlen)
 {
     int rc;
 
     *prompt = NULL;
     *n_prompt = 0;
+    *vp = NULL;
     memset(gen, 0, sizeof *gen);
+    if (req->n_images > 0 && !e->vision) {
+        snprintf(err, errlen, "image input is not supported: the server was started without --mmproj (the "
+                              "model's vision projector)");
+        return THAW_EINVAL;
+    }
     if (req->n_bias > 0 && (rc = thaw_chat_resolve_bias(e->chat, req, err, errlen)) != 0)
         return rc;
     if (req->id_slot >= e->cfg->n_parallel) {
@@ -83,8 +207,18 @@ static int render(struct thaw_engine *e, struct thaw_chat_request *req, llama_to
         return rc;
     if ((rc = apply_defaults(e->cfg, req)) != 0 || (rc = apply_reasoning(e, req)) != 0)
         return rc;
-    return req->raw ? thaw_chat_raw_prompt(e->chat, req, prompt, n_prompt, gen, err, errlen)
-                    : thaw_chat_prompt(e->chat, req, prompt, n_prompt, gen, err, errlen);
+    if (req->raw)
+        return thaw_chat_raw_prompt(e->chat, req, prompt, n_prompt, gen, err, errlen);
+    if (req->n_images == 0)
+        return thaw_chat_prompt(e->chat, req, prompt, n_prompt, NULL, gen, err, errlen);
+    char *text = NULL;
+    if ((rc = thaw_chat_prompt(e->chat, req, prompt, n_prompt, &text, gen, err, errlen)) != 0)
+        return rc;
+    rc = vision_prompt(e, req, text, prompt, n_prompt, vp, err, errlen);
+    free(text);
+    if (rc != 0)
+        thaw_chat_gen_free(gen);
+    return rc;
 }
 
 int thaw_prepare_count(struct thaw_engine *e, struct thaw_chat_request *req, int *n_prompt, char *err,
@@ -92,9 +226,11 @@ int thaw_prepare_count(struct thaw_engine *e, struct thaw_chat_request *req, int
 {
     llama_token *prompt;
     struct thaw_chat_gen gen;
-    int rc = render(e, req, &prompt, n_prompt, &gen, err, errlen);
+    struct thaw_vision_prompt *vp;
+    int rc = render(e, req, &prompt, n_prompt, &vp, &gen, err, errlen);
 
     free(prompt);
+    thaw_vision_prompt_free(vp);
     thaw_chat_gen_free(&gen);
     thaw_chat_request_free(req);
     return rc;
@@ -131,17 +267,19 @@ int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, cons
 {
     llama_token *prompt;
     struct thaw_chat_gen gen;
+    struct thaw_vision_prompt *vp;
     struct thaw_task *t;
     int n_prompt, rc;
 
     *out = NULL;
-    if ((rc = render(e, req, &prompt, &n_prompt, &gen, err, errlen)) != 0)
+    if ((rc = render(e, req, &prompt, &n_prompt, &vp, &gen, err, errlen)) != 0)
         goto fail_request;
     if (!(t = thaw_task_new(req, prompt, n_prompt))) {
         rc = THAW_ENOMEM;
         goto fail_prompt;
     }
     t->gen = gen;
+    t->vision = vp;
     if (gen.grammar)
         LOG_DBG("chat: grammar of %zu bytes (%s, %d trigger patterns, %d trigger tokens, %d prefill tokens), %d stops",
                 strlen(gen.grammar), gen.grammar_lazy ? "lazy" : "from the first token", gen.n_triggers,
@@ -158,8 +296,10 @@ int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, cons
     /* where a hybrid snapshots (the leading system / developer / tool
      * messages) and checkpoints (before the generation prompt) */
     bool branch_remembered;
-    t->n_branch = thaw_chat_branch_point(e->chat, ns, &t->req, t->prompt, t->n_prompt, &branch_remembered);
-    if (e->recurrent)
+    /* (a prompt with images has no text-only rendering to find it by) */
+    branch_remembered = false;
+    t->n_branch = vp ? 0 : thaw_chat_branch_point(e->chat, ns, &t->req, t->prompt, t->n_prompt, &branch_remembered);
+    if (e->recurrent && !vp)
         t->n_gen_prompt = thaw_chat_gen_prompt_tokens(e->chat, &t->req);
     /* cache_control marks: the prompt tokens each covers (a retention hint
      * for what the turn stores) */
@@ -174,6 +314,8 @@ int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, cons
     thaw_engine_binding(e, ns, t->binding);
     thaw_request_keys_bind(t->binding, &t->req, t->binding);
     long last_asst = thaw_request_keys_last_assistant(t->req.messages, t->req.n_messages);
+    if (vp)
+        LOG_DBG("chat: a prompt with %d images (%d tokens)", thaw_vision_prompt_count(vp), n_prompt);
     if (last_asst >= 0) {
         t->has_lookup_key = true;
         thaw_request_keys_conversation(t->binding, t->req.messages, (size_t)last_asst + 1, NULL, t->lookup_key);
@@ -190,6 +332,7 @@ int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, cons
 
 fail_prompt:
     free(prompt);
+    thaw_vision_prompt_free(vp);
     thaw_chat_gen_free(&gen);
 fail_request:
     thaw_chat_request_free(req);

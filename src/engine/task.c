@@ -72,6 +72,7 @@ void thaw_task_release(struct thaw_task *t)
     thaw_logprobs_free(&t->logprobs);
     free(t->progress);
     free(t->prompt);
+    thaw_vision_prompt_free(t->vision);
     thaw_buf_free(&t->text);
     free(t->error);
     pthread_mutex_destroy(&t->mu);

@@ -17,6 +17,7 @@
 #include "base/buf.h"
 #include "base/clock.h" /* t_submit_us */
 #include "cache/keys.h"
+#include "llama/vision.h"
 
 #include <llama.h>
 #include <pthread.h>
@@ -38,6 +39,9 @@ struct thaw_task {
     struct thaw_chat_request req;  /* owned */
     llama_token *prompt;           /* owned, n_prompt tokens */
     int n_prompt;
+    struct thaw_vision_prompt *vision; /* the prompt's images (vision.h): their positions hold placeholder
+                                    * tokens; owned, NULL = text only. Such a task skips the RAM and disk
+                                    * tiers (no lookup, no store): their keys do not cover images yet */
     int max_tokens;                /* resolved: request's, else -n, else context */
     const char *model_name;        /* for the response; the engine's, outlives the task */
     struct thaw_chat_gen gen;      /* grammar, extra stops, reply parser (owned) */

@@ -951,7 +951,7 @@ static void route_props(struct server *srv, struct thaw_model *mdl, const struct
     int pooling = thaw_engine_pooling(thaw_model_engine(mdl));
     const struct thaw_props_embedding embd = {pooling >= 0 && pooling <= 4 ? poolings[pooling] : "none",
                                               srv->cfg.embd_normalize, pooling == LLAMA_POOLING_TYPE_RANK};
-    struct thaw_api_props_live live = {srv->cfg.props, -1, NULL};
+    struct thaw_api_props_live live = {srv->cfg.props, -1, NULL, srv->cfg.mmproj_path != NULL};
     char *msg = NULL;
 
     (void)hr;

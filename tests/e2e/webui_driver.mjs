@@ -8,7 +8,8 @@
 //   conversation the page kept), cache (the #cache view), key (the page asks
 //   for KEY on a 401, then chats), controls (stop, regenerate, edit last),
 //   render (a canned stream of Markdown, hostile HTML, reasoning and a tool
-//   call, answered by the route itself: what the page makes of it).
+//   call, answered by the route itself: what the page makes of it), image
+//   (KEY is an image file: attached, sent with a message, shown).
 //
 // Every request to anything but URL's origin is aborted (and listed); the
 // result, one JSON line on stdout, also lists console errors and page errors.
@@ -170,6 +171,17 @@ try {
     await page.fill('#input', 'Write briefly instead.');
     Object.assign(out, await turn('Write briefly instead.'));
     out.user_texts = await page.locator('.msg.user .content').allInnerTexts();
+  } else if (phase === 'image') {
+    await settings();
+    await page.click('#new-chat');
+    await page.setInputFiles('#attach-file', key);
+    await page.waitForSelector('#attached .thumb', { timeout: 20000 });
+    Object.assign(out, await turn('What is in this picture?'));
+    out.images_shown = await page.locator('.msg.user img.image').count();
+    out.thumbs_left = await page.locator('#attached .thumb').count();
+    out.kept_images = await page.evaluate(() => JSON.parse(localStorage.getItem('thaw.conversations') || '[]')
+      .flatMap((c) => c.messages).filter((m) => m.images?.length).length);
+    await shot('image');
   } else if (phase === 'render') {
     await page.click('#new-chat');
     Object.assign(out, await turn('Show me everything'));

@@ -17,6 +17,7 @@
  */
 #include "api/api.h"
 #include "api/chat.h"
+#include "api/request_keys.h"
 #include "base/error.h"
 #include "cache/keys.h"
 
@@ -61,6 +62,13 @@ static void check_parsed(const struct thaw_chat_request *req)
         if (!known)
             abort();
         (void)strlen(m->content); /* NUL-terminated inside its allocation */
+    }
+    /* each image: its bytes (within the limit) or a file:// path, and its key tag */
+    for (size_t i = 0; i < req->n_images; i++) {
+        const struct thaw_image *img = &req->images[i];
+        if (!!img->data == !!img->path || (img->data && (img->len == 0 || img->len > THAW_VISION_MAX_IMAGE_BYTES)) ||
+            (strncmp(img->tag, "sha256:", 7) != 0 && strncmp(img->tag, "file:", 5) != 0))
+            abort();
     }
     if (req->n_stop < 0 || req->n_stop > THAW_API_MAX_STOP)
         abort();

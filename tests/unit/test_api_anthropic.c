@@ -112,7 +112,7 @@ static void test_errors_name_the_field(void **state)
         {"{\"messages\":[]}", "non-empty"},
         {"{\"messages\":[{\"role\":\"user\"}]}", "messages[0].content"},
         {"{\"messages\":[{\"role\":\"bot\",\"content\":\"x\"}]}", "role 'bot'"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", "content[0].type 'image'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", "content[0].source"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"content\":\"r\"}]}]}", "tool_use_id"},
         {"{\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"i\",\"name\":\"f\",\"input\":[1]}]}]}",
          "input must be an object"},

@@ -73,7 +73,7 @@ static void test_errors_name_the_field(void **state)
         {"{\"input\":\"x\",\"store\":true}", "'store'"},
         {"{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", "previous_response_id"},
         {"{\"input\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "input[0].role"},
-        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}", "input_image"},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}", "content[0].image_url"},
         {"{\"input\":[{\"type\":\"function_call\",\"name\":\"f\"}]}", "call_id"},
         {"{\"input\":[{\"type\":\"function_call_output\",\"output\":\"r\"}]}", "input[0].call_id"},
         {"{\"input\":[{\"type\":\"item_reference\",\"id\":\"x\"}]}", "item_reference"},

@@ -1,0 +1,297 @@
+"""Images in chat (issue #35, DESIGN §15): thaw serve --mmproj with a
+generated gemma3 model and its generated vision projector (thaw mkmodel
+--mmproj), the source tree's test image (tools/mtmd/test-1.jpeg) sent as a
+data: URL. Random weights give gibberish, so what is checked is that an
+image reaches the prompt (it adds its positions), greedy determinism, that
+a slot's prefix is reused across an image only for the same image bytes,
+the refusals (undecodable data, http URLs, file:// outside --media-path, a
+server without a projector) in OpenAI's error shape, and that an image
+conversation restored from disk after a restart equals the resident one
+while another image is never served from it."""
+import base64
+import os
+import struct
+import zlib
+
+import pytest
+
+import subprocess
+
+from harness import REPO, THAW, Server, drained, mkmodel
+
+TOOLS = os.path.join(REPO, ".deps", "llama.cpp", "tools")
+JPEG = os.path.join(TOOLS, "mtmd", "test-1.jpeg")
+IMAGE_TOKENS = 16  # mkmodel --mmproj: 64x64 pixels, 4-pixel patches, pooled 4x4
+
+
+def png(w, h, seed):
+    """A w x h RGB PNG, its pixels from `seed`."""
+    rows = b"".join(b"\0" + bytes(((x * 7 + y * 13 + seed * 31) % 256) for x in range(w * 3)) for y in range(h))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def data_url(raw, mime="image/jpeg"):
+    return f"data:{mime};base64," + base64.b64encode(raw).decode()
+
+
+def jpeg_bytes():
+    with open(JPEG, "rb") as f:
+        return f.read()
+
+
+def image_msg(url, text="Describe this image."):
+    return [{"role": "user", "content": [{"type": "text", "text": text},
+                                          {"type": "image_url", "image_url": {"url": url}}]}]
+
+
+def ask(s, messages, **kw):
+    return s.post("/v1/chat/completions", {"messages": messages, "temperature": 0, "max_tokens": 8, **kw})
+
+
+def assert_openai_error(r, status=400):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    assert err["type"] == "invalid_request_error"
+    return err["message"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("img-models")
+    model = mkmodel(d / "gemma3.gguf", "--arch", "gemma3", "--seed", "11", "--mmproj", str(d / "mmproj.gguf"))
+    return model, str(d / "mmproj.gguf")
+
+
+@pytest.fixture(scope="module")
+def srv(models, tmp_path_factory):
+    model, mmproj = models
+    cache = tmp_path_factory.mktemp("img-cache")
+    s = Server(model, "--mmproj", mmproj, "--media-path", TOOLS, "-c", "2048", "-np", "1",
+               "--kv-cache-dir", str(cache), "--kv-cache-min-tokens", "1", "--cache-ram", "0")
+    yield s
+    s.kill()
+
+
+def test_mkmodel_mmproj_needs_gemma3(tmp_path):
+    r = subprocess.run([THAW, "mkmodel", "-o", str(tmp_path / "m.gguf"), "--arch", "llama",
+                        "--mmproj", str(tmp_path / "p.gguf")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--arch gemma3" in r.stderr
+    assert not (tmp_path / "p.gguf").exists()
+
+
+def test_props_and_models_say_vision(srv):
+    props = srv.get("/props").json()
+    assert props["modalities"] == {"vision": True, "video": False, "audio": False}
+    assert props["media_marker"]
+    caps = srv.get("/v1/models").json()["models"][0]["capabilities"]
+    assert "multimodal" in caps
+
+
+def test_image_reply(srv):
+    text_only = ask(srv, [{"role": "user", "content": "Describe this image."}])
+    assert text_only.status_code == 200, text_only.text
+    r = ask(srv, image_msg(data_url(jpeg_bytes())))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] is not None
+    assert body["choices"][0]["finish_reason"] in ("stop", "length")
+    # the image's positions (and gemma3's <start_of_image> / <end_of_image> text) are in the prompt
+    assert body["usage"]["prompt_tokens"] >= text_only.json()["usage"]["prompt_tokens"] + IMAGE_TOKENS
+
+
+def test_same_request_is_deterministic_and_reuses_the_image(srv):
+    msgs = image_msg(data_url(jpeg_bytes()), "What is in the picture?")
+    a = ask(srv, msgs).json()
+    b = ask(srv, msgs).json()
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+    # the second time the slot holds the same image: its prefix (image included) is reused
+    assert b["usage"]["prompt_tokens_details"]["cached_tokens"] > IMAGE_TOKENS
+
+
+def test_another_image_never_reuses_the_first(srv):
+    msgs_a = image_msg(data_url(png(32, 32, 1), "image/png"), "Compare.")
+    msgs_b = image_msg(data_url(png(32, 32, 2), "image/png"), "Compare.")
+    a = ask(srv, msgs_a).json()
+    again = ask(srv, msgs_a).json()
+    b = ask(srv, msgs_b).json()
+    n = a["usage"]["prompt_tokens"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1
+    # B differs from A only in the image's pixels: the reuse stops at the image's start
+    cached_b = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached_b < n - IMAGE_TOKENS - 1, (cached_b, n)
+    # and B served twice is B's own reply
+    b2 = ask(srv, msgs_b).json()
+    assert b2["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+
+def two_turns(url, question="And the colours?"):
+    """A first turn with an image, and the second turn built on its reply."""
+    t1 = image_msg(url, "Describe this image in detail, please.")
+
+    def second(r1):
+        return t1 + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": question}]
+    return t1, second
+
+
+def test_image_conversation_restored_after_restart_equals_the_resident_one(models, tmp_path):
+    model, mmproj = models
+    args = ["--mmproj", mmproj, "-c", "2048", "-np", "1"]
+    t1, second = two_turns(data_url(jpeg_bytes()))
+    # the reference: the same conversation served back to back from a resident slot
+    with Server(model, *args) as ref:
+        r1 = ask(ref, t1, max_tokens=12).json()
+        ref2 = ask(ref, second(r1), max_tokens=12).json()
+    d = tmp_path / "kv"
+    cache = ["--kv-cache-dir", str(d), "--kv-cache-min-tokens", "1", "--cache-ram", "0"]
+    with Server(model, *args, *cache) as s:
+        assert ask(s, t1, max_tokens=12).json()["choices"] == r1["choices"]
+        drained(s)
+        s.stop()
+    with Server(model, *args, *cache) as s:
+        got = ask(s, second(r1), max_tokens=12).json()
+        assert got["timings"]["cache_source"] in ("disk", "blocks"), got["timings"]
+        # the first turn's prompt, its image included, came from disk
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"] - 1
+        assert got["choices"][0]["message"]["content"] == ref2["choices"][0]["message"]["content"]
+        # the same text with another image after the restart: reused up to that image's start only
+        other = second(r1)
+        other[0]["content"][1]["image_url"]["url"] = data_url(png(32, 32, 9), "image/png")
+        b = ask(s, other, max_tokens=2).json()
+        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] < r1["usage"]["prompt_tokens"] - IMAGE_TOKENS
+
+
+def test_garbage_image_is_a_400_and_the_server_keeps_serving(srv):
+    # (a truncated JPEG is not among them: stb decodes what it has, as llama-server does)
+    garbage = (b"this is not an image at all", b"\x89PNG\r\n\x1a\n" + b"\0" * 64, png(32, 32, 1)[:60],
+               png(32, 32, 1)[:-20], b"GIF89a" + b"\0" * 20, b"BM" + b"\xff" * 60)
+    for raw in garbage:
+        msg = assert_openai_error(ask(srv, image_msg(data_url(raw))))
+        assert "image" in msg
+    assert_openai_error(ask(srv, image_msg("data:image/png;base64,@@@not-base64@@@")))
+    assert_openai_error(ask(srv, image_msg("data:image/png,rawbytes")))
+    ok = ask(srv, image_msg(data_url(jpeg_bytes())))
+    assert ok.status_code == 200, ok.text
+
+
+def test_http_url_is_refused(srv):
+    for url in ("http://127.0.0.1:1/cat.png", "https://example.com/cat.png"):
+        msg = assert_openai_error(ask(srv, image_msg(url)))
+        assert "data:" in msg and "fetches no" in msg
+
+
+@pytest.mark.parametrize("url, why", [  # llama-server's test_local_media_file, and one more traversal
+    ("file://mtmd/test-1.jpeg", None),
+    ("file:////mtmd//test-1.jpeg", None),
+    ("file://mtmd/notfound.jpeg", "no such file under --media-path"),
+    ("file://../mtmd/test-1.jpeg", "'..'"),
+    ("file://mtmd/../../tools/mtmd/test-1.jpeg", "'..'"),
+])
+def test_media_path(srv, url, why):
+    r = ask(srv, image_msg(url), max_tokens=1)
+    if why is None:
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] > IMAGE_TOKENS
+    else:
+        assert why in assert_openai_error(r)
+
+
+def test_media_path_link_out_is_refused(models, tmp_path):
+    model, mmproj = models
+    media = tmp_path / "media"
+    media.mkdir()
+    os.symlink(JPEG, media / "escape.jpeg")
+    with Server(model, "--mmproj", mmproj, "--media-path", str(media), "-c", "1024") as s:
+        assert "no such file under --media-path" in assert_openai_error(ask(s, image_msg("file://escape.jpeg"),
+                                                                            max_tokens=1))
+
+
+def test_without_mmproj_images_are_refused(models):
+    model, _ = models
+    with Server(model, "-c", "1024") as s:
+        msg = assert_openai_error(ask(s, image_msg(data_url(jpeg_bytes()))))
+        assert "--mmproj" in msg
+        assert "--mmproj" in assert_openai_error(ask(s, image_msg("file://mtmd/test-1.jpeg")))
+        assert s.get("/props").json()["modalities"]["vision"] is False
+
+
+def prompt_tokens(usage):
+    """An Anthropic reply's prompt: new, read from the cache, and to be stored."""
+    return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0) + usage.get("cache_creation_input_tokens", 0)
+
+
+def test_anthropic_image_block(srv):
+    b64 = base64.b64encode(jpeg_bytes()).decode()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64}}
+    body = {"model": "m", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]}
+    r = srv.post("/v1/messages", body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert prompt_tokens(out["usage"]) > IMAGE_TOKENS
+    # the same as a chat completion with the image as a data: URL
+    oai = ask(srv, image_msg(data_url(jpeg_bytes()), "What is this?"), max_tokens=4).json()
+    assert out["content"][0]["text"] == oai["choices"][0]["message"]["content"]
+    # inside a tool_result too (Claude Code's screenshots)
+    tool_turn = {"model": "m", "max_tokens": 2, "temperature": 0, "messages": [
+        {"role": "user", "content": "Take a screenshot."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "here"}, image]}]}],
+        "tools": [{"name": "shot", "description": "screenshot", "input_schema": {"type": "object"}}]}
+    r = srv.post("/v1/messages", tool_turn)
+    assert r.status_code == 200, r.text
+    assert prompt_tokens(r.json()["usage"]) > IMAGE_TOKENS
+    bad = dict(body, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}])
+    r = srv.post("/v1/messages", bad)
+    assert r.status_code == 400 and "base64" in r.text
+
+
+def test_responses_input_image(srv):
+    url = data_url(jpeg_bytes())
+    body = {"model": "m", "max_output_tokens": 4, "temperature": 0, "store": False,
+            "input": [{"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "What is this?"}, {"type": "input_image", "image_url": url}]}]}
+    r = srv.post("/v1/responses", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] > IMAGE_TOKENS
+    bad = dict(body, input=[{"type": "message", "role": "user", "content": [
+        {"type": "input_image", "image_url": "https://example.com/a.png"}]}])
+    r = srv.post("/v1/responses", bad)
+    assert r.status_code == 400 and "fetches no" in r.text
+
+
+def test_browser_attach_an_image(models, tmp_path):
+    """The chat page: an image attached with the file picker goes with the
+    message (as an image_url part), is shown in the conversation and kept
+    with it (headless Chromium driven by webui_driver.mjs, as test_webui)."""
+    import json
+    chromium = os.environ.get("THAW_CHROMIUM", "/usr/bin/chromium")
+    npm = os.path.join(REPO, ".deps", "webui", "node_modules")
+    try:
+        p = subprocess.run([chromium, "--headless", "--no-sandbox", "--version"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"chromium cannot run here: {e}")
+    if p.returncode != 0:
+        pytest.skip("chromium cannot run here")
+    model, mmproj = models
+    with Server(model, "--mmproj", mmproj, "-c", "4096", "-v") as s:
+        driver = os.path.join(os.path.dirname(__file__), "webui_driver.mjs")
+        r = subprocess.run(["node", driver, "image", s.url + "/", str(tmp_path / "profile"), str(tmp_path), JPEG],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "THAW_WEBUI_NPM": npm, "THAW_CHROMIUM": chromium})
+        assert r.returncode == 0, r.stdout + r.stderr
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        assert "failure" not in res, res["failure"]
+        assert res["blocked"] == [] and res["console_errors"] == [] and res["page_errors"] == [], res
+        assert res["reply"].strip() and res["n_messages"] == 2, res
+        assert res["images_shown"] == 1 and res["thumbs_left"] == 0 and res["kept_images"] == 1, res
+        assert (tmp_path / "image.png").stat().st_size > 10_000
+        assert "a prompt with 1 images" in s.log()  # it reached the server as an image
