@@ -358,7 +358,7 @@ def test_system_blocks_billing_header_and_system_messages(serve, qwen3):
     ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
     ({"messages": [{"role": "user", "content": "x"}], "top_k": -1}, "top_k"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "content[0].source"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "tool_use_id"),
     ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "x"}]}]}, "name"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]}, "input_schema"),
