@@ -350,3 +350,49 @@ def test_n_choices(serve, path):
     assert len({content(c) for c in ch}) > 1  # each choice sampled with its own random seed
     for bad in ({**body, "n": 2, "stream": True}, {**body, "n": 0}, {**body, "n": 9}):
         assert s.post(path, bad).status_code == 400
+
+
+def free_port():
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def test_vertex_ai_predict_serves_each_instance_on_its_route(serve):
+    # AIP_MODE=PREDICTION (Google Cloud's custom containers): the port and
+    # routes come from the environment; each instance is its route's body
+    port = free_port()
+    s = serve("llama", "-np", "2", env={"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port),
+                                       "AIP_PREDICT_ROUTE": "v1/predict", "AIP_HEALTH_ROUTE": "/healthz"})
+    assert s.port == port
+    assert s.get("/healthz").json() == {"status": "ok"}
+    msgs = [user("Say hello")]
+    ref = s.chat(msgs, max_tokens=8)["choices"][0]["message"]["content"]
+    r = s.post("/v1/predict", {"instances": [
+        {"@requestFormat": "chatCompletions", "max_tokens": 8, "temperature": 0, "messages": msgs, "stream": True},
+        {"@requestFormat": "/tokenize", "content": "hello"},
+        {"@requestFormat": "completion", "prompt": "Once upon", "n_predict": 4},
+        {"@requestFormat": "noSuchRoute"},
+        {"max_tokens": 8},
+        "text",
+    ]})
+    assert r.status_code == 200, r.text
+    p = r.json()["predictions"]
+    assert len(p) == 6
+    assert p[0]["object"] == "chat.completion"  # stream forced off: one JSON answer
+    assert p[0]["choices"][0]["message"]["content"] == ref
+    assert p[1]["tokens"] == s.post("/tokenize", {"content": "hello"}).json()["tokens"]
+    assert "content" in p[2] and p[2]["tokens_predicted"] == 4
+    assert "noSuchRoute" in p[3]["error"]["message"]
+    assert "@requestFormat" in p[4]["error"]["message"]
+    assert p[5]["error"]["message"] == "each instance must be a JSON object"
+    # the envelope's own errors are the request's
+    assert s.post("/v1/predict", {"instances": {}}).status_code == 400
+    assert s.post("/v1/predict", {"instances": [{}] * 129}).status_code == 400
+    assert s.post("/v1/predict", "not json").status_code == 400
+
+
+def test_vertex_ai_predict_is_off_without_aip_mode(serve):
+    s = serve("llama")
+    assert s.post("/predict", {"instances": []}).status_code == 404
