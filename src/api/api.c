@@ -1077,7 +1077,11 @@ char *thaw_api_too_long_json(int n_prompt, int n_ctx_slot)
 {
     char msg[160];
 
-    snprintf(msg, sizeof msg, "the prompt is %d tokens; a slot's context holds %d (-c / -np)", n_prompt, n_ctx_slot);
+    /* llama-server's words first: its clients and tests look for them */
+    snprintf(msg, sizeof msg,
+             "request (%d tokens) exceeds the available context size (%d tokens), try increasing it (a slot's "
+             "context is -c / -np)",
+             n_prompt, n_ctx_slot);
     return thaw_api_dump(json_pack("{s:{s:s, s:s, s:i, s:i, s:i}}", "error", "message", msg, "type",
                           "exceed_context_size_error", "code", 400, "n_prompt_tokens", n_prompt, "n_ctx", n_ctx_slot));
 }

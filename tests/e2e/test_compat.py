@@ -396,3 +396,14 @@ def test_vertex_ai_predict_serves_each_instance_on_its_route(serve):
 def test_vertex_ai_predict_is_off_without_aip_mode(serve):
     s = serve("llama")
     assert s.post("/predict", {"instances": []}).status_code == 404
+
+
+def test_a_prompt_over_the_context_is_refused_in_llama_servers_words(serve):
+    # llama.cpp's test_ctx_shift looks for this phrase in the 400's message
+    s = serve("llama", "-c", "512", "-np", "2")
+    for path, body in (("/completion", {"prompt": "What is the best book " * 60, "n_predict": 4}),
+                       ("/v1/chat/completions", {"messages": [user("What is the best book " * 60)]})):
+        r = s.post(path, body)
+        assert r.status_code == 400, r.text
+        msg = r.json()["error"]["message"]
+        assert "exceeds the available context size (256 tokens)" in msg, msg
