@@ -49,6 +49,14 @@ static int take_prompt(json_t *p, struct thaw_chat_request *out, char *err, size
 {
     if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
         p = json_array_get(p, 0); /* ["text"] or [[ids]]: one prompt */
+    if (json_is_object(p)) { /* llama-server's JSON prompt: {"prompt_string", "multimodal_data"?} */
+        if (json_object_get(p, "multimodal_data"))
+            return thaw_api_fail(err, errlen, "'prompt.multimodal_data': this server reads text only on "
+                                              "/completion (no multimodal projector)");
+        p = json_object_get(p, "prompt_string");
+        if (!json_is_string(p))
+            return thaw_api_fail(err, errlen, "'prompt' as an object needs a string 'prompt_string'");
+    }
     if (json_is_string(p)) {
         if (json_string_length(p) == 0)
             return thaw_api_fail(err, errlen, "'prompt' is empty");

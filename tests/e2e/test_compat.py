@@ -407,3 +407,18 @@ def test_a_prompt_over_the_context_is_refused_in_llama_servers_words(serve):
         assert r.status_code == 400, r.text
         msg = r.json()["error"]["message"]
         assert "exceeds the available context size (256 tokens)" in msg, msg
+
+
+def test_completion_takes_llama_servers_json_prompt(serve):
+    # /completion's prompt as {"prompt_string": ...} (llama-server's JSON
+    # prompt, whose multimodal_data needs a projector thaw has not loaded)
+    s = serve("llama")
+    body = {"n_predict": 4, "temperature": 0}
+    ref = s.post("/completion", {**body, "prompt": "Once upon a time"})
+    r = s.post("/completion", {**body, "prompt": {"prompt_string": "Once upon a time"}})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"] == ref.json()["content"]
+    assert r.json()["tokens_evaluated"] == ref.json()["tokens_evaluated"]
+    r = s.post("/completion", {**body, "prompt": {"prompt_string": "a <__media__>", "multimodal_data": ["iVBO"]}})
+    assert r.status_code == 400 and "multimodal_data" in r.json()["error"]["message"]
+    assert s.post("/completion", {**body, "prompt": {"text": "x"}}).status_code == 400
