@@ -914,7 +914,8 @@ int thaw_api_parse_chat_json(json_t *root, bool default_cache_prompt, struct tha
     if (present)
         out->id_slot = (int)d;
     if ((rc = parse_probs(root, out, err, errlen)) != 0 ||
-        (rc = thaw_api_get_bool(root, "return_progress", &out->return_progress, err, errlen)) != 0)
+        (rc = thaw_api_get_bool(root, "return_progress", &out->return_progress, err, errlen)) != 0 ||
+        (rc = thaw_api_get_bool(root, "timings_per_token", &out->timings_per_token, err, errlen)) != 0)
         goto error;
     json_t *verbose = json_object_get(root, "verbose");
     if (verbose && !json_is_null(verbose)) {
@@ -1242,7 +1243,7 @@ static int chat_progress(struct thaw_codec_stream *st, int processed, int64_t ti
     if (root)
         json_object_set_new(json_object_get(json_array_get(json_object_get(root, "choices"), 0), "delta"), "content",
                             json_null());
-    return thaw_codec_emit_progress(st, root, processed, time_ms, cache_n);
+    return thaw_codec_emit_progress(st, NULL, root, processed, time_ms, cache_n);
 }
 
 static int chat_delta(struct thaw_codec_stream *st, json_t *diff)
@@ -1251,7 +1252,7 @@ static int chat_delta(struct thaw_codec_stream *st, json_t *diff)
     char *chunk = ds ? thaw_api_chunk_delta_json(st->id, st->model, st->created, ds) : NULL;
 
     free(ds);
-    return thaw_codec_emit_text(st, NULL, thaw_codec_lp_attach(st, chunk, false));
+    return thaw_codec_emit_text(st, NULL, thaw_codec_timings_attach(st, thaw_codec_lp_attach(st, chunk, false)));
 }
 
 static int chat_close(struct thaw_codec_stream *st)

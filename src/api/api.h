@@ -122,6 +122,7 @@ struct thaw_chat_request {
     bool post_sampling_probs;
     int n_choices;                 /* 'n': choices wanted, 1..THAW_API_MAX_N (the route serves each as a task) */
     bool return_progress;          /* llama-server's: a stream reports each prefill batch (prompt_progress) */
+    bool timings_per_token;        /* llama-server's: each streamed piece carries the timings so far */
 
     /* agents (NULL = absent); JSON texts compact; tools and the schema keep
      * the client's key order (templates print tools as JSON, and a schema's

@@ -356,7 +356,7 @@ static const char *diff_text(json_t *diff)
 static int oai_cmpl_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
 {
     return thaw_codec_emit_progress(
-        st, thaw_codec_loads(thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", NULL, 0, NULL)),
+        st, NULL, thaw_codec_loads(thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", NULL, 0, NULL)),
         processed, time_ms, cache_n);
 }
 
@@ -364,10 +364,11 @@ static int oai_cmpl_delta(struct thaw_codec_stream *st, json_t *diff)
 {
     return thaw_codec_emit_text(
         st, NULL,
-        thaw_codec_lp_attach(st,
-                             thaw_api_text_completion_chunk_json(st->id, st->model, st->created, diff_text(diff), NULL,
-                                                                 0, NULL),
-                             true));
+        thaw_codec_timings_attach(st, thaw_codec_lp_attach(st,
+                                                           thaw_api_text_completion_chunk_json(
+                                                               st->id, st->model, st->created, diff_text(diff), NULL, 0,
+                                                               NULL),
+                                                           true)));
 }
 
 static int oai_cmpl_close(struct thaw_codec_stream *st)
@@ -386,7 +387,7 @@ static int oai_cmpl_close(struct thaw_codec_stream *st)
 static int llama_cmpl_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
 {
     return thaw_codec_emit_progress(
-        st, thaw_codec_loads(thaw_api_llama_completion_json(st->model, "", false, NULL, NULL, 0, NULL)), processed,
+        st, NULL, thaw_codec_loads(thaw_api_llama_completion_json(st->model, "", false, NULL, NULL, 0, NULL)), processed,
         time_ms, cache_n);
 }
 
@@ -406,7 +407,7 @@ static int llama_cmpl_piece(struct thaw_codec_stream *st, const char *text, json
     }
     json_decref(root);
     json_decref(probs);
-    return thaw_codec_emit_text(st, NULL, chunk);
+    return thaw_codec_emit_text(st, NULL, thaw_codec_timings_attach(st, chunk));
 }
 
 /* With n_probs, llama-server sends one piece per token, each with that

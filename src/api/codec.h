@@ -114,6 +114,7 @@ struct thaw_codec_stream {
     size_t text_from;                   /* where this step's text starts in the reply */
     size_t n_text;                      /* the reply's bytes handed out, as of this step */
     bool done;                          /* this step's news is the reply's end */
+    struct thaw_timings live;           /* this step's news' (timings_per_token) */
     const struct thaw_reply *reply;     /* at close: the reply, final */
 
     /* ---- the writer's ---- */
@@ -179,6 +180,7 @@ struct thaw_codec_news {
     int cache_new_n;                    /* prompt tokens to be stored with the reply (thaw_timings) */
     size_t n_text;                      /* bytes of reply text so far */
     int n_progress;                     /* prefill reports so far */
+    struct thaw_timings live;           /* the timings as of n_text (req.timings_per_token; else zero) */
     const char *text;                   /* the reply's bytes from thaw_codec_stream_from() to n_text, valid
                                          * UTF-8; NULL when none */
     int status;                         /* when done: 200, or the failure's */

@@ -422,3 +422,55 @@ def test_completion_takes_llama_servers_json_prompt(serve):
     r = s.post("/completion", {**body, "prompt": {"prompt_string": "a <__media__>", "multimodal_data": ["iVBO"]}})
     assert r.status_code == 400 and "multimodal_data" in r.json()["error"]["message"]
     assert s.post("/completion", {**body, "prompt": {"text": "x"}}).status_code == 400
+
+
+def sse(resp):
+    """(event or None, data) of each SSE event."""
+    out, ev = [], None
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("event: "):
+            ev = line[7:]
+        elif line.startswith("data: ") and line[6:] != "[DONE]":
+            out.append((ev, json.loads(line[6:])))
+            ev = None
+    return out
+
+
+def test_timings_per_token_on_every_streamed_api(serve):
+    # llama-server's timings_per_token: each streamed piece carries the
+    # timings so far (what its web UI shows as tokens per second)
+    s = serve("llama")
+    base = {"temperature": 0, "stream": True}
+    chat = sse(s.post("/v1/chat/completions", {**base, "messages": BOOK, "max_tokens": 8,
+                                               "timings_per_token": True}, stream=True))
+    pieces = [d for _, d in chat if d.get("choices") and d["choices"][0]["delta"].get("content")]
+    assert pieces and all("timings" in d for d in pieces), chat
+    ns = [d["timings"]["predicted_n"] for d in pieces]
+    assert ns == sorted(ns) and 1 <= ns[0] and ns[-1] <= 8, ns
+    assert all(d["timings"]["prompt_n"] > 0 and d["timings"]["prompt_per_second"] > 0 for d in pieces)
+    plain = sse(s.post("/v1/chat/completions", {**base, "messages": BOOK, "max_tokens": 8}, stream=True))
+    assert not any("timings" in d for _, d in plain if d.get("choices") and d["choices"][0]["delta"].get("content"))
+    for path, body in (("/completion", {"prompt": "Once upon", "n_predict": 6}),
+                       ("/v1/completions", {"prompt": "Once upon", "max_tokens": 6})):
+        ev = sse(s.post(path, {**base, **body, "timings_per_token": True}, stream=True))
+        assert ev and all("timings" in d for _, d in ev), (path, ev)
+
+
+def test_responses_stream_reports_progress_and_timings(serve):
+    # llama-server's telemetry on the Responses stream: prompt_progress on
+    # response.in_progress, timings on each delta and on response.completed
+    s = serve("llama", "-b", "32", "-ub", "32")
+    ev = sse(s.post("/v1/responses", {"input": "This is a test " * 10, "max_output_tokens": 8, "temperature": 0,
+                                      "stream": True, "timings_per_token": True, "return_progress": True},
+                    stream=True))
+    prog = [d for _, d in ev if "prompt_progress" in d]
+    assert len(prog) >= 2, ev  # the slot's choice, then each batch of 32
+    assert all(d["type"] == "response.in_progress" and d["response"]["status"] == "in_progress" for d in prog)
+    p = prog[-1]["prompt_progress"]
+    assert p["total"] > 32 and p["processed"] == p["total"] and p["processed"] >= p["cache"]
+    deltas = [d for e, d in ev if e == "response.output_text.delta"]
+    assert deltas and all("prompt_per_second" in d["timings"] for d in deltas)
+    done = [d for e, d in ev if e == "response.completed"]
+    assert done and done[0]["timings"]["predicted_n"] == done[0]["response"]["usage"]["output_tokens"]
+    seq = [d["sequence_number"] for _, d in ev]
+    assert seq == list(range(len(seq)))
