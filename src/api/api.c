@@ -982,6 +982,9 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
     free(req->grammar);
     free(req->raw_text);
     free(req->raw_tokens);
+    for (int i = 0; i < req->n_raw_pieces; i++)
+        free(req->raw_pieces[i]);
+    free(req->raw_pieces);
     free(req->messages);
     free(req->model);
     free(req->prompt_cache_key);
@@ -1004,6 +1007,8 @@ int thaw_api_admit(const struct thaw_chat_request *req, int n_ctx_slot, int max_
         bytes += strlen(req->messages[i].content);
     if (req->raw_text)
         bytes += strlen(req->raw_text);
+    for (int i = 0; i < req->n_raw_pieces; i++)
+        bytes += strlen(req->raw_pieces[i]);
     if (req->n_raw_tokens >= n_ctx_slot)
         return fail(err, errlen, "'prompt' holds %d tokens; a slot's context holds %d tokens (-c / -np)",
                     req->n_raw_tokens, n_ctx_slot);

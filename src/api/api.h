@@ -140,8 +140,12 @@ struct thaw_chat_request {
      * or raw_tokens, as sent (ids checked against the vocabulary later) */
     bool raw;
     char *raw_text;
-    int32_t *raw_tokens;           /* n_raw_tokens, owned */
+    int32_t *raw_tokens;           /* n_raw_tokens, owned; an entry < 0 stands for the text
+                                    * raw_pieces[-entry - 1] (llama-server's mixed prompt: ids and text,
+                                    * each text tokenized on its own, BOS only when it comes first) */
     int n_raw_tokens;
+    char **raw_pieces;             /* n_raw_pieces, owned */
+    int n_raw_pieces;
 
     /* The last message is rendered for this request only: the client never
      * echoes it in a later turn (Claude Code's max-tokens recovery prompt,

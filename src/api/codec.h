@@ -155,6 +155,15 @@ struct thaw_codec {
     /* 'n' > 1: `other`'s choice appended to `body`'s as choice `index`
      * (both taken). NULL: the API has one choice per reply ('n' > 1 is a 400). */
     char *(*merge_choice)(char *body, char *other, int index);
+    /* Several prompts in one body (llama-server's /completion takes an
+     * array of them and answers an array): each prompt's body, a request
+     * of its own, in bodies[0..*n) (a malloc'd array of malloc'd strings;
+     * the caller frees both), *n >= 2; *n = 0 when the body is one request
+     * (or not JSON: parse answers that). 0 or THAW_ENOMEM. NULL: one
+     * request per body. */
+    int (*split)(const char *body, size_t len, char ***bodies, int *n);
+    /* The replies of a split body's requests (each taken) as one body. NULL on ENOMEM. */
+    char *(*merge_split)(char **bodies, int n);
 
     /* The stream's writer: each returns 0 or THAW_ENOMEM. */
     bool open_after_start;              /* open waits until a slot took the task (it reports cache use) */

@@ -135,8 +135,9 @@ static const struct thaw_task_client http_client = {client_wake, client_alive, c
 
 /* A non-streaming request waiting for the engine: its task and its API. */
 struct deferred {
-    struct thaw_task *task[THAW_API_MAX_N]; /* n_tasks: one per choice ('n') */
+    struct thaw_task *task[THAW_API_MAX_N]; /* n_tasks: one per choice ('n'), or per prompt (split) */
     int n_tasks;
+    bool split;                             /* one per prompt of a split body: merge_split answers */
     const struct thaw_codec *codec;
     struct server *srv;
     struct thaw_model *mdl; /* held until the connection is done */
@@ -211,6 +212,15 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
         }
     }
     make_id(d->codec->id_prefix, id);
+    if (d->split) {
+        char *bodies[THAW_API_MAX_N];
+        for (int i = 0; i < d->n_tasks; i++)
+            bodies[i] = reply_body(d->srv, d->mdl, d->task[i], d->codec, id);
+        set_json(r, 200, d->codec->merge_split(bodies, d->n_tasks));
+        if (!r->body)
+            set_codec_error(r, d->codec, 500, "out of memory");
+        return;
+    }
     char *body = reply_body(d->srv, d->mdl, d->task[0], d->codec, id);
     for (int i = 1; i < d->n_tasks && body; i++) /* n > 1: only with merge_choice (serve_chat) */
         body = d->codec->merge_choice(body, reply_body(d->srv, d->mdl, d->task[i], d->codec, id), i);
@@ -319,6 +329,62 @@ static void held_stream_free(void *ud)
     free(hs);
 }
 
+/* A body with several prompts (codec.h's split): a task per prompt, each
+ * its own request through the slots, answered together once all are done
+ * (merge_split), never streamed. Takes `bodies`. */
+static void route_split(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t ns[THAW_KEY_BYTES], struct thaw_http_response *r, const struct thaw_codec *c,
+                        char **bodies, int n)
+{
+    struct deferred *d = NULL;
+    char msg[160];
+
+    if (n > THAW_API_MAX_N) {
+        snprintf(msg, sizeof msg, "'prompt' holds %d prompts: at most %d are served in one request", n,
+                 THAW_API_MAX_N);
+        set_codec_error(r, c, 400, msg);
+        goto out;
+    }
+    if (!(d = calloc(1, sizeof *d))) {
+        set_codec_error(r, c, 500, "out of memory");
+        goto out;
+    }
+    d->split = true;
+    d->codec = c;
+    d->srv = srv;
+    d->mdl = mdl;
+    thaw_models_hold(srv->models, mdl);
+    for (int i = 0; i < n; i++) {
+        struct thaw_http_request one = *hr;
+        one.body = bodies[i];
+        one.n_body = strlen(bodies[i]);
+        struct thaw_task *t = build_task(srv, mdl, &one, ns, r, c);
+        if (!t)
+            goto out_free; /* r holds the answer */
+        if (t->req.stream || t->req.n_choices > 1) {
+            set_codec_error(r, c, 400, t->req.stream ? "several prompts are served without streaming: send "
+                                                       "'stream': false, or one request per prompt"
+                                                     : "'n' > 1 is served with one prompt per request");
+            thaw_task_release(t);
+            goto out_free;
+        }
+        if (submit(srv, mdl, t, r, c) != 0)
+            goto out_free;
+        d->task[d->n_tasks++] = t;
+    }
+    r->defer = true;
+    r->resume = chat_resume;
+    r->defer_ud = d;
+    r->defer_free = deferred_free;
+    goto out;
+out_free:
+    deferred_free(d);
+out:
+    for (int i = 0; i < n; i++)
+        free(bodies[i]);
+    free(bodies);
+}
+
 /* POST /v1/chat/completions, /v1/messages (Claude Code adds ?beta=true: the
  * path is all that is matched), /v1/responses (Codex: {base_url}/responses),
  * /v1/completions (OpenAI's legacy API) and /completion (llama-server's): one
@@ -332,6 +398,18 @@ static void route_chat(struct server *srv, struct thaw_model *mdl, const struct 
     if (srv->cfg.embedding) {
         set_codec_error(r, c, 501, EMBEDDING_ONLY);
         return;
+    }
+    if (c->split) {
+        char **bodies;
+        int n_bodies;
+        if (c->split(hr->body, hr->n_body, &bodies, &n_bodies) != 0) {
+            set_codec_error(r, c, 500, "out of memory");
+            return;
+        }
+        if (n_bodies > 0) {
+            route_split(srv, mdl, hr, ns, r, c, bodies, n_bodies);
+            return;
+        }
     }
     if (!(t = build_task(srv, mdl, hr, ns, r, c)))
         return;

@@ -474,3 +474,29 @@ def test_responses_stream_reports_progress_and_timings(serve):
     assert done and done[0]["timings"]["predicted_n"] == done[0]["response"]["usage"]["output_tokens"]
     seq = [d["sequence_number"] for _, d in ev]
     assert seq == list(range(len(seq)))
+
+
+def test_completion_serves_several_prompts_and_mixed_ones(serve):
+    # llama-server's /completion: an array of prompts (text, ids, JSON
+    # prompts) is answered with an array of replies in their order; an
+    # array of ids and text is one prompt, each text tokenized in place
+    s = serve("llama", "-np", "2")
+    text = "I believe the meaning of life is"
+    ids = s.post("/tokenize", {"content": text, "add_special": True}).json()["tokens"]
+    body = {"n_predict": 4, "temperature": 0}
+    one = s.post("/completion", {**body, "prompt": ids}).json()
+    r = s.post("/completion", {**body, "prompt": [ids, text, {"prompt_string": text}]})
+    assert r.status_code == 200, r.text
+    many = r.json()
+    assert isinstance(many, list) and len(many) == 3
+    assert all(m["content"] == one["content"] and m["tokens_evaluated"] == len(ids) for m in many), many
+    r = s.post("/completion", {**body, "prompt": [ids[0], *ids[1:3], text]})
+    assert r.status_code == 200, r.text
+    plain = s.post("/tokenize", {"content": text, "add_special": False}).json()["tokens"]
+    assert r.json()["tokens_evaluated"] == 3 + len(plain)
+    r = s.post("/completion", {**body, "prompt": [text, text], "stream": True})
+    assert r.status_code == 400 and "stream" in r.json()["error"]["message"]
+    assert s.post("/completion", {**body, "prompt": [text] * 9}).status_code == 400
+    # OpenAI's legacy API still takes one prompt per request
+    r = s.post("/v1/completions", {"prompt": [text, text], "max_tokens": 2})
+    assert r.status_code == 400 and "prompts" in r.json()["error"]["message"]
