@@ -203,6 +203,8 @@ struct thaw_timings {
     int draft_restored;     /* tokens of the draft's state restored with the entry (.dft) */
     int cache_new_n;        /* prompt tokens this turn newly stores (not reused, stored with the reply to
                              * the cache tiers); 0 when the turn is not stored. Known at the reply's end */
+    bool truncated;         /* the reply ended because its slot's context was full (llama-server's
+                             * "truncated"; finish_reason is "length" either way) */
 };
 
 /* Parses a request body. Returns 0 and fills `out` (free with

@@ -257,7 +257,7 @@ char *thaw_api_llama_completion_json(const char *model, const char *text, bool f
     return thaw_api_dump(json_pack("{s:i, s:o, s:[], s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:b, s:o}", "index", 0, "content",
                           text_value(text), "tokens", "model", model, "stop", 1, "stop_type", type, "stopping_word",
                           stop_word && !limit ? stop_word : "", "tokens_predicted", t->predicted_n, "tokens_evaluated",
-                          prompt_tokens, "tokens_cached", t->cache_n, "truncated", 0, "timings",
+                          prompt_tokens, "tokens_cached", t->cache_n, "truncated", t->truncated, "timings",
                           thaw_api_timings_json(t)));
 }
 

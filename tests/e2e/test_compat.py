@@ -500,3 +500,14 @@ def test_completion_serves_several_prompts_and_mixed_ones(serve):
     # OpenAI's legacy API still takes one prompt per request
     r = s.post("/v1/completions", {"prompt": [text, text], "max_tokens": 2})
     assert r.status_code == 400 and "prompts" in r.json()["error"]["message"]
+
+
+def test_completion_says_truncated_when_its_slot_filled(serve):
+    # llama-server's "truncated": the reply stopped because the slot's
+    # context was full, not at n_predict (finish_reason is length either way)
+    s = serve("llama", "-c", "512", "-np", "2", "-n", "-1")
+    r = s.post("/completion", {"prompt": "Hi how are you", "n_predict": -1, "ignore_eos": True}).json()
+    assert r["truncated"] is True and r["stop_type"] == "limit", r
+    assert r["tokens_evaluated"] + r["tokens_predicted"] == 256
+    r = s.post("/completion", {"prompt": "Hi how are you", "n_predict": 8, "ignore_eos": True}).json()
+    assert r["truncated"] is False and r["tokens_predicted"] == 8
