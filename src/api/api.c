@@ -1089,7 +1089,8 @@ int thaw_api_parse_chat_json(json_t *root, bool default_cache_prompt, struct tha
     if (present)
         out->id_slot = (int)d;
     if ((rc = parse_probs(root, out, err, errlen)) != 0 ||
-        (rc = thaw_api_get_bool(root, "return_progress", &out->return_progress, err, errlen)) != 0)
+        (rc = thaw_api_get_bool(root, "return_progress", &out->return_progress, err, errlen)) != 0 ||
+        (rc = thaw_api_get_bool(root, "timings_per_token", &out->timings_per_token, err, errlen)) != 0)
         goto error;
     json_t *verbose = json_object_get(root, "verbose");
     if (verbose && !json_is_null(verbose)) {
@@ -1171,6 +1172,9 @@ void thaw_chat_request_free(struct thaw_chat_request *req)
         free(req->images[i].path);
     }
     free(req->images);
+    for (int i = 0; i < req->n_raw_pieces; i++)
+        free(req->raw_pieces[i]);
+    free(req->raw_pieces);
     free(req->messages);
     free(req->model);
     free(req->prompt_cache_key);
@@ -1193,6 +1197,8 @@ int thaw_api_admit(const struct thaw_chat_request *req, int n_ctx_slot, int max_
         bytes += strlen(req->messages[i].content);
     if (req->raw_text)
         bytes += strlen(req->raw_text);
+    for (int i = 0; i < req->n_raw_pieces; i++)
+        bytes += strlen(req->raw_pieces[i]);
     if (req->n_raw_tokens >= n_ctx_slot)
         return fail(err, errlen, "'prompt' holds %d tokens; a slot's context holds %d tokens (-c / -np)",
                     req->n_raw_tokens, n_ctx_slot);
@@ -1267,7 +1273,11 @@ char *thaw_api_too_long_json(int n_prompt, int n_ctx_slot)
 {
     char msg[160];
 
-    snprintf(msg, sizeof msg, "the prompt is %d tokens; a slot's context holds %d (-c / -np)", n_prompt, n_ctx_slot);
+    /* llama-server's words first: its clients and tests look for them */
+    snprintf(msg, sizeof msg,
+             "request (%d tokens) exceeds the available context size (%d tokens), try increasing it (a slot's "
+             "context is -c / -np)",
+             n_prompt, n_ctx_slot);
     return thaw_api_dump(json_pack("{s:{s:s, s:s, s:i, s:i, s:i}}", "error", "message", msg, "type",
                           "exceed_context_size_error", "code", 400, "n_prompt_tokens", n_prompt, "n_ctx", n_ctx_slot));
 }
@@ -1429,7 +1439,7 @@ static int chat_progress(struct thaw_codec_stream *st, int processed, int64_t ti
     if (root)
         json_object_set_new(json_object_get(json_array_get(json_object_get(root, "choices"), 0), "delta"), "content",
                             json_null());
-    return thaw_codec_emit_progress(st, root, processed, time_ms, cache_n);
+    return thaw_codec_emit_progress(st, NULL, root, processed, time_ms, cache_n);
 }
 
 static int chat_delta(struct thaw_codec_stream *st, json_t *diff)
@@ -1438,7 +1448,7 @@ static int chat_delta(struct thaw_codec_stream *st, json_t *diff)
     char *chunk = ds ? thaw_api_chunk_delta_json(st->id, st->model, st->created, ds) : NULL;
 
     free(ds);
-    return thaw_codec_emit_text(st, NULL, thaw_codec_lp_attach(st, chunk, false));
+    return thaw_codec_emit_text(st, NULL, thaw_codec_timings_attach(st, thaw_codec_lp_attach(st, chunk, false)));
 }
 
 static int chat_close(struct thaw_codec_stream *st)

@@ -128,6 +128,7 @@ struct thaw_chat_request {
     bool post_sampling_probs;
     int n_choices;                 /* 'n': choices wanted, 1..THAW_API_MAX_N (the route serves each as a task) */
     bool return_progress;          /* llama-server's: a stream reports each prefill batch (prompt_progress) */
+    bool timings_per_token;        /* llama-server's: each streamed piece carries the timings so far */
 
     /* agents (NULL = absent); JSON texts compact; tools and the schema keep
      * the client's key order (templates print tools as JSON, and a schema's
@@ -145,8 +146,12 @@ struct thaw_chat_request {
      * or raw_tokens, as sent (ids checked against the vocabulary later) */
     bool raw;
     char *raw_text;
-    int32_t *raw_tokens;           /* n_raw_tokens, owned */
+    int32_t *raw_tokens;           /* n_raw_tokens, owned; an entry < 0 stands for the text
+                                    * raw_pieces[-entry - 1] (llama-server's mixed prompt: ids and text,
+                                    * each text tokenized on its own, BOS only when it comes first) */
     int n_raw_tokens;
+    char **raw_pieces;             /* n_raw_pieces, owned */
+    int n_raw_pieces;
 
     /* The last message is rendered for this request only: the client never
      * echoes it in a later turn (Claude Code's max-tokens recovery prompt,
@@ -215,6 +220,8 @@ struct thaw_timings {
     int draft_restored;     /* tokens of the draft's state restored with the entry (.dft) */
     int cache_new_n;        /* prompt tokens this turn newly stores (not reused, stored with the reply to
                              * the cache tiers); 0 when the turn is not stored. Known at the reply's end */
+    bool truncated;         /* the reply ended because its slot's context was full (llama-server's
+                             * "truncated"; finish_reason is "length" either way) */
 };
 
 /* Parses a request body. Returns 0 and fills `out` (free with

@@ -24,43 +24,78 @@
 
 /* ---- request ------------------------------------------------------------------------ */
 
-/* A prompt given as token ids: 0 and the ids in out, or THAW_EINVAL. */
+/* A prompt given as token ids, or llama-server's mixed sequence of ids
+ * and text: 0 and the ids in out (each text in raw_pieces, api.h), or
+ * THAW_EINVAL. */
 static int take_tokens(json_t *arr, struct thaw_chat_request *out, char *err, size_t errlen)
 {
-    size_t i;
+    size_t i, n_text = 0;
     json_t *v;
 
     if (json_array_size(arr) == 0)
         return thaw_api_fail(err, errlen, "'prompt' is empty");
     if (json_array_size(arr) > (1u << 24))
         return thaw_api_fail(err, errlen, "'prompt' holds more token ids than any context");
-    if (!(out->raw_tokens = malloc(json_array_size(arr) * sizeof *out->raw_tokens)))
+    json_array_foreach(arr, i, v)
+        n_text += json_is_string(v);
+    if (!(out->raw_tokens = malloc(json_array_size(arr) * sizeof *out->raw_tokens)) ||
+        (n_text && !(out->raw_pieces = calloc(n_text, sizeof *out->raw_pieces))))
         return THAW_ENOMEM;
     json_array_foreach(arr, i, v) {
+        if (json_is_string(v)) {
+            if (!(out->raw_pieces[out->n_raw_pieces] = strndup(json_string_value(v), json_string_length(v))))
+                return THAW_ENOMEM;
+            out->raw_tokens[i] = -1 - out->n_raw_pieces++;
+            continue;
+        }
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-            return thaw_api_fail(err, errlen, "prompt[%zu] must be a token id", i);
+            return thaw_api_fail(err, errlen, "prompt[%zu] must be a token id or a string", i);
         out->raw_tokens[i] = (int32_t)json_integer_value(v);
     }
     out->n_raw_tokens = (int)json_array_size(arr);
     return 0;
 }
 
+/* llama-server's rule: an array of ids and strings with at least one id
+ * is one prompt (mixed); any other array of several holds one prompt each. */
+static bool several_prompts(json_t *p)
+{
+    size_t i, n_ids = 0;
+    json_t *v;
+
+    if (!json_is_array(p) || json_array_size(p) < 2)
+        return false;
+    json_array_foreach(p, i, v) {
+        if (!json_is_integer(v) && !json_is_string(v))
+            return true;
+        n_ids += json_is_integer(v);
+    }
+    return n_ids == 0;
+}
+
 static int take_prompt(json_t *p, struct thaw_chat_request *out, char *err, size_t errlen)
 {
     if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
         p = json_array_get(p, 0); /* ["text"] or [[ids]]: one prompt */
+    if (several_prompts(p))
+        return thaw_api_fail(err, errlen, "'prompt' holds %zu prompts: send one per request (several are served "
+                                          "on /completion, without streaming)",
+                             json_array_size(p));
+    if (json_is_object(p)) { /* llama-server's JSON prompt: {"prompt_string", "multimodal_data"?} */
+        if (json_object_get(p, "multimodal_data"))
+            return thaw_api_fail(err, errlen, "'prompt.multimodal_data': this server reads text only on "
+                                              "/completion (no multimodal projector)");
+        p = json_object_get(p, "prompt_string");
+        if (!json_is_string(p))
+            return thaw_api_fail(err, errlen, "'prompt' as an object needs a string 'prompt_string'");
+    }
     if (json_is_string(p)) {
         if (json_string_length(p) == 0)
             return thaw_api_fail(err, errlen, "'prompt' is empty");
         return (out->raw_text = strndup(json_string_value(p), json_string_length(p))) ? 0 : THAW_ENOMEM;
     }
-    if (json_is_array(p)) {
-        json_t *first = json_array_get(p, 0);
-        if (json_is_string(first) || json_is_array(first))
-            return thaw_api_fail(err, errlen, "'prompt' holds %zu prompts: send one per request",
-                                 json_array_size(p));
+    if (json_is_array(p))
         return take_tokens(p, out, err, errlen);
-    }
     return thaw_api_fail(err, errlen, "'prompt' must be a string or an array of token ids");
 }
 
@@ -222,7 +257,7 @@ char *thaw_api_llama_completion_json(const char *model, const char *text, bool f
     return thaw_api_dump(json_pack("{s:i, s:o, s:[], s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:b, s:o}", "index", 0, "content",
                           text_value(text), "tokens", "model", model, "stop", 1, "stop_type", type, "stopping_word",
                           stop_word && !limit ? stop_word : "", "tokens_predicted", t->predicted_n, "tokens_evaluated",
-                          prompt_tokens, "tokens_cached", t->cache_n, "truncated", 0, "timings",
+                          prompt_tokens, "tokens_cached", t->cache_n, "truncated", t->truncated, "timings",
                           thaw_api_timings_json(t)));
 }
 
@@ -348,7 +383,7 @@ static const char *diff_text(json_t *diff)
 static int oai_cmpl_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
 {
     return thaw_codec_emit_progress(
-        st, thaw_codec_loads(thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", NULL, 0, NULL)),
+        st, NULL, thaw_codec_loads(thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", NULL, 0, NULL)),
         processed, time_ms, cache_n);
 }
 
@@ -356,10 +391,11 @@ static int oai_cmpl_delta(struct thaw_codec_stream *st, json_t *diff)
 {
     return thaw_codec_emit_text(
         st, NULL,
-        thaw_codec_lp_attach(st,
-                             thaw_api_text_completion_chunk_json(st->id, st->model, st->created, diff_text(diff), NULL,
-                                                                 0, NULL),
-                             true));
+        thaw_codec_timings_attach(st, thaw_codec_lp_attach(st,
+                                                           thaw_api_text_completion_chunk_json(
+                                                               st->id, st->model, st->created, diff_text(diff), NULL, 0,
+                                                               NULL),
+                                                           true)));
 }
 
 static int oai_cmpl_close(struct thaw_codec_stream *st)
@@ -378,7 +414,7 @@ static int oai_cmpl_close(struct thaw_codec_stream *st)
 static int llama_cmpl_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
 {
     return thaw_codec_emit_progress(
-        st, thaw_codec_loads(thaw_api_llama_completion_json(st->model, "", false, NULL, NULL, 0, NULL)), processed,
+        st, NULL, thaw_codec_loads(thaw_api_llama_completion_json(st->model, "", false, NULL, NULL, 0, NULL)), processed,
         time_ms, cache_n);
 }
 
@@ -398,7 +434,7 @@ static int llama_cmpl_piece(struct thaw_codec_stream *st, const char *text, json
     }
     json_decref(root);
     json_decref(probs);
-    return thaw_codec_emit_text(st, NULL, chunk);
+    return thaw_codec_emit_text(st, NULL, thaw_codec_timings_attach(st, chunk));
 }
 
 /* With n_probs, llama-server sends one piece per token, each with that
@@ -447,6 +483,64 @@ static int llama_cmpl_close(struct thaw_codec_stream *st)
                                                                          r->stop_sequence, r->n_prompt, r->timings));
 }
 
+/* /completion's several prompts: the body once per prompt, with that one */
+static int completion_split(const char *body, size_t len, char ***bodies, int *n)
+{
+    json_t *root = json_loadb(body, len, 0, NULL), *p = json_object_get(root, "prompt"), *v;
+    char **out = NULL;
+    size_t i, count = 0;
+    int rc = 0;
+
+    *bodies = NULL;
+    *n = 0;
+    if (!json_is_object(root) || !several_prompts(p))
+        goto done;
+    count = json_array_size(p);
+    if (!(out = calloc(count, sizeof *out))) {
+        rc = THAW_ENOMEM;
+        goto done;
+    }
+    json_incref(p); /* root's "prompt" is replaced by each in turn */
+    json_array_foreach(p, i, v) {
+        if (json_object_set(root, "prompt", v) != 0 || !(out[i] = json_dumps(root, JSON_COMPACT))) {
+            rc = THAW_ENOMEM;
+            break;
+        }
+    }
+    json_decref(p);
+    if (rc == 0) {
+        *bodies = out;
+        *n = (int)count;
+        out = NULL;
+    }
+done:
+    for (size_t k = 0; out && k < count; k++)
+        free(out[k]);
+    free(out);
+    json_decref(root);
+    return rc;
+}
+
+/* ... answered as an array of their replies, in the prompts' order */
+static char *completion_merge_split(char **bodies, int n)
+{
+    json_t *arr = json_array();
+    char *out = NULL;
+
+    for (int i = 0; arr && i < n; i++) {
+        json_t *v = bodies[i] ? json_loads(bodies[i], 0, NULL) : NULL;
+        if (!v || json_array_append_new(arr, v) != 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        free(bodies[i]);
+    out = arr ? json_dumps(arr, JSON_COMPACT) : NULL;
+    json_decref(arr);
+    return out;
+}
+
 const struct thaw_codec thaw_codec_completions = {
     .name = "completions",
     .id_prefix = "cmpl-",
@@ -474,6 +568,8 @@ const struct thaw_codec thaw_codec_completion = {
     .too_long_json = thaw_api_too_long_json,
     .reply = completion_reply,
     .merge_choice = NULL,
+    .split = completion_split,
+    .merge_split = completion_merge_split,
     .open = cmpl_open,
     .progress = llama_cmpl_progress,
     .delta = llama_cmpl_delta,

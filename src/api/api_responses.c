@@ -445,7 +445,9 @@ static int convert_settings(json_t *root, json_t *oai, char *err, size_t errlen)
         return fail(err, errlen, "'conversation' is not supported: thaw keeps no conversations (send the whole input)");
     if ((v = json_object_get(root, "background")) && json_is_true(v))
         return fail(err, errlen, "'background' is not supported");
-    static const char *const copy[] = {"model", "prompt_cache_key", "stream", "temperature", "top_p"};
+    /* llama-server's own extras too: prompt_progress events, per-token timings */
+    static const char *const copy[] = {"model",       "prompt_cache_key", "stream",           "temperature",
+                                       "top_p",       "return_progress",  "timings_per_token"};
     for (size_t i = 0; i < sizeof copy / sizeof copy[0]; i++)
         if ((v = json_object_get(root, copy[i])) && !json_is_null(v))
             json_object_set(oai, copy[i], v); /* api.c checks each */
@@ -592,6 +594,17 @@ static int r_emit(struct thaw_codec_stream *st, const char *type, json_t *v)
     return thaw_codec_emit(st, type, v);
 }
 
+/* An event `v` (taken) with llama-server's "timings" so far, when the
+ * request asked timings_per_token. */
+static json_t *r_timed(const struct thaw_codec_stream *st, json_t *v)
+{
+    json_t *t = v ? thaw_codec_live_timings(st) : NULL;
+
+    if (t)
+        json_object_set_new(v, "timings", t);
+    return v;
+}
+
 /* The response object: in progress until the stream closes. */
 static json_t *r_response(struct thaw_codec_stream *st)
 {
@@ -726,8 +739,8 @@ static int resp_delta(struct thaw_codec_stream *st, json_t *diff)
         if (rc == 0 && (rc = thaw_codec_part_add(st, v)) == 0) {
             r_item_id(st, id);
             rc = r_emit(st, "response.reasoning_text.delta",
-                        json_pack("{s:s, s:i, s:i, s:O}", "item_id", id, "output_index", st->n_parts - 1,
-                                  "content_index", 0, "delta", v));
+                        r_timed(st, json_pack("{s:s, s:i, s:i, s:O}", "item_id", id, "output_index",
+                                              st->n_parts - 1, "content_index", 0, "delta", v)));
         }
     }
     if (rc == 0 && (v = json_object_get(diff, "content")) && json_string_length(v) > 0) {
@@ -736,8 +749,8 @@ static int resp_delta(struct thaw_codec_stream *st, json_t *diff)
         if (rc == 0 && (rc = thaw_codec_part_add(st, v)) == 0) {
             r_item_id(st, id);
             rc = r_emit(st, "response.output_text.delta",
-                        json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", id, "output_index", st->n_parts - 1,
-                                  "content_index", 0, "delta", v, "logprobs"));
+                        r_timed(st, json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", id, "output_index",
+                                              st->n_parts - 1, "content_index", 0, "delta", v, "logprobs")));
         }
     }
     if (rc == 0 && (v = json_object_get(diff, "tool_call_index"))) {
@@ -752,7 +765,8 @@ static int resp_delta(struct thaw_codec_stream *st, json_t *diff)
         if (rc == 0 && json_string_length(args) > 0 && (rc = thaw_codec_part_add(st, args)) == 0) {
             r_item_id(st, id);
             rc = r_emit(st, "response.function_call_arguments.delta",
-                        json_pack("{s:s, s:i, s:O}", "item_id", id, "output_index", st->n_parts - 1, "delta", args));
+                        r_timed(st, json_pack("{s:s, s:i, s:O}", "item_id", id, "output_index", st->n_parts - 1,
+                                              "delta", args)));
         }
     }
     return rc;
@@ -766,8 +780,23 @@ static int resp_close(struct thaw_codec_stream *st)
     if (rc != 0)
         return rc;
     /* response.completed also for a reply cut at max_output_tokens (its
-     * status says "incomplete"): what Codex and the SDKs wait for */
-    return r ? r_emit(st, "response.completed", json_pack("{s:o}", "response", r)) : THAW_ENOMEM;
+     * status says "incomplete"): what Codex and the SDKs wait for; with
+     * llama-server's "timings" beside the response, as its /completion's */
+    json_t *ev = r ? json_pack("{s:o}", "response", r) : NULL;
+    if (ev)
+        json_object_set_new(ev, "timings", thaw_api_timings_json(st->reply->timings));
+    return ev ? r_emit(st, "response.completed", ev) : THAW_ENOMEM;
+}
+
+/* llama-server's prompt_progress rides a response.in_progress event */
+static int resp_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
+{
+    json_t *r = r_response(st), *ev = r ? json_pack("{s:o, s:s, s:i}", "response", r, "type",
+                                                    "response.in_progress", "sequence_number", st->seq++)
+                                         : NULL;
+
+    return ev ? thaw_codec_emit_progress(st, "response.in_progress", ev, processed, time_ms, cache_n)
+              : THAW_ENOMEM;
 }
 
 static int resp_fail(struct thaw_codec_stream *st, int status, const char *message)
@@ -789,7 +818,7 @@ const struct thaw_codec thaw_codec_responses = {
     .reply = responses_reply,
     .merge_choice = NULL,
     .open = resp_open,
-    .progress = NULL,
+    .progress = resp_progress,
     .delta = resp_delta,
     .close = resp_close,
     .fail = resp_fail,

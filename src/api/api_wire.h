@@ -75,8 +75,10 @@ char *thaw_api_too_long_json(int n_prompt, int n_ctx_slot);
 int thaw_codec_emit_text(struct thaw_codec_stream *st, const char *event, char *json);
 int thaw_codec_emit(struct thaw_codec_stream *st, const char *event, json_t *v);
 /* llama-server's prompt_progress {total, cache, processed, time_ms} added
- * to `chunk` (taken), which is then emitted. 0 or THAW_ENOMEM. */
-int thaw_codec_emit_progress(struct thaw_codec_stream *st, json_t *chunk, int processed, int64_t time_ms, int cache_n);
+ * to `chunk` (taken), which is then emitted (as `event`, or NULL: a data
+ * line only). 0 or THAW_ENOMEM. */
+int thaw_codec_emit_progress(struct thaw_codec_stream *st, const char *event, json_t *chunk, int processed,
+                             int64_t time_ms, int cache_n);
 /* json_loads of `text` (taken); NULL when text is NULL or not JSON. */
 json_t *thaw_codec_loads(char *text);
 
@@ -88,6 +90,12 @@ json_t *thaw_codec_lp_take(struct thaw_codec_stream *st, bool legacy);
  * entries: {"content": [...]} (chat) or the legacy object; the chunk as it
  * was when the request wants none. NULL on ENOMEM. */
 char *thaw_codec_lp_attach(struct thaw_codec_stream *st, char *chunk, bool legacy);
+/* llama-server's timings_per_token: "timings" (the timings as of the text
+ * handed out so far) set on `chunk` (JSON text, taken); the chunk as it
+ * was when the request did not ask. NULL on ENOMEM. */
+char *thaw_codec_timings_attach(const struct thaw_codec_stream *st, char *chunk);
+/* Those timings as a new object, or NULL when the request did not ask. */
+json_t *thaw_codec_live_timings(const struct thaw_codec_stream *st);
 /* A whole reply's entries (its n_text bytes, done; `legacy`: OpenAI
  * completions' object) put into the reply object `body` (taken) by
  * `place` (which takes no reference to lp). NULL on ENOMEM. */

@@ -590,6 +590,44 @@ done:
     return rc;
 }
 
+static int append_tokens(llama_token **dst, int *n_dst, int *cap, const llama_token *src, int n);
+
+/* raw_tokens as the prompt: each id checked against the vocabulary, each
+ * text piece tokenized in place (BOS as the vocab wants only when it is
+ * first, as llama-server's mixed prompts). 0, THAW_ENOMEM, or THAW_EINVAL
+ * with err; *tokens (malloc'd, room for one more) set only on 0. */
+static int raw_token_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, int n_vocab,
+                            llama_token **tokens, int *n_tokens, char *err, size_t errlen)
+{
+    llama_token *out = NULL, *piece = NULL;
+    int n = 0, cap = 0, n_piece = 0, rc = 0;
+
+    for (int i = 0; rc == 0 && i < req->n_raw_tokens; i++) {
+        int32_t id = req->raw_tokens[i];
+        if (id < 0) {
+            rc = thaw_chat_tokenize_text(chat, req->raw_pieces[-id - 1], i == 0, &piece, &n_piece);
+            if (rc == 0)
+                rc = append_tokens(&out, &n, &cap, piece, n_piece);
+            free(piece);
+            piece = NULL;
+            if (rc != 0)
+                snprintf(err, errlen, "prompt[%d] could not be tokenized: %s", i, thaw_strerror(rc));
+        } else if (id >= n_vocab) {
+            snprintf(err, errlen, "prompt[%d] must be a token id between 0 and %d", i, n_vocab - 1);
+            rc = THAW_EINVAL;
+        } else {
+            rc = append_tokens(&out, &n, &cap, &id, 1);
+        }
+    }
+    if (rc != 0) { /* else cap > n: append_tokens leaves room, the spare one */
+        free(out);
+        return rc;
+    }
+    *tokens = out;
+    *n_tokens = n;
+    return 0;
+}
+
 int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_request *req, llama_token **tokens,
                          int *n_tokens, struct thaw_chat_gen *gen, char *err, size_t errlen)
 {
@@ -603,16 +641,8 @@ int thaw_chat_raw_prompt(const struct thaw_chat *chat, const struct thaw_chat_re
             snprintf(err, errlen, "'prompt' could not be tokenized: %s", thaw_strerror(rc));
             return rc;
         }
-    } else {
-        for (int i = 0; i < req->n_raw_tokens; i++)
-            if (req->raw_tokens[i] < 0 || req->raw_tokens[i] >= n_vocab) {
-                snprintf(err, errlen, "prompt[%d] must be a token id between 0 and %d", i, n_vocab - 1);
-                return THAW_EINVAL;
-            }
-        if (!(*tokens = malloc(((size_t)req->n_raw_tokens + 1) * sizeof **tokens)))
-            return THAW_ENOMEM;
-        memcpy(*tokens, req->raw_tokens, (size_t)req->n_raw_tokens * sizeof **tokens);
-        *n_tokens = req->n_raw_tokens;
+    } else if ((rc = raw_token_prompt(chat, req, n_vocab, tokens, n_tokens, err, errlen)) != 0) {
+        return rc;
     }
     if (*n_tokens == 0) {
         snprintf(err, errlen, "'prompt' is empty");

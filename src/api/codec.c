@@ -112,6 +112,7 @@ int thaw_codec_stream_step(struct thaw_codec_stream *st, const struct thaw_codec
     if (!nw->done && nw->n_text <= st->n_news)
         return THAW_CODEC_WAIT;
     st->n_news = nw->n_text;
+    st->live = nw->live;
     st->text_from = st->n_seen;
     st->n_seen = nw->n_text; /* a writer may keep some back */
     st->n_text = nw->n_text;
@@ -168,14 +169,15 @@ int thaw_codec_emit(struct thaw_codec_stream *st, const char *event, json_t *v)
     return thaw_codec_emit_text(st, event, s);
 }
 
-int thaw_codec_emit_progress(struct thaw_codec_stream *st, json_t *chunk, int processed, int64_t time_ms, int cache_n)
+int thaw_codec_emit_progress(struct thaw_codec_stream *st, const char *event, json_t *chunk, int processed,
+                             int64_t time_ms, int cache_n)
 {
     if (!chunk)
         return THAW_ENOMEM;
     json_object_set_new(chunk, "prompt_progress",
                         json_pack("{s:i, s:i, s:i, s:I}", "total", st->n_prompt, "cache", cache_n, "processed",
                                   processed, "time_ms", (json_int_t)time_ms));
-    return thaw_codec_emit(st, NULL, chunk);
+    return thaw_codec_emit(st, event, chunk);
 }
 
 json_t *thaw_codec_loads(char *text)
@@ -210,6 +212,27 @@ char *thaw_codec_lp_attach(struct thaw_codec_stream *st, char *chunk, bool legac
     if (lp)
         json_object_set_new(choice, "logprobs", legacy ? lp : json_pack("{s:o}", "content", lp));
     out = lp ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    free(chunk);
+    return out;
+}
+
+json_t *thaw_codec_live_timings(const struct thaw_codec_stream *st)
+{
+    return st->req->timings_per_token ? thaw_api_timings_json(&st->live) : NULL;
+}
+
+char *thaw_codec_timings_attach(const struct thaw_codec_stream *st, char *chunk)
+{
+    if (!chunk || !st->req->timings_per_token)
+        return chunk;
+    json_t *root = json_loads(chunk, 0, NULL), *t = thaw_codec_live_timings(st);
+    char *out = NULL;
+
+    if (json_is_object(root) && t && json_object_set_new(root, "timings", t) == 0)
+        out = json_dumps(root, JSON_COMPACT);
+    else
+        json_decref(t);
     json_decref(root);
     free(chunk);
     return out;

@@ -114,6 +114,7 @@ struct thaw_codec_stream {
     size_t text_from;                   /* where this step's text starts in the reply */
     size_t n_text;                      /* the reply's bytes handed out, as of this step */
     bool done;                          /* this step's news is the reply's end */
+    struct thaw_timings live;           /* this step's news' (timings_per_token) */
     const struct thaw_reply *reply;     /* at close: the reply, final */
 
     /* ---- the writer's ---- */
@@ -154,6 +155,15 @@ struct thaw_codec {
     /* 'n' > 1: `other`'s choice appended to `body`'s as choice `index`
      * (both taken). NULL: the API has one choice per reply ('n' > 1 is a 400). */
     char *(*merge_choice)(char *body, char *other, int index);
+    /* Several prompts in one body (llama-server's /completion takes an
+     * array of them and answers an array): each prompt's body, a request
+     * of its own, in bodies[0..*n) (a malloc'd array of malloc'd strings;
+     * the caller frees both), *n >= 2; *n = 0 when the body is one request
+     * (or not JSON: parse answers that). 0 or THAW_ENOMEM. NULL: one
+     * request per body. */
+    int (*split)(const char *body, size_t len, char ***bodies, int *n);
+    /* The replies of a split body's requests (each taken) as one body. NULL on ENOMEM. */
+    char *(*merge_split)(char **bodies, int n);
 
     /* The stream's writer: each returns 0 or THAW_ENOMEM. */
     bool open_after_start;              /* open waits until a slot took the task (it reports cache use) */
@@ -179,6 +189,7 @@ struct thaw_codec_news {
     int cache_new_n;                    /* prompt tokens to be stored with the reply (thaw_timings) */
     size_t n_text;                      /* bytes of reply text so far */
     int n_progress;                     /* prefill reports so far */
+    struct thaw_timings live;           /* the timings as of n_text (req.timings_per_token; else zero) */
     const char *text;                   /* the reply's bytes from thaw_codec_stream_from() to n_text, valid
                                          * UTF-8; NULL when none */
     int status;                         /* when done: 200, or the failure's */

@@ -170,6 +170,7 @@ void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token
         }
     }
     if (s->n_decoded >= t->max_tokens || s->n_tokens + 1 >= e->n_ctx_slot) {
+        s->timings.truncated = s->n_tokens + 1 >= e->n_ctx_slot;
         slot_finish(e, s, "length");
         return;
     }

@@ -6,6 +6,7 @@
 #include "engine/ngram.h"
 #include "engine/slots_view.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/utf8.h"
@@ -204,7 +205,16 @@ void thaw_slot_flush_text(struct thaw_slot *s, bool final)
         end = thaw_utf8_complete_len(s->gen.data, end);
     }
     if (end > s->n_sent) {
-        thaw_task_emit(s->task, s->gen.data + s->n_sent, end - s->n_sent);
+        struct thaw_timings live = s->timings, *lp = NULL;
+        if (s->task->req.timings_per_token && s->task->req.stream) { /* as thaw_slot_finish_timings, not kept */
+            int64_t now = thaw_now_us(), done = s->t_prompt_done_us ? s->t_prompt_done_us : now;
+            live.prompt_n = s->task->n_prompt - live.cache_n;
+            live.prompt_ms = (double)(done - s->t_start_us) / 1000.0 - live.restore_ms;
+            live.predicted_n = s->n_decoded;
+            live.predicted_ms = (double)(now - done) / 1000.0;
+            lp = &live;
+        }
+        thaw_task_emit(s->task, s->gen.data + s->n_sent, end - s->n_sent, lp);
         s->n_sent = end;
     }
 }

@@ -97,7 +97,7 @@ bool thaw_task_client_alive(struct thaw_task *t)
     return true;
 }
 
-int thaw_task_emit(struct thaw_task *t, const char *s, size_t n)
+int thaw_task_emit(struct thaw_task *t, const char *s, size_t n, const struct thaw_timings *live)
 {
     int rc = 0;
 
@@ -106,6 +106,8 @@ int thaw_task_emit(struct thaw_task *t, const char *s, size_t n)
     pthread_mutex_lock(&t->mu);
     if ((rc = thaw_buf_append(&t->text, s, n)) != 0)
         goto out;
+    if (live && t->req.timings_per_token)
+        t->live = *live;
     /* only a stream reads text before the end: waking a non-streaming
      * request per token would steal a core from the decode threads */
     if (t->req.stream)
@@ -212,6 +214,7 @@ int thaw_task_news(struct thaw_task *t, size_t from, struct thaw_task_news *out)
     out->cache_new_n = t->done && t->http_status == 200 ? t->timings.cache_new_n : t->cache_new_n;
     out->n_text = t->text.len;
     out->n_progress = t->n_progress;
+    out->live = t->done && t->http_status == 200 ? t->timings : t->live;
     out->text = NULL;
     if (from < t->text.len && !(out->text = thaw_utf8_sanitize(t->text.data + from, t->text.len - from)))
         rc = THAW_ENOMEM;

@@ -74,6 +74,8 @@ struct thaw_task {
     struct thaw_task_progress *progress; /* req.return_progress on a stream: one report per prefill batch, */
     int n_progress, cap_progress;        /* the first when the slot chose what to reuse */
     struct thaw_timings timings;
+    struct thaw_timings live;      /* req.timings_per_token on a stream: prompt_* and predicted_* as of the
+                                    * text emitted so far (thaw_task_emit) */
     float *embd;                   /* EMBED / RERANK, set with done: n_embd_rows rows of n_embd floats
                                     * (pooled: one row; pooling none: one per prompt token; RERANK: the
                                     * rank head's outputs, score first), owned */
@@ -107,8 +109,10 @@ void thaw_task_retain(struct thaw_task *t);
 /* Drops a reference; the last one frees everything the task owns. */
 void thaw_task_release(struct thaw_task *t);
 
-/* Engine side. emit appends reply text; finish/fail set done and wake waiters. */
-int thaw_task_emit(struct thaw_task *t, const char *s, size_t n);
+/* Engine side. emit appends reply text (with `live`, non-NULL, the timings
+ * as of that text: kept for a stream that asked timings_per_token);
+ * finish/fail set done and wake waiters. */
+int thaw_task_emit(struct thaw_task *t, const char *s, size_t n, const struct thaw_timings *live);
 /* `message_json` (malloc'd, may be NULL) moves into the task.
  * `stop_sequence` is NULL or one of t->req.stop (the request's stop string
  * that ended the reply). */
@@ -164,6 +168,7 @@ struct thaw_task_news {
     int cache_new_n;
     size_t n_text;  /* bytes of reply text so far */
     int n_progress; /* progress reports so far (thaw_task_progress_at) */
+    struct thaw_timings live; /* the task's live timings (zero unless timings_per_token; final when done) */
     char *text;     /* malloc'd copy of text[from, n_text), made valid UTF-8; NULL when from >= n_text */
 };
 /* Fills `out` (free out->text). Returns 0 or THAW_ENOMEM (then out->text

@@ -52,6 +52,9 @@ struct server {
     const char *metrics_headers[3];
     uint8_t key_ns[THAW_MAX_API_KEYS][THAW_KEY_BYTES]; /* thaw_keys_namespace of each --api-key */
     uint8_t anon_ns[THAW_KEY_BYTES];                   /* the namespace without keys */
+    /* AIP_MODE=PREDICTION (Vertex AI): AIP_PREDICT_ROUTE's path, and
+     * AIP_HEALTH_ROUTE's ("" = /health only); predict[0] == '\0': off */
+    char predict[128], health[128];
 };
 
 static void set_json(struct thaw_http_response *r, int status, char *body)
@@ -132,8 +135,9 @@ static const struct thaw_task_client http_client = {client_wake, client_alive, c
 
 /* A non-streaming request waiting for the engine: its task and its API. */
 struct deferred {
-    struct thaw_task *task[THAW_API_MAX_N]; /* n_tasks: one per choice ('n') */
+    struct thaw_task *task[THAW_API_MAX_N]; /* n_tasks: one per choice ('n'), or per prompt (split) */
     int n_tasks;
+    bool split;                             /* one per prompt of a split body: merge_split answers */
     const struct thaw_codec *codec;
     struct server *srv;
     struct thaw_model *mdl; /* held until the connection is done */
@@ -208,6 +212,15 @@ static void chat_resume(void *ud, struct thaw_http_response *r)
         }
     }
     make_id(d->codec->id_prefix, id);
+    if (d->split) {
+        char *bodies[THAW_API_MAX_N];
+        for (int i = 0; i < d->n_tasks; i++)
+            bodies[i] = reply_body(d->srv, d->mdl, d->task[i], d->codec, id);
+        set_json(r, 200, d->codec->merge_split(bodies, d->n_tasks));
+        if (!r->body)
+            set_codec_error(r, d->codec, 500, "out of memory");
+        return;
+    }
     char *body = reply_body(d->srv, d->mdl, d->task[0], d->codec, id);
     for (int i = 1; i < d->n_tasks && body; i++) /* n > 1: only with merge_choice (serve_chat) */
         body = d->codec->merge_choice(body, reply_body(d->srv, d->mdl, d->task[i], d->codec, id), i);
@@ -316,6 +329,62 @@ static void held_stream_free(void *ud)
     free(hs);
 }
 
+/* A body with several prompts (codec.h's split): a task per prompt, each
+ * its own request through the slots, answered together once all are done
+ * (merge_split), never streamed. Takes `bodies`. */
+static void route_split(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                        const uint8_t ns[THAW_KEY_BYTES], struct thaw_http_response *r, const struct thaw_codec *c,
+                        char **bodies, int n)
+{
+    struct deferred *d = NULL;
+    char msg[160];
+
+    if (n > THAW_API_MAX_N) {
+        snprintf(msg, sizeof msg, "'prompt' holds %d prompts: at most %d are served in one request", n,
+                 THAW_API_MAX_N);
+        set_codec_error(r, c, 400, msg);
+        goto out;
+    }
+    if (!(d = calloc(1, sizeof *d))) {
+        set_codec_error(r, c, 500, "out of memory");
+        goto out;
+    }
+    d->split = true;
+    d->codec = c;
+    d->srv = srv;
+    d->mdl = mdl;
+    thaw_models_hold(srv->models, mdl);
+    for (int i = 0; i < n; i++) {
+        struct thaw_http_request one = *hr;
+        one.body = bodies[i];
+        one.n_body = strlen(bodies[i]);
+        struct thaw_task *t = build_task(srv, mdl, &one, ns, r, c);
+        if (!t)
+            goto out_free; /* r holds the answer */
+        if (t->req.stream || t->req.n_choices > 1) {
+            set_codec_error(r, c, 400, t->req.stream ? "several prompts are served without streaming: send "
+                                                       "'stream': false, or one request per prompt"
+                                                     : "'n' > 1 is served with one prompt per request");
+            thaw_task_release(t);
+            goto out_free;
+        }
+        if (submit(srv, mdl, t, r, c) != 0)
+            goto out_free;
+        d->task[d->n_tasks++] = t;
+    }
+    r->defer = true;
+    r->resume = chat_resume;
+    r->defer_ud = d;
+    r->defer_free = deferred_free;
+    goto out;
+out_free:
+    deferred_free(d);
+out:
+    for (int i = 0; i < n; i++)
+        free(bodies[i]);
+    free(bodies);
+}
+
 /* POST /v1/chat/completions, /v1/messages (Claude Code adds ?beta=true: the
  * path is all that is matched), /v1/responses (Codex: {base_url}/responses),
  * /v1/completions (OpenAI's legacy API) and /completion (llama-server's): one
@@ -329,6 +398,18 @@ static void route_chat(struct server *srv, struct thaw_model *mdl, const struct 
     if (srv->cfg.embedding) {
         set_codec_error(r, c, 501, EMBEDDING_ONLY);
         return;
+    }
+    if (c->split) {
+        char **bodies;
+        int n_bodies;
+        if (c->split(hr->body, hr->n_body, &bodies, &n_bodies) != 0) {
+            set_codec_error(r, c, 500, "out of memory");
+            return;
+        }
+        if (n_bodies > 0) {
+            route_split(srv, mdl, hr, ns, r, c, bodies, n_bodies);
+            return;
+        }
     }
     if (!(t = build_task(srv, mdl, hr, ns, r, c)))
         return;
@@ -1326,6 +1407,291 @@ static void serve_with_model(struct server *srv, const struct route *rt, const s
     model_step(w, r);
 }
 
+/* An authenticated request on its route: with the model it names (or
+ * -m's), then the route's function. */
+static void serve_route(struct server *srv, const struct route *rt, const struct thaw_http_request *hr,
+                        const uint8_t ns[THAW_KEY_BYTES], struct thaw_http_response *r)
+{
+    struct thaw_model *mdl = NULL;
+    int rc = 0;
+
+    if (rt->model && thaw_models_many(srv->models)) {
+        serve_with_model(srv, rt, hr, ns, r);
+    } else if (!rt->model || (rc = thaw_models_acquire(srv->models, NULL, false, 0, &mdl)) == 0) {
+        if (rt->serve)
+            rt->serve(srv, mdl, hr, ns, r, rt->codec);
+        else
+            rt->fn(srv, mdl, hr, ns, r);
+    } else {
+        model_error(rt, srv, NULL, rc, r); /* -m: only at shutdown */
+    }
+    if (mdl) /* what outlives the handler took its own hold */
+        thaw_models_release(srv->models, mdl);
+}
+
+/* ---- Vertex AI prediction (AIP_MODE=PREDICTION) ------------------------------------ */
+
+/* Google Cloud's custom containers are told their routes by the
+ * environment (AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE, AIP_HTTP_PORT) and are
+ * sent {"instances": [...]}, answered {"predictions": [...]}: as in
+ * llama-server, each instance names the route it is for in
+ * "@requestFormat" (the path, or its camelCase: "chatCompletions" for
+ * /v1/chat/completions) and is that route's body; it is served there, not
+ * streamed, every instance at once, and its prediction is the route's JSON
+ * answer, an error included. */
+#define PREDICT_MAX_INSTANCES 128 /* llama-server's bound */
+
+/* One instance on its way through its route. */
+struct predict_one {
+    char *body;                  /* the route's body (malloc'd) */
+    struct thaw_http_request hr; /* points at body; the rest is the /predict request's */
+    bool pending;                /* deferred by its route: resume/defer_ud until done */
+    thaw_http_resume_fn resume;
+    void *defer_ud;
+    void (*defer_free)(void *ud);
+    json_t *prediction;          /* once answered */
+};
+
+struct predict {
+    int n;
+    struct predict_one one[];
+};
+
+static void predict_free(void *ud)
+{
+    struct predict *p = ud;
+
+    for (int i = 0; i < p->n; i++) {
+        if (p->one[i].defer_free)
+            p->one[i].defer_free(p->one[i].defer_ud);
+        free(p->one[i].body);
+        json_decref(p->one[i].prediction);
+    }
+    free(p);
+}
+
+/* camelCase of a route's path, as llama-server names it in @requestFormat:
+ * without "/v1", each '/', '-' or '_' capitalising what follows
+ * ("/v1/chat/completions" -> "chatCompletions", "/apply-template" ->
+ * "applyTemplate"). */
+static void predict_format_name(const char *path, char *out, size_t cap)
+{
+    size_t n = 0;
+    bool up = false;
+
+    if (strncmp(path, "/v1", 3) == 0 && path[3])
+        path += 3;
+    if (*path == '/')
+        path++;
+    for (; *path && n + 1 < cap; path++) {
+        if (*path == '/' || *path == '-' || *path == '_') {
+            up = true;
+            continue;
+        }
+        out[n++] = up && *path >= 'a' && *path <= 'z' ? (char)(*path - 'a' + 'A') : *path;
+        up = false;
+    }
+    out[n] = '\0';
+}
+
+/* The route an instance's @requestFormat names (a POST one before a GET
+ * one of the same path), or NULL. */
+static const struct route *predict_route_of(const char *format)
+{
+    const struct route *found = NULL;
+    char name[64];
+
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        const struct route *rt = &routes[i];
+        bool match = strcmp(format, rt->path) == 0 || (rt->alias && strcmp(format, rt->alias) == 0);
+        if (!match && !rt->prefix) {
+            predict_format_name(rt->path, name, sizeof name);
+            match = strcmp(format, name) == 0;
+            if (!match && rt->alias) {
+                predict_format_name(rt->alias, name, sizeof name);
+                match = strcmp(format, name) == 0;
+            }
+        }
+        if (match && (!found || strcmp(rt->method, "POST") == 0))
+            found = rt;
+        if (found && strcmp(found->method, "POST") == 0)
+            break;
+    }
+    return found;
+}
+
+/* An error as a prediction: the error object the route would answer. */
+static json_t *predict_error(int status, const char *msg)
+{
+    char *text = thaw_api_error_json(status, msg);
+    json_t *j = text ? json_loads(text, 0, NULL) : NULL;
+
+    free(text);
+    return j ? j : json_null();
+}
+
+/* A route's answer as a prediction (its JSON, else its text, else null);
+ * takes what r holds. */
+static json_t *predict_take(struct thaw_http_response *r)
+{
+    json_t *j;
+
+    if (r->stream) {
+        if (r->stream_free)
+            r->stream_free(r->stream_ud);
+        free(r->body);
+        return predict_error(400, "predict route does not support streaming responses");
+    }
+    if (!r->body || r->n_body == 0)
+        j = json_null();
+    else if (!(j = json_loadb(r->body, r->n_body, 0, NULL)))
+        j = json_stringn(r->body, r->n_body);
+    free(r->body);
+    r->body = NULL;
+    return j ? j : json_null();
+}
+
+/* Records what one instance's route answered in r (or that it waits). */
+static void predict_settle(struct predict_one *o, struct thaw_http_response *r)
+{
+    if (r->defer) {
+        if (!o->pending) { /* the first deferral's callbacks hold its state, as http.c keeps them */
+            o->resume = r->resume;
+            o->defer_ud = r->defer_ud;
+            o->defer_free = r->defer_free;
+        }
+        o->pending = true;
+        return;
+    }
+    o->pending = false;
+    o->prediction = predict_take(r);
+}
+
+/* {"predictions": [...]} once no instance waits; else r deferred again. */
+static void predict_answer(struct predict *p, struct thaw_http_response *r)
+{
+    for (int i = 0; i < p->n; i++)
+        if (p->one[i].pending) {
+            r->defer = true;
+            return;
+        }
+    json_t *preds = json_array();
+    for (int i = 0; preds && i < p->n; i++)
+        json_array_append(preds, p->one[i].prediction ? p->one[i].prediction : json_null());
+    json_t *root = preds ? json_pack("{s:o}", "predictions", preds) : NULL;
+    char *body = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    if (body)
+        set_json(r, 200, body);
+    else
+        set_error(NULL, r, 500, "out of memory");
+}
+
+static void predict_resume(void *ud, struct thaw_http_response *r)
+{
+    struct predict *p = ud;
+
+    for (int i = 0; i < p->n; i++) {
+        struct predict_one *o = &p->one[i];
+        if (!o->pending)
+            continue;
+        struct thaw_http_response sub = {0};
+        o->resume(o->defer_ud, &sub);
+        predict_settle(o, &sub);
+    }
+    predict_answer(p, r);
+    if (r->defer) {
+        r->resume = predict_resume;
+        r->defer_ud = p;
+        r->defer_free = predict_free;
+    }
+}
+
+/* POST AIP_PREDICT_ROUTE (/predict): each instance through its route */
+static void route_predict(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                          const uint8_t *ns, struct thaw_http_response *r)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(hr->body, hr->n_body, 0, &jerr), *inst;
+    struct predict *p = NULL;
+    char msg[160];
+
+    (void)mdl;
+    if (!root || !json_is_object(root)) {
+        set_error(srv, r, 400, root ? "request body must be a JSON object" : jerr.text);
+        goto out;
+    }
+    inst = json_object_get(root, "instances");
+    if (!json_is_array(inst)) {
+        set_error(srv, r, 400, "request body must include an array field named instances");
+        goto out;
+    }
+    if (json_array_size(inst) > PREDICT_MAX_INSTANCES) {
+        snprintf(msg, sizeof msg, "instances array exceeds maximum size of %d", PREDICT_MAX_INSTANCES);
+        set_error(srv, r, 400, msg);
+        goto out;
+    }
+    p = calloc(1, sizeof *p + json_array_size(inst) * sizeof p->one[0]);
+    if (!p) {
+        set_error(srv, r, 500, "out of memory");
+        goto out;
+    }
+    p->n = (int)json_array_size(inst);
+    for (int i = 0; i < p->n; i++) {
+        struct predict_one *o = &p->one[i];
+        json_t *in = json_array_get(inst, (size_t)i), *fmt = json_object_get(in, "@requestFormat");
+        const struct route *rt;
+        if (!json_is_object(in)) {
+            o->prediction = predict_error(400, "each instance must be a JSON object");
+            continue;
+        }
+        if (!json_is_string(fmt)) {
+            o->prediction = predict_error(400, "each instance must include a string @requestFormat");
+            continue;
+        }
+        if (!(rt = predict_route_of(json_string_value(fmt)))) {
+            snprintf(msg, sizeof msg, "no handler registered for @requestFormat: %.80s", json_string_value(fmt));
+            o->prediction = predict_error(400, msg);
+            continue;
+        }
+        json_t *payload = json_copy(in); /* shallow: only its own keys change */
+        if (payload) {
+            json_object_del(payload, "@requestFormat");
+            if (json_object_get(payload, "stream"))
+                json_object_set_new(payload, "stream", json_false()); /* one JSON answer per instance */
+        }
+        o->body = payload ? json_dumps(payload, JSON_COMPACT) : NULL;
+        json_decref(payload);
+        if (!o->body) {
+            o->prediction = predict_error(500, "out of memory");
+            continue;
+        }
+        o->hr = *hr;
+        o->hr.method = rt->method;
+        o->hr.url = rt->path;
+        o->hr.body = o->body;
+        o->hr.n_body = strlen(o->body);
+        struct thaw_http_response sub = {0};
+        serve_route(srv, rt, &o->hr, ns, &sub);
+        predict_settle(o, &sub);
+    }
+    predict_answer(p, r);
+    if (r->defer) {
+        r->resume = predict_resume;
+        r->defer_ud = p;
+        r->defer_free = predict_free;
+        p = NULL; /* http.c's now */
+    }
+out:
+    if (p)
+        predict_free(p);
+    json_decref(root);
+}
+
+/* llama-server's route for it (POST only; no key needed: none of the
+ * routes' flags but its function are read) */
+static const struct route predict_rt = {"/predict", NULL, "POST", route_predict, NULL, NULL, false, false, false};
+
 static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_http_response *r)
 {
     struct server *srv = ud;
@@ -1340,8 +1706,13 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
         url = url[np] ? url + np : "/";
     else if (np)
         url = NULL;
+    /* Vertex AI's routes, as the environment names them */
+    if (url && srv->health[0] && strcmp(url, srv->health) == 0)
+        url = "/health";
+    if (url && srv->predict[0] && strcmp(url, srv->predict) == 0)
+        rt = &predict_rt;
     /* the route for the path and method; else the path's first (a 405) */
-    for (size_t i = 0; url && i < sizeof routes / sizeof routes[0]; i++)
+    for (size_t i = 0; url && !rt && i < sizeof routes / sizeof routes[0]; i++)
         if (strcmp(url, routes[i].path) == 0 || (routes[i].alias && strcmp(url, routes[i].alias) == 0) ||
             (routes[i].prefix && strncmp(url, routes[i].path, strlen(routes[i].path)) == 0)) {
             if (!rt || strcmp(hr->method, routes[i].method) == 0)
@@ -1375,21 +1746,8 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
         set_codec_error(r, errors_of(rt), 401, errors_of(rt)->auth_hint);
     } else {
         struct thaw_http_request under = *hr; /* the path as the routes know it */
-        struct thaw_model *mdl = NULL;
-        int rc = 0;
         under.url = url;
-        if (rt->model && thaw_models_many(srv->models)) {
-            serve_with_model(srv, rt, &under, ns, r);
-        } else if (!rt->model || (rc = thaw_models_acquire(srv->models, NULL, false, 0, &mdl)) == 0) {
-            if (rt->serve)
-                rt->serve(srv, mdl, &under, ns, r, rt->codec);
-            else
-                rt->fn(srv, mdl, &under, ns, r);
-        } else {
-            model_error(rt, srv, NULL, rc, r); /* -m: only at shutdown */
-        }
-        if (mdl) /* what outlives the handler took its own hold */
-            thaw_models_release(srv->models, mdl);
+        serve_route(srv, rt, &under, ns, r);
     }
     if (r->status >= 400 && !r->defer)
         atomic_fetch_add(&srv->metrics.requests_errors, 1);
@@ -1400,6 +1758,36 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
 }
 
 /* ---- serve ------------------------------------------------------------------------ */
+
+/* A route from the environment, with its leading '/' ("" when unset). */
+static void env_route(const char *name, const char *def, char *out, size_t cap)
+{
+    const char *v = getenv(name);
+
+    if (!v || !*v)
+        v = def;
+    snprintf(out, cap, "%s%s", *v && *v != '/' ? "/" : "", v);
+}
+
+/* Vertex AI's custom-container contract, as llama-server reads it:
+ * AIP_MODE=PREDICTION turns it on; AIP_PREDICT_ROUTE (default /predict),
+ * AIP_HEALTH_ROUTE (besides /health) and AIP_HTTP_PORT (default 8080,
+ * over --port) say where. */
+static void predict_setup(struct server *srv)
+{
+    const char *mode = getenv("AIP_MODE"), *port = getenv("AIP_HTTP_PORT");
+
+    if (!mode || strcmp(mode, "PREDICTION") != 0)
+        return;
+    env_route("AIP_PREDICT_ROUTE", "/predict", srv->predict, sizeof srv->predict);
+    env_route("AIP_HEALTH_ROUTE", "", srv->health, sizeof srv->health);
+    int p = port && *port ? atoi(port) : 8080;
+    if (p != srv->cfg.port)
+        LOG_WRN("Vertex AI (AIP_MODE=PREDICTION): port %d from AIP_HTTP_PORT, not --port %d", p, srv->cfg.port);
+    srv->cfg.port = p;
+    LOG_INF("Vertex AI (AIP_MODE=PREDICTION): POST %s takes instances, health at %s", srv->predict,
+            srv->health[0] ? srv->health : "/health");
+}
 
 /* Each connection is a file descriptor: raise the soft limit to the hard
  * one, and keep --max-connections within it (with room for the cache's
@@ -1459,6 +1847,7 @@ int thaw_serve(const struct thaw_config *cfg)
     for (int i = 0; i < srv->cfg.n_api_keys; i++)
         thaw_keys_namespace(srv->cfg.api_keys[i], strlen(srv->cfg.api_keys[i]), srv->key_ns[i]);
     fit_connection_limit(&srv->cfg);
+    predict_setup(srv);
     /* Signals are taken synchronously by this thread alone (sigwait below);
      * every thread started from here on inherits the blocked mask. */
     sigemptyset(&sigs);

@@ -77,6 +77,7 @@ static int refill(struct thaw_stream *st)
         .cache_new_n = tn.cache_new_n,
         .n_text = tn.n_text,
         .n_progress = tn.n_progress,
+        .live = tn.live,
         .text = tn.text,
     };
     if (tn.done) { /* the task's outcome is final: read as it stands (task.h) */

@@ -350,3 +350,164 @@ def test_n_choices(serve, path):
     assert len({content(c) for c in ch}) > 1  # each choice sampled with its own random seed
     for bad in ({**body, "n": 2, "stream": True}, {**body, "n": 0}, {**body, "n": 9}):
         assert s.post(path, bad).status_code == 400
+
+
+def free_port():
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def test_vertex_ai_predict_serves_each_instance_on_its_route(serve):
+    # AIP_MODE=PREDICTION (Google Cloud's custom containers): the port and
+    # routes come from the environment; each instance is its route's body
+    port = free_port()
+    s = serve("llama", "-np", "2", env={"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port),
+                                       "AIP_PREDICT_ROUTE": "v1/predict", "AIP_HEALTH_ROUTE": "/healthz"})
+    assert s.port == port
+    assert s.get("/healthz").json() == {"status": "ok"}
+    msgs = [user("Say hello")]
+    ref = s.chat(msgs, max_tokens=8)["choices"][0]["message"]["content"]
+    r = s.post("/v1/predict", {"instances": [
+        {"@requestFormat": "chatCompletions", "max_tokens": 8, "temperature": 0, "messages": msgs, "stream": True},
+        {"@requestFormat": "/tokenize", "content": "hello"},
+        {"@requestFormat": "completion", "prompt": "Once upon", "n_predict": 4},
+        {"@requestFormat": "noSuchRoute"},
+        {"max_tokens": 8},
+        "text",
+    ]})
+    assert r.status_code == 200, r.text
+    p = r.json()["predictions"]
+    assert len(p) == 6
+    assert p[0]["object"] == "chat.completion"  # stream forced off: one JSON answer
+    assert p[0]["choices"][0]["message"]["content"] == ref
+    assert p[1]["tokens"] == s.post("/tokenize", {"content": "hello"}).json()["tokens"]
+    assert "content" in p[2] and p[2]["tokens_predicted"] == 4
+    assert "noSuchRoute" in p[3]["error"]["message"]
+    assert "@requestFormat" in p[4]["error"]["message"]
+    assert p[5]["error"]["message"] == "each instance must be a JSON object"
+    # the envelope's own errors are the request's
+    assert s.post("/v1/predict", {"instances": {}}).status_code == 400
+    assert s.post("/v1/predict", {"instances": [{}] * 129}).status_code == 400
+    assert s.post("/v1/predict", "not json").status_code == 400
+
+
+def test_vertex_ai_predict_is_off_without_aip_mode(serve):
+    s = serve("llama")
+    assert s.post("/predict", {"instances": []}).status_code == 404
+
+
+def test_a_prompt_over_the_context_is_refused_in_llama_servers_words(serve):
+    # llama.cpp's test_ctx_shift looks for this phrase in the 400's message
+    s = serve("llama", "-c", "512", "-np", "2")
+    for path, body in (("/completion", {"prompt": "What is the best book " * 60, "n_predict": 4}),
+                       ("/v1/chat/completions", {"messages": [user("What is the best book " * 60)]})):
+        r = s.post(path, body)
+        assert r.status_code == 400, r.text
+        msg = r.json()["error"]["message"]
+        assert "exceeds the available context size (256 tokens)" in msg, msg
+
+
+def test_completion_takes_llama_servers_json_prompt(serve):
+    # /completion's prompt as {"prompt_string": ...} (llama-server's JSON
+    # prompt, whose multimodal_data needs a projector thaw has not loaded)
+    s = serve("llama")
+    body = {"n_predict": 4, "temperature": 0}
+    ref = s.post("/completion", {**body, "prompt": "Once upon a time"})
+    r = s.post("/completion", {**body, "prompt": {"prompt_string": "Once upon a time"}})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"] == ref.json()["content"]
+    assert r.json()["tokens_evaluated"] == ref.json()["tokens_evaluated"]
+    r = s.post("/completion", {**body, "prompt": {"prompt_string": "a <__media__>", "multimodal_data": ["iVBO"]}})
+    assert r.status_code == 400 and "multimodal_data" in r.json()["error"]["message"]
+    assert s.post("/completion", {**body, "prompt": {"text": "x"}}).status_code == 400
+
+
+def sse(resp):
+    """(event or None, data) of each SSE event."""
+    out, ev = [], None
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("event: "):
+            ev = line[7:]
+        elif line.startswith("data: ") and line[6:] != "[DONE]":
+            out.append((ev, json.loads(line[6:])))
+            ev = None
+    return out
+
+
+def test_timings_per_token_on_every_streamed_api(serve):
+    # llama-server's timings_per_token: each streamed piece carries the
+    # timings so far (what its web UI shows as tokens per second)
+    s = serve("llama")
+    base = {"temperature": 0, "stream": True}
+    chat = sse(s.post("/v1/chat/completions", {**base, "messages": BOOK, "max_tokens": 8,
+                                               "timings_per_token": True}, stream=True))
+    pieces = [d for _, d in chat if d.get("choices") and d["choices"][0]["delta"].get("content")]
+    assert pieces and all("timings" in d for d in pieces), chat
+    ns = [d["timings"]["predicted_n"] for d in pieces]
+    assert ns == sorted(ns) and 1 <= ns[0] and ns[-1] <= 8, ns
+    assert all(d["timings"]["prompt_n"] > 0 and d["timings"]["prompt_per_second"] > 0 for d in pieces)
+    plain = sse(s.post("/v1/chat/completions", {**base, "messages": BOOK, "max_tokens": 8}, stream=True))
+    assert not any("timings" in d for _, d in plain if d.get("choices") and d["choices"][0]["delta"].get("content"))
+    for path, body in (("/completion", {"prompt": "Once upon", "n_predict": 6}),
+                       ("/v1/completions", {"prompt": "Once upon", "max_tokens": 6})):
+        ev = sse(s.post(path, {**base, **body, "timings_per_token": True}, stream=True))
+        assert ev and all("timings" in d for _, d in ev), (path, ev)
+
+
+def test_responses_stream_reports_progress_and_timings(serve):
+    # llama-server's telemetry on the Responses stream: prompt_progress on
+    # response.in_progress, timings on each delta and on response.completed
+    s = serve("llama", "-b", "32", "-ub", "32")
+    ev = sse(s.post("/v1/responses", {"input": "This is a test " * 10, "max_output_tokens": 8, "temperature": 0,
+                                      "stream": True, "timings_per_token": True, "return_progress": True},
+                    stream=True))
+    prog = [d for _, d in ev if "prompt_progress" in d]
+    assert len(prog) >= 2, ev  # the slot's choice, then each batch of 32
+    assert all(d["type"] == "response.in_progress" and d["response"]["status"] == "in_progress" for d in prog)
+    p = prog[-1]["prompt_progress"]
+    assert p["total"] > 32 and p["processed"] == p["total"] and p["processed"] >= p["cache"]
+    deltas = [d for e, d in ev if e == "response.output_text.delta"]
+    assert deltas and all("prompt_per_second" in d["timings"] for d in deltas)
+    done = [d for e, d in ev if e == "response.completed"]
+    assert done and done[0]["timings"]["predicted_n"] == done[0]["response"]["usage"]["output_tokens"]
+    seq = [d["sequence_number"] for _, d in ev]
+    assert seq == list(range(len(seq)))
+
+
+def test_completion_serves_several_prompts_and_mixed_ones(serve):
+    # llama-server's /completion: an array of prompts (text, ids, JSON
+    # prompts) is answered with an array of replies in their order; an
+    # array of ids and text is one prompt, each text tokenized in place
+    s = serve("llama", "-np", "2")
+    text = "I believe the meaning of life is"
+    ids = s.post("/tokenize", {"content": text, "add_special": True}).json()["tokens"]
+    body = {"n_predict": 4, "temperature": 0}
+    one = s.post("/completion", {**body, "prompt": ids}).json()
+    r = s.post("/completion", {**body, "prompt": [ids, text, {"prompt_string": text}]})
+    assert r.status_code == 200, r.text
+    many = r.json()
+    assert isinstance(many, list) and len(many) == 3
+    assert all(m["content"] == one["content"] and m["tokens_evaluated"] == len(ids) for m in many), many
+    r = s.post("/completion", {**body, "prompt": [ids[0], *ids[1:3], text]})
+    assert r.status_code == 200, r.text
+    plain = s.post("/tokenize", {"content": text, "add_special": False}).json()["tokens"]
+    assert r.json()["tokens_evaluated"] == 3 + len(plain)
+    r = s.post("/completion", {**body, "prompt": [text, text], "stream": True})
+    assert r.status_code == 400 and "stream" in r.json()["error"]["message"]
+    assert s.post("/completion", {**body, "prompt": [text] * 9}).status_code == 400
+    # OpenAI's legacy API still takes one prompt per request
+    r = s.post("/v1/completions", {"prompt": [text, text], "max_tokens": 2})
+    assert r.status_code == 400 and "prompts" in r.json()["error"]["message"]
+
+
+def test_completion_says_truncated_when_its_slot_filled(serve):
+    # llama-server's "truncated": the reply stopped because the slot's
+    # context was full, not at n_predict (finish_reason is length either way)
+    s = serve("llama", "-c", "512", "-np", "2", "-n", "-1")
+    r = s.post("/completion", {"prompt": "Hi how are you", "n_predict": -1, "ignore_eos": True}).json()
+    assert r["truncated"] is True and r["stop_type"] == "limit", r
+    assert r["tokens_evaluated"] + r["tokens_predicted"] == 256
+    r = s.post("/completion", {"prompt": "Hi how are you", "n_predict": 8, "ignore_eos": True}).json()
+    assert r["truncated"] is False and r["tokens_predicted"] == 8
