@@ -332,10 +332,13 @@ int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct
             got = take_hit(k, s, t, &h, n_past);
     }
     if (got <= n_past) { /* no entry (a first turn, an edit, a fork): stored blocks may still serve it */
-        /* recurrent memory resumes only where a checkpoint takes it: a
-         * snapshot deeper than that is worth installing */
+        /* recurrent memory resumes only where a checkpoint takes it, and
+         * a sliding window only where it still holds (or a checkpoint
+         * restores) the window: stored blocks deeper than that are worth
+         * installing (a new conversation sharing a system prompt and an
+         * image with what the slot holds, with no checkpoint there) */
         const struct thaw_ckpt *c;
-        int reach = k->recurrent ? thaw_slotkv_rollback_target(k, s, got, &c) : got;
+        int reach = k->recurrent || k->n_swa > 0 ? thaw_slotkv_rollback_target(k, s, got, &c) : got;
         int pre = take_prefix(k, s, t, reach);
         if (pre > reach || pre < got) /* a snapshot was installed (or the slot emptied) */
             got = pre;

@@ -17,7 +17,7 @@ import pytest
 
 import subprocess
 
-from harness import REPO, THAW, Server, drained, mkmodel
+from harness import REPO, THAW, Server, drained, mkmodel, text
 
 TOOLS = os.path.join(REPO, ".deps", "llama.cpp", "tools")
 JPEG = os.path.join(TOOLS, "mtmd", "test-1.jpeg")
@@ -165,6 +165,40 @@ def test_image_conversation_restored_after_restart_equals_the_resident_one(model
         other[0]["content"][1]["image_url"]["url"] = data_url(png(32, 32, 9), "image/png")
         b = ask(s, other, max_tokens=2).json()
         assert b["usage"]["prompt_tokens_details"]["cached_tokens"] < r1["usage"]["prompt_tokens"] - IMAGE_TOKENS
+
+
+def test_new_conversation_on_the_same_system_and_image_restores_their_blocks(models, tmp_path):
+    """A new conversation whose system prompt and first image are a stored
+    one's, while the slot holds that stored one restored from disk after a
+    restart (its blocks: no checkpoints), far past where they part (further
+    than gemma3's sliding window reaches back): the stored blocks serve the
+    shared part, where the slot cannot resume (it served nothing before).
+    Its reply equals the one served without a cache."""
+    model, mmproj = models
+    args = ["--mmproj", mmproj, "-c", "4096", "-np", "1"]
+    system = {"role": "system", "content": "You look at pictures. " + text(300, 5)}
+    img = {"type": "image_url", "image_url": {"url": data_url(jpeg_bytes())}}
+
+    def conv(seed):
+        return [system, {"role": "user", "content": [img, {"type": "text", "text": text(300, seed)}]}]
+    with Server(model, *args) as ref:
+        want = ask(ref, conv(2), max_tokens=4).json()
+        shared = ask(ref, [system, {"role": "user", "content": [img]}], max_tokens=1).json()["usage"]["prompt_tokens"]
+    cache = ["--kv-cache-dir", str(tmp_path / "kv"), "--kv-cache-min-tokens", "1", "--cache-ram", "0",
+             "--kv-cache-block", "32"]
+    with Server(model, *args, *cache) as s:
+        r1 = ask(s, conv(1), max_tokens=4).json()
+        drained(s)
+        s.stop()
+    with Server(model, *args, *cache) as s:
+        turn2 = conv(1) + [r1["choices"][0]["message"], {"role": "user", "content": "And then?"}]
+        r2 = ask(s, turn2, max_tokens=4).json()
+        assert r2["timings"]["cache_source"] in ("disk", "blocks"), r2["timings"]
+        got = ask(s, conv(2), max_tokens=4).json()
+    assert got["timings"]["cache_source"] == "blocks", (got["timings"], shared)
+    # the shared part (less the generation prompt) in whole blocks, backed off to the image's start at worst
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] >= shared - 8 - 32 - IMAGE_TOKENS, (got, shared)
+    assert got["choices"][0]["message"] == want["choices"][0]["message"]
 
 
 def test_garbage_image_is_a_400_and_the_server_keeps_serving(srv):
