@@ -512,11 +512,13 @@ static const struct thaw_flag opts[] = {
     REFUSE("--slot-save-path", "PATH", "thaw's cache supersedes it: --kv-cache-dir stores every conversation's KV"),
     {"--models-dir", "DIR", THAW_FLAG_STR, OFF(models_dir), 0, 0,
      "serve every GGUF file in DIR (instead of -m), each named by its file name without .gguf; a request's "
-     "'model' picks one, loaded on demand (one engine per model; with --kv-cache-dir, --models-max 1 for now)", NULL},
+     "'model' picks one, loaded on demand (one engine per model; --kv-cache-dir is one store for all of them, each "
+     "model finding only its own conversations)", NULL},
     REFUSE("--models-preset", "FILE", WHY_ROUTER),
     {"--models-max", "N", THAW_FLAG_INT, OFF(models_max), 0, 1024,
      "--models-dir: most models loaded at once; loading one more unloads the least recently used, its "
-     "conversations stored first (0 = no limit)", NULL},
+     "conversations stored first; --cache-ram is shared among them, each model getting --cache-ram / N (0 = no "
+     "limit, each model getting --cache-ram whole)", NULL},
     {"--models-autoload", NULL, THAW_FLAG_TRUE, OFF(models_autoload), 0, 0,
      "--models-dir: a request for a model not loaded loads it (default)", NULL},
     {"--no-models-autoload", NULL, THAW_FLAG_FALSE, OFF(models_autoload), 0, 0,
@@ -1347,13 +1349,6 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
         return THAW_EINVAL;
     if (cfg->model_path && cfg->models_dir) {
         fprintf(stderr, "thaw: -m and --models-dir: give one (a file, or a directory of them)\n");
-        return THAW_EINVAL;
-    }
-    if (cfg->models_dir && cfg->kv_cache_dir && cfg->models_max != 1) {
-        /* each engine still opens its own cache tiers, and a disk tier
-         * locks its directory: one loaded model at a time shares it */
-        fprintf(stderr, "thaw: --models-dir with --kv-cache-dir needs --models-max 1 for now (one disk tier shared "
-                        "by several loaded engines is not implemented yet)\n");
         return THAW_EINVAL;
     }
     if (cfg->n_ctx != 0 && cfg->n_ctx < 16 * cfg->n_parallel) {

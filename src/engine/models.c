@@ -12,11 +12,23 @@
  * others to wait. A LOADING or UNLOADING model counts toward --models-max,
  * so an unload finishes (its memory freed) before the load it makes room
  * for starts.
+ *
+ * The cache (DESIGN §16): with --models-dir, --kv-cache-dir is opened once
+ * here (kv_store) and every engine's disk tier is a handle onto it
+ * (cache_disk.h, thaw_disk_cache_handle): one lock, one index, one writer
+ * and one --kv-cache-max for all models, each storing and finding only
+ * under its own fingerprint. The RAM tier is an engine's own (engine
+ * thread only, no lock: sharing one across engine threads would put a lock
+ * on every lookup and store), so "one --cache-ram for all" is kept by
+ * giving each model its share: --cache-ram / --models-max, whatever the
+ * number loaded now; with no --models-max each model gets it whole.
  */
 #include "engine/models.h"
 
 #include "base/error.h"
 #include "base/log.h"
+#include "cache/cache_disk.h"
+#include "cache/kvcache.h"
 #include "engine/engine.h"
 
 #include <dirent.h>
@@ -45,6 +57,7 @@ struct thaw_model {
 struct thaw_models {
     const struct thaw_config *cfg;
     struct thaw_metrics *metrics;
+    struct thaw_disk_cache *kv_store; /* --models-dir with --kv-cache-dir: the directory every engine shares */
     bool many;                 /* --models-dir */
     bool stopped;
     struct thaw_model *models; /* n, sorted by name */
@@ -122,6 +135,8 @@ static int scan_dir(struct thaw_models *ms, const char *dir)
         m->cfg = *ms->cfg;
         m->cfg.model_path = m->path;
         m->cfg.alias = m->name;
+        if (ms->cfg->models_max > 0) /* one --cache-ram for all (see the top) */
+            m->cfg.cache_ram_mib = ms->cfg->cache_ram_mib / (uint64_t)ms->cfg->models_max;
     }
     closedir(d);
     if (rc == 0 && ms->n == 0) {
@@ -150,6 +165,21 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
             goto error;
         LOG_INF("--models-dir %s: %d models, at most %d loaded at once%s", cfg->models_dir, ms->n, cfg->models_max,
                 cfg->models_autoload ? ", loaded on demand" : "");
+        if (cfg->kv_cache_dir && !cfg->embedding) {
+            struct thaw_kvcache_params kp = {
+                .disk_dir = cfg->kv_cache_dir,
+                .disk_max_bytes = cfg->kv_cache_max_mib << 20,
+                .disk_queue_bytes = cfg->kv_cache_queue_mib << 20,
+                .ttl_s = (int64_t)cfg->kv_cache_ttl_s,
+                .min_tokens = cfg->kv_cache_min_tokens,
+            };
+            if ((rc = thaw_kvcache_open_store(&kp, &ms->kv_store)) != 0)
+                goto error;
+        }
+        if (cfg->models_max > 0 && cfg->cache_ram_mib > 0 && cfg->cache_ram_mib < (1ull << 40))
+            LOG_INF("--cache-ram %llu MiB for all models: %llu MiB each (--models-max %d)",
+                    (unsigned long long)cfg->cache_ram_mib,
+                    (unsigned long long)(cfg->cache_ram_mib / (uint64_t)cfg->models_max), cfg->models_max);
         if ((rc = -pthread_create(&ms->loader, NULL, loader_main, ms)) != 0)
             goto error;
         ms->loader_started = true;
@@ -161,7 +191,7 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         }
         ms->n = 1;
         m->cfg = *cfg;
-        if ((rc = thaw_engine_new(&m->cfg, metrics, &m->engine)) != 0)
+        if ((rc = thaw_engine_new(&m->cfg, metrics, NULL, &m->engine)) != 0)
             goto error;
         m->status = THAW_MODEL_LOADED;
         if (!(m->name = strdup(thaw_engine_model_name(m->engine))) || !(m->path = strdup(cfg->model_path))) {
@@ -222,6 +252,7 @@ void thaw_models_free(struct thaw_models *ms)
         free(m->path);
     }
     free(ms->models);
+    thaw_disk_cache_close(ms->kv_store); /* after every engine's handle onto it */
     pthread_cond_destroy(&ms->cond);
     pthread_mutex_destroy(&ms->mu);
     free(ms);
@@ -285,7 +316,7 @@ static int load_locked(struct thaw_models *ms, struct thaw_model *m)
     m->status = THAW_MODEL_LOADING;
     pthread_mutex_unlock(&ms->mu);
     LOG_INF("model %s: loading %s", m->name, m->path);
-    rc = thaw_engine_new(&m->cfg, ms->metrics, &e);
+    rc = thaw_engine_new(&m->cfg, ms->metrics, ms->kv_store, &e);
     pthread_mutex_lock(&ms->mu);
     if (rc == 0 && ms->stopped)
         thaw_engine_stop(e); /* stopped while it loaded: its requests get 503 */
