@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <llama.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,8 @@ struct thaw_model {
     char *path;
     struct thaw_config cfg;    /* the server's, with this model's path and name */
     struct thaw_engine *engine; /* LOADED: set; else NULL */
+    struct thaw_metrics *metrics; /* its engine's counters, kept across unloads (--models-dir: its own;
+                                   * -m: the server's) */
     enum thaw_model_status status;
     int refs;                  /* holds (thaw_models_acquire/hold) */
     int wanted;                /* watches waiting for it (thaw_models_try): the loader loads it */
@@ -132,6 +135,10 @@ static int scan_dir(struct thaw_models *ms, const char *dir)
             rc = THAW_ENOMEM;
             break;
         }
+        if (!(m->metrics = calloc(1, sizeof *m->metrics))) {
+            rc = THAW_ENOMEM;
+            break;
+        }
         m->cfg = *ms->cfg;
         m->cfg.model_path = m->path;
         m->cfg.alias = m->name;
@@ -190,6 +197,7 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
             goto error;
         }
         ms->n = 1;
+        m->metrics = metrics;
         m->cfg = *cfg;
         if ((rc = thaw_engine_new(&m->cfg, metrics, NULL, &m->engine)) != 0)
             goto error;
@@ -250,6 +258,8 @@ void thaw_models_free(struct thaw_models *ms)
         free(m->name);
         free(m->file);
         free(m->path);
+        if (ms->many)
+            free(m->metrics);
     }
     free(ms->models);
     thaw_disk_cache_close(ms->kv_store); /* after every engine's handle onto it */
@@ -299,6 +309,14 @@ static void unload_locked(struct thaw_models *ms, struct thaw_model *m, const ch
     LOG_INF("model %s: unloading (%s): its conversations are stored first", m->name, why);
     thaw_engine_free(e); /* stops its thread, stores what its slots hold, writes the queue */
     LOG_INF("model %s: unloaded in %lld s", m->name, (long long)(time(NULL) - t0));
+    /* what it holds now is gone: its gauges say so (its counters stay) */
+    m->metrics->slots_total = 0;
+    m->metrics->ram_budget_bytes = 0;
+    atomic_store(&m->metrics->ram_bytes, 0);
+    atomic_store(&m->metrics->ram_entries, 0);
+    atomic_store(&m->metrics->slots_busy, 0);
+    atomic_store(&m->metrics->requests_processing, 0);
+    atomic_store(&m->metrics->queue_depth, 0);
     pthread_mutex_lock(&ms->mu);
     m->engine = NULL;
     m->status = THAW_MODEL_UNLOADED;
@@ -316,7 +334,7 @@ static int load_locked(struct thaw_models *ms, struct thaw_model *m)
     m->status = THAW_MODEL_LOADING;
     pthread_mutex_unlock(&ms->mu);
     LOG_INF("model %s: loading %s", m->name, m->path);
-    rc = thaw_engine_new(&m->cfg, ms->metrics, ms->kv_store, &e);
+    rc = thaw_engine_new(&m->cfg, m->metrics, ms->kv_store, &e);
     pthread_mutex_lock(&ms->mu);
     if (rc == 0 && ms->stopped)
         thaw_engine_stop(e); /* stopped while it loaded: its requests get 503 */
@@ -570,6 +588,20 @@ void thaw_models_get(struct thaw_models *ms, int i, const char **name, const cha
     *path = ms->models[i].path;
     *status = ms->models[i].status;
     pthread_mutex_unlock(&ms->mu);
+}
+
+struct thaw_metrics *thaw_models_metrics(struct thaw_models *ms, const char *name)
+{
+    pthread_mutex_lock(&ms->mu);
+    struct thaw_model *m = find(ms, name);
+    pthread_mutex_unlock(&ms->mu);
+    return m ? m->metrics : NULL;
+}
+
+void thaw_models_metrics_sum(struct thaw_models *ms, struct thaw_metrics *out)
+{
+    for (int i = 0; ms->many && i < ms->n; i++)
+        thaw_metrics_add(out, ms->models[i].metrics);
 }
 
 void thaw_models_names(const struct thaw_models *ms, char *buf, size_t cap)

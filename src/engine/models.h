@@ -110,6 +110,18 @@ int thaw_models_count(const struct thaw_models *ms);
 void thaw_models_get(struct thaw_models *ms, int i, const char **name, const char **path,
                      enum thaw_model_status *status);
 
+/* The counters of the model `name` names (as thaw_models_acquire finds
+ * it, loaded or not): its engines' since the start, kept across unloads,
+ * its gauges zero while unloaded. With -m, the server's own struct (the
+ * one thaw_models_new was given). NULL: no such model. Valid as long as
+ * the set. */
+struct thaw_metrics *thaw_models_metrics(struct thaw_models *ms, const char *name);
+
+/* Adds every model's counters into out (thaw_metrics_add): the totals
+ * with --models-dir, where each model counts in its own struct. -m: no-op
+ * (its engine counts in the server's). */
+void thaw_models_metrics_sum(struct thaw_models *ms, struct thaw_metrics *out);
+
 /* The names of every model, comma-separated, into buf (truncated with
  * "..." when it does not fit). */
 void thaw_models_names(const struct thaw_models *ms, char *buf, size_t cap);

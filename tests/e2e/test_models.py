@@ -184,6 +184,40 @@ def test_get_routes_name_the_model_in_the_query(router):
     assert s.get("/props?model=gamma").status_code == 404
 
 
+def metrics(s, query=""):
+    r = s.get("/metrics" + query)
+    assert r.status_code == 200, r.text
+    return {k: float(v) for k, v in (ln.split(" ") for ln in r.text.splitlines() if ln and not ln.startswith("#"))}
+
+
+def test_metrics_slots_and_props_per_model(router, tmp_path):
+    # llama-server's router answers /metrics, /slots and /props per model
+    # (?model=); each engine counts in its own struct, kept across unloads
+    s = router("--models-max", "2", "--metrics", "-np", "2", "--kv-cache-dir", str(tmp_path / "kv"))
+    a = ask(s, "alpha", conversation(6, n_words=60), 8)
+    ask(s, "beta", [{"role": "user", "content": "hi"}], 3)
+    ask(s, "beta", [{"role": "user", "content": "hello there"}], 3)
+    idle(s)
+    ma, mb, total = metrics(s, "?model=alpha"), metrics(s, "?model=beta"), metrics(s)
+    assert ma["thaw_predicted_tokens_total"] == a["usage"]["completion_tokens"]
+    assert mb["thaw_predicted_tokens_total"] <= 6 and mb["thaw_predicted_tokens_total"] > 0
+    assert total["thaw_predicted_tokens_total"] == ma["thaw_predicted_tokens_total"] + mb["thaw_predicted_tokens_total"]
+    assert total["thaw_prompt_tokens_total"] == ma["thaw_prompt_tokens_total"] + mb["thaw_prompt_tokens_total"]
+    assert ma["llamacpp:tokens_predicted_total"] == ma["thaw_predicted_tokens_total"]
+    assert ma["thaw_slots_total"] == 2 and total["thaw_slots_total"] == 4
+    assert total["thaw_requests_total"] > ma["thaw_requests_total"] > 5  # HTTP: the server's, counting on
+    assert s.get("/metrics?model=gamma").status_code == 404
+    slots = s.get("/slots?model=alpha")
+    assert slots.status_code == 200 and len(slots.json()) == 2, slots.text
+    assert s.get("/props?model=alpha").json()["model_alias"] == "alpha"
+
+    assert s.post("/models/unload", {"model": "alpha"}).status_code == 200
+    ma2 = metrics(s, "?model=alpha")  # unloaded: its counters stay, its gauges are zero
+    assert ma2["thaw_predicted_tokens_total"] == ma["thaw_predicted_tokens_total"]
+    assert ma2["thaw_slots_total"] == 0 and metrics(s)["thaw_slots_total"] == 2
+    assert statuses(s)["alpha"] == "unloaded"  # a scrape loads nothing
+
+
 def test_an_unknown_model_is_a_404_naming_the_models(router):
     s = router()
     r = s.post("/v1/chat/completions", {"model": "gamma", "messages": [{"role": "user", "content": "hi"}]})
