@@ -524,7 +524,9 @@ static const struct thaw_flag opts[] = {
     {"--no-models-autoload", NULL, THAW_FLAG_FALSE, OFF(models_autoload), 0, 0,
      "--models-dir: a request for a model not loaded gets 503 until POST /models/load loads it", NULL},
     REFUSE("--skip-chat-parsing", NULL, "thaw always parses the reply (--reasoning-format none keeps reasoning in content)"),
-    REFUSE("--sleep-idle-seconds", "N", WHY_NOT_YET),
+    {"--sleep-idle-seconds", "SECONDS", THAW_FLAG_INT, OFF(sleep_idle_s), -1, 1 << 30,
+     "--models-dir: a model no request has used for this long is unloaded, its conversations stored first, and "
+     "loaded again by the next request for it, which restores them from --kv-cache-dir (-1 = never; not 0)", NULL},
     REFUSE("--log-prompts-dir", "DIR", "thaw never writes conversations to its logs"),
     REFUSE("--spec-draft-hf,-hfd,-hfrd,--hf-repo-draft", "REPO", WHY_DOWNLOAD),
     REFUSE("--spec-draft-cpu-mask,-Cd,--cpu-mask-draft", "M", WHY_PIN),
@@ -1349,6 +1351,14 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
         return THAW_EINVAL;
     if (cfg->model_path && cfg->models_dir) {
         fprintf(stderr, "thaw: -m and --models-dir: give one (a file, or a directory of them)\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->sleep_idle_s == 0) {
+        fprintf(stderr, "thaw: --sleep-idle-seconds 0: give a number of seconds, or -1 for never (llama-server's)\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->sleep_idle_s > 0 && !cfg->models_dir) {
+        fprintf(stderr, "thaw: --sleep-idle-seconds needs --models-dir: the one model of -m is never unloaded\n");
         return THAW_EINVAL;
     }
     if (cfg->n_ctx != 0 && cfg->n_ctx < 16 * cfg->n_parallel) {

@@ -22,6 +22,11 @@
  * on every lookup and store), so "one --cache-ram for all" is kept by
  * giving each model its share: --cache-ram / --models-max, whatever the
  * number loaded now; with no --models-max each model gets it whole.
+ *
+ * Sleep (--sleep-idle-seconds N, llama-server's): the loader thread also
+ * unloads, the same way as for --models-max, a model that no request has
+ * held for N seconds (a /metrics scrape peeks and does not count), and the
+ * next request for it loads it again as any unloaded model.
  */
 #include "engine/models.h"
 
@@ -55,6 +60,8 @@ struct thaw_model {
     int wanted;                /* watches waiting for it (thaw_models_try): the loader loads it */
     int load_rc;               /* its last load's error, for its watchers; 0 once it is wanted anew */
     uint64_t last_used;        /* ms->tick at its last acquire: the LRU order */
+    int64_t active_ms;         /* monotonic ms of its last acquire or release, or its load: with no
+                                * hold, it has been idle since (--sleep-idle-seconds); peeks leave it */
 };
 
 struct thaw_models {
@@ -74,6 +81,13 @@ struct thaw_models {
 };
 
 static void *loader_main(void *arg);
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 const char *thaw_model_status_name(enum thaw_model_status s)
 {
@@ -340,6 +354,7 @@ static int load_locked(struct thaw_models *ms, struct thaw_model *m)
         thaw_engine_stop(e); /* stopped while it loaded: its requests get 503 */
     m->engine = e;
     m->status = rc == 0 ? THAW_MODEL_LOADED : THAW_MODEL_UNLOADED;
+    m->active_ms = mono_ms();
     m->load_rc = rc;
     pthread_cond_broadcast(&ms->cond);
     if (rc != 0)
@@ -392,6 +407,7 @@ int thaw_models_acquire(struct thaw_models *ms, const char *name, bool load, int
         if (m->status == THAW_MODEL_LOADED) {
             m->refs++;
             m->last_used = ++ms->tick;
+            m->active_ms = mono_ms();
             *out = m;
             break;
         }
@@ -431,6 +447,7 @@ void thaw_models_hold(struct thaw_models *ms, struct thaw_model *m)
 void thaw_models_release(struct thaw_models *ms, struct thaw_model *m)
 {
     pthread_mutex_lock(&ms->mu);
+    m->active_ms = mono_ms();
     if (--m->refs == 0)
         pthread_cond_broadcast(&ms->cond);
     pthread_mutex_unlock(&ms->mu);
@@ -496,6 +513,7 @@ int thaw_models_try(struct thaw_models *ms, const char *name, bool load, struct 
     else if (m->status == THAW_MODEL_LOADED) {
         m->refs++;
         m->last_used = ++ms->tick;
+        m->active_ms = mono_ms();
         *out = m;
         rc = 0;
     } else if (w->want == m && m->status == THAW_MODEL_UNLOADED && m->load_rc != 0)
@@ -533,6 +551,29 @@ static void wake_watches(struct thaw_models *ms)
         w->wake(w->ud);
 }
 
+/* --sleep-idle-seconds: a loaded model no one holds nor waits for, idle
+ * that long, or NULL; *wait_ms gets the milliseconds until the next one
+ * would be (-1: none). With ms->mu held. */
+static struct thaw_model *sleepy(struct thaw_models *ms, int64_t *wait_ms)
+{
+    int64_t now = mono_ms(), idle_ms = (int64_t)ms->cfg->sleep_idle_s * 1000;
+
+    *wait_ms = -1;
+    if (ms->cfg->sleep_idle_s <= 0)
+        return NULL;
+    for (int i = 0; i < ms->n; i++) {
+        struct thaw_model *m = &ms->models[i];
+        if (m->status != THAW_MODEL_LOADED || m->refs > 0 || m->wanted > 0)
+            continue; /* a release or a watch's end wakes the loader */
+        int64_t left = m->active_ms + idle_ms - now;
+        if (left <= 0)
+            return m;
+        if (*wait_ms < 0 || left < *wait_ms)
+            *wait_ms = left;
+    }
+    return NULL;
+}
+
 /* The loader: loads the models watches want (unloading the least recently
  * used one not held first when --models-max is reached), and wakes every
  * watch after each move and once a second (each checks its own deadline). */
@@ -543,6 +584,15 @@ static void *loader_main(void *arg)
     pthread_mutex_lock(&ms->mu);
     while (!ms->stopped) {
         struct thaw_model *m = NULL;
+        int64_t sleep_wait_ms;
+        struct thaw_model *idle = sleepy(ms, &sleep_wait_ms);
+        if (idle) {
+            char why[64];
+            snprintf(why, sizeof why, "idle for %d s, --sleep-idle-seconds", ms->cfg->sleep_idle_s);
+            unload_locked(ms, idle, why);
+            wake_watches(ms);
+            continue;
+        }
         for (int i = 0; i < ms->n && !m; i++)
             if (ms->models[i].wanted > 0 && ms->models[i].status == THAW_MODEL_UNLOADED && ms->models[i].load_rc == 0)
                 m = &ms->models[i];
@@ -565,6 +615,17 @@ static void *loader_main(void *arg)
             deadline_in(1, &t);
             (void)wait_until(ms, &t);
             wake_watches(ms);
+        } else if (sleep_wait_ms >= 0) { /* until the next model may fall asleep */
+            struct timespec t;
+            clock_gettime(CLOCK_REALTIME, &t);
+            sleep_wait_ms += 1; /* past it, not just short of it */
+            t.tv_sec += sleep_wait_ms / 1000;
+            t.tv_nsec += (sleep_wait_ms % 1000) * 1000000L;
+            if (t.tv_nsec >= 1000000000L) {
+                t.tv_sec++;
+                t.tv_nsec -= 1000000000L;
+            }
+            (void)wait_until(ms, &t);
         } else {
             pthread_cond_wait(&ms->cond, &ms->mu);
         }
@@ -587,6 +648,32 @@ void thaw_models_get(struct thaw_models *ms, int i, const char **name, const cha
     *name = ms->models[i].name;
     *path = ms->models[i].path;
     *status = ms->models[i].status;
+    pthread_mutex_unlock(&ms->mu);
+}
+
+int thaw_models_peek(struct thaw_models *ms, const char *name, struct thaw_model **out)
+{
+    struct thaw_model *m;
+    int rc = 0;
+
+    pthread_mutex_lock(&ms->mu);
+    if (!(m = find(ms, name)))
+        rc = THAW_ENOTFOUND;
+    else if (m->status != THAW_MODEL_LOADED)
+        rc = THAW_EBUSY;
+    else {
+        m->refs++;
+        *out = m;
+    }
+    pthread_mutex_unlock(&ms->mu);
+    return rc;
+}
+
+void thaw_models_unpeek(struct thaw_models *ms, struct thaw_model *m)
+{
+    pthread_mutex_lock(&ms->mu);
+    if (--m->refs == 0)
+        pthread_cond_broadcast(&ms->cond);
     pthread_mutex_unlock(&ms->mu);
 }
 

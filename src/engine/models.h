@@ -94,6 +94,14 @@ void thaw_models_hold(struct thaw_models *ms, struct thaw_model *m);
 /* Drops one hold. */
 void thaw_models_release(struct thaw_models *ms, struct thaw_model *m);
 
+/* A hold for a look at a loaded model that is no use of it (a /metrics
+ * scrape): as thaw_models_acquire(name, load false) but it counts as no
+ * activity for --sleep-idle-seconds, so it keeps no model awake. Returns
+ * 0 (*out held: thaw_models_unpeek), THAW_ENOTFOUND or THAW_EBUSY (not
+ * loaded). */
+int thaw_models_peek(struct thaw_models *ms, const char *name, struct thaw_model **out);
+void thaw_models_unpeek(struct thaw_models *ms, struct thaw_model *m);
+
 /* Unloads `name` (its conversations stored) once nobody holds it. Returns
  * 0, THAW_ENOTFOUND, THAW_EINVAL (not loaded; or the -m model, which is
  * never unloaded) or THAW_ETIMEDOUT (still held after timeout_s) or THAW_ESHUTDOWN. */

@@ -803,10 +803,10 @@ static void engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
         enum thaw_model_status st;
         thaw_models_get(srv->models, i, &name, &path, &st);
         if (st != THAW_MODEL_LOADED || (v->model && many && strcmp(v->model, name) != 0) ||
-            thaw_models_acquire(srv->models, many ? name : NULL, false, 0, &m) != 0)
+            thaw_models_peek(srv->models, many ? name : NULL, &m) != 0)
             continue;
         thaw_engine_metrics(thaw_model_engine(m), buf, cap, len);
-        thaw_models_release(srv->models, m);
+        thaw_models_unpeek(srv->models, m);
         return;
     }
 }

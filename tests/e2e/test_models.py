@@ -218,6 +218,31 @@ def test_metrics_slots_and_props_per_model(router, tmp_path):
     assert statuses(s)["alpha"] == "unloaded"  # a scrape loads nothing
 
 
+def test_an_idle_model_sleeps_and_the_next_request_restores_its_conversation(router, models_dir, tmp_path):
+    # --sleep-idle-seconds (llama-server's): unloaded as by --models-max,
+    # its conversation stored first; a scrape does not keep it awake
+    s = router("--models-max", "2", "--sleep-idle-seconds", "2", "--metrics", "--kv-cache-dir", str(tmp_path / "kv"),
+               "--cache-ram", "0", "-c", "4096")
+    conv = conversation(7, n_words=400)
+    a1 = ask(s, "alpha", conv)
+    assert statuses(s)["alpha"] == "loaded"
+    deadline = time.time() + 30
+    while statuses(s)["alpha"] != "unloaded":
+        assert time.time() < deadline, s.log()[-2000:]
+        metrics(s, "?model=alpha")  # a peek, no use
+        time.sleep(0.3)
+    assert "model alpha: unloading (idle for 2 s, --sleep-idle-seconds)" in s.log()
+    a2 = ask(s, "alpha", turn2(conv, a1, 7))  # loads it again
+    history = a1["usage"]["prompt_tokens"] + a1["usage"]["completion_tokens"]
+    assert a2["timings"]["cache_source"] in ("disk", "blocks"), a2["timings"]
+    assert a2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0.95 * history, (a2["usage"], history)
+    s.stop()
+    with Server(str(models_dir / "alpha.gguf"), "-c", "4096") as ref:
+        r1 = ask(ref, "alpha", conv)
+        assert reply(r1) == reply(a1)
+        assert reply(ask(ref, "alpha", turn2(conv, r1, 7))) == reply(a2)
+
+
 def test_an_unknown_model_is_a_404_naming_the_models(router):
     s = router()
     r = s.post("/v1/chat/completions", {"model": "gamma", "messages": [{"role": "user", "content": "hi"}]})
@@ -281,6 +306,10 @@ def test_models_flags_are_checked(models_dir, tmp_path):
     assert rc == 2 and "give one" in err, err
     rc, err = run("--models-dir", str(tmp_path / "absent"))
     assert rc == 2 and "cannot open" in err, err
+    rc, err = run("--models-dir", str(models_dir), "--sleep-idle-seconds", "0")
+    assert rc == 2 and "--sleep-idle-seconds 0" in err, err
+    rc, err = run("-m", str(models_dir / "alpha.gguf"), "--sleep-idle-seconds", "5")
+    assert rc == 2 and "needs --models-dir" in err, err
     (tmp_path / "empty").mkdir()
     rc, err = run("--models-dir", str(tmp_path / "empty"), "--port", "0")
     assert rc != 0 and "no .gguf file" in err, err
