@@ -42,6 +42,7 @@
 
 struct thaw_kvcache {
     struct thaw_disk_cache *disk; /* NULL = disk tier off */
+    bool disk_handle;             /* disk is a handle onto the process's store (kvcache.h: disk_store) */
     struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
     struct thaw_shared *shared;   /* NULL = shared tier off (cache_shared.h) */
     struct thaw_workers *workers; /* the background pool of all tiers (workers.h); NULL: none started */
@@ -199,6 +200,7 @@ static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *k
 
     if (!kp->disk_store)
         return open_dir(kp, kp->identity, c->workers, false, &c->disk);
+    c->disk_handle = true;
     if ((rc = thaw_disk_cache_handle(kp->disk_store, kp->identity, c->workers, &c->disk)) != 0)
         LOG_ERR("kv-cache: no handle onto --kv-cache-dir %s: %s", kp->disk_dir, thaw_strerror(rc));
     return rc;
@@ -437,7 +439,11 @@ void thaw_kvcache_close(struct thaw_kvcache *c)
                     size);
         }
     }
-    thaw_disk_cache_close(c->disk); /* writes what is still queued */
+    if (c->disk_handle)
+        thaw_disk_cache_flush(c->disk); /* a handle's close leaves the store's queue to its writer: this
+                                         * model's stores are on disk before it is gone (an unload is a
+                                         * clean shutdown of its engine, DESIGN §16) */
+    thaw_disk_cache_close(c->disk); /* writes what is still queued (its own directory) */
     thaw_ram_cache_free(c->ram);
     thaw_workers_free(c->workers); /* after every tier that hands it work */
     free(c);

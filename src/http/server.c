@@ -817,6 +817,7 @@ static char *render_metrics(struct server *srv, const char *model, bool scrape, 
 {
     struct metrics_view v = {srv, NULL};
     struct thaw_metrics *m = &srv->metrics, *own = NULL;
+    struct thaw_metrics *window = &srv->metrics; /* whose scrape window the rate gauges use */
     char *text;
 
     *unknown = false;
@@ -824,13 +825,12 @@ static char *render_metrics(struct server *srv, const char *model, bool scrape, 
         if (!(own = calloc(1, sizeof *own)))
             return NULL;
         if (model && *model) {
-            struct thaw_metrics *mm = thaw_models_metrics(srv->models, model);
-            if (!mm) {
+            if (!(window = thaw_models_metrics(srv->models, model))) {
                 *unknown = true;
                 free(own);
                 return NULL;
             }
-            thaw_metrics_add(own, mm);
+            thaw_metrics_add(own, window);
             v.model = model;
         } else {
             thaw_models_metrics_sum(srv->models, own);
@@ -838,19 +838,19 @@ static char *render_metrics(struct server *srv, const char *model, bool scrape, 
         atomic_store(&own->requests_total, atomic_load(&srv->metrics.requests_total));
         atomic_store(&own->requests_errors, atomic_load(&srv->metrics.requests_errors));
         atomic_store(&own->chat_requests, atomic_load(&srv->metrics.chat_requests));
-        /* the rate gauges' window is the server's (one scraper) */
-        atomic_store(&own->scraped_prompt_tokens, atomic_load(&srv->metrics.scraped_prompt_tokens));
-        atomic_store(&own->scraped_prompt_us, atomic_load(&srv->metrics.scraped_prompt_us));
-        atomic_store(&own->scraped_predicted_steps, atomic_load(&srv->metrics.scraped_predicted_steps));
-        atomic_store(&own->scraped_predicted_us, atomic_load(&srv->metrics.scraped_predicted_us));
+        /* the rate gauges' window: a model's own, or the server's for the totals */
+        atomic_store(&own->scraped_prompt_tokens, atomic_load(&window->scraped_prompt_tokens));
+        atomic_store(&own->scraped_prompt_us, atomic_load(&window->scraped_prompt_us));
+        atomic_store(&own->scraped_predicted_steps, atomic_load(&window->scraped_predicted_steps));
+        atomic_store(&own->scraped_predicted_us, atomic_load(&window->scraped_predicted_us));
         m = own;
     }
     text = thaw_metrics_render(m, scrape, engine_metrics, &v);
-    if (own && scrape && !v.model) {
-        atomic_store(&srv->metrics.scraped_prompt_tokens, atomic_load(&own->scraped_prompt_tokens));
-        atomic_store(&srv->metrics.scraped_prompt_us, atomic_load(&own->scraped_prompt_us));
-        atomic_store(&srv->metrics.scraped_predicted_steps, atomic_load(&own->scraped_predicted_steps));
-        atomic_store(&srv->metrics.scraped_predicted_us, atomic_load(&own->scraped_predicted_us));
+    if (own && scrape) {
+        atomic_store(&window->scraped_prompt_tokens, atomic_load(&own->scraped_prompt_tokens));
+        atomic_store(&window->scraped_prompt_us, atomic_load(&own->scraped_prompt_us));
+        atomic_store(&window->scraped_predicted_steps, atomic_load(&own->scraped_predicted_steps));
+        atomic_store(&window->scraped_predicted_us, atomic_load(&own->scraped_predicted_us));
     }
     free(own);
     return text;

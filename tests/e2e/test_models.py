@@ -211,10 +211,19 @@ def test_metrics_slots_and_props_per_model(router, tmp_path):
     assert slots.status_code == 200 and len(slots.json()) == 2, slots.text
     assert s.get("/props?model=alpha").json()["model_alias"] == "alpha"
 
+    # the rate gauges' window is each model's own: a scrape of alpha moves alpha's
+    ask(s, "alpha", conversation(8, n_words=80), 4)
+    idle(s)
+    assert metrics(s, "?model=alpha")["llamacpp:prompt_tokens_seconds"] > 0
+    ma = metrics(s, "?model=alpha")
+    assert ma["llamacpp:prompt_tokens_seconds"] == 0  # nothing since
+
     assert s.post("/models/unload", {"model": "alpha"}).status_code == 200
     ma2 = metrics(s, "?model=alpha")  # unloaded: its counters stay, its gauges are zero
     assert ma2["thaw_predicted_tokens_total"] == ma["thaw_predicted_tokens_total"]
     assert ma2["thaw_slots_total"] == 0 and metrics(s)["thaw_slots_total"] == 2
+    # the rate gauges: a model's own window (nothing since its last scrape), not the totals'
+    assert ma2["llamacpp:prompt_tokens_seconds"] == 0 and ma2["llamacpp:predicted_tokens_seconds"] == 0, ma2
     assert statuses(s)["alpha"] == "unloaded"  # a scrape loads nothing
 
 
