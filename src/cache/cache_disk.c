@@ -1723,8 +1723,9 @@ static void held_release(struct thaw_disk_cache *c, const struct links *held)
 
 /* Checks a store and makes its .idx record (no I/O, no lock). held NULL:
  * thaw_disk_cache_store, classified here; otherwise the writer's job,
- * classified at submit. 0, or what store_check says, or THAW_ENOMEM; *s is
- * ready for store_end() either way. */
+ * classified at submit. fp: the fingerprint its .idx and index entry get
+ * (the storing handle's; c is the store). 0, or what store_check says, or
+ * THAW_ENOMEM; *s is ready for store_end() either way. */
 static int stage(struct thaw_disk_cache *c, const uint8_t *fp, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
                  const struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta,
                  const struct links *held, struct staged *s)
