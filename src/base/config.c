@@ -13,6 +13,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->n_parallel = 1;
     cfg->models_max = 4; /* llama-server's */
     cfg->models_autoload = true;
+    cfg->sleep_idle_s = -1; /* llama-server's: disabled */
     cfg->n_threads = 0; /* resolved after parsing: number of CPUs */
     cfg->n_threads_batch = 0;
     cfg->cpu.poll = 50; /* llama-server's */

@@ -47,6 +47,8 @@ struct thaw_config {
     const char *models_dir;      /* --models-dir: serve every GGUF in DIR, each named by its stem (-m not given) */
     int models_max;              /* --models-max: models loaded at once from --models-dir (LRU unload); 0 = no limit */
     bool models_autoload;        /* --models-autoload (default) / --no-models-autoload */
+    int sleep_idle_s;            /* --sleep-idle-seconds: a --models-dir model held by no request this long is
+                                  * unloaded (its conversations stored), reloaded by the next; -1 = never */
     const char *tags;            /* --tags: TAG[,TAG...], listed by /v1/models (informational); NULL = none */
     const char *chat_template;   /* --chat-template (name or text) or --chat-template-file's text; NULL = model's */
     const char *chat_template_file; /* --chat-template-file: path */

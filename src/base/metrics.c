@@ -16,6 +16,54 @@ void thaw_metrics_append(char *buf, size_t cap, size_t *len, const char *name, c
         *len += (size_t)n < cap - *len ? (size_t)n : cap - *len;
 }
 
+void thaw_metrics_add(struct thaw_metrics *dst, const struct thaw_metrics *src)
+{
+    /* not const in C11's eyes: atomic_load takes a pointer to non-const */
+    struct thaw_metrics *s = (struct thaw_metrics *)src;
+
+    atomic_fetch_add(&dst->prompt_tokens, atomic_load(&s->prompt_tokens));
+    atomic_fetch_add(&dst->prompt_cached_tokens, atomic_load(&s->prompt_cached_tokens));
+    atomic_fetch_add(&dst->predicted_tokens, atomic_load(&s->predicted_tokens));
+    atomic_fetch_add(&dst->prompt_us, atomic_load(&s->prompt_us));
+    atomic_fetch_add(&dst->predicted_us, atomic_load(&s->predicted_us));
+    atomic_fetch_add(&dst->predicted_steps, atomic_load(&s->predicted_steps));
+    atomic_fetch_add(&dst->decode_calls, atomic_load(&s->decode_calls));
+    atomic_fetch_add(&dst->busy_slot_decodes, atomic_load(&s->busy_slot_decodes));
+    if (atomic_load(&s->n_tokens_max) > atomic_load(&dst->n_tokens_max))
+        atomic_store(&dst->n_tokens_max, atomic_load(&s->n_tokens_max)); /* the longest of all */
+    atomic_fetch_add(&dst->slots_busy, atomic_load(&s->slots_busy));
+    atomic_fetch_add(&dst->requests_processing, atomic_load(&s->requests_processing));
+    atomic_fetch_add(&dst->queue_depth, atomic_load(&s->queue_depth));
+    dst->slots_total += s->slots_total;
+    atomic_fetch_add(&dst->cache_lookups, atomic_load(&s->cache_lookups));
+    atomic_fetch_add(&dst->cache_hits_slot, atomic_load(&s->cache_hits_slot));
+    atomic_fetch_add(&dst->cache_hits_ram, atomic_load(&s->cache_hits_ram));
+    atomic_fetch_add(&dst->cache_hits_disk, atomic_load(&s->cache_hits_disk));
+    atomic_fetch_add(&dst->cache_hits_shared, atomic_load(&s->cache_hits_shared));
+    atomic_fetch_add(&dst->cache_hits_blocks, atomic_load(&s->cache_hits_blocks));
+    atomic_fetch_add(&dst->cache_misses, atomic_load(&s->cache_misses));
+    atomic_fetch_add(&dst->restore_us, atomic_load(&s->restore_us));
+    atomic_fetch_add(&dst->cache_prefetches, atomic_load(&s->cache_prefetches));
+    atomic_fetch_add(&dst->stores, atomic_load(&s->stores));
+    atomic_fetch_add(&dst->store_us, atomic_load(&s->store_us));
+    atomic_fetch_add(&dst->stores_cut, atomic_load(&s->stores_cut));
+    atomic_fetch_add(&dst->stores_captured, atomic_load(&s->stores_captured));
+    atomic_fetch_add(&dst->device_to_host, atomic_load(&s->device_to_host));
+    atomic_fetch_add(&dst->host_to_device, atomic_load(&s->host_to_device));
+    atomic_fetch_add(&dst->fixups_cut, atomic_load(&s->fixups_cut));
+    atomic_fetch_add(&dst->reply_stores, atomic_load(&s->reply_stores));
+    atomic_fetch_add(&dst->reply_store_wait_us, atomic_load(&s->reply_store_wait_us));
+    atomic_fetch_add(&dst->stores_early, atomic_load(&s->stores_early));
+    atomic_fetch_add(&dst->ram_bytes, atomic_load(&s->ram_bytes));
+    atomic_fetch_add(&dst->ram_entries, atomic_load(&s->ram_entries));
+    dst->ram_budget_bytes += s->ram_budget_bytes;
+    if (s->disk_budget_bytes > dst->disk_budget_bytes)
+        dst->disk_budget_bytes = s->disk_budget_bytes; /* one store for all (DESIGN §16) */
+    atomic_fetch_add(&dst->draft_tokens, atomic_load(&s->draft_tokens));
+    atomic_fetch_add(&dst->draft_accepted, atomic_load(&s->draft_accepted));
+    atomic_fetch_add(&dst->draft_steps, atomic_load(&s->draft_steps));
+}
+
 /* A rate over the window since the last scrape: (n - *n_seen) per second of
  * (us - *us_seen); a scrape moves the window's start to now. 0 when no time
  * passed in the window (nothing decoded: llama-server's 0 too). */

@@ -72,6 +72,13 @@ struct thaw_metrics {
     atomic_uint_fast64_t scraped_predicted_steps, scraped_predicted_us;
 };
 
+/* Adds src's engine and cache counters and gauges into dst (the totals
+ * of several models' engines, each of which counts in its own struct):
+ * everything but the HTTP counters and the scrape window (scraped_*);
+ * n_tokens_max and disk_budget_bytes (one store for all) take the larger.
+ * Any thread. */
+void thaw_metrics_add(struct thaw_metrics *dst, const struct thaw_metrics *src);
+
 /* Snapshot callback for gauges owned by other modules (disk cache stats):
  * appends Prometheus lines to `buf` of `cap` bytes at `*len`. */
 typedef void (*thaw_metrics_extra_fn)(void *ud, char *buf, size_t cap, size_t *len);

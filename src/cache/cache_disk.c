@@ -221,6 +221,21 @@
  * but the entry is kept (counted, evicted by TTL/LRU), because the same
  * directory may serve that model again after a restart.
  *
+ * Handles: one directory, many models (DESIGN §16). A directory has one
+ * owner (the lock), one index and one writer, so a process serving several
+ * models opens it once and gives each model a handle
+ * (thaw_disk_cache_handle): a small struct thaw_disk_cache of its own
+ * fingerprint (and background pool) whose every call works on the store it
+ * was made from. The fingerprint is the only thing a model changes here,
+ * and it is read once per call, at the top of each public function (a
+ * store's travels in its job to the writer), so the handle is the cleanest
+ * seam: every caller (blocks, snapshots, tiers, the shared tier) keeps the
+ * API it has, and nothing below the public functions knows handles exist.
+ * Models never read each other's entries: keys are bound to the
+ * fingerprint by the caller, and the fingerprint check at lookup stays
+ * per handle. Budgets, TTL, LRU and the queue are the store's: one for all
+ * models, which is the point.
+ *
  * The .idx record's byte layout, encoder and parser are cache_idx.c's; the
  * index and the refcounts are keymaps (keymap.c).
  *
@@ -246,6 +261,7 @@
 #include "base/log.h"
 #include "cache/cache_idx.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -342,6 +358,7 @@ struct links {
  * its index entry gets at the commit. Owns rec and refs until then. */
 struct staged {
     char hex[HEX_LEN + 1];
+    uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE]; /* the handle's that stored it */
     struct links ln;                     /* what it is; refs point into its .kv */
     uint64_t total;                      /* parts + .idx */
     uint64_t part_size[THAW_PART_COUNT]; /* 0 = absent */
@@ -367,6 +384,7 @@ enum job_state {
 /* A store waiting for the writer thread; owns its buffers. */
 struct job {
     uint8_t key[THAW_KEY_BYTES];
+    uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE]; /* the submitting handle's */
     uint32_t n_tokens;
     struct thaw_part_blob parts[THAW_PART_COUNT];
     void *meta;
@@ -402,6 +420,12 @@ struct thaw_disk_cache {
     void *classify_ud;
     int64_t block_grace_s;
     int lock_fd; /* -1 when SHARED */
+    /* the cache whose directory, index and writer this one's calls use:
+     * itself when opened; the opened one for a handle
+     * (thaw_disk_cache_handle), of which only store, fingerprint and
+     * workers are set */
+    struct thaw_disk_cache *store;
+    atomic_int n_handles; /* a store's handles not yet closed */
 
     pthread_mutex_t mu;
     pthread_mutex_t stamp_mu; /* the last mtime written: see stamp() */
@@ -1414,6 +1438,8 @@ int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_dis
     if (!c)
         return THAW_ENOMEM;
     c->lock_fd = -1;
+    c->store = c;
+    atomic_init(&c->n_handles, 0);
     atomic_init(&c->n_fsyncs, 0);
     c->dir = strndup(p->dir, len);
     c->q_max_bytes = p->queue_max_bytes;
@@ -1516,10 +1542,35 @@ static void job_free(struct job *j)
     free(j);
 }
 
+int thaw_disk_cache_handle(struct thaw_disk_cache *store, const uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE],
+                           struct thaw_workers *workers, struct thaw_disk_cache **out)
+{
+    struct thaw_disk_cache *h;
+
+    if (!store || !fingerprint || !out)
+        return THAW_EINVAL;
+    store = store->store; /* a handle's handle is the store's */
+    if (!(h = calloc(1, sizeof *h)))
+        return THAW_ENOMEM;
+    h->store = store;
+    h->lock_fd = -1;
+    h->workers = workers;
+    memcpy(h->fingerprint, fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    atomic_fetch_add(&store->n_handles, 1);
+    *out = h;
+    return 0;
+}
+
 void thaw_disk_cache_close(struct thaw_disk_cache *c)
 {
     if (!c)
         return;
+    if (c->store != c) { /* a handle: the store stays open */
+        atomic_fetch_sub(&c->store->n_handles, 1);
+        free(c);
+        return;
+    }
+    assert(atomic_load(&c->n_handles) == 0); /* handles are closed before their store */
     if (c->has_writer) {
         double t0 = mono_ms();
         pthread_mutex_lock(&c->mu);
@@ -1701,9 +1752,10 @@ static void held_release(struct thaw_disk_cache *c, const struct links *held)
 
 /* Checks a store and makes its .idx record (no I/O, no lock). held NULL:
  * thaw_disk_cache_store, classified here; otherwise the writer's job,
- * classified at submit. 0, or what store_check says, or THAW_ENOMEM; *s is
- * ready for store_end() either way. */
-static int stage(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+ * classified at submit. fp: the fingerprint its .idx and index entry get
+ * (the storing handle's; c is the store). 0, or what store_check says, or
+ * THAW_ENOMEM; *s is ready for store_end() either way. */
+static int stage(struct thaw_disk_cache *c, const uint8_t *fp, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
                  const struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta,
                  const struct links *held, struct staged *s)
 {
@@ -1724,7 +1776,8 @@ static int stage(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], u
 
     memset(&idx, 0, sizeof idx);
     memcpy(idx.key, key, THAW_KEY_BYTES);
-    memcpy(idx.fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    memcpy(s->fingerprint, fp, THAW_DISK_FINGERPRINT_SIZE);
+    memcpy(idx.fingerprint, fp, THAW_DISK_FINGERPRINT_SIZE);
     idx.n_tokens = n_tokens;
     idx.created = s->now;
     idx.n_meta = (uint32_t)n_meta;
@@ -1765,7 +1818,7 @@ static int store_end(struct thaw_disk_cache *c, struct staged *s, const struct l
 
     pthread_mutex_lock(&c->mu);
     if (ret == 0) {
-        memcpy(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+        memcpy(e->fingerprint, s->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
         e->bytes = s->total;
         memcpy(e->part_size, s->part_size, sizeof e->part_size);
         e->kv_xxh3 = s->kv_xxh3;
@@ -1830,7 +1883,8 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
 
     if (!c)
         return THAW_EINVAL;
-    ret = stage(c, key, n_tokens, parts, meta, n_meta, NULL, &s);
+    ret = stage(c->store, c->fingerprint, key, n_tokens, parts, meta, n_meta, NULL, &s);
+    c = c->store;
     if (ret == 0) {
         pthread_mutex_lock(&c->mu);
         ret = stage_claim(c, key, &s);
@@ -1958,7 +2012,7 @@ static void store_group(struct thaw_disk_cache *c, struct job *g)
 
     for (j = g; j; j = j->next) {
         j->state = JOB_GROUP;
-        j->err = stage(c, j->key, j->n_tokens, j->parts, j->meta, j->n_meta, &j->links, &j->s);
+        j->err = stage(c, j->fingerprint, j->key, j->n_tokens, j->parts, j->meta, j->n_meta, &j->links, &j->s);
     }
     /* No claim is waited for while another is held, except here: nothing
      * that holds a claim ever waits for one (evictions take only unclaimed
@@ -2113,10 +2167,13 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
     char hex[HEX_LEN + 1] = "(no key)", size[24], held_s[24], budget[24];
     const char *why = NULL; /* of a drop, unless the queue was full */
     struct links ln;
+    const uint8_t *fp;
     int ret;
 
     if (!c)
         return THAW_EINVAL;
+    fp = c->fingerprint;
+    c = c->store;
     ret = store_check(c, key, parts, meta, n_meta, NULL, &ln, &total);
     if (ret) {
         why = ret == THAW_ETOOBIG ? "too big (meta, refs, or the entry alone exceeds max_bytes)" : "invalid arguments";
@@ -2131,6 +2188,7 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
     if (n_meta)
         memcpy(j->meta, meta, n_meta);
     memcpy(j->key, key, THAW_KEY_BYTES);
+    memcpy(j->fingerprint, fp, THAW_DISK_FINGERPRINT_SIZE);
     j->n_tokens = n_tokens;
     j->n_meta = n_meta;
     j->links = ln; /* points into parts[THAW_PART_KV], which the job holds from here */
@@ -2209,6 +2267,7 @@ int thaw_disk_cache_pending(struct thaw_disk_cache *c, const uint8_t key[THAW_KE
 
     if (!c || !key || !out)
         return THAW_EINVAL;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
     /* the newest store of the key wins: the group being written is older
      * than any waiting job, and holds a key once */
@@ -2228,7 +2287,7 @@ int thaw_disk_cache_pending(struct thaw_disk_cache *c, const uint8_t key[THAW_KE
 
 void thaw_disk_cache_flush(struct thaw_disk_cache *c)
 {
-    if (!c || !c->has_writer)
+    if (!(c = c ? c->store : NULL) || !c->has_writer)
         return;
     pthread_mutex_lock(&c->mu);
     c->q_paused = 0;
@@ -2259,7 +2318,7 @@ void thaw_disk_cache_batch_end(struct thaw_disk_cache *c)
 
 void thaw_disk_cache_pause(struct thaw_disk_cache *c, int paused)
 {
-    if (!c || !c->has_writer)
+    if (!(c = c ? c->store : NULL) || !c->has_writer)
         return;
     pthread_mutex_lock(&c->mu);
     c->q_paused = paused != 0;
@@ -2287,7 +2346,7 @@ void thaw_disk_entry_release(struct thaw_disk_entry *e)
  * THAW_ECORRUPT (*bad and why[WHY_LEN] say what; an .idx of another
  * format version included), THAW_EMISMATCH (check_fp and another
  * fingerprint), THAW_ENOMEM or -errno. */
-static int entry_load(struct thaw_disk_cache *c, const uint8_t *key, const char *hex, int check_fp, unsigned defer,
+static int entry_load(struct thaw_disk_cache *c, const uint8_t *key, const char *hex, const uint8_t *check_fp, unsigned defer,
                       struct thaw_disk_entry **out, unsigned *bad, char *why)
 {
     struct thaw_disk_entry *en;
@@ -2312,7 +2371,7 @@ static int entry_load(struct thaw_disk_cache *c, const uint8_t *key, const char 
     }
     if (ret)
         goto err;
-    if (check_fp && memcmp(en->idx.fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE)) {
+    if (check_fp && memcmp(en->idx.fingerprint, check_fp, THAW_DISK_FINGERPRINT_SIZE)) {
         ret = THAW_EMISMATCH;
         goto err;
     }
@@ -2443,6 +2502,7 @@ int thaw_disk_entry_verify(struct thaw_disk_cache *c, struct thaw_disk_entry *en
 
     if (!c || !en)
         return THAW_EINVAL;
+    c = c->store;
     for (int p = 0; p < THAW_PART_COUNT; p++) {
         if (!(en->unverified & THAW_DISK_BAD_PART(p)))
             continue;
@@ -2473,16 +2533,19 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
     uint64_t gen;
     int64_t now;
     struct ent *e;
+    const uint8_t *fp;
     int ret;
 
     if (!c || !key || !out)
         return THAW_EINVAL;
+    fp = c->fingerprint;
+    c = c->store;
     modify = !(c->flags & THAW_DISK_CACHE_READONLY);
     thaw_hex(key, THAW_KEY_BYTES, hex);
     pthread_mutex_lock(&c->mu);
     c->st.lookups++;
     e = index_find(c, key);
-    if (!e || !e->live || e->busy || memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE) != 0) {
+    if (!e || !e->live || e->busy || memcmp(e->fingerprint, fp, THAW_DISK_FINGERPRINT_SIZE) != 0) {
         c->st.misses++;
         pthread_mutex_unlock(&c->mu);
         return THAW_ENOTFOUND;
@@ -2490,7 +2553,7 @@ int thaw_disk_cache_lookup_ex(struct thaw_disk_cache *c, const uint8_t key[THAW_
     gen = e->gen;
     pthread_mutex_unlock(&c->mu);
 
-    ret = entry_load(c, key, hex, 1, (flags & THAW_DISK_LOOKUP_DEFER_KV) ? THAW_DISK_BAD_PART(THAW_PART_KV) : 0, &en,
+    ret = entry_load(c, key, hex, fp, (flags & THAW_DISK_LOOKUP_DEFER_KV) ? THAW_DISK_BAD_PART(THAW_PART_KV) : 0, &en,
                      &bad, why);
     now = now_s(c);
     if (ret == 0 && (bad & THAW_DISK_BAD_PART(THAW_PART_DFT)) && modify)
@@ -2555,15 +2618,18 @@ int thaw_disk_cache_open_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KE
 {
     char hex[HEX_LEN + 1];
     struct ent *e;
+    const uint8_t *fp;
     int fd, ret;
 
     if (!c || !key || !f)
         return THAW_EINVAL;
+    fp = c->fingerprint;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
     c->st.lookups++;
     e = index_find(c, key);
     if (!e || !e->live || e->busy || !e->part_size[THAW_PART_KV] ||
-        memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE) != 0) {
+        memcmp(e->fingerprint, fp, THAW_DISK_FINGERPRINT_SIZE) != 0) {
         c->st.misses++;
         pthread_mutex_unlock(&c->mu);
         return THAW_ENOTFOUND;
@@ -2609,6 +2675,7 @@ int thaw_disk_cache_read_kv(struct thaw_disk_cache *c, const uint8_t key[THAW_KE
 
     if (!c || !key || !n || (cap && !buf))
         return THAW_EINVAL;
+    c = c->store;
     *n = 0;
     v = c->vfs;
     pthread_mutex_lock(&c->mu);
@@ -2650,6 +2717,7 @@ out_close:
 ssize_t thaw_disk_kv_preadv(struct thaw_disk_cache *c, const struct thaw_disk_kv_file *f, const struct iovec *iov,
                             int n_iov, uint64_t off)
 {
+    c = c->store;
     return c->vfs->preadv(c->vfs, f->fd, iov, n_iov, (off_t)off);
 }
 
@@ -2659,6 +2727,7 @@ void thaw_disk_kv_close(struct thaw_disk_cache *c, struct thaw_disk_kv_file *f, 
 
     if (!c || !f || f->fd < 0)
         return;
+    c = c->store;
     (void)c->vfs->close(c->vfs, f->fd);
     f->fd = -1;
     if (!bad)
@@ -2676,6 +2745,7 @@ void thaw_disk_cache_hold(struct thaw_disk_cache *c, const uint8_t *keys, uint32
 {
     if (!c || !keys || !n)
         return;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
     refs_add(c, keys, n);
     pthread_mutex_unlock(&c->mu);
@@ -2685,6 +2755,7 @@ void thaw_disk_cache_unhold(struct thaw_disk_cache *c, const uint8_t *keys, uint
 {
     if (!c || !keys || !n)
         return;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
     refs_drop(c, keys, n);
     pthread_mutex_unlock(&c->mu);
@@ -2752,10 +2823,10 @@ static unsigned retains_end(struct thaw_disk_cache *c, int64_t before, int one)
 }
 
 /* contains(), with c->mu held. */
-static int contains_locked(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
+static int contains_locked(struct thaw_disk_cache *c, const uint8_t *fp, const uint8_t key[THAW_KEY_BYTES])
 {
     struct ent *e = index_find(c, key);
-    int found = e && e->live && !e->busy && !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    int found = e && e->live && !e->busy && !memcmp(e->fingerprint, fp, THAW_DISK_FINGERPRINT_SIZE);
 
     if (found && e->is_block)
         e->last_used = now_s(c); /* a store is about to name it: see the header */
@@ -2776,12 +2847,15 @@ static int queued_locked(const struct thaw_disk_cache *c, const uint8_t key[THAW
 
 int thaw_disk_cache_contains(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
+    const uint8_t *fp;
     int found;
 
     if (!c || !key)
         return 0;
+    fp = c->fingerprint;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
-    found = contains_locked(c, key);
+    found = contains_locked(c, fp, key);
     pthread_mutex_unlock(&c->mu);
     return found;
 }
@@ -2792,6 +2866,7 @@ int thaw_disk_cache_queued(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
 
     if (!c || !key)
         return 0;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
     found = queued_locked(c, key);
     pthread_mutex_unlock(&c->mu);
@@ -2800,12 +2875,15 @@ int thaw_disk_cache_queued(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
 
 int thaw_disk_cache_has(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
+    const uint8_t *fp;
     int found;
 
     if (!c || !key)
         return 0;
+    fp = c->fingerprint;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
-    found = queued_locked(c, key) || contains_locked(c, key);
+    found = queued_locked(c, key) || contains_locked(c, fp, key);
     pthread_mutex_unlock(&c->mu);
     return found;
 }
@@ -2815,13 +2893,16 @@ int thaw_disk_cache_prefetch(struct thaw_disk_cache *c, const uint8_t key[THAW_K
     char hex[HEX_LEN + 1], path[PATH_MAX];
     uint64_t size[THAW_PART_COUNT];
     struct ent *e;
+    const uint8_t *fp;
     int found, n = 0;
 
     if (!c || !key)
         return 0;
+    fp = c->fingerprint;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
     e = index_find(c, key);
-    found = e && e->live && !e->busy && !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+    found = e && e->live && !e->busy && !memcmp(e->fingerprint, fp, THAW_DISK_FINGERPRINT_SIZE);
     if (found)
         memcpy(size, e->part_size, sizeof size);
     pthread_mutex_unlock(&c->mu);
@@ -2881,6 +2962,7 @@ int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
         *bad_parts = 0;
     if (!c || !key)
         return THAW_EINVAL;
+    c = c->store;
     if (c->flags & THAW_DISK_CACHE_READONLY)
         fix = 0;
     thaw_hex(key, THAW_KEY_BYTES, hex);
@@ -2893,7 +2975,7 @@ int thaw_disk_cache_verify(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
     }
     pthread_mutex_unlock(&c->mu);
 
-    ret = entry_load(c, key, hex, 0, 0, &en, &bad, why);
+    ret = entry_load(c, key, hex, NULL, 0, &en, &bad, why);
     if (ret == 0 && (bad & THAW_DISK_BAD_PART(THAW_PART_DFT)) && fix && e) {
         struct stat st;
         char path[PATH_MAX];
@@ -3042,7 +3124,7 @@ int thaw_disk_cache_evict(struct thaw_disk_cache *c)
     struct ent *victims = NULL, **tail = &victims, *e;
     int64_t now;
 
-    if (!c || (c->flags & THAW_DISK_CACHE_READONLY))
+    if (!(c = c ? c->store : NULL) || (c->flags & THAW_DISK_CACHE_READONLY))
         return 0;
     now = now_s(c);
     pthread_mutex_lock(&c->mu);
@@ -3118,7 +3200,7 @@ int thaw_disk_cache_remove(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
     struct ent *e;
     int r;
 
-    if (!c || !key || (c->flags & THAW_DISK_CACHE_READONLY))
+    if (!(c = c ? c->store : NULL) || !key || (c->flags & THAW_DISK_CACHE_READONLY))
         return THAW_EINVAL;
     thaw_hex(key, THAW_KEY_BYTES, hex);
     pthread_mutex_lock(&c->mu);
@@ -3151,10 +3233,13 @@ int thaw_disk_cache_foreach(struct thaw_disk_cache *c, int (*cb)(void *ud, const
 {
     struct thaw_disk_entry_info *v;
     size_t n = 0;
+    const uint8_t *fp;
     int ret = 0;
 
     if (!c || !cb)
         return THAW_EINVAL;
+    fp = c->fingerprint;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
     v = calloc(c->n_live ? c->n_live : 1, sizeof *v);
     if (!v) {
@@ -3173,7 +3258,7 @@ int thaw_disk_cache_foreach(struct thaw_disk_cache *c, int (*cb)(void *ud, const
 
         memcpy(i->key, e->key, THAW_KEY_BYTES);
         memcpy(i->fingerprint, e->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
-        i->same_model = !memcmp(e->fingerprint, c->fingerprint, THAW_DISK_FINGERPRINT_SIZE);
+        i->same_model = !memcmp(e->fingerprint, fp, THAW_DISK_FINGERPRINT_SIZE);
         i->n_tokens = e->n_tokens;
         i->bytes = e->bytes;
         memcpy(i->part_size, e->part_size, sizeof i->part_size);
@@ -3198,6 +3283,7 @@ void thaw_disk_cache_get_stats(struct thaw_disk_cache *c, struct thaw_disk_cache
     memset(out, 0, sizeof *out);
     if (!c)
         return;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
     *out = c->st;
     out->queue_bytes = c->q_bytes;

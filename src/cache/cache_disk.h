@@ -162,9 +162,26 @@ struct thaw_disk_entry;
  * On error *out is untouched and nothing is left open. */
 int thaw_disk_cache_open(const struct thaw_disk_cache_params *p, struct thaw_disk_cache **out);
 
+/* A handle onto the open cache `store` for another model: one directory,
+ * one lock, index, writer and budget shared by every model a process
+ * serves (DESIGN §16). Every function takes a handle where it takes a
+ * cache, and works on the store, with the handle's fingerprint where the
+ * store's own would be used: what the handle stores is written under
+ * `fingerprint`, its lookups find only entries of that fingerprint,
+ * thaw_disk_cache_workers gives `workers` (borrowed, may be NULL; must
+ * outlive the handle), foreach's same_model compares with it. Stats,
+ * flush, pause and eviction are the store's, all models together.
+ * Close a handle with thaw_disk_cache_close (the store stays open)
+ * before its store. A handle of a handle is one of its store. Returns 0
+ * (*out set), THAW_EINVAL or THAW_ENOMEM. */
+int thaw_disk_cache_handle(struct thaw_disk_cache *store, const uint8_t fingerprint[THAW_DISK_FINGERPRINT_SIZE],
+                           struct thaw_workers *workers, struct thaw_disk_cache **out);
+
 /* Writes every store still queued (waits for the writer), stops the writer
  * thread, releases the lock and frees c. Every entry obtained from c must
- * have been released before. NULL is a no-op. */
+ * have been released before, and every handle onto it closed. On a handle
+ * (thaw_disk_cache_handle): frees the handle only; the store's writer
+ * goes on. NULL is a no-op. */
 void thaw_disk_cache_close(struct thaw_disk_cache *c);
 
 /* Writes an entry synchronously, replacing any entry under the same key (its

@@ -42,6 +42,7 @@
 
 struct thaw_kvcache {
     struct thaw_disk_cache *disk; /* NULL = disk tier off */
+    bool disk_handle;             /* disk is a handle onto the process's store (kvcache.h: disk_store) */
     struct thaw_ram_cache *ram;   /* NULL = RAM tier off */
     struct thaw_shared *shared;   /* NULL = shared tier off (cache_shared.h) */
     struct thaw_workers *workers; /* the background pool of all tiers (workers.h); NULL: none started */
@@ -150,7 +151,11 @@ static void open_workers(struct thaw_kvcache *c, const struct thaw_kvcache_param
                 thaw_strerror(rc));
 }
 
-static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *kp)
+/* Opens kp->disk_dir under fingerprint fp (the model's identity; none
+ * for the store many models share, which is only used through handles)
+ * with the pool `workers`, and logs what it holds. */
+static int open_dir(const struct thaw_kvcache_params *kp, const uint8_t *fp, struct thaw_workers *workers,
+                    bool many, struct thaw_disk_cache **out)
 {
     struct thaw_disk_cache_params p = thaw_disk_cache_default_params();
     struct thaw_disk_cache_stats st;
@@ -160,12 +165,12 @@ static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *k
     p.max_bytes = kp->disk_max_bytes;
     p.ttl_s = kp->ttl_s;
     p.queue_max_bytes = kp->disk_queue_bytes;
-    memcpy(p.fingerprint, kp->identity, sizeof p.fingerprint);
+    memcpy(p.fingerprint, fp, sizeof p.fingerprint);
     p.log = disk_log;
     p.vfs = disk_vfs();
     p.classify = thaw_entry_classify; /* blocks and what manifests name: for GC (cache_disk.h) */
-    p.workers = c->workers;            /* a restore's block checksums */
-    if ((rc = thaw_disk_cache_open(&p, &c->disk)) != 0) {
+    p.workers = workers;               /* a restore's block checksums */
+    if ((rc = thaw_disk_cache_open(&p, out)) != 0) {
         if (rc == THAW_ELOCKED)
             LOG_ERR("cannot open --kv-cache-dir %s: it is in use by another thaw "
                     "server (%s/lock is held); give "
@@ -175,16 +180,40 @@ static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *k
             LOG_ERR("cannot open --kv-cache-dir %s: %s", p.dir, thaw_strerror(rc));
         return rc;
     }
-    thaw_disk_cache_evict(c->disk);
-    thaw_disk_cache_get_stats(c->disk, &st);
+    thaw_disk_cache_evict(*out);
+    thaw_disk_cache_get_stats(*out, &st);
     char budget[32] = "none";
     if (kp->disk_max_bytes)
         snprintf(budget, sizeof budget, "%llu MiB", (unsigned long long)(kp->disk_max_bytes >> 20));
     LOG_INF("kv-cache: %s: %llu entries, %.1f MiB (budget %s, ttl %llus, min %d "
-            "tokens)",
+            "tokens)%s",
             p.dir, (unsigned long long)st.entries, (double)st.bytes / 1048576.0, budget, (unsigned long long)kp->ttl_s,
-            kp->min_tokens);
+            kp->min_tokens, many ? ", one store for every model" : "");
     return 0;
+}
+
+/* The disk tier: a handle onto the process's store when there is one
+ * (many models: cache_disk.h, thaw_disk_cache_handle), else the directory
+ * opened for this model alone. */
+static int open_disk(struct thaw_kvcache *c, const struct thaw_kvcache_params *kp)
+{
+    int rc;
+
+    if (!kp->disk_store)
+        return open_dir(kp, kp->identity, c->workers, false, &c->disk);
+    c->disk_handle = true;
+    if ((rc = thaw_disk_cache_handle(kp->disk_store, kp->identity, c->workers, &c->disk)) != 0)
+        LOG_ERR("kv-cache: no handle onto --kv-cache-dir %s: %s", kp->disk_dir, thaw_strerror(rc));
+    return rc;
+}
+
+int thaw_kvcache_open_store(const struct thaw_kvcache_params *p, struct thaw_disk_cache **out)
+{
+    static const uint8_t none[THAW_KEY_BYTES];
+
+    /* the store's own pool would outlive no model: each handle brings its
+     * model's (thaw_disk_cache_workers answers per handle) */
+    return open_dir(p, none, NULL, true, out);
 }
 
 /* The largest conversation stored as blocks, and a block's bytes per
@@ -250,11 +279,11 @@ int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache *
     c->n_window = p->n_window;
     c->n_stream = p->n_stream ? p->n_stream : 1;
     c->snapshot_idle_us = (int64_t)p->snapshot_idle_s * 1000000;
-    if (p->disk_dir || p->shared)
+    if (p->disk_dir || p->disk_store || p->shared)
         open_workers(c, p);
     if (p->ram_bytes > 0 && (rc = thaw_ram_cache_new(p->ram_bytes, p->ttl_s, &c->ram)) != 0)
         goto fail;
-    if (p->disk_dir && (rc = open_disk(c, p)) != 0)
+    if ((p->disk_dir || p->disk_store) && (rc = open_disk(c, p)) != 0)
         goto fail;
     if (c->disk && c->snapshots && p->block_tokens && !(c->pending = calloc(c->n_stream, sizeof *c->pending))) {
         rc = THAW_ENOMEM;
@@ -411,7 +440,11 @@ void thaw_kvcache_close(struct thaw_kvcache *c)
                     size);
         }
     }
-    thaw_disk_cache_close(c->disk); /* writes what is still queued */
+    if (c->disk_handle)
+        thaw_disk_cache_flush(c->disk); /* a handle's close leaves the store's queue to its writer: this
+                                         * model's stores are on disk before it is gone (an unload is a
+                                         * clean shutdown of its engine, DESIGN §16) */
+    thaw_disk_cache_close(c->disk); /* writes what is still queued (its own directory) */
     thaw_ram_cache_free(c->ram);
     thaw_workers_free(c->workers); /* after every tier that hands it work */
     free(c);

@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 struct thaw_blocks_src; /* blocks.h */
+struct thaw_disk_cache; /* cache_disk.h */
 struct thaw_kvcache_held; /* kvcache.c */
 
 struct thaw_kvcache;
@@ -39,6 +40,10 @@ struct thaw_kvcache;
 struct thaw_kvcache_params {
     uint64_t ram_bytes;               /* RAM tier budget (--cache-ram); 0 = that tier off */
     const char *disk_dir;             /* --kv-cache-dir; NULL = disk tier off */
+    struct thaw_disk_cache *disk_store; /* the directory opened once for every model of the process
+                                         * (thaw_kvcache_open_store): this cache takes a handle onto it
+                                         * under its identity instead of opening disk_dir; must
+                                         * outlive the cache. NULL: disk_dir is opened for this one */
     uint64_t disk_max_bytes;          /* --kv-cache-max; 0 = no limit */
     uint64_t disk_queue_bytes;        /* writer queue budget (--kv-cache-queue) */
     int64_t ttl_s;                    /* --kv-cache-ttl, both tiers */
@@ -69,6 +74,16 @@ struct thaw_kvcache_params {
  * Returns 0, THAW_ENOMEM, or the disk tier's open error (logged:
  * THAW_ELOCKED, -errno, ...). */
 int thaw_kvcache_open(const struct thaw_kvcache_params *p, struct thaw_kvcache **out);
+
+/* Opens p->disk_dir once for every model a process serves (DESIGN §16):
+ * one lock, index, writer thread and --kv-cache-max for all of them. Each
+ * model's cache then takes a handle onto it (params: disk_store), under
+ * its own identity: keys carry the model's fingerprint and settings, so
+ * models share the directory without reading each other's state. Only
+ * the disk_* fields, ttl_s and min_tokens are read. Logs what the
+ * directory holds. Returns 0 (*out: close it with thaw_disk_cache_close
+ * after every cache using it), or the open's error (logged). */
+int thaw_kvcache_open_store(const struct thaw_kvcache_params *p, struct thaw_disk_cache **out);
 
 /* Writes the turn-end snapshots the slots keep (thaw_kvcache_slot_cut),
  * then what the disk writer still holds, then frees all. NULL: no-op. */

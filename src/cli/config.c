@@ -520,17 +520,21 @@ static const struct thaw_flag opts[] = {
     REFUSE("--slot-save-path", "PATH", "thaw's cache supersedes it: --kv-cache-dir stores every conversation's KV"),
     {"--models-dir", "DIR", THAW_FLAG_STR, OFF(models_dir), 0, 0,
      "serve every GGUF file in DIR (instead of -m), each named by its file name without .gguf; a request's "
-     "'model' picks one, loaded on demand (one engine per model; with --kv-cache-dir, --models-max 1 for now)", NULL},
+     "'model' picks one, loaded on demand (one engine per model; --kv-cache-dir is one store for all of them, each "
+     "model finding only its own conversations)", NULL},
     REFUSE("--models-preset", "FILE", WHY_ROUTER),
     {"--models-max", "N", THAW_FLAG_INT, OFF(models_max), 0, 1024,
      "--models-dir: most models loaded at once; loading one more unloads the least recently used, its "
-     "conversations stored first (0 = no limit)", NULL},
+     "conversations stored first; --cache-ram is shared among them, each model getting --cache-ram / N (0 = no "
+     "limit, each model getting --cache-ram whole)", NULL},
     {"--models-autoload", NULL, THAW_FLAG_TRUE, OFF(models_autoload), 0, 0,
      "--models-dir: a request for a model not loaded loads it (default)", NULL},
     {"--no-models-autoload", NULL, THAW_FLAG_FALSE, OFF(models_autoload), 0, 0,
      "--models-dir: a request for a model not loaded gets 503 until POST /models/load loads it", NULL},
     REFUSE("--skip-chat-parsing", NULL, "thaw always parses the reply (--reasoning-format none keeps reasoning in content)"),
-    REFUSE("--sleep-idle-seconds", "N", WHY_NOT_YET),
+    {"--sleep-idle-seconds", "SECONDS", THAW_FLAG_INT, OFF(sleep_idle_s), -1, 1 << 30,
+     "--models-dir: a model no request has used for this long is unloaded, its conversations stored first, and "
+     "loaded again by the next request for it, which restores them from --kv-cache-dir (-1 = never; not 0)", NULL},
     REFUSE("--log-prompts-dir", "DIR", "thaw never writes conversations to its logs"),
     REFUSE("--spec-draft-hf,-hfd,-hfrd,--hf-repo-draft", "REPO", WHY_DOWNLOAD),
     REFUSE("--spec-draft-cpu-mask,-Cd,--cpu-mask-draft", "M", WHY_PIN),
@@ -1357,11 +1361,12 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
         fprintf(stderr, "thaw: -m and --models-dir: give one (a file, or a directory of them)\n");
         return THAW_EINVAL;
     }
-    if (cfg->models_dir && cfg->kv_cache_dir && cfg->models_max != 1) {
-        /* each engine still opens its own cache tiers, and a disk tier
-         * locks its directory: one loaded model at a time shares it */
-        fprintf(stderr, "thaw: --models-dir with --kv-cache-dir needs --models-max 1 for now (one disk tier shared "
-                        "by several loaded engines is not implemented yet)\n");
+    if (cfg->sleep_idle_s == 0) {
+        fprintf(stderr, "thaw: --sleep-idle-seconds 0: give a number of seconds, or -1 for never (llama-server's)\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->sleep_idle_s > 0 && !cfg->models_dir) {
+        fprintf(stderr, "thaw: --sleep-idle-seconds needs --models-dir: the one model of -m is never unloaded\n");
         return THAW_EINVAL;
     }
     if (cfg->n_ctx != 0 && cfg->n_ctx < 16 * cfg->n_parallel) {

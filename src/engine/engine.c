@@ -764,7 +764,8 @@ static void log_embedding(const struct thaw_engine *e)
         LOG_WRN("--rerank: the model has no rank head outputs: scores will be meaningless");
 }
 
-int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_engine **out)
+int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_disk_cache *kv_store,
+                    struct thaw_engine **out)
 {
     struct thaw_engine *e = calloc(1, sizeof *e);
     int rc = 0;
@@ -908,6 +909,7 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         .n_swa = e->n_swa,
         .recurrent = e->recurrent,
         .metrics = metrics,
+        .disk_store = kv_store,
     };
     memcpy(skp.identity, e->identity, THAW_KEY_BYTES);
     if ((rc = thaw_slotkv_new(&skp, &e->skv)) != 0)

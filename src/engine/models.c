@@ -12,17 +12,35 @@
  * others to wait. A LOADING or UNLOADING model counts toward --models-max,
  * so an unload finishes (its memory freed) before the load it makes room
  * for starts.
+ *
+ * The cache (DESIGN §16): with --models-dir, --kv-cache-dir is opened once
+ * here (kv_store) and every engine's disk tier is a handle onto it
+ * (cache_disk.h, thaw_disk_cache_handle): one lock, one index, one writer
+ * and one --kv-cache-max for all models, each storing and finding only
+ * under its own fingerprint. The RAM tier is an engine's own (engine
+ * thread only, no lock: sharing one across engine threads would put a lock
+ * on every lookup and store), so "one --cache-ram for all" is kept by
+ * giving each model its share: --cache-ram / --models-max, whatever the
+ * number loaded now; with no --models-max each model gets it whole.
+ *
+ * Sleep (--sleep-idle-seconds N, llama-server's): the loader thread also
+ * unloads, the same way as for --models-max, a model that no request has
+ * held for N seconds (a /metrics scrape peeks and does not count), and the
+ * next request for it loads it again as any unloaded model.
  */
 #include "engine/models.h"
 
 #include "base/error.h"
 #include "base/log.h"
+#include "cache/cache_disk.h"
+#include "cache/kvcache.h"
 #include "engine/engine.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <llama.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,16 +53,21 @@ struct thaw_model {
     char *path;
     struct thaw_config cfg;    /* the server's, with this model's path and name */
     struct thaw_engine *engine; /* LOADED: set; else NULL */
+    struct thaw_metrics *metrics; /* its engine's counters, kept across unloads (--models-dir: its own;
+                                   * -m: the server's) */
     enum thaw_model_status status;
     int refs;                  /* holds (thaw_models_acquire/hold) */
     int wanted;                /* watches waiting for it (thaw_models_try): the loader loads it */
     int load_rc;               /* its last load's error, for its watchers; 0 once it is wanted anew */
     uint64_t last_used;        /* ms->tick at its last acquire: the LRU order */
+    int64_t active_ms;         /* monotonic ms of its last acquire or release, or its load: with no
+                                * hold, it has been idle since (--sleep-idle-seconds); peeks leave it */
 };
 
 struct thaw_models {
     const struct thaw_config *cfg;
     struct thaw_metrics *metrics;
+    struct thaw_disk_cache *kv_store; /* --models-dir with --kv-cache-dir: the directory every engine shares */
     bool many;                 /* --models-dir */
     bool stopped;
     struct thaw_model *models; /* n, sorted by name */
@@ -58,6 +81,13 @@ struct thaw_models {
 };
 
 static void *loader_main(void *arg);
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 const char *thaw_model_status_name(enum thaw_model_status s)
 {
@@ -119,9 +149,15 @@ static int scan_dir(struct thaw_models *ms, const char *dir)
             rc = THAW_ENOMEM;
             break;
         }
+        if (!(m->metrics = calloc(1, sizeof *m->metrics))) {
+            rc = THAW_ENOMEM;
+            break;
+        }
         m->cfg = *ms->cfg;
         m->cfg.model_path = m->path;
         m->cfg.alias = m->name;
+        if (ms->cfg->models_max > 0) /* one --cache-ram for all (see the top) */
+            m->cfg.cache_ram_mib = ms->cfg->cache_ram_mib / (uint64_t)ms->cfg->models_max;
     }
     closedir(d);
     if (rc == 0 && ms->n == 0) {
@@ -150,6 +186,21 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
             goto error;
         LOG_INF("--models-dir %s: %d models, at most %d loaded at once%s", cfg->models_dir, ms->n, cfg->models_max,
                 cfg->models_autoload ? ", loaded on demand" : "");
+        if (cfg->kv_cache_dir && !cfg->embedding) {
+            struct thaw_kvcache_params kp = {
+                .disk_dir = cfg->kv_cache_dir,
+                .disk_max_bytes = cfg->kv_cache_max_mib << 20,
+                .disk_queue_bytes = cfg->kv_cache_queue_mib << 20,
+                .ttl_s = (int64_t)cfg->kv_cache_ttl_s,
+                .min_tokens = cfg->kv_cache_min_tokens,
+            };
+            if ((rc = thaw_kvcache_open_store(&kp, &ms->kv_store)) != 0)
+                goto error;
+        }
+        if (cfg->models_max > 0 && cfg->cache_ram_mib > 0 && cfg->cache_ram_mib < (1ull << 40))
+            LOG_INF("--cache-ram %llu MiB for all models: %llu MiB each (--models-max %d)",
+                    (unsigned long long)cfg->cache_ram_mib,
+                    (unsigned long long)(cfg->cache_ram_mib / (uint64_t)cfg->models_max), cfg->models_max);
         if ((rc = -pthread_create(&ms->loader, NULL, loader_main, ms)) != 0)
             goto error;
         ms->loader_started = true;
@@ -160,8 +211,9 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
             goto error;
         }
         ms->n = 1;
+        m->metrics = metrics;
         m->cfg = *cfg;
-        if ((rc = thaw_engine_new(&m->cfg, metrics, &m->engine)) != 0)
+        if ((rc = thaw_engine_new(&m->cfg, metrics, NULL, &m->engine)) != 0)
             goto error;
         m->status = THAW_MODEL_LOADED;
         if (!(m->name = strdup(thaw_engine_model_name(m->engine))) || !(m->path = strdup(cfg->model_path))) {
@@ -220,8 +272,11 @@ void thaw_models_free(struct thaw_models *ms)
         free(m->name);
         free(m->file);
         free(m->path);
+        if (ms->many)
+            free(m->metrics);
     }
     free(ms->models);
+    thaw_disk_cache_close(ms->kv_store); /* after every engine's handle onto it */
     pthread_cond_destroy(&ms->cond);
     pthread_mutex_destroy(&ms->mu);
     free(ms);
@@ -268,6 +323,14 @@ static void unload_locked(struct thaw_models *ms, struct thaw_model *m, const ch
     LOG_INF("model %s: unloading (%s): its conversations are stored first", m->name, why);
     thaw_engine_free(e); /* stops its thread, stores what its slots hold, writes the queue */
     LOG_INF("model %s: unloaded in %lld s", m->name, (long long)(time(NULL) - t0));
+    /* what it holds now is gone: its gauges say so (its counters stay) */
+    m->metrics->slots_total = 0;
+    m->metrics->ram_budget_bytes = 0;
+    atomic_store(&m->metrics->ram_bytes, 0);
+    atomic_store(&m->metrics->ram_entries, 0);
+    atomic_store(&m->metrics->slots_busy, 0);
+    atomic_store(&m->metrics->requests_processing, 0);
+    atomic_store(&m->metrics->queue_depth, 0);
     pthread_mutex_lock(&ms->mu);
     m->engine = NULL;
     m->status = THAW_MODEL_UNLOADED;
@@ -285,12 +348,13 @@ static int load_locked(struct thaw_models *ms, struct thaw_model *m)
     m->status = THAW_MODEL_LOADING;
     pthread_mutex_unlock(&ms->mu);
     LOG_INF("model %s: loading %s", m->name, m->path);
-    rc = thaw_engine_new(&m->cfg, ms->metrics, &e);
+    rc = thaw_engine_new(&m->cfg, m->metrics, ms->kv_store, &e);
     pthread_mutex_lock(&ms->mu);
     if (rc == 0 && ms->stopped)
         thaw_engine_stop(e); /* stopped while it loaded: its requests get 503 */
     m->engine = e;
     m->status = rc == 0 ? THAW_MODEL_LOADED : THAW_MODEL_UNLOADED;
+    m->active_ms = mono_ms();
     m->load_rc = rc;
     pthread_cond_broadcast(&ms->cond);
     if (rc != 0)
@@ -343,6 +407,7 @@ int thaw_models_acquire(struct thaw_models *ms, const char *name, bool load, int
         if (m->status == THAW_MODEL_LOADED) {
             m->refs++;
             m->last_used = ++ms->tick;
+            m->active_ms = mono_ms();
             *out = m;
             break;
         }
@@ -382,6 +447,7 @@ void thaw_models_hold(struct thaw_models *ms, struct thaw_model *m)
 void thaw_models_release(struct thaw_models *ms, struct thaw_model *m)
 {
     pthread_mutex_lock(&ms->mu);
+    m->active_ms = mono_ms();
     if (--m->refs == 0)
         pthread_cond_broadcast(&ms->cond);
     pthread_mutex_unlock(&ms->mu);
@@ -447,6 +513,7 @@ int thaw_models_try(struct thaw_models *ms, const char *name, bool load, struct 
     else if (m->status == THAW_MODEL_LOADED) {
         m->refs++;
         m->last_used = ++ms->tick;
+        m->active_ms = mono_ms();
         *out = m;
         rc = 0;
     } else if (w->want == m && m->status == THAW_MODEL_UNLOADED && m->load_rc != 0)
@@ -484,6 +551,29 @@ static void wake_watches(struct thaw_models *ms)
         w->wake(w->ud);
 }
 
+/* --sleep-idle-seconds: a loaded model no one holds nor waits for, idle
+ * that long, or NULL; *wait_ms gets the milliseconds until the next one
+ * would be (-1: none). With ms->mu held. */
+static struct thaw_model *sleepy(struct thaw_models *ms, int64_t *wait_ms)
+{
+    int64_t now = mono_ms(), idle_ms = (int64_t)ms->cfg->sleep_idle_s * 1000;
+
+    *wait_ms = -1;
+    if (ms->cfg->sleep_idle_s <= 0)
+        return NULL;
+    for (int i = 0; i < ms->n; i++) {
+        struct thaw_model *m = &ms->models[i];
+        if (m->status != THAW_MODEL_LOADED || m->refs > 0 || m->wanted > 0)
+            continue; /* a release or a watch's end wakes the loader */
+        int64_t left = m->active_ms + idle_ms - now;
+        if (left <= 0)
+            return m;
+        if (*wait_ms < 0 || left < *wait_ms)
+            *wait_ms = left;
+    }
+    return NULL;
+}
+
 /* The loader: loads the models watches want (unloading the least recently
  * used one not held first when --models-max is reached), and wakes every
  * watch after each move and once a second (each checks its own deadline). */
@@ -494,6 +584,15 @@ static void *loader_main(void *arg)
     pthread_mutex_lock(&ms->mu);
     while (!ms->stopped) {
         struct thaw_model *m = NULL;
+        int64_t sleep_wait_ms;
+        struct thaw_model *idle = sleepy(ms, &sleep_wait_ms);
+        if (idle) {
+            char why[64];
+            snprintf(why, sizeof why, "idle for %d s, --sleep-idle-seconds", ms->cfg->sleep_idle_s);
+            unload_locked(ms, idle, why);
+            wake_watches(ms);
+            continue;
+        }
         for (int i = 0; i < ms->n && !m; i++)
             if (ms->models[i].wanted > 0 && ms->models[i].status == THAW_MODEL_UNLOADED && ms->models[i].load_rc == 0)
                 m = &ms->models[i];
@@ -516,6 +615,17 @@ static void *loader_main(void *arg)
             deadline_in(1, &t);
             (void)wait_until(ms, &t);
             wake_watches(ms);
+        } else if (sleep_wait_ms >= 0) { /* until the next model may fall asleep */
+            struct timespec t;
+            clock_gettime(CLOCK_REALTIME, &t);
+            sleep_wait_ms += 1; /* past it, not just short of it */
+            t.tv_sec += sleep_wait_ms / 1000;
+            t.tv_nsec += (sleep_wait_ms % 1000) * 1000000L;
+            if (t.tv_nsec >= 1000000000L) {
+                t.tv_sec++;
+                t.tv_nsec -= 1000000000L;
+            }
+            (void)wait_until(ms, &t);
         } else {
             pthread_cond_wait(&ms->cond, &ms->mu);
         }
@@ -539,6 +649,46 @@ void thaw_models_get(struct thaw_models *ms, int i, const char **name, const cha
     *path = ms->models[i].path;
     *status = ms->models[i].status;
     pthread_mutex_unlock(&ms->mu);
+}
+
+int thaw_models_peek(struct thaw_models *ms, const char *name, struct thaw_model **out)
+{
+    struct thaw_model *m;
+    int rc = 0;
+
+    pthread_mutex_lock(&ms->mu);
+    if (!(m = find(ms, name)))
+        rc = THAW_ENOTFOUND;
+    else if (m->status != THAW_MODEL_LOADED)
+        rc = THAW_EBUSY;
+    else {
+        m->refs++;
+        *out = m;
+    }
+    pthread_mutex_unlock(&ms->mu);
+    return rc;
+}
+
+void thaw_models_unpeek(struct thaw_models *ms, struct thaw_model *m)
+{
+    pthread_mutex_lock(&ms->mu);
+    if (--m->refs == 0)
+        pthread_cond_broadcast(&ms->cond);
+    pthread_mutex_unlock(&ms->mu);
+}
+
+struct thaw_metrics *thaw_models_metrics(struct thaw_models *ms, const char *name)
+{
+    pthread_mutex_lock(&ms->mu);
+    struct thaw_model *m = find(ms, name);
+    pthread_mutex_unlock(&ms->mu);
+    return m ? m->metrics : NULL;
+}
+
+void thaw_models_metrics_sum(struct thaw_models *ms, struct thaw_metrics *out)
+{
+    for (int i = 0; ms->many && i < ms->n; i++)
+        thaw_metrics_add(out, ms->models[i].metrics);
 }
 
 void thaw_models_names(const struct thaw_models *ms, char *buf, size_t cap)

@@ -94,6 +94,14 @@ void thaw_models_hold(struct thaw_models *ms, struct thaw_model *m);
 /* Drops one hold. */
 void thaw_models_release(struct thaw_models *ms, struct thaw_model *m);
 
+/* A hold for a look at a loaded model that is no use of it (a /metrics
+ * scrape): as thaw_models_acquire(name, load false) but it counts as no
+ * activity for --sleep-idle-seconds, so it keeps no model awake. Returns
+ * 0 (*out held: thaw_models_unpeek), THAW_ENOTFOUND or THAW_EBUSY (not
+ * loaded). */
+int thaw_models_peek(struct thaw_models *ms, const char *name, struct thaw_model **out);
+void thaw_models_unpeek(struct thaw_models *ms, struct thaw_model *m);
+
 /* Unloads `name` (its conversations stored) once nobody holds it. Returns
  * 0, THAW_ENOTFOUND, THAW_EINVAL (not loaded; or the -m model, which is
  * never unloaded) or THAW_ETIMEDOUT (still held after timeout_s) or THAW_ESHUTDOWN. */
@@ -109,6 +117,18 @@ const char *thaw_model_name(const struct thaw_model *m);
 int thaw_models_count(const struct thaw_models *ms);
 void thaw_models_get(struct thaw_models *ms, int i, const char **name, const char **path,
                      enum thaw_model_status *status);
+
+/* The counters of the model `name` names (as thaw_models_acquire finds
+ * it, loaded or not): its engines' since the start, kept across unloads,
+ * its gauges zero while unloaded. With -m, the server's own struct (the
+ * one thaw_models_new was given). NULL: no such model. Valid as long as
+ * the set. */
+struct thaw_metrics *thaw_models_metrics(struct thaw_models *ms, const char *name);
+
+/* Adds every model's counters into out (thaw_metrics_add): the totals
+ * with --models-dir, where each model counts in its own struct. -m: no-op
+ * (its engine counts in the server's). */
+void thaw_models_metrics_sum(struct thaw_models *ms, struct thaw_metrics *out);
 
 /* The names of every model, comma-separated, into buf (truncated with
  * "..." when it does not fit). */

@@ -51,6 +51,7 @@ static int open_tiers(struct thaw_slotkv *k, const struct thaw_slotkv_params *p)
     struct thaw_kvcache_params kp = {
         .ram_bytes = cfg->cache_ram_mib << 20,
         .disk_dir = cfg->kv_cache_dir,
+        .disk_store = p->disk_store,
         .disk_max_bytes = cfg->kv_cache_max_mib << 20,
         .disk_queue_bytes = cfg->kv_cache_queue_mib << 20,
         .ttl_s = (int64_t)cfg->kv_cache_ttl_s,

@@ -45,6 +45,8 @@ struct thaw_slotkv_params {
     bool recurrent;                /* recurrent / hybrid memory */
     uint8_t identity[THAW_KEY_BYTES]; /* model + settings (keys.h), written into every .idx */
     struct thaw_metrics *metrics;  /* lookups, stores; must outlive the handle */
+    struct thaw_disk_cache *disk_store; /* the process's shared --kv-cache-dir (kvcache.h: disk_store);
+                                         * NULL: cfg->kv_cache_dir is opened for this context alone */
 };
 
 /* Opens the cache tiers the flags ask for (kvcache.h), with blocks only

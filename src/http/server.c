@@ -859,43 +859,111 @@ static void route_models_load(struct server *srv, struct thaw_model *mdl, const 
 }
 
 
-/* The engine lines of /metrics and /cache: -m's model's; with --models-dir
- * the first loaded model's (--kv-cache-dir allows one loaded model there
- * for now, so its cache lines are the cache's). */
+/* What /metrics and /cache render (llama-server's router answers /metrics
+ * per model, ?model=NAME). -m: the server's counters and its model's
+ * engine lines. --models-dir: each model counts in its own struct
+ * (models.h), so ?model=NAME is that model's counters (kept across its
+ * unloads) with its engine's lines when it is loaded, and no ?model= is
+ * every model's counters added up, with the first loaded model's engine
+ * lines (the disk tier's are the one store's, whichever model's). The
+ * HTTP counters are the server's in both. A scrape never loads a model. */
+struct metrics_view {
+    struct server *srv;
+    const char *model; /* NULL: the first loaded */
+};
+
 static void engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
 {
-    struct server *srv = ud;
+    const struct metrics_view *v = ud;
+    struct server *srv = v->srv;
+    bool many = thaw_models_many(srv->models);
     struct thaw_model *m;
 
     for (int i = 0; i < thaw_models_count(srv->models); i++) {
         const char *name, *path;
         enum thaw_model_status st;
         thaw_models_get(srv->models, i, &name, &path, &st);
-        if (st != THAW_MODEL_LOADED ||
-            thaw_models_acquire(srv->models, thaw_models_many(srv->models) ? name : NULL, false, 0, &m) != 0)
+        if (st != THAW_MODEL_LOADED || (v->model && many && strcmp(v->model, name) != 0) ||
+            thaw_models_peek(srv->models, many ? name : NULL, &m) != 0)
             continue;
         thaw_engine_metrics(thaw_model_engine(m), buf, cap, len);
-        thaw_models_release(srv->models, m);
+        thaw_models_unpeek(srv->models, m);
         return;
     }
+}
+
+/* Renders the view (scrape: as thaw_metrics_render) into a new string, or
+ * NULL: out of memory, or *unknown set: no such model. */
+static char *render_metrics(struct server *srv, const char *model, bool scrape, bool *unknown)
+{
+    struct metrics_view v = {srv, NULL};
+    struct thaw_metrics *m = &srv->metrics, *own = NULL;
+    struct thaw_metrics *window = &srv->metrics; /* whose scrape window the rate gauges use */
+    char *text;
+
+    *unknown = false;
+    if (thaw_models_many(srv->models)) {
+        if (!(own = calloc(1, sizeof *own)))
+            return NULL;
+        if (model && *model) {
+            if (!(window = thaw_models_metrics(srv->models, model))) {
+                *unknown = true;
+                free(own);
+                return NULL;
+            }
+            thaw_metrics_add(own, window);
+            v.model = model;
+        } else {
+            thaw_models_metrics_sum(srv->models, own);
+        }
+        atomic_store(&own->requests_total, atomic_load(&srv->metrics.requests_total));
+        atomic_store(&own->requests_errors, atomic_load(&srv->metrics.requests_errors));
+        atomic_store(&own->chat_requests, atomic_load(&srv->metrics.chat_requests));
+        /* the rate gauges' window: a model's own, or the server's for the totals */
+        atomic_store(&own->scraped_prompt_tokens, atomic_load(&window->scraped_prompt_tokens));
+        atomic_store(&own->scraped_prompt_us, atomic_load(&window->scraped_prompt_us));
+        atomic_store(&own->scraped_predicted_steps, atomic_load(&window->scraped_predicted_steps));
+        atomic_store(&own->scraped_predicted_us, atomic_load(&window->scraped_predicted_us));
+        m = own;
+    }
+    text = thaw_metrics_render(m, scrape, engine_metrics, &v);
+    if (own && scrape) {
+        atomic_store(&window->scraped_prompt_tokens, atomic_load(&own->scraped_prompt_tokens));
+        atomic_store(&window->scraped_prompt_us, atomic_load(&own->scraped_prompt_us));
+        atomic_store(&window->scraped_predicted_steps, atomic_load(&own->scraped_predicted_steps));
+        atomic_store(&window->scraped_predicted_us, atomic_load(&own->scraped_predicted_us));
+    }
+    free(own);
+    return text;
 }
 
 static void route_metrics(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
                           const uint8_t *ns, struct thaw_http_response *r)
 {
+    bool unknown;
+
     (void)mdl;
-    (void)hr;
     (void)ns;
     if (!srv->cfg.metrics) {
         set_error(srv, r, 501, "This server does not support metrics endpoint. Start it with `--metrics`");
         return;
     }
+    r->body = render_metrics(srv, thaw_http_query(hr->conn, "model"), true, &unknown);
+    if (unknown) {
+        char names[512], msg[640];
+        thaw_models_names(srv->models, names, sizeof names);
+        snprintf(msg, sizeof msg, "model '%.64s' not found; the models: %s", thaw_http_query(hr->conn, "model"),
+                 names);
+        set_error(srv, r, 404, msg);
+        return;
+    }
+    if (!r->body) {
+        set_error(srv, r, 500, "out of memory");
+        return;
+    }
     r->status = 200;
     r->content_type = "text/plain; version=0.0.4";
     r->headers = srv->metrics_headers; /* llama-server's Process-Start-Time-Unix */
-    r->body = thaw_metrics_render(&srv->metrics, true, engine_metrics, srv);
-    if (!r->body)
-        set_error(srv, r, 500, "out of memory");
 }
 
 /* The cache's counts and sizes as JSON for the page's cache view: the very
@@ -903,11 +971,15 @@ static void route_metrics(struct server *srv, struct thaw_model *mdl, const stru
 static void route_cache(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
                         const uint8_t *ns, struct thaw_http_response *r)
 {
-    (void)mdl;
-    char *text = thaw_metrics_render(&srv->metrics, false, engine_metrics, srv);
+    bool unknown;
+    char *text = render_metrics(srv, thaw_http_query(hr->conn, "model"), false, &unknown);
 
-    (void)hr;
+    (void)mdl;
     (void)ns;
+    if (unknown) {
+        set_error(srv, r, 404, "no such model (GET /models lists them)");
+        return;
+    }
     set_json(r, 200, text ? thaw_api_cache_json(text) : NULL);
     free(text);
     if (!r->body)

@@ -64,6 +64,7 @@ def test_a_swapped_model_restores_its_conversation_from_disk(router, models_dir,
     history = a1["usage"]["prompt_tokens"] + a1["usage"]["completion_tokens"]
     assert t["cache_source"] in ("disk", "blocks"), t
     assert t["cache_n"] >= 0.95 * history, (t, history)
+    assert a2["usage"]["prompt_tokens_details"]["cached_tokens"] == t["cache_n"], a2["usage"]
     assert statuses(s) == {"alpha": "loaded", "beta": "unloaded"}
     s.stop()
 
@@ -87,6 +88,43 @@ def test_a_swap_right_after_a_reply_stores_that_reply(router, tmp_path):
     history = a1["usage"]["prompt_tokens"] + a1["usage"]["completion_tokens"]
     assert a2["timings"]["cache_source"] in ("disk", "blocks"), a2["timings"]
     assert a2["timings"]["cache_n"] >= 0.95 * history, (a2["timings"], history)
+
+
+def test_two_models_loaded_share_one_cache_directory(router, models_dir, tmp_path):
+    # --models-max 2: both engines loaded at once, both disk tiers handles
+    # onto one store (one lock, one writer); after a restart each model
+    # restores its own conversation from that directory, and never the other's
+    kv = str(tmp_path / "kv")
+    s = router("--models-max", "2", "--kv-cache-dir", kv, "--cache-ram", "0", "-c", "4096")
+    ca, cb = conversation(4, n_words=500), conversation(5, n_words=400)
+    a1 = ask(s, "alpha", ca)
+    b1 = ask(s, "beta", cb)
+    assert statuses(s) == {"alpha": "loaded", "beta": "loaded"}
+    assert s.log().count("one store for every model") == 1
+    s.stop()  # a clean shutdown stores what both models' slots hold
+
+    s = router("--models-max", "2", "--kv-cache-dir", kv, "--cache-ram", "0", "-c", "4096")
+    a2 = ask(s, "alpha", turn2(ca, a1, 4))
+    b2 = ask(s, "beta", turn2(cb, b1, 5))
+    assert statuses(s) == {"alpha": "loaded", "beta": "loaded"}
+    for r1, r2 in ((a1, a2), (b1, b2)):
+        history = r1["usage"]["prompt_tokens"] + r1["usage"]["completion_tokens"]
+        assert r2["timings"]["cache_source"] in ("disk", "blocks"), r2["timings"]
+        assert r2["timings"]["cache_n"] >= 0.95 * history, (r2["timings"], history)
+        assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == r2["timings"]["cache_n"], r2["usage"]
+    # beta asked alpha's conversation: alpha's state is not beta's
+    x = ask(s, "beta", turn2(ca, a1, 4))
+    assert x["timings"]["cache_source"] in ("none", "slot"), x["timings"]
+    s.stop()
+
+    # the same turns from fresh one-model servers without a cache: the same words
+    for name, conv, r1, r2, i in (("alpha", ca, a1, a2, 4), ("beta", cb, b1, b2, 5)):
+        with Server(str(models_dir / (name + ".gguf")), "-c", "4096") as ref:
+            f1 = ask(ref, name, conv)
+            assert reply(f1) == reply(r1)
+            f2 = ask(ref, name, turn2(conv, f1, i))
+            assert f2["timings"]["cache_source"] in ("slot", "none")
+            assert reply(f2) == reply(r2)
 
 
 def test_a_busy_model_is_not_unloaded_and_no_http_thread_waits(router):
@@ -144,6 +182,74 @@ def test_get_routes_name_the_model_in_the_query(router):
     assert statuses(s)["beta"] == "loaded"
     assert s.get("/props").status_code == 400  # two models: which one?
     assert s.get("/props?model=gamma").status_code == 404
+
+
+def metrics(s, query=""):
+    r = s.get("/metrics" + query)
+    assert r.status_code == 200, r.text
+    return {k: float(v) for k, v in (ln.split(" ") for ln in r.text.splitlines() if ln and not ln.startswith("#"))}
+
+
+def test_metrics_slots_and_props_per_model(router, tmp_path):
+    # llama-server's router answers /metrics, /slots and /props per model
+    # (?model=); each engine counts in its own struct, kept across unloads
+    s = router("--models-max", "2", "--metrics", "-np", "2", "--kv-cache-dir", str(tmp_path / "kv"))
+    a = ask(s, "alpha", conversation(6, n_words=60), 8)
+    ask(s, "beta", [{"role": "user", "content": "hi"}], 3)
+    ask(s, "beta", [{"role": "user", "content": "hello there"}], 3)
+    idle(s)
+    ma, mb, total = metrics(s, "?model=alpha"), metrics(s, "?model=beta"), metrics(s)
+    assert ma["thaw_predicted_tokens_total"] == a["usage"]["completion_tokens"]
+    assert mb["thaw_predicted_tokens_total"] <= 6 and mb["thaw_predicted_tokens_total"] > 0
+    assert total["thaw_predicted_tokens_total"] == ma["thaw_predicted_tokens_total"] + mb["thaw_predicted_tokens_total"]
+    assert total["thaw_prompt_tokens_total"] == ma["thaw_prompt_tokens_total"] + mb["thaw_prompt_tokens_total"]
+    assert ma["llamacpp:tokens_predicted_total"] == ma["thaw_predicted_tokens_total"]
+    assert ma["thaw_slots_total"] == 2 and total["thaw_slots_total"] == 4
+    assert total["thaw_requests_total"] > ma["thaw_requests_total"] > 5  # HTTP: the server's, counting on
+    assert s.get("/metrics?model=gamma").status_code == 404
+    slots = s.get("/slots?model=alpha")
+    assert slots.status_code == 200 and len(slots.json()) == 2, slots.text
+    assert s.get("/props?model=alpha").json()["model_alias"] == "alpha"
+
+    # the rate gauges' window is each model's own: a scrape of alpha moves alpha's
+    ask(s, "alpha", conversation(8, n_words=80), 4)
+    idle(s)
+    assert metrics(s, "?model=alpha")["llamacpp:prompt_tokens_seconds"] > 0
+    ma = metrics(s, "?model=alpha")
+    assert ma["llamacpp:prompt_tokens_seconds"] == 0  # nothing since
+
+    assert s.post("/models/unload", {"model": "alpha"}).status_code == 200
+    ma2 = metrics(s, "?model=alpha")  # unloaded: its counters stay, its gauges are zero
+    assert ma2["thaw_predicted_tokens_total"] == ma["thaw_predicted_tokens_total"]
+    assert ma2["thaw_slots_total"] == 0 and metrics(s)["thaw_slots_total"] == 2
+    # the rate gauges: a model's own window (nothing since its last scrape), not the totals'
+    assert ma2["llamacpp:prompt_tokens_seconds"] == 0 and ma2["llamacpp:predicted_tokens_seconds"] == 0, ma2
+    assert statuses(s)["alpha"] == "unloaded"  # a scrape loads nothing
+
+
+def test_an_idle_model_sleeps_and_the_next_request_restores_its_conversation(router, models_dir, tmp_path):
+    # --sleep-idle-seconds (llama-server's): unloaded as by --models-max,
+    # its conversation stored first; a scrape does not keep it awake
+    s = router("--models-max", "2", "--sleep-idle-seconds", "2", "--metrics", "--kv-cache-dir", str(tmp_path / "kv"),
+               "--cache-ram", "0", "-c", "4096")
+    conv = conversation(7, n_words=400)
+    a1 = ask(s, "alpha", conv)
+    assert statuses(s)["alpha"] == "loaded"
+    deadline = time.time() + 30
+    while statuses(s)["alpha"] != "unloaded":
+        assert time.time() < deadline, s.log()[-2000:]
+        metrics(s, "?model=alpha")  # a peek, no use
+        time.sleep(0.3)
+    assert "model alpha: unloading (idle for 2 s, --sleep-idle-seconds)" in s.log()
+    a2 = ask(s, "alpha", turn2(conv, a1, 7))  # loads it again
+    history = a1["usage"]["prompt_tokens"] + a1["usage"]["completion_tokens"]
+    assert a2["timings"]["cache_source"] in ("disk", "blocks"), a2["timings"]
+    assert a2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0.95 * history, (a2["usage"], history)
+    s.stop()
+    with Server(str(models_dir / "alpha.gguf"), "-c", "4096") as ref:
+        r1 = ask(ref, "alpha", conv)
+        assert reply(r1) == reply(a1)
+        assert reply(ask(ref, "alpha", turn2(conv, r1, 7))) == reply(a2)
 
 
 def test_an_unknown_model_is_a_404_naming_the_models(router):
@@ -209,8 +315,10 @@ def test_models_flags_are_checked(models_dir, tmp_path):
     assert rc == 2 and "give one" in err, err
     rc, err = run("--models-dir", str(tmp_path / "absent"))
     assert rc == 2 and "cannot open" in err, err
-    rc, err = run("--models-dir", str(models_dir), "--kv-cache-dir", str(tmp_path / "kv"), "--models-max", "2")
-    assert rc == 2 and "--models-max 1" in err, err
+    rc, err = run("--models-dir", str(models_dir), "--sleep-idle-seconds", "0")
+    assert rc == 2 and "--sleep-idle-seconds 0" in err, err
+    rc, err = run("-m", str(models_dir / "alpha.gguf"), "--sleep-idle-seconds", "5")
+    assert rc == 2 and "needs --models-dir" in err, err
     (tmp_path / "empty").mkdir()
     rc, err = run("--models-dir", str(tmp_path / "empty"), "--port", "0")
     assert rc != 0 and "no .gguf file" in err, err

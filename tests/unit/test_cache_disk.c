@@ -2344,6 +2344,74 @@ static void test_lookup_sees_replacement(void **state)
     data_free(&b2);
 }
 
+static int same_model_cb(void *ud, const struct thaw_disk_entry_info *info)
+{
+    *(int *)ud += info->same_model;
+    return 0;
+}
+
+/* Handles (thaw_disk_cache_handle): two models on one open directory, one
+ * writer. Each finds only what it stored, synchronously or through the
+ * writer; the .idx carries the handle's fingerprint (a reopen under that
+ * fingerprint alone finds it); stats and the writer are the store's. */
+static void test_handles_share_one_store(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f), pb = fx_params(f);
+    struct thaw_disk_cache *a = NULL, *b = NULL, *bb = NULL;
+    uint8_t fa[THAW_DISK_FINGERPRINT_SIZE], ka[32], kb[32];
+    struct thaw_part_blob blobs[THAW_PART_COUNT];
+    struct thaw_disk_entry *e;
+    struct data da, db, copy;
+    int same = 0;
+
+    memset(fa, 0x11, sizeof fa);
+    memset(pb.fingerprint, 0x22, sizeof pb.fingerprint);
+    key_make(ka, 170);
+    key_make(kb, 171);
+    data_make(&da, 170, 3000, 200, 0);
+    data_make(&db, 171, 5000, 0, 100);
+    fx_open_p(f, &p);
+    assert_int_equal(thaw_disk_cache_handle(f->c, fa, NULL, &a), 0);
+    assert_int_equal(thaw_disk_cache_handle(f->c, pb.fingerprint, NULL, &b), 0);
+    assert_int_equal(thaw_disk_cache_handle(b, pb.fingerprint, NULL, &bb), 0); /* of a handle: of its store */
+
+    assert_int_equal(store_data(a, ka, &da), 0); /* synchronously */
+    data_make(&copy, 171, 5000, 0, 100);
+    data_blobs(&copy, blobs);
+    assert_int_equal(thaw_disk_cache_submit(b, kb, copy.n_tokens, blobs, copy.meta, copy.n_meta), 0);
+    thaw_disk_cache_flush(a); /* the one writer: b's store is written too */
+    assert_int_equal(stats(f->c).stores_ok, 2);
+    assert_int_equal(stats(b).entries, 2);
+
+    assert_int_equal(thaw_disk_cache_contains(a, ka), 1);
+    assert_int_equal(thaw_disk_cache_contains(a, kb), 0);
+    assert_int_equal(thaw_disk_cache_has(b, ka), 0);
+    assert_int_equal(thaw_disk_cache_has(bb, kb), 1);
+    assert_int_equal(thaw_disk_cache_lookup(b, ka, &e), THAW_ENOTFOUND);
+    assert_int_equal(thaw_disk_cache_lookup(f->c, ka, &e), THAW_ENOTFOUND); /* the store's own fingerprint */
+    assert_int_equal(thaw_disk_cache_lookup(a, ka, &e), 0);
+    assert_true(entry_matches(e, &da, 0));
+    thaw_disk_entry_release(e);
+    assert_int_equal(thaw_disk_cache_lookup(b, kb, &e), 0);
+    assert_true(entry_matches(e, &db, 1));
+    thaw_disk_entry_release(e);
+    assert_int_equal(thaw_disk_cache_foreach(a, same_model_cb, &same), 0);
+    assert_int_equal(same, 1);
+
+    thaw_disk_cache_close(bb);
+    thaw_disk_cache_close(b);
+    thaw_disk_cache_close(a);
+    fx_close(f);
+    fx_open_p(f, &pb); /* b's entry was written under b's fingerprint */
+    assert_int_equal(thaw_disk_cache_lookup(f->c, kb, &e), 0);
+    assert_true(entry_matches(e, &db, 1));
+    thaw_disk_entry_release(e);
+    assert_int_equal(thaw_disk_cache_lookup(f->c, ka, &e), THAW_ENOTFOUND);
+    data_free(&da);
+    data_free(&db);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -2380,6 +2448,7 @@ int main(void)
         T(test_lookup_races_store),
         T(test_idx_of_other_key),
         T(test_fingerprint_swapped_on_disk),
+        T(test_handles_share_one_store),
         T(test_lookup_sees_replacement),
     };
 #undef T
