@@ -2299,7 +2299,7 @@ void thaw_disk_cache_flush(struct thaw_disk_cache *c)
 
 void thaw_disk_cache_batch_begin(struct thaw_disk_cache *c)
 {
-    if (!c || !c->has_writer)
+    if (!(c = c ? c->store : NULL) || !c->has_writer)
         return;
     pthread_mutex_lock(&c->mu);
     c->q_batches++;
@@ -2308,7 +2308,7 @@ void thaw_disk_cache_batch_begin(struct thaw_disk_cache *c)
 
 void thaw_disk_cache_batch_end(struct thaw_disk_cache *c)
 {
-    if (!c || !c->has_writer)
+    if (!(c = c ? c->store : NULL) || !c->has_writer)
         return;
     pthread_mutex_lock(&c->mu);
     if (c->q_batches && --c->q_batches == 0)
@@ -2765,6 +2765,7 @@ void thaw_disk_cache_retain(struct thaw_disk_cache *c, const uint8_t *keys, uint
 {
     if (!c || !keys || !n)
         return;
+    c = c->store;
     pthread_mutex_lock(&c->mu);
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *key = keys + (size_t)i * THAW_KEY_BYTES;
