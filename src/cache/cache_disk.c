@@ -1832,6 +1832,7 @@ static int store_end(struct thaw_disk_cache *c, struct staged *s, const struct l
         held_release(c, held);
         claim_end(c, e, 1);
         c->st.stores_ok++;
+        c->st.roots_ok += !s->ln.is_block;
     } else {
         if (e)
             claim_end(c, e, 0);

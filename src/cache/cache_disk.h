@@ -481,6 +481,7 @@ struct thaw_disk_cache_stats {
     int64_t oldest_created; /* Unix seconds; 0 when empty */
     int64_t oldest_used;    /* least recent last use; 0 when empty */
     uint64_t stores_ok;
+    uint64_t roots_ok;         /* of those, roots: a conversation's manifest or whole state committed */
     uint64_t store_failures;   /* store() errors, including the writer's */
     uint64_t stores_dropped;   /* submit() refused: queue bytes full,
                                 * closing, too big, ... (any non-zero return) */

@@ -1144,6 +1144,8 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
     G("entries", "entries in --kv-cache-dir", st.entries);
     G("bytes", "bytes on disk in --kv-cache-dir", st.bytes);
     C("stores_total", "entries written", st.stores_ok);
+    C("root_stores_total", "conversations' manifests (or whole states) written: each makes a turn durable",
+      st.roots_ok);
     C("store_failures_total", "stores that failed (I/O error, disk full)", st.store_failures);
     C("fsyncs_total",
       "fsync and syncfs calls of the disk tier (a store waits for them; the writer's group commit syncs the "

@@ -1250,6 +1250,7 @@ static void test_batch_is_one_group(void **state)
     thaw_disk_cache_flush(f->c);
     st1 = stats(f->c);
     assert_int_equal(st1.stores_ok - st0.stores_ok, 4);
+    assert_int_equal(st1.roots_ok - st0.roots_ok, 1); /* the manifest */
     assert_int_equal(st1.groups - st0.groups, 1);
     assert_int_equal(st1.fsyncs - st0.fsyncs, 2);
     assert_true(lookup_ok(f, 1000) && lookup_ok(f, 2));
