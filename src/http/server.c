@@ -1784,7 +1784,8 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
     if (url && srv->predict[0] && strcmp(url, srv->predict) == 0)
         rt = &predict_rt;
     /* the route for the path and method; else the path's first (a 405) */
-    for (size_t i = 0; url && !rt && i < sizeof routes / sizeof routes[0]; i++)
+    bool preset = rt != NULL;
+    for (size_t i = 0; url && !preset && i < sizeof routes / sizeof routes[0]; i++)
         if (strcmp(url, routes[i].path) == 0 || (routes[i].alias && strcmp(url, routes[i].alias) == 0) ||
             (routes[i].prefix && strncmp(url, routes[i].path, strlen(routes[i].path)) == 0)) {
             if (!rt || strcmp(hr->method, routes[i].method) == 0)

@@ -137,7 +137,7 @@ BAD = [
     (b'{"messages": [{"role": "user"}]}', 400, "messages[0].content"),
     (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages[0].role"),
     (b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages[0].content"),
-    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, "content[0].type"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, "content[0].image_url.url"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}', 400, "'max_tokens'"),
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 9}', 400, "'temperature'"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "'stream'"),
