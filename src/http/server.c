@@ -1659,6 +1659,21 @@ static void predict_answer(struct predict *p, struct thaw_http_response *r)
         set_error(NULL, r, 500, "out of memory");
 }
 
+static void predict_resume(void *ud, struct thaw_http_response *r);
+
+/* The answer so far; while an instance still waits, r is deferred and p
+ * handed to http.c with it (true), to be resumed and freed there. */
+static bool predict_reply(struct predict *p, struct thaw_http_response *r)
+{
+    predict_answer(p, r);
+    if (!r->defer)
+        return false;
+    r->resume = predict_resume;
+    r->defer_ud = p;
+    r->defer_free = predict_free;
+    return true;
+}
+
 static void predict_resume(void *ud, struct thaw_http_response *r)
 {
     struct predict *p = ud;
@@ -1671,12 +1686,7 @@ static void predict_resume(void *ud, struct thaw_http_response *r)
         o->resume(o->defer_ud, &sub);
         predict_settle(o, &sub);
     }
-    predict_answer(p, r);
-    if (r->defer) {
-        r->resume = predict_resume;
-        r->defer_ud = p;
-        r->defer_free = predict_free;
-    }
+    (void)predict_reply(p, r);
 }
 
 /* POST AIP_PREDICT_ROUTE (/predict): each instance through its route */
@@ -1747,13 +1757,8 @@ static void route_predict(struct server *srv, struct thaw_model *mdl, const stru
         serve_route(srv, rt, &o->hr, ns, &sub);
         predict_settle(o, &sub);
     }
-    predict_answer(p, r);
-    if (r->defer) {
-        r->resume = predict_resume;
-        r->defer_ud = p;
-        r->defer_free = predict_free;
+    if (predict_reply(p, r))
         p = NULL; /* http.c's now */
-    }
 out:
     if (p)
         predict_free(p);
