@@ -2788,13 +2788,24 @@ void thaw_disk_cache_retain(struct thaw_disk_cache *c, const uint8_t *keys, uint
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Ends the hint at *pp: off the list and the map, its block one name fewer. */
+static void retain_unlink(struct thaw_disk_cache *c, struct retain **pp)
+{
+    struct retain *r = *pp;
+
+    *pp = r->next;
+    thaw_keymap_remove(&c->retains, &r->hn);
+    refs_drop(c, r->key, 1);
+    free(r);
+}
+
 /* Ends the retention hints whose deadline is at or before `before` (all of
  * them: INT64_MAX); with `one`, only the one of the earliest deadline.
  * Their blocks lose that name (orphans if it was the last). Returns how
  * many ended. With c->mu held. */
 static unsigned retains_end(struct thaw_disk_cache *c, int64_t before, int one)
 {
-    struct retain **pp, **victim = NULL, *r;
+    struct retain **pp, **victim = NULL;
     unsigned n = 0;
 
     if (one) {
@@ -2803,22 +2814,15 @@ static unsigned retains_end(struct thaw_disk_cache *c, int64_t before, int one)
                 victim = pp;
         if (!victim)
             return 0;
-        r = *victim;
-        *victim = r->next;
-        thaw_keymap_remove(&c->retains, &r->hn);
-        refs_drop(c, r->key, 1);
-        free(r);
+        retain_unlink(c, victim);
         return 1;
     }
-    for (pp = &c->ret_head; (r = *pp);) {
-        if (r->until > before) {
-            pp = &r->next;
+    for (pp = &c->ret_head; *pp;) {
+        if ((*pp)->until > before) {
+            pp = &(*pp)->next;
             continue;
         }
-        *pp = r->next;
-        thaw_keymap_remove(&c->retains, &r->hn);
-        refs_drop(c, r->key, 1);
-        free(r);
+        retain_unlink(c, pp);
         n++;
     }
     return n;
