@@ -16,6 +16,74 @@ void thaw_metrics_append(char *buf, size_t cap, size_t *len, const char *name, c
         *len += (size_t)n < cap - *len ? (size_t)n : cap - *len;
 }
 
+static const uint64_t thaw_hold_bucket_us[THAW_HOLD_BUCKETS] = {
+    250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000, 2500000, 5000000,
+};
+
+static const char *const hold_names[THAW_HOLD_COUNT] = {
+    [THAW_HOLD_DECODE] = "decode",         [THAW_HOLD_FIXUP] = "fixup",
+    [THAW_HOLD_RESTORE] = "restore",       [THAW_HOLD_STORE] = "store",
+    [THAW_HOLD_CHECKPOINT] = "checkpoint", [THAW_HOLD_SNAPSHOT] = "snapshot",
+    [THAW_HOLD_IMAGE] = "image",           [THAW_HOLD_DRAFT] = "draft",
+};
+
+static void atomic_max(atomic_uint_fast64_t *a, uint64_t v)
+{
+    uint64_t cur = atomic_load(a);
+
+    while (v > cur && !atomic_compare_exchange_weak(a, &cur, v))
+        ;
+}
+
+void thaw_metrics_hold(struct thaw_metrics *m, enum thaw_hold op, int64_t us)
+{
+    struct thaw_hold_hist *h = &m->hold[op];
+    uint64_t v = us > 0 ? (uint64_t)us : 0;
+    int b = 0;
+
+    while (b < THAW_HOLD_BUCKETS && v > thaw_hold_bucket_us[b])
+        b++;
+    atomic_fetch_add(&h->n[b], 1);
+    atomic_fetch_add(&h->sum_us, v);
+    atomic_max(&h->max_us, v);
+}
+
+/* thaw_engine_hold_seconds, a Prometheus histogram labelled by op, and
+ * thaw_engine_hold_max_seconds beside it. */
+static void render_hold(struct thaw_metrics *m, char *buf, size_t cap, size_t *len)
+{
+    static const char *name = "thaw_engine_hold_seconds";
+    int n;
+
+#define PUT(...)                                                                                                       \
+    do {                                                                                                               \
+        if (*len < cap && (n = snprintf(buf + *len, cap - *len, __VA_ARGS__)) > 0)                                    \
+            *len += (size_t)n < cap - *len ? (size_t)n : cap - *len;                                                   \
+    } while (0)
+    PUT("# HELP %s time the engine thread spent on one piece of work, by op: decode (a step serving requests), "
+        "fixup (post-reply re-decoding alone), restore, store, checkpoint, snapshot, image (encoding), draft; "
+        "every stream waits for each\n# TYPE %s histogram\n", name, name);
+    for (int op = 0; op < THAW_HOLD_COUNT; op++) {
+        struct thaw_hold_hist *h = &m->hold[op];
+        uint64_t cum = 0;
+        for (int b = 0; b <= THAW_HOLD_BUCKETS; b++) {
+            cum += atomic_load(&h->n[b]);
+            if (b < THAW_HOLD_BUCKETS)
+                PUT("%s_bucket{op=\"%s\",le=\"%g\"} %llu\n", name, hold_names[op], thaw_hold_bucket_us[b] / 1e6,
+                    (unsigned long long)cum);
+            else
+                PUT("%s_bucket{op=\"%s\",le=\"+Inf\"} %llu\n", name, hold_names[op], (unsigned long long)cum);
+        }
+        PUT("%s_sum{op=\"%s\"} %.17g\n%s_count{op=\"%s\"} %llu\n", name, hold_names[op],
+            atomic_load(&h->sum_us) / 1e6, name, hold_names[op], (unsigned long long)cum);
+    }
+    PUT("# HELP thaw_engine_hold_max_seconds the longest single piece of work of each op since start\n"
+        "# TYPE thaw_engine_hold_max_seconds gauge\n");
+    for (int op = 0; op < THAW_HOLD_COUNT; op++)
+        PUT("thaw_engine_hold_max_seconds{op=\"%s\"} %.17g\n", hold_names[op], atomic_load(&m->hold[op].max_us) / 1e6);
+#undef PUT
+}
+
 void thaw_metrics_add(struct thaw_metrics *dst, const struct thaw_metrics *src)
 {
     /* not const in C11's eyes: atomic_load takes a pointer to non-const */
@@ -62,6 +130,12 @@ void thaw_metrics_add(struct thaw_metrics *dst, const struct thaw_metrics *src)
     atomic_fetch_add(&dst->draft_tokens, atomic_load(&s->draft_tokens));
     atomic_fetch_add(&dst->draft_accepted, atomic_load(&s->draft_accepted));
     atomic_fetch_add(&dst->draft_steps, atomic_load(&s->draft_steps));
+    for (int op = 0; op < THAW_HOLD_COUNT; op++) {
+        for (int b = 0; b <= THAW_HOLD_BUCKETS; b++)
+            atomic_fetch_add(&dst->hold[op].n[b], atomic_load(&s->hold[op].n[b]));
+        atomic_fetch_add(&dst->hold[op].sum_us, atomic_load(&s->hold[op].sum_us));
+        atomic_max(&dst->hold[op].max_us, atomic_load(&s->hold[op].max_us));
+    }
 }
 
 /* A rate over the window since the last scrape: (n - *n_seen) per second of
@@ -114,7 +188,7 @@ static void render_llamacpp(struct thaw_metrics *m, bool scrape, char *buf, size
 
 char *thaw_metrics_render(struct thaw_metrics *m, bool scrape, thaw_metrics_extra_fn extra, void *ud)
 {
-    const size_t cap = 65536; /* thaw's, the cache tiers' and llama-server's: about 20 KiB with every tier on */
+    const size_t cap = 98304; /* thaw's, the hold histogram, the cache tiers' and llama-server's: ~30 KiB with every tier on */
     char *buf = malloc(cap);
     size_t len = 0;
 
@@ -184,6 +258,7 @@ char *thaw_metrics_render(struct thaw_metrics *m, bool scrape, thaw_metrics_extr
     G("draft_acceptance_rate", "accepted / proposed draft tokens since start", drafted ? (double)accepted / drafted : 0);
 #undef C
 #undef G
+    render_hold(m, buf, cap, &len);
     if (extra)
         extra(ud, buf, cap, &len);
     render_llamacpp(m, scrape, buf, cap, &len);

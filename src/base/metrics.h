@@ -18,6 +18,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* What holds the engine thread, each timed into a histogram
+ * (thaw_engine_hold_seconds{op=...}): a decode step, and the work between
+ * decode steps that every streaming request waits for (issue #37: none of
+ * it may stretch another stream's gap between tokens much beyond a step). */
+enum thaw_hold {
+    THAW_HOLD_DECODE,     /* a llama_decode serving requests (prefill, generation; re-decoding riding along) */
+    THAW_HOLD_FIXUP,      /* a llama_decode of post-reply re-decoding alone (the canonical form) */
+    THAW_HOLD_RESTORE,    /* a slot's admission: cache lookup, restore from a tier, rollback to a checkpoint */
+    THAW_HOLD_STORE,      /* a slot's store: the tap's new rows, or a whole capture */
+    THAW_HOLD_CHECKPOINT, /* a context checkpoint (sliding-window and recurrent memory) */
+    THAW_HOLD_SNAPSHOT,   /* a checkpoint kept to be stored as a snapshot (snapshots.h) */
+    THAW_HOLD_IMAGE,      /* encoding a prompt's images (vision.h) */
+    THAW_HOLD_DRAFT,      /* the draft model proposing for one slot */
+    THAW_HOLD_COUNT
+};
+
+#define THAW_HOLD_BUCKETS 14 /* upper bounds in thaw_hold_bucket_us[], then +Inf */
+
+struct thaw_hold_hist {
+    atomic_uint_fast64_t n[THAW_HOLD_BUCKETS + 1]; /* per bucket (not cumulative): the first bound >= the time */
+    atomic_uint_fast64_t sum_us;
+    atomic_uint_fast64_t max_us;
+};
+
 struct thaw_metrics {
     /* HTTP */
     atomic_uint_fast64_t requests_total;     /* every HTTP request */
@@ -67,6 +91,7 @@ struct thaw_metrics {
     atomic_uint_fast64_t draft_tokens;       /* tokens proposed by the draft */
     atomic_uint_fast64_t draft_accepted;     /* of those, accepted by the target */
     atomic_uint_fast64_t draft_steps;        /* target decodes that verified drafted tokens */
+    struct thaw_hold_hist hold[THAW_HOLD_COUNT]; /* engine thread hold times, by enum thaw_hold */
     /* the counters at the last /metrics scrape: llamacpp's rate gauges cover the window since */
     atomic_uint_fast64_t scraped_prompt_tokens, scraped_prompt_us;
     atomic_uint_fast64_t scraped_predicted_steps, scraped_predicted_us;
@@ -78,6 +103,9 @@ struct thaw_metrics {
  * n_tokens_max and disk_budget_bytes (one store for all) take the larger.
  * Any thread. */
 void thaw_metrics_add(struct thaw_metrics *dst, const struct thaw_metrics *src);
+
+/* Counts `us` of engine thread time spent on `op`. Any thread. */
+void thaw_metrics_hold(struct thaw_metrics *m, enum thaw_hold op, int64_t us);
 
 /* Snapshot callback for gauges owned by other modules (disk cache stats):
  * appends Prometheus lines to `buf` of `cap` bytes at `*len`. */

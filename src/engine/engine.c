@@ -100,6 +100,7 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     /* (a prompt with images too: every reuse is bounded by a token prefix
      * match, and an image's placeholders pin its bytes and the projector,
      * vision.h) */
+    int64_t t_restore = thaw_now_us();
     if (thaw_kvcache_enabled(e->kv))
         n_past = thaw_slotkv_restore(e->skv, s, t, n_past);
     /* at least one prompt token must be decoded to get logits to sample from */
@@ -110,6 +111,8 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
     n_past = thaw_slotkv_rollback(e->skv, s, n_past);
     if (thaw_vision_prompt_back_off(t->vision, n_past) != n_past) /* a checkpoint inside an image */
         n_past = thaw_slotkv_rollback(e->skv, s, thaw_vision_prompt_back_off(t->vision, n_past));
+    if (thaw_kvcache_enabled(e->kv) || e->partial) /* a lookup, restore or rollback could have run */
+        thaw_metrics_hold(e->metrics, THAW_HOLD_RESTORE, thaw_now_us() - t_restore);
     if (s->timings.restore_ms > 0) {
         char hex[17];
         thaw_keys_short(t->lookup_key, hex);
@@ -314,6 +317,7 @@ static void eval_images(struct thaw_engine *e)
             continue;
         }
         int64_t t1 = thaw_now_us();
+        thaw_metrics_hold(e->metrics, THAW_HOLD_IMAGE, t1 - t0);
         memcpy(s->tokens + s->n_tokens, t->prompt + pos, (size_t)n * sizeof(llama_token));
         s->n_tokens += n;
         s->n_prompt_done += n;
@@ -521,10 +525,12 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
         bool snap = snapshot_at(e, s, s->n_tokens);
         if (!snap && !gen_prompt_at(e, s, s->n_tokens))
             continue;
+        int64_t tc = thaw_now_us();
         if (thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
             LOG_WRN("slot %d: could not take a context checkpoint", s->id);
         else if (snap)
             s->ckpts.v[s->ckpts.n - 1].flags |= THAW_CKPT_SNAPSHOT; /* stored as one (snapshots.h) */
+        thaw_metrics_hold(e->metrics, snap ? THAW_HOLD_SNAPSHOT : THAW_HOLD_CHECKPOINT, thaw_now_us() - tc);
     }
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
@@ -538,9 +544,12 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             }
             /* the prompt's end is where the next turn will most likely need
              * to roll back to on SWA / recurrent memory: keep a checkpoint */
-            if (e->partial && e->cfg->ctx_checkpoints > 0 &&
-                thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
-                LOG_WRN("slot %d: could not take a context checkpoint", s->id);
+            if (e->partial && e->cfg->ctx_checkpoints > 0) {
+                int64_t tc = thaw_now_us();
+                if (thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
+                    LOG_WRN("slot %d: could not take a context checkpoint", s->id);
+                thaw_metrics_hold(e->metrics, THAW_HOLD_CHECKPOINT, thaw_now_us() - tc);
+            }
         }
         if (s->phase == THAW_SLOT_GEN && s->n_drafts > 0) {
             thaw_gen_verify(e, s);
@@ -624,6 +633,7 @@ static void *engine_main(void *arg)
         int64_t t0 = thaw_now_us();
         int rc = llama_decode(e->ctx, e->batch);
         int64_t t1 = thaw_now_us();
+        thaw_metrics_hold(e->metrics, e->batch_fixup_only ? THAW_HOLD_FIXUP : THAW_HOLD_DECODE, t1 - t0);
         atomic_fetch_add(&e->metrics->decode_calls, 1);
         atomic_fetch_add(&e->metrics->busy_slot_decodes, (uint64_t)atomic_load(&e->metrics->requests_processing));
         if (rc != 0) {

@@ -205,9 +205,11 @@ int thaw_gen_draft(struct thaw_engine *e, struct thaw_slot *s, int room)
         max = cfg->draft_max;
     if (max < 1 || max < cfg->draft_min)
         return 0;
+    int64_t t0 = thaw_now_us();
     if (thaw_draft_sync(e->draft, s->id, s->tokens, s->n_tokens) < 0)
         return 0;
     int n = thaw_draft_propose(e->draft, s->id, s->next_token, max, cfg->draft_p_min, s->drafts);
+    thaw_metrics_hold(e->metrics, THAW_HOLD_DRAFT, thaw_now_us() - t0);
     return n >= cfg->draft_min ? n : 0;
 }
 

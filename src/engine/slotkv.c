@@ -533,6 +533,7 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
     thaw_slots_view_stored(s->view, s->id, where);
     s->has_prev_key = false;
     int64_t took = thaw_now_us() - t0;
+    thaw_metrics_hold(k->metrics, THAW_HOLD_STORE, took);
     atomic_fetch_add(&k->metrics->stores, 1);
     atomic_fetch_add(&k->metrics->store_us, (uint64_t)took);
     if (sizes[0])

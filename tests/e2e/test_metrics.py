@@ -3,6 +3,8 @@ HELP and TYPE lines and meanings, served beside thaw's own thaw_* names,
 and the Process-Start-Time-Unix header; --no-metrics answers 501."""
 import time
 
+from harness import drained
+
 # llama-server's names and types (tools/server/server-task.cpp, to_metrics)
 COUNTERS = ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
             "tokens_predicted_seconds_total", "n_decode_total", "n_tokens_max",
@@ -84,3 +86,65 @@ def test_no_metrics_answers_501(serve):
     r = s.get("/metrics")
     assert r.status_code == 501
     assert "--metrics" in r.json()["error"]["message"]
+
+
+HOLD_OPS = ("decode", "fixup", "restore", "store", "checkpoint", "snapshot", "image", "draft")
+
+
+def hold(m, op):
+    """(count, sum seconds, max seconds, [(le, cumulative count)]) of
+    thaw_engine_hold_seconds{op} in a harness metrics() dict."""
+    buckets = sorted(((float(k.split('le="')[1].rstrip('"}')), v) for k, v in m.items()
+                      if k.startswith(f'thaw_engine_hold_seconds_bucket{{op="{op}",')), key=lambda b: b[0])
+    return (m[f'thaw_engine_hold_seconds_count{{op="{op}"}}'], m[f'thaw_engine_hold_seconds_sum{{op="{op}"}}'],
+            m[f'thaw_engine_hold_max_seconds{{op="{op}"}}'], buckets)
+
+
+def check_histogram(m):
+    for op in HOLD_OPS:
+        count, total, longest, buckets = hold(m, op)
+        assert buckets[-1] == (float("inf"), count), op
+        assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])), (op, buckets)  # cumulative
+        assert longest <= total + 1e-9, op
+        if count == 0:
+            assert total == 0 and longest == 0, op
+        else:  # every piece is at most the longest: all counted by the first bound above it
+            assert longest <= next(le for le, n in buckets if n == count), (op, longest, buckets)
+
+
+def test_engine_hold_histogram_times_each_kind_of_work(serve, tmp_path):
+    """Every piece of work the engine thread does is timed into
+    thaw_engine_hold_seconds{op}: the decode steps (as many as llama-server's
+    n_decode_total counts, re-decoding alone apart), the restore of a
+    returning conversation after a restart, its stores, and a sliding-window
+    model's checkpoints."""
+    flags = ["-np", "1", "--kv-cache-dir", str(tmp_path / "kv"), "--cache-ram", "0"]
+    s = serve("llama", *flags)
+    m0 = s.metrics()
+    check_histogram(m0)
+    assert all(hold(m0, op)[0] == 0 for op in HOLD_OPS)
+    conv = [{"role": "system", "content": "metrics persona. " + "river stone light garden " * 100},
+            {"role": "user", "content": "Hello there?"}]
+    r = s.post("/v1/chat/completions", {"messages": conv, "max_tokens": 8, "temperature": 0}).json()
+    m1 = drained(s)  # the post-reply work and the store done
+    check_histogram(m1)
+    assert hold(m1, "decode")[0] + hold(m1, "fixup")[0] == m1["llamacpp:n_decode_total"] >= 8
+    assert hold(m1, "store")[0] >= 1 and hold(m1, "store")[1] > 0
+    assert s.stop() == 0
+
+    s = serve("llama", *flags)
+    conv += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "And then?"}]
+    r2 = s.post("/v1/chat/completions", {"messages": conv, "max_tokens": 8, "temperature": 0}).json()
+    assert r2["timings"]["cache_n"] > 0 and r2["timings"]["cache_source"] == "disk"
+    m2 = s.metrics()
+    check_histogram(m2)
+    count, total, longest, _ = hold(m2, "restore")
+    assert count == 1 and total > 0 and longest == total  # one admission, and it restored from disk
+    assert hold(m2, "checkpoint")[0] == 0 and hold(m2, "image")[0] == 0 and hold(m2, "draft")[0] == 0
+
+    g = serve("gemma3", "-np", "1")
+    g.post("/v1/chat/completions", {"messages": conv, "max_tokens": 4, "temperature": 0})
+    mg = g.metrics()
+    check_histogram(mg)
+    assert hold(mg, "checkpoint")[0] >= 1  # the prompt's end, where the next turn rolls back to
