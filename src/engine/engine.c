@@ -352,12 +352,14 @@ static void build_batch(struct thaw_engine *e)
             batch_add(b, s->drafts[k], s->n_tokens + 1 + k, s->id, true);
         s->n_in_batch = 1 + s->n_drafts;
     }
-    for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch; i++) {
+    /* beside generating streams, a prompt goes one micro-batch a step (scheduler.h) */
+    const int room = thaw_sched_batch_room(b->n_tokens, e->n_batch, e->n_ubatch);
+    for (int i = 0; i < e->n_slots && b->n_tokens < room; i++) {
         struct thaw_slot *s = &e->slots[i];
         if (s->phase != THAW_SLOT_PREFILL)
             continue;
         const struct thaw_task *t = s->task;
-        while (s->n_prompt_done + s->n_in_batch < t->n_prompt && b->n_tokens < e->n_batch) {
+        while (s->n_prompt_done + s->n_in_batch < t->n_prompt && b->n_tokens < room) {
             int p = s->n_prompt_done + s->n_in_batch;
             if (s->n_in_batch > 0 && (snapshot_at(e, s, p) || gen_prompt_at(e, s, p)))
                 break; /* checkpointed after this decode (after_decode) */
@@ -379,11 +381,11 @@ static void build_batch(struct thaw_engine *e)
     int fixup_room = thaw_sched_fixup_room(count[THAW_SLOT_PREFILL], count[THAW_SLOT_GEN], e->fixup_awaited,
                                            e->fixup_us_per_tok, e->n_batch);
     int64_t now = thaw_now_us();
-    for (int i = 0; i < e->n_slots && b->n_tokens < e->n_batch && fixup_room > 0; i++) {
+    for (int i = 0; i < e->n_slots && b->n_tokens < room && fixup_room > 0; i++) {
         struct thaw_slot *s = &e->slots[i];
         if (s->phase != THAW_SLOT_FIXUP || fixup_held(e, s) || !thaw_sched_fixup_due(free_now, now - s->fix_since_us))
             continue;
-        while (s->n_tokens + s->n_in_batch < s->n_fix && b->n_tokens < e->n_batch && fixup_room-- > 0) {
+        while (s->n_tokens + s->n_in_batch < s->n_fix && b->n_tokens < room && fixup_room-- > 0) {
             int p = s->n_tokens + s->n_in_batch;
             batch_add(b, s->fix[p], p, s->id, false);
             s->n_in_batch++;

@@ -225,6 +225,14 @@ struct thaw_sched_admission thaw_sched_admit(const struct thaw_slot_view *slots,
     return (struct thaw_sched_admission){THAW_SCHED_CUT, i};
 }
 
+int thaw_sched_batch_room(int n_gen_tokens, int n_batch, int n_ubatch)
+{
+    if (n_gen_tokens <= 0 || n_ubatch <= 0 || n_ubatch >= n_batch)
+        return n_batch;
+    int room = n_gen_tokens < n_ubatch ? n_ubatch : n_gen_tokens + 1;
+    return room < n_batch ? room : n_batch;
+}
+
 int thaw_sched_fixup_room(int n_prefill, int n_gen, bool awaited, double fixup_us_per_tok, int n_batch)
 {
     if (awaited)

@@ -26,6 +26,8 @@
  *     it is a whole capture; from the tap (a few rows) it goes at once,
  *     and a re-decode that will not be done soon stores the reply as it
  *     stands first (engine.c, store_early).
+ *   - a prompt beside generating streams (thaw_sched_batch_room): one
+ *     micro-batch of it per step, so no stream waits for a whole batch.
  */
 #ifndef THAW_SCHEDULER_H
 #define THAW_SCHEDULER_H
@@ -128,6 +130,19 @@ int thaw_sched_pick_slot(const struct thaw_slot_view *slots, int n_slots, const 
 struct thaw_sched_admission thaw_sched_admit(const struct thaw_slot_view *slots, int n_slots,
                                              const struct thaw_sched_task_view *t,
                                              const struct thaw_sched_params *p);
+
+/* The most tokens this step's batch may hold once the generating slots'
+ * `n_gen_tokens` (their next tokens and drafts) are in: a prompt fills the
+ * rest. With nothing generating, the whole batch (n_batch: a prompt goes
+ * fastest). While streams generate, one micro-batch (n_ubatch): libllama
+ * computes a batch one micro-batch after the other, so a step of n_batch
+ * prompt tokens would hold every stream for n_batch / n_ubatch
+ * micro-batches; one keeps a stream's gap between tokens at one
+ * micro-batch's time, and the prompt loses nothing but the few generation
+ * tokens riding in each of its micro-batches (it is computed in
+ * micro-batches of that size either way). At least one prompt token
+ * rides along, so a prompt always advances. */
+int thaw_sched_batch_room(int n_gen_tokens, int n_batch, int n_ubatch);
 
 /* FIXUP tokens this step's batch may carry after the prompts and
  * generation steps (n_batch at most), given how many slots prefill and

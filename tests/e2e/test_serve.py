@@ -1,6 +1,8 @@
 """thaw serve end to end: the real binary, a generated model, real HTTP."""
 import concurrent.futures as cf
 import signal
+import threading
+import time
 
 import pytest
 
@@ -67,6 +69,40 @@ def test_concurrent_equals_sequential(serve, arch):
     m = s.metrics()
     # four concurrent requests over two slots shared llama_decode calls
     assert m["thaw_chat_requests_total"] == 8
+
+
+def test_a_prompt_beside_a_stream_goes_one_micro_batch_a_step(serve):
+    """A long prompt admitted while another request streams is decoded one
+    micro-batch (-ub) a step, each step carrying the stream's next token:
+    the stream keeps flowing through the prefill instead of waiting for
+    the whole batch (-b) at once."""
+    s = serve("llama", "-np", "2", "-c", "4096", "-b", "1024", "-ub", "128")
+    stamps, going = [], threading.Event()
+
+    def stream():
+        body = {"prompt": "Once upon a time", "n_predict": 400, "ignore_eos": True, "temperature": 0, "stream": True}
+        with s.post("/completion", body, stream=True) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    stamps.append(time.perf_counter())
+                    if len(stamps) == 5:
+                        going.set()
+
+    th = threading.Thread(target=stream)
+    th.start()
+    assert going.wait(120)
+    prompt = " ".join(f"word{i % 50} river" for i in range(300))
+    t0 = time.perf_counter()
+    r = s.post("/completion", {"prompt": prompt, "n_predict": 1, "cache_prompt": False})
+    t1 = time.perf_counter()
+    th.join(120)
+    assert r.status_code == 200, r.text
+    n = r.json()["timings"]["prompt_n"]
+    assert 800 <= n <= 1024  # one batch would take it whole
+    assert stamps[-1] > t1, "the stream ended before the prompt was in"
+    during = sum(t0 < t < t1 for t in stamps)
+    # ceil(n / 128) steps, each with a token of the stream (one batch: 1 or 2)
+    assert during >= n // 128 - 2, (during, n)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -175,6 +175,22 @@ static void test_admit_without_idle_cuts_or_waits(void **state)
     assert_int_equal(a.slot, -1);
 }
 
+static void test_batch_room(void **state)
+{
+    (void)state;
+    /* nothing generating: the whole batch for a prompt */
+    assert_int_equal(thaw_sched_batch_room(0, 2048, 512), 2048);
+    /* streams generating: one micro-batch in all, theirs included */
+    assert_int_equal(thaw_sched_batch_room(3, 2048, 512), 512);
+    assert_int_equal(thaw_sched_batch_room(511, 2048, 512), 512);
+    /* generation (drafts) filling the micro-batch: a prompt still advances */
+    assert_int_equal(thaw_sched_batch_room(512, 2048, 512), 513);
+    assert_int_equal(thaw_sched_batch_room(2048, 2048, 512), 2048);
+    /* one micro-batch is the whole batch: nothing to cut */
+    assert_int_equal(thaw_sched_batch_room(3, 512, 512), 512);
+    assert_int_equal(thaw_sched_batch_room(3, 256, 512), 256);
+}
+
 static void test_fixup_budget(void **state)
 {
     (void)state;
@@ -210,6 +226,7 @@ int main(void)
         cmocka_unit_test(test_pick_slot),
         cmocka_unit_test(test_admit_prefers_idle_unless_a_fixup_holds_more),
         cmocka_unit_test(test_admit_without_idle_cuts_or_waits),
+        cmocka_unit_test(test_batch_room),
         cmocka_unit_test(test_fixup_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
