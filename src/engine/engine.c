@@ -353,7 +353,7 @@ static void build_batch(struct thaw_engine *e)
         s->n_in_batch = 1 + s->n_drafts;
     }
     /* beside generating streams, a prompt goes one micro-batch a step (scheduler.h) */
-    const int room = thaw_sched_batch_room(b->n_tokens, e->n_batch, e->n_ubatch);
+    const int room = thaw_sched_batch_room(b->n_tokens, e->n_batch, e->n_ubatch, e->prompt_us_per_tok);
     for (int i = 0; i < e->n_slots && b->n_tokens < room; i++) {
         struct thaw_slot *s = &e->slots[i];
         if (s->phase != THAW_SLOT_PREFILL)
@@ -514,6 +514,8 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
     atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n_prompt_tokens);
     if (n_prompt_tokens > 0)
         atomic_fetch_add(&e->metrics->prompt_us, (uint64_t)(t1 - t0));
+    if (n_prompt_tokens >= THAW_PROMPT_CHUNK_MIN / 2) /* what a prompt piece beside streams costs (build_batch) */
+        e->prompt_us_per_tok = thaw_sched_fixup_cost(e->prompt_us_per_tok, t1 - t0, e->batch.n_tokens);
     if (e->batch_fixup_only)
         e->fixup_us_per_tok = thaw_sched_fixup_cost(e->fixup_us_per_tok, t1 - t0, e->batch.n_tokens);
     finish_fixups(e, false);

@@ -225,12 +225,17 @@ struct thaw_sched_admission thaw_sched_admit(const struct thaw_slot_view *slots,
     return (struct thaw_sched_admission){THAW_SCHED_CUT, i};
 }
 
-int thaw_sched_batch_room(int n_gen_tokens, int n_batch, int n_ubatch)
+int thaw_sched_batch_room(int n_gen_tokens, int n_batch, int n_ubatch, double us_per_tok)
 {
-    if (n_gen_tokens <= 0 || n_ubatch <= 0 || n_ubatch >= n_batch)
+    if (n_gen_tokens <= 0)
         return n_batch;
-    int room = n_gen_tokens < n_ubatch ? n_ubatch : n_gen_tokens + 1;
-    return room < n_batch ? room : n_batch;
+    int least = THAW_PROMPT_CHUNK_MIN < n_ubatch ? THAW_PROMPT_CHUNK_MIN : n_ubatch;
+    int chunk = n_ubatch - n_gen_tokens; /* the rest of one micro-batch */
+    if (us_per_tok > 0 && THAW_STREAM_STEP_US / us_per_tok - n_gen_tokens < chunk)
+        chunk = (int)(THAW_STREAM_STEP_US / us_per_tok) - n_gen_tokens;
+    if (chunk < least)
+        chunk = least > 0 ? least : 1;
+    return n_gen_tokens + chunk < n_batch ? n_gen_tokens + chunk : n_batch;
 }
 
 int thaw_sched_fixup_room(int n_prefill, int n_gen, bool awaited, double fixup_us_per_tok, int n_batch)

@@ -134,15 +134,18 @@ struct thaw_sched_admission thaw_sched_admit(const struct thaw_slot_view *slots,
 /* The most tokens this step's batch may hold once the generating slots'
  * `n_gen_tokens` (their next tokens and drafts) are in: a prompt fills the
  * rest. With nothing generating, the whole batch (n_batch: a prompt goes
- * fastest). While streams generate, one micro-batch (n_ubatch): libllama
- * computes a batch one micro-batch after the other, so a step of n_batch
- * prompt tokens would hold every stream for n_batch / n_ubatch
- * micro-batches; one keeps a stream's gap between tokens at one
- * micro-batch's time, and the prompt loses nothing but the few generation
- * tokens riding in each of its micro-batches (it is computed in
- * micro-batches of that size either way). At least one prompt token
- * rides along, so a prompt always advances. */
-int thaw_sched_batch_room(int n_gen_tokens, int n_batch, int n_ubatch);
+ * fastest). While streams generate, a step is every stream's gap between
+ * tokens, so a prompt rides in pieces: at most one micro-batch (n_ubatch;
+ * libllama computes a batch one micro-batch after the other, so n_batch
+ * prompt tokens would hold every stream for n_batch / n_ubatch of them),
+ * and no more than fit in THAW_STREAM_STEP_US at `us_per_tok` (the
+ * measured cost of a batch token; 0 = unknown), but never under
+ * THAW_PROMPT_CHUNK_MIN tokens (smaller batches compute a prompt less
+ * efficiently). The prompt loses only the few generation tokens riding in
+ * each piece; the streams never stall for a long prompt beside them. */
+#define THAW_STREAM_STEP_US 250000.0
+#define THAW_PROMPT_CHUNK_MIN 64
+int thaw_sched_batch_room(int n_gen_tokens, int n_batch, int n_ubatch, double us_per_tok);
 
 /* FIXUP tokens this step's batch may carry after the prompts and
  * generation steps (n_batch at most), given how many slots prefill and

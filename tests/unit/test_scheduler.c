@@ -179,16 +179,22 @@ static void test_batch_room(void **state)
 {
     (void)state;
     /* nothing generating: the whole batch for a prompt */
-    assert_int_equal(thaw_sched_batch_room(0, 2048, 512), 2048);
-    /* streams generating: one micro-batch in all, theirs included */
-    assert_int_equal(thaw_sched_batch_room(3, 2048, 512), 512);
-    assert_int_equal(thaw_sched_batch_room(511, 2048, 512), 512);
-    /* generation (drafts) filling the micro-batch: a prompt still advances */
-    assert_int_equal(thaw_sched_batch_room(512, 2048, 512), 513);
-    assert_int_equal(thaw_sched_batch_room(2048, 2048, 512), 2048);
-    /* one micro-batch is the whole batch: nothing to cut */
-    assert_int_equal(thaw_sched_batch_room(3, 512, 512), 512);
-    assert_int_equal(thaw_sched_batch_room(3, 256, 512), 256);
+    assert_int_equal(thaw_sched_batch_room(0, 2048, 512, 0), 2048);
+    assert_int_equal(thaw_sched_batch_room(0, 2048, 512, 1e6), 2048);
+    /* streams generating, the cost unknown or cheap: one micro-batch in all */
+    assert_int_equal(thaw_sched_batch_room(3, 2048, 512, 0), 512);
+    assert_int_equal(thaw_sched_batch_room(3, 2048, 512, 10.0), 512);
+    /* costly tokens: what fits in THAW_STREAM_STEP_US, the streams' own included */
+    assert_int_equal(thaw_sched_batch_room(4, 2048, 512, 1000.0), (int)(THAW_STREAM_STEP_US / 1000.0));
+    /* never under THAW_PROMPT_CHUNK_MIN (nor over a micro-batch) */
+    assert_int_equal(thaw_sched_batch_room(4, 2048, 512, 1e6), 4 + THAW_PROMPT_CHUNK_MIN);
+    assert_int_equal(thaw_sched_batch_room(4, 2048, 32, 1e6), 4 + 32);
+    /* generation (drafts) filling a micro-batch: a prompt still advances */
+    assert_int_equal(thaw_sched_batch_room(500, 2048, 512, 0), 500 + THAW_PROMPT_CHUNK_MIN);
+    assert_int_equal(thaw_sched_batch_room(600, 2048, 512, 0), 600 + THAW_PROMPT_CHUNK_MIN);
+    /* within the batch */
+    assert_int_equal(thaw_sched_batch_room(2040, 2048, 512, 0), 2048);
+    assert_int_equal(thaw_sched_batch_room(3, 256, 512, 0), 256);
 }
 
 static void test_fixup_budget(void **state)
