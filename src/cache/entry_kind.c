@@ -2,6 +2,7 @@
  * asked of the formats themselves. */
 #include "cache/entry_kind.h"
 
+#include "base/error.h"
 #include "cache/cache_disk.h"
 #include "cache/manifest.h"
 #include "cache/snapshots.h"
@@ -42,4 +43,19 @@ int thaw_entry_classify(void *ud, const void *kv, size_t n, const uint8_t **refs
         break;
     }
     return THAW_DISK_KIND_ROOT;
+}
+
+int thaw_entry_tokens(const void *head, size_t n, size_t *off, uint32_t *n_tokens)
+{
+    switch (thaw_entry_kind(head, n)) {
+    case THAW_ENTRY_MANIFEST:
+        return thaw_manifest_head_tokens(head, n, off, n_tokens);
+    case THAW_ENTRY_STATE:
+        return thaw_kvstate_head_tokens(head, n, off, n_tokens);
+    case THAW_ENTRY_BLOCK:
+    case THAW_ENTRY_SNAPSHOT:
+    case THAW_ENTRY_OTHER:
+        break;
+    }
+    return THAW_ENOTFOUND;
 }

@@ -47,4 +47,10 @@ enum thaw_entry_kind thaw_entry_kind(const void *kv, size_t n);
  * anything else THAW_DISK_KIND_ROOT naming nothing. */
 int thaw_entry_classify(void *ud, const void *kv, size_t n, const uint8_t **refs, uint32_t *n_refs);
 
+/* Where a conversation's token ids lie in its .kv (a state's or a
+ * manifest's), from the first n bytes (THAW_ENTRY_HEAD is enough): *off
+ * and *n_tokens. 0; THAW_ENOTFOUND for a block, a snapshot or bytes no
+ * format claims; or as the format's own head reader. */
+int thaw_entry_tokens(const void *head, size_t n, size_t *off, uint32_t *n_tokens);
+
 #endif

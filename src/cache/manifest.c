@@ -37,6 +37,23 @@ int thaw_manifest_is(const void *blob, size_t n)
     return magic == MANIFEST_MAGIC;
 }
 
+int thaw_manifest_head_tokens(const void *head, size_t n, size_t *off, uint32_t *n_tokens)
+{
+    struct manifest_header h;
+    size_t hsize = sizeof h;
+
+    if (!thaw_manifest_is(head, n))
+        return THAW_ECORRUPT;
+    memcpy(&h, head, sizeof h);
+    if (h.version == THAW_MANIFEST_V2_SWA)
+        hsize += sizeof(struct manifest_swa);
+    else if (h.version != THAW_MANIFEST_V1)
+        return THAW_EVERSION;
+    *off = hsize;
+    *n_tokens = h.n_tokens;
+    return 0;
+}
+
 /* Whether a header (and version 2's part, w; zeros in version 1) agrees
  * with itself and with a blob of n bytes. 0 or THAW_ECORRUPT. */
 static int check(const struct manifest_header *h, const struct manifest_swa *w, size_t n)

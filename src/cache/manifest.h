@@ -81,6 +81,12 @@ struct thaw_manifest_sections {
 /* 1 if blob starts like a manifest (magic, and a header's length), else 0. */
 int thaw_manifest_is(const void *blob, size_t n);
 
+/* From a manifest's first n bytes (its header at least; the rest need not
+ * be there): where its token ids start (*off) and how many (*n_tokens), for
+ * a reader that wants them without the whole manifest. 0, THAW_ECORRUPT
+ * (not a manifest's header) or THAW_EVERSION. */
+int thaw_manifest_head_tokens(const void *head, size_t n, size_t *off, uint32_t *n_tokens);
+
 /* Validates the manifest of n bytes at blob and points m into it. Returns
  * 0, THAW_ECORRUPT (not a manifest, or lengths that do not add up to n) or
  * THAW_EVERSION (another format version). */

@@ -16,6 +16,7 @@
 #include "cache/manifest.h"
 #include "cli/cache_gc_shared.h"
 #include "cli/flags.h"
+#include "llama/vision.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -172,6 +173,33 @@ static int list_all(struct thaw_disk_cache *c, struct list *l)
     return r;
 }
 
+/* The images an entry's conversation holds (thaw_vision_count_images of
+ * its tokens, read from the head of its .kv), into out: a count, or "-"
+ * when its tokens cannot be read. */
+static void fmt_images(struct thaw_disk_cache *c, const struct thaw_disk_entry_info *e, char out[16])
+{
+    size_t cap = THAW_ENTRY_HEAD + (size_t)e->n_tokens * sizeof(int32_t), n = 0, off;
+    uint32_t n_tokens;
+    uint8_t *head;
+
+    strcpy(out, "-");
+    if (e->part_size[THAW_PART_KV] < cap)
+        cap = (size_t)e->part_size[THAW_PART_KV];
+    if (!(head = malloc(cap ? cap : 1)))
+        return;
+    if (thaw_disk_cache_read_kv(c, e->key, head, cap, &n) == 0 && thaw_entry_tokens(head, n, &off, &n_tokens) == 0 &&
+        off <= n && n_tokens <= (n - off) / sizeof(int32_t)) {
+        llama_token *t = malloc((size_t)n_tokens * sizeof *t + 1);
+
+        if (t) {
+            memcpy(t, head + off, (size_t)n_tokens * sizeof *t); /* not aligned in the head */
+            snprintf(out, 16, "%d", thaw_vision_count_images(t, n_tokens));
+            free(t);
+        }
+    }
+    free(head);
+}
+
 /* ---- commands ----------------------------------------------------------- */
 
 static int cmd_ls(struct cli *cli)
@@ -181,7 +209,7 @@ static int cmd_ls(struct cli *cli)
     struct thaw_disk_cache_stats st;
     int64_t now = (int64_t)time(NULL);
     char hex[2 * THAW_KEY_BYTES + 1], fp[2 * THAW_DISK_FINGERPRINT_SIZE + 1];
-    char size[24], parts[24], created[24], used[24];
+    char size[24], parts[24], created[24], used[24], images[16];
     int ret = 2;
 
     if (cli_open(cli, 1, 0, 0, &c))
@@ -189,8 +217,8 @@ static int cmd_ls(struct cli *cli)
     if (list_all(c, &l))
         goto out;
     if (l.n)
-        printf("%-*s %8s %10s  %-12s %-10s %-10s %s\n", KEY_SHOWN, "KEY", "TOKENS", "SIZE", "PARTS", "CREATED",
-               "LAST USED", "MODEL");
+        printf("%-*s %8s %6s %10s  %-12s %-10s %-10s %s\n", KEY_SHOWN, "KEY", "TOKENS", "IMAGES", "SIZE", "PARTS",
+               "CREATED", "LAST USED", "MODEL");
     for (size_t i = 0; i < l.n; i++) {
         const struct thaw_disk_entry_info *e = &l.v[i];
 
@@ -200,8 +228,9 @@ static int cmd_ls(struct cli *cli)
         fmt_parts(e->part_size, parts);
         thaw_fmt_ago(e->created, now, created);
         thaw_fmt_ago(e->last_used, now, used);
-        printf("%.*s %8" PRIu32 " %10s  %-12s %-10s %-10s %.8s\n", KEY_SHOWN, hex, e->n_tokens, size, parts, created,
-               used, fp);
+        fmt_images(c, e, images);
+        printf("%.*s %8" PRIu32 " %6s %10s  %-12s %-10s %-10s %.8s\n", KEY_SHOWN, hex, e->n_tokens, images, size, parts,
+               created, used, fp);
     }
     thaw_disk_cache_get_stats(c, &st);
     thaw_fmt_bytes(st.bytes, size);

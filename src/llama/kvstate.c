@@ -101,6 +101,20 @@ int thaw_kvstate_is(const void *blob, size_t n)
     return magic == KV_MAGIC;
 }
 
+int thaw_kvstate_head_tokens(const void *head, size_t n, size_t *off, uint32_t *n_tokens)
+{
+    struct kv_header h;
+
+    if (!thaw_kvstate_is(head, n))
+        return THAW_ECORRUPT;
+    memcpy(&h, head, sizeof h);
+    if (h.version != FORMAT_VERSION)
+        return THAW_EVERSION;
+    *off = sizeof h;
+    *n_tokens = h.n_tokens;
+    return 0;
+}
+
 int thaw_kvstate_parse(const void *blob, size_t n, struct thaw_kvstate_view *v)
 {
     struct kv_header h;

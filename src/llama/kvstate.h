@@ -55,6 +55,11 @@ struct thaw_kvstate_view {
 /* 1 if blob starts like a .kv blob (magic, and a header's length), else 0. */
 int thaw_kvstate_is(const void *blob, size_t n);
 
+/* From a .kv blob's first n bytes (its header at least): where its tokens
+ * start (*off) and how many (*n_tokens). 0, THAW_ECORRUPT or
+ * THAW_EVERSION. */
+int thaw_kvstate_head_tokens(const void *head, size_t n, size_t *off, uint32_t *n_tokens);
+
 /* Validates a .kv blob and points `v` into it (no copy). Returns 0 or
  * THAW_ECORRUPT / THAW_EVERSION. The blob must be 4-byte aligned. */
 int thaw_kvstate_parse(const void *blob, size_t n, struct thaw_kvstate_view *v);

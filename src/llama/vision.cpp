@@ -330,6 +330,15 @@ void thaw_vision_prompt_span(const struct thaw_vision_prompt *p, int i, int *pos
     *n = p->spans[(size_t)i].n;
 }
 
+int thaw_vision_count_images(const llama_token *tokens, size_t n)
+{
+    int images = 0;
+
+    for (size_t i = 0; i < n; i++)
+        images += tokens[i] < 0 && (i == 0 || tokens[i - 1] >= 0);
+    return images;
+}
+
 int thaw_vision_prompt_back_off(const struct thaw_vision_prompt *p, int n)
 {
     if (!p)

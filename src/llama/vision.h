@@ -112,6 +112,12 @@ void thaw_vision_prompt_span(const struct thaw_vision_prompt *p, int i, int *pos
  * of the prompt may reach and still end between images. */
 int thaw_vision_prompt_back_off(const struct thaw_vision_prompt *p, int n);
 
+/* Images in a token array as thaw stores it (a state's or a manifest's
+ * tokens): runs of placeholder tokens, which are negative. Two images with
+ * no token between them would count as one; the projectors thaw serves put
+ * text around each (Gemma 3: its image-start and image-end tokens). */
+int thaw_vision_count_images(const llama_token *tokens, size_t n);
+
 /* Encodes image i and decodes its embeddings into sequence `seq` of ctx at
  * its positions (engine thread), in micro-batches of at most n_batch.
  * Returns 0, THAW_ELLAMA (the encode or decode failed; the sequence may

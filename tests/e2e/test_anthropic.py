@@ -12,10 +12,11 @@ import time
 
 import pytest
 
+from agent_clis import AGENTS, CLAUDE, claude
+from agent_clis import claude_from_cache as from_cache
 from harness import REPO, drained, mkmodel, text
 
 TEMPLATES = os.path.join(REPO, ".deps", "llama.cpp", "models", "templates")
-AGENTS = os.path.join(REPO, ".deps", "agents", "node_modules")
 HERE = os.path.dirname(__file__)
 
 WEATHER = {"name": "get_weather", "description": "Current weather of a city",
@@ -431,29 +432,6 @@ def test_anthropic_sdk(serve, qwen3, tmp_path):
         assert e and e["status"] == 400 and e["type"] == "error" and e["error_type"] == "invalid_request_error", e
     assert out["auth"] == {"status": 401, "error_type": "authentication_error"}
     assert out["after"]["content"] == out["plain"]["content"]
-
-
-CLAUDE = os.path.join(AGENTS, "@anthropic-ai", "claude-code", "bin", "claude.exe")
-
-
-def claude(home, cwd, url, *args):
-    """One offline `claude -p` turn; its --output-format json result."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
-    env.update(HOME=str(home), ANTHROPIC_BASE_URL=url, ANTHROPIC_AUTH_TOKEN="k", ANTHROPIC_MODEL="thaw",
-               ANTHROPIC_SMALL_FAST_MODEL="thaw", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-               DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", DISABLE_ERROR_REPORTING="1",
-               CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL="1", CLAUDE_CODE_MAX_OUTPUT_TOKENS="24",
-               API_TIMEOUT_MS="600000")
-    p = subprocess.run([CLAUDE, "-p", *args, "--output-format", "json", "--max-turns", "1"], cwd=cwd, env=env,
-                       capture_output=True, text=True, timeout=900)
-    assert p.stdout.strip(), p.stderr
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
-def from_cache(result):
-    u = result["usage"]
-    total = u["input_tokens"] + u.get("cache_read_input_tokens", 0) + u.get("cache_creation_input_tokens", 0)
-    return u.get("cache_read_input_tokens", 0) / total, total
 
 
 def test_claude_code_continues_from_cache_across_a_restart(serve, tmp_path_factory):

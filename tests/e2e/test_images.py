@@ -9,7 +9,9 @@ server without a projector) in OpenAI's error shape, and that an image
 conversation restored from disk after a restart equals the resident one
 while another image is never served from it."""
 import base64
+import json
 import os
+import re
 import struct
 import zlib
 
@@ -17,6 +19,7 @@ import pytest
 
 import subprocess
 
+from agent_clis import CLAUDE, CODEX, claude, claude_from_cache, codex
 from harness import REPO, THAW, Server, drained, mkmodel, text
 
 TOOLS = os.path.join(REPO, ".deps", "llama.cpp", "tools")
@@ -154,6 +157,8 @@ def test_image_conversation_restored_after_restart_equals_the_resident_one(model
         assert ask(s, t1, max_tokens=12).json()["choices"] == r1["choices"]
         drained(s)
         s.stop()
+    # `thaw cache ls` counts the stored conversation's image
+    assert "1" in ls_images(d) and set(ls_images(d)) <= {"1", "-"}
     with Server(model, *args, *cache) as s:
         got = ask(s, second(r1), max_tokens=12).json()
         assert got["timings"]["cache_source"] in ("disk", "blocks"), got["timings"]
@@ -165,6 +170,15 @@ def test_image_conversation_restored_after_restart_equals_the_resident_one(model
         other[0]["content"][1]["image_url"]["url"] = data_url(png(32, 32, 9), "image/png")
         b = ask(s, other, max_tokens=2).json()
         assert b["usage"]["prompt_tokens_details"]["cached_tokens"] < r1["usage"]["prompt_tokens"] - IMAGE_TOKENS
+
+
+def ls_images(cache):
+    """`thaw cache ls`'s IMAGES column, an entry a row: the images a stored
+    conversation holds (runs of placeholder tokens); "-" for a block, which
+    holds no token list."""
+    ls = subprocess.run([THAW, "cache", "ls", str(cache)], capture_output=True, text=True)
+    assert ls.returncode == 0 and ls.stdout.split("\n")[0].split()[:3] == ["KEY", "TOKENS", "IMAGES"], ls.stdout
+    return [row.split()[2] for row in ls.stdout.splitlines()[1:-1]]
 
 
 def test_new_conversation_on_the_same_system_and_image_restores_their_blocks(models, tmp_path):
@@ -329,3 +343,100 @@ def test_browser_attach_an_image(models, tmp_path):
         assert res["images_shown"] == 1 and res["thumbs_left"] == 0 and res["kept_images"] == 1, res
         assert (tmp_path / "image.png").stat().st_size > 10_000
         assert "a prompt with 1 images" in s.log()  # it reached the server as an image
+
+
+# ---- the real coding-agent CLIs carry an image through a session ----------------
+
+# as conftest's serve: every store cut from the KV cache is checked against a whole capture
+KVTAP = {"THAW_TEST_KVTAP_VERIFY": "1"}
+
+
+@pytest.fixture(scope="module")
+def agent_models(tmp_path_factory):
+    """gemma3 and its projector with a context for an agent's system prompt and tools."""
+    d = tmp_path_factory.mktemp("img-agents")
+    model = mkmodel(d / "gemma3.gguf", "--arch", "gemma3", "--seed", "11", "--ctx-train", "16384",
+                    "--mmproj", str(d / "mmproj.gguf"))
+    return model, str(d / "mmproj.gguf")
+
+
+def first_prompt(log):
+    """The prompt tokens of a server's first request, all of them new."""
+    return int(re.search(r"done \(\w+\): prompt (\d+) \(0 cached", log).group(1))
+
+
+def restored_after_restart(log):
+    """What the first request after a restart reused, from where: (source, reused, prompt)."""
+    m = re.search(r"restored \S+ from (\w+) in [\d.]+ ms: (\d+) of (\d+) prompt tokens reused", log)
+    assert m, log
+    return m.group(1), int(m.group(2)), int(m.group(3))
+
+
+def test_claude_code_carries_an_image_across_a_restart(agent_models, tmp_path):
+    """A screenshot pasted into Claude Code (an image block in its first
+    message; `claude -p --input-format stream-json`, as its SDK sends one),
+    then two turns with --continue, a restart between them: every turn
+    sends the image again and is served from the cache, the turn after the
+    restart from disk beyond the whole first request, image and all."""
+    if not os.access(CLAUDE, os.X_OK):
+        pytest.fail("@anthropic-ai/claude-code is installed by scripts/setup.sh; run it first")
+    model, mmproj = agent_models
+    home, cwd, cache = tmp_path / "home", tmp_path / "project", tmp_path / "kv"
+    home.mkdir()
+    cwd.mkdir()
+    args = ("--mmproj", mmproj, "-np", "1", "-c", "16384", "--kv-cache-dir", str(cache))
+    with Server(model, *args, env=KVTAP) as s:
+        pasted = {"type": "user", "message": {"role": "user", "content": [
+            {"type": "text", "text": "What is in this screenshot?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg",
+                                         "data": base64.b64encode(jpeg_bytes()).decode()}}]}}
+        t1 = claude(home, cwd, s.url, "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
+                    stdin=json.dumps(pasted) + "\n")
+        assert t1["type"] == "result", t1
+        first = first_prompt(s.log())
+        # the stored turns hold the image (its placeholder tokens), and only one
+        drained(s)
+        assert "1" in ls_images(cache) and set(ls_images(cache)) <= {"1", "-"}
+        t2 = claude(home, cwd, s.url, "--continue", "And goodbye.")
+        share2, n2 = claude_from_cache(t2)
+        assert share2 >= 0.9, t2["usage"]
+        assert s.stop() == 0
+    with Server(model, *args, env=KVTAP) as s:
+        t3 = claude(home, cwd, s.url, "--continue", "Once more.")
+        log = s.log()
+    share3, n3 = claude_from_cache(t3)
+    assert n3 > n2 and share3 >= 0.9, (t2["usage"], t3["usage"])
+    source, reused, prompt = restored_after_restart(log)
+    assert source in ("disk", "blocks") and reused > first, (source, reused, prompt, first)
+    print(f"claude code with an image: first request {first} tokens; from cache {share2:.3f}, {share3:.3f}; "
+          f"after the restart {reused} of {prompt} from {source}")
+
+
+def test_codex_carries_an_image_across_a_restart(agent_models, tmp_path):
+    """`codex exec -i IMAGE` (an input_image in its first message), then
+    `codex exec resume --last` twice, a restart between them: the image is
+    sent with every turn and the turn after the restart is restored from
+    disk beyond the whole first request."""
+    if not os.path.isfile(CODEX):
+        pytest.fail("@openai/codex is installed by scripts/setup.sh; run it first")
+    model, mmproj = agent_models
+    home, cwd, cache = tmp_path / "home", tmp_path / "project", tmp_path / "kv"
+    home.mkdir()
+    cwd.mkdir()
+    args = ("--mmproj", mmproj, "-np", "1", "-c", "16384", "-n", "24",
+            "--kv-cache-dir", str(cache))
+    with Server(model, *args, env=KVTAP) as s:
+        u1 = codex(home, cwd, s.url, "What is in this picture?", "-i", JPEG)
+        assert u1["input_tokens"] > 2000, u1  # Codex's instructions and tools were rendered
+        first = first_prompt(s.log())
+        drained(s)
+        assert "1" in ls_images(cache) and set(ls_images(cache)) <= {"1", "-"}
+        codex(home, cwd, s.url, "resume", "--last", "And goodbye.")
+        assert s.stop() == 0
+    with Server(model, *args, env=KVTAP) as s:
+        codex(home, cwd, s.url, "resume", "--last", "Once more.")
+        log = s.log()
+    source, reused, prompt = restored_after_restart(log)
+    assert source in ("disk", "blocks") and reused > first, (source, reused, prompt, first)
+    print(f"codex with an image: first request {first} tokens; after the restart {reused} of {prompt} "
+          f"from {source}")

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from agent_clis import CODEX, codex
 from harness import REPO, mkmodel
 
 NODE_MODULES = os.path.join(REPO, ".deps", "npm", "node_modules")
@@ -93,41 +94,6 @@ def test_function_call_round_trip_from_cache(serve, qwen3, tmp_path):
         assert e and e["status"] == 400, e
     assert "store" in out["errors"][1]["message"] and "previous_response_id" in out["errors"][2]["message"]
     assert out["after"]["output_text"] == out["plain"]["output_text"]
-
-
-AGENTS = os.path.join(REPO, ".deps", "agents", "node_modules")
-CODEX = os.path.join(AGENTS, "@openai", "codex", "bin", "codex.js")
-
-
-def codex(home, cwd, url, *args):
-    """One offline `codex exec --json` turn: its turn.completed usage."""
-    conf = home / ".codex"
-    conf.mkdir(exist_ok=True)
-    (conf / "config.toml").write_text(f'''model = "thaw"
-model_provider = "thaw"
-approval_policy = "never"
-sandbox_mode = "read-only"
-
-[model_providers.thaw]
-name = "thaw"
-base_url = "{url}/v1"
-wire_api = "responses"
-env_key = "THAW_TEST_KEY"
-request_max_retries = 0
-stream_max_retries = 0
-
-[analytics]
-enabled = false
-''')
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
-    env.update(HOME=str(home), CODEX_HOME=str(conf), THAW_TEST_KEY="k")
-    p = subprocess.run(["node", CODEX, "exec", *args, "--json", "--skip-git-repo-check"], cwd=cwd, env=env,
-                       stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=900)
-    evs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    done = [e for e in evs if e.get("type") == "turn.completed"]
-    assert done, (p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return done[-1]["usage"]
 
 
 def test_codex_continues_from_cache_across_a_restart(serve, tmp_path_factory):
