@@ -51,8 +51,15 @@ static int parse_number(const struct thaw_flags *t, const struct thaw_flag *o, c
     return 0;
 }
 
-/* Stores one flag's value (NULL for a switch). 0 or an error, printed. */
-static int apply(const struct thaw_flags *t, const struct thaw_flag *o, void *dst, const char *flag, const char *value)
+const struct thaw_flag *thaw_flags_find(const struct thaw_flags *t, const char *name)
+{
+    for (size_t j = 0; j < t->n_flags; j++)
+        if (name_matches(t->flags[j].names, name))
+            return &t->flags[j];
+    return NULL;
+}
+
+int thaw_flags_set(const struct thaw_flags *t, const struct thaw_flag *o, void *dst, const char *flag, const char *value)
 {
     char *field = (char *)dst + o->off;
     double v = 0;
@@ -110,7 +117,7 @@ int thaw_flags_parse(const struct thaw_flags *t, void *dst, int argc, char **arg
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i];
         const char *value = NULL;
-        const struct thaw_flag *o = NULL;
+        const struct thaw_flag *o;
         char name[64];
         int rc;
 
@@ -137,18 +144,12 @@ int thaw_flags_parse(const struct thaw_flags *t, void *dst, int argc, char **arg
                 flag = name;
             }
         }
-        for (size_t j = 0; j < t->n_flags; j++) {
-            if (name_matches(t->flags[j].names, flag)) {
-                o = &t->flags[j];
-                break;
-            }
-        }
-        if (!o) {
+        if (!(o = thaw_flags_find(t, flag))) {
             fprintf(stderr, "%s: unknown flag '%s' (see %s --help)\n", t->prog, argv[i], t->see);
             return THAW_EINVAL;
         }
         if (o->kind == THAW_FLAG_REFUSE)
-            return apply(t, o, dst, flag, NULL);
+            return thaw_flags_set(t, o, dst, flag, NULL);
         if (o->arg && !value) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "%s: %s needs a value (%s)\n", t->prog, flag, o->arg);
@@ -159,7 +160,7 @@ int thaw_flags_parse(const struct thaw_flags *t, void *dst, int argc, char **arg
             fprintf(stderr, "%s: %s takes no value\n", t->prog, flag);
             return THAW_EINVAL;
         }
-        if ((rc = apply(t, o, dst, flag, value)) != 0)
+        if ((rc = thaw_flags_set(t, o, dst, flag, value)) != 0)
             return rc;
     }
     return 0;

@@ -67,6 +67,15 @@ struct thaw_flags {
  * the first error; what was set before it stays set. */
 int thaw_flags_parse(const struct thaw_flags *t, void *dst, int argc, char **argv);
 
+/* The flag of t that answers to `name` ("-c", "--ctx-size"), or NULL. */
+const struct thaw_flag *thaw_flags_find(const struct thaw_flags *t, const char *name);
+
+/* Stores one value of flag o (found in t) into dst, as thaw_flags_parse
+ * does: `flag` is the name to print in messages, value NULL for a switch
+ * (a REFUSE flag is refused). 0, or THAW_EINVAL (or an FN's error) after
+ * printing why. */
+int thaw_flags_set(const struct thaw_flags *t, const struct thaw_flag *o, void *dst, const char *flag, const char *value);
+
 /* Prints one line per flag of t that `pick` selects (NULL: every flag but
  * NOOP and REFUSE ones): names, metavar, help, and for the stored numeric
  * and string kinds the value in `defaults` (a struct of the command's type
