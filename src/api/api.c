@@ -1490,13 +1490,14 @@ const struct thaw_codec thaw_codec_chat = {
     .fail = chat_fail,
 };
 
-char *thaw_api_router_models_json(int n, const char *const *names, const char *const *statuses, long created)
+char *thaw_api_router_models_json(int n, const char *const *names, const char *const *aliases,
+                                  const char *const *statuses, long created)
 {
     json_t *data = json_array();
 
     for (int i = 0; data && i < n; i++)
-        json_array_append_new(data, json_pack("{s:s, s:[s], s:[], s:s, s:s, s:I, s:{s:s, s:[]}}", "id", names[i],
-                                              "aliases", names[i], "tags", "object", "model", "owned_by", "thaw",
+        json_array_append_new(data, json_pack("{s:s, s:o, s:[], s:s, s:s, s:I, s:{s:s, s:[]}}", "id", names[i],
+                                              "aliases", comma_list(aliases[i]), "tags", "object", "model", "owned_by", "thaw",
                                               "created", (json_int_t)created, "status", "value", statuses[i], "args"));
     return thaw_api_dump(json_pack("{s:o, s:s}", "data", data, "object", "list"));
 }

@@ -292,11 +292,14 @@ struct thaw_model_meta {
  * NULL = none), and its Ollama-style "models" array. */
 char *thaw_api_models_json(const char *model, const char *tags, long created, const struct thaw_model_meta *m);
 
-/* GET /models and /v1/models with --models-dir: llama-server's router
- * list ({"data": [{"id", "aliases", "tags", "object": "model", "owned_by",
- * "created", "status": {"value", "args"}}], "object": "list"}), one entry
- * per name, statuses[i] its status word. NULL on ENOMEM. */
-char *thaw_api_router_models_json(int n, const char *const *names, const char *const *statuses, long created);
+/* GET /models and /v1/models with --models-dir or --models-preset:
+ * llama-server's router list ({"data": [{"id", "aliases", "tags", "object":
+ * "model", "owned_by", "created", "status": {"value", "args"}}], "object":
+ * "list"}), one entry per name, aliases[i] its other names ("a,b", NULL:
+ * none; llama-server lists a preset's alias list, never the id),
+ * statuses[i] its status word. NULL on ENOMEM. */
+char *thaw_api_router_models_json(int n, const char *const *names, const char *const *aliases,
+                                  const char *const *statuses, long created);
 
 /* The request body's top-level "model" string, malloc'd (the caller frees),
  * or NULL: none, not a string, or the body is not a JSON object (its route

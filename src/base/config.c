@@ -112,4 +112,17 @@ void thaw_config_free(struct thaw_config *cfg)
     for (int i = 0; i < cfg->n_api_keys; i++)
         free((char *)cfg->api_keys[i]);
     cfg->n_api_keys = 0;
+    for (int i = 0; i < cfg->n_presets; i++) {
+        thaw_config_free(cfg->presets[i].cfg);
+        free(cfg->presets[i].cfg);
+    }
+    free(cfg->presets);
+    cfg->presets = NULL;
+    cfg->n_presets = 0;
+    if (cfg->preset_base)
+        thaw_config_free(cfg->preset_base);
+    free(cfg->preset_base);
+    cfg->preset_base = NULL;
+    free(cfg->preset_text); /* after the configs whose strings point into it */
+    cfg->preset_text = NULL;
 }

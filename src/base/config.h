@@ -40,6 +40,15 @@ struct thaw_spec_ngram {
     int n_min;    /* shortest draft worth verifying (ngram-mod: n-min; the others: 1) */
 };
 
+struct thaw_config;
+
+/* One [NAME] section of a --models-preset file: a model with its own config. */
+struct thaw_model_preset {
+    const char *name;        /* the section's name (in the config's preset_text) */
+    struct thaw_config *cfg; /* defaults < [*] < [NAME] < the command line, checked as -m's is (owned) */
+    bool load_on_startup;    /* load-on-startup = true: loaded before the server listens */
+};
+
 struct thaw_config {
     /* model + context */
     const char *model_path;      /* -m */
@@ -49,6 +58,12 @@ struct thaw_config {
     bool models_autoload;        /* --models-autoload (default) / --no-models-autoload */
     int sleep_idle_s;            /* --sleep-idle-seconds: a --models-dir model held by no request this long is
                                   * unloaded (its conversations stored), reloaded by the next; -1 = never */
+    const char *models_preset;   /* --models-preset: llama-server's INI file of models and their settings */
+    struct thaw_model_preset *presets; /* its [NAME] sections, in file order (owned) */
+    int n_presets;
+    struct thaw_config *preset_base; /* --models-preset with --models-dir: the config of a file no section
+                                      * names: defaults < [*] < command line (owned) */
+    char *preset_text;           /* the preset file's text, which those configs' strings point into (owned) */
     const char *tags;            /* --tags: TAG[,TAG...], listed by /v1/models (informational); NULL = none */
     const char *chat_template;   /* --chat-template (name or text) or --chat-template-file's text; NULL = model's */
     const char *chat_template_file; /* --chat-template-file: path */

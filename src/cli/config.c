@@ -9,6 +9,7 @@
 #include "cli/config.h"
 
 #include "cli/flags.h"
+#include "cli/preset.h"
 
 #include "base/buf.h"
 #include "base/error.h"
@@ -22,6 +23,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Whether --models-dir names a directory thaw can list; says why not. */
@@ -87,7 +89,6 @@ static int fn_spec_default(void *dst, const struct thaw_flag *fl, const char *fl
 #define WHY_DOWNLOAD "thaw downloads nothing: pass a local GGUF with -m"
 #define WHY_MEDIA "thaw takes images only: no video or audio"
 #define WHY_ADAPTER "thaw loads no LoRA adapters or control vectors (a stored conversation's KV would not say which were applied)"
-#define WHY_ROUTER "thaw reads no model presets: put the GGUF files in --models-dir"
 #define WHY_PIN "thaw places the draft model's threads as the model's: use -C, -Cr, --cpu-strict, --prio, --poll"
 #define WHY_NGRAM_CACHE "thaw has no ngram-cache: its n-gram drafts come from the conversation itself (--spec-type)"
 #define WHY_SYNTH "thaw has no synthetic-acceptance mode: speculation always verifies real drafts"
@@ -522,7 +523,11 @@ static const struct thaw_flag opts[] = {
      "serve every GGUF file in DIR (instead of -m), each named by its file name without .gguf; a request's "
      "'model' picks one, loaded on demand (one engine per model; --kv-cache-dir is one store for all of them, each "
      "model finding only its own conversations)", NULL},
-    REFUSE("--models-preset", "FILE", WHY_ROUTER),
+    {"--models-preset", "FILE", THAW_FLAG_STR, OFF(models_preset), 0, 0,
+     "llama-server's INI of models and their settings: [NAME] is a model (model = PATH.gguf, or NAME.gguf in "
+     "--models-dir), [*] every model; keys are flags without dashes (c = 8192, ngl = 99, alias = a,b, mmproj = "
+     "FILE) plus load-on-startup = true; the command line wins over [NAME], which wins over [*]; alone, it is "
+     "the list of models", NULL},
     {"--models-max", "N", THAW_FLAG_INT, OFF(models_max), 0, 1024,
      "--models-dir: most models loaded at once; loading one more unloads the least recently used, its "
      "conversations stored first; --cache-ram is shared among them, each model getting --cache-ram / N (0 = no "
@@ -1287,8 +1292,8 @@ static int merge_kwargs(struct thaw_config *cfg)
     return rc;
 }
 
-/* --grammar-file, -jf and the TLS key and certificate: read now, so a
- * missing file stops the start-up with its name. */
+/* --grammar-file and -jf: read now, so a missing file stops the start-up
+ * with its name; then the template kwargs. A model's own (a preset's). */
 static int read_side_files(struct thaw_config *cfg)
 {
     int rc;
@@ -1311,6 +1316,20 @@ static int read_side_files(struct thaw_config *cfg)
         fprintf(stderr, "thaw: give --grammar or --json-schema, not both\n");
         return THAW_EINVAL;
     }
+    if (cfg->reasoning && strcmp(cfg->reasoning, "on") != 0 && strcmp(cfg->reasoning, "off") != 0 &&
+        strcmp(cfg->reasoning, "auto") != 0) {
+        fprintf(stderr, "thaw: --reasoning expects on, off or auto, got '%s'\n", cfg->reasoning);
+        return THAW_EINVAL;
+    }
+    return merge_kwargs(cfg);
+}
+
+/* The TLS key and certificate (read now, as above) and --api-prefix: the
+ * server's, not a model's. */
+static int check_serving(struct thaw_config *cfg)
+{
+    int rc;
+
     if (!cfg->ssl_key_file != !cfg->ssl_cert_file) {
         fprintf(stderr, "thaw: HTTPS needs both --ssl-key-file and --ssl-cert-file\n");
         return THAW_EINVAL;
@@ -1322,13 +1341,6 @@ static int read_side_files(struct thaw_config *cfg)
         cfg->ssl_key = cfg->tls_texts[0];
         cfg->ssl_cert = cfg->tls_texts[1];
     }
-    if (cfg->reasoning && strcmp(cfg->reasoning, "on") != 0 && strcmp(cfg->reasoning, "off") != 0 &&
-        strcmp(cfg->reasoning, "auto") != 0) {
-        fprintf(stderr, "thaw: --reasoning expects on, off or auto, got '%s'\n", cfg->reasoning);
-        return THAW_EINVAL;
-    }
-    if ((rc = merge_kwargs(cfg)) != 0)
-        return rc;
     size_t np = strlen(cfg->api_prefix);
     if (np > 0 && (cfg->api_prefix[0] != '/' || cfg->api_prefix[np - 1] == '/')) {
         fprintf(stderr, "thaw: --api-prefix must start with '/' and not end with one, got '%s'\n", cfg->api_prefix);
@@ -1337,55 +1349,15 @@ static int read_side_files(struct thaw_config *cfg)
     return 0;
 }
 
-int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
+/* What one model runs with, checked and completed (files read, defaults
+ * resolved): the command line's for -m, each preset's own. 0, or
+ * THAW_EINVAL / THAW_ENOMEM after printing why. */
+static int check_model(struct thaw_config *cfg)
 {
-    int rc = thaw_flags_parse(&serve_flags, cfg, argc, argv);
+    int rc;
 
-    if (rc == 1)
-        thaw_config_usage(stdout);
-    if (rc != 0)
-        return rc;
-    if (cfg->show_version) {
-        printf("thaw serve, on llama.cpp %s\n", llama_version());
-        return 1;
-    }
-    if (cfg->list_devices)
-        return 1; /* main.c lists them */
-    if (!cfg->model_path && !cfg->models_dir) {
-        fprintf(stderr, "thaw: no model given: use -m FILE.gguf or --models-dir DIR (see thaw serve --help)\n");
-        return THAW_EINVAL;
-    }
-    if (cfg->models_dir && !opendir_ok(cfg->models_dir))
-        return THAW_EINVAL;
-    if (cfg->model_path && cfg->models_dir) {
-        fprintf(stderr, "thaw: -m and --models-dir: give one (a file, or a directory of them)\n");
-        return THAW_EINVAL;
-    }
-    if (cfg->sleep_idle_s == 0) {
-        fprintf(stderr, "thaw: --sleep-idle-seconds 0: give a number of seconds, or -1 for never (llama-server's)\n");
-        return THAW_EINVAL;
-    }
-    if (cfg->sleep_idle_s > 0 && !cfg->models_dir) {
-        fprintf(stderr, "thaw: --sleep-idle-seconds needs --models-dir: the one model of -m is never unloaded\n");
-        return THAW_EINVAL;
-    }
     if (cfg->n_ctx != 0 && cfg->n_ctx < 16 * cfg->n_parallel) {
         fprintf(stderr, "thaw: -c %d leaves fewer than 16 tokens per slot for -np %d\n", cfg->n_ctx, cfg->n_parallel);
-        return THAW_EINVAL;
-    }
-    if (cfg->kv_shared && !cfg->kv_cache_dir) {
-        fprintf(stderr, "thaw: --kv-shared needs --kv-cache-dir: what is fetched is installed into the local disk "
-                        "tier first\n");
-        return THAW_EINVAL;
-    }
-    if (cfg->kv_shared && !cfg->kv_shared_secret_file) {
-        fprintf(stderr, "thaw: --kv-shared needs --kv-shared-secret-file FILE (the cluster secret, the same on every "
-                        "replica; e.g. head -c 32 /dev/urandom | base64 > FILE)\n");
-        return THAW_EINVAL;
-    }
-    if (cfg->cors_origin && cfg->n_api_keys > 0 && strstr(cfg->cors_origin, "*")) {
-        fprintf(stderr, "thaw: --cors-origin '*' with --api-key would let any web page use a key a browser holds: "
-                        "name the origins\n");
         return THAW_EINVAL;
     }
     if (strcmp(cfg->reasoning_format, "none") != 0 && strcmp(cfg->reasoning_format, "deepseek") != 0 &&
@@ -1398,14 +1370,12 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
             fprintf(stderr, "thaw: give --chat-template or --chat-template-file, not both\n");
             return THAW_EINVAL;
         }
-        int trc = read_text("--chat-template-file", cfg->chat_template_file, &cfg->chat_template_text);
-        if (trc != 0)
-            return trc;
+        if ((rc = read_text("--chat-template-file", cfg->chat_template_file, &cfg->chat_template_text)) != 0)
+            return rc;
         cfg->chat_template = cfg->chat_template_text;
     }
-    int frc = read_side_files(cfg);
-    if (frc != 0)
-        return frc;
+    if ((rc = read_side_files(cfg)) != 0)
+        return rc;
     if (cfg->draft_min > cfg->draft_max) {
         fprintf(stderr, "thaw: --draft-min %d exceeds --draft-max %d\n", cfg->draft_min, cfg->draft_max);
         return THAW_EINVAL;
@@ -1443,10 +1413,6 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
         fprintf(stderr, "thaw: --embedding takes text only: drop --mmproj\n");
         return THAW_EINVAL;
     }
-    if (cfg->mmproj_path && cfg->models_dir) {
-        fprintf(stderr, "thaw: --mmproj belongs to one model: give it with -m, not --models-dir\n");
-        return THAW_EINVAL;
-    }
     if (cfg->mmproj_path && cfg->draft_path) {
         fprintf(stderr, "thaw: a draft model (-md) cannot read images yet: drop -md or --mmproj\n");
         return THAW_EINVAL;
@@ -1472,6 +1438,262 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
         cfg->cpu_batch.mask_valid = true;
     }
     return 0;
+}
+
+/* ---- --models-preset ------------------------------------------------------------ */
+
+/* Flags that set the server, not a model (listening, keys, logging, the
+ * one cache store, the model set, and what the HTTP layer reads from the
+ * server's config for every model): in a preset they are an error, not
+ * silently ignored. */
+static const char *const process_wide[] = {
+    "--host", "--port", "--api-key", "--api-key-file", "--threads-http", "--max-connections",
+    "--max-connections-per-client", "--cors-origin", "--timeout", "--webui", "--no-webui", "--metrics",
+    "--no-metrics", "--api-prefix", "--ssl-key-file", "--ssl-cert-file", "--slots", "--no-slots", "--props",
+    "--max-body", "--shutdown-timeout", "--sse-ping-interval", "--cache-prompt", "--no-cache-prompt",
+    "--embedding", "--rerank", "--embd-normalize", "--kv-cache-dir", "--kv-cache-max", "--kv-cache-ttl",
+    "--kv-cache-queue", "--kv-cache-min-tokens", "--cache-ram", "--kv-shared", "--kv-shared-endpoint",
+    "--kv-shared-secret-file", "--kv-shared-timeout-ms", "--kv-shared-retry-s", "--kv-shared-queue",
+    "--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload",
+    "--sleep-idle-seconds", "--verbose", "--log-quiet", "--verbosity", "--log-disable", "--log-file",
+    "--log-colors", "--log-prefix", "--no-log-prefix", "--log-timestamps", "--no-log-timestamps", "--version",
+    "--list-devices", "--backend-dir", "--numa",
+};
+
+static bool is_process_wide(const struct thaw_flag *o)
+{
+    for (size_t i = 0; i < sizeof process_wide / sizeof process_wide[0]; i++)
+        if (thaw_flags_find(&serve_flags, process_wide[i]) == o)
+            return true;
+    return false;
+}
+
+/* llama-server's preset-only keys thaw accepts with no effect */
+static const struct {
+    const char *key, *why;
+} preset_noop[] = {
+    {"stop-timeout", "thaw unloads a model in-process: its conversations are stored, nothing is killed"},
+    {"dedup-cache-models", "thaw lists no downloaded models"},
+};
+
+/* One `key = value` of a section onto cfg, as the flag --key (or -key)
+ * would set it; a switch takes true or false. 0, or THAW_EINVAL after
+ * printing why with FILE:LINE. */
+static int apply_kv(struct thaw_config *cfg, const char *path, const struct thaw_preset_kv *kv, bool *load_on_startup)
+{
+    char name[80];
+    const struct thaw_flag *o = NULL;
+    int rc;
+
+    if (strcmp(kv->key, "version") == 0)
+        return 0;
+    if (strcmp(kv->key, "load-on-startup") == 0 || strcmp(kv->key, "load_on_startup") == 0) {
+        if (!truthy(kv->value) && !falsey(kv->value))
+            goto not_bool;
+        *load_on_startup = truthy(kv->value);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof preset_noop / sizeof preset_noop[0]; i++)
+        if (strcmp(kv->key, preset_noop[i].key) == 0) {
+            if (cfg->n_no_effect < THAW_MAX_OVERRIDES) {
+                cfg->no_effect[cfg->n_no_effect].flag = preset_noop[i].key;
+                cfg->no_effect[cfg->n_no_effect++].why = preset_noop[i].why;
+            }
+            return 0;
+        }
+    /* as on the command line, llama-server's a_b is a-b */
+    for (const char *dashes = "--"; !o && *dashes; dashes++) {
+        int n = snprintf(name, sizeof name, "%s%s", dashes, kv->key);
+        for (int k = 0; k < n && n < (int)sizeof name; k++)
+            if (name[k] == '_')
+                name[k] = '-';
+        if (n < (int)sizeof name)
+            o = thaw_flags_find(&serve_flags, name);
+    }
+    if (!o) {
+        fprintf(stderr, "thaw: %s:%d: unknown key '%s': keys are thaw serve's flags without their dashes "
+                        "(see thaw serve --help), or load-on-startup\n", path, kv->line, kv->key);
+        return THAW_EINVAL;
+    }
+    if (is_process_wide(o)) {
+        fprintf(stderr, "thaw: %s:%d: '%s' sets the server, not a model: give it on the command line\n", path,
+                kv->line, kv->key);
+        return THAW_EINVAL;
+    }
+    if (o->kind == THAW_FLAG_REFUSE) {
+        fprintf(stderr, "thaw: %s:%d: %s: %s\n", path, kv->line, kv->key, o->help);
+        return THAW_EINVAL;
+    }
+    if (!o->arg) { /* a switch: on with true; false turns a stored one off */
+        bool on = truthy(kv->value);
+        if (!on && !falsey(kv->value))
+            goto not_bool;
+        if (!on && o->kind != THAW_FLAG_TRUE && o->kind != THAW_FLAG_FALSE) {
+            fprintf(stderr, "thaw: %s:%d: %s = false: it has no off form; leave the key out\n", path, kv->line,
+                    kv->key);
+            return THAW_EINVAL;
+        }
+        if (!on) {
+            *(bool *)((char *)cfg + o->off) = o->kind == THAW_FLAG_FALSE;
+            return 0;
+        }
+    }
+    if ((rc = thaw_flags_set(&serve_flags, o, cfg, name, o->arg ? kv->value : NULL)) != 0)
+        fprintf(stderr, "thaw: %s:%d: in '%s = %s'\n", path, kv->line, kv->key, kv->value);
+    return rc;
+
+not_bool:
+    fprintf(stderr, "thaw: %s:%d: %s expects true or false, got '%s'\n", path, kv->line, kv->key, kv->value);
+    return THAW_EINVAL;
+}
+
+/* A model's config from a preset: the defaults, then [*], then its own
+ * section (NULL: none), then the command line again: llama-server's order,
+ * the command line over the model's section over [*]. Checked as -m's. */
+static int preset_config(const struct thaw_preset *p, const struct thaw_preset_section *sec, int argc, char **argv,
+                         struct thaw_config **out, bool *load_on_startup)
+{
+    const struct thaw_preset_section *all = thaw_preset_section(p, "*");
+    const struct thaw_preset_section *layers[] = {all, sec};
+    struct thaw_config *cfg = malloc(sizeof *cfg);
+    int rc = 0;
+
+    *out = NULL;
+    *load_on_startup = false;
+    if (!cfg)
+        return THAW_ENOMEM;
+    thaw_config_init(cfg);
+    for (int l = 0; rc == 0 && l < 2; l++)
+        for (int i = 0; rc == 0 && layers[l] && i < layers[l]->n_kv; i++)
+            rc = apply_kv(cfg, p->path, &layers[l]->kv[i], load_on_startup);
+    if (rc == 0)
+        rc = thaw_flags_parse(&serve_flags, cfg, argc, argv);
+    if (rc == 0 && (rc = check_model(cfg)) != 0)
+        fprintf(stderr, "thaw: %s:%d: in [%s]\n", p->path, sec ? sec->line : all ? all->line : 1,
+                sec ? sec->name : "*");
+    if (rc != 0) {
+        thaw_config_free(cfg);
+        free(cfg);
+        return rc;
+    }
+    *out = cfg;
+    return 0;
+}
+
+/* Whether DIR/NAME.gguf is a file: a section named so sets that file's model. */
+static bool in_models_dir(const char *dir, const char *name)
+{
+    char path[4096];
+    struct stat st;
+
+    if (!dir || strchr(name, '/'))
+        return false;
+    snprintf(path, sizeof path, "%s/%s.gguf", dir, name);
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* --models-preset: every [NAME] section a model with its own config, and
+ * with --models-dir the config of the files no section names. */
+static int load_presets(struct thaw_config *cfg, int argc, char **argv)
+{
+    struct thaw_preset *p;
+    bool unused;
+    int rc;
+
+    if ((rc = thaw_preset_read(cfg->models_preset, &p)) != 0)
+        return rc;
+    if (!(cfg->presets = calloc((size_t)p->n, sizeof *cfg->presets))) {
+        rc = THAW_ENOMEM;
+        goto out;
+    }
+    for (int i = 0; i < p->n; i++) {
+        const struct thaw_preset_section *sec = &p->sections[i];
+        struct thaw_model_preset *mp = &cfg->presets[cfg->n_presets];
+        if (strcmp(sec->name, "*") == 0)
+            continue;
+        if ((rc = preset_config(p, sec, argc, argv, &mp->cfg, &mp->load_on_startup)) != 0)
+            goto out;
+        mp->name = sec->name;
+        cfg->n_presets++;
+        if (!mp->cfg->model_path && !in_models_dir(cfg->models_dir, sec->name)) {
+            fprintf(stderr, "thaw: %s:%d: [%s] names no model: give model = PATH.gguf%s%s%s\n", p->path, sec->line,
+                    sec->name, cfg->models_dir ? ", or put " : "", cfg->models_dir ? sec->name : "",
+                    cfg->models_dir ? ".gguf in --models-dir" : "");
+            rc = THAW_EINVAL;
+            goto out;
+        }
+    }
+    if (cfg->n_presets == 0 && !cfg->models_dir) {
+        fprintf(stderr, "thaw: %s names no model: add a [NAME] section with model = PATH.gguf\n", p->path);
+        rc = THAW_EINVAL;
+        goto out;
+    }
+    if (cfg->models_dir && (rc = preset_config(p, NULL, argc, argv, &cfg->preset_base, &unused)) != 0)
+        goto out;
+    cfg->preset_text = p->text; /* the configs' strings point into it */
+    p->text = NULL;
+out:
+    thaw_preset_free(p);
+    return rc;
+}
+
+int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
+{
+    int rc = thaw_flags_parse(&serve_flags, cfg, argc, argv);
+
+    if (rc == 1)
+        thaw_config_usage(stdout);
+    if (rc != 0)
+        return rc;
+    if (cfg->show_version) {
+        printf("thaw serve, on llama.cpp %s\n", llama_version());
+        return 1;
+    }
+    if (cfg->list_devices)
+        return 1; /* main.c lists them */
+    if (!cfg->model_path && !cfg->models_dir && !cfg->models_preset) {
+        fprintf(stderr, "thaw: no model given: use -m FILE.gguf, --models-dir DIR or --models-preset FILE (see thaw "
+                        "serve --help)\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->models_dir && !opendir_ok(cfg->models_dir))
+        return THAW_EINVAL;
+    if (cfg->model_path && (cfg->models_dir || cfg->models_preset)) {
+        fprintf(stderr, "thaw: -m and %s: give one (a file, or a set of models)\n",
+                cfg->models_dir ? "--models-dir" : "--models-preset");
+        return THAW_EINVAL;
+    }
+    if (cfg->sleep_idle_s == 0) {
+        fprintf(stderr, "thaw: --sleep-idle-seconds 0: give a number of seconds, or -1 for never (llama-server's)\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->sleep_idle_s > 0 && cfg->model_path) {
+        fprintf(stderr, "thaw: --sleep-idle-seconds needs --models-dir: the one model of -m is never unloaded\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->kv_shared && !cfg->kv_cache_dir) {
+        fprintf(stderr, "thaw: --kv-shared needs --kv-cache-dir: what is fetched is installed into the local disk "
+                        "tier first\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->kv_shared && !cfg->kv_shared_secret_file) {
+        fprintf(stderr, "thaw: --kv-shared needs --kv-shared-secret-file FILE (the cluster secret, the same on every "
+                        "replica; e.g. head -c 32 /dev/urandom | base64 > FILE)\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->cors_origin && cfg->n_api_keys > 0 && strstr(cfg->cors_origin, "*")) {
+        fprintf(stderr, "thaw: --cors-origin '*' with --api-key would let any web page use a key a browser holds: "
+                        "name the origins\n");
+        return THAW_EINVAL;
+    }
+    if (cfg->mmproj_path && !cfg->model_path) {
+        fprintf(stderr, "thaw: --mmproj belongs to one model: give it with -m, or as mmproj = FILE in its "
+                        "--models-preset section\n");
+        return THAW_EINVAL;
+    }
+    if ((rc = check_serving(cfg)) != 0 || (rc = check_model(cfg)) != 0)
+        return rc;
+    return cfg->models_preset ? load_presets(cfg, argc, argv) : 0;
 }
 
 /* ---- --help -------------------------------------------------------------------- */

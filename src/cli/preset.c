@@ -113,7 +113,7 @@ int thaw_preset_read(const char *path, struct thaw_preset **out)
         return THAW_ENOMEM;
     p->path = path;
     if ((rc = thaw_read_file(path, PRESET_MAX_BYTES, &p->text, NULL)) != 0) {
-        fprintf(stderr, "thaw: --models-preset %s: %s\n", path,
+        fprintf(stderr, "thaw: --models-preset: cannot read '%s': %s\n", path,
                 rc == THAW_ETOOBIG ? "larger than 1 MiB" : thaw_strerror(rc));
         rc = rc == THAW_ENOMEM ? rc : THAW_EINVAL;
         goto error;

@@ -48,9 +48,11 @@
 #include <time.h>
 
 struct thaw_model {
-    char *name;                /* --models-dir: the file's stem; -m: the engine's name */
-    char *file;                /* the file name, with .gguf (--models-dir) */
+    char *name;                /* --models-dir: the file's stem; a preset's: its section; -m: the engine's name */
+    char *file;                /* the file name, with .gguf (--models-dir); NULL: a preset's file elsewhere */
     char *path;
+    char *aliases;             /* its preset's alias = a,b: "a,b", other names routed to it; NULL: none */
+    bool load_on_startup;      /* its preset's load-on-startup */
     struct thaw_config cfg;    /* the server's, with this model's path and name */
     struct thaw_engine *engine; /* LOADED: set; else NULL */
     struct thaw_metrics *metrics; /* its engine's counters, kept across unloads (--models-dir: its own;
@@ -68,7 +70,7 @@ struct thaw_models {
     const struct thaw_config *cfg;
     struct thaw_metrics *metrics;
     struct thaw_disk_cache *kv_store; /* --models-dir with --kv-cache-dir: the directory every engine shares */
-    bool many;                 /* --models-dir */
+    bool many;                 /* --models-dir or --models-preset */
     bool stopped;
     struct thaw_model *models; /* n, sorted by name */
     int n;
@@ -81,6 +83,7 @@ struct thaw_models {
 };
 
 static void *loader_main(void *arg);
+static int load_locked(struct thaw_models *ms, struct thaw_model *m);
 
 static int64_t mono_ms(void)
 {
@@ -108,12 +111,45 @@ static bool is_gguf(const char *name)
     return n > 5 && strcmp(name + n - 5, ".gguf") == 0 && name[0] != '.';
 }
 
+/* One more unloaded model, named `name` (a copy is kept, as of file and
+ * path; file may be NULL: a preset's model outside --models-dir). */
+static int add_model(struct thaw_models *ms, int *cap, const char *name, const char *file, const char *path,
+                     struct thaw_model **out)
+{
+    if (ms->n == *cap) {
+        int ncap = *cap ? *cap * 2 : 8;
+        struct thaw_model *grown = realloc(ms->models, (size_t)ncap * sizeof *grown);
+        if (!grown)
+            return THAW_ENOMEM;
+        ms->models = grown;
+        *cap = ncap;
+    }
+    struct thaw_model *m = &ms->models[ms->n++];
+    memset(m, 0, sizeof *m);
+    m->name = strdup(name);
+    m->file = file ? strdup(file) : NULL;
+    m->path = strdup(path);
+    m->metrics = calloc(1, sizeof *m->metrics);
+    *out = m;
+    return m->name && (m->file || !file) && m->path && m->metrics ? 0 : THAW_ENOMEM;
+}
+
+/* m runs with `base` (the server's, or its preset's) and its own path and name. */
+static void configure(struct thaw_models *ms, struct thaw_model *m, const struct thaw_config *base)
+{
+    m->cfg = *base;
+    m->cfg.model_path = m->path;
+    m->cfg.alias = m->name; /* its engine answers with its name; the aliases route (find) */
+    if (ms->cfg->models_max > 0) /* one --cache-ram for all (see the top) */
+        m->cfg.cache_ram_mib = ms->cfg->cache_ram_mib / (uint64_t)ms->cfg->models_max;
+}
+
 /* Every regular *.gguf file in dir, as an unloaded model. */
-static int scan_dir(struct thaw_models *ms, const char *dir)
+static int scan_dir(struct thaw_models *ms, const char *dir, int *cap)
 {
     DIR *d = opendir(dir);
     struct dirent *de;
-    int rc = 0, cap = 0;
+    int rc = 0;
 
     if (!d) {
         rc = -errno;
@@ -121,51 +157,132 @@ static int scan_dir(struct thaw_models *ms, const char *dir)
         return rc;
     }
     while ((de = readdir(d)) != NULL) {
-        char path[4096];
+        char path[4096], name[256];
         struct stat st;
+        struct thaw_model *m;
 
         if (!is_gguf(de->d_name))
             continue;
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
         if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
             continue;
-        if (ms->n == cap) {
-            int ncap = cap ? cap * 2 : 8;
-            struct thaw_model *grown = realloc(ms->models, (size_t)ncap * sizeof *grown);
-            if (!grown) {
-                rc = THAW_ENOMEM;
-                break;
-            }
-            ms->models = grown;
-            cap = ncap;
-        }
-        struct thaw_model *m = &ms->models[ms->n];
-        memset(m, 0, sizeof *m);
-        m->file = strdup(de->d_name);
-        m->path = strdup(path);
-        m->name = m->file ? strndup(m->file, strlen(m->file) - 5) : NULL;
-        ms->n++;
-        if (!m->file || !m->path || !m->name) {
-            rc = THAW_ENOMEM;
+        snprintf(name, sizeof name, "%.*s", (int)strlen(de->d_name) - 5, de->d_name);
+        if ((rc = add_model(ms, cap, name, de->d_name, path, &m)) != 0)
             break;
-        }
-        if (!(m->metrics = calloc(1, sizeof *m->metrics))) {
-            rc = THAW_ENOMEM;
-            break;
-        }
-        m->cfg = *ms->cfg;
-        m->cfg.model_path = m->path;
-        m->cfg.alias = m->name;
-        if (ms->cfg->models_max > 0) /* one --cache-ram for all (see the top) */
-            m->cfg.cache_ram_mib = ms->cfg->cache_ram_mib / (uint64_t)ms->cfg->models_max;
+        configure(ms, m, ms->cfg->preset_base ? ms->cfg->preset_base : ms->cfg);
     }
     closedir(d);
-    if (rc == 0 && ms->n == 0) {
-        LOG_ERR("--models-dir %s holds no .gguf file", dir);
-        rc = THAW_ENOTFOUND;
+    return rc;
+}
+
+/* "a, b,,c" as "a,b,c" (malloc'd), or NULL when it names none. */
+static char *alias_list(const char *s)
+{
+    char *out = s ? malloc(strlen(s) + 1) : NULL, *o = out;
+
+    for (const char *p = s; out && *p;) {
+        size_t n = strcspn(p, ",");
+        const char *a = p, *e = p + n;
+        while (a < e && (*a == ' ' || *a == '\t'))
+            a++;
+        while (e > a && (e[-1] == ' ' || e[-1] == '\t'))
+            e--;
+        if (e > a) {
+            if (o > out)
+                *o++ = ',';
+            memcpy(o, a, (size_t)(e - a));
+            o += e - a;
+        }
+        p += n + (p[n] == ',');
     }
-    if (rc == 0)
-        qsort(ms->models, (size_t)ms->n, sizeof *ms->models, by_name);
+    if (out && o == out) {
+        free(out);
+        return NULL;
+    }
+    if (out)
+        *o = '\0';
+    return out;
+}
+
+static bool in_list(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+
+    for (const char *p = list; p && *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && memcmp(p, name, n) == 0)
+            return true;
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
+
+/* --models-preset: each [NAME] section sets the --models-dir file of that
+ * stem, or adds the model its `model =` names; its aliases name it too.
+ * A name or alias that names two models is an error (llama-server's). */
+static int add_presets(struct thaw_models *ms, int *cap)
+{
+    const struct thaw_config *cfg = ms->cfg;
+
+    for (int i = 0; i < cfg->n_presets; i++) {
+        const struct thaw_model_preset *p = &cfg->presets[i];
+        struct thaw_model *m = NULL;
+        int rc;
+
+        for (int j = 0; j < ms->n && !m; j++)
+            if (strcmp(ms->models[j].name, p->name) == 0)
+                m = &ms->models[j];
+        if (!m) {
+            if ((rc = add_model(ms, cap, p->name, NULL, p->cfg->model_path, &m)) != 0)
+                return rc;
+        } else if (p->cfg->model_path && strcmp(p->cfg->model_path, m->path) != 0) {
+            char *path = strdup(p->cfg->model_path); /* its section names another file */
+            if (!path)
+                return THAW_ENOMEM;
+            free(m->path);
+            m->path = path;
+        }
+        configure(ms, m, p->cfg);
+        m->load_on_startup = p->load_on_startup;
+        if (p->cfg->alias && !(m->aliases = alias_list(p->cfg->alias)))
+            return THAW_ENOMEM;
+    }
+    for (int i = 0; i < ms->n; i++)
+        for (int j = 0; j < ms->n; j++) {
+            const struct thaw_model *a = &ms->models[i], *b = &ms->models[j];
+            for (const char *p = a->aliases; p && *p;) {
+                size_t len = strcspn(p, ",");
+                char alias[256];
+                snprintf(alias, sizeof alias, "%.*s", (int)len, p);
+                if (strcmp(alias, b->name) == 0 || (i != j && in_list(b->aliases, alias))) {
+                    LOG_ERR("--models-preset %s: alias '%s' of model %s also names model %s", cfg->models_preset,
+                            alias, a->name, b->name);
+                    return THAW_EINVAL;
+                }
+                p += len + (p[len] == ',');
+            }
+        }
+    return 0;
+}
+
+/* load-on-startup models, loaded before the server listens (no more than
+ * --models-max: llama-server refuses more too). */
+static int load_on_startup(struct thaw_models *ms)
+{
+    int n = 0, rc = 0;
+
+    for (int i = 0; i < ms->n; i++)
+        n += ms->models[i].load_on_startup;
+    if (ms->cfg->models_max > 0 && n > ms->cfg->models_max) {
+        LOG_ERR("--models-preset %s: %d models load on startup, more than --models-max %d", ms->cfg->models_preset, n,
+                ms->cfg->models_max);
+        return THAW_EINVAL;
+    }
+    pthread_mutex_lock(&ms->mu);
+    for (int i = 0; rc == 0 && i < ms->n; i++)
+        if (ms->models[i].load_on_startup && ms->models[i].status == THAW_MODEL_UNLOADED)
+            rc = load_locked(ms, &ms->models[i]);
+    pthread_mutex_unlock(&ms->mu);
     return rc;
 }
 
@@ -180,11 +297,21 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     ms->metrics = metrics;
     pthread_mutex_init(&ms->mu, NULL);
     pthread_cond_init(&ms->cond, NULL);
-    if (cfg->models_dir) {
+    if (cfg->models_dir || cfg->models_preset) {
+        int cap = 0;
         ms->many = true;
-        if ((rc = scan_dir(ms, cfg->models_dir)) != 0)
+        if ((cfg->models_dir && (rc = scan_dir(ms, cfg->models_dir, &cap)) != 0) ||
+            (rc = add_presets(ms, &cap)) != 0)
             goto error;
-        LOG_INF("--models-dir %s: %d models, at most %d loaded at once%s", cfg->models_dir, ms->n, cfg->models_max,
+        if (ms->n == 0) {
+            LOG_ERR("--models-dir %s holds no .gguf file", cfg->models_dir);
+            rc = THAW_ENOTFOUND;
+            goto error;
+        }
+        qsort(ms->models, (size_t)ms->n, sizeof *ms->models, by_name);
+        LOG_INF("%s%s%s%s: %d models, at most %d loaded at once%s", cfg->models_dir ? "--models-dir " : "",
+                cfg->models_dir ? cfg->models_dir : "", cfg->models_dir && cfg->models_preset ? " and " : "",
+                cfg->models_preset ? cfg->models_preset : "", ms->n, cfg->models_max,
                 cfg->models_autoload ? ", loaded on demand" : "");
         if (cfg->kv_cache_dir && !cfg->embedding) {
             struct thaw_kvcache_params kp = {
@@ -204,6 +331,8 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         if ((rc = -pthread_create(&ms->loader, NULL, loader_main, ms)) != 0)
             goto error;
         ms->loader_started = true;
+        if ((rc = load_on_startup(ms)) != 0)
+            goto error;
     } else {
         struct thaw_model *m = ms->models = calloc(1, sizeof *m);
         if (!m) {
@@ -272,6 +401,7 @@ void thaw_models_free(struct thaw_models *ms)
         free(m->name);
         free(m->file);
         free(m->path);
+        free(m->aliases);
         if (ms->many)
             free(m->metrics);
     }
@@ -293,9 +423,11 @@ static struct thaw_model *find(struct thaw_models *ms, const char *name)
         return &ms->models[0]; /* -m: every request is its model's */
     if (!name)
         return NULL;
-    for (int i = 0; i < ms->n; i++)
-        if (strcmp(ms->models[i].name, name) == 0 || strcmp(ms->models[i].file, name) == 0)
+    for (int i = 0; i < ms->n; i++) {
+        const struct thaw_model *m = &ms->models[i];
+        if (strcmp(m->name, name) == 0 || (m->file && strcmp(m->file, name) == 0) || in_list(m->aliases, name))
             return &ms->models[i];
+    }
     return NULL;
 }
 
@@ -639,13 +771,15 @@ static void *loader_main(void *arg)
 
 struct thaw_engine *thaw_model_engine(const struct thaw_model *m) { return m->engine; }
 const char *thaw_model_name(const struct thaw_model *m) { return m->name; }
+const struct thaw_config *thaw_model_config(const struct thaw_model *m) { return &m->cfg; }
 int thaw_models_count(const struct thaw_models *ms) { return ms->n; }
 
-void thaw_models_get(struct thaw_models *ms, int i, const char **name, const char **path,
+void thaw_models_get(struct thaw_models *ms, int i, const char **name, const char **aliases, const char **path,
                      enum thaw_model_status *status)
 {
     pthread_mutex_lock(&ms->mu);
     *name = ms->models[i].name;
+    *aliases = ms->models[i].aliases;
     *path = ms->models[i].path;
     *status = ms->models[i].status;
     pthread_mutex_unlock(&ms->mu);

@@ -5,7 +5,11 @@
  * request goes to it whatever its 'model' field says (thaw's behaviour
  * before --models-dir). With --models-dir every GGUF file in the directory
  * is a model named by its stem; a request's 'model' picks one (its stem,
- * or its file name), which is loaded on demand. At most --models-max are
+ * or its file name), which is loaded on demand. With --models-preset (with
+ * or without --models-dir) each [NAME] section is a model too, or sets the
+ * --models-dir file of that stem: it runs with its own config (the
+ * section's flags, cli/config.c), is also named by its aliases, and may
+ * be loaded before the server listens (load-on-startup). At most --models-max are
  * loaded at once: loading one more first unloads the least recently used
  * one no request holds. Unloading is a clean shutdown of that engine
  * (thaw_engine_free: its slots' conversations stored, the writer's queue
@@ -39,8 +43,10 @@ enum thaw_model_status {
 const char *thaw_model_status_name(enum thaw_model_status s);
 
 /* The models cfg names: -m (loaded now; its failure is returned) or the
- * GGUF files in --models-dir (none loaded yet; an empty directory is
- * THAW_ENOTFOUND, logged). `cfg` and `metrics` must outlive the set.
+ * GGUF files in --models-dir and the models of --models-preset (none
+ * loaded yet but the load-on-startup ones, whose failure is returned; an
+ * empty set is THAW_ENOTFOUND, an alias naming two models THAW_EINVAL,
+ * logged). `cfg` and `metrics` must outlive the set.
  * Returns 0, THAW_ENOMEM, -errno or thaw_engine_new's error. */
 int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_models **out);
 
@@ -52,7 +58,8 @@ void thaw_models_stop(struct thaw_models *ms);
  * NULL: no-op. */
 void thaw_models_free(struct thaw_models *ms);
 
-/* Whether the set is --models-dir's (many models) rather than -m's. */
+/* Whether the set is --models-dir's or --models-preset's (many models)
+ * rather than -m's. */
 bool thaw_models_many(const struct thaw_models *ms);
 
 /* The model `name` names (NULL or "" with -m: the one model; with
@@ -107,15 +114,17 @@ void thaw_models_unpeek(struct thaw_models *ms, struct thaw_model *m);
  * never unloaded) or THAW_ETIMEDOUT (still held after timeout_s) or THAW_ESHUTDOWN. */
 int thaw_models_unload(struct thaw_models *ms, const char *name, int timeout_s);
 
-/* A held model's engine (valid while held) and its name (valid as long
- * as the set). */
+/* A held model's engine (valid while held), and its name and the config
+ * its engine runs with (valid as long as the set). */
 struct thaw_engine *thaw_model_engine(const struct thaw_model *m);
 const char *thaw_model_name(const struct thaw_model *m);
+const struct thaw_config *thaw_model_config(const struct thaw_model *m);
 
-/* The i-th model (0 <= i < thaw_models_count), its name, path and status
- * now (the status may change as soon as this returns). */
+/* The i-th model (0 <= i < thaw_models_count), its name, aliases ("a,b",
+ * NULL: none), path and status now (the status may change as soon as this
+ * returns). */
 int thaw_models_count(const struct thaw_models *ms);
-void thaw_models_get(struct thaw_models *ms, int i, const char **name, const char **path,
+void thaw_models_get(struct thaw_models *ms, int i, const char **name, const char **aliases, const char **path,
                      enum thaw_model_status *status);
 
 /* The counters of the model `name` names (as thaw_models_acquire finds

@@ -780,14 +780,18 @@ static void route_models(struct server *srv, struct thaw_model *mdl, const struc
     if (thaw_models_many(srv->models)) {
         int n = thaw_models_count(srv->models);
         const char **names = calloc((size_t)n, sizeof *names), **statuses = calloc((size_t)n, sizeof *statuses);
-        for (int i = 0; names && statuses && i < n; i++) {
+        const char **aliases = calloc((size_t)n, sizeof *aliases);
+        for (int i = 0; names && aliases && statuses && i < n; i++) {
             const char *path;
             enum thaw_model_status st;
-            thaw_models_get(srv->models, i, &names[i], &path, &st);
+            thaw_models_get(srv->models, i, &names[i], &aliases[i], &path, &st);
             statuses[i] = thaw_model_status_name(st);
         }
-        set_json(r, 200, names && statuses ? thaw_api_router_models_json(n, names, statuses, srv->started) : NULL);
+        set_json(r, 200,
+                 names && aliases && statuses ? thaw_api_router_models_json(n, names, aliases, statuses, srv->started)
+                                              : NULL);
         free(names);
+        free(aliases);
         free(statuses);
         if (!r->body)
             set_error(srv, r, 500, "out of memory");
@@ -880,9 +884,9 @@ static void engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
     struct thaw_model *m;
 
     for (int i = 0; i < thaw_models_count(srv->models); i++) {
-        const char *name, *path;
+        const char *name, *aliases, *path;
         enum thaw_model_status st;
-        thaw_models_get(srv->models, i, &name, &path, &st);
+        thaw_models_get(srv->models, i, &name, &aliases, &path, &st);
         if (st != THAW_MODEL_LOADED || (v->model && many && strcmp(v->model, name) != 0) ||
             thaw_models_peek(srv->models, many ? name : NULL, &m) != 0)
             continue;
@@ -1104,7 +1108,8 @@ static void route_props(struct server *srv, struct thaw_model *mdl, const struct
     int pooling = thaw_engine_pooling(thaw_model_engine(mdl));
     const struct thaw_props_embedding embd = {pooling >= 0 && pooling <= 4 ? poolings[pooling] : "none",
                                               srv->cfg.embd_normalize, pooling == LLAMA_POOLING_TYPE_RANK};
-    struct thaw_api_props_live live = {srv->cfg.props, -1, NULL, srv->cfg.mmproj_path != NULL};
+    const struct thaw_config *mc = thaw_model_config(mdl); /* its own: a preset's settings */
+    struct thaw_api_props_live live = {srv->cfg.props, -1, NULL, mc->mmproj_path != NULL};
     char *msg = NULL;
 
     (void)hr;
@@ -1115,11 +1120,11 @@ static void route_props(struct server *srv, struct thaw_model *mdl, const struct
     }
     live.reasoning_budget_message = msg;
     set_json(r, 200,
-             thaw_api_props_json(&live, thaw_engine_model_name(thaw_model_engine(mdl)), srv->cfg.model_path,
-                                 thaw_chat_template(thaw_engine_chat(thaw_model_engine(mdl))), srv->cfg.n_parallel,
-                                 thaw_engine_n_ctx_slot(thaw_model_engine(mdl)), srv->cfg.jinja,
-                                 srv->cfg.kv_cache_dir != NULL && !srv->cfg.embedding, &srv->cfg.sampling,
-                                 srv->cfg.n_predict, thaw_engine_placement(thaw_model_engine(mdl)),
+             thaw_api_props_json(&live, thaw_engine_model_name(thaw_model_engine(mdl)), mc->model_path,
+                                 thaw_chat_template(thaw_engine_chat(thaw_model_engine(mdl))), mc->n_parallel,
+                                 thaw_engine_n_ctx_slot(thaw_model_engine(mdl)), mc->jinja,
+                                 srv->cfg.kv_cache_dir != NULL && !srv->cfg.embedding, &mc->sampling,
+                                 mc->n_predict, thaw_engine_placement(thaw_model_engine(mdl)),
                                  srv->cfg.embedding ? &embd : NULL));
     free(msg);
     if (!r->body)

@@ -446,11 +446,13 @@ static void test_request_model_and_router_list(void **state)
     assert_null(thaw_api_request_model("[\"model\"]", 9));     /* not an object */
     assert_null(thaw_api_request_model("{\"mod", 5));          /* not JSON: its route answers that */
     assert_null(thaw_api_request_model("", 0));
-    char *j = thaw_api_router_models_json(2, names, statuses, 5);
+    const char *aliases[] = {"a1,claude-3-5-haiku-latest", NULL}; /* a preset's alias list; none */
+    char *j = thaw_api_router_models_json(2, names, aliases, statuses, 5);
     assert_non_null(j);
-    assert_string_equal(j, "{\"data\":[{\"id\":\"alpha\",\"aliases\":[\"alpha\"],\"tags\":[],\"object\":\"model\","
+    /* llama-server lists a preset's aliases, never the id */
+    assert_string_equal(j, "{\"data\":[{\"id\":\"alpha\",\"aliases\":[\"a1\",\"claude-3-5-haiku-latest\"],\"tags\":[],\"object\":\"model\","
                            "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"loaded\",\"args\":[]}},"
-                           "{\"id\":\"beta\",\"aliases\":[\"beta\"],\"tags\":[],\"object\":\"model\","
+                           "{\"id\":\"beta\",\"aliases\":[],\"tags\":[],\"object\":\"model\","
                            "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"unloaded\",\"args\":[]}}],"
                            "\"object\":\"list\"}");
     free(j);

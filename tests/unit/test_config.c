@@ -6,6 +6,7 @@
 #include <cmocka.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/config.h"
 #include "base/error.h"
@@ -276,6 +277,46 @@ static void test_cpu_placement(void **state)
     }
 }
 
+/* --models-preset: each [NAME] a config of its own, llama-server's order
+ * (the command line over [NAME] over [*]), switches as true/false. */
+static void test_models_preset(void **state)
+{
+    char path[64];
+    struct thaw_config c;
+    FILE *f;
+
+    (void)state;
+    snprintf(path, sizeof path, "/tmp/thaw_test_config_%d.ini", (int)getpid());
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("[*]\nc = 512\ntemp = 0.25\n"
+          "[a]\nmodel = /m/a.gguf\nctx-size = 1024\nnp = 3\njinja = false\nswa-full = true\n"
+          "ctk = q8_0\nload-on-startup = true\n"
+          "[b]\nm = /m/b.gguf\nno-jinja = true\nalias = x,y\n",
+          f);
+    fclose(f);
+    const char *argv[] = {"serve", "--models-preset", path, "-np", "2"};
+    assert_int_equal(parse(&c, 5, argv), 0);
+    unlink(path);
+    assert_int_equal(c.n_presets, 2);
+    const struct thaw_config *a = c.presets[0].cfg, *b = c.presets[1].cfg;
+    assert_string_equal(c.presets[0].name, "a");
+    assert_string_equal(a->model_path, "/m/a.gguf");
+    assert_int_equal(a->n_ctx, 1024);  /* [a] over [*] */
+    assert_int_equal(a->n_parallel, 2); /* the command line over [a] */
+    assert_false(a->jinja);
+    assert_true(a->swa_full);
+    assert_true(a->sampling.temp == 0.25f);
+    assert_true(c.presets[0].load_on_startup);
+    assert_string_equal(b->model_path, "/m/b.gguf");
+    assert_int_equal(b->n_ctx, 512);
+    assert_false(b->jinja);
+    assert_string_equal(b->alias, "x,y");
+    assert_false(c.presets[1].load_on_startup);
+    assert_null(c.preset_base); /* no --models-dir: no file no section names */
+    thaw_config_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -289,6 +330,7 @@ int main(void)
         cmocka_unit_test(test_embedding_flags),
         cmocka_unit_test(test_dry_breakers),
         cmocka_unit_test(test_cpu_placement),
+        cmocka_unit_test(test_models_preset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
