@@ -322,3 +322,90 @@ def test_models_flags_are_checked(models_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     rc, err = run("--models-dir", str(tmp_path / "empty"), "--port", "0")
     assert rc != 0 and "no .gguf file" in err, err
+
+
+# ---- --models-preset: llama-server's INI of models and their settings ------------------------
+
+
+def n_ctx(s, model):
+    r = s.get("/props?model=" + model)
+    assert r.status_code == 200, r.text
+    return r.json()["default_generation_settings"]["n_ctx"], r.json()["model_path"]
+
+
+@pytest.fixture(scope="module")
+def elsewhere(tmp_path_factory):
+    """A model outside --models-dir, for a preset's `model = PATH`."""
+    return mkmodel(tmp_path_factory.mktemp("elsewhere") / "gamma.gguf", "--arch", "llama", "--seed", "13")
+
+
+def test_a_preset_sets_each_model_names_aliases_and_loads_on_startup(models_dir, elsewhere, tmp_path):
+    ini = tmp_path / "models.ini"
+    ini.write_text("version = 1\n"
+                   "; every model\n"
+                   "[*]\n"
+                   "c = 512\n"
+                   "[alpha]            # the --models-dir file of that stem\n"
+                   "ctx-size = 1024\n"
+                   "alias = small, claude-3-5-haiku-latest\n"
+                   "load-on-startup = true\n"
+                   "[gamma]\n"
+                   "model = %s\n"
+                   "np = 2\n" % elsewhere)
+    with Server(None, "--models-dir", str(models_dir), "--models-preset", str(ini)) as s:
+        # loaded before the server listened: no request asked for it
+        assert statuses(s) == {"alpha": "loaded", "beta": "unloaded", "gamma": "unloaded"}
+        listed = {m["id"]: m["aliases"] for m in s.get("/v1/models").json()["data"]}
+        assert listed == {"alpha": ["small", "claude-3-5-haiku-latest"], "beta": [], "gamma": []}, listed
+        # [alpha] over [*]; beta, named by no section, gets [*]; gamma's file is elsewhere
+        assert n_ctx(s, "alpha") == (1024, str(models_dir / "alpha.gguf"))
+        assert n_ctx(s, "beta") == (512, str(models_dir / "beta.gguf"))
+        assert n_ctx(s, "gamma") == (256, elsewhere)  # -np 2 splits its 512
+        assert len(s.get("/slots?model=gamma").json()) == 2
+        # Claude Code's small-fast model name routes to the model whose alias it is
+        r = ask(s, "claude-3-5-haiku-latest", [{"role": "user", "content": "hello"}], 2)
+        assert r["model"] == "alpha"
+        assert statuses(s)["alpha"] == "loaded" and s.get("/props?model=small").status_code == 200
+        assert s.post("/models/unload", {"model": "small"}).status_code == 200
+        assert statuses(s)["alpha"] == "unloaded"
+
+    # llama-server's precedence: the command line over [alpha] over [*]
+    with Server(None, "--models-dir", str(models_dir), "--models-preset", str(ini), "-c", "2048") as s:
+        assert n_ctx(s, "alpha")[0] == 2048 and n_ctx(s, "beta")[0] == 2048
+
+
+def test_a_preset_alone_is_the_list_of_models(models_dir, elsewhere, tmp_path):
+    ini = tmp_path / "models.ini"
+    ini.write_text("[a]\nm = %s\n\n[g]\nmodel = %s\nctx-size = 768\n" % (models_dir / "alpha.gguf", elsewhere))
+    with Server(None, "--models-preset", str(ini)) as s:
+        assert statuses(s) == {"a": "unloaded", "g": "unloaded"}  # no beta: there is no --models-dir
+        assert ask(s, "g", [{"role": "user", "content": "hi"}], 2)["model"] == "g"
+        assert n_ctx(s, "g")[0] == 768
+        assert s.post("/v1/chat/completions", {"model": "alpha", "messages": [{"role": "user", "content": "hi"}]}
+                      ).status_code == 404  # a preset's model is named by its section
+
+
+def test_preset_errors_name_the_file_and_line(models_dir, tmp_path):
+    def run(text, *args):
+        ini = tmp_path / "bad.ini"
+        ini.write_text(text)
+        p = subprocess.run([THAW, "serve", "--models-dir", str(models_dir), "--models-preset", str(ini), "--port", "0",
+                            *args], capture_output=True, text=True, timeout=60)
+        return p.returncode, p.stderr
+
+    rc, err = run("[alpha]\nc = 1024\nno-such-flag = 1\n")
+    assert rc == 2 and "bad.ini:3: unknown key 'no-such-flag'" in err, err
+    rc, err = run("[*]\nc = 1024\n[alpha]\nthis is not a setting\n")
+    assert rc == 2 and "bad.ini:4: expected KEY = VALUE" in err, err
+    rc, err = run("[alpha]\nport = 9000\n")
+    assert rc == 2 and "bad.ini:2: 'port' sets the server, not a model" in err, err
+    rc, err = run("[*]\nkv-cache-dir = /tmp/x\n")
+    assert rc == 2 and "bad.ini:2: 'kv-cache-dir' sets the server" in err, err
+    rc, err = run("[alpha]\nc = lots\n")
+    assert rc == 2 and "expects a number" in err and "bad.ini:2: in 'c = lots'" in err, err
+    rc, err = run("[delta]\nc = 1024\n")
+    assert rc == 2 and "bad.ini:1: [delta] names no model" in err, err
+    rc, err = run("[alpha]\nalias = beta\n")
+    assert rc != 0 and "alias 'beta' of model alpha also names model beta" in err, err
+    rc, err = run("[alpha]\nc = 1024\n", "-m", str(models_dir / "alpha.gguf"))
+    assert rc == 2 and "give one" in err, err
