@@ -1497,7 +1497,8 @@ char *thaw_api_router_models_json(int n, const char *const *names, const char *c
 
     for (int i = 0; data && i < n; i++)
         json_array_append_new(data, json_pack("{s:s, s:o, s:[], s:s, s:s, s:I, s:{s:s, s:[]}}", "id", names[i],
-                                              "aliases", comma_list(aliases[i]), "tags", "object", "model", "owned_by", "thaw",
+                                              "aliases", comma_list(aliases[i]), "tags", "object", "model",
+                                              "owned_by", "thaw",
                                               "created", (json_int_t)created, "status", "value", statuses[i], "args"));
     return thaw_api_dump(json_pack("{s:o, s:s}", "data", data, "object", "list"));
 }

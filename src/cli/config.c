@@ -1668,7 +1668,8 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
         return THAW_EINVAL;
     }
     if (cfg->sleep_idle_s > 0 && cfg->model_path) {
-        fprintf(stderr, "thaw: --sleep-idle-seconds needs --models-dir or --models-preset: the one model of -m is never unloaded\n");
+        fprintf(stderr, "thaw: --sleep-idle-seconds needs --models-dir or --models-preset: the one model of -m is "
+                        "never unloaded\n");
         return THAW_EINVAL;
     }
     if (cfg->kv_shared && !cfg->kv_cache_dir) {

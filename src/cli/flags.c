@@ -59,7 +59,8 @@ const struct thaw_flag *thaw_flags_find(const struct thaw_flags *t, const char *
     return NULL;
 }
 
-int thaw_flags_set(const struct thaw_flags *t, const struct thaw_flag *o, void *dst, const char *flag, const char *value)
+int thaw_flags_set(const struct thaw_flags *t, const struct thaw_flag *o, void *dst, const char *flag,
+                   const char *value)
 {
     char *field = (char *)dst + o->off;
     double v = 0;

@@ -74,7 +74,8 @@ const struct thaw_flag *thaw_flags_find(const struct thaw_flags *t, const char *
  * does: `flag` is the name to print in messages, value NULL for a switch
  * (a REFUSE flag is refused). 0, or THAW_EINVAL (or an FN's error) after
  * printing why. */
-int thaw_flags_set(const struct thaw_flags *t, const struct thaw_flag *o, void *dst, const char *flag, const char *value);
+int thaw_flags_set(const struct thaw_flags *t, const struct thaw_flag *o, void *dst, const char *flag,
+                   const char *value);
 
 /* Prints one line per flag of t that `pick` selects (NULL: every flag but
  * NOOP and REFUSE ones): names, metavar, help, and for the stored numeric

@@ -450,7 +450,8 @@ static void test_request_model_and_router_list(void **state)
     char *j = thaw_api_router_models_json(2, names, aliases, statuses, 5);
     assert_non_null(j);
     /* llama-server lists a preset's aliases, never the id */
-    assert_string_equal(j, "{\"data\":[{\"id\":\"alpha\",\"aliases\":[\"a1\",\"claude-3-5-haiku-latest\"],\"tags\":[],\"object\":\"model\","
+    assert_string_equal(j, "{\"data\":[{\"id\":\"alpha\",\"aliases\":[\"a1\",\"claude-3-5-haiku-latest\"],"
+                           "\"tags\":[],\"object\":\"model\","
                            "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"loaded\",\"args\":[]}},"
                            "{\"id\":\"beta\",\"aliases\":[],\"tags\":[],\"object\":\"model\","
                            "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"unloaded\",\"args\":[]}}],"
