@@ -101,7 +101,7 @@ static int capture_swa_cut(const void *ud, uint32_t a, uint32_t b, void *dst, si
 static int put_block(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, const uint8_t id[THAW_KEY_BYTES],
                      uint32_t block_tokens, size_t (*size_fn)(const void *, uint32_t, uint32_t),
                      int (*cut)(const void *, uint32_t, uint32_t, void *, size_t), const void *ud, uint32_t ka,
-                     uint32_t kb, struct thaw_blocks_stats *st)
+                     uint32_t kb, bool ahead, struct thaw_blocks_stats *st)
 {
     struct thaw_part_blob parts[THAW_PART_COUNT] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
     size_t size = 0, held_size = 0;
@@ -123,7 +123,9 @@ static int put_block(struct thaw_disk_cache *c, struct thaw_ram_cache *ram, cons
             (void)thaw_ram_cache_put_block(ram, id, thaw_blob_ref(parts[THAW_PART_KV].data), size);
     }
     parts[THAW_PART_KV].size = size;
-    if ((rc = thaw_disk_cache_submit(c, id, block_tokens, parts, NULL, 0)) != 0) {
+    rc = ahead ? thaw_disk_cache_submit_unsynced(c, id, block_tokens, parts)
+               : thaw_disk_cache_submit(c, id, block_tokens, parts, NULL, 0);
+    if (rc != 0) {
         thaw_blob_unref(parts[THAW_PART_KV].data);
         st->dropped++;
         return rc;
@@ -166,7 +168,7 @@ static int store_src(const struct thaw_blocks_store_params *p, const struct thaw
     /* what to write, and whether the source can give it all, before any
      * of it is submitted */
     uint32_t a = n_blocks * block_tokens;
-    if (src->known && a < (uint32_t)n && !src->known(src->ud, a, (uint32_t)n)) {
+    if (src->known && a < (uint32_t)n && !p->ahead && !src->known(src->ud, a, (uint32_t)n)) {
         rc = THAW_ENOTFOUND;
         goto out;
     }
@@ -199,7 +201,7 @@ static int store_src(const struct thaw_blocks_store_params *p, const struct thaw
             swa_held = true;
         }
     }
-    if (!swa && src->n_window > 0 && src->swa_cut && !src->swa) {
+    if (!swa && src->n_window > 0 && src->swa_cut && !src->swa && !p->ahead) {
         rc = THAW_ENOTFOUND; /* neither SWA rows nor a window: capture the state instead */
         goto out;
     }
@@ -209,7 +211,8 @@ static int store_src(const struct thaw_blocks_store_params *p, const struct thaw
             continue;
         }
         uint32_t ka = k * block_tokens;
-        if ((rc = put_block(c, ram, ids[k], block_tokens, src->size, src->cut, src->ud, ka, ka + block_tokens, st)) != 0)
+        if ((rc = put_block(c, ram, ids[k], block_tokens, src->size, src->cut, src->ud, ka, ka + block_tokens, p->ahead,
+                            st)) != 0)
             goto out;
     }
     for (uint32_t k = swa_first; swa && k < n_blocks; k++) {
@@ -219,8 +222,16 @@ static int store_src(const struct thaw_blocks_store_params *p, const struct thaw
         }
         uint32_t ka = k * block_tokens;
         if ((rc = put_block(c, ram, sids[k], block_tokens, src->swa_size, src->swa_cut, src->ud, ka,
-                            ka + block_tokens, st)) != 0)
+                            ka + block_tokens, p->ahead, st)) != 0)
             goto out;
+    }
+    if (p->ahead) { /* no manifest: the turn's store names them (blocks.h) */
+        thaw_disk_cache_unhold(c, ids[0], n_blocks);
+        if (swa_held)
+            thaw_disk_cache_unhold(c, sids[swa_first], n_blocks - swa_first);
+        held = swa_held = false;
+        rc = 0;
+        goto out;
     }
     /* the manifest: tokens, ids, the cells past the last whole block, the
      * SWA window; or, with SWA rows, the SWA ids and the tail's SWA rows
@@ -314,7 +325,7 @@ int thaw_blocks_store(const struct thaw_blocks_store_params *p, void **manifest,
     if (!st)
         st = &local;
     memset(st, 0, sizeof *st);
-    if (p->n <= 0 || p->block_tokens == 0)
+    if (p->n <= 0 || p->block_tokens == 0 || (p->ahead && !p->src))
         return THAW_EINVAL;
     return p->src ? store_src(p, p->src, manifest, n_manifest, st) : store_capture(p, manifest, n_manifest, st);
 }

@@ -57,6 +57,7 @@
 #include "cache/cache_ram.h"
 #include "llama/kvlayout.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -113,6 +114,10 @@ struct thaw_blocks_store_params {
     const void *state;                 /* a libllama sequence state of toks[0, n) */
     size_t n_state;                    /* (llama_state_seq_get_data output), cut here */
     uint32_t window;                   /* with a capture: the sliding window, tokens (0: none) */
+    /* with a source: only the whole blocks of toks[0, n), and their SWA
+     * blocks the source has, submitted unsynced (cache_disk.h), no
+     * manifest (NULL): a turn's prompt, ahead of the store that names them */
+    bool ahead;
 };
 
 /* Cuts the cells into blocks, submits to the disk writer those it does

@@ -165,6 +165,21 @@
  * 0 bytes still means the writer is done. thaw_disk_cache_store() stores
  * alone, synchronously.
  *
+ * Blocks ahead. A turn's prompt blocks are known before its reply is:
+ * submitted while the reply is generated (thaw_disk_cache_submit_unsynced),
+ * they leave the turn's own group only the reply's blocks and the manifest
+ * to write. A group of nothing but such blocks skips both syncs: no root
+ * names them, so none of the invariants needs them durable yet, and a
+ * lookup finds them in the page cache like any live block. The group that
+ * commits a manifest naming them syncs the filesystem (step c) before
+ * that manifest's .idx is written, which makes them durable with its own
+ * files: the invariant (a root rests only on durable files) holds as
+ * before. A power cut before then may leave such a block renamed without
+ * its bytes, which invariant 2 catches as a miss of a block nothing names,
+ * as for a group cut short. A block the disk collects meanwhile (over
+ * budget: unnamed blocks go first) is stored again by the turn's store,
+ * which finds it missing.
+ *
  * Shutdown. close() lets the writer drain the queue before it exits, and
  * from then on a group has no size limit: what is queued at exit is one
  * group (keys stored twice aside), two syncs, so a backlog of dozens of
@@ -402,6 +417,7 @@ struct job {
     int ended;   /* under mu: committed or failed, its buffers gone;
                   * pending() and queued() skip it */
     int counted; /* out of q_bytes and q_active (the writer's) */
+    int unsynced; /* a block written ahead of its manifest (submit_unsynced): its group need not sync */
 };
 
 struct thaw_disk_cache {
@@ -2009,7 +2025,7 @@ static void store_group(struct thaw_disk_cache *c, struct job *g)
     double t0 = mono_ms(), t_sync = 0, t;
     unsigned n = 0;
     struct job *j;
-    int r, dfd;
+    int r, dfd, sync = 0;
 
     for (j = g; j; j = j->next) {
         j->state = JOB_GROUP;
@@ -2041,8 +2057,13 @@ static void store_group(struct thaw_disk_cache *c, struct job *g)
             n++;
     }
     n += write_idxs(c, g, 1);
+    /* blocks written ahead of their manifest alone: no sync (the notes,
+     * "Blocks ahead"); any other job in the group syncs them with it */
+    for (j = g; j; j = j->next)
+        sync |= j->state == JOB_GROUP && !j->unsynced;
     t = mono_ms();
-    r = n ? sync_fs(c, dfd) : 0;
+    int unsynced = n && !sync;
+    r = n && sync ? sync_fs(c, dfd) : 0;
     t_sync += mono_ms() - t;
     group_end(c, g, 1, r);
     n = write_idxs(c, g, 0);
@@ -2055,6 +2076,7 @@ static void store_group(struct thaw_disk_cache *c, struct job *g)
     t = mono_ms();
     pthread_mutex_lock(&c->mu);
     c->st.groups++;
+    c->st.groups_unsynced += (uint64_t)unsynced;
     c->st.group_wait_us += (uint64_t)(1000 * (t0 - g->t_submit));
     c->st.group_write_us += (uint64_t)(1000 * (t - t0 - t_sync));
     c->st.group_sync_us += (uint64_t)(1000 * t_sync);
@@ -2159,8 +2181,8 @@ static struct job *queue_supersede(struct thaw_disk_cache *c, struct job *j)
     return o;
 }
 
-int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
-                           struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta)
+static int submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                  struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta, int unsynced)
 {
     struct job *j = NULL, *old = NULL;
     uint64_t total = 0, held = 0;
@@ -2195,6 +2217,7 @@ int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY
     j->links = ln; /* points into parts[THAW_PART_KV], which the job holds from here */
     j->bytes = total;
     j->t_submit = mono_ms();
+    j->unsynced = unsynced && ln.is_block; /* a root is what makes a turn durable: always synced */
 
     pthread_mutex_lock(&c->mu);
     held = c->q_bytes;
@@ -2259,6 +2282,18 @@ out:
         logf_(c, THAW_LOG_WARN, "disk cache: dropped store of %.16s (%s): %s", hex, size, why);
     }
     return ret;
+}
+
+int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                           struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta)
+{
+    return submit(c, key, n_tokens, parts, meta, n_meta, 0);
+}
+
+int thaw_disk_cache_submit_unsynced(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                                    struct thaw_part_blob parts[THAW_PART_COUNT])
+{
+    return submit(c, key, n_tokens, parts, NULL, 0, 1);
 }
 
 int thaw_disk_cache_pending(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES],

@@ -232,6 +232,16 @@ int thaw_disk_cache_store(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_
 int thaw_disk_cache_submit(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
                            struct thaw_part_blob parts[THAW_PART_COUNT], const void *meta, size_t n_meta);
 
+/* As submit, for a block (a manifest goes as submit) written ahead of the
+ * manifest that will name it: a turn's prompt blocks while its reply is
+ * generated (kvcache.h, thaw_kvcache_store_ahead). A group of only such
+ * blocks is written without syncs: nothing names them yet, so nothing
+ * needs them durable, and the group that commits the manifest naming them
+ * syncs the filesystem (its first syncfs) before that manifest's .idx,
+ * which is all the invariants ask (cache_disk.c, "Blocks ahead"). */
+int thaw_disk_cache_submit_unsynced(struct thaw_disk_cache *c, const uint8_t key[THAW_KEY_BYTES], uint32_t n_tokens,
+                                    struct thaw_part_blob parts[THAW_PART_COUNT]);
+
 /* A store of key the writer still holds (waiting, or in the group being
  * written, until that group is done): the
  * bytes a lookup right after submit() would otherwise miss until the write
@@ -511,6 +521,7 @@ struct thaw_disk_cache_stats {
      * group's oldest job, submit to the group's start), writing its files,
      * and in the syncs that make them durable. */
     uint64_t groups;
+    uint64_t groups_unsynced; /* of them: only blocks written ahead (submit_unsynced), no sync */
     uint64_t group_wait_us;
     uint64_t group_write_us;
     uint64_t group_sync_us;

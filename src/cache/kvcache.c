@@ -60,6 +60,7 @@ struct thaw_kvcache {
     int64_t snapshot_idle_us; /* --kv-snapshot-idle; 0 = never for idleness */
     /* the block store's counters (/metrics) */
     atomic_uint_fast64_t blocks_written, blocks_skipped, blocks_dropped, store_bytes, prefix_hits, prefix_tokens;
+    atomic_uint_fast64_t blocks_ahead; /* of blocks_written: submitted ahead of their turn's store */
     /* turn-end snapshots: kept in the slot, written later (handover, idle,
      * shutdown), superseded by the next turn in the same slot (never
      * written), dropped (the writer refused them) */
@@ -1028,6 +1029,31 @@ static const char *store(struct thaw_kvcache *c, int slot_id, const uint8_t key[
     return where;
 }
 
+/* The blocks of toks[0, n) cut from src and handed to the writer
+ * (thaw_blocks_store), counted; with ahead, only the whole ones, unsynced,
+ * and no manifest. */
+static int cut_blocks(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *toks, int n,
+                      const struct thaw_blocks_src *src, bool ahead, void **man, size_t *n_man,
+                      struct thaw_blocks_stats *st)
+{
+    uint8_t binding[THAW_KEY_BYTES];
+
+    block_binding(c, ns, binding);
+    const struct thaw_blocks_store_params bp = {
+        .disk = c->disk,
+        .ram = c->ram,
+        .binding = binding,
+        .block_tokens = c->block_tokens,
+        .toks = toks,
+        .n = n,
+        .src = src,
+        .ahead = ahead,
+    };
+    int rc = thaw_blocks_store(&bp, man, n_man, st);
+    count_blocks(c, st);
+    return rc;
+}
+
 /* The blocks of a source (the KV cache's memory) and their manifest, for
  * store(). 0 (parts[THAW_PART_KV] is the manifest) or an error (nothing
  * stored, nothing held). */
@@ -1035,22 +1061,10 @@ static int src_blocks(struct thaw_kvcache *c, const struct thaw_kvcache_store_pa
                       struct thaw_part_blob parts[THAW_PART_COUNT])
 {
     struct thaw_blocks_stats st;
-    uint8_t binding[THAW_KEY_BYTES];
     void *man;
     size_t n_man;
 
-    block_binding(c, p->ns, binding);
-    const struct thaw_blocks_store_params bp = {
-        .disk = c->disk,
-        .ram = c->ram,
-        .binding = binding,
-        .block_tokens = c->block_tokens,
-        .toks = p->toks,
-        .n = p->n_tokens,
-        .src = p->src,
-    };
-    int rc = thaw_blocks_store(&bp, &man, &n_man, &st);
-    count_blocks(c, &st);
+    int rc = cut_blocks(c, p->ns, p->toks, p->n_tokens, p->src, false, &man, &n_man, &st);
     if (rc != 0) {
         if (rc != THAW_ENOTFOUND)
             LOG_DBG("slot %d: blocks from the cache's memory failed (%s): capturing", p->slot_id, thaw_strerror(rc));
@@ -1085,6 +1099,29 @@ const char *thaw_kvcache_store(struct thaw_kvcache *c, const struct thaw_kvcache
     const char *where = store_batched(c, p, parts);
     thaw_disk_cache_batch_end(c->disk);
     return where;
+}
+
+int thaw_kvcache_store_ahead(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_KEY_BYTES],
+                             const thaw_token *toks, const struct thaw_blocks_src *src)
+{
+    struct thaw_blocks_stats st;
+    void *man = NULL;
+    size_t n_man = 0;
+
+    if (!c || !thaw_kvcache_cuts_blocks(c) || src->n_cells < c->block_tokens)
+        return 0;
+    thaw_disk_cache_batch_begin(c->disk); /* one group, as a turn's store */
+    int rc = cut_blocks(c, ns, toks, (int)src->n_cells, src, true, &man, &n_man, &st);
+    thaw_disk_cache_batch_end(c->disk);
+    atomic_fetch_add(&c->blocks_ahead, st.written);
+    if (rc != 0) {
+        LOG_DBG("slot %d: blocks ahead not stored (%s): the turn's store writes them", slot_id, thaw_strerror(rc));
+        return 0;
+    }
+    if (st.written)
+        LOG_DBG("slot %d: %u blocks stored ahead of the turn's store, %u already stored", slot_id, st.written,
+                st.skipped);
+    return (int)st.written;
 }
 
 /* ---- metrics
@@ -1152,6 +1189,10 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
       "filesystem twice for all the stores it commits together)",
       st.fsyncs);
     C("commit_groups_total", "group commits of the disk writer", st.groups);
+    C("commit_groups_unsynced_total",
+      "of them: groups of nothing but blocks written ahead of their manifest (no sync: the manifest's group "
+      "syncs them)",
+      st.groups_unsynced);
     C("stores_superseded_total",
       "stores taken out of the writer's queue unwritten because a newer store of the same conversation came "
       "(a reply stored early, then after its re-decode)",
@@ -1171,6 +1212,10 @@ void thaw_kvcache_metrics(struct thaw_kvcache *c, char *buf, size_t cap, size_t 
       atomic_load(&c->store_bytes));
     C("blocks_written_total", "blocks queued for disk", atomic_load(&c->blocks_written));
     C("blocks_skipped_total", "blocks not written: the disk held them already", atomic_load(&c->blocks_skipped));
+    C("blocks_ahead_total",
+      "of blocks_written: a prompt's blocks queued while its reply was generated, ahead of the turn's store "
+      "(written without syncs; the store that names them syncs them)",
+      atomic_load(&c->blocks_ahead));
     C("blocks_dropped_total", "blocks the writer refused (queue full)", atomic_load(&c->blocks_dropped));
     C("prefix_hits_total", "lookups served by a run of stored blocks (no entry for the conversation)",
       atomic_load(&c->prefix_hits));

@@ -174,6 +174,17 @@ struct thaw_kvcache_store_params {
 const char *thaw_kvcache_store(struct thaw_kvcache *c, const struct thaw_kvcache_store_params *p,
                                struct thaw_part_blob parts[THAW_PART_COUNT]);
 
+/* A prompt's whole blocks, ahead of its turn's store: those of toks[0,
+ * src->n_cells) (a multiple of the block size or not: the cells past the
+ * last whole block are left) that the disk does not hold go to the writer
+ * now, unsynced, with no manifest (cache_disk.h, submit_unsynced), so
+ * that the turn's store at the reply's end writes only the reply's blocks
+ * and its manifest. The engine calls it while the reply is generated.
+ * Best effort: anything the source cannot give, a full queue, blocks off
+ * — the turn's store writes them as ever. Returns the blocks submitted. */
+int thaw_kvcache_store_ahead(struct thaw_kvcache *c, int slot_id, const uint8_t ns[THAW_KEY_BYTES],
+                             const thaw_token *toks, const struct thaw_blocks_src *src);
+
 /* A hybrid's turn-end snapshot is kept per slot, not written with the
  * turn (snapshots.h, "Written when"): slot slot_id's sequence is about to
  * lose its positions >= p (p <= 0: all of them). When that takes the kept

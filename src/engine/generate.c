@@ -176,8 +176,12 @@ void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token
     }
     thaw_slot_flush_text(s, false);
     s->next_token = tok;
-    if (s->phase != THAW_SLOT_GEN)
+    if (s->phase != THAW_SLOT_GEN) {
         thaw_slot_move(s, THAW_SLOT_GEN, NULL, e->metrics);
+        /* the first token is out: the prompt's blocks go to the disk while
+         * the reply is generated, so that its end has less to write */
+        thaw_slotkv_store_ahead(e->skv, s, s->n_tokens);
+    }
 }
 
 /* Up to `room` tokens after the slot's next token: the n-gram kinds'

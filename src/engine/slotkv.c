@@ -546,6 +546,28 @@ void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s)
                 (double)took / 1000.0);
 }
 
+void thaw_slotkv_store_ahead(struct thaw_slotkv *k, struct thaw_slot *s, int n)
+{
+    if (k->recurrent || !k->tap || !thaw_kvtap_ready(k->tap) || !thaw_kvcache_cuts_blocks(k->kv) ||
+        !thaw_slotkv_will_store(k, n) || n > s->n_tokens)
+        return;
+    int64_t t0 = thaw_now_us();
+    struct thaw_blocks_src src = {
+        .n_cells = (uint32_t)n,
+        .size = tap_size,
+        .cut = tap_cut,
+        .known = tap_known,
+        .ud = &(struct tap_ud){k->tap, s->id},
+    };
+    if (thaw_kvtap_has_swa(k->tap)) {
+        src.swa_size = tap_swa_size;
+        src.swa_cut = tap_swa_cut;
+        src.swa_known = tap_swa_known;
+        src.n_window = (uint32_t)k->n_swa;
+    }
+    if (thaw_kvcache_store_ahead(k->kv, s->id, s->ns, s->tokens, &src) > 0)
+        thaw_metrics_hold(k->metrics, THAW_HOLD_STORE, thaw_now_us() - t0);
+}
 
 /* The slot's state is final: it is stored at the next moment no other slot
  * decodes (the engine's finish_fixups), like a FIXUP with nothing left to

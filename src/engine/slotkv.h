@@ -97,6 +97,14 @@ bool thaw_slotkv_will_store(const struct thaw_slotkv *k, int n_tokens);
  * min_tokens tokens; a failed capture is logged and dropped. */
 void thaw_slotkv_store(struct thaw_slotkv *k, struct thaw_slot *s);
 
+/* The whole blocks of the slot's first n tokens (its prompt, while the
+ * reply is generated) go to the disk ahead of the turn's store, which
+ * then writes only the reply's blocks and the manifest: a reply is
+ * durable that much sooner (kvcache.h, thaw_kvcache_store_ahead). Blocks
+ * cut from the tap only (no capture: that would cost the engine a copy of
+ * the whole state), none for recurrent memory; best effort. */
+void thaw_slotkv_store_ahead(struct thaw_slotkv *k, struct thaw_slot *s, int n);
+
 /* After a reply (s->store_key derived, s->task still set): moves the slot
  * to FIXUP. canon[0..n_canon) (moved in; NULL: not known) are the tokens
  * the next turn will present for this conversation. When the slot's tokens

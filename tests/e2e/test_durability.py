@@ -10,7 +10,7 @@ import signal
 import threading
 import time
 
-from harness import Server, assistant, reply, system, text, user
+from harness import Server, assistant, drained, reply, system, text, user
 
 
 def chat(s, messages, max_tokens=8):
@@ -57,6 +57,40 @@ def test_turn_commits_in_two_syncs_on_a_slow_disk(serve, models, tmp_path):
     got, _ = from_cache(r2)
     assert r2["timings"]["cache_source"] in ("disk", "blocks")
     assert got >= 0.95 * r1["usage"]["prompt_tokens"], (got, r1["usage"])
+
+
+def test_prompt_blocks_go_to_disk_while_the_reply_is_generated(serve, models, tmp_path):
+    """A turn's prompt blocks are queued once its first token is out, as a
+    group of their own written without syncs (nothing names them yet), so
+    the store at the reply's end writes only the blocks past the prompt's
+    last whole one and the manifest, whose group syncs them all. Killed
+    then, the restarted server continues the conversation from them."""
+    B = 128  # --kv-cache-block's default
+    flags = ["--kv-cache-dir", str(tmp_path), "--cache-ram", "0", "-c", "4096"]
+    s = serve("llama", *flags, env={"THAW_TEST_DISK_FSYNC_DELAY_MS": "200"})
+    conv = [system("a long conversation. " + text(900, 3)), user("what comes next?")]
+    before = s.metrics()
+    r1 = chat(s, conv, max_tokens=24)
+    m = drained(s)
+
+    def grew(k):
+        return m[k] - before[k]
+    n_prompt = r1["usage"]["prompt_tokens"]
+    n_stored = n_prompt + r1["usage"]["completion_tokens"]
+    assert n_prompt >= 6 * B
+    assert grew("thaw_kv_disk_blocks_ahead_total") == n_prompt // B, s.log()
+    # the turn's own store: the blocks the reply completed, not the prompt's
+    assert grew("thaw_kv_disk_blocks_written_total") - n_prompt // B <= n_stored // B - n_prompt // B + 1
+    assert grew("thaw_kv_disk_commit_groups_unsynced_total") >= 1
+    # the blocks ahead cost no sync: the turn's group syncs twice, an early
+    # store's (before the re-decode) twice more
+    assert grew("thaw_kv_disk_fsyncs_total") <= 4
+    s.kill()
+    s2 = serve("llama", *flags)
+    r2 = chat(s2, conv + [assistant(reply(r1)), user("and then?")])
+    got, _ = from_cache(r2)
+    assert r2["timings"]["cache_source"] in ("disk", "blocks")
+    assert got >= 0.95 * n_prompt, (got, r1["usage"], s.log())
 
 
 def test_reply_stored_before_a_busy_engine_frees(serve, models, tmp_path):

@@ -823,7 +823,9 @@ static void test_crash_evict_and_collect(void **state)
 
 /* What the writer takes as one group: everything submitted while it is
  * paused (thaw_disk_cache_pause), committed at the flush. */
-static int submit_blob(struct thaw_disk_cache *c, unsigned key_n, const uint8_t *kv, size_t size, uint32_t n_tokens)
+/* unsynced: thaw_disk_cache_submit_unsynced (a block ahead of its manifest) */
+static int submit_blob_as(struct thaw_disk_cache *c, unsigned key_n, const uint8_t *kv, size_t size,
+                          uint32_t n_tokens, int unsynced)
 {
     uint8_t key[THAW_KEY_BYTES];
     struct thaw_part_blob parts[THAW_PART_COUNT] = {{thaw_blob_alloc(size), size}, {NULL, 0}, {NULL, 0}};
@@ -832,10 +834,16 @@ static int submit_blob(struct thaw_disk_cache *c, unsigned key_n, const uint8_t 
     assert_non_null(parts[0].data);
     memcpy(parts[0].data, kv, size);
     key_make(key, key_n);
-    r = thaw_disk_cache_submit(c, key, n_tokens, parts, NULL, 0);
+    r = unsynced ? thaw_disk_cache_submit_unsynced(c, key, n_tokens, parts)
+                 : thaw_disk_cache_submit(c, key, n_tokens, parts, NULL, 0);
     if (r)
         thaw_blob_unref(parts[0].data);
     return r;
+}
+
+static int submit_blob(struct thaw_disk_cache *c, unsigned key_n, const uint8_t *kv, size_t size, uint32_t n_tokens)
+{
+    return submit_blob_as(c, key_n, kv, size, n_tokens, 0);
 }
 
 static int submit_block(struct thaw_disk_cache *c, unsigned n)
@@ -1256,6 +1264,69 @@ static void test_batch_is_one_group(void **state)
     assert_true(lookup_ok(f, 1000) && lookup_ok(f, 2));
 }
 
+static int submit_block_unsynced(struct thaw_disk_cache *c, unsigned n)
+{
+    uint8_t *kv = block_kv(n);
+    int r = submit_blob_as(c, n, kv, BLOCK_SIZE, 32, 1);
+
+    free(kv);
+    return r;
+}
+
+/* Blocks ahead (a prompt's, while its reply is generated): a group of
+ * nothing else is written without a sync, live at once; the group of the
+ * manifest that names them syncs twice as any turn's, which makes them
+ * durable with it. Beside a synced block they sync with it. */
+static void test_blocks_ahead_skip_the_syncs(void **state)
+{
+    struct fx *f = *state;
+    struct thaw_disk_cache_params p = fx_params(f);
+    static const unsigned ids[] = {0, 1, 2};
+    struct thaw_disk_cache_stats st0, st1;
+
+    fx_open_p(f, &p);
+    st0 = stats(f->c);
+    thaw_disk_cache_batch_begin(f->c);
+    for (unsigned i = 0; i < 3; i++)
+        assert_int_equal(submit_block_unsynced(f->c, ids[i]), 0);
+    thaw_disk_cache_batch_end(f->c);
+    thaw_disk_cache_flush(f->c);
+    st1 = stats(f->c);
+    assert_int_equal(st1.stores_ok - st0.stores_ok, 3);
+    assert_int_equal(st1.groups - st0.groups, 1);
+    assert_int_equal(st1.groups_unsynced - st0.groups_unsynced, 1);
+    assert_int_equal(st1.fsyncs - st0.fsyncs, 0);
+    for (unsigned i = 0; i < 3; i++)
+        assert_true(lookup_ok(f, ids[i]));
+
+    /* the turn's store: one more block and the manifest naming all four */
+    static const unsigned all[] = {0, 1, 2, 3};
+    st0 = st1;
+    thaw_disk_cache_batch_begin(f->c);
+    assert_int_equal(submit_block(f->c, 3), 0);
+    assert_int_equal(submit_man(f->c, 0, all, 4), 0);
+    thaw_disk_cache_batch_end(f->c);
+    thaw_disk_cache_flush(f->c);
+    st1 = stats(f->c);
+    assert_int_equal(st1.groups - st0.groups, 1);
+    assert_int_equal(st1.groups_unsynced, st0.groups_unsynced);
+    assert_int_equal(st1.fsyncs - st0.fsyncs, 2);
+    assert_true(lookup_ok(f, 1000));
+
+    /* an unsynced block in a group with a synced one: one sync for both */
+    st0 = st1;
+    thaw_disk_cache_pause(f->c, 1);
+    assert_int_equal(submit_block_unsynced(f->c, 4), 0);
+    assert_int_equal(submit_block(f->c, 5), 0);
+    thaw_disk_cache_pause(f->c, 0);
+    thaw_disk_cache_flush(f->c);
+    st1 = stats(f->c);
+    assert_int_equal(st1.groups - st0.groups, 1);
+    assert_int_equal(st1.groups_unsynced, st0.groups_unsynced);
+    assert_int_equal(st1.fsyncs - st0.fsyncs, 1);
+    assert_true(lookup_ok(f, 4) && lookup_ok(f, 5));
+}
+
 /* A root submitted while an older store of its key still waits takes its
  * place: the older one is never written (it would be overwritten at once),
  * its blocks lose its name (the newer one's counted first, so block 0,
@@ -1380,6 +1451,7 @@ int main(void)
         T(test_group_errors),
         T(test_group_pending),
         T(test_batch_is_one_group),
+        T(test_blocks_ahead_skip_the_syncs),
         T(test_queued_root_superseded),
         T(test_retention_evicted_last),
     };
