@@ -402,6 +402,26 @@ static int tap_swa_known(const void *ud, uint32_t a, uint32_t b)
     return thaw_kvtap_swa_known(u->tap, u->seq, a, b);
 }
 
+/* The tap as the source of the first n cells of ud's sequence, with the
+ * SWA rows it took as they were written when it has them (DESIGN §12). */
+static struct thaw_blocks_src tap_src(const struct thaw_slotkv *k, const struct tap_ud *ud, int n)
+{
+    struct thaw_blocks_src src = {
+        .n_cells = (uint32_t)n,
+        .size = tap_size,
+        .cut = tap_cut,
+        .known = tap_known,
+        .ud = ud,
+    };
+    if (thaw_kvtap_has_swa(k->tap)) {
+        src.swa_size = tap_swa_size;
+        src.swa_cut = tap_swa_cut;
+        src.swa_known = tap_swa_known;
+        src.n_window = (uint32_t)k->n_swa;
+    }
+    return src;
+}
+
 static void drop_parts(struct thaw_part_blob parts[THAW_PART_COUNT])
 {
     for (int p = 0; p < THAW_PART_COUNT; p++)
@@ -453,20 +473,8 @@ static const char *store_seq(struct thaw_slotkv *k, struct thaw_slot *s, const u
     if (cut) {
         if (k->tap_verify)
             (void)thaw_kvtap_verify(k->tap, k->ctx, s->id, s->n_tokens, thaw_kvcache_block_tokens(k->kv));
-        struct thaw_blocks_src src = {
-            .n_cells = (uint32_t)s->n_tokens,
-            .size = tap_size,
-            .cut = tap_cut,
-            .known = tap_known,
-            .ud = &(struct tap_ud){k->tap, s->id},
-        };
-        if (swa_rows) {
-            /* the SWA rows the tap took as they were written (DESIGN §12) */
-            src.swa_size = tap_swa_size;
-            src.swa_cut = tap_swa_cut;
-            src.swa_known = tap_swa_known;
-            src.n_window = (uint32_t)k->n_swa;
-        }
+        struct tap_ud ud = {k->tap, s->id};
+        struct thaw_blocks_src src = tap_src(k, &ud, s->n_tokens);
         for (int p = 0; p < THAW_PART_COUNT; p++)
             sizes[p] = parts[p].size;
         sp.src = &src;
@@ -552,19 +560,8 @@ void thaw_slotkv_store_ahead(struct thaw_slotkv *k, struct thaw_slot *s, int n)
         !thaw_slotkv_will_store(k, n) || n > s->n_tokens)
         return;
     int64_t t0 = thaw_now_us();
-    struct thaw_blocks_src src = {
-        .n_cells = (uint32_t)n,
-        .size = tap_size,
-        .cut = tap_cut,
-        .known = tap_known,
-        .ud = &(struct tap_ud){k->tap, s->id},
-    };
-    if (thaw_kvtap_has_swa(k->tap)) {
-        src.swa_size = tap_swa_size;
-        src.swa_cut = tap_swa_cut;
-        src.swa_known = tap_swa_known;
-        src.n_window = (uint32_t)k->n_swa;
-    }
+    struct tap_ud ud = {k->tap, s->id};
+    struct thaw_blocks_src src = tap_src(k, &ud, n);
     if (thaw_kvcache_store_ahead(k->kv, s->id, s->ns, s->tokens, &src) > 0)
         thaw_metrics_hold(k->metrics, THAW_HOLD_STORE, thaw_now_us() - t0);
 }

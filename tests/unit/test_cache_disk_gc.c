@@ -846,13 +846,19 @@ static int submit_blob(struct thaw_disk_cache *c, unsigned key_n, const uint8_t 
     return submit_blob_as(c, key_n, kv, size, n_tokens, 0);
 }
 
-static int submit_block(struct thaw_disk_cache *c, unsigned n)
+/* unsynced: as a block written ahead of its manifest */
+static int submit_block_as(struct thaw_disk_cache *c, unsigned n, int unsynced)
 {
     uint8_t *kv = block_kv(n);
-    int r = submit_blob(c, n, kv, BLOCK_SIZE, 32);
+    int r = submit_blob_as(c, n, kv, BLOCK_SIZE, 32, unsynced);
 
     free(kv);
     return r;
+}
+
+static int submit_block(struct thaw_disk_cache *c, unsigned n)
+{
+    return submit_block_as(c, n, 0);
 }
 
 /* A whole state (a root naming nothing): 'W' and bytes of seed. Keyed
@@ -1264,15 +1270,6 @@ static void test_batch_is_one_group(void **state)
     assert_true(lookup_ok(f, 1000) && lookup_ok(f, 2));
 }
 
-static int submit_block_unsynced(struct thaw_disk_cache *c, unsigned n)
-{
-    uint8_t *kv = block_kv(n);
-    int r = submit_blob_as(c, n, kv, BLOCK_SIZE, 32, 1);
-
-    free(kv);
-    return r;
-}
-
 /* Blocks ahead (a prompt's, while its reply is generated): a group of
  * nothing else is written without a sync, live at once; the group of the
  * manifest that names them syncs twice as any turn's, which makes them
@@ -1288,7 +1285,7 @@ static void test_blocks_ahead_skip_the_syncs(void **state)
     st0 = stats(f->c);
     thaw_disk_cache_batch_begin(f->c);
     for (unsigned i = 0; i < 3; i++)
-        assert_int_equal(submit_block_unsynced(f->c, ids[i]), 0);
+        assert_int_equal(submit_block_as(f->c, ids[i], 1), 0);
     thaw_disk_cache_batch_end(f->c);
     thaw_disk_cache_flush(f->c);
     st1 = stats(f->c);
@@ -1316,7 +1313,7 @@ static void test_blocks_ahead_skip_the_syncs(void **state)
     /* an unsynced block in a group with a synced one: one sync for both */
     st0 = st1;
     thaw_disk_cache_pause(f->c, 1);
-    assert_int_equal(submit_block_unsynced(f->c, 4), 0);
+    assert_int_equal(submit_block_as(f->c, 4, 1), 0);
     assert_int_equal(submit_block(f->c, 5), 0);
     thaw_disk_cache_pause(f->c, 0);
     thaw_disk_cache_flush(f->c);
