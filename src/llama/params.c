@@ -18,6 +18,7 @@
 
 #include <dlfcn.h>
 #include <ggml-backend.h>
+#include <gguf.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -277,6 +278,42 @@ static void log_no_gpu(const struct thaw_config *cfg)
         LOG_INF("no GPU device: no effect from %s (everything runs on the CPU)", given);
 }
 
+/* Whether the GGUF at path is an MLA model (a `<arch>.attention.kv_lora_rank`
+ * key: DeepSeek 2/3, Kimi, GLM 4.7 Flash...). */
+static bool is_mla(const char *path)
+{
+    struct gguf_init_params gp = {.no_alloc = true, .ctx = NULL};
+    struct gguf_context *g = path ? gguf_init_from_file(path, gp) : NULL;
+    bool mla = false;
+
+    if (!g)
+        return false;
+    int64_t a = gguf_find_key(g, "general.architecture");
+    if (a >= 0 && gguf_get_kv_type(g, a) == GGUF_TYPE_STRING) {
+        char key[128];
+        snprintf(key, sizeof key, "%s.attention.kv_lora_rank", gguf_get_val_str(g, a));
+        mla = gguf_find_key(g, key) >= 0;
+    }
+    gguf_free(g);
+    return mla;
+}
+
+/* Whether the CPU backend offers the AMX buffer type (ggml's Sapphire
+ * Rapids and later CPU variants). */
+static bool cpu_has_amx(void)
+{
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_reg_t reg = cpu ? ggml_backend_dev_backend_reg(cpu) : NULL;
+    typedef ggml_backend_buffer_type_t *(*get_extra_bufts_fn)(ggml_backend_dev_t);
+    get_extra_bufts_fn get =
+        reg ? (get_extra_bufts_fn)ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts") : NULL;
+
+    for (ggml_backend_buffer_type_t *b = get ? get(cpu) : NULL; b && *b; b++)
+        if (strstr(ggml_backend_buft_name(*b), "AMX"))
+            return true;
+    return false;
+}
+
 int thaw_params_model(const struct thaw_config *cfg, struct thaw_params *p, struct llama_model_params *mp)
 {
     int rc = 0;
@@ -318,6 +355,14 @@ int thaw_params_model(const struct thaw_config *cfg, struct thaw_params *p, stru
     mp->kv_overrides = cfg->n_kv_overrides ? p->kv : NULL;
     mp->check_tensors = cfg->check_tensors;
     mp->use_extra_bufts = cfg->repack;
+    if (mp->use_extra_bufts && cpu_has_amx() && is_mla(cfg->model_path)) {
+        /* llama.cpp v0.4.0 puts an MLA model's weights in the AMX buffer,
+         * then finds no backend for an op on them and aborts making the
+         * context (GGML_ASSERT(*cur_backend_id != -1), ggml-backend.cpp) */
+        LOG_WRN("an MLA model on a CPU with AMX: its weights stay out of ggml's AMX and repacked buffers (as "
+                "--no-repack), which llama.cpp cannot yet run such a model from");
+        mp->use_extra_bufts = false;
+    }
     mp->no_host = cfg->no_host;
     LOG_INF("loading the model: load mode %s%s%s", llama_load_mode_name(mp->load_mode),
             mp->check_tensors ? ", checking tensors" : "", mp->use_extra_bufts ? "" : ", no repacking");

@@ -61,6 +61,7 @@ struct env {
 static void env_open(struct env *e, const char *path, enum llama_flash_attn_type fa, uint32_t n_ctx)
 {
     struct llama_model_params mp = llama_model_default_params();
+    mp.use_extra_bufts = false; /* as thaw serve loads an MLA model on an AMX CPU (params.c): else llama aborts */
     e->model = llama_model_load_from_file(path, mp);
     assert_non_null(e->model);
     struct llama_context_params cp = llama_context_default_params();
