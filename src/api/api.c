@@ -1490,16 +1490,30 @@ const struct thaw_codec thaw_codec_chat = {
     .fail = chat_fail,
 };
 
-char *thaw_api_router_models_json(int n, const char *const *names, const char *const *aliases,
-                                  const char *const *statuses, long created)
+char *thaw_api_router_models_json(int n, const struct thaw_api_router_model *models, long created)
 {
     json_t *data = json_array();
 
-    for (int i = 0; data && i < n; i++)
-        json_array_append_new(data, json_pack("{s:s, s:o, s:[], s:s, s:s, s:I, s:{s:s, s:[]}}", "id", names[i],
-                                              "aliases", comma_list(aliases[i]), "tags", "object", "model",
-                                              "owned_by", "thaw",
-                                              "created", (json_int_t)created, "status", "value", statuses[i], "args"));
+    for (int i = 0; data && i < n; i++) {
+        const struct thaw_api_router_model *m = &models[i];
+        json_t *status = json_pack("{s:s, s:[]}", "value", m->status, "args");
+        if (status && m->stage)
+            json_object_set_new(status, "progress",
+                                json_pack("{s:[s,s*], s:s, s:f}", "stages", "text_model",
+                                          m->vision ? "mmproj_model" : NULL, "current", m->stage, "value",
+                                          (double)m->progress));
+        if (status && m->waiting > 0)
+            json_object_set_new(status, "waiting", json_integer(m->waiting));
+        if (status && m->failed) {
+            json_object_set_new(status, "failed", json_true());
+            json_object_set_new(status, "exit_code", json_integer(1));
+        }
+        json_array_append_new(data, json_pack("{s:s, s:o, s:[], s:s, s:s, s:I, s:o, s:{s:[s,s*], s:[s]}}", "id",
+                                              m->name, "aliases", comma_list(m->aliases), "tags", "object", "model",
+                                              "owned_by", "thaw", "created", (json_int_t)created, "status", status,
+                                              "architecture", "input_modalities", "text",
+                                              m->vision ? "image" : NULL, "output_modalities", "text"));
+    }
     return thaw_api_dump(json_pack("{s:o, s:s}", "data", data, "object", "list"));
 }
 

@@ -292,14 +292,29 @@ struct thaw_model_meta {
  * NULL = none), and its Ollama-style "models" array. */
 char *thaw_api_models_json(const char *model, const char *tags, long created, const struct thaw_model_meta *m);
 
+/* One model of GET /models with --models-dir or --models-preset. */
+struct thaw_api_router_model {
+    const char *name;
+    const char *aliases; /* "a,b", NULL: none */
+    const char *status;  /* "loaded", "loading", "unloaded", "unloading" */
+    const char *stage;   /* loading: "text_model" / "mmproj_model", else NULL */
+    float progress;      /* loading: how far `stage` has come, 0..1 */
+    bool vision;         /* takes images */
+    bool failed;         /* unloaded: its last load failed */
+    int waiting;         /* requests waiting for its load */
+};
+
 /* GET /models and /v1/models with --models-dir or --models-preset:
  * llama-server's router list ({"data": [{"id", "aliases", "tags", "object":
- * "model", "owned_by", "created", "status": {"value", "args"}}], "object":
- * "list"}), one entry per name, aliases[i] its other names ("a,b", NULL:
- * none; llama-server lists a preset's alias list, never the id),
- * statuses[i] its status word. NULL on ENOMEM. */
-char *thaw_api_router_models_json(int n, const char *const *names, const char *const *aliases,
-                                  const char *const *statuses, long created);
+ * "model", "owned_by", "created", "status": {"value", "args"},
+ * "architecture": {"input_modalities", "output_modalities"}}], "object":
+ * "list"}), one entry per model; "aliases" are its other names
+ * (llama-server lists a preset's alias list, never the id). A loading
+ * model's status has its load's "progress" ({"stages", "current",
+ * "value"}, as /models/sse sends it) and, thaw's, "waiting": the requests
+ * waiting for it; a failed load's "failed": true, "exit_code": 1. NULL on
+ * ENOMEM. */
+char *thaw_api_router_models_json(int n, const struct thaw_api_router_model *models, long created);
 
 /* The request body's top-level "model" string, malloc'd (the caller frees),
  * or NULL: none, not a string, or the body is not a JSON object (its route

@@ -222,6 +222,15 @@ done:
     return rc;
 }
 
+char *thaw_api_router_props_json(int models_max, bool models_autoload)
+{
+    return thaw_api_dump(json_pack("{s:s, s:i, s:b, s:s, s:s, s:{s:{}, s:i}, s:{}, s:s, s:b}", "role", "router",
+                                   "max_instances", models_max, "models_autoload", models_autoload, "model_alias",
+                                   "thaw", "model_path", "none", "default_generation_settings", "params", "n_ctx", 0,
+                                   "ui_settings", "build_info", thaw_tmpl_build_fingerprint(), "cors_proxy_enabled",
+                                   0));
+}
+
 char *thaw_api_props_json(const struct thaw_api_props_live *live, const char *model, const char *model_path,
                           const char *chat_template, int total_slots,
                           int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict,

@@ -59,6 +59,12 @@ struct thaw_api_props_live {
  * sent). Returns 0, THAW_EINVAL (reason in err) or THAW_ENOMEM. */
 int thaw_api_parse_props(const char *body, size_t len, bool *has_budget, bool *has_message,
                          struct thaw_api_props_live *out, char *err, size_t errlen);
+/* GET /props of a server of many models asked for no model in particular:
+ * llama-server's router answer ({"role": "router", "max_instances",
+ * "models_autoload", "build_info", and its placeholders "model_alias",
+ * "model_path", "default_generation_settings"}). NULL on ENOMEM. */
+char *thaw_api_router_props_json(int models_max, bool models_autoload);
+
 /* `live` may be NULL (the fields are then left out). */
 char *thaw_api_props_json(const struct thaw_api_props_live *live, const char *model, const char *model_path,
                           const char *chat_template, int total_slots,

@@ -13,6 +13,7 @@ static const char *const names[THAW_HOOK_COUNT] = {
     [THAW_HOOK_KVTAP_VERIFY] = "THAW_TEST_KVTAP_VERIFY",
     [THAW_HOOK_NOW_S] = "THAW_TEST_NOW_S",
     [THAW_HOOK_LIST_PAGE] = "THAW_TEST_LIST_PAGE",
+    [THAW_HOOK_ROUTE_HOLD_MS] = "THAW_TEST_ROUTE_HOLD_MS",
 };
 
 static long values[THAW_HOOK_COUNT];

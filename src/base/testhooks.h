@@ -41,6 +41,12 @@ enum thaw_test_hook {
     /* THAW_TEST_LIST_PAGE: the shared tier's listings ask for pages of this
      * many keys (deleting while listing, across pages) */
     THAW_HOOK_LIST_PAGE,
+    /* THAW_TEST_ROUTE_HOLD_MS: with many models, a request holds its model
+     * this long before its route runs (a model kept busy for as long as a
+     * test needs: llama-server's LLAMA_SERVER_DEBUG_FAKE_TIMING, which
+     * tests/compat/run-upstream maps onto it for upstream's router tests).
+     * POST /models/load is not held. */
+    THAW_HOOK_ROUTE_HOLD_MS,
     THAW_HOOK_COUNT
 };
 

@@ -779,7 +779,7 @@ static void log_embedding(const struct thaw_engine *e)
 }
 
 int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_disk_cache *kv_store,
-                    struct thaw_engine **out)
+                    const struct thaw_load_progress *progress, struct thaw_engine **out)
 {
     struct thaw_engine *e = calloc(1, sizeof *e);
     int rc = 0;
@@ -803,7 +803,8 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     }
     struct llama_context_params cp;
     /* --embedding keeps no KV cache: no tap to cut it */
-    if ((rc = thaw_params_open(cfg, cfg->kv_cache_dir && cfg->kv_tap && !cfg->embedding, &e->model, &e->ctx, &e->tap, &e->threads, &cp)) != 0)
+    if ((rc = thaw_params_open(cfg, cfg->kv_cache_dir && cfg->kv_tap && !cfg->embedding, progress, &e->model, &e->ctx,
+                               &e->tap, &e->threads, &cp)) != 0)
         goto error;
     if ((rc = thaw_placement_init(&e->placement, e->model, e->ctx)) != 0)
         goto error;
@@ -852,10 +853,14 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         crypto_generichash_update(&hs, fp, sizeof fp);
         crypto_generichash_update(&hs, (const unsigned char *)settings, strlen(settings));
         crypto_generichash_final(&hs, vp.identity, sizeof vp.identity);
+        if (progress && progress->fn)
+            progress->fn(progress->ud, "mmproj_model", 0.0f);
         if ((rc = thaw_vision_new(e->model, &vp, &e->vision, verr, sizeof verr)) != 0) {
             LOG_ERR("--mmproj: %s", rc == THAW_EINVAL ? verr : thaw_strerror(rc));
             goto error;
         }
+        if (progress && progress->fn)
+            progress->fn(progress->ud, "mmproj_model", 1.0f);
         LOG_INF("projector %s loaded in %.0f ms: requests may carry images", cfg->mmproj_path,
                 (double)(thaw_now_us() - tv) / 1000.0);
     }

@@ -23,12 +23,15 @@ struct thaw_placement;
  * cfg->n_parallel sequences and starts the engine thread. kv_store: the
  * --kv-cache-dir every model of the process shares
  * (thaw_kvcache_open_store), which the engine's disk tier takes a handle
- * onto; NULL: the engine opens cfg->kv_cache_dir itself. `cfg`, `metrics`
- * and kv_store must outlive the engine. Returns 0, -errno, THAW_ELLAMA
- * (load or context failure, logged) or THAW_ENOMEM. */
-struct thaw_disk_cache; /* cache_disk.h */
+ * onto; NULL: the engine opens cfg->kv_cache_dir itself. `progress`
+ * (NULL: none) is told how far the load has come: the model's weights,
+ * then the projector's (params.h). `cfg`, `metrics` and kv_store must
+ * outlive the engine. Returns 0, -errno, THAW_ELLAMA (load or context
+ * failure, logged) or THAW_ENOMEM. */
+struct thaw_disk_cache;    /* cache_disk.h */
+struct thaw_load_progress; /* llama/params.h */
 int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics, struct thaw_disk_cache *kv_store,
-                    struct thaw_engine **out);
+                    const struct thaw_load_progress *progress, struct thaw_engine **out);
 
 /* Stops the thread: active and queued tasks fail with 503, later submits get
  * THAW_ESHUTDOWN. Everything else stays valid until thaw_engine_free.

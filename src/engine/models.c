@@ -30,15 +30,19 @@
  */
 #include "engine/models.h"
 
+#include "base/blob.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "cache/cache_disk.h"
 #include "cache/kvcache.h"
 #include "engine/engine.h"
+#include "llama/params.h"
 
 #include <dirent.h>
+#include <jansson.h>
 #include <errno.h>
 #include <llama.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -64,7 +68,12 @@ struct thaw_model {
     uint64_t last_used;        /* ms->tick at its last acquire: the LRU order */
     int64_t active_ms;         /* monotonic ms of its last acquire or release, or its load: with no
                                 * hold, it has been idle since (--sleep-idle-seconds); peeks leave it */
+    const char *stage;         /* LOADING: "text_model" or "mmproj_model" (static), else NULL */
+    float progress;            /* LOADING: how far `stage` has come, 0..1 */
+    struct thaw_models *set;   /* its set (the load's progress callback finds the mutex) */
 };
+
+#define N_EVENTS 64 /* the events /models/sse readers can fall behind by */
 
 struct thaw_models {
     const struct thaw_config *cfg;
@@ -75,7 +84,10 @@ struct thaw_models {
     struct thaw_model *models; /* n, sorted by name */
     int n;
     uint64_t tick;
-    struct thaw_models_watch *watches; /* every request waiting in thaw_models_try */
+    struct thaw_models_watch *watches; /* every request waiting in thaw_models_try, the newest first */
+    struct thaw_models_sub *subs;      /* every /models/sse reader */
+    char *events[N_EVENTS];            /* the last N_EVENTS events' JSON: event i at events[i % N_EVENTS] */
+    uint64_t n_events;                 /* events so far */
     pthread_t loader;                  /* --models-dir: loads what watches want */
     bool loader_started;
     pthread_mutex_t mu;
@@ -130,6 +142,7 @@ static int add_model(struct thaw_models *ms, int *cap, const char *name, const c
     m->file = file ? strdup(file) : NULL;
     m->path = strdup(path);
     m->metrics = calloc(1, sizeof *m->metrics);
+    m->set = ms;
     *out = m;
     return m->name && (m->file || !file) && m->path && m->metrics ? 0 : THAW_ENOMEM;
 }
@@ -340,9 +353,10 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
             goto error;
         }
         ms->n = 1;
+        m->set = ms;
         m->metrics = metrics;
         m->cfg = *cfg;
-        if ((rc = thaw_engine_new(&m->cfg, metrics, NULL, &m->engine)) != 0)
+        if ((rc = thaw_engine_new(&m->cfg, metrics, NULL, NULL, &m->engine)) != 0)
             goto error;
         m->status = THAW_MODEL_LOADED;
         if (!(m->name = strdup(thaw_engine_model_name(m->engine))) || !(m->path = strdup(cfg->model_path))) {
@@ -406,6 +420,8 @@ void thaw_models_free(struct thaw_models *ms)
             free(m->metrics);
     }
     free(ms->models);
+    for (int i = 0; i < N_EVENTS; i++)
+        free(ms->events[i]);
     thaw_disk_cache_close(ms->kv_store); /* after every engine's handle onto it */
     pthread_cond_destroy(&ms->cond);
     pthread_mutex_destroy(&ms->mu);
@@ -414,6 +430,97 @@ void thaw_models_free(struct thaw_models *ms)
 }
 
 bool thaw_models_many(const struct thaw_models *ms) { return ms->many; }
+
+/* ---- events (/models/sse) -------------------------------------------------------------- */
+
+/* {"stages": [...], "current": stage, "value": v}: llama-server's load progress. */
+static json_t *progress_json(const struct thaw_model *m)
+{
+    return json_pack("{s:[s,s*], s:s, s:f}", "stages", "text_model", m->cfg.mmproj_path ? "mmproj_model" : NULL,
+                     "current", m->stage, "value", (double)m->progress);
+}
+
+/* Records m's status now as llama-server's "status_change" event (with a
+ * load's progress; a failed load's exit_code 1) and wakes every reader.
+ * With ms->mu held. */
+static void event_locked(struct thaw_models *ms, const struct thaw_model *m)
+{
+    json_t *data = json_pack("{s:s}", "status", thaw_model_status_name(m->status));
+
+    if (data && m->status == THAW_MODEL_LOADING && m->stage)
+        json_object_set_new(data, "progress", progress_json(m));
+    if (data && m->status == THAW_MODEL_UNLOADED)
+        json_object_set_new(data, "exit_code", json_integer(m->load_rc != 0));
+    json_t *ev = data ? json_pack("{s:s, s:s, s:o}", "model", m->name, "event", "status_change", "data", data) : NULL;
+    char *text = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
+    json_decref(ev);
+    if (!text) {
+        LOG_WRN("model %s: out of memory for a /models/sse event", m->name);
+        return;
+    }
+    free(ms->events[ms->n_events % N_EVENTS]);
+    ms->events[ms->n_events++ % N_EVENTS] = text;
+    for (struct thaw_models_sub *sub = ms->subs; sub; sub = sub->next)
+        sub->wake(sub->ud);
+}
+
+uint64_t thaw_models_subscribe(struct thaw_models *ms, struct thaw_models_sub *sub)
+{
+    pthread_mutex_lock(&ms->mu);
+    uint64_t now = ms->n_events;
+    if (!sub->on) {
+        sub->on = true;
+        sub->prev = NULL;
+        sub->next = ms->subs;
+        if (sub->next)
+            sub->next->prev = sub;
+        ms->subs = sub;
+    }
+    pthread_mutex_unlock(&ms->mu);
+    return now;
+}
+
+void thaw_models_unsubscribe(struct thaw_models *ms, struct thaw_models_sub *sub)
+{
+    pthread_mutex_lock(&ms->mu);
+    if (sub->on) {
+        if (sub->prev)
+            sub->prev->next = sub->next;
+        else
+            ms->subs = sub->next;
+        if (sub->next)
+            sub->next->prev = sub->prev;
+        sub->on = false;
+        sub->prev = sub->next = NULL;
+    }
+    pthread_mutex_unlock(&ms->mu);
+}
+
+char *thaw_models_event_next(struct thaw_models *ms, uint64_t *cursor)
+{
+    char *text = NULL;
+
+    pthread_mutex_lock(&ms->mu);
+    if (*cursor + N_EVENTS < ms->n_events)
+        *cursor = ms->n_events - N_EVENTS; /* fell behind: the oldest kept */
+    if (*cursor < ms->n_events && (text = strdup(ms->events[*cursor % N_EVENTS])))
+        ++*cursor;
+    pthread_mutex_unlock(&ms->mu);
+    return text;
+}
+
+/* The load's progress (params.h), from the loading thread. */
+static void load_told(void *ud, const char *stage, float value)
+{
+    struct thaw_model *m = ud;
+    struct thaw_models *ms = m->set;
+
+    pthread_mutex_lock(&ms->mu);
+    m->stage = stage;
+    m->progress = value;
+    event_locked(ms, m);
+    pthread_mutex_unlock(&ms->mu);
+}
 
 /* ---- load/unload ---------------------------------------------------------------------- */
 
@@ -450,11 +557,19 @@ static void unload_locked(struct thaw_models *ms, struct thaw_model *m, const ch
     struct thaw_engine *e = m->engine;
 
     m->status = THAW_MODEL_UNLOADING;
+    m->load_rc = 0;
+    event_locked(ms, m);
     pthread_mutex_unlock(&ms->mu);
-    int64_t t0 = (int64_t)time(NULL);
+    int64_t t0 = mono_ms();
     LOG_INF("model %s: unloading (%s): its conversations are stored first", m->name, why);
     thaw_engine_free(e); /* stops its thread, stores what its slots hold, writes the queue */
-    LOG_INF("model %s: unloaded in %lld s", m->name, (long long)(time(NULL) - t0));
+    /* its memory back to the system, not kept for the next model: the
+     * pooled restore buffers (the next engine warms its own, kvcache.c)
+     * and what the allocator keeps of the freed heap (KV and compute
+     * buffers) */
+    thaw_blob_pool_drain();
+    malloc_trim(0);
+    LOG_INF("model %s: unloaded in %lld ms", m->name, (long long)(mono_ms() - t0));
     /* what it holds now is gone: its gauges say so (its counters stay) */
     m->metrics->slots_total = 0;
     m->metrics->ram_budget_bytes = 0;
@@ -466,6 +581,7 @@ static void unload_locked(struct thaw_models *ms, struct thaw_model *m, const ch
     pthread_mutex_lock(&ms->mu);
     m->engine = NULL;
     m->status = THAW_MODEL_UNLOADED;
+    event_locked(ms, m);
     pthread_cond_broadcast(&ms->cond);
 }
 
@@ -475,12 +591,17 @@ static void unload_locked(struct thaw_models *ms, struct thaw_model *m, const ch
 static int load_locked(struct thaw_models *ms, struct thaw_model *m)
 {
     struct thaw_engine *e = NULL;
+    const struct thaw_load_progress progress = {load_told, m};
+    int64_t t0 = mono_ms();
     int rc;
 
     m->status = THAW_MODEL_LOADING;
+    m->stage = "text_model";
+    m->progress = 0.0f;
+    event_locked(ms, m);
     pthread_mutex_unlock(&ms->mu);
     LOG_INF("model %s: loading %s", m->name, m->path);
-    rc = thaw_engine_new(&m->cfg, m->metrics, ms->kv_store, &e);
+    rc = thaw_engine_new(&m->cfg, m->metrics, ms->kv_store, &progress, &e);
     pthread_mutex_lock(&ms->mu);
     if (rc == 0 && ms->stopped)
         thaw_engine_stop(e); /* stopped while it loaded: its requests get 503 */
@@ -488,9 +609,13 @@ static int load_locked(struct thaw_models *ms, struct thaw_model *m)
     m->status = rc == 0 ? THAW_MODEL_LOADED : THAW_MODEL_UNLOADED;
     m->active_ms = mono_ms();
     m->load_rc = rc;
+    m->stage = NULL;
+    event_locked(ms, m);
     pthread_cond_broadcast(&ms->cond);
     if (rc != 0)
         LOG_ERR("model %s: cannot load: %s", m->name, thaw_strerror(rc));
+    else
+        LOG_INF("model %s: loaded in %lld ms", m->name, (long long)(m->active_ms - t0));
     return rc;
 }
 
@@ -706,9 +831,26 @@ static struct thaw_model *sleepy(struct thaw_models *ms, int64_t *wait_ms)
     return NULL;
 }
 
-/* The loader: loads the models watches want (unloading the least recently
- * used one not held first when --models-max is reached), and wakes every
- * watch after each move and once a second (each checks its own deadline). */
+/* The model the longest-waiting request wants loaded (requests are served
+ * in arrival order: one waiting for room under --models-max holds back
+ * those after it), or NULL. A request whose client left counts for
+ * nothing (it drops its watch when next woken). With ms->mu held. */
+static struct thaw_model *next_wanted(struct thaw_models *ms)
+{
+    struct thaw_models_watch *w = ms->watches;
+
+    while (w && w->next)
+        w = w->next; /* the oldest: each new watch goes first */
+    for (; w; w = w->prev)
+        if (w->want->status == THAW_MODEL_UNLOADED && w->want->load_rc == 0 && (!w->alive || w->alive(w->ud)))
+            return w->want;
+    return NULL;
+}
+
+/* The loader: loads the models watches want, the longest-waiting
+ * request's first (unloading the least recently used one not held first
+ * when --models-max is reached), and wakes every watch after each move
+ * and once a second (each checks its own deadline and its client). */
 static void *loader_main(void *arg)
 {
     struct thaw_models *ms = arg;
@@ -725,9 +867,7 @@ static void *loader_main(void *arg)
             wake_watches(ms);
             continue;
         }
-        for (int i = 0; i < ms->n && !m; i++)
-            if (ms->models[i].wanted > 0 && ms->models[i].status == THAW_MODEL_UNLOADED && ms->models[i].load_rc == 0)
-                m = &ms->models[i];
+        m = next_wanted(ms);
         if (m && ms->cfg->models_max > 0 && n_resident(ms) >= ms->cfg->models_max) {
             struct thaw_model *v = lru_victim(ms);
             if (v) {
@@ -774,14 +914,22 @@ const char *thaw_model_name(const struct thaw_model *m) { return m->name; }
 const struct thaw_config *thaw_model_config(const struct thaw_model *m) { return &m->cfg; }
 int thaw_models_count(const struct thaw_models *ms) { return ms->n; }
 
-void thaw_models_get(struct thaw_models *ms, int i, const char **name, const char **aliases, const char **path,
-                     enum thaw_model_status *status)
+void thaw_models_get(struct thaw_models *ms, int i, struct thaw_model_info *out)
 {
+    const struct thaw_model *m = &ms->models[i];
+
     pthread_mutex_lock(&ms->mu);
-    *name = ms->models[i].name;
-    *aliases = ms->models[i].aliases;
-    *path = ms->models[i].path;
-    *status = ms->models[i].status;
+    *out = (struct thaw_model_info){
+        .name = m->name,
+        .aliases = m->aliases,
+        .path = m->path,
+        .status = m->status,
+        .stage = m->status == THAW_MODEL_LOADING ? m->stage : NULL,
+        .progress = m->progress,
+        .vision = m->cfg.mmproj_path != NULL,
+        .failed = m->status == THAW_MODEL_UNLOADED && m->load_rc != 0,
+        .waiting = m->wanted,
+    };
     pthread_mutex_unlock(&ms->mu);
 }
 

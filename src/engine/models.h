@@ -27,6 +27,7 @@
 #include "base/metrics.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 
 struct thaw_engine;
 struct thaw_models;
@@ -78,6 +79,8 @@ int thaw_models_acquire(struct thaw_models *ms, const char *name, bool load, int
  * Caller storage; zero it before first use. */
 struct thaw_models_watch {
     void (*wake)(void *ud);
+    bool (*alive)(void *ud);                  /* false once its client left: the loader loads nothing for it
+                                               * (NULL: always there) */
     void *ud;
     struct thaw_model *want;                  /* set's: the model it waits for, NULL = not watching */
     struct thaw_models_watch *prev, *next;    /* set's */
@@ -120,12 +123,42 @@ struct thaw_engine *thaw_model_engine(const struct thaw_model *m);
 const char *thaw_model_name(const struct thaw_model *m);
 const struct thaw_config *thaw_model_config(const struct thaw_model *m);
 
-/* The i-th model (0 <= i < thaw_models_count), its name, aliases ("a,b",
- * NULL: none), path and status now (the status may change as soon as this
- * returns). */
+/* What the i-th model is now (it may change as soon as this returns). */
+struct thaw_model_info {
+    const char *name;
+    const char *aliases;  /* "a,b", NULL: none */
+    const char *path;
+    enum thaw_model_status status;
+    const char *stage;    /* LOADING: "text_model" or "mmproj_model", else NULL */
+    float progress;       /* LOADING: how far `stage` has come, 0..1 */
+    bool vision;          /* it has a projector (--mmproj / a preset's mmproj) */
+    bool failed;          /* UNLOADED: its last load failed */
+    int waiting;          /* requests waiting for it to be loaded */
+};
+
+/* The i-th model (0 <= i < thaw_models_count); strings valid as long as the set. */
 int thaw_models_count(const struct thaw_models *ms);
-void thaw_models_get(struct thaw_models *ms, int i, const char **name, const char **aliases, const char **path,
-                     enum thaw_model_status *status);
+void thaw_models_get(struct thaw_models *ms, int i, struct thaw_model_info *out);
+
+/* GET /models/sse (llama-server's): every status move of every model and
+ * its load's progress, each as one JSON event
+ * ({"model", "event": "status_change", "data": {"status", "progress"?,
+ * "exit_code"?}}). A reader subscribes (its wake(ud) is called, with the
+ * set's mutex held: it must not call back into the set, after each new
+ * event) and reads from the cursor subscribe returned; one that falls
+ * more than 64 events behind skips to the oldest kept. Caller storage,
+ * zeroed before first use. */
+struct thaw_models_sub {
+    void (*wake)(void *ud);
+    void *ud;
+    bool on;                             /* set's */
+    struct thaw_models_sub *prev, *next; /* set's */
+};
+uint64_t thaw_models_subscribe(struct thaw_models *ms, struct thaw_models_sub *sub);
+void thaw_models_unsubscribe(struct thaw_models *ms, struct thaw_models_sub *sub);
+/* The event at *cursor, malloc'd (the caller frees), *cursor moved past
+ * it; NULL when there is none yet (or out of memory). */
+char *thaw_models_event_next(struct thaw_models *ms, uint64_t *cursor);
 
 /* The counters of the model `name` names (as thaw_models_acquire finds
  * it, loaded or not): its engines' since the start, kept across unloads,

@@ -22,6 +22,7 @@
 #include "base/fmt.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/testhooks.h"
 #include "engine/engine.h"
 #include "engine/models.h"
 #include "engine/prepare.h"
@@ -779,20 +780,16 @@ static void route_models(struct server *srv, struct thaw_model *mdl, const struc
     (void)mdl;
     if (thaw_models_many(srv->models)) {
         int n = thaw_models_count(srv->models);
-        const char **names = calloc((size_t)n, sizeof *names), **statuses = calloc((size_t)n, sizeof *statuses);
-        const char **aliases = calloc((size_t)n, sizeof *aliases);
-        for (int i = 0; names && aliases && statuses && i < n; i++) {
-            const char *path;
-            enum thaw_model_status st;
-            thaw_models_get(srv->models, i, &names[i], &aliases[i], &path, &st);
-            statuses[i] = thaw_model_status_name(st);
+        struct thaw_api_router_model *list = calloc((size_t)n, sizeof *list);
+        for (int i = 0; list && i < n; i++) {
+            struct thaw_model_info mi;
+            thaw_models_get(srv->models, i, &mi);
+            list[i] = (struct thaw_api_router_model){mi.name,   mi.aliases, thaw_model_status_name(mi.status),
+                                                     mi.stage,  mi.progress, mi.vision,
+                                                     mi.failed, mi.waiting};
         }
-        set_json(r, 200,
-                 names && aliases && statuses ? thaw_api_router_models_json(n, names, aliases, statuses, srv->started)
-                                              : NULL);
-        free(names);
-        free(aliases);
-        free(statuses);
+        set_json(r, 200, list ? thaw_api_router_models_json(n, list, srv->started) : NULL);
+        free(list);
         if (!r->body)
             set_error(srv, r, 500, "out of memory");
         return;
@@ -850,6 +847,87 @@ out:
 /* POST /models/load ({"model": NAME}): a model route (serve_with_model
  * loads it, --no-models-autoload or not, the request deferred meanwhile);
  * then llama-server's router answer ({"success": true}). */
+/* GET /models/sse (llama-server's router): every model's status moves and
+ * load progress from now on, one "data: {...}" event each (models.h). With
+ * -m nothing ever moves: the stream stays open and quiet. */
+struct models_sse {
+    struct thaw_models *models;
+    struct thaw_http_conn *conn;
+    struct thaw_models_sub sub;
+    uint64_t cursor;
+    char *out; /* the event being sent */
+    size_t n_out, off;
+};
+
+static ssize_t models_sse_read(void *ud, char *buf, size_t max)
+{
+    struct models_sse *st = ud;
+
+    if (st->off == st->n_out) {
+        char *ev = thaw_models_event_next(st->models, &st->cursor);
+        free(st->out);
+        st->out = NULL;
+        st->off = st->n_out = 0;
+        if (!ev)
+            return THAW_HTTP_STREAM_WAIT; /* the next event wakes it */
+        size_t cap = strlen(ev) + 9;
+        if (!(st->out = malloc(cap))) {
+            free(ev);
+            return -1;
+        }
+        st->n_out = (size_t)snprintf(st->out, cap, "data: %s\n\n", ev);
+        free(ev);
+    }
+    size_t k = st->n_out - st->off < max ? st->n_out - st->off : max;
+    memcpy(buf, st->out + st->off, k);
+    st->off += k;
+    return (ssize_t)k;
+}
+
+static void models_sse_free(void *ud)
+{
+    struct models_sse *st = ud;
+
+    thaw_models_unsubscribe(st->models, &st->sub);
+    thaw_http_conn_unref(st->conn);
+    free(st->out);
+    free(st);
+}
+
+static void route_models_sse(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                             const uint8_t *ns, struct thaw_http_response *r)
+{
+    struct models_sse *st = calloc(1, sizeof *st);
+
+    (void)mdl;
+    (void)ns;
+    if (!st) {
+        set_error(srv, r, 500, "out of memory");
+        return;
+    }
+    st->models = srv->models;
+    st->conn = hr->conn;
+    thaw_http_conn_ref(hr->conn);
+    st->sub.wake = client_wake;
+    st->sub.ud = hr->conn;
+    st->cursor = thaw_models_subscribe(srv->models, &st->sub);
+    r->status = 200;
+    r->content_type = "text/event-stream; charset=utf-8";
+    r->stream = models_sse_read;
+    r->stream_ud = st;
+    r->stream_free = models_sse_free;
+}
+
+/* GET /props with many models and no ?model=: llama-server's router
+ * answer (its role, --models-max, --models-autoload; placeholders where a
+ * model's own props would be, as there). */
+static void route_router_props(struct server *srv, struct thaw_http_response *r)
+{
+    set_json(r, 200, thaw_api_router_props_json(srv->cfg.models_max, srv->cfg.models_autoload));
+    if (!r->body)
+        set_error(srv, r, 500, "out of memory");
+}
+
 static void route_models_load(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
                               const uint8_t *ns, struct thaw_http_response *r)
 {
@@ -884,11 +962,10 @@ static void engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
     struct thaw_model *m;
 
     for (int i = 0; i < thaw_models_count(srv->models); i++) {
-        const char *name, *aliases, *path;
-        enum thaw_model_status st;
-        thaw_models_get(srv->models, i, &name, &aliases, &path, &st);
-        if (st != THAW_MODEL_LOADED || (v->model && many && strcmp(v->model, name) != 0) ||
-            thaw_models_peek(srv->models, many ? name : NULL, &m) != 0)
+        struct thaw_model_info mi;
+        thaw_models_get(srv->models, i, &mi);
+        if (mi.status != THAW_MODEL_LOADED || (v->model && many && strcmp(v->model, mi.name) != 0) ||
+            thaw_models_peek(srv->models, many ? mi.name : NULL, &m) != 0)
             continue;
         thaw_engine_metrics(thaw_model_engine(m), buf, cap, len);
         thaw_models_unpeek(srv->models, m);
@@ -1234,6 +1311,7 @@ static const struct route {
     {"/webui/", NULL, "GET", route_webui, NULL, NULL, true, true, false},
     {"/models/load", NULL, "POST", route_models_load, NULL, NULL, false, false, true},
     {"/models/unload", NULL, "POST", route_models_unload, NULL, NULL, false, false, false},
+    {"/models/sse", NULL, "GET", route_models_sse, NULL, NULL, false, false, false},
 };
 
 /* The shape a route's errors take: its codec's, else OpenAI's. */
@@ -1351,7 +1429,7 @@ static void model_error(const struct route *rt, struct server *srv, const char *
     } else if (rc == THAW_EBUSY) {
         snprintf(msg, sizeof msg, "model '%.64s' is not loaded (--no-models-autoload): POST /models/load loads it",
                  name);
-        set_codec_error(r, errors_of(rt), 503, msg);
+        set_codec_error(r, errors_of(rt), 400, msg); /* llama-server's router: 400 "model is not loaded" */
     } else if (rc == THAW_ESHUTDOWN) {
         set_codec_error(r, errors_of(rt), 503, "the server is shutting down");
     } else {
@@ -1374,6 +1452,7 @@ struct model_wait {
     bool deferred;               /* http.c holds it (model_wait_free ends it) */
     int64_t deadline_us;         /* --timeout from the request's start */
     struct thaw_models_watch watch;
+    struct thaw_model *held;     /* acquired, its route not run yet (THAW_TEST_ROUTE_HOLD_MS) */
     thaw_http_resume_fn resume;  /* the route's own deferral, once it runs */
     void *resume_ud;
     void (*resume_free)(void *);
@@ -1383,7 +1462,11 @@ static void model_wait_free(void *ud)
 {
     struct model_wait *w = ud;
 
+    if (w->watch.want && !thaw_http_conn_alive(w->hr.conn))
+        LOG_INF("a request for model '%.64s' gave up waiting for its load (its client left)", w->name ? w->name : "");
     thaw_models_unwatch(w->srv->models, &w->watch);
+    if (w->held)
+        thaw_models_release(w->srv->models, w->held);
     if (w->resume_free)
         w->resume_free(w->resume_ud);
     thaw_http_conn_unref(w->hr.conn);
@@ -1403,22 +1486,74 @@ static void model_defer(struct model_wait *w, struct thaw_http_response *r)
     w->deferred = true;
 }
 
+/* THAW_TEST_ROUTE_HOLD_MS: wakes a request after its hold. */
+static void *hold_main(void *arg)
+{
+    struct thaw_http_conn *conn = arg;
+
+    long ms = thaw_test_hook(THAW_HOOK_ROUTE_HOLD_MS);
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+    thaw_http_wake(conn);
+    thaw_http_conn_unref(conn);
+    return NULL;
+}
+
+/* Holds mdl for w without running its route yet, until a thread wakes it
+ * (THAW_TEST_ROUTE_HOLD_MS). False: no thread, run it now. */
+static bool hold_model(struct model_wait *w, struct thaw_model *mdl)
+{
+    pthread_attr_t attr;
+    pthread_t t;
+    bool ok;
+
+    thaw_http_conn_ref(w->hr.conn);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    ok = pthread_create(&t, &attr, hold_main, w->hr.conn) == 0;
+    pthread_attr_destroy(&attr);
+    if (!ok)
+        thaw_http_conn_unref(w->hr.conn);
+    else
+        w->held = mdl;
+    return ok;
+}
+
 /* One try at the model: the route served, an error answered, or r
- * deferred again until the loader wakes it. */
+ * deferred again until the loader wakes it. A request whose client left
+ * while it waited stops waiting: a load no one waits for is not started,
+ * and no model is unloaded for it. */
 static void model_step(struct model_wait *w, struct thaw_http_response *r)
 {
-    struct thaw_model *mdl;
-    int rc = thaw_models_try(w->srv->models, w->name, w->autoload, &w->watch, &mdl);
+    struct thaw_model *mdl = w->held;
+    bool gone = false;
+    int rc = 0;
 
-    if (rc == THAW_EPENDING && thaw_now_us() >= w->deadline_us) {
-        thaw_models_unwatch(w->srv->models, &w->watch);
-        rc = THAW_ETIMEDOUT;
+    if (mdl) {
+        w->held = NULL; /* held: its hold is over */
+    } else {
+        rc = thaw_models_try(w->srv->models, w->name, w->autoload, &w->watch, &mdl);
+        if (rc == THAW_EPENDING && (gone = !thaw_http_conn_alive(w->hr.conn))) {
+            rc = THAW_ETIMEDOUT; /* its watch ends with it (model_wait_free), ignored by the loader meanwhile */
+        } else if (rc == THAW_EPENDING && thaw_now_us() >= w->deadline_us) {
+            thaw_models_unwatch(w->srv->models, &w->watch);
+            rc = THAW_ETIMEDOUT;
+        }
+        if (rc == THAW_EPENDING) {
+            model_defer(w, r);
+            return;
+        }
+        if (rc == 0 && thaw_test_hook(THAW_HOOK_ROUTE_HOLD_MS) > 0 && w->rt->fn != route_models_load &&
+            hold_model(w, mdl)) {
+            model_defer(w, r);
+            return;
+        }
     }
-    if (rc == THAW_EPENDING) {
-        model_defer(w, r);
-        return;
-    }
-    if (rc != 0) {
+    if (gone) {
+        set_codec_error(r, errors_of(w->rt), 503, "the client left while its model was loading");
+    } else if (rc != 0) {
         model_error(w->rt, w->srv, w->name, rc, r);
     } else {
         if (w->rt->serve)
@@ -1473,12 +1608,18 @@ static void serve_with_model(struct server *srv, const struct route *rt, const s
     w->name = thaw_api_request_model(hr->body, hr->n_body);
     if (!w->name && (q = thaw_http_query(hr->conn, "model")) && *q)
         w->name = strdup(q);
+    if (!w->name && rt->fn == route_props) { /* llama-server's router: its own props */
+        free(w);
+        route_router_props(srv, r);
+        return;
+    }
     q = thaw_http_query(hr->conn, "autoload");
     w->autoload = q && *q ? strcmp(q, "true") == 0 || strcmp(q, "1") == 0 : srv->cfg.models_autoload;
     if (rt->fn == route_models_load)
         w->autoload = true; /* what it is for */
     w->deadline_us = thaw_now_us() + (int64_t)srv->cfg.timeout_s * 1000000;
     w->watch.wake = client_wake;
+    w->watch.alive = client_alive;
     w->watch.ud = hr->conn;
     thaw_http_conn_ref(hr->conn);
     model_step(w, r);

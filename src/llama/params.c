@@ -469,25 +469,38 @@ static void llama_log_cb(enum ggml_log_level level, const char *text, void *ud)
     thaw_log((enum thaw_log_level)(v > THAW_LOG_DEBUG ? THAW_LOG_DEBUG : v), "llama: %.*s", (int)n, text);
 }
 
-/* Logs 25/50/75% of a model load, only once it has taken over a second. */
+struct load_watch {
+    int64_t t0;        /* the load's start */
+    int next_quarter;  /* the next quarter to log */
+    int64_t told_us;   /* when `progress` was last told */
+    const struct thaw_load_progress *progress;
+};
+
+/* Logs 25/50/75% of a model load, only once it has taken over a second,
+ * and tells the load's watcher (at most every 100 ms, and its end). */
 static bool load_progress(float p, void *ud)
 {
-    int64_t *t0 = ud; /* [0] start, [1] next quarter to log */
+    struct load_watch *w = ud;
     int quarter = (int)(p * 4);
+    int64_t now = thaw_now_us();
 
-    if (quarter >= 1 && quarter <= 3 && quarter >= t0[1] && thaw_now_us() - t0[0] > 1000000) {
+    if (quarter >= 1 && quarter <= 3 && quarter >= w->next_quarter && now - w->t0 > 1000000) {
         LOG_INF("loading model: %d%%", quarter * 25);
-        t0[1] = quarter + 1;
+        w->next_quarter = quarter + 1;
+    }
+    if (w->progress && w->progress->fn && (p >= 1.0f || now - w->told_us >= 100000)) {
+        w->told_us = now;
+        w->progress->fn(w->progress->ud, "text_model", p);
     }
     return true;
 }
 
-int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_model **model,
-                     struct llama_context **ctx, struct thaw_kvtap **tap, struct thaw_threads **threads,
-                     struct llama_context_params *cp_out)
+int thaw_params_open(const struct thaw_config *cfg, bool want_tap, const struct thaw_load_progress *progress,
+                     struct llama_model **model, struct llama_context **ctx, struct thaw_kvtap **tap,
+                     struct thaw_threads **threads, struct llama_context_params *cp_out)
 {
     struct thaw_params pp = {0}; /* what mp points into, until the context exists */
-    int64_t progress[2] = {thaw_now_us(), 1};
+    struct load_watch watch = {thaw_now_us(), 1, 0, progress};
     int rc;
 
     *model = NULL;
@@ -525,7 +538,7 @@ int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_
     thaw_params_fit(cfg, &pp, &mp, &cp);
     llama_log_set(llama_log_cb, NULL); /* -fit borrows llama's logger */
     mp.progress_callback = load_progress;
-    mp.progress_callback_user_data = progress;
+    mp.progress_callback_user_data = &watch;
     *model = llama_model_load_from_file(cfg->model_path, mp);
     if (!*model) {
         LOG_ERR("llama.cpp could not load %s (not a model GGUF, or an unsupported architecture)", cfg->model_path);

@@ -63,17 +63,27 @@ void thaw_params_list_devices(const struct thaw_config *cfg, FILE *f);
  * llama.cpp thaw was built with. Idempotent. */
 void thaw_params_load_backends(const struct thaw_config *cfg);
 
+/* How far a model's load has come, for whoever waits for it (models.c:
+ * GET /models, /models/sse): `stage` is "text_model" or "mmproj_model"
+ * (llama-server's words), value 0..1; called on the loading thread, at
+ * most every 100 ms but always with 1 at a stage's end. */
+struct thaw_load_progress {
+    void (*fn)(void *ud, const char *stage, float value);
+    void *ud;
+};
+
 /* Loads the model and creates its context as every flag says (the above,
  * then thaw's own: batch sizes, threads, one sequence of its own per slot,
  * --swa-full), with llama's log lines routed to thaw's and the load's
- * progress logged. With want_tap, and when the KV cache stays in host
+ * progress logged (and told to `progress`, NULL: nobody). With want_tap, and when the KV cache stays in host
  * memory (no GPU device), a tap (kvtap.h) watches the context's graphs;
  * *tap is NULL otherwise. *cp_out: the context's settings (the cache keys
  * bind its KV types). Returns 0, or an error (logged) with nothing left
  * open. *threads: the context's CPU threadpools (threads.h; NULL when
  * ggml makes its own). The caller frees the context, then the threads and
  * the tap, then the model. */
-int thaw_params_open(const struct thaw_config *cfg, bool want_tap, struct llama_model **model,
+int thaw_params_open(const struct thaw_config *cfg, bool want_tap, const struct thaw_load_progress *progress,
+                     struct llama_model **model,
                      struct llama_context **ctx, struct thaw_kvtap **tap, struct thaw_threads **threads,
                      struct llama_context_params *cp_out);
 

@@ -180,7 +180,11 @@ def test_get_routes_name_the_model_in_the_query(router):
     assert r.status_code == 200, r.text
     assert r.json()["model_alias"] == "beta"
     assert statuses(s)["beta"] == "loaded"
-    assert s.get("/props").status_code == 400  # two models: which one?
+    r = s.get("/props")  # no model named: llama-server's router answers for itself
+    assert r.status_code == 200, r.text
+    p = r.json()
+    assert p["role"] == "router" and p["max_instances"] == 2 and p["models_autoload"] is True, p
+    assert p["build_info"].startswith("b"), p
     assert s.get("/props?model=gamma").status_code == 404
 
 
@@ -205,7 +209,8 @@ def test_metrics_slots_and_props_per_model(router, tmp_path):
     assert total["thaw_prompt_tokens_total"] == ma["thaw_prompt_tokens_total"] + mb["thaw_prompt_tokens_total"]
     assert ma["llamacpp:tokens_predicted_total"] == ma["thaw_predicted_tokens_total"]
     assert ma["thaw_slots_total"] == 2 and total["thaw_slots_total"] == 4
-    assert total["thaw_requests_total"] > ma["thaw_requests_total"] > 5  # HTTP: the server's, counting on
+    # HTTP: the server's, counting on (3 chats, idle()'s scrapes, this one)
+    assert total["thaw_requests_total"] > ma["thaw_requests_total"] >= 5
     assert s.get("/metrics?model=gamma").status_code == 404
     slots = s.get("/slots?model=alpha")
     assert slots.status_code == 200 and len(slots.json()) == 2, slots.text
@@ -269,7 +274,7 @@ def test_models_load_unload_and_statuses(router):
     assert s.get("/v1/models").json()["data"][0]["status"]["value"] == "unloaded"  # both paths list them all
     msgs = [{"role": "user", "content": "hello"}]
     r = s.post("/v1/chat/completions", {"model": "alpha", "messages": msgs, "max_tokens": 4})
-    assert r.status_code == 503 and "/models/load" in r.text, r.text
+    assert r.status_code == 400 and "/models/load" in r.text, r.text  # llama-server's router: 400, not loaded
     assert s.post("/models/load", {"model": "alpha"}).json() == {"success": True}
     assert statuses(s) == {"alpha": "loaded", "beta": "unloaded"}
     assert ask(s, "alpha", msgs, 4)["model"] == "alpha"
@@ -409,3 +414,99 @@ def test_preset_errors_name_the_file_and_line(models_dir, tmp_path):
     assert rc != 0 and "alias 'beta' of model alpha also names model beta" in err, err
     rc, err = run("[alpha]\nc = 1024\n", "-m", str(models_dir / "alpha.gguf"))
     assert rc == 2 and "give one" in err, err
+
+
+def sse_events(s, out, stop, ready):
+    """Collects GET /models/sse's events into `out` until `stop` is set."""
+    import json
+    import requests
+    with requests.get(s.url + "/models/sse", stream=True, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+        ready.set()
+        for line in r.iter_lines(decode_unicode=True):
+            if line and line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+            if stop.is_set():
+                break
+
+
+def test_models_sse_tells_each_move_and_the_load_progress(router):
+    s = router("--models-max", "1")
+    events, stop, ready = [], threading.Event(), threading.Event()
+    t = threading.Thread(target=sse_events, args=(s, events, stop, ready), daemon=True)
+    t.start()
+    assert ready.wait(30)
+    ask(s, "alpha", [{"role": "user", "content": "hi"}], 2)
+    ask(s, "beta", [{"role": "user", "content": "hi"}], 2)  # alpha unloaded first
+    s.post("/models/load", {"model": "alpha"})  # an event after the ones asserted, to stop the reader
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(e["model"] == "alpha" and e["data"]["status"] == "loaded"
+                                             for e in events[1:] if e["model"] == "alpha"):
+        time.sleep(0.05)
+    stop.set()
+    moves = [(e["model"], e["data"]["status"]) for e in events]
+    assert all(e["event"] == "status_change" for e in events), events
+    # the order of the moves, each model's progress lines collapsed
+    seq = [m for i, m in enumerate(moves) if i == 0 or m != moves[i - 1]]
+    assert seq[:6] == [("alpha", "loading"), ("alpha", "loaded"), ("alpha", "unloading"), ("alpha", "unloaded"),
+                       ("beta", "loading"), ("beta", "loaded")], seq
+    first_load = events[:next(i for i, e in enumerate(events) if e["data"]["status"] == "loaded")]
+    progress = [e["data"]["progress"] for e in first_load if "progress" in e["data"]]
+    assert progress and progress[0]["stages"] == ["text_model"] and progress[0]["current"] == "text_model"
+    assert any(p["value"] == 1.0 for p in progress), progress  # the weights' load told to its end
+    assert [p["value"] for p in progress] == sorted(p["value"] for p in progress), progress
+    unloaded = [e for e in events if e["data"]["status"] == "unloaded"]
+    assert unloaded and all(e["data"]["exit_code"] == 0 for e in unloaded), unloaded
+
+
+def tokenize_later(s, model, out, key, timeout=120):
+    import requests
+    try:
+        r = s.post("/tokenize", {"model": model, "content": "hello world"}, timeout=timeout)
+        out[key] = (r.status_code, time.monotonic())
+    except requests.exceptions.RequestException as e:
+        out[key] = (e, time.monotonic())
+
+
+def test_waiting_requests_are_served_in_arrival_order_and_a_client_that_leaves_stops_waiting(models_dir, tmp_path):
+    """--models-max 1, alpha kept busy: a request for beta, then one for
+    gamma (which sorts before beta) wait in that order and are served in
+    it; a request whose client gives up while it waits loads nothing and
+    unloads nothing. (upstream's test_router.py: its queue tests)"""
+    d = tmp_path / "three"
+    d.mkdir()
+    for name in ("alpha", "beta", "gamma"):
+        (d / f"{name}.gguf").symlink_to(models_dir / "alpha.gguf")
+    # each request holds its model 1.5 s before it is served: alpha stays busy while the others queue
+    with Server(None, "--models-dir", str(d), "--models-max", "1", env={"THAW_TEST_ROUTE_HOLD_MS": "1500"}) as s:
+        assert s.post("/models/load", {"model": "alpha"}).status_code == 200
+        out = {}
+        busy = threading.Thread(target=tokenize_later, args=(s, "alpha", out, "alpha"))
+        busy.start()
+        time.sleep(0.5)
+        first = threading.Thread(target=tokenize_later, args=(s, "beta", out, "beta"))
+        first.start()
+        time.sleep(0.5)
+        second = threading.Thread(target=tokenize_later, args=(s, "gamma", out, "gamma"))
+        second.start()
+        time.sleep(0.2)
+        waiting = {m["id"]: m["status"].get("waiting", 0) for m in s.get("/models").json()["data"]}
+        assert waiting == {"alpha": 0, "beta": 1, "gamma": 1}, waiting
+        for t in (busy, first, second):
+            t.join(120)
+        assert all(out[k][0] == 200 for k in ("alpha", "beta", "gamma")), out
+        assert out["alpha"][1] < out["beta"][1] < out["gamma"][1], out  # arrival order, not name order
+        loads = [l.split("model ")[1].split(":")[0] for l in s.log().splitlines() if ": loading /" in l]
+        assert loads == ["alpha", "beta", "gamma"], loads
+
+        # a client that gives up while its model waits for room takes nothing with it
+        busy = threading.Thread(target=tokenize_later, args=(s, "gamma", out, "busy"))
+        busy.start()
+        time.sleep(0.5)
+        tokenize_later(s, "alpha", out, "gave up", timeout=0.5)
+        assert not isinstance(out["gave up"][0], int), out
+        busy.join(120)
+        assert out["busy"][0] == 200, out
+        time.sleep(2.5)  # the loader's once-a-second look at its waiting requests
+        assert statuses(s) == {"alpha": "unloaded", "beta": "unloaded", "gamma": "loaded"}
+        assert "gave up waiting for its load (its client left)" in s.log()

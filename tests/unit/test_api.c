@@ -436,8 +436,6 @@ static void test_request_model_and_router_list(void **state)
 {
     const char *b = "{\"model\":\"alpha\",\"messages\":[]}";
     char *m = thaw_api_request_model(b, strlen(b));
-    const char *names[] = {"alpha", "beta"}, *statuses[] = {"loaded", "unloaded"};
-
     (void)state;
     assert_non_null(m);
     assert_string_equal(m, "alpha");
@@ -446,16 +444,37 @@ static void test_request_model_and_router_list(void **state)
     assert_null(thaw_api_request_model("[\"model\"]", 9));     /* not an object */
     assert_null(thaw_api_request_model("{\"mod", 5));          /* not JSON: its route answers that */
     assert_null(thaw_api_request_model("", 0));
-    const char *aliases[] = {"a1,claude-3-5-haiku-latest", NULL}; /* a preset's alias list; none */
-    char *j = thaw_api_router_models_json(2, names, aliases, statuses, 5);
+    /* a preset's alias list; none; a load under way; a failed load */
+    const struct thaw_api_router_model list[] = {
+        {"alpha", "a1,claude-3-5-haiku-latest", "loaded", NULL, 0, false, false, 0},
+        {"beta", NULL, "unloaded", NULL, 0, false, false, 0},
+        {"gamma", NULL, "loading", "mmproj_model", 0.5f, true, false, 2},
+        {"delta", NULL, "unloaded", NULL, 0, false, true, 0},
+    };
+    char *j = thaw_api_router_models_json(4, list, 5);
     assert_non_null(j);
     /* llama-server lists a preset's aliases, never the id */
     assert_string_equal(j, "{\"data\":[{\"id\":\"alpha\",\"aliases\":[\"a1\",\"claude-3-5-haiku-latest\"],"
                            "\"tags\":[],\"object\":\"model\","
-                           "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"loaded\",\"args\":[]}},"
+                           "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"loaded\",\"args\":[]},"
+                           "\"architecture\":{\"input_modalities\":[\"text\"],\"output_modalities\":[\"text\"]}},"
                            "{\"id\":\"beta\",\"aliases\":[],\"tags\":[],\"object\":\"model\","
-                           "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"unloaded\",\"args\":[]}}],"
+                           "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"unloaded\",\"args\":[]},"
+                           "\"architecture\":{\"input_modalities\":[\"text\"],\"output_modalities\":[\"text\"]}},"
+                           "{\"id\":\"gamma\",\"aliases\":[],\"tags\":[],\"object\":\"model\","
+                           "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"loading\",\"args\":[],"
+                           "\"progress\":{\"stages\":[\"text_model\",\"mmproj_model\"],\"current\":\"mmproj_model\","
+                           "\"value\":0.5},\"waiting\":2},"
+                           "\"architecture\":{\"input_modalities\":[\"text\",\"image\"],\"output_modalities\":[\"text\"]}},"
+                           "{\"id\":\"delta\",\"aliases\":[],\"tags\":[],\"object\":\"model\","
+                           "\"owned_by\":\"thaw\",\"created\":5,\"status\":{\"value\":\"unloaded\",\"args\":[],"
+                           "\"failed\":true,\"exit_code\":1},"
+                           "\"architecture\":{\"input_modalities\":[\"text\"],\"output_modalities\":[\"text\"]}}],"
                            "\"object\":\"list\"}");
+    free(j);
+    j = thaw_api_router_props_json(2, false);
+    assert_non_null(j);
+    assert_non_null(strstr(j, "\"role\":\"router\",\"max_instances\":2,\"models_autoload\":false"));
     free(j);
 }
 
