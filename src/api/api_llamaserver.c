@@ -231,6 +231,13 @@ char *thaw_api_router_props_json(int models_max, bool models_autoload)
                                    0));
 }
 
+char *thaw_api_sleeping_props_json(const char *model, const char *model_path)
+{
+    return thaw_api_dump(json_pack("{s:s, s:s, s:b, s:s}", "model_alias", model, "model_path",
+                                   model_path ? model_path : "", "is_sleeping", true, "build_info",
+                                   thaw_tmpl_build_fingerprint()));
+}
+
 char *thaw_api_props_json(const struct thaw_api_props_live *live, const char *model, const char *model_path,
                           const char *chat_template, int total_slots,
                           int n_ctx_slot, bool jinja, bool kv_cache, const struct thaw_sampling *smp, int n_predict,
@@ -242,11 +249,12 @@ char *thaw_api_props_json(const struct thaw_api_props_live *live, const char *mo
                                "min_p", (double)smp->min_p, "n_predict", n_predict, "repeat_penalty",
                                (double)smp->penalty_repeat, "presence_penalty", (double)smp->penalty_present,
                                "frequency_penalty", (double)smp->penalty_freq, "ignore_eos", smp->ignore_eos);
-    json_t *root = clean && params ? json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:b, s:b, s:s}",
+    json_t *root = clean && params ? json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:b, s:b, s:s, s:b}",
                                                "default_generation_settings", "n_ctx", n_ctx_slot, "params", params,
                                                "total_slots", total_slots, "model_alias", model, "model_path",
                                                model_path ? model_path : "", "chat_template", clean, "jinja", jinja,
-                                               "kv_cache", kv_cache, "build_info", thaw_tmpl_build_fingerprint())
+                                               "kv_cache", kv_cache, "build_info", thaw_tmpl_build_fingerprint(),
+                                               "is_sleeping", false)
                                    : (json_decref(params), NULL);
     json_t *where = root && pl ? placement_json(pl) : NULL;
 

@@ -65,6 +65,10 @@ int thaw_api_parse_props(const char *body, size_t len, bool *has_budget, bool *h
  * "model_path", "default_generation_settings"}). NULL on ENOMEM. */
 char *thaw_api_router_props_json(int models_max, bool models_autoload);
 
+/* GET /props of a model asleep (--sleep-idle-seconds): its name and path,
+ * "is_sleeping": true (llama-server's), nothing that needs it loaded. */
+char *thaw_api_sleeping_props_json(const char *model, const char *model_path);
+
 /* `live` may be NULL (the fields are then left out). */
 char *thaw_api_props_json(const struct thaw_api_props_live *live, const char *model, const char *model_path,
                           const char *chat_template, int total_slots,

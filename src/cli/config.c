@@ -535,10 +535,10 @@ static const struct thaw_flag opts[] = {
     {"--models-autoload", NULL, THAW_FLAG_TRUE, OFF(models_autoload), 0, 0,
      "--models-dir: a request for a model not loaded loads it (default)", NULL},
     {"--no-models-autoload", NULL, THAW_FLAG_FALSE, OFF(models_autoload), 0, 0,
-     "--models-dir: a request for a model not loaded gets 503 until POST /models/load loads it", NULL},
+     "--models-dir: a request for a model not loaded gets 400 until POST /models/load loads it", NULL},
     REFUSE("--skip-chat-parsing", NULL, "thaw always parses the reply (--reasoning-format none keeps reasoning in content)"),
     {"--sleep-idle-seconds", "SECONDS", THAW_FLAG_INT, OFF(sleep_idle_s), -1, 1 << 30,
-     "--models-dir: a model no request has used for this long is unloaded, its conversations stored first, and "
+     "a model (-m's too) no request has used for this long is unloaded, its conversations stored first, and "
      "loaded again by the next request for it, which restores them from --kv-cache-dir (-1 = never; not 0)", NULL},
     REFUSE("--log-prompts-dir", "DIR", "thaw never writes conversations to its logs"),
     REFUSE("--spec-draft-hf,-hfd,-hfrd,--hf-repo-draft", "REPO", WHY_DOWNLOAD),
@@ -1665,11 +1665,6 @@ int thaw_config_parse(struct thaw_config *cfg, int argc, char **argv)
     }
     if (cfg->sleep_idle_s == 0) {
         fprintf(stderr, "thaw: --sleep-idle-seconds 0: give a number of seconds, or -1 for never (llama-server's)\n");
-        return THAW_EINVAL;
-    }
-    if (cfg->sleep_idle_s > 0 && cfg->model_path) {
-        fprintf(stderr, "thaw: --sleep-idle-seconds needs --models-dir or --models-preset: the one model of -m is "
-                        "never unloaded\n");
         return THAW_EINVAL;
     }
     if (cfg->kv_shared && !cfg->kv_cache_dir) {

@@ -26,7 +26,8 @@
  * Sleep (--sleep-idle-seconds N, llama-server's): the loader thread also
  * unloads, the same way as for --models-max, a model that no request has
  * held for N seconds (a /metrics scrape peeks and does not count), and the
- * next request for it loads it again as any unloaded model.
+ * next request for it loads it again as any unloaded model; -m's one
+ * model too (its set then has a loader thread of its own).
  */
 #include "engine/models.h"
 
@@ -359,9 +360,15 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         if ((rc = thaw_engine_new(&m->cfg, metrics, NULL, NULL, &m->engine)) != 0)
             goto error;
         m->status = THAW_MODEL_LOADED;
+        m->active_ms = mono_ms();
         if (!(m->name = strdup(thaw_engine_model_name(m->engine))) || !(m->path = strdup(cfg->model_path))) {
             rc = THAW_ENOMEM;
             goto error;
+        }
+        if (cfg->sleep_idle_s > 0) { /* the loader puts it to sleep */
+            if ((rc = -pthread_create(&ms->loader, NULL, loader_main, ms)) != 0)
+                goto error;
+            ms->loader_started = true;
         }
     }
     *out = ms;
@@ -430,6 +437,8 @@ void thaw_models_free(struct thaw_models *ms)
 }
 
 bool thaw_models_many(const struct thaw_models *ms) { return ms->many; }
+
+bool thaw_models_dynamic(const struct thaw_models *ms) { return ms->many || ms->cfg->sleep_idle_s > 0; }
 
 /* ---- events (/models/sse) -------------------------------------------------------------- */
 

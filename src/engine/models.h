@@ -1,9 +1,9 @@
 /* models.h — the models one process serves, and the engine each loaded one
  * runs (DESIGN §16).
  *
- * With -m there is one model, loaded at start and never unloaded: every
- * request goes to it whatever its 'model' field says (thaw's behaviour
- * before --models-dir). With --models-dir every GGUF file in the directory
+ * With -m there is one model, loaded at start and never unloaded but by
+ * --sleep-idle-seconds: every request goes to it whatever its 'model'
+ * field says (thaw's behaviour before --models-dir). With --models-dir every GGUF file in the directory
  * is a model named by its stem; a request's 'model' picks one (its stem,
  * or its file name), which is loaded on demand. With --models-preset (with
  * or without --models-dir) each [NAME] section is a model too, or sets the
@@ -62,6 +62,12 @@ void thaw_models_free(struct thaw_models *ms);
 /* Whether the set is --models-dir's or --models-preset's (many models)
  * rather than -m's. */
 bool thaw_models_many(const struct thaw_models *ms);
+
+/* Whether a model may be unloaded while the server runs, so that a request
+ * may have to wait for its load (thaw_models_try): many models, or -m's
+ * one with --sleep-idle-seconds (asleep, it is loaded again by the next
+ * request that needs it, --no-models-autoload or not). */
+bool thaw_models_dynamic(const struct thaw_models *ms);
 
 /* The model `name` names (NULL or "" with -m: the one model; with
  * --models-dir, NULL or "" names the only model when there is exactly one),

@@ -795,14 +795,18 @@ static void route_models(struct server *srv, struct thaw_model *mdl, const struc
         return;
     }
     struct thaw_model *one;
-    if (thaw_models_acquire(srv->models, NULL, false, 0, &one) != 0) {
-        set_error(srv, r, 503, "the server is shutting down");
-        return;
+    if (thaw_models_peek(srv->models, NULL, &one) != 0) { /* asleep (--sleep-idle-seconds): its name only */
+        struct thaw_model_info mi;
+        thaw_models_get(srv->models, 0, &mi);
+        memset(&m, 0, sizeof m);
+        set_json(r, 200, thaw_api_models_json(mi.name, srv->cfg.tags, srv->started, &m));
+    } else {
+        thaw_engine_model_meta(thaw_model_engine(one), &m);
+        set_json(r, 200,
+                 thaw_api_models_json(thaw_engine_model_name(thaw_model_engine(one)), srv->cfg.tags, srv->started,
+                                      &m));
+        thaw_models_unpeek(srv->models, one);
     }
-    thaw_engine_model_meta(thaw_model_engine(one), &m);
-    set_json(r, 200,
-             thaw_api_models_json(thaw_engine_model_name(thaw_model_engine(one)), srv->cfg.tags, srv->started, &m));
-    thaw_models_release(srv->models, one);
 }
 
 /* POST /models/unload ({"model": NAME}), with --models-dir: llama-server's
@@ -1208,6 +1212,25 @@ static void route_props(struct server *srv, struct thaw_model *mdl, const struct
         set_error(srv, r, 500, "out of memory");
 }
 
+/* GET /props of -m's model with --sleep-idle-seconds: its props when it
+ * is awake, a sleeping model's few when not (llama-server's is_sleeping). */
+static void route_props_peek(struct server *srv, const struct thaw_http_request *hr, const uint8_t *ns,
+                             struct thaw_http_response *r)
+{
+    struct thaw_model *m;
+
+    if (thaw_models_peek(srv->models, NULL, &m) == 0) {
+        route_props(srv, m, hr, ns, r);
+        thaw_models_unpeek(srv->models, m);
+        return;
+    }
+    struct thaw_model_info mi;
+    thaw_models_get(srv->models, 0, &mi);
+    set_json(r, 200, thaw_api_sleeping_props_json(mi.name, mi.path));
+    if (!r->body)
+        set_error(srv, r, 500, "out of memory");
+}
+
 /* POST /props (llama-server's, with --props): changes the settings thaw
  * can change at run time (the reasoning budget requests default to, and
  * its message); any other key is a 400 naming it. Without --props, 501 as
@@ -1608,15 +1631,21 @@ static void serve_with_model(struct server *srv, const struct route *rt, const s
     w->name = thaw_api_request_model(hr->body, hr->n_body);
     if (!w->name && (q = thaw_http_query(hr->conn, "model")) && *q)
         w->name = strdup(q);
-    if (!w->name && rt->fn == route_props) { /* llama-server's router: its own props */
+    if (rt->fn == route_props && (!w->name || !thaw_models_many(srv->models))) {
+        /* llama-server's router answers for itself; -m's model is looked
+         * at, not woken nor kept awake */
+        free(w->name);
         free(w);
-        route_router_props(srv, r);
+        if (thaw_models_many(srv->models))
+            route_router_props(srv, r);
+        else
+            route_props_peek(srv, hr, ns, r);
         return;
     }
     q = thaw_http_query(hr->conn, "autoload");
     w->autoload = q && *q ? strcmp(q, "true") == 0 || strcmp(q, "1") == 0 : srv->cfg.models_autoload;
-    if (rt->fn == route_models_load)
-        w->autoload = true; /* what it is for */
+    if (rt->fn == route_models_load || !thaw_models_many(srv->models))
+        w->autoload = true; /* what it is for; -m's model asleep wakes */
     w->deadline_us = thaw_now_us() + (int64_t)srv->cfg.timeout_s * 1000000;
     w->watch.wake = client_wake;
     w->watch.alive = client_alive;
@@ -1633,7 +1662,7 @@ static void serve_route(struct server *srv, const struct route *rt, const struct
     struct thaw_model *mdl = NULL;
     int rc = 0;
 
-    if (rt->model && thaw_models_many(srv->models)) {
+    if (rt->model && thaw_models_dynamic(srv->models)) {
         serve_with_model(srv, rt, hr, ns, r);
     } else if (!rt->model || (rc = thaw_models_acquire(srv->models, NULL, false, 0, &mdl)) == 0) {
         if (rt->serve)

@@ -322,8 +322,6 @@ def test_models_flags_are_checked(models_dir, tmp_path):
     assert rc == 2 and "cannot open" in err, err
     rc, err = run("--models-dir", str(models_dir), "--sleep-idle-seconds", "0")
     assert rc == 2 and "--sleep-idle-seconds 0" in err, err
-    rc, err = run("-m", str(models_dir / "alpha.gguf"), "--sleep-idle-seconds", "5")
-    assert rc == 2 and "needs --models-dir" in err, err
     (tmp_path / "empty").mkdir()
     rc, err = run("--models-dir", str(tmp_path / "empty"), "--port", "0")
     assert rc != 0 and "no .gguf file" in err, err
@@ -510,3 +508,36 @@ def test_waiting_requests_are_served_in_arrival_order_and_a_client_that_leaves_s
         time.sleep(2.5)  # the loader's once-a-second look at its waiting requests
         assert statuses(s) == {"alpha": "unloaded", "beta": "unloaded", "gamma": "loaded"}
         assert "gave up waiting for its load (its client left)" in s.log()
+
+
+def test_m_model_sleeps_and_wakes_with_its_conversation(models_dir, tmp_path):
+    """-m with --sleep-idle-seconds (llama-server's): idle, the model is
+    unloaded (/props says is_sleeping; /health, /v1/models and /metrics
+    answer without waking it); the next request loads it again and its
+    conversation comes back from the disk cache, where llama-server's
+    sleep drops its prompt cache."""
+    model = str(models_dir / "alpha.gguf")
+    conv = conversation(3, n_words=300)
+    with Server(model, "--sleep-idle-seconds", "1", "--metrics", "--kv-cache-dir", str(tmp_path / "kv"),
+                "--cache-ram", "0") as s:
+        a1 = ask(s, "x", conv)
+        assert s.get("/props").json()["is_sleeping"] is False
+        deadline = time.time() + 30
+        while not s.get("/props").json()["is_sleeping"]:
+            assert time.time() < deadline, "the model did not fall asleep"
+            time.sleep(0.2)
+        assert s.get("/health").status_code == 200
+        assert [m["id"] for m in s.get("/v1/models").json()["data"]] == ["alpha.gguf"]
+        assert metrics(s)["thaw_predicted_tokens_total"] == a1["usage"]["completion_tokens"]
+        time.sleep(1.5)  # scrapes and looks kept nothing awake, and woke nothing
+        assert s.get("/props").json()["is_sleeping"] is True
+        a2 = ask(s, "x", turn2(conv, a1, 3))
+        assert a2["timings"]["cache_source"] in ("disk", "blocks"), a2["timings"]
+        history = a1["usage"]["prompt_tokens"] + a1["usage"]["completion_tokens"]
+        assert a2["timings"]["cache_n"] >= 0.95 * history, (a2["timings"], history)
+        assert s.get("/props").json()["is_sleeping"] is False
+        assert "unloading (idle for 1 s" in s.log()
+    with Server(model) as ref:  # the same turns, never asleep, prefilled: the same words
+        r1 = ask(ref, "x", conv)
+        assert reply(r1) == reply(a1)
+        assert reply(ask(ref, "x", turn2(conv, r1, 3))) == reply(a2)
