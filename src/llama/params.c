@@ -278,24 +278,35 @@ static void log_no_gpu(const struct thaw_config *cfg)
         LOG_INF("no GPU device: no effect from %s (everything runs on the CPU)", given);
 }
 
-/* Whether the GGUF at path is an MLA model (a `<arch>.attention.kv_lora_rank`
- * key: DeepSeek 2/3, Kimi, GLM 4.7 Flash...). */
-static bool is_mla(const char *path)
+/* Why ggml's AMX buffer type must stay out of the model at path, or NULL
+ * when it may take its weights (llama.cpp v0.4.0, its prebuilt Sapphire
+ * Rapids CPU variant): an MLA model (a `<arch>.attention.kv_lora_rank`
+ * key: DeepSeek 2/3, Kimi...) aborts making its context (no backend for
+ * an op on its weights there); F16 / BF16 weight matrices crash in
+ * ggml_backend_amx_mul_mat once two sequences decode in one batch (seen
+ * with an LFM2 model, -np 2). Quantized models, what AMX is for, keep it. */
+static const char *amx_unsafe(const char *path)
 {
     struct gguf_init_params gp = {.no_alloc = true, .ctx = NULL};
     struct gguf_context *g = path ? gguf_init_from_file(path, gp) : NULL;
-    bool mla = false;
+    const char *why = NULL;
 
     if (!g)
-        return false;
+        return NULL;
     int64_t a = gguf_find_key(g, "general.architecture");
     if (a >= 0 && gguf_get_kv_type(g, a) == GGUF_TYPE_STRING) {
         char key[128];
         snprintf(key, sizeof key, "%s.attention.kv_lora_rank", gguf_get_val_str(g, a));
-        mla = gguf_find_key(g, key) >= 0;
+        if (gguf_find_key(g, key) >= 0)
+            why = "an MLA model";
+    }
+    for (int64_t i = 0; !why && i < gguf_get_n_tensors(g); i++) {
+        enum ggml_type t = gguf_get_tensor_type(g, i);
+        if (t == GGML_TYPE_F16 || t == GGML_TYPE_BF16)
+            why = "a model with F16 / BF16 weights";
     }
     gguf_free(g);
-    return mla;
+    return why;
 }
 
 /* Whether the CPU backend offers the AMX buffer type (ggml's Sapphire
@@ -355,12 +366,11 @@ int thaw_params_model(const struct thaw_config *cfg, struct thaw_params *p, stru
     mp->kv_overrides = cfg->n_kv_overrides ? p->kv : NULL;
     mp->check_tensors = cfg->check_tensors;
     mp->use_extra_bufts = cfg->repack;
-    if (mp->use_extra_bufts && cpu_has_amx() && is_mla(cfg->model_path)) {
-        /* llama.cpp v0.4.0 puts an MLA model's weights in the AMX buffer,
-         * then finds no backend for an op on them and aborts making the
-         * context (GGML_ASSERT(*cur_backend_id != -1), ggml-backend.cpp) */
-        LOG_WRN("an MLA model on a CPU with AMX: its weights stay out of ggml's AMX and repacked buffers (as "
-                "--no-repack), which llama.cpp cannot yet run such a model from");
+    const char *why = mp->use_extra_bufts && cpu_has_amx() ? amx_unsafe(cfg->model_path) : NULL;
+    if (why) { /* see amx_unsafe */
+        LOG_WRN("%s on a CPU with AMX: its weights stay out of ggml's AMX and repacked buffers (as --no-repack), "
+                "where llama.cpp cannot yet run it",
+                why);
         mp->use_extra_bufts = false;
     }
     mp->no_host = cfg->no_host;
