@@ -346,6 +346,14 @@ static void build_batch(struct thaw_engine *e)
             continue;
         /* (no drafts over an image's placeholders: they are no vocabulary ids) */
         s->n_drafts = s->drafts && !s->task->vision ? thaw_gen_draft(e, s, e->n_batch - b->n_tokens - 1) : 0;
+        if (s->n_drafts > 0 && e->recurrent) { /* what a rejected draft rolls back to (thaw_gen_verify_take) */
+            int64_t tc = thaw_now_us();
+            if (thaw_ckpt_save(&s->spec_ckpt, e->ctx, s->id, s->n_tokens) != 0) {
+                LOG_WRN("slot %d: no checkpoint of its recurrent state: this step goes without its draft", s->id);
+                s->n_drafts = 0;
+            }
+            thaw_metrics_hold(e->metrics, THAW_HOLD_CHECKPOINT, thaw_now_us() - tc);
+        }
         s->i_batch = b->n_tokens;
         batch_add(b, s->next_token, s->n_tokens, s->id, true);
         for (int k = 0; k < s->n_drafts; k++)
@@ -556,7 +564,10 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             }
         }
         if (s->phase == THAW_SLOT_GEN && s->n_drafts > 0) {
-            thaw_gen_verify(e, s);
+            if (!e->recurrent)
+                thaw_gen_verify(e, s);
+            else if (thaw_gen_verify_sample(e, s) == 0)
+                s->n_in_batch = -1; /* taken below, once every slot's rows are sampled */
             continue;
         }
         llama_token tok;
@@ -565,6 +576,12 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             continue;
         thaw_gen_take_token(e, s, tok, &probs);
     }
+    /* a recurrent target's verdicts: their rollback decodes again */
+    for (int i = 0; i < e->n_slots; i++)
+        if (e->slots[i].n_in_batch == -1 && e->slots[i].phase == THAW_SLOT_GEN) {
+            e->slots[i].n_in_batch = 0;
+            thaw_gen_verify_take(e, &e->slots[i]);
+        }
     store_early(e); /* the replies that just finished */
 }
 
@@ -897,10 +914,10 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
     thaw_keys_binding(e->fingerprint, e->settings, NULL, e->identity);
     bool use_draft = cfg->draft_path && cfg->draft_max > 0;
     if (speculative(cfg)) {
-        if (e->recurrent) {
-            LOG_ERR("speculative decoding needs a target that can roll back rejected drafts; %s is recurrent",
-                    cfg->model_path);
-            rc = THAW_EINVAL;
+        /* a recurrent target rolls a rejected draft back through a
+         * checkpoint of its state taken before each verify (generate.c) */
+        if (e->recurrent && !(e->spec_batch = llama_batch_init(THAW_NGRAM_MAX + 2, 0, 1)).token) {
+            rc = THAW_ENOMEM;
             goto error;
         }
         if (use_draft && (rc = thaw_draft_new(cfg, e->model, e->n_slots, &e->draft)) != 0)
@@ -959,6 +976,8 @@ error:
     thaw_sched_free(e->sched);
     if (e->batch.token)
         llama_batch_free(e->batch);
+    if (e->spec_batch.token)
+        llama_batch_free(e->spec_batch);
     free(e->slots);
     thaw_slots_view_free(e->view);
     free(e->model_name);
@@ -1003,6 +1022,8 @@ void thaw_engine_free(struct thaw_engine *e)
     free(e->slots);
     thaw_slots_view_free(e->view);
     llama_batch_free(e->batch);
+    if (e->spec_batch.token)
+        llama_batch_free(e->spec_batch);
     thaw_chat_free(e->chat);
     thaw_vision_free(e->vision);
     free(e->model_name);

@@ -53,6 +53,8 @@ struct thaw_engine {
     struct thaw_kvcache *kv;   /* the cache tiers (kvcache.h), skv's */
     uint8_t identity[THAW_KEY_BYTES]; /* model + settings, written into every .idx */
     struct llama_batch batch;  /* n_batch tokens */
+    struct llama_batch spec_batch; /* speculation on a recurrent target: the tokens a rejected draft's
+                                    * rollback decodes again (thaw_gen_spec_settle) */
     int n_batch;
     int n_ubatch;              /* tokens per micro-batch: the longest prompt an embedding takes */
 
@@ -97,8 +99,14 @@ void thaw_gen_take_token(struct thaw_engine *e, struct thaw_slot *s, llama_token
 int thaw_gen_draft(struct thaw_engine *e, struct thaw_slot *s, int room);
 /* The target's verdict on the slot's drafts, once the batch holding them
  * is decoded: the matching ones kept, the samples emitted, the rest rolled
- * back. */
+ * back. In two halves on a recurrent target: _sample takes the target's
+ * samples (from the last decode's logits), _take emits them and brings the
+ * state back to what stays, which may decode again (thaw_gen_spec_settle):
+ * every slot's rows are sampled before any slot's _take. _sample returns
+ * 0, or nonzero once the slot failed. */
 void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s);
+int thaw_gen_verify_sample(struct thaw_engine *e, struct thaw_slot *s);
+void thaw_gen_verify_take(struct thaw_engine *e, struct thaw_slot *s);
 
 /* embed.c: an EMBED or RERANK task enters slot s (IDLE -> PREFILL, its
  * sequence emptied; returns 0); a step's batch is whole prompts of such

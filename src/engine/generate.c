@@ -38,6 +38,8 @@ static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const
     thaw_slotkv_prepare_store(e->skv, s, canon, n_canon);
 }
 
+static void spec_settle(struct thaw_engine *e, struct thaw_slot *s);
+
 static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *reason)
 {
     int64_t now = thaw_now_us();
@@ -85,7 +87,10 @@ static void slot_finish(struct thaw_engine *e, struct thaw_slot *s, const char *
             s->timings.predicted_n,
             s->timings.predicted_ms > 0 ? s->timings.predicted_n * 1000.0 / s->timings.predicted_ms : 0.0, spec);
     /* a verified draft may have left positions past the finish in the KV */
-    thaw_slotkv_rm(e->skv, s, s->n_tokens);
+    if (s->spec_base >= 0)
+        spec_settle(e, s);
+    else
+        thaw_slotkv_rm(e->skv, s, s->n_tokens);
     if (will_store)
         slot_prepare_store(e, s, stored_msg); /* -> FIXUP */
     else
@@ -217,30 +222,65 @@ int thaw_gen_draft(struct thaw_engine *e, struct thaw_slot *s, int room)
     return n >= cfg->draft_min ? n : 0;
 }
 
-/* The target's verdict on a draft: sample at every drafted position with
- * the request's own sampler (so each emitted token is the target's), keep
- * the drafts that match, emit the samples, roll the rest back. */
-void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s)
+/* A recurrent target after a verify: its state holds every token of the
+ * verify batch, and cannot drop the ones that do not stay (a rejected
+ * draft, or a reply that ended inside the accepted ones). It goes back to
+ * the checkpoint taken before the batch (engine.c, build_batch), and the
+ * tokens that stay are decoded again. Only once every slot's rows of the
+ * batch are sampled: this decode reuses the context's logits. */
+static void spec_settle(struct thaw_engine *e, struct thaw_slot *s)
 {
-    _Static_assert(THAW_NGRAM_MAX >= THAW_DRAFT_MAX, "emitted[] holds the longest draft of either source");
-    llama_token emitted[THAW_NGRAM_MAX + 1];
-    int base = s->n_tokens, n_emit = 0;
+    int base = s->spec_base, n = s->n_tokens - base;
+
+    s->spec_base = -1;
+    if (base < 0 || s->n_tokens == s->spec_kv_end)
+        return;
+    int64_t t0 = thaw_now_us();
+    struct llama_batch *b = &e->spec_batch;
+    bool ok = n >= 0 && n <= s->n_tokens && thaw_ckpt_restore(&s->spec_ckpt, e->ctx, s->id) == 0 &&
+              thaw_slotkv_rm(e->skv, s, base);
+    b->n_tokens = 0;
+    for (int i = 0; ok && i < n; i++) {
+        b->token[i] = s->tokens[base + i];
+        b->pos[i] = base + i;
+        b->n_seq_id[i] = 1;
+        b->seq_id[i][0] = s->id;
+        b->logits[i] = i == n - 1; /* unread: one row, as any decode asks for */
+        b->n_tokens++;
+    }
+    if (ok && n > 0)
+        ok = llama_decode(e->ctx, *b) == 0;
+    thaw_metrics_hold(e->metrics, THAW_HOLD_CHECKPOINT, thaw_now_us() - t0);
+    if (!ok) {
+        LOG_ERR("slot %d: could not roll its recurrent state back past a rejected draft", s->id);
+        thaw_slotkv_clear(e->skv, s); /* nothing of it can be trusted */
+        if (s->phase == THAW_SLOT_GEN)
+            thaw_engine_slot_fail(e, s, 500, "the model's state could not be rolled back past a rejected draft");
+    }
+}
+
+int thaw_gen_verify_sample(struct thaw_engine *e, struct thaw_slot *s)
+{
     /* every emitted token is sampled at its own row: its probabilities are
      * the target's there, as without a draft */
     struct thaw_token_probs *probs = NULL;
+    int n_emit = 0;
 
     if (s->task->req.logprobs && !(probs = malloc((size_t)(s->n_drafts + 1) * sizeof *probs))) {
         thaw_engine_slot_fail(e, s, 500, "out of memory");
-        return;
+        return -1;
     }
     for (int i = 0; i <= s->n_drafts; i++) {
-        if (thaw_gen_sample(e, s, s->i_batch + i, &emitted[n_emit], probs ? &probs[n_emit] : NULL) != 0) {
+        llama_token tok;
+        if (thaw_gen_sample(e, s, s->i_batch + i, &tok, probs ? &probs[n_emit] : NULL) != 0) {
             free(probs);
-            return;
+            return -1;
         }
         n_emit++;
-        if (i == s->n_drafts || emitted[i] != s->drafts[i])
+        if (i == s->n_drafts || tok != s->drafts[i]) {
+            s->spec_last = tok;
             break;
+        }
     }
     int accepted = n_emit - 1;
     thaw_ngram_accept(s->ngram, accepted); /* nothing when the draft model drafted */
@@ -249,16 +289,44 @@ void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s)
     atomic_fetch_add(&e->metrics->draft_tokens, (uint64_t)s->n_drafts);
     atomic_fetch_add(&e->metrics->draft_accepted, (uint64_t)accepted);
     atomic_fetch_add(&e->metrics->draft_steps, 1);
+    s->spec_accepted = accepted;
+    free(s->spec_probs);
+    s->spec_probs = probs;
+    return 0;
+}
+
+void thaw_gen_verify_take(struct thaw_engine *e, struct thaw_slot *s)
+{
+    int base = s->n_tokens, accepted = s->spec_accepted;
+    struct thaw_token_probs *probs = s->spec_probs;
+
+    s->spec_probs = NULL;
     /* the KV holds next_token and every draft: keep next_token + accepted */
-    thaw_slotkv_rm(e->skv, s, base + 1 + accepted);
+    if (!e->recurrent) {
+        thaw_slotkv_rm(e->skv, s, base + 1 + accepted);
+    } else {
+        s->spec_base = base;
+        s->spec_kv_end = base + 1 + s->n_drafts;
+    }
     s->tokens[base] = s->next_token;
     memcpy(s->tokens + base + 1, s->drafts, (size_t)accepted * sizeof(llama_token));
     s->n_drafts = 0;
-    for (int i = 0; i < n_emit; i++) {
+    for (int i = 0; i <= accepted; i++) {
         s->n_tokens = base + 1 + i;
-        thaw_gen_take_token(e, s, emitted[i], probs ? &probs[i] : NULL);
+        thaw_gen_take_token(e, s, i < accepted ? s->tokens[base + 1 + i] : s->spec_last, probs ? &probs[i] : NULL);
         if (s->phase != THAW_SLOT_GEN)
             break;
     }
     free(probs);
+    spec_settle(e, s); /* the reply goes on: the state as n_tokens says (its end did it already) */
+}
+
+/* The target's verdict on a draft: sample at every drafted position with
+ * the request's own sampler (so each emitted token is the target's), keep
+ * the drafts that match, emit the samples, roll the rest back. */
+void thaw_gen_verify(struct thaw_engine *e, struct thaw_slot *s)
+{
+    _Static_assert(THAW_NGRAM_MAX >= THAW_DRAFT_MAX, "drafts[] holds the longest draft of either source");
+    if (thaw_gen_verify_sample(e, s) == 0)
+        thaw_gen_verify_take(e, s);
 }

@@ -29,6 +29,7 @@ void thaw_slot_init(struct thaw_slot *s, int id)
     s->id = id;
     s->phase = THAW_SLOT_IDLE;
     s->i_batch = -1;
+    s->spec_base = -1;
 }
 
 void thaw_slot_free(struct thaw_slot *s)
@@ -40,6 +41,10 @@ void thaw_slot_free(struct thaw_slot *s)
     thaw_ngram_free(s->ngram);
     s->ngram = NULL;
     thaw_ckpt_clear(&s->ckpts);
+    free(s->spec_ckpt.data);
+    free(s->spec_probs);
+    memset(&s->spec_ckpt, 0, sizeof s->spec_ckpt);
+    s->spec_probs = NULL;
     s->tokens = s->fix = s->drafts = NULL;
     s->n_tokens = s->cap_tokens = s->n_fix = 0;
 }

@@ -58,6 +58,8 @@ enum thaw_slot_phase {
     THAW_SLOT_PHASE_COUNT
 };
 
+struct thaw_token_probs; /* api/logprobs.h */
+
 struct thaw_slot {
     int id;                     /* == llama seq_id */
     enum thaw_slot_phase phase; /* written by thaw_slot_move only */
@@ -74,6 +76,16 @@ struct thaw_slot {
     llama_token *drafts;    /* GEN with speculation on: the proposal after next_token
                                (n-grams' or the draft model's), n_drafts */
     int n_drafts;
+    /* speculation on a recurrent target, whose state cannot drop a
+     * rejected draft: the state before the verify batch (spec_ckpt), and
+     * the verdict between the verify's two halves (generate.c) */
+    struct thaw_ckpt spec_ckpt;
+    int spec_accepted;                    /* drafts the target agreed with */
+    llama_token spec_last;                /* the target's token after them */
+    struct thaw_token_probs *spec_probs;  /* the emitted tokens' (logprobs), or NULL */
+    int spec_base;                        /* n_tokens before the verify batch while the state holds more
+                                           * than stays (replayed: thaw_gen_spec_settle); -1 = none */
+    int spec_kv_end;                      /* where the state ends after the verify batch */
     struct thaw_ngram *ngram; /* the n-gram drafter over this slot's tokens (ngram.h); NULL = none */
     int i_batch;    /* row of this slot's logits in the current batch, -1 = none */
     int n_in_batch; /* tokens this slot put in the current batch */

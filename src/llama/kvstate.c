@@ -205,6 +205,29 @@ int thaw_ckpt_take(struct thaw_ckpt_list *l, struct llama_context *ctx, llama_se
     return 0;
 }
 
+int thaw_ckpt_save(struct thaw_ckpt *c, struct llama_context *ctx, llama_seq_id seq, int n_tokens)
+{
+    llama_memory_t mem = llama_get_memory(ctx);
+    size_t size = llama_state_seq_get_size_ext(ctx, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+
+    if (size == 0)
+        return THAW_ELLAMA;
+    if (size != c->size) {
+        void *data = realloc(c->data, size);
+        if (!data)
+            return THAW_ENOMEM;
+        c->data = data;
+        c->size = size;
+    }
+    if (llama_state_seq_get_data_ext(ctx, c->data, c->size, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != c->size)
+        return THAW_ELLAMA;
+    c->n_tokens = n_tokens;
+    c->pos_min = llama_memory_seq_pos_min(mem, seq);
+    c->pos_max = llama_memory_seq_pos_max(mem, seq);
+    c->flags = 0;
+    return 0;
+}
+
 int thaw_ckpt_restore(const struct thaw_ckpt *c, struct llama_context *ctx, llama_seq_id seq)
 {
     if (llama_state_seq_set_data_ext(ctx, c->data, c->size, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == 0)

@@ -101,6 +101,11 @@ struct thaw_ckpt_list {
  * Returns 0, THAW_ENOMEM or THAW_ELLAMA. */
 int thaw_ckpt_take(struct thaw_ckpt_list *l, struct llama_context *ctx, thaw_seq_id seq, int n_tokens, int max_keep);
 
+/* Takes a checkpoint of seq into c itself (no list: one kept, its buffer
+ * reused; free c->data when done), e.g. the state a speculative verify
+ * rolls back to. Returns 0, THAW_ENOMEM or THAW_ELLAMA. */
+int thaw_ckpt_save(struct thaw_ckpt *c, struct llama_context *ctx, thaw_seq_id seq, int n_tokens);
+
 /* Installs checkpoint c into seq's partial (SWA / recurrent) memory.
  * Returns 0 or THAW_ELLAMA. */
 int thaw_ckpt_restore(const struct thaw_ckpt *c, struct llama_context *ctx, thaw_seq_id seq);

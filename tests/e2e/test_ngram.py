@@ -185,9 +185,54 @@ def test_spec_type_flags():
     assert rc == 2 and err[-1].startswith("thaw: no model given")
 
 
-def test_recurrent_target_refuses_ngram_speculation(tmp_path):
+@pytest.fixture(scope="module")
+def hybrids(tmp_path_factory):
     from harness import mkmodel
-    m = mkmodel(tmp_path / "lfm2.gguf", "--arch", "lfm2")
-    p = subprocess.run([THAW, "serve", "-m", m, "--port", "0", "--spec-type", "ngram-simple"],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode != 0 and "can roll back rejected drafts" in p.stderr
+    d = tmp_path_factory.mktemp("hybrids")
+    return {"lfm2": mkmodel(d / "lfm2.gguf", "--arch", "lfm2", "--seed", "3", "--layers", "4"),
+            "qwen35": mkmodel(d / "qwen35.gguf", "--arch", "qwen35", "--seed", "4", "--layers", "4")}
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_hybrid_target_speculates_and_its_greedy_output_is_the_same(serve, hybrids, arch):
+    """A hybrid's recurrent state cannot drop a rejected draft: each verify
+    keeps a checkpoint of it, and a rejection rolls back to it and decodes
+    the accepted tokens again. The words are the same as without drafts,
+    both verdicts happen, on two slots at once (every slot's rows are
+    sampled before a rollback decodes again)."""
+    import threading
+    convs = [conversation(i, 40) for i in range(2)]
+
+    def both(s):
+        b = bias(s)
+        out = [None, None]
+
+        def one(i):
+            out[i] = ask(s, convs[i], 96, b, stream=i == 1)
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        return out
+
+    plain = serve(hybrids[arch], "-np", "2")
+    want = [text for text, _ in both(plain)]
+    plain.stop()
+    spec = serve(hybrids[arch], "-np", "2", *KINDS["ngram-simple"])
+    got = both(spec)
+    assert [text for text, _ in got] == want
+    drafted = sum(t["draft_n"] for _, t in got)
+    accepted = sum(t["draft_n_accepted"] for _, t in got)
+    assert drafted > 0 and 0 < accepted < drafted, (drafted, accepted)
+    m = spec.metrics()
+    assert m["thaw_draft_tokens_total"] == drafted
+    # a turn after it continues from the slot (its state as n_tokens says) with the same words
+    b = bias(spec)
+    conv2 = convs[0] + [{"role": "assistant", "content": got[0][0]}, {"role": "user", "content": "again"}]
+    r2, t2 = ask(spec, conv2, 48, b)
+    assert t2["cache_n"] > 0, t2
+    spec.stop()
+    plain = serve(hybrids[arch], "-np", "2")
+    assert ask(plain, convs[0], 96, bias(plain))[0] == got[0][0]
+    assert ask(plain, conv2, 48, bias(plain))[0] == r2

@@ -134,3 +134,22 @@ def test_entries_without_draft_serve_a_server_with_one_and_back(serve, drafts, t
                                   {"role": "user", "content": "Once more."}]
     s = serve("llama", *plain_flags)
     assert chat(s, conv3, 8)["timings"]["cache_source"] == "disk"
+
+
+def test_hybrid_target_with_a_draft_model(serve, tmp_path):
+    """A Qwen3.5-shaped (hybrid) target with an attention draft: every
+    rejected draft rolls the target's recurrent state back through the
+    checkpoint taken before its verify; the words are the target's own."""
+    target = mkmodel(tmp_path / "qwen35.gguf", "--arch", "qwen35", "--seed", "5", "--layers", "4")
+    draft = mkmodel(tmp_path / "draft.gguf", "--draft-of", target, "--layers", "1", "--embd", "32", "--heads", "2",
+                    "--seed", "12")
+    convs = [conversation(i, 60) for i in range(2)]
+    plain = serve(target, "-np", "1")
+    want = [reply(chat(plain, c, 40)) for c in convs]
+    plain.stop()
+    spec = serve(target, "-np", "1", "-md", draft, "--draft-p-min", "0")
+    got = [chat(spec, c, 40) for c in convs]
+    assert [reply(r) for r in got] == want
+    drafted = sum(r["timings"]["draft_n"] for r in got)
+    accepted = sum(r["timings"]["draft_n_accepted"] for r in got)
+    assert drafted > 0 and accepted < drafted, (drafted, accepted)  # rejections rolled back
