@@ -309,6 +309,14 @@ int thaw_models_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         return THAW_ENOMEM;
     ms->cfg = cfg;
     ms->metrics = metrics;
+    if (cfg->models_dir || cfg->models_preset || cfg->sleep_idle_s > 0)
+        /* a model may be unloaded: its memory must go back. glibc raises
+         * its mmap threshold as large blocks are freed (up to 32 MiB), so
+         * a prefill's and a store's large buffers end up in per-thread
+         * arenas that malloc_trim cannot shrink (bench/models: 33 MiB
+         * stayed after each unload); a fixed threshold keeps them mapped
+         * apart and unmapped on free */
+        mallopt(M_MMAP_THRESHOLD, 1 << 20);
     pthread_mutex_init(&ms->mu, NULL);
     pthread_cond_init(&ms->cond, NULL);
     if (cfg->models_dir || cfg->models_preset) {
