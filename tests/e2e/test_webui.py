@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -119,6 +120,15 @@ def test_cache_needs_the_key_and_shows_only_counts(serve, tmp_path):
     msgs.append({"role": "user", "content": "again"})
     r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0}, headers=auth)
     assert r.json()["timings"]["cache_source"] == "disk"
+    # this turn's store settled too: the gauges compared below stay put between the two reads
+    deadline = time.time() + 60
+    while True:
+        g = dict(line.split(" ") for line in s.get("/metrics", headers=auth).text.splitlines()
+                 if line and not line.startswith("#"))
+        if float(g["thaw_slots_busy"]) == 0 and float(g["thaw_kv_disk_queue_bytes"]) == 0:
+            break
+        assert time.time() < deadline, "the store did not settle"
+        time.sleep(0.05)
     c = s.get("/cache", headers={"Authorization": "Bearer k-two"})
     assert c.status_code == 200 and c.headers["Content-Type"] == "application/json"
     body = c.text
