@@ -122,6 +122,7 @@ void thaw_metrics_add(struct thaw_metrics *dst, const struct thaw_metrics *src)
     atomic_fetch_add(&dst->reply_stores, atomic_load(&s->reply_stores));
     atomic_fetch_add(&dst->reply_store_wait_us, atomic_load(&s->reply_store_wait_us));
     atomic_fetch_add(&dst->stores_early, atomic_load(&s->stores_early));
+    atomic_fetch_add(&dst->restores_deferred, atomic_load(&s->restores_deferred));
     atomic_fetch_add(&dst->ram_bytes, atomic_load(&s->ram_bytes));
     atomic_fetch_add(&dst->ram_entries, atomic_load(&s->ram_entries));
     dst->ram_budget_bytes += s->ram_budget_bytes;
@@ -248,6 +249,9 @@ char *thaw_metrics_render(struct thaw_metrics *m, bool scrape, thaw_metrics_extr
     C("kv_cache_stores_early_total",
       "replies stored as they stood because their re-decoding had to wait for a busy engine (superseded after it)",
       atomic_load(&m->stores_early));
+    C("kv_cache_restores_deferred_total",
+      "restores whose blocks were read and assembled off the engine thread while other slots decoded",
+      atomic_load(&m->restores_deferred));
     G("kv_cache_ram_bytes", "bytes held by the RAM tier", atomic_load(&m->ram_bytes));
     G("kv_cache_ram_entries", "conversations held by the RAM tier", atomic_load(&m->ram_entries));
     G("kv_cache_ram_budget_bytes", "the RAM tier's budget, --cache-ram (0 = off)", m->ram_budget_bytes);

@@ -83,6 +83,7 @@ struct thaw_metrics {
     atomic_uint_fast64_t reply_stores;       /* finished replies stored (the first store of each: early, or after its re-decoding) */
     atomic_uint_fast64_t reply_store_wait_us; /* their time from the reply's end to that store, microseconds */
     atomic_uint_fast64_t stores_early;       /* of those, stored before a re-decoding that had to wait (engine.c) */
+    atomic_uint_fast64_t restores_deferred;  /* restores assembled on the restore thread while other slots decoded */
     atomic_uint_fast64_t ram_bytes;          /* gauge: bytes held by the RAM tier */
     atomic_int ram_entries;                  /* gauge: conversations held by the RAM tier */
     uint64_t ram_budget_bytes;               /* --cache-ram in bytes (0 = tier off); set once at start */

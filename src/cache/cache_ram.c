@@ -3,13 +3,16 @@
  * Entries: a flat array: they are tens to hundreds of MiB-sized states (or
  * manifests), so their count under any sane budget is small and a linear
  * scan is the cheap part. Blocks: in a keymap by id (thousands
- * under a budget of GiBs, each looked up per restore). */
+ * under a budget of GiBs, each looked up per restore). One mutex around
+ * every call: the engine thread puts, gets and evicts; a restore
+ * assembled off it (kvcache.h) reads blocks. */
 #include "cache/cache_ram.h"
 
 #include "base/blob.h"
 #include "base/error.h"
 #include "base/keymap.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +26,7 @@ struct rblock {
 };
 
 struct thaw_ram_cache {
+    pthread_mutex_t mu; /* held by every public call */
     uint64_t budget, bytes;
     int64_t ttl_s;
     int64_t now; /* the clock of the last put or retain: what a retention is judged by */
@@ -91,6 +95,7 @@ int thaw_ram_cache_new(uint64_t budget_bytes, int64_t ttl_s, struct thaw_ram_cac
         free(c);
         return THAW_ENOMEM;
     }
+    pthread_mutex_init(&c->mu, NULL);
     c->budget = budget_bytes;
     c->ttl_s = ttl_s;
     *out = c;
@@ -129,6 +134,7 @@ void thaw_ram_cache_free(struct thaw_ram_cache *c)
         drop(c, 0);
     sweep_orphans(c);
     thaw_keymap_fini(&c->blocks);
+    pthread_mutex_destroy(&c->mu);
     free(c->v);
     free(c);
 }
@@ -171,15 +177,9 @@ static int find(const struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES
     return -1;
 }
 
-int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                       const struct thaw_part_blob parts[THAW_PART_COUNT], int64_t now)
-{
-    return thaw_ram_cache_put_refs(c, key, parts, NULL, 0, now);
-}
-
-int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
-                            const struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *refs, uint32_t n_refs,
-                            int64_t now)
+static int put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                    const struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *refs, uint32_t n_refs,
+                    int64_t now)
 {
     uint64_t size = parts_size(parts);
     uint8_t *own = NULL;
@@ -241,8 +241,7 @@ int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY
     return 0;
 }
 
-int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES], void *data,
-                             size_t size)
+static int put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES], void *data, size_t size)
 {
     struct rblock *b = block_find(c, id);
 
@@ -268,16 +267,27 @@ int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY
 void *thaw_ram_cache_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES], size_t *size)
 {
     struct rblock *b;
+    void *ref = NULL;
 
-    if (!c || !(b = block_find(c, id)))
+    if (!c)
         return NULL;
-    *size = b->size;
-    return thaw_blob_ref(b->data);
+    pthread_mutex_lock(&c->mu);
+    if ((b = block_find(c, id)) != NULL) {
+        *size = b->size;
+        ref = thaw_blob_ref(b->data);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return ref;
 }
 
 int thaw_ram_cache_has_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES])
 {
-    return c && block_find(c, id) != NULL;
+    if (!c)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    int has = block_find(c, id) != NULL;
+    pthread_mutex_unlock(&c->mu);
+    return has;
 }
 
 uint32_t thaw_ram_cache_blocks(const struct thaw_ram_cache *c) { return c->n_blocks; }
@@ -285,24 +295,30 @@ uint32_t thaw_ram_cache_blocks(const struct thaw_ram_cache *c) { return c->n_blo
 const struct thaw_ram_entry *thaw_ram_cache_get(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
                                                 int64_t now)
 {
+    pthread_mutex_lock(&c->mu);
     int i = find(c, key);
+    const struct thaw_ram_entry *e = NULL;
 
-    if (i < 0 || !c->v[i].parts[THAW_PART_KV].data) /* none, or a retention's entry (no state of its own) */
-        return NULL;
-    c->v[i].last_used = now;
-    return &c->v[i];
+    if (i >= 0 && c->v[i].parts[THAW_PART_KV].data) { /* not a retention's entry (no state of its own) */
+        c->v[i].last_used = now;
+        e = &c->v[i];
+    }
+    pthread_mutex_unlock(&c->mu);
+    return e;
 }
 
 void thaw_ram_cache_remove(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES])
 {
+    pthread_mutex_lock(&c->mu);
     int i = find(c, key);
 
     if (i >= 0)
         drop(c, i);
+    pthread_mutex_unlock(&c->mu);
 }
 
-int thaw_ram_cache_retain(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES], const uint8_t *refs,
-                          uint32_t n_refs, int64_t until, int64_t now)
+static int retain(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES], const uint8_t *refs, uint32_t n_refs,
+                  int64_t until, int64_t now)
 {
     int i = find(c, key);
 
@@ -337,7 +353,7 @@ int thaw_ram_cache_retain(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_B
     return 0;
 }
 
-int thaw_ram_cache_evict(struct thaw_ram_cache *c, int64_t now)
+static int evict(struct thaw_ram_cache *c, int64_t now)
 {
     int n = 0;
 
@@ -352,6 +368,50 @@ int thaw_ram_cache_evict(struct thaw_ram_cache *c, int64_t now)
             n++;
         }
     }
+    return n;
+}
+
+/* ---- the locked entry points -------------------------------------------------- */
+
+int thaw_ram_cache_put(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                       const struct thaw_part_blob parts[THAW_PART_COUNT], int64_t now)
+{
+    return thaw_ram_cache_put_refs(c, key, parts, NULL, 0, now);
+}
+
+int thaw_ram_cache_put_refs(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES],
+                            const struct thaw_part_blob parts[THAW_PART_COUNT], const uint8_t *refs, uint32_t n_refs,
+                            int64_t now)
+{
+    pthread_mutex_lock(&c->mu);
+    int rc = put_refs(c, key, parts, refs, n_refs, now);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int thaw_ram_cache_put_block(struct thaw_ram_cache *c, const uint8_t id[THAW_KEY_BYTES], void *data,
+                             size_t size)
+{
+    pthread_mutex_lock(&c->mu);
+    int rc = put_block(c, id, data, size);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int thaw_ram_cache_retain(struct thaw_ram_cache *c, const uint8_t key[THAW_KEY_BYTES], const uint8_t *refs,
+                          uint32_t n_refs, int64_t until, int64_t now)
+{
+    pthread_mutex_lock(&c->mu);
+    int rc = retain(c, key, refs, n_refs, until, now);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int thaw_ram_cache_evict(struct thaw_ram_cache *c, int64_t now)
+{
+    pthread_mutex_lock(&c->mu);
+    int n = evict(c, now);
+    pthread_mutex_unlock(&c->mu);
     return n;
 }
 

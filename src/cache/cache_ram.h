@@ -5,8 +5,10 @@
  * disk. It spares a disk read when a conversation returns to a slot that
  * was reused meanwhile. With blocks (--kv-cache-block and the disk tier)
  * an entry is a manifest and the blocks it names are held once each,
- * shared by every entry naming them. Engine thread only: no locking (the
- * blobs are reference-counted: a reader on another thread holds its own).
+ * shared by every entry naming them. The engine thread puts, gets and
+ * evicts; a restore assembled off it reads blocks (thaw_ram_cache_block,
+ * _has_block), so every call takes the tier's mutex. The blobs are
+ * reference-counted: a reader on another thread holds its own.
  */
 #ifndef THAW_CACHE_RAM_H
 #define THAW_CACHE_RAM_H

@@ -484,6 +484,13 @@ struct thaw_kvcache_held {
     void *snap_ckpt; /* a hybrid's snapshots standing in for the .ckpt */
     uint32_t block_tokens;
     bool snapshot; /* a prefix hit ending at a hybrid's snapshot */
+    /* a deferred hit (thaw_kvcache_find_deferred): the entry's parts as
+     * found, what thaw_kvcache_hit_prepare made of them, and its checks'
+     * verdict, which thaw_kvcache_hit_end then takes instead of waiting */
+    struct thaw_part_blob in[THAW_PART_COUNT];
+    int prep_rc;
+    bool checked;
+    int check_rc;
 };
 
 static void verify_main(void *arg)
@@ -510,7 +517,6 @@ static int assemble(struct thaw_kvcache *c, struct thaw_kvcache_held *k,
     uint32_t n_snaps = 0;
 
     k->t_asm0 = thaw_now_us();
-    flush_named(c, man, n_man);
     /* a hybrid's manifest names snapshots: the last one ends the state */
     int rc = thaw_manifest_snaps(man, n_man, &snaps, &n_snaps);
     if (rc == 0 && n_snaps)
@@ -586,22 +592,42 @@ static const char *held_name(const struct thaw_kvcache_held *k, char out[40])
 /* A found entry's parts (references taken or the entry's own mapping)
  * assembled into the hit; a failure ends it as a miss, removing the entry.
  * Returns as thaw_kvcache_find. */
-static int found(struct thaw_kvcache *c, struct thaw_kvcache_held *k, const struct thaw_part_blob in[THAW_PART_COUNT],
-                 const char *source, struct thaw_kvcache_hit *h)
+/* An assembly that failed (rc): the hit ends as a miss, removing the entry. */
+static int unusable(struct thaw_kvcache *c, struct thaw_kvcache_held *k, int rc)
 {
-    int rc = assemble(c, k, in, h->parts);
+    char name[40];
 
-    if (rc != 0) {
-        char name[40];
-        LOG_WRN("slot %d: %s unusable (%s): %s, serving by prefill", k->slot_id, held_name(k, name),
-                thaw_strerror(rc), k->kind == HELD_PENDING ? "skipped" : "removed");
-        if (k->verifying) { /* a bad .kv removes itself (cache_disk.h) */
-            thaw_workers_wait(c->workers, &k->vj);
-            k->verifying = false;
-        }
-        held_remove(c, k);
-        held_free(c, k);
-        return THAW_ENOTFOUND;
+    LOG_WRN("slot %d: %s unusable (%s): %s, serving by prefill", k->slot_id, held_name(k, name), thaw_strerror(rc),
+            k->kind == HELD_PENDING ? "skipped" : "removed");
+    if (k->verifying) { /* a bad .kv removes itself (cache_disk.h) */
+        thaw_workers_wait(c->workers, &k->vj);
+        k->verifying = false;
+    }
+    held_remove(c, k);
+    held_free(c, k);
+    return THAW_ENOTFOUND;
+}
+
+/* Whether a found entry's hit has work that can run off the engine
+ * thread: blocks to read and assemble, or a checksum running. */
+static bool heavy(const struct thaw_kvcache *c, const struct thaw_kvcache_held *k,
+                  const struct thaw_part_blob in[THAW_PART_COUNT])
+{
+    return k->verifying || (c->disk && thaw_manifest_is(in[THAW_PART_KV].data, in[THAW_PART_KV].size));
+}
+
+static int found(struct thaw_kvcache *c, struct thaw_kvcache_held *k, const struct thaw_part_blob in[THAW_PART_COUNT],
+                 const char *source, bool defer, struct thaw_kvcache_hit *h)
+{
+    if (c->disk && thaw_manifest_is(in[THAW_PART_KV].data, in[THAW_PART_KV].size))
+        flush_named(c, in[THAW_PART_KV].data, in[THAW_PART_KV].size); /* the slots' kept snapshots: engine thread */
+    if (defer && heavy(c, k, in)) {
+        memcpy(k->in, in, sizeof k->in);
+        h->deferred = true;
+    } else {
+        int rc = assemble(c, k, in, h->parts);
+        if (rc != 0)
+            return unusable(c, k, rc);
     }
 #ifdef THAW_HAVE_SHARED
     /* fetched from the shared tier into the local one just before (its
@@ -614,8 +640,8 @@ static int found(struct thaw_kvcache *c, struct thaw_kvcache_held *k, const stru
     return 0;
 }
 
-int thaw_kvcache_find(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int slot_id, int n_past,
-                      struct thaw_kvcache_hit *h)
+static int find(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int slot_id, int n_past, bool defer,
+                struct thaw_kvcache_hit *h)
 {
     char hex[17];
     int64_t t0 = thaw_now_us();
@@ -634,7 +660,7 @@ int thaw_kvcache_find(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES],
             for (int p = 0; p < THAW_PART_COUNT; p++)
                 k->refs[p] = re->parts[p].data ? thaw_blob_ref(re->parts[p].data) : NULL;
             /* a manifest: its blocks from RAM, else from disk */
-            return found(c, k, re->parts, "ram", h);
+            return found(c, k, re->parts, "ram", defer, h);
         }
     }
     if (!c->disk)
@@ -656,7 +682,7 @@ int thaw_kvcache_find(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES],
         for (int p = 0; p < THAW_PART_COUNT; p++)
             k->refs[p] = pend[p].data;
         LOG_DBG("slot %d: %s found in the disk writer's queue", slot_id, hex);
-        return found(c, k, pend, "disk", h);
+        return found(c, k, pend, "disk", defer, h);
     }
     struct thaw_disk_entry *de = NULL;
     int64_t t_lookup = thaw_now_us();
@@ -689,7 +715,59 @@ int thaw_kvcache_find(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES],
             return THAW_ENOTFOUND;
         }
     }
-    return found(c, k, parts, "disk", h);
+    return found(c, k, parts, "disk", defer, h);
+}
+
+int thaw_kvcache_find(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int slot_id, int n_past,
+                      struct thaw_kvcache_hit *h)
+{
+    return find(c, key, slot_id, n_past, false, h);
+}
+
+int thaw_kvcache_find_deferred(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int slot_id, int n_past,
+                               struct thaw_kvcache_hit *h)
+{
+    return find(c, key, slot_id, n_past, true, h);
+}
+
+void thaw_kvcache_hit_prepare(struct thaw_kvcache *c, struct thaw_kvcache_hit *h)
+{
+    struct thaw_kvcache_held *k = h->held;
+
+    if (!k || !h->deferred)
+        return;
+    if ((k->prep_rc = assemble(c, k, k->in, h->parts)) != 0)
+        return; /* thaw_kvcache_hit_ready removes the entry (the RAM tier's: engine thread) */
+    /* the checks the install would have run beside: here, off the engine */
+    if (k->verifying) {
+        thaw_workers_wait(c->workers, &k->vj);
+        k->verifying = false;
+        k->check_rc = k->vrc; /* a bad .kv removes itself (cache_disk.h) */
+    }
+    if (!k->check_rc && k->has_bs && thaw_blocks_state_check(&k->bs) != 0)
+        k->check_rc = THAW_ECORRUPT; /* the bad block is removed */
+    k->checked = true;
+}
+
+int thaw_kvcache_hit_ready(struct thaw_kvcache *c, struct thaw_kvcache_hit *h)
+{
+    struct thaw_kvcache_held *k = h->held;
+    char name[40];
+
+    if (!k || !h->deferred)
+        return 0;
+    h->deferred = false;
+    if (k->prep_rc != 0) {
+        h->held = NULL;
+        return unusable(c, k, k->prep_rc);
+    }
+    if (k->check_rc != 0) {
+        LOG_WRN("slot %d: %s failed verification: removed, serving by prefill", k->slot_id, held_name(k, name));
+        h->held = NULL;
+        held_free(c, k);
+        return THAW_ENOTFOUND;
+    }
+    return 0;
 }
 
 int thaw_kvcache_find_prefix(struct thaw_kvcache *c, const uint8_t ns[THAW_KEY_BYTES], const thaw_token *prompt,
@@ -750,14 +828,18 @@ int thaw_kvcache_hit_end(struct thaw_kvcache *c, struct thaw_kvcache_hit *h, int
         return installed;
     h->held = NULL;
     k->t_inst = thaw_now_us();
-    if (k->verifying) {
-        thaw_workers_wait(c->workers, &k->vj);
-        k->verifying = false;
-        bad = k->vrc; /* a bad .kv removes itself (cache_disk.h) */
+    if (k->checked) { /* checked before the install, off the engine (thaw_kvcache_hit_prepare) */
+        bad = k->check_rc;
+    } else {
+        if (k->verifying) {
+            thaw_workers_wait(c->workers, &k->vj);
+            k->verifying = false;
+            bad = k->vrc; /* a bad .kv removes itself (cache_disk.h) */
+        }
+        /* the blocks' checksums ran alongside */
+        if (!bad && k->has_bs && thaw_blocks_state_check(&k->bs) != 0)
+            bad = THAW_ECORRUPT; /* the bad block is removed */
     }
-    /* the blocks' checksums ran alongside */
-    if (!bad && k->has_bs && thaw_blocks_state_check(&k->bs) != 0)
-        bad = THAW_ECORRUPT; /* the bad block is removed */
     if (k->has_bs && k->kind != HELD_PREFIX)
         LOG_DBG("slot %d: %.1f MiB of state, %d blocks read from files: assembled in %.1f ms, installed in %.1f ms, "
                 "checksums waited for %.1f ms",

@@ -103,6 +103,7 @@ struct thaw_kvcache_hit {
     struct thaw_part_blob parts[THAW_PART_COUNT];
     const char *source;               /* "ram", "disk", "shared" or "blocks" */
     double restore_ms;                /* set by thaw_kvcache_hit_end: lookup to end */
+    bool deferred;                    /* thaw_kvcache_find_deferred: parts not assembled yet */
     struct thaw_kvcache_held *held;   /* the tier's (kvcache.c) */
 };
 
@@ -114,6 +115,23 @@ struct thaw_kvcache_hit {
  * log's and the slot the blocks are assembled for. */
 int thaw_kvcache_find(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int slot_id, int n_past,
                       struct thaw_kvcache_hit *h);
+
+/* thaw_kvcache_find with the hit's heavy part left for later, so that it
+ * runs off the engine thread while other slots decode (issue #37): when
+ * the entry is a manifest (its blocks to read and assemble) or a disk
+ * entry (its .kv's checksum), h->deferred is set and h->parts are not
+ * filled yet. Then thaw_kvcache_hit_prepare, on any one thread (the
+ * engine's restore thread): assembles, and waits for the checksums that
+ * the install would have run beside, so the install that follows is
+ * known good. Then thaw_kvcache_hit_ready, on the engine thread: 0 (the
+ * parts are there: install, then thaw_kvcache_hit_end as ever) or
+ * THAW_ENOTFOUND (unusable, logged, the entry removed; the hit is over).
+ * The lookup itself (the tiers' indexes, which the engine's stores
+ * change) stays on the engine thread, as do removals. */
+int thaw_kvcache_find_deferred(struct thaw_kvcache *c, const uint8_t key[THAW_KEY_BYTES], int slot_id, int n_past,
+                               struct thaw_kvcache_hit *h);
+void thaw_kvcache_hit_prepare(struct thaw_kvcache *c, struct thaw_kvcache_hit *h);
+int thaw_kvcache_hit_ready(struct thaw_kvcache *c, struct thaw_kvcache_hit *h);
 
 /* Prefix lookup (with blocks and prefix_lookup on): after a miss, the
  * longest run of the prompt's whole blocks the disk holds under the

@@ -75,6 +75,10 @@ void thaw_engine_slot_fail(struct thaw_engine *e, struct thaw_slot *s, int statu
 
 /* ---- admission ---------------------------------------------------------------- */
 
+static int slot_started(struct thaw_engine *e, struct thaw_slot *s, struct thaw_task *t, int n_past,
+                        int64_t t_restore);
+static bool engine_alone(const struct thaw_engine *e, const struct thaw_slot *except);
+
 static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_task *t)
 {
     const struct thaw_chat_request *req = &t->req;
@@ -101,8 +105,35 @@ static int slot_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_ta
      * match, and an image's placeholders pin its bytes and the projector,
      * vision.h) */
     int64_t t_restore = thaw_now_us();
-    if (thaw_kvcache_enabled(e->kv))
-        n_past = thaw_slotkv_restore(e->skv, s, t, n_past);
+    if (thaw_kvcache_enabled(e->kv)) {
+        /* beside other slots' work, a restore's blocks are read and
+         * assembled on the restore thread (slotkv.h): the slot waits out of
+         * the batches, and slot_resume installs them */
+        n_past = thaw_slotkv_restore(e->skv, s, t, n_past, !engine_alone(e, s));
+        if (n_past == THAW_SLOTKV_RESTORING) {
+            thaw_metrics_hold(e->metrics, THAW_HOLD_RESTORE, thaw_now_us() - t_restore);
+            return 0;
+        }
+    }
+    return slot_started(e, s, t, n_past, t_restore);
+}
+
+/* A slot's deferred restore is assembled: installed now, and its request
+ * goes on where slot_start left it. */
+static void slot_resume(struct thaw_engine *e, struct thaw_slot *s)
+{
+    int64_t t_restore = thaw_now_us();
+    int n_past = thaw_slotkv_restore_resume(e->skv, s, s->task);
+
+    slot_started(e, s, s->task, n_past, t_restore);
+}
+
+/* The rest of a request's start once the lookup is done (n_past: the
+ * prompt tokens the slot holds; t_restore: when this piece of the lookup
+ * began on the engine thread, for its hold). */
+static int slot_started(struct thaw_engine *e, struct thaw_slot *s, struct thaw_task *t, int n_past,
+                        int64_t t_restore)
+{
     /* at least one prompt token must be decoded to get logits to sample from */
     if (n_past >= t->n_prompt)
         n_past = t->n_prompt - 1;
@@ -208,10 +239,14 @@ static int admit(struct thaw_engine *e, bool block)
     for (int i = 0; i < e->n_slots; i++)
         held += fixup_held(e, &e->slots[i]);
     int busy = e->n_slots - count[THAW_SLOT_IDLE];
+    int restoring = 0;
+    for (int i = 0; i < e->n_slots; i++)
+        restoring += e->slots[i].restore != NULL;
     int working = busy - held;
     int open = count[THAW_SLOT_IDLE] + count[THAW_SLOT_FIXUP];
     while (open > 0) {
-        bool wait = block && working == 0 && !atomic_load(&e->stop);
+        /* (a restore's end wakes the wait: slotkv's restored callback) */
+        bool wait = block && working == restoring && !atomic_load(&e->stop);
         struct thaw_task *t = wait ? thaw_sched_pop_for(e->sched, due_us) : thaw_sched_pop(e->sched, false);
         if (!t)
             break;
@@ -250,6 +285,7 @@ static int admit(struct thaw_engine *e, bool block)
         if ((t->kind == THAW_TASK_CHAT ? slot_start(e, s, t) : thaw_embed_start(e, s, t)) == 0) {
             busy++;
             working++;
+            restoring += s->restore != NULL;
         }
     }
     free(views);
@@ -304,7 +340,7 @@ static void eval_images(struct thaw_engine *e)
 {
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
-        if (s->phase != THAW_SLOT_PREFILL || !s->task || !s->task->vision)
+        if (s->phase != THAW_SLOT_PREFILL || s->restore || !s->task || !s->task->vision)
             continue;
         struct thaw_task *t = s->task;
         int img = thaw_vision_prompt_at(t->vision, s->n_prompt_done), pos, n;
@@ -364,7 +400,7 @@ static void build_batch(struct thaw_engine *e)
     const int room = thaw_sched_batch_room(b->n_tokens, e->n_batch, e->n_ubatch, e->prompt_us_per_tok);
     for (int i = 0; i < e->n_slots && b->n_tokens < room; i++) {
         struct thaw_slot *s = &e->slots[i];
-        if (s->phase != THAW_SLOT_PREFILL)
+        if (s->phase != THAW_SLOT_PREFILL || s->restore) /* (a restore being assembled: not yet) */
             continue;
         const struct thaw_task *t = s->task;
         while (s->n_prompt_done + s->n_in_batch < t->n_prompt && b->n_tokens < room) {
@@ -403,13 +439,14 @@ static void build_batch(struct thaw_engine *e)
     e->batch_fixup_only = fixup_tokens > 0 && fixup_tokens == b->n_tokens;
 }
 
-/* No slot prefilling or generating: post-reply work slows nobody. */
-static bool engine_alone(const struct thaw_engine *e)
+/* No slot prefilling or generating (but `except`, NULL: none): work on
+ * the engine thread slows nobody. */
+static bool engine_alone(const struct thaw_engine *e, const struct thaw_slot *except)
 {
-    int count[THAW_SLOT_PHASE_COUNT];
-
-    thaw_slot_count(e->slots, e->n_slots, count);
-    return count[THAW_SLOT_PREFILL] + count[THAW_SLOT_GEN] == 0;
+    for (int i = 0; i < e->n_slots; i++)
+        if (&e->slots[i] != except && (e->slots[i].phase == THAW_SLOT_PREFILL || e->slots[i].phase == THAW_SLOT_GEN))
+            return false;
+    return true;
 }
 
 /* Stores a FIXUP slot's state (slotkv.h), counting how long after the
@@ -442,7 +479,7 @@ static bool store_is_cheap(const struct thaw_engine *e)
  * writer commits it, at the cost of a few new tokens' rows. */
 static void finish_fixups(struct thaw_engine *e, bool force)
 {
-    bool free_now = force || e->fixup_awaited || engine_alone(e) || store_is_cheap(e);
+    bool free_now = force || e->fixup_awaited || engine_alone(e, NULL) || store_is_cheap(e);
     int64_t now = thaw_now_us();
 
     for (int i = 0; i < e->n_slots; i++) {
@@ -475,7 +512,7 @@ static void store_early(struct thaw_engine *e)
 {
     if (!store_is_cheap(e) || e->recurrent || !thaw_kvcache_enabled(e->kv))
         return;
-    bool soon = (e->fixup_awaited || engine_alone(e)) && thaw_sched_depth(e->sched) == 0;
+    bool soon = (e->fixup_awaited || engine_alone(e, NULL)) && thaw_sched_depth(e->sched) == 0;
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
         if (s->phase != THAW_SLOT_FIXUP || s->stored_early || s->n_tokens >= s->n_fix || fixup_held(e, s) ||
@@ -629,10 +666,13 @@ static void *engine_main(void *arg)
     struct thaw_engine *e = arg;
 
     while (!atomic_load(&e->stop)) {
-        /* cancelled requests (client gone) free their slot first */
+        /* restores assembled meanwhile go in; cancelled requests (client
+         * gone) free their slot (one still restoring, once it is in) */
         for (int i = 0; i < e->n_slots; i++) {
             struct thaw_slot *s = &e->slots[i];
-            if (s->task && !thaw_task_client_alive(s->task)) {
+            if (thaw_slotkv_restore_ready(s))
+                slot_resume(e, s);
+            if (s->task && !s->restore && !thaw_task_client_alive(s->task)) {
                 LOG_INF("slot %d: client went away, request cancelled", s->id);
                 thaw_task_fail(s->task, 499, "cancelled");
                 thaw_engine_slot_idle(e, s);
@@ -668,6 +708,8 @@ static void *engine_main(void *arg)
     }
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];
+        if (s->restore) /* its assembly is waited for, its hit ended */
+            slot_resume(e, s);
         if (s->task) {
             thaw_task_fail(s->task, 503, "the server is shutting down");
             thaw_engine_slot_idle(e, s);
@@ -675,6 +717,15 @@ static void *engine_main(void *arg)
     }
     drain_fixups(e);
     return NULL;
+}
+
+/* A deferred restore is assembled (on the restore thread): wake the
+ * engine if it waits for work. */
+static void restored(void *ud)
+{
+    struct thaw_engine *e = ud;
+
+    thaw_sched_kick(e->sched);
 }
 
 /* A task that waited for the shared tier's fetch: on to the queue now
@@ -937,6 +988,8 @@ int thaw_engine_new(const struct thaw_config *cfg, struct thaw_metrics *metrics,
         log_speculation(cfg, e->draft != NULL);
     }
     struct thaw_slotkv_params skp = {
+        .restored = restored,
+        .restored_ud = e,
         .cfg = cfg,
         .ctx = e->ctx,
         .tap = e->tap,

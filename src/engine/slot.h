@@ -59,6 +59,7 @@ enum thaw_slot_phase {
 };
 
 struct thaw_token_probs; /* api/logprobs.h */
+struct thaw_slot_restore; /* slotkv.c */
 
 struct thaw_slot {
     int id;                     /* == llama seq_id */
@@ -71,6 +72,8 @@ struct thaw_slot {
     struct thaw_ckpt_list ckpts; /* partial-memory snapshots for rollback (SWA / recurrent) */
 
     /* the request in progress */
+    struct thaw_slot_restore *restore; /* PREFILL: a restore assembled off the engine thread (slotkv.h); the slot
+                                        * stays out of every batch until the engine resumes it */
     int n_prompt_done;      /* prompt tokens already in the KV */
     llama_token next_token; /* GEN: sampled, waits to be decoded */
     llama_token *drafts;    /* GEN with speculation on: the proposal after next_token

@@ -16,6 +16,7 @@
 #include "base/blob.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/workers.h"
 #include "cache/blocks.h"
 #include "engine/draft.h"
 #include "engine/slots_view.h"
@@ -24,8 +25,19 @@
 #include "llama/kvtap.h"
 #include "llama/tokens.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A keyed hit being assembled on the restore thread (thaw_slotkv_restore
+ * with defer): the slot's s->restore. */
+struct thaw_slot_restore {
+    struct thaw_slotkv *k;
+    struct thaw_kvcache_hit h;
+    int n_past;
+    struct thaw_job job;
+    atomic_bool done;
+};
 
 struct thaw_slotkv {
     struct llama_context *ctx;
@@ -40,6 +52,9 @@ struct thaw_slotkv {
     struct thaw_metrics *metrics;
     void *capture; /* the last capture's buffer, reused once the tiers let go of it (kvstate.h) */
     size_t capture_cap;
+    struct thaw_workers *restorer; /* one thread: deferred restores' assembly; NULL = none (restores inline) */
+    void (*restored)(void *ud);
+    void *restored_ud;
 };
 
 /* The cache tiers for this context: blocks only where the state layout
@@ -124,6 +139,19 @@ int thaw_slotkv_new(const struct thaw_slotkv_params *p, struct thaw_slotkv **out
         return rc;
     }
     count_device_io(k); /* the start-up self-test's reads, from the first scrape */
+    k->restored = p->restored;
+    k->restored_ud = p->restored_ud;
+    if (thaw_kvcache_enabled(k->kv)) {
+        /* its own thread, not the disk tier's pool: an assembly waits for
+         * checksum jobs on that pool (workers.h: no job waits on its own
+         * pool's progress); without it restores run inline, as before */
+        struct thaw_workers_params wp = thaw_workers_default_params();
+        wp.n_threads = 1;
+        if (thaw_workers_new(&wp, &k->restorer) != 0) {
+            LOG_WRN("kv-cache: no restore thread: restores run on the engine thread");
+            k->restorer = NULL;
+        }
+    }
     *out = k;
     return 0;
 }
@@ -132,6 +160,7 @@ void thaw_slotkv_free(struct thaw_slotkv *k)
 {
     if (!k)
         return;
+    thaw_workers_free(k->restorer); /* every restore was resumed: nothing runs */
     thaw_kvcache_close(k->kv); /* writes what is still queued, then lets go of the last capture */
     thaw_blob_unref(k->capture);
     free(k);
@@ -319,7 +348,21 @@ static void count_lookup(struct thaw_metrics *m, const char *source)
 /* The lookup at the start of a request: the slot itself, then the cache
  * tiers (kvcache.h). Returns the number of prompt tokens the slot holds
  * afterwards. */
-int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past)
+static int restore_rest(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past, int got);
+
+/* The restore thread's job: the deferred hit's assembly and checks. */
+static void restore_main(void *arg)
+{
+    struct thaw_slot_restore *r = arg;
+
+    thaw_kvcache_hit_prepare(r->k->kv, &r->h);
+    atomic_store(&r->done, true);
+    if (r->k->restored)
+        r->k->restored(r->k->restored_ud);
+}
+
+int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past,
+                        bool defer)
 {
     int got = n_past;
     if (t->has_lookup_key) {
@@ -329,9 +372,50 @@ int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct
             count_lookup(k->metrics, "slot");
             return n_past;
         }
-        if (thaw_kvcache_find(k->kv, t->lookup_key, s->id, n_past, &h) == 0)
+        struct thaw_slot_restore *r = defer && k->restorer ? calloc(1, sizeof *r) : NULL;
+        int rc = r ? thaw_kvcache_find_deferred(k->kv, t->lookup_key, s->id, n_past, &h)
+                   : thaw_kvcache_find(k->kv, t->lookup_key, s->id, n_past, &h);
+        if (rc == 0 && h.deferred) {
+            r->k = k;
+            r->h = h;
+            r->n_past = n_past;
+            atomic_init(&r->done, false);
+            s->restore = r;
+            atomic_fetch_add(&k->metrics->restores_deferred, 1);
+            if (thaw_workers_submit(k->restorer, &r->job, restore_main, r) != 0)
+                thaw_workers_wait(k->restorer, &r->job); /* not taken: run here, now */
+            return THAW_SLOTKV_RESTORING;
+        }
+        free(r);
+        if (rc == 0)
             got = take_hit(k, s, t, &h, n_past);
     }
+    return restore_rest(k, s, t, n_past, got);
+}
+
+bool thaw_slotkv_restore_ready(const struct thaw_slot *s) { return s->restore && atomic_load(&s->restore->done); }
+
+int thaw_slotkv_restore_resume(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t)
+{
+    struct thaw_slot_restore *r = s->restore;
+    int got;
+
+    thaw_workers_wait(k->restorer, &r->job);
+    s->restore = NULL;
+    if (thaw_kvcache_hit_ready(k->kv, &r->h) == 0)
+        got = take_hit(k, s, t, &r->h, r->n_past);
+    else
+        got = r->n_past; /* unusable, found before anything was installed: the slot keeps what it held */
+    int n_past = r->n_past;
+    free(r);
+    return restore_rest(k, s, t, n_past, got);
+}
+
+/* The lookup after the keyed hit (got: the prompt tokens the slot holds):
+ * stored blocks where it gave nothing, an SWA model's blocks where its
+ * window does not reach; counts the outcome. */
+static int restore_rest(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past, int got)
+{
     if (got <= n_past) { /* no entry (a first turn, an edit, a fork): stored blocks may still serve it */
         /* recurrent memory resumes only where a checkpoint takes it, and
          * a sliding window only where it still holds (or a checkpoint

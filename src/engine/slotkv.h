@@ -13,7 +13,8 @@
  * every lookup is counted once under its outcome. A store hands the slot's
  * state to the tiers under s->store_key without waiting for I/O: blocks cut
  * straight from the cache's memory when the tap can (kvtap.h), else one
- * whole capture. Engine thread only.
+ * whole capture. Engine thread only, but for the assembly of a deferred
+ * restore, which runs on the handle's restore thread.
  */
 #ifndef THAW_SLOTKV_H
 #define THAW_SLOTKV_H
@@ -47,6 +48,10 @@ struct thaw_slotkv_params {
     struct thaw_metrics *metrics;  /* lookups, stores; must outlive the handle */
     struct thaw_disk_cache *disk_store; /* the process's shared --kv-cache-dir (kvcache.h: disk_store);
                                          * NULL: cfg->kv_cache_dir is opened for this context alone */
+    /* called on the restore thread when a deferred restore is assembled
+     * (thaw_slotkv_restore): wakes the engine; NULL = nothing to wake */
+    void (*restored)(void *ud);
+    void *restored_ud;
 };
 
 /* Opens the cache tiers the flags ask for (kvcache.h), with blocks only
@@ -85,8 +90,25 @@ int thaw_slotkv_rollback(struct thaw_slotkv *k, struct thaw_slot *s, int n);
  * prompt: the slot itself, then the cache tiers; a hit is installed (and
  * the slot holds t's lookup key). Sets s->timings.cache_source and
  * restore_ms on a hit. Returns the prompt tokens the slot holds afterwards
- * (0 when a bad entry emptied it). */
-int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past);
+ * (0 when a bad entry emptied it).
+ *
+ * `defer` (other slots are decoding): a keyed hit whose blocks must be
+ * read and assembled, or whose checksum must be waited for, is handed to
+ * the restore thread instead (kvcache.h, thaw_kvcache_find_deferred), so
+ * the other slots' streams go on meanwhile: then THAW_SLOTKV_RESTORING,
+ * s->restore is set, the slot must stay out of every batch, and
+ * thaw_slotkv_restore_resume finishes the lookup once
+ * thaw_slotkv_restore_ready says so (params.restored wakes the engine
+ * then). Only the install (libllama's copy into the sequence) and what
+ * follows stay on the engine thread. */
+#define THAW_SLOTKV_RESTORING (-1000)
+int thaw_slotkv_restore(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t, int n_past,
+                        bool defer);
+bool thaw_slotkv_restore_ready(const struct thaw_slot *s);
+/* Waits for s's assembly if it is still running (at shutdown), then
+ * finishes the lookup as thaw_slotkv_restore would have; s->restore is
+ * cleared. Returns as thaw_slotkv_restore. */
+int thaw_slotkv_restore_resume(struct thaw_slotkv *k, struct thaw_slot *s, const struct thaw_task *t);
 
 /* Whether a slot holding n_tokens will be stored when its reply ends (a
  * tier is on, and n_tokens reaches --kv-cache-min-tokens). */

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -448,3 +449,52 @@ def test_ram_tier_serves_a_conversation_whose_slot_was_reused(serve):
     s.stop()
     ref = reference(serve, "llama", convs[:1])
     assert reply(r2) == reply(ref[0][1])
+
+
+# ---- a restore beside a stream (issue #37) -------------------------------------
+
+def stream_beside(s, started, n_predict=200):
+    """Streams a long completion on its own conversation; sets `started` once
+    tokens flow. Returns the thread and the list its chunks' texts go to."""
+    got = []
+
+    def run():
+        body = {"prompt": "Once upon a time", "n_predict": n_predict, "ignore_eos": True, "temperature": 0,
+                "stream": True, "cache_prompt": False}
+        with s.post("/completion", body, stream=True) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    got.append(line)
+                    if len(got) == 3:
+                        started.set()
+
+    th = threading.Thread(target=run)
+    th.start()
+    return th, got
+
+
+def test_a_restore_beside_a_stream_is_assembled_off_the_engine_thread(serve, tmp_path):
+    """A conversation returning from disk while another slot streams: its
+    blocks are read and assembled on the restore thread, the engine installs
+    them, and the turn is what it is served alone."""
+    convs = [conversation(0, 600)]
+    ref = reference(serve, "llama", convs)
+    flags = kv_flags(tmp_path, "--kv-cache-min-tokens", "16")
+    s = serve("llama", "-np", "2", "-c", "8192", *flags)
+    r1 = chat(s, convs[0])
+    assert reply(r1) == reply(ref[0][0])
+    drained(s)
+    assert s.stop() == 0
+    s = serve("llama", "-np", "2", "-c", "8192", *flags)
+    started = threading.Event()
+    th, got = stream_beside(s, started)
+    assert started.wait(120)
+    r2 = chat(s, turn2(convs[0], r1, 0))
+    m = s.metrics()
+    th.join(300)
+    assert r2["timings"]["cache_source"] == "disk"
+    assert r2["timings"]["cache_n"] >= 0.9 * r2["usage"]["prompt_tokens"]
+    assert m["thaw_kv_cache_restores_deferred_total"] == 1, "the restore ran on the engine thread"
+    assert m["thaw_slots_busy"] >= 1  # the stream was still going
+    assert reply(r2) == reply(ref[0][1])
+    assert len(got) >= 100  # the stream went on to its end
