@@ -78,6 +78,10 @@
 #define MK_V_LAYERS 2
 #define MK_V_MERGE 4
 #define MK_V_TOKENS 16
+/* LFM2-VL's projector (lfm2): the same encoder, then a pixel unshuffle of
+ * 2x2 patches into one token and an MLP; images take their own size
+ * (aligned to 8 pixels), 64 to 256 tokens each (clip.cpp's limits for it) */
+#define MK_V_LFM2_MERGE 2
 
 /* ---- prng ----------------------------------------------------------------- */
 
@@ -219,7 +223,7 @@ struct mk_opts {
     bool set_swa_window;  /* --swa-window given (gpt-oss defaults to 128) */
     bool set_tmpl;        /* --template or --draft-of given */
     bool rerank;          /* --rerank: a rank head and pooling rank (bert, qwen3) */
-    const char *mmproj;   /* --mmproj: also write a vision projector there (gemma3); NULL = none */
+    const char *mmproj;   /* --mmproj: also write a vision projector there (gemma3, lfm2); NULL = none */
 };
 
 /* Strict unsigned parse: whole string, no sign, no overflow, in [lo, hi]. */
@@ -461,10 +465,12 @@ static const struct thaw_flag mk_flags[] = {
      NULL},
     {"--mmproj", "OUT", THAW_FLAG_STR, MK_OFF(mmproj), 0, 0,
      "also write a vision projector for the model to OUT\n"
-     "(gemma3 only): a Gemma 3 style CLIP encoder\n"
-     "(clip.projector_type gemma3), random weights, made\n"
-     "small: " MK_STR(MK_V_IMAGE) "x" MK_STR(MK_V_IMAGE) " pixels in " MK_STR(MK_V_PATCH) "x" MK_STR(MK_V_PATCH) " patches, " MK_STR(MK_V_LAYERS) " layers x " MK_STR(MK_V_EMBD) ",\n"
-     "pooled to " MK_STR(MK_V_TOKENS) " tokens per image, projected to --embd.\n"
+     "(gemma3 and lfm2): a SigLIP encoder, random weights,\n"
+     "made small: " MK_STR(MK_V_PATCH) "x" MK_STR(MK_V_PATCH) " patches, " MK_STR(MK_V_LAYERS) " layers x " MK_STR(MK_V_EMBD) ". gemma3\n"
+     "(clip.projector_type gemma3): " MK_STR(MK_V_IMAGE) "x" MK_STR(MK_V_IMAGE) " pixels pooled to\n"
+     MK_STR(MK_V_TOKENS) " tokens per image; lfm2 (LFM2-VL's, a hybrid's):\n"
+     "each image at its own size, 2x2 patches a token, 64 to\n"
+     "256 tokens; both projected to --embd.\n"
      "thaw serve --mmproj OUT takes images with it",
      NULL},
     MK_FN("--seed", "N", mk_fn_seed, "PRNG seed, decimal or 0x-hex (default 1)"),
@@ -582,8 +588,8 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
         fprintf(stderr, "mkmodel: --attn-pattern applies to --arch lfm2 and qwen35 only\n");
         return THAW_EINVAL;
     }
-    if (o->mmproj != NULL && o->arch != MK_ARCH_GEMMA3) {
-        fprintf(stderr, "mkmodel: --mmproj writes a Gemma 3 projector: it needs --arch gemma3\n");
+    if (o->mmproj != NULL && o->arch != MK_ARCH_GEMMA3 && o->arch != MK_ARCH_LFM2) {
+        fprintf(stderr, "mkmodel: --mmproj writes a Gemma 3 or an LFM2-VL projector: it needs --arch gemma3 or lfm2\n");
         return THAW_EINVAL;
     }
     if (o->mmproj != NULL && strcmp(o->mmproj, o->out) == 0) {
@@ -1711,7 +1717,8 @@ fail:
 
 /* Builds --mmproj's projector: a Gemma 3 style vision encoder (clip.cpp's
  * PROJECTOR_TYPE_GEMMA3: a SigLIP ViT, then average pooling, an RMS norm
- * and a projection to the text model's width), keys and tensor names as
+ * and a projection to the text model's width), or LFM2-VL's (the same
+ * ViT, a pixel unshuffle and an MLP), keys and tensor names as
  * llama.cpp's converter writes them (tools/mtmd/clip-impl.h). Returns 0,
  * or THAW_ENOMEM after printing why; *m is freed on failure. */
 static int mk_mmproj_build(struct mk_model *m, const struct mk_opts *o)
@@ -1720,7 +1727,7 @@ static int mk_mmproj_build(struct mk_model *m, const struct mk_opts *o)
     const int64_t n_patches = (MK_V_IMAGE / MK_V_PATCH) * (MK_V_IMAGE / MK_V_PATCH);
     const enum ggml_type W = o->wtype, N = GGML_TYPE_F32;
     const float sE = 1.0f / sqrtf((float)E), sF = 1.0f / sqrtf((float)F);
-    size_t max_tensors = (size_t)MK_V_LAYERS * 16 + 8;
+    size_t max_tensors = (size_t)MK_V_LAYERS * 16 + 12;
     struct ggml_init_params gp = {
         .mem_size = max_tensors * ggml_tensor_overhead(),
         .mem_buffer = NULL,
@@ -1739,9 +1746,10 @@ static int mk_mmproj_build(struct mk_model *m, const struct mk_opts *o)
         return THAW_ENOMEM;
     }
     struct gguf_context *g = m->gguf;
+    const bool lfm2 = o->arch == MK_ARCH_LFM2;
     gguf_set_val_str(g, "general.architecture", "clip");
-    gguf_set_val_str(g, "general.name", "thaw mkmodel gemma3 projector");
-    gguf_set_val_str(g, "clip.projector_type", "gemma3");
+    gguf_set_val_str(g, "general.name", lfm2 ? "thaw mkmodel lfm2 projector" : "thaw mkmodel gemma3 projector");
+    gguf_set_val_str(g, "clip.projector_type", lfm2 ? "lfm2" : "gemma3");
     gguf_set_val_bool(g, "clip.has_vision_encoder", true);
     gguf_set_val_bool(g, "clip.use_gelu", true);
     gguf_set_val_u32(g, "clip.vision.image_size", MK_V_IMAGE);
@@ -1752,7 +1760,7 @@ static int mk_mmproj_build(struct mk_model *m, const struct mk_opts *o)
     gguf_set_val_u32(g, "clip.vision.projection_dim", o->n_embd);
     gguf_set_val_u32(g, "clip.vision.attention.head_count", MK_V_HEADS);
     gguf_set_val_f32(g, "clip.vision.attention.layer_norm_epsilon", 1e-6f);
-    gguf_set_val_u32(g, "clip.vision.projector.scale_factor", MK_V_MERGE);
+    gguf_set_val_u32(g, "clip.vision.projector.scale_factor", lfm2 ? MK_V_LFM2_MERGE : MK_V_MERGE);
     gguf_set_arr_data(g, "clip.vision.image_mean", GGUF_TYPE_FLOAT32, half, 3);
     gguf_set_arr_data(g, "clip.vision.image_std", GGUF_TYPE_FLOAT32, half, 3);
 
@@ -1782,6 +1790,15 @@ static int mk_mmproj_build(struct mk_model *m, const struct mk_opts *o)
     }
     mk_add(m, "v.post_ln.weight", N, E, 0, MK_INIT_CONST, 1.0f);
     mk_add(m, "v.post_ln.bias", N, E, 0, MK_INIT_CONST, 0.0f);
+    if (lfm2) {
+        /* 2x2 patches side by side (E x 4), then Linear, GELU, Linear (clip.cpp's build_ffn: mm.1 up, mm.2 down) */
+        const int64_t M = E * MK_V_LFM2_MERGE * MK_V_LFM2_MERGE;
+        mk_add(m, "mm.1.weight", W, M, T, MK_INIT_RANDOM, 1.0f / sqrtf((float)M));
+        mk_add(m, "mm.1.bias", N, T, 0, MK_INIT_CONST, 0.0f);
+        mk_add(m, "mm.2.weight", W, T, T, MK_INIT_RANDOM, 1.0f / sqrtf((float)T));
+        mk_add(m, "mm.2.bias", N, T, 0, MK_INIT_CONST, 0.0f);
+        return 0;
+    }
     mk_add(m, "mm.soft_emb_norm.weight", N, E, 0, MK_INIT_CONST, 1.0f);
     /* (T, E): clip.cpp multiplies by its transpose, E -> T */
     mk_add(m, "mm.input_projection.weight", W, T, E, MK_INIT_RANDOM, sE);
@@ -2041,6 +2058,12 @@ int thaw_mkmodel_main(int argc, char **argv)
         rc = mk_write(&v, &o, o.mmproj, &v_bytes);
         if (rc != 0)
             fprintf(stderr, "mkmodel: writing %s: %s\n", o.mmproj, thaw_strerror(rc));
+        else if (o.arch == MK_ARCH_LFM2)
+            fprintf(stderr,
+                    "mkmodel: %s: lfm2 vision projector, %d layers x %d, images at their own size in %d-pixel "
+                    "patches, %dx%d a token (64 to 256), projected to %" PRIu32 ", %.2fM params, %.1f MB\n",
+                    o.mmproj, MK_V_LAYERS, MK_V_EMBD, MK_V_PATCH, MK_V_LFM2_MERGE, MK_V_LFM2_MERGE, o.n_embd,
+                    (double)v.n_params / 1e6, (double)v_bytes / 1e6);
         else
             fprintf(stderr,
                     "mkmodel: %s: gemma3 vision projector, %d layers x %d, %dx%d images in %d-pixel patches, "

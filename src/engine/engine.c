@@ -312,9 +312,11 @@ static bool snapshot_at(const struct thaw_engine *e, const struct thaw_slot *s, 
 {
     const struct thaw_task *t = s->task;
 
-    /* (not in a prompt with images: a snapshot is stored by its tokens,
-     * which do not cover images yet) */
-    if (!e->recurrent || e->cfg->ctx_checkpoints == 0 || !t || t->vision || p <= 0 || p >= t->n_prompt)
+    /* (in a prompt with images too: a snapshot is stored by its tokens,
+     * whose placeholders pin each image's bytes (vision.h); never inside an
+     * image) */
+    if (!e->recurrent || e->cfg->ctx_checkpoints == 0 || !t || p <= 0 || p >= t->n_prompt ||
+        thaw_vision_prompt_back_off(t->vision, p) != p)
         return false;
     return p == t->n_branch || (e->cfg->checkpoint_every > 0 && p % e->cfg->checkpoint_every == 0);
 }
@@ -329,7 +331,20 @@ static bool gen_prompt_at(const struct thaw_engine *e, const struct thaw_slot *s
     const struct thaw_task *t = s->task;
 
     return e->recurrent && e->cfg->ctx_checkpoints > 0 && t && t->n_gen_prompt > 0 && p > 0 &&
-           p == t->n_prompt - t->n_gen_prompt;
+           p == t->n_prompt - t->n_gen_prompt && thaw_vision_prompt_back_off(t->vision, p) == p;
+}
+
+/* A context checkpoint of the slot's recurrent state where it stands
+ * (snap: stored as a snapshot with the turn, snapshots.h). */
+static void keep_state(struct thaw_engine *e, struct thaw_slot *s, bool snap)
+{
+    int64_t tc = thaw_now_us();
+
+    if (thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
+        LOG_WRN("slot %d: could not take a context checkpoint", s->id);
+    else if (snap)
+        s->ckpts.v[s->ckpts.n - 1].flags |= THAW_CKPT_SNAPSHOT;
+    thaw_metrics_hold(e->metrics, snap ? THAW_HOLD_SNAPSHOT : THAW_HOLD_CHECKPOINT, thaw_now_us() - tc);
 }
 
 /* Every prefilling slot whose next prompt position starts an image: the
@@ -361,6 +376,11 @@ static void eval_images(struct thaw_engine *e)
         atomic_fetch_add(&e->metrics->prompt_us, (uint64_t)(t1 - t0));
         LOG_DBG("slot %d: image %d of the prompt (%d positions at %d) in %.1f ms", s->id, img + 1, n, pos,
                 (double)(t1 - t0) / 1000.0);
+        /* a hybrid's state right after an image is a snapshot: where another
+         * conversation sending the same image (after the same text) goes on
+         * with other words, so its prefix lookup resumes past the image */
+        if (e->recurrent && e->cfg->ctx_checkpoints > 0 && s->n_prompt_done < t->n_prompt)
+            keep_state(e, s, true);
         if (thaw_task_progress(t, s->n_prompt_done, (t1 - s->t_start_us) / 1000) != 0)
             LOG_WRN("slot %d: out of memory for a progress report", s->id);
     }
@@ -572,14 +592,8 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
         if (s->phase != THAW_SLOT_PREFILL || s->n_in_batch == 0 || s->i_batch >= 0)
             continue;
         bool snap = snapshot_at(e, s, s->n_tokens);
-        if (!snap && !gen_prompt_at(e, s, s->n_tokens))
-            continue;
-        int64_t tc = thaw_now_us();
-        if (thaw_ckpt_take(&s->ckpts, e->ctx, s->id, s->n_tokens, e->cfg->ctx_checkpoints) != 0)
-            LOG_WRN("slot %d: could not take a context checkpoint", s->id);
-        else if (snap)
-            s->ckpts.v[s->ckpts.n - 1].flags |= THAW_CKPT_SNAPSHOT; /* stored as one (snapshots.h) */
-        thaw_metrics_hold(e->metrics, snap ? THAW_HOLD_SNAPSHOT : THAW_HOLD_CHECKPOINT, thaw_now_us() - tc);
+        if (snap || gen_prompt_at(e, s, s->n_tokens))
+            keep_state(e, s, snap);
     }
     for (int i = 0; i < e->n_slots; i++) {
         struct thaw_slot *s = &e->slots[i];

@@ -296,10 +296,13 @@ int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, cons
     /* where a hybrid snapshots (the leading system / developer / tool
      * messages) and checkpoints (before the generation prompt) */
     bool branch_remembered;
-    /* (a prompt with images has no text-only rendering to find it by) */
-    branch_remembered = false;
-    t->n_branch = vp ? 0 : thaw_chat_branch_point(e->chat, ns, &t->req, t->prompt, t->n_prompt, &branch_remembered);
-    if (e->recurrent && !vp)
+    /* (with images too: the leading messages' rendering agrees with the
+     * prompt up to the first image at most, whose marker renders as text
+     * where the prompt holds its placeholders; a branch point never falls
+     * inside an image) */
+    t->n_branch = thaw_chat_branch_point(e->chat, ns, &t->req, t->prompt, t->n_prompt, &branch_remembered);
+    t->n_branch = thaw_vision_prompt_back_off(vp, t->n_branch);
+    if (e->recurrent)
         t->n_gen_prompt = thaw_chat_gen_prompt_tokens(e->chat, &t->req);
     /* cache_control marks: the prompt tokens each covers (a retention hint
      * for what the turn stores) */

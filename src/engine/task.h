@@ -40,8 +40,8 @@ struct thaw_task {
     llama_token *prompt;           /* owned, n_prompt tokens */
     int n_prompt;
     struct thaw_vision_prompt *vision; /* the prompt's images (vision.h): their positions hold placeholder
-                                    * tokens; owned, NULL = text only. Such a task skips the RAM and disk
-                                    * tiers (no lookup, no store): their keys do not cover images yet */
+                                    * tokens, which pin each image's bytes in every key and block id;
+                                    * owned, NULL = text only */
     int max_tokens;                /* resolved: request's, else -n, else context */
     const char *model_name;        /* for the response; the engine's, outlives the task */
     struct thaw_chat_gen gen;      /* grammar, extra stops, reply parser (owned) */

@@ -215,6 +215,90 @@ def test_new_conversation_on_the_same_system_and_image_restores_their_blocks(mod
     assert got["choices"][0]["message"] == want["choices"][0]["message"]
 
 
+# ---- a hybrid's images: LFM2 and LFM2-VL's projector ---------------------------
+
+@pytest.fixture(scope="module")
+def hybrid_models(tmp_path_factory):
+    """A generated LFM2 (attention and short-convolution layers: recurrent
+    state, snapshots instead of a cut) and its LFM2-VL projector."""
+    d = tmp_path_factory.mktemp("img-hybrid")
+    model = mkmodel(d / "lfm2.gguf", "--arch", "lfm2", "--seed", "12", "--mmproj", str(d / "mmproj.gguf"))
+    return model, str(d / "mmproj.gguf")
+
+
+HYBRID_IMAGE_TOKENS = 64  # lfm2 projector: a 64x64 image in 4-pixel patches, 2x2 patches a token
+
+
+def test_hybrid_image_conversation_restored_after_restart_equals_the_resident_one(hybrid_models, tmp_path):
+    """On a hybrid (whose recurrent state is stored as snapshots, not cut):
+    an image conversation's turn 2 after a restart comes from disk and
+    equals the resident one; the same words with another image are served
+    from its tiers only up to the image's start. (An image turn is stored as
+    generated, and a random model's reply is rarely what the tokenizer makes
+    of its text: the next turn parts from the stored tokens inside the
+    reply, and a hybrid, which cannot cut its recurrent state there, resumes
+    at the snapshot it kept right after the image.)"""
+    model, mmproj = hybrid_models
+    args = ["--mmproj", mmproj, "-c", "4096", "-np", "1"]
+    t1, second = two_turns(data_url(png(64, 64, 4), "image/png"))
+    with Server(model, *args) as ref:
+        r1 = ask(ref, t1, max_tokens=12).json()
+        ref2 = ask(ref, second(r1), max_tokens=12).json()
+    assert r1["usage"]["prompt_tokens"] > HYBRID_IMAGE_TOKENS
+    cache = ["--kv-cache-dir", str(tmp_path / "kv"), "--kv-cache-min-tokens", "1", "--cache-ram", "0"]
+    with Server(model, *args, *cache) as s:
+        assert ask(s, t1, max_tokens=12).json()["choices"] == r1["choices"]
+        drained(s)
+        s.stop()
+    with Server(model, *args, *cache) as s:
+        got = ask(s, second(r1), max_tokens=12).json()
+        assert got["timings"]["cache_source"] in ("disk", "blocks"), got["timings"]
+        # past the image: at most its end tag, the turn's end and the generation prompt are left
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"] - 16, got
+        assert got["choices"][0]["message"]["content"] == ref2["choices"][0]["message"]["content"]
+        other = second(r1)
+        other[0]["content"][1]["image_url"]["url"] = data_url(png(64, 64, 5), "image/png")
+        b = ask(s, other, max_tokens=2).json()
+        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] < r1["usage"]["prompt_tokens"] - HYBRID_IMAGE_TOKENS
+
+
+def test_hybrid_new_conversation_on_the_same_system_and_image_resumes_past_the_image(hybrid_models, tmp_path):
+    """A hybrid keeps a snapshot of its state right after each image of a
+    prompt (and at the end of the system prompt): a new conversation sending
+    the same system prompt and image with other words, after a restart,
+    resumes past the image from the stored blocks and that snapshot, and
+    answers as a server without a cache does. With another image it resumes
+    at the system prompt's end, before the image."""
+    model, mmproj = hybrid_models
+    args = ["--mmproj", mmproj, "-c", "4096", "-np", "1"]
+    system = {"role": "system", "content": "You look at pictures. " + text(200, 5)}
+
+    def conv(seed, image_seed=3):
+        img = {"type": "image_url", "image_url": {"url": data_url(png(64, 64, image_seed), "image/png")}}
+        return [system, {"role": "user", "content": [img, {"type": "text", "text": text(60, seed)}]}]
+    with Server(model, *args) as ref:
+        want = ask(ref, conv(2), max_tokens=4).json()
+        other_want = ask(ref, conv(2, image_seed=6), max_tokens=4).json()
+        lead = ask(ref, [system, {"role": "user", "content": "a"}], max_tokens=1).json()["usage"]["prompt_tokens"]
+    cache = ["--kv-cache-dir", str(tmp_path / "kv"), "--kv-cache-min-tokens", "1", "--cache-ram", "0",
+             "--kv-cache-block", "32"]
+    with Server(model, *args, *cache) as s:
+        ask(s, conv(1), max_tokens=4).json()
+        drained(s)
+        s.stop()
+    with Server(model, *args, *cache) as s:
+        got = ask(s, conv(2), max_tokens=4).json()
+        other = ask(s, conv(2, image_seed=6), max_tokens=4).json()
+    assert got["timings"]["cache_source"] == "blocks", got["timings"]
+    cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # the system prompt (the branch point) and the whole image after it
+    assert cached >= lead - 8 + HYBRID_IMAGE_TOKENS, (cached, lead)
+    assert got["choices"][0]["message"] == want["choices"][0]["message"]
+    # another image: the system prompt's snapshot only
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] < lead, (other["usage"], lead)
+    assert other["choices"][0]["message"] == other_want["choices"][0]["message"]
+
+
 def test_garbage_image_is_a_400_and_the_server_keeps_serving(srv):
     # (a truncated JPEG is not among them: stb decodes what it has, as llama-server does)
     garbage = (b"this is not an image at all", b"\x89PNG\r\n\x1a\n" + b"\0" * 64, png(32, 32, 1)[:60],
