@@ -1045,6 +1045,85 @@ int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_req
     return 0;
 }
 
+/* The text the template renders for the history, the reply and `next`
+ * (render_tokens without the tokenizer), or NULL. */
+static char *render_text(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *const *extra,
+                         int n_extra)
+{
+    char err[256], *in = history_input(chat, req, extra, n_extra), *out = in ? thaw_tmpl_apply(chat->tmpl, in, err,
+                                                                                               sizeof err)
+                                                                              : NULL;
+    json_t *res = NULL;
+    json_error_t jerr;
+    char *text = NULL;
+
+    if (out && (res = json_loads(out, 0, &jerr)) && json_is_string(json_object_get(res, "prompt")))
+        text = strdup(json_string_value(json_object_get(res, "prompt")));
+    json_decref(res);
+    free(out);
+    free(in);
+    return text;
+}
+
+/* Where the text after s's last `marker` starts, or NULL when s has none. */
+static const char *after_last(const char *s, const char *marker)
+{
+    const char *at = NULL;
+
+    for (const char *p = s; (p = strstr(p, marker)) != NULL; p++)
+        at = p;
+    return at ? at + strlen(marker) : NULL;
+}
+
+int thaw_chat_canonical_spliced(const struct thaw_chat *chat, const struct thaw_chat_request *req,
+                                const char *reply_json, const char *rendered, const char *marker,
+                                const llama_token *prompt, int n_prompt, llama_token **tokens, int *n_tokens)
+{
+    const char *a[2] = {reply_json, "{\"role\":\"user\",\"content\":\"a\"}"};
+    const char *b[2] = {reply_json, "{\"role\":\"user\",\"content\":\"b\"}"};
+    char *ra = NULL, *rb = NULL;
+    llama_token *tp = NULL, *ta = NULL, *tb = NULL, *out = NULL;
+    int np = 0, na = 0, nb = 0, rc = THAW_EINVAL;
+    const char *tail = after_last(rendered, marker);
+
+    if (req->raw || !tail)
+        return THAW_EINVAL;
+    size_t head = (size_t)(tail - rendered);
+    if (!(ra = render_text(chat, req, a, 2)) || !(rb = render_text(chat, req, b, 2))) {
+        rc = THAW_ENOMEM;
+        goto done;
+    }
+    /* the same text, images and all, up to the last image's marker */
+    if (after_last(ra, marker) != ra + head || after_last(rb, marker) != rb + head || memcmp(ra, rendered, head) != 0 ||
+        memcmp(rb, rendered, head) != 0)
+        goto done;
+    /* the prompt's own tail is that text tokenized alone: what precedes it
+     * in the prompt is the vision tokenizer's, kept as it is */
+    if ((rc = tokenize_piece(chat, tail, &tp, &np)) != 0 || (rc = tokenize_piece(chat, ra + head, &ta, &na)) != 0 ||
+        (rc = tokenize_piece(chat, rb + head, &tb, &nb)) != 0)
+        goto done;
+    rc = THAW_EINVAL;
+    if (np > n_prompt || memcmp(prompt + n_prompt - np, tp, (size_t)np * sizeof *tp) != 0)
+        goto done;
+    int m = thaw_lcp(ta, na, tb, nb), keep = n_prompt - np;
+    if (!(out = malloc(((size_t)keep + (size_t)m + 1) * sizeof *out))) {
+        rc = THAW_ENOMEM;
+        goto done;
+    }
+    memcpy(out, prompt, (size_t)keep * sizeof *out);
+    memcpy(out + keep, ta, (size_t)m * sizeof *out);
+    *tokens = out;
+    *n_tokens = keep + m;
+    rc = 0;
+done:
+    free(ra);
+    free(rb);
+    free(tp);
+    free(ta);
+    free(tb);
+    return rc;
+}
+
 int thaw_chat_gen_prompt_tokens(const struct thaw_chat *chat, const struct thaw_chat_request *req)
 {
     static const char *const one[1] = {"{\"role\":\"user\",\"content\":\"a\"}"};

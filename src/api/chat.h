@@ -105,6 +105,19 @@ int thaw_chat_branch_point(const struct thaw_chat *chat, const uint8_t *ns, cons
 int thaw_chat_canonical(const struct thaw_chat *chat, const struct thaw_chat_request *req, const char *reply_json,
                         llama_token **tokens, int *n_tokens);
 
+/* thaw_chat_canonical for a prompt with images: prompt[0..n_prompt) is what
+ * the vision tokenizer made of `rendered` (the request's text, an image's
+ * `marker` where each image stands: vision.h), which tokenizes the text
+ * after each marker on its own. The canonical form's text must equal
+ * `rendered` up to its last marker (the images are history the reply does
+ * not touch): that part keeps the prompt's own tokens (the images'
+ * placeholders); the text after it is tokenized as the vision tokenizer
+ * would. THAW_EINVAL where the two disagree (the reply is then stored as
+ * generated), THAW_ENOMEM. */
+int thaw_chat_canonical_spliced(const struct thaw_chat *chat, const struct thaw_chat_request *req,
+                                const char *reply_json, const char *rendered, const char *marker,
+                                const llama_token *prompt, int n_prompt, llama_token **tokens, int *n_tokens);
+
 /* How many tokens req's generation prompt adds at its prompt's end (the
  * assistant turn's opening, with the template's reasoning glue such as
  * "<think>\n" for the request's kwargs), from a one-message rendering

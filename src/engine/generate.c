@@ -15,6 +15,7 @@
 #include "engine/prepare.h"
 #include "engine/sampler.h"
 #include "engine/slotkv.h"
+#include "llama/vision.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,10 +29,16 @@ static void slot_prepare_store(struct thaw_engine *e, struct thaw_slot *s, const
     llama_token *canon = NULL;
     int n_canon = 0;
 
-    /* a prompt with images is stored as generated: the canonical form is
-     * tokenized as text, where its images would be their marker's tokens */
-    if (s->task->vision || thaw_chat_canonical(e->chat, &s->task->req, reply_json, &canon, &n_canon) != 0 ||
-        n_canon >= e->n_ctx_slot || thaw_slot_reserve(s, n_canon + 1) != 0) {
+    /* with images, the prompt's own tokens up to its last image, the
+     * canonical text after it (chat.h) */
+    const struct thaw_task *t = s->task;
+    int rc = t->vision ? thaw_chat_canonical_spliced(e->chat, &t->req, reply_json, t->vision_text, thaw_vision_marker(),
+                                                     t->prompt, t->n_prompt, &canon, &n_canon)
+                       : thaw_chat_canonical(e->chat, &t->req, reply_json, &canon, &n_canon);
+    if (rc != 0 || n_canon >= e->n_ctx_slot || thaw_slot_reserve(s, n_canon + 1) != 0) {
+        if (rc != 0 && t->vision)
+            LOG_DBG("slot %d: no canonical form of this image turn (%s): stored as generated", s->id,
+                    thaw_strerror(rc));
         free(canon);
         canon = NULL;
     }

@@ -182,12 +182,13 @@ static int vision_prompt(struct thaw_engine *e, struct thaw_chat_request *req, c
  * as thaw_prepare_task; on failure nothing is left to free in prompt, gen
  * or vp (req stays the caller's). */
 static int render(struct thaw_engine *e, struct thaw_chat_request *req, llama_token **prompt, int *n_prompt,
-                  struct thaw_vision_prompt **vp, struct thaw_chat_gen *gen, char *err, size_t errlen)
+                  struct thaw_vision_prompt **vp, char **vtext, struct thaw_chat_gen *gen, char *err, size_t errlen)
 {
     int rc;
 
     *prompt = NULL;
     *n_prompt = 0;
+    *vtext = NULL;
     *vp = NULL;
     memset(gen, 0, sizeof *gen);
     if (req->n_images > 0 && !e->vision) {
@@ -215,9 +216,12 @@ static int render(struct thaw_engine *e, struct thaw_chat_request *req, llama_to
     if ((rc = thaw_chat_prompt(e->chat, req, prompt, n_prompt, &text, gen, err, errlen)) != 0)
         return rc;
     rc = vision_prompt(e, req, text, prompt, n_prompt, vp, err, errlen);
-    free(text);
-    if (rc != 0)
+    if (rc != 0) {
+        free(text);
         thaw_chat_gen_free(gen);
+    } else {
+        *vtext = text; /* the reply's canonical form splices onto it (generate.c) */
+    }
     return rc;
 }
 
@@ -227,9 +231,11 @@ int thaw_prepare_count(struct thaw_engine *e, struct thaw_chat_request *req, int
     llama_token *prompt;
     struct thaw_chat_gen gen;
     struct thaw_vision_prompt *vp;
-    int rc = render(e, req, &prompt, n_prompt, &vp, &gen, err, errlen);
+    char *vtext;
+    int rc = render(e, req, &prompt, n_prompt, &vp, &vtext, &gen, err, errlen);
 
     free(prompt);
+    free(vtext);
     thaw_vision_prompt_free(vp);
     thaw_chat_gen_free(&gen);
     thaw_chat_request_free(req);
@@ -268,18 +274,21 @@ int thaw_prepare_task(struct thaw_engine *e, struct thaw_chat_request *req, cons
     llama_token *prompt;
     struct thaw_chat_gen gen;
     struct thaw_vision_prompt *vp;
+    char *vtext;
     struct thaw_task *t;
     int n_prompt, rc;
 
     *out = NULL;
-    if ((rc = render(e, req, &prompt, &n_prompt, &vp, &gen, err, errlen)) != 0)
+    if ((rc = render(e, req, &prompt, &n_prompt, &vp, &vtext, &gen, err, errlen)) != 0)
         goto fail_request;
     if (!(t = thaw_task_new(req, prompt, n_prompt))) {
+        free(vtext);
         rc = THAW_ENOMEM;
         goto fail_prompt;
     }
     t->gen = gen;
     t->vision = vp;
+    t->vision_text = vtext;
     if (gen.grammar)
         LOG_DBG("chat: grammar of %zu bytes (%s, %d trigger patterns, %d trigger tokens, %d prefill tokens), %d stops",
                 strlen(gen.grammar), gen.grammar_lazy ? "lazy" : "from the first token", gen.n_triggers,

@@ -73,6 +73,7 @@ void thaw_task_release(struct thaw_task *t)
     free(t->progress);
     free(t->prompt);
     thaw_vision_prompt_free(t->vision);
+    free(t->vision_text);
     thaw_buf_free(&t->text);
     free(t->error);
     pthread_mutex_destroy(&t->mu);

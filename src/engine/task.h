@@ -42,6 +42,7 @@ struct thaw_task {
     struct thaw_vision_prompt *vision; /* the prompt's images (vision.h): their positions hold placeholder
                                     * tokens, which pin each image's bytes in every key and block id;
                                     * owned, NULL = text only */
+    char *vision_text;             /* with vision: the rendered text it was tokenized from (owned) */
     int max_tokens;                /* resolved: request's, else -n, else context */
     const char *model_name;        /* for the response; the engine's, outlives the task */
     struct thaw_chat_gen gen;      /* grammar, extra stops, reply parser (owned) */
