@@ -161,6 +161,46 @@ def test_restart_continues_and_shares_a_prefix_as_the_reference(serve, vk_models
     from_disk(r)
 
 
+def image_turn(url, words):
+    return user([{"type": "text", "text": words}, {"type": "image_url", "image_url": {"url": url}}])
+
+
+def test_image_conversation_on_the_device_restored_as_the_reference(serve, tmp_path):
+    """Images on the device: a hybrid (LFM2) with its LFM2-VL projector, both
+    on lavapipe (-ngl 99, the projector offloaded as by default). An image
+    conversation's turn 2 after a restart comes from disk and equals the
+    reference; so does a new conversation sending the same image with other
+    words (resumed past the image: the snapshot after it). Gemma 3's images
+    crash on lavapipe (README, "On a GPU"): not here."""
+    from test_images import data_url, png
+    d = tmp_path / "models"
+    d.mkdir()
+    m = mkmodel(d / "lfm2.gguf", "--arch", "lfm2", "--layers", "3", "--seed", "12", "--mmproj", str(d / "mmproj.gguf"))
+    proj = ["--mmproj", str(d / "mmproj.gguf")]
+    img = data_url(png(64, 64, 4), "image/png")
+    a1 = [shared(), image_turn(img, "What is in this picture?")]
+    b = [shared(), image_turn(img, "Describe it in other words.")]
+    s = on_device(serve, m, "--cache-ram", "64", *proj)
+    assert "projector" in s.log() and placement(s)["kv_cache"] == "Vulkan0"
+    ref1 = reply(chat(s, a1, N))
+    idle(s)
+    a2 = a1 + [assistant(ref1), user("And the colours?")]
+    ref2 = reply(chat(s, a2, N))
+    s.stop()
+    s = on_device(serve, m, "--cache-ram", "64", *proj)
+    refb = reply(chat(s, b, N))
+    s.stop()
+    assert reply(restored_turn(serve, m, tmp_path / "kv", a1, *proj)) == ref1
+    s = on_device(serve, m, *disk(tmp_path / "kv"), *proj)
+    r = chat(s, b, N)
+    assert reply(r) == refb
+    assert r["timings"]["cache_source"] == "blocks" and r["timings"]["cache_n"] > 64, r["timings"]
+    idle(s)
+    r = chat(s, a2, N)
+    assert reply(r) == ref2
+    from_disk(r)
+
+
 def stored_tokens(log):
     """The tokens of the last store the log names."""
     return int(re.findall(r"stored [0-9a-f]+: (\d+) tokens", log)[-1])
