@@ -222,6 +222,26 @@ static struct thaw_slot_view slot_view(const struct thaw_slot *s, const struct t
     };
 }
 
+/* Slots whose restore is being assembled (slotkv.h). */
+static int restoring(const struct thaw_engine *e)
+{
+    int n = 0;
+
+    for (int i = 0; i < e->n_slots; i++)
+        n += e->slots[i].restore != NULL;
+    return n;
+}
+
+/* Whether a slot's restore is assembled, waiting to be installed. A
+ * kick that a pop took in between would otherwise be lost to the wait. */
+static bool restore_ready(const struct thaw_engine *e)
+{
+    for (int i = 0; i < e->n_slots; i++)
+        if (thaw_slotkv_restore_ready(&e->slots[i]))
+            return true;
+    return false;
+}
+
 /* Moves queued tasks into slots where the scheduler says
  * (thaw_sched_admit: an idle slot, or one whose post-reply work it cuts
  * short or waits for). `block` waits for a task when no slot is busy
@@ -239,14 +259,12 @@ static int admit(struct thaw_engine *e, bool block)
     for (int i = 0; i < e->n_slots; i++)
         held += fixup_held(e, &e->slots[i]);
     int busy = e->n_slots - count[THAW_SLOT_IDLE];
-    int restoring = 0;
-    for (int i = 0; i < e->n_slots; i++)
-        restoring += e->slots[i].restore != NULL;
+    int n_restoring = restoring(e);
     int working = busy - held;
     int open = count[THAW_SLOT_IDLE] + count[THAW_SLOT_FIXUP];
     while (open > 0) {
         /* (a restore's end wakes the wait: slotkv's restored callback) */
-        bool wait = block && working == restoring && !atomic_load(&e->stop);
+        bool wait = block && working == n_restoring && !atomic_load(&e->stop);
         struct thaw_task *t = wait ? thaw_sched_pop_for(e->sched, due_us) : thaw_sched_pop(e->sched, false);
         if (!t)
             break;
@@ -285,7 +303,7 @@ static int admit(struct thaw_engine *e, bool block)
         if ((t->kind == THAW_TASK_CHAT ? slot_start(e, s, t) : thaw_embed_start(e, s, t)) == 0) {
             busy++;
             working++;
-            restoring += s->restore != NULL;
+            n_restoring += s->restore != NULL;
         }
     }
     free(views);
@@ -703,6 +721,8 @@ static void *engine_main(void *arg)
             build_batch(e);
         if (e->batch.n_tokens == 0) {
             finish_fixups(e, true); /* nothing decodes */
+            if (restoring(e) && !restore_ready(e)) /* until one is assembled (its kick), not in a spin */
+                thaw_sched_wait_kick(e->sched, 100000);
             continue;
         }
         int64_t t0 = thaw_now_us();

@@ -131,6 +131,22 @@ void thaw_sched_kick(struct thaw_sched *s)
     pthread_mutex_unlock(&s->mu);
 }
 
+void thaw_sched_wait_kick(struct thaw_sched *s, int64_t wait_us)
+{
+    struct timespec until;
+
+    clock_gettime(CLOCK_REALTIME, &until);
+    int64_t ns = (int64_t)until.tv_nsec + wait_us % 1000000 * 1000;
+    until.tv_sec += (time_t)(wait_us / 1000000 + ns / 1000000000);
+    until.tv_nsec = (long)(ns % 1000000000);
+    pthread_mutex_lock(&s->mu);
+    while (!s->kicked && !s->closed)
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0)
+            break; /* ETIMEDOUT */
+    s->kicked = false;
+    pthread_mutex_unlock(&s->mu);
+}
+
 void thaw_sched_close(struct thaw_sched *s)
 {
     pthread_mutex_lock(&s->mu);

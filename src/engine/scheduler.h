@@ -64,8 +64,11 @@ void thaw_sched_unpop(struct thaw_sched *s, struct thaw_task *t);
 /* Number of tasks waiting. */
 int thaw_sched_depth(struct thaw_sched *s);
 
-/* Wakes a blocked pop without a task (for shutdown). */
+/* Wakes a blocked pop without a task (shutdown, a restore assembled). */
 void thaw_sched_kick(struct thaw_sched *s);
+/* Waits up to wait_us for a kick (or close), taking no task: the engine
+ * when nothing can decode until a restore is assembled. */
+void thaw_sched_wait_kick(struct thaw_sched *s, int64_t wait_us);
 /* Refuses further pushes; queued tasks stay for pop. */
 void thaw_sched_close(struct thaw_sched *s);
 
