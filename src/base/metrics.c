@@ -198,7 +198,7 @@ char *thaw_metrics_render(struct thaw_metrics *m, bool scrape, thaw_metrics_extr
     buf[0] = '\0';
 #define C(name, help, v) thaw_metrics_append(buf, cap, &len, "thaw_" name, "counter", help, (double)(v))
 #define G(name, help, v) thaw_metrics_append(buf, cap, &len, "thaw_" name, "gauge", help, (double)(v))
-    C("requests_total", "HTTP requests received", atomic_load(&m->requests_total));
+    C("requests_total", "HTTP requests received (health checks, scrapes and /props, /slots, /models reads aside)", atomic_load(&m->requests_total));
     C("requests_errors_total", "HTTP requests answered with an error status", atomic_load(&m->requests_errors));
     C("chat_requests_total", "chat completion requests accepted", atomic_load(&m->chat_requests));
     C("prompt_tokens_total", "prompt tokens prefilled", atomic_load(&m->prompt_tokens));

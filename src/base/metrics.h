@@ -44,7 +44,7 @@ struct thaw_hold_hist {
 
 struct thaw_metrics {
     /* HTTP */
-    atomic_uint_fast64_t requests_total;     /* every HTTP request */
+    atomic_uint_fast64_t requests_total;     /* HTTP requests but reads of the server's state (server.c's watches()) */
     atomic_uint_fast64_t requests_errors;    /* answered with status >= 400 */
     atomic_uint_fast64_t chat_requests;      /* POST /v1/chat/completions accepted */
     /* engine */

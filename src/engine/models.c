@@ -27,7 +27,9 @@
  * unloads, the same way as for --models-max, a model that no request has
  * held for N seconds (a /metrics scrape peeks and does not count), and the
  * next request for it loads it again as any unloaded model; -m's one
- * model too (its set then has a loader thread of its own).
+ * model too (its set then has a loader thread of its own). Asleep, it
+ * reads on /metrics as it was when it fell asleep (its engine's lines kept
+ * as text, its gauges left as they were), as llama-server's does.
  */
 #include "engine/models.h"
 
@@ -69,6 +71,8 @@ struct thaw_model {
     uint64_t last_used;        /* ms->tick at its last acquire: the LRU order */
     int64_t active_ms;         /* monotonic ms of its last acquire or release, or its load: with no
                                 * hold, it has been idle since (--sleep-idle-seconds); peeks leave it */
+    char *asleep_lines;        /* its engine's /metrics lines as it fell asleep (--sleep-idle-seconds),
+                                * served while it sleeps; NULL: awake, or unloaded otherwise */
     const char *stage;         /* LOADING: "text_model" or "mmproj_model" (static), else NULL */
     float progress;            /* LOADING: how far `stage` has come, 0..1 */
     struct thaw_models *set;   /* its set (the load's progress callback finds the mutex) */
@@ -94,6 +98,8 @@ struct thaw_models {
     pthread_mutex_t mu;
     pthread_cond_t cond;
 };
+
+#define ASLEEP_LINES_CAP 65536 /* bytes: an engine's /metrics lines, every tier on (~20 KiB) */
 
 static void *loader_main(void *arg);
 static int load_locked(struct thaw_models *ms, struct thaw_model *m);
@@ -431,6 +437,7 @@ void thaw_models_free(struct thaw_models *ms)
         free(m->file);
         free(m->path);
         free(m->aliases);
+        free(m->asleep_lines);
         if (ms->many)
             free(m->metrics);
     }
@@ -569,10 +576,20 @@ static void deadline_in(int timeout_s, struct timespec *ts)
 
 /* Frees m's engine: its conversations stored (DESIGN §16). Called with
  * ms->mu held and m LOADED and not held; returns with it held again. */
-static void unload_locked(struct thaw_models *ms, struct thaw_model *m, const char *why)
+static void unload_locked(struct thaw_models *ms, struct thaw_model *m, const char *why, bool asleep)
 {
     struct thaw_engine *e = m->engine;
+    char *lines = NULL;
 
+    /* asleep: its lines as they are now, before the unload stores anything
+     * (/props says is_sleeping from here on) */
+    if (asleep && (lines = malloc(ASLEEP_LINES_CAP))) {
+        size_t len = 0;
+        lines[0] = '\0';
+        thaw_engine_metrics(e, lines, ASLEEP_LINES_CAP, &len);
+    }
+    free(m->asleep_lines);
+    m->asleep_lines = lines;
     m->status = THAW_MODEL_UNLOADING;
     m->load_rc = 0;
     event_locked(ms, m);
@@ -587,14 +604,18 @@ static void unload_locked(struct thaw_models *ms, struct thaw_model *m, const ch
     thaw_blob_pool_drain();
     malloc_trim(0);
     LOG_INF("model %s: unloaded in %lld ms", m->name, (long long)(mono_ms() - t0));
-    /* what it holds now is gone: its gauges say so (its counters stay) */
-    m->metrics->slots_total = 0;
-    m->metrics->ram_budget_bytes = 0;
-    atomic_store(&m->metrics->ram_bytes, 0);
-    atomic_store(&m->metrics->ram_entries, 0);
-    atomic_store(&m->metrics->slots_busy, 0);
-    atomic_store(&m->metrics->requests_processing, 0);
-    atomic_store(&m->metrics->queue_depth, 0);
+    /* what it holds now is gone: its gauges say so (its counters stay);
+     * asleep, it reads as it was when it fell asleep (llama-server's: a
+     * dashboard sees no drop to zero, /props says is_sleeping) */
+    if (!asleep) {
+        m->metrics->slots_total = 0;
+        m->metrics->ram_budget_bytes = 0;
+        atomic_store(&m->metrics->ram_bytes, 0);
+        atomic_store(&m->metrics->ram_entries, 0);
+        atomic_store(&m->metrics->slots_busy, 0);
+        atomic_store(&m->metrics->requests_processing, 0);
+        atomic_store(&m->metrics->queue_depth, 0);
+    }
     pthread_mutex_lock(&ms->mu);
     m->engine = NULL;
     m->status = THAW_MODEL_UNLOADED;
@@ -613,6 +634,8 @@ static int load_locked(struct thaw_models *ms, struct thaw_model *m)
     int rc;
 
     m->status = THAW_MODEL_LOADING;
+    free(m->asleep_lines); /* awake: its engine's own lines again */
+    m->asleep_lines = NULL;
     m->stage = "text_model";
     m->progress = 0.0f;
     event_locked(ms, m);
@@ -692,7 +715,7 @@ int thaw_models_acquire(struct thaw_models *ms, const char *name, bool load, int
         if (m->status == THAW_MODEL_UNLOADED && ms->cfg->models_max > 0 && n_resident(ms) >= ms->cfg->models_max) {
             struct thaw_model *v = lru_victim(ms);
             if (v) {
-                unload_locked(ms, v, "--models-max");
+                unload_locked(ms, v, "--models-max", false);
                 continue;
             }
             /* every loaded model is held: wait for a release */
@@ -752,7 +775,7 @@ int thaw_models_unload(struct thaw_models *ms, const char *name, int timeout_s)
         rc = THAW_EINVAL;
         goto out;
     }
-    unload_locked(ms, m, "POST /models/unload");
+    unload_locked(ms, m, "POST /models/unload", false);
 out:
     pthread_mutex_unlock(&ms->mu);
     return rc;
@@ -880,7 +903,7 @@ static void *loader_main(void *arg)
         if (idle) {
             char why[64];
             snprintf(why, sizeof why, "idle for %d s, --sleep-idle-seconds", ms->cfg->sleep_idle_s);
-            unload_locked(ms, idle, why);
+            unload_locked(ms, idle, why, true);
             wake_watches(ms);
             continue;
         }
@@ -888,7 +911,7 @@ static void *loader_main(void *arg)
         if (m && ms->cfg->models_max > 0 && n_resident(ms) >= ms->cfg->models_max) {
             struct thaw_model *v = lru_victim(ms);
             if (v) {
-                unload_locked(ms, v, "--models-max");
+                unload_locked(ms, v, "--models-max", false);
                 wake_watches(ms);
                 continue;
             }
@@ -974,6 +997,30 @@ void thaw_models_unpeek(struct thaw_models *ms, struct thaw_model *m)
     if (--m->refs == 0)
         pthread_cond_broadcast(&ms->cond);
     pthread_mutex_unlock(&ms->mu);
+}
+
+bool thaw_models_asleep_metrics(struct thaw_models *ms, const char *name, char *buf, size_t cap, size_t *len)
+{
+    bool found = false;
+
+    pthread_mutex_lock(&ms->mu);
+    struct thaw_model *named = name ? find(ms, name) : NULL;
+    for (int i = 0; i < ms->n && !found; i++) {
+        struct thaw_model *m = &ms->models[i];
+        if (m->asleep_lines && (m->status == THAW_MODEL_UNLOADING || m->status == THAW_MODEL_UNLOADED) &&
+            (!name || m == named)) {
+            size_t n = strlen(m->asleep_lines);
+            if (*len < cap) {
+                n = n < cap - *len - 1 ? n : cap - *len - 1;
+                memcpy(buf + *len, m->asleep_lines, n);
+                *len += n;
+                buf[*len] = '\0';
+            }
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&ms->mu);
+    return found;
 }
 
 struct thaw_metrics *thaw_models_metrics(struct thaw_models *ms, const char *name)

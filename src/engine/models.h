@@ -166,9 +166,16 @@ void thaw_models_unsubscribe(struct thaw_models *ms, struct thaw_models_sub *sub
  * it; NULL when there is none yet (or out of memory). */
 char *thaw_models_event_next(struct thaw_models *ms, uint64_t *cursor);
 
+/* Appends to buf (cap bytes, at *len, NUL-terminated) the engine lines
+ * /metrics had for the model `name` names (NULL: the first such) as it
+ * fell asleep (--sleep-idle-seconds), while it sleeps: a sleeping
+ * model's /metrics reads as it was, as llama-server's. false: no such
+ * model asleep (awake, loading, or unloaded for another reason). */
+bool thaw_models_asleep_metrics(struct thaw_models *ms, const char *name, char *buf, size_t cap, size_t *len);
+
 /* The counters of the model `name` names (as thaw_models_acquire finds
  * it, loaded or not): its engines' since the start, kept across unloads,
- * its gauges zero while unloaded. With -m, the server's own struct (the
+ * its gauges zero while unloaded (asleep: as they were). With -m, the server's own struct (the
  * one thaw_models_new was given). NULL: no such model. Valid as long as
  * the set. */
 struct thaw_metrics *thaw_models_metrics(struct thaw_models *ms, const char *name);

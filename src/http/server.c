@@ -975,6 +975,8 @@ static void engine_metrics(void *ud, char *buf, size_t cap, size_t *len)
         thaw_models_unpeek(srv->models, m);
         return;
     }
+    /* none awake: a sleeping model's lines as it fell asleep */
+    (void)thaw_models_asleep_metrics(srv->models, v->model && many ? v->model : NULL, buf, cap, len);
 }
 
 /* Renders the view (scrape: as thaw_metrics_render) into a new string, or
@@ -1940,6 +1942,18 @@ out:
     json_decref(root);
 }
 
+/* A read of the server's own state (health checks, scrapes, /props and
+ * /slots polls, the model list): not counted in thaw_requests_total, so
+ * the counter says what clients asked of the model and stays still on an
+ * idle server however often something watches it (llama-server's sleep
+ * test compares a sleeping server's /metrics with an earlier scrape). */
+static bool watches(const struct route *rt, const char *method)
+{
+    return rt && strcmp(method, rt->method) == 0 &&
+           (rt->fn == route_health || rt->fn == route_metrics || rt->fn == route_props || rt->fn == route_slots ||
+            rt->fn == route_cache || rt->fn == route_models || rt->fn == route_models_sse);
+}
+
 /* llama-server's route for it (POST only; no key needed: none of the
  * routes' flags but its function are read) */
 static const struct route predict_rt = {"/predict", NULL, "POST", route_predict, NULL, NULL, false, false, false};
@@ -1950,7 +1964,6 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
     const struct route *rt = NULL;
     uint8_t ns[THAW_KEY_BYTES];
 
-    atomic_fetch_add(&srv->metrics.requests_total, 1);
     /* --api-prefix: the routes live under it, and nowhere else */
     const char *url = hr->url;
     size_t np = strlen(srv->cfg.api_prefix);
@@ -1973,6 +1986,8 @@ static void handle(void *ud, const struct thaw_http_request *hr, struct thaw_htt
             if (strcmp(hr->method, routes[i].method) == 0)
                 break;
         }
+    if (!watches(rt, hr->method))
+        atomic_fetch_add(&srv->metrics.requests_total, 1);
     r->allow_origin = cors_allow(srv, hr->origin);
     if (strcmp(hr->method, "OPTIONS") == 0) {
         /* a browser's preflight, on any path (it carries no key): an empty

@@ -209,8 +209,8 @@ def test_metrics_slots_and_props_per_model(router, tmp_path):
     assert total["thaw_prompt_tokens_total"] == ma["thaw_prompt_tokens_total"] + mb["thaw_prompt_tokens_total"]
     assert ma["llamacpp:tokens_predicted_total"] == ma["thaw_predicted_tokens_total"]
     assert ma["thaw_slots_total"] == 2 and total["thaw_slots_total"] == 4
-    # HTTP: the server's, counting on (3 chats, idle()'s scrapes, this one)
-    assert total["thaw_requests_total"] > ma["thaw_requests_total"] >= 5
+    # HTTP: the server's in every view (the 3 chats; scrapes do not count)
+    assert total["thaw_requests_total"] == ma["thaw_requests_total"] == 3
     assert s.get("/metrics?model=gamma").status_code == 404
     slots = s.get("/slots?model=alpha")
     assert slots.status_code == 200 and len(slots.json()) == 2, slots.text
@@ -526,9 +526,17 @@ def test_m_model_sleeps_and_wakes_with_its_conversation(models_dir, tmp_path):
         a1 = ask(s, "x", conv)
         assert s.get("/props").json()["is_sleeping"] is False
         deadline = time.time() + 30
+        while metrics(s).get("thaw_kv_disk_root_stores_total", 0) < 1 or metrics(s)["thaw_kv_disk_queue_bytes"]:
+            assert time.time() < deadline, "the turn was not stored"
+            time.sleep(0.05)
+        awake = s.get("/metrics").text  # the window of the rate gauges starts again at the scrape before
         while not s.get("/props").json()["is_sleeping"]:
             assert time.time() < deadline, "the model did not fall asleep"
-            time.sleep(0.2)
+            time.sleep(0.1)
+        # asleep, /metrics reads as it was (the disk tier's lines too), as
+        # llama-server's; scrapes and /props polls do not count as requests
+        assert s.get("/metrics").text == awake
+        assert "\nthaw_kv_disk_root_stores_total " in awake
         assert s.get("/health").status_code == 200
         assert [m["id"] for m in s.get("/v1/models").json()["data"]] == ["alpha.gguf"]
         assert metrics(s)["thaw_predicted_tokens_total"] == a1["usage"]["completion_tokens"]
