@@ -51,7 +51,7 @@ def main():
         s.stop()
         print("[demo] server stopped; starting a new one on the same cache directory", flush=True)
         s = Server(model, *flags)
-        restored = [chat(s, m)["timings"] for m in turns2]
+        restored = [{**r["timings"], "cache_source": r["cache_source"]} for r in (chat(s, m) for m in turns2)]
         s.stop()
         print("[demo] the same turns on a server with the cache off, for comparison", flush=True)
         s = Server(model, "-np", "2", "-c", "8192")

@@ -53,14 +53,15 @@ function fmtMs(ms) {
 }
 
 // The line under a reply, from its timings (llama-server's object plus
-// thaw's cache_source and restore_ms) and usage.
+// thaw's restore_ms), thaw's cache_source (beside the timings in a reply;
+// inside them in conversations saved before) and usage.
 export function statsParts(st) {
   const t = st.timings || {};
   const u = st.usage || {};
   const parts = [];
   const promptTotal = u.prompt_tokens ?? ((t.prompt_n || 0) + (t.cache_n || 0));
   parts.push(['', `prompt ${promptTotal} tok`]);
-  const src = t.cache_source || 'none';
+  const src = st.cache_source || t.cache_source || 'none';
   if ((t.cache_n || 0) > 0 && src !== 'none') {
     parts.push(['', `cached ${t.cache_n} from `, ['src ' + src, src]]);
   } else {
@@ -265,7 +266,7 @@ async function complete(c) {
   const temp = parseFloat(settings.temperature), max = parseInt(settings.max_tokens, 10);
   if (isFinite(temp) && temp >= 0) body.temperature = temp;
   if (max > 0) body.max_tokens = max;
-  let timings = null, usage = null;
+  let timings = null, usage = null, cacheSource = null;
   try {
     const r = await apiFetch('v1/chat/completions', {
       method: 'POST',
@@ -295,6 +296,7 @@ async function complete(c) {
         if (tc.function?.arguments) cur.function.arguments += tc.function.arguments;
       }
       if (ev.timings) timings = ev.timings;
+      if (ev.cache_source) cacheSource = ev.cache_source;
       redraw();
     });
     $('status').textContent = '';
@@ -308,7 +310,7 @@ async function complete(c) {
   }
   if (!msg.reasoning) delete msg.reasoning;
   if (!msg.tool_calls.length) delete msg.tool_calls;
-  if (timings) msg.stats = { timings, usage, rate_ms: await prefillRate(timings) };
+  if (timings) msg.stats = { timings, usage, cache_source: cacheSource, rate_ms: await prefillRate(timings) };
   c.updated = Date.now();
   inflight = null;
   save();

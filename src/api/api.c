@@ -1229,14 +1229,22 @@ json_t *thaw_api_timings_json(const struct thaw_timings *t)
     int steps = t->predicted_n > 0 ? t->predicted_n - 1 : 0;
     double gps = t->predicted_ms > 0 ? steps * 1000.0 / t->predicted_ms : 0;
 
-    return json_pack("{s:i, s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:s, s:f, s:i, s:i, s:i}", "cache_n", t->cache_n,
+    return json_pack("{s:i, s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, s:i, s:i, s:i}", "cache_n", t->cache_n,
                      "prompt_n", t->prompt_n, "prompt_ms", t->prompt_ms, "prompt_per_token_ms",
                      t->prompt_n ? t->prompt_ms / t->prompt_n : 0.0, "prompt_per_second", pps, "predicted_n",
                      t->predicted_n, "predicted_ms", t->predicted_ms, "predicted_per_token_ms",
                      steps ? t->predicted_ms / steps : 0.0, "predicted_per_second", gps,
-                     "cache_source", t->cache_source ? t->cache_source : "none", "restore_ms", t->restore_ms,
+                     "restore_ms", t->restore_ms,
                      "draft_n", t->draft_n, "draft_n_accepted", t->draft_n_accepted, "draft_restored",
                      t->draft_restored);
+}
+
+int thaw_api_set_timings(json_t *o, const struct thaw_timings *t)
+{
+    if (json_object_set_new(o, "timings", thaw_api_timings_json(t)) != 0 ||
+        json_object_set_new(o, "cache_source", json_string(t->cache_source ? t->cache_source : "none")) != 0)
+        return THAW_ENOMEM;
+    return 0;
 }
 
 json_t *thaw_api_usage_json(int prompt_tokens, const struct thaw_timings *t)
@@ -1290,11 +1298,15 @@ char *thaw_api_completion_json(const char *id, const char *model, long created, 
 
     if (!msg)
         return NULL;
-    return thaw_api_dump(json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:o, s:s}], s:o, s:o}", "id", id, "object",
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:o, s:s}], s:o}", "id", id, "object",
                           "chat.completion", "created", (json_int_t)created, "model", model, "system_fingerprint",
                           thaw_tmpl_build_fingerprint(), "choices", "index", 0, "message", msg, "finish_reason",
-                          finish_reason, "usage", thaw_api_usage_json(prompt_tokens, t), "timings",
-                          thaw_api_timings_json(t)));
+                          finish_reason, "usage", thaw_api_usage_json(prompt_tokens, t));
+    if (o && thaw_api_set_timings(o, t) != 0) {
+        json_decref(o);
+        o = NULL;
+    }
+    return thaw_api_dump(o);
 }
 
 char *thaw_api_chunk_delta_json(const char *id, const char *model, long created, const char *diff_json)
@@ -1355,7 +1367,7 @@ char *thaw_api_chunk_json(const char *id, const char *model, long created, const
     }
     json_object_set_new(root, "choices", choices);
     if (timings)
-        json_object_set_new(root, "timings", thaw_api_timings_json(timings));
+        (void)thaw_api_set_timings(root, timings);
     if (usage_only)
         json_object_set_new(root, "usage", thaw_api_usage_json(prompt_tokens, timings));
     return thaw_api_dump(root);
@@ -1431,7 +1443,7 @@ static int chat_open(struct thaw_codec_stream *st)
 }
 
 /* llama-server's prompt_progress rides a role delta whose content is null */
-static int chat_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
+static int chat_progress(struct thaw_codec_stream *st, int processed, int64_t time_us, int cache_n)
 {
     json_t *root =
         thaw_codec_loads(thaw_api_chunk_json(st->id, st->model, st->created, "assistant", NULL, NULL, NULL, 0, false));
@@ -1439,7 +1451,7 @@ static int chat_progress(struct thaw_codec_stream *st, int processed, int64_t ti
     if (root)
         json_object_set_new(json_object_get(json_array_get(json_object_get(root, "choices"), 0), "delta"), "content",
                             json_null());
-    return thaw_codec_emit_progress(st, NULL, root, processed, time_ms, cache_n);
+    return thaw_codec_emit_progress(st, NULL, root, processed, time_us, cache_n);
 }
 
 static int chat_delta(struct thaw_codec_stream *st, json_t *diff)

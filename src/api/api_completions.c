@@ -230,7 +230,7 @@ static char *text_completion(const char *id, const char *model, long created, co
 
     if (o && t) {
         json_object_set_new(o, "usage", thaw_api_usage_json(prompt_tokens, t));
-        json_object_set_new(o, "timings", thaw_api_timings_json(t));
+        (void)thaw_api_set_timings(o, t);
     }
     return thaw_api_dump(o);
 }
@@ -254,11 +254,15 @@ char *thaw_api_llama_completion_json(const char *model, const char *text, bool f
         return thaw_api_dump(json_pack("{s:i, s:o, s:[], s:b}", "index", 0, "content", text_value(text), "tokens", "stop", 0));
     bool limit = finish_reason && strcmp(finish_reason, "length") == 0;
     const char *type = limit ? "limit" : stop_word ? "word" : "eos";
-    return thaw_api_dump(json_pack("{s:i, s:o, s:[], s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:b, s:o}", "index", 0, "content",
+    json_t *o = json_pack("{s:i, s:o, s:[], s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:b}", "index", 0, "content",
                           text_value(text), "tokens", "model", model, "stop", 1, "stop_type", type, "stopping_word",
                           stop_word && !limit ? stop_word : "", "tokens_predicted", t->predicted_n, "tokens_evaluated",
-                          prompt_tokens, "tokens_cached", t->cache_n, "truncated", t->truncated, "timings",
-                          thaw_api_timings_json(t)));
+                          prompt_tokens, "tokens_cached", t->cache_n, "truncated", t->truncated);
+    if (o && thaw_api_set_timings(o, t) != 0) {
+        json_decref(o);
+        o = NULL;
+    }
+    return thaw_api_dump(o);
 }
 
 char *thaw_api_message_content(const char *message_json)
@@ -380,11 +384,11 @@ static const char *diff_text(json_t *diff)
 }
 
 /* llama-server's prompt_progress rides an empty piece */
-static int oai_cmpl_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
+static int oai_cmpl_progress(struct thaw_codec_stream *st, int processed, int64_t time_us, int cache_n)
 {
     return thaw_codec_emit_progress(
         st, NULL, thaw_codec_loads(thaw_api_text_completion_chunk_json(st->id, st->model, st->created, "", NULL, 0, NULL)),
-        processed, time_ms, cache_n);
+        processed, time_us, cache_n);
 }
 
 static int oai_cmpl_delta(struct thaw_codec_stream *st, json_t *diff)
@@ -411,11 +415,11 @@ static int oai_cmpl_close(struct thaw_codec_stream *st)
     return rc ? rc : st->put(st->sink, NULL, "[DONE]");
 }
 
-static int llama_cmpl_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
+static int llama_cmpl_progress(struct thaw_codec_stream *st, int processed, int64_t time_us, int cache_n)
 {
     return thaw_codec_emit_progress(
         st, NULL, thaw_codec_loads(thaw_api_llama_completion_json(st->model, "", false, NULL, NULL, 0, NULL)), processed,
-        time_ms, cache_n);
+        time_us, cache_n);
 }
 
 /* One /completion piece; with `probs` (taken) its completion_probabilities. */

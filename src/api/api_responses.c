@@ -598,10 +598,8 @@ static int r_emit(struct thaw_codec_stream *st, const char *type, json_t *v)
  * request asked timings_per_token. */
 static json_t *r_timed(const struct thaw_codec_stream *st, json_t *v)
 {
-    json_t *t = v ? thaw_codec_live_timings(st) : NULL;
-
-    if (t)
-        json_object_set_new(v, "timings", t);
+    if (v)
+        thaw_codec_live_timings(st, v);
     return v;
 }
 
@@ -783,19 +781,21 @@ static int resp_close(struct thaw_codec_stream *st)
      * status says "incomplete"): what Codex and the SDKs wait for; with
      * llama-server's "timings" beside the response, as its /completion's */
     json_t *ev = r ? json_pack("{s:o}", "response", r) : NULL;
-    if (ev)
-        json_object_set_new(ev, "timings", thaw_api_timings_json(st->reply->timings));
+    if (ev && thaw_api_set_timings(ev, st->reply->timings) != 0) {
+        json_decref(ev);
+        ev = NULL;
+    }
     return ev ? r_emit(st, "response.completed", ev) : THAW_ENOMEM;
 }
 
 /* llama-server's prompt_progress rides a response.in_progress event */
-static int resp_progress(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n)
+static int resp_progress(struct thaw_codec_stream *st, int processed, int64_t time_us, int cache_n)
 {
     json_t *r = r_response(st), *ev = r ? json_pack("{s:o, s:s, s:i}", "response", r, "type",
                                                     "response.in_progress", "sequence_number", st->seq++)
                                          : NULL;
 
-    return ev ? thaw_codec_emit_progress(st, "response.in_progress", ev, processed, time_ms, cache_n)
+    return ev ? thaw_codec_emit_progress(st, "response.in_progress", ev, processed, time_us, cache_n)
               : THAW_ENOMEM;
 }
 

@@ -50,9 +50,14 @@ int thaw_api_parse_via_chat(const char *body, size_t len, bool default_cache_pro
 /* json_dumps(root) compact, then root's reference dropped; NULL if root is
  * NULL or on ENOMEM. The caller frees the string. */
 char *thaw_api_dump(json_t *root);
-/* llama-server's `timings` object with thaw's cache_source, restore_ms and
+/* llama-server's `timings` object, numbers only (as llama-server's: a
+ * client may decode it as a map of numbers), with thaw's restore_ms and
  * draft counts; OpenAI's `usage` with cached_tokens. New references. */
 json_t *thaw_api_timings_json(const struct thaw_timings *t);
+/* Sets "timings" (above) on the object `o` and, beside it, thaw's
+ * "cache_source" (what served the cached tokens: "slot", "ram", "disk",
+ * "blocks", "shared" or "none"). 0, or THAW_ENOMEM. */
+int thaw_api_set_timings(json_t *o, const struct thaw_timings *t);
 json_t *thaw_api_usage_json(int prompt_tokens, const struct thaw_timings *t);
 
 /* ---- what the codecs' writers and replies share (codec.c) ---- */
@@ -78,7 +83,7 @@ int thaw_codec_emit(struct thaw_codec_stream *st, const char *event, json_t *v);
  * to `chunk` (taken), which is then emitted (as `event`, or NULL: a data
  * line only). 0 or THAW_ENOMEM. */
 int thaw_codec_emit_progress(struct thaw_codec_stream *st, const char *event, json_t *chunk, int processed,
-                             int64_t time_ms, int cache_n);
+                             int64_t time_us, int cache_n);
 /* json_loads of `text` (taken); NULL when text is NULL or not JSON. */
 json_t *thaw_codec_loads(char *text);
 
@@ -94,8 +99,9 @@ char *thaw_codec_lp_attach(struct thaw_codec_stream *st, char *chunk, bool legac
  * handed out so far) set on `chunk` (JSON text, taken); the chunk as it
  * was when the request did not ask. NULL on ENOMEM. */
 char *thaw_codec_timings_attach(const struct thaw_codec_stream *st, char *chunk);
-/* Those timings as a new object, or NULL when the request did not ask. */
-json_t *thaw_codec_live_timings(const struct thaw_codec_stream *st);
+/* Those timings set on `o` as thaw_api_set_timings does, when the request
+ * asked; `o` as it was when it did not. */
+void thaw_codec_live_timings(const struct thaw_codec_stream *st, json_t *o);
 /* A whole reply's entries (its n_text bytes, done; `legacy`: OpenAI
  * completions' object) put into the reply object `body` (taken) by
  * `place` (which takes no reference to lp). NULL on ENOMEM. */

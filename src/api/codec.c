@@ -100,10 +100,11 @@ int thaw_codec_stream_step(struct thaw_codec_stream *st, const struct thaw_codec
     }
     if (st->n_progress < nw->n_progress) { /* prefill batches come before any text */
         int processed;
-        int64_t ms;
+        int64_t us;
+        st->live.cache_source = nw->live.cache_source; /* the reports' timings tell it too */
         while (rc == 0 && st->n_progress < nw->n_progress &&
-               st->rd->progress(st->rd->ud, st->n_progress, &processed, &ms)) {
-            rc = c->progress ? c->progress(st, processed, ms, nw->cache_n) : 0;
+               st->rd->progress(st->rd->ud, st->n_progress, &processed, &us)) {
+            rc = c->progress ? c->progress(st, processed, us, nw->cache_n) : 0;
             st->n_progress++;
         }
         if (rc != 0 || (!nw->done && nw->n_text <= st->n_news))
@@ -170,13 +171,28 @@ int thaw_codec_emit(struct thaw_codec_stream *st, const char *event, json_t *v)
 }
 
 int thaw_codec_emit_progress(struct thaw_codec_stream *st, const char *event, json_t *chunk, int processed,
-                             int64_t time_ms, int cache_n)
+                             int64_t time_us, int cache_n)
 {
     if (!chunk)
         return THAW_ENOMEM;
     json_object_set_new(chunk, "prompt_progress",
                         json_pack("{s:i, s:i, s:i, s:I}", "total", st->n_prompt, "cache", cache_n, "processed",
-                                  processed, "time_ms", (json_int_t)time_ms));
+                                  processed, "time_ms", (json_int_t)(time_us / 1000)));
+    if (st->req->timings_per_token) {
+        /* the prefill so far, as llama-server's: the first report comes
+         * before any prompt token is decoded (a restore, if any, is done:
+         * its time is no prefill's) */
+        if (st->n_progress == 0)
+            st->progress_t0_us = time_us;
+        struct thaw_timings t = {.cache_n = cache_n,
+                                 .prompt_n = processed > cache_n ? processed - cache_n : 0,
+                                 .prompt_ms = (double)(time_us - st->progress_t0_us) / 1000.0,
+                                 .cache_source = st->live.cache_source};
+        if (thaw_api_set_timings(chunk, &t) != 0) {
+            json_decref(chunk);
+            return THAW_ENOMEM;
+        }
+    }
     return thaw_codec_emit(st, event, chunk);
 }
 
@@ -217,22 +233,21 @@ char *thaw_codec_lp_attach(struct thaw_codec_stream *st, char *chunk, bool legac
     return out;
 }
 
-json_t *thaw_codec_live_timings(const struct thaw_codec_stream *st)
+void thaw_codec_live_timings(const struct thaw_codec_stream *st, json_t *o)
 {
-    return st->req->timings_per_token ? thaw_api_timings_json(&st->live) : NULL;
+    if (st->req->timings_per_token)
+        (void)thaw_api_set_timings(o, &st->live);
 }
 
 char *thaw_codec_timings_attach(const struct thaw_codec_stream *st, char *chunk)
 {
     if (!chunk || !st->req->timings_per_token)
         return chunk;
-    json_t *root = json_loads(chunk, 0, NULL), *t = thaw_codec_live_timings(st);
+    json_t *root = json_loads(chunk, 0, NULL);
     char *out = NULL;
 
-    if (json_is_object(root) && t && json_object_set_new(root, "timings", t) == 0)
+    if (json_is_object(root) && thaw_api_set_timings(root, &st->live) == 0)
         out = json_dumps(root, JSON_COMPACT);
-    else
-        json_decref(t);
     json_decref(root);
     free(chunk);
     return out;

@@ -57,7 +57,7 @@ struct thaw_reply_reader {
     /* Entry i's bytes in the reply: false when there is no entry i yet. */
     bool (*span)(void *ud, size_t i, uint32_t *start, uint32_t *end);
     /* Prefill report i (return_progress): false when there is none yet. */
-    bool (*progress)(void *ud, int i, int *processed, int64_t *time_ms);
+    bool (*progress)(void *ud, int i, int *processed, int64_t *time_us);
     void *ud;
 };
 
@@ -109,6 +109,7 @@ struct thaw_codec_stream {
                                          * what it kept back comes again with the next news) */
     char *prev_msg;                     /* with a parser: the message as last parsed (deltas are from it) */
     int n_progress;                     /* prefill reports sent */
+    int64_t progress_t0_us;             /* the first one's time after the slot took the task */
     int cache_n;                        /* prompt tokens reused, from the news that opened the stream */
     int cache_new_n;                    /* and those to be stored with the reply */
     size_t text_from;                   /* where this step's text starts in the reply */
@@ -169,8 +170,8 @@ struct thaw_codec {
     bool open_after_start;              /* open waits until a slot took the task (it reports cache use) */
     int (*open)(struct thaw_codec_stream *st);
     /* a prefill report: `processed` of the prompt's tokens are in the KV
-     * (cache_n of them reused), time_ms after the slot took the task; NULL = none sent */
-    int (*progress)(struct thaw_codec_stream *st, int processed, int64_t time_ms, int cache_n);
+     * (cache_n of them reused), time_us after the slot took the task; NULL = none sent */
+    int (*progress)(struct thaw_codec_stream *st, int processed, int64_t time_us, int cache_n);
     int (*delta)(struct thaw_codec_stream *st, json_t *diff);
     int (*close)(struct thaw_codec_stream *st);
     int (*fail)(struct thaw_codec_stream *st, int status, const char *message);

@@ -64,7 +64,7 @@ int thaw_embed_start(struct thaw_engine *e, struct thaw_slot *s, struct thaw_tas
     thaw_slot_move(s, THAW_SLOT_PREFILL, &(struct thaw_slot_enter){.task = t}, e->metrics);
     thaw_slotkv_clear(e->skv, s); /* an empty sequence: the prompt from position 0, alone */
     s->n_prompt_done = 0;
-    thaw_task_started(t, 0, 0);
+    thaw_task_started(t, 0, 0, "none");
     LOG_DBG("slot %d: %s of %d tokens", s->id, t->kind == THAW_TASK_RERANK ? "rank" : "embedding", t->n_prompt);
     return 0;
 }

@@ -159,8 +159,8 @@ static int slot_started(struct thaw_engine *e, struct thaw_slot *s, struct thaw_
      * a prompt long enough to be stored with its reply (slot_finish clears
      * it when the reply is not stored after all) */
     s->timings.cache_new_n = thaw_slotkv_will_store(e->skv, t->n_prompt) ? t->n_prompt - n_past : 0;
-    thaw_task_started(t, n_past, s->timings.cache_new_n);
-    if (thaw_task_progress(t, n_past, (thaw_now_us() - s->t_start_us) / 1000) != 0)
+    thaw_task_started(t, n_past, s->timings.cache_new_n, s->timings.cache_source);
+    if (thaw_task_progress(t, n_past, thaw_now_us() - s->t_start_us) != 0)
         LOG_WRN("slot %d: out of memory for a progress report", s->id);
     atomic_fetch_add(&e->metrics->prompt_cached_tokens, (uint64_t)n_past);
     LOG_DBG("slot %d: start, prompt %d tokens, %d reused (%s)", s->id, t->n_prompt, n_past, s->timings.cache_source);
@@ -399,7 +399,7 @@ static void eval_images(struct thaw_engine *e)
          * with other words, so its prefix lookup resumes past the image */
         if (e->recurrent && e->cfg->ctx_checkpoints > 0 && s->n_prompt_done < t->n_prompt)
             keep_state(e, s, true);
-        if (thaw_task_progress(t, s->n_prompt_done, (t1 - s->t_start_us) / 1000) != 0)
+        if (thaw_task_progress(t, s->n_prompt_done, t1 - s->t_start_us) != 0)
             LOG_WRN("slot %d: out of memory for a progress report", s->id);
     }
 }
@@ -587,7 +587,7 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
             s->n_tokens += s->n_in_batch;
             s->n_prompt_done += s->n_in_batch;
             n_prompt_tokens += s->n_in_batch;
-            if (thaw_task_progress(s->task, s->n_prompt_done, (t1 - s->t_start_us) / 1000) != 0)
+            if (thaw_task_progress(s->task, s->n_prompt_done, t1 - s->t_start_us) != 0)
                 LOG_WRN("slot %d: out of memory for a progress report", s->id);
         }
         if ((uint64_t)s->n_tokens > n_tokens_max)

@@ -157,7 +157,7 @@ int thaw_task_add_logprobs(struct thaw_task *t, const struct thaw_logprob_in *sa
     return rc;
 }
 
-int thaw_task_progress(struct thaw_task *t, int processed, int64_t time_ms)
+int thaw_task_progress(struct thaw_task *t, int processed, int64_t time_us)
 {
     int rc = 0;
 
@@ -174,7 +174,7 @@ int thaw_task_progress(struct thaw_task *t, int processed, int64_t time_ms)
         t->progress = nb;
         t->cap_progress = cap;
     }
-    t->progress[t->n_progress++] = (struct thaw_task_progress){processed, time_ms};
+    t->progress[t->n_progress++] = (struct thaw_task_progress){processed, time_us};
     wake(t);
 out:
     pthread_mutex_unlock(&t->mu);
@@ -191,12 +191,16 @@ bool thaw_task_progress_at(struct thaw_task *t, int i, struct thaw_task_progress
     return ok;
 }
 
-void thaw_task_started(struct thaw_task *t, int cache_n, int cache_new_n)
+void thaw_task_started(struct thaw_task *t, int cache_n, int cache_new_n, const char *cache_source)
 {
     pthread_mutex_lock(&t->mu);
     t->started = true;
     t->cache_n = cache_n;
     t->cache_new_n = cache_new_n;
+    if (t->req.timings_per_token) { /* the prefill's progress reports tell them */
+        t->live.cache_n = cache_n;
+        t->live.cache_source = cache_source;
+    }
     if (t->req.stream)
         wake(t);
     pthread_mutex_unlock(&t->mu);
@@ -270,14 +274,14 @@ static bool reader_span(void *ud, size_t i, uint32_t *start, uint32_t *end)
     return thaw_task_logprob_span(ud, i, start, end);
 }
 
-static bool reader_progress(void *ud, int i, int *processed, int64_t *time_ms)
+static bool reader_progress(void *ud, int i, int *processed, int64_t *time_us)
 {
     struct thaw_task_progress p;
 
     if (!thaw_task_progress_at(ud, i, &p))
         return false;
     *processed = p.processed;
-    *time_ms = p.time_ms;
+    *time_us = p.time_us;
     return true;
 }
 

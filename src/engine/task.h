@@ -136,24 +136,25 @@ int thaw_task_add_logprobs(struct thaw_task *t, const struct thaw_logprob_in *sa
 
 /* llama-server's prompt_progress: of the prompt's n_prompt tokens (total)
  * cache_n were reused (cache) and `processed` are in the KV (reused ones
- * included), time_ms after the slot took the task. */
+ * included), time_us after the slot took the task. */
 struct thaw_task_progress {
     int processed;
-    int64_t time_ms;
+    int64_t time_us;
 };
 
 /* Records a progress report (only a streamed request with return_progress
  * keeps them) and wakes the client. 0 or THAW_ENOMEM. */
-int thaw_task_progress(struct thaw_task *t, int processed, int64_t time_ms);
+int thaw_task_progress(struct thaw_task *t, int processed, int64_t time_us);
 
 /* Report i (false when there is none yet). */
 bool thaw_task_progress_at(struct thaw_task *t, int i, struct thaw_task_progress *out);
 
-/* The slot has chosen what to reuse (`cache_n` prompt tokens; the
- * `cache_new_n` it will store with the reply): a stream whose opening
- * event reports usage (Anthropic's message_start) waits for it. Wakes a
- * streaming client. */
-void thaw_task_started(struct thaw_task *t, int cache_n, int cache_new_n);
+/* The slot has chosen what to reuse (`cache_n` prompt tokens, served by
+ * `cache_source`, a static string as thaw_timings'; the `cache_new_n` it
+ * will store with the reply): a stream whose opening event reports usage
+ * (Anthropic's message_start) waits for it, and the live timings
+ * (timings_per_token) start from it. Wakes a streaming client. */
+void thaw_task_started(struct thaw_task *t, int cache_n, int cache_new_n, const char *cache_source);
 
 /* ---- client side (HTTP threads) ----
  * The output fields above are the engine's until `done`; a client reads

@@ -200,6 +200,12 @@ def chat(s, messages, max_tokens=16):
     return r.json()
 
 
+def timings(r):
+    """A reply's timings with thaw's cache_source (beside them in the reply:
+    llama-server's timings hold numbers only) merged in."""
+    return {**(r.get("timings") or {}), "cache_source": r.get("cache_source")}
+
+
 def reply(r):
     return r["choices"][0]["message"]["content"]
 

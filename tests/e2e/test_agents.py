@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from harness import REPO, mkmodel, user
+from harness import REPO, mkmodel, user, timings
 
 TEMPLATES = os.path.join(REPO, ".deps", "llama.cpp", "models", "templates")
 NODE_MODULES = os.path.join(REPO, ".deps", "npm", "node_modules")
@@ -271,7 +271,7 @@ def test_agent_loop_is_served_from_cache_across_a_restart(serve, family_models, 
         ra = agent_step(s, a, SCHEMAS, sdk=True)
         rb = agent_step(s, b, SCHEMAS[:12])  # interleaved, other tools
         if step > 0:
-            t = ra["timings"]
+            t = timings(ra)
             # all but the new tool results and their template glue
             new = sum(len(m["content"]) for m in a[-len(ra_prev["choices"][0]["message"]["tool_calls"]):])
             assert t["cache_n"] > 0 and t["prompt_n"] <= new + 48, (step, t)
@@ -304,20 +304,20 @@ def test_same_messages_other_tools_never_share_state(serve, family_models, tmp_p
     # no state keyed for the other tool list; blocks are shared only where
     # the tokens are identical (here: agent 2's own turn up to its reply),
     # so the reply equals the reference that prefilled everything
-    assert cross["timings"]["cache_source"] in ("none", "blocks")
+    assert cross["cache_source"] in ("none", "blocks")
     s.stop()
     ref = serve(family_models["qwen3"], *flags)
     want_cross = agent_step(ref, extend(msgs, g1, 0), SCHEMAS[3:6])
     ref.kill()
     s = serve(family_models["qwen3"], *flags, "--kv-cache-dir", str(tmp_path), "--kv-cache-min-tokens", "16")
     got1 = agent_step(s, extend(msgs, g1, 0), SCHEMAS[:3])
-    assert got1["timings"]["cache_source"] == "disk"
+    assert got1["cache_source"] == "disk"
     got2 = agent_step(s, extend(msgs, g2, 0), SCHEMAS[3:6])
-    assert got2["timings"]["cache_source"] == "disk"
+    assert got2["cache_source"] == "disk"
     strip = lambda r: [(c["function"]["name"], c["function"]["arguments"]) for c in r["choices"][0]["message"]["tool_calls"]]
     assert strip(g1) == strip(r1) and strip(g2) == strip(r2)
     assert strip(got1) == strip(want1) and strip(got2) == strip(want2)
     assert strip(cross) == strip(want_cross)
     # other chat_template_kwargs: another key too
     k = agent_step(s, extend(msgs, g1, 0), SCHEMAS[:3], chat_template_kwargs={"enable_thinking": False})
-    assert k["timings"]["cache_source"] != "disk"
+    assert k["cache_source"] != "disk"

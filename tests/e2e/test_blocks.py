@@ -8,7 +8,7 @@ import glob
 import os
 import re
 
-from harness import chat, drained, reply, text
+from harness import chat, drained, reply, text, timings
 
 B = 32  # small blocks: short test conversations span several
 
@@ -51,7 +51,7 @@ def test_shared_prefix_is_written_once_and_serves_new_conversations_after_a_rest
     s = serve("llama", "-np", "2", "-c", "8192", *flags(tmp_path))
     for i in (1, 2, 3):
         r = chat(s, convs[i])
-        t = r["timings"]
+        t = timings(r)
         assert reply(r) == ref[i], f"conversation {i}"
         if i == 1:  # a new conversation: the stored prefix's whole blocks
             assert t["cache_source"] == "blocks", t
@@ -122,7 +122,7 @@ def test_edited_history_restores_up_to_the_edit(serve, tmp_path):
     s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path))
     r = chat(s, edited)
     assert reply(r) == ref[0]
-    t = r["timings"]
+    t = timings(r)
     assert t["cache_source"] == "blocks" and t["cache_n"] > 0
     # no further than the edit: the shared system prompt's blocks only
     sys_tokens = s.post("/tokenize", {"content": shared_system()["content"]}).json()["tokens"]
@@ -206,7 +206,7 @@ def test_a_corrupt_manifest_is_removed_and_its_blocks_still_serve(serve, tmp_pat
     assert reply(r) == ref[0]
     assert not os.path.exists(manifests[0])
     # the conversation's blocks are intact: a prefix lookup serves them
-    assert r["timings"]["cache_source"] == "blocks" and r["timings"]["cache_n"] >= 8 * B
+    assert r["cache_source"] == "blocks" and r["timings"]["cache_n"] >= 8 * B
 
 
 def test_changing_np_and_c_keeps_hits(serve, tmp_path):
@@ -219,7 +219,7 @@ def test_changing_np_and_c_keeps_hits(serve, tmp_path):
     s = serve("llama", "-np", "3", "-c", "6144", *flags(tmp_path))
     r = chat(s, t2)
     assert reply(r) == ref[0]
-    assert r["timings"]["cache_source"] == "disk"
+    assert r["cache_source"] == "disk"
     assert r["timings"]["cache_n"] > 0.8 * r["usage"]["prompt_tokens"]  # all but the new question
 
 
@@ -242,7 +242,7 @@ def test_tenants_never_share_blocks(serve, tmp_path):
     def as_tenant(s, key):
         r = s.post("/v1/chat/completions", body, headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 200, r.text
-        return r.json()["timings"]
+        return timings(r.json())
 
     s = serve("llama", "-np", "1", "-c", "8192", *flags(tmp_path), *keys)
     as_tenant(s, "alpha")
@@ -309,12 +309,12 @@ def test_budget_evicts_old_conversations_and_keeps_the_shared_prefix(serve, tmp_
     # the oldest conversation's manifest is gone, but the shared prefix's
     # blocks are not (newer conversations name them): a prefix lookup serves
     # them. Asked first, while the slot holds nothing of the prefix.
-    oldest = chat(s, turn2[0], 4)["timings"]
+    oldest = timings(chat(s, turn2[0], 4))
     assert oldest["cache_source"] == "blocks", oldest
     assert oldest["cache_n"] >= 1200 // B * B, oldest
     # the newest conversation is restored whole from its manifest
     r = chat(s, turn2[4], 4)
-    newest = r["timings"]
+    newest = timings(r)
     assert newest["cache_source"] == "disk", newest
     assert newest["cache_n"] > 0.8 * r["usage"]["prompt_tokens"], newest  # all but the new question
     assert s.metrics()["thaw_kv_disk_bytes"] <= 1 << 20
@@ -347,7 +347,7 @@ def test_ram_tier_holds_each_shared_block_once_and_serves_without_the_disk(serve
                 os.remove(f)
     for i in (5, 2):
         msgs = convs[i] + [{"role": "assistant", "content": reply(r1[i])}, ask(50 + i)]
-        t = chat(s, msgs)["timings"]
+        t = timings(chat(s, msgs))
         assert t["cache_source"] in ("slot", "ram"), t
         assert t["cache_n"] >= r1[i]["usage"]["prompt_tokens"], t
     s.stop()
@@ -371,7 +371,7 @@ def test_stores_cut_their_blocks_from_the_kv_cache_and_restore_the_same(serve, t
             for i, c in enumerate(convs):
                 r = chat(s, c)
                 out.append(reply(r))
-                sources.append(r["timings"]["cache_source"])
+                sources.append(r["cache_source"])
                 c += [{"role": "assistant", "content": reply(r)},
                       {"role": "user", "content": f"Turn {turn}: " + text(20, 200 + 10 * i + turn)}]
         return out, sources, drained(s)

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from harness import THAW, Server, chat, mkmodel, reply, text
+from harness import THAW, Server, chat, mkmodel, reply, text, timings
 
 B = 32  # small blocks: the test conversations span several
 
@@ -86,7 +86,7 @@ def test_shared_system_prompt_restored_for_new_conversations_after_a_restart(ser
     s = serve(model, *flags(tmp_path))
     for i in (1, 2):
         r = chat(s, convs[i])
-        t = r["timings"]
+        t = timings(r)
         assert out(r) == ref[i], f"conversation {i}"
         # resumed at the end of the system messages: mostly from cache,
         # and not at a block boundary (a snapshot, not a run of blocks)
@@ -135,7 +135,7 @@ def test_q8_0_kv_round_trip(serve, hybrids, tmp_path, arch):
     s = serve(model, *flags(d, *kv))
     r = chat(s, convs[1])
     assert out(r) == ref[1], s.log()
-    t = r["timings"]
+    t = timings(r)
     assert t["cache_source"] == "blocks" and t["cache_n"] >= 0.75 * r["usage"]["prompt_tokens"], t
     s.stop()
     # the same conversation in f16: q8_0 rows are 34 bytes per 32 values
@@ -173,12 +173,12 @@ def test_without_the_tap_blocks_come_from_a_capture_and_stay_exact(serve, hybrid
     assert out(r) == out(ref[1]), s.log()
     # through the manifest, or a prefix lookup where the key differs
     # (qwen35's reasoning is not in the history the key is made of)
-    assert r["timings"]["cache_source"] in ("disk", "blocks"), r["timings"]
+    assert r["cache_source"] in ("disk", "blocks"), r["timings"]
     assert r["timings"]["cache_n"] > r1["usage"]["prompt_tokens"], r["timings"]
     reset(s)
     r = chat(s, other)
     assert out(r) == ref_other
-    assert r["timings"]["cache_source"] == "blocks", r["timings"]
+    assert r["cache_source"] == "blocks", r["timings"]
     s.stop()
 
 
@@ -212,7 +212,7 @@ def test_edited_history_and_divergence_past_a_snapshot(serve, hybrids, tmp_path,
     s = serve(model, *flags(tmp_path))
     for k in range(2):
         r = chat(s, history(r1, k))
-        t = r["timings"]
+        t = timings(r)
         assert out(r) == ref[k][1], f"edit {k}"
         # resumed at turn 1's end, deeper than turn 1's prompt: the reply
         # came from cache too. The first edit finds turn 1's manifest (its
@@ -287,7 +287,7 @@ def test_kill_9_while_writing_snapshots(serve, hybrids, tmp_path, arch):
     for i in range(3):
         reset(s)
         r = chat(s, history(i))
-        t = r["timings"]
+        t = timings(r)
         want = resident[i] if t["cache_n"] > n1[i] else scratch[i]
         assert out(r) == want, (i, t, s.log())
     assert s.get("/health").status_code == 200
@@ -335,12 +335,12 @@ def test_budget_evicts_conversations_with_their_own_snapshots_and_keeps_the_bran
     m = {k: v for k, v in s.metrics().items() if k.startswith("thaw_kv_disk_")}
     assert m["thaw_kv_disk_bytes"] <= 1 << 20, m
     r = chat(s, turn2[0], 4)
-    t = r["timings"]
+    t = timings(r)
     assert out(r) == refs[0], (t, s.log())
     assert t["cache_source"] == "blocks" and 2000 < t["cache_n"] < r1[0]["usage"]["prompt_tokens"], t
     reset(s)
     r = chat(s, turn2[4], 4)
-    t = r["timings"]
+    t = timings(r)
     assert out(r) == refs[1], (t, s.log())
     assert t["cache_source"] in ("disk", "blocks") and t["cache_n"] > r1[4]["usage"]["prompt_tokens"], t
     s.stop()
@@ -404,7 +404,7 @@ def test_two_conversations_alternating_restore_each_others_handover_snapshot(ser
             r = chat(s, turns(convs[i], got[i], asks[i][:k]))
             assert out(r) == out(ref[i][k]), (arch, i, k, r["timings"], s.log())
             if k > 0:
-                t = r["timings"]
+                t = timings(r)
                 n_prev = got[i][-1]["usage"]["prompt_tokens"]
                 # past the last prompt: at the reply's end, the handover's
                 # snapshot (through the manifest, or a prefix lookup where
@@ -468,7 +468,7 @@ def test_each_turn_resumes_at_the_last_ones_end_in_its_slot(serve, hybrids, tmp_
         r = chat(s, turns(conv, got, asks[:k]))
         assert out(r) == out(ref[k]), (k, s.log())
         if k:
-            t, n_prev = r["timings"], got[-1]["usage"]["prompt_tokens"]
+            t, n_prev = timings(r), got[-1]["usage"]["prompt_tokens"]
             # the last prompt and the reply's history form from the slot;
             # prefilled: only this turn's own message
             assert t["cache_source"] == "slot", (k, t, s.log())
@@ -505,7 +505,7 @@ def test_restart_after_sigterm_resumes_at_the_shutdown_snapshot(serve, hybrids, 
 
     s = serve(model, *flags(tmp_path))
     r = chat(s, turns(conv, [r1], asks))
-    t = r["timings"]
+    t = timings(r)
     assert t["cache_source"] in ("disk", "blocks"), (t, s.log())  # as in the alternating test
     assert t["cache_n"] > r1["usage"]["prompt_tokens"], t
     assert out(r) == out(ref[1])
@@ -545,7 +545,7 @@ def test_kill_9_with_a_kept_turn_end_falls_back_to_the_branch_point(serve, hybri
 
     s = serve(model, *flags(tmp_path))
     r = chat(s, h2)
-    t = r["timings"]
+    t = timings(r)
     assert t["cache_source"] == "blocks", (t, s.log())
     assert 0 < t["cache_n"] < r1["usage"]["prompt_tokens"], t
     assert out(r) == scratch
@@ -602,7 +602,7 @@ def test_cache_stats_counts_a_hybrids_snapshots_apart_from_its_blocks(serve, hyb
     for i in range(2):
         reset(s)
         r = chat(s, turns(convs[i], [r1[i]], [ask(120 + i)]))
-        t = r["timings"]
+        t = timings(r)
         assert t["cache_source"] in ("disk", "blocks"), (i, t, s.log())
         assert t["cache_n"] > r1[i]["usage"]["prompt_tokens"], (i, t)
     s.stop()

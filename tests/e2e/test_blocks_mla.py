@@ -26,7 +26,7 @@ import struct
 
 import pytest
 
-from harness import ask, chat, mkmodel, reply, shared_system, text
+from harness import ask, chat, mkmodel, reply, shared_system, text, timings
 
 B = 32
 
@@ -89,7 +89,7 @@ def test_shared_prefix_restored_after_a_restart_equals_the_reference(serve, mla_
         r = chat(s, convs[i])
         assert reply(r) == ref[i], f"conversation {i}"
         if i == 1:  # a new conversation: the stored prefix's blocks
-            t = r["timings"]
+            t = timings(r)
             assert t["cache_source"] == "blocks", t
             assert t["cache_n"] >= B * 7 and t["cache_n"] % B == 0, t
     assert s.metrics()["thaw_kv_disk_prefix_hits_total"] >= 1
@@ -108,7 +108,7 @@ def test_next_turn_restores_from_the_manifest_after_a_restart(serve, mla_model, 
     s = serve(mla_model, "-np", "2", "-c", "8192", *flags(tmp_path))
     r = chat(s, t2)
     assert reply(r) == ref[1]
-    assert r["timings"]["cache_source"] == "disk", r["timings"]
+    assert r["cache_source"] == "disk", r["timings"]
     assert r["timings"]["cache_n"] > 0.8 * r["usage"]["prompt_tokens"]
     check_blocks(s, tmp_path)
 
@@ -125,7 +125,7 @@ def test_edited_history_restores_up_to_the_edit(serve, mla_model, tmp_path):
     s = serve(mla_model, "-np", "1", "-c", "8192", *flags(tmp_path))
     r = chat(s, edited)
     assert reply(r) == ref[0]
-    t = r["timings"]
+    t = timings(r)
     assert t["cache_source"] == "blocks" and t["cache_n"] > 0, t
     sys_tokens = s.post("/tokenize", {"content": shared_system()["content"]}).json()["tokens"]
     assert t["cache_n"] <= len(sys_tokens) + 16  # no further than the edit
@@ -166,7 +166,7 @@ def test_kv_types_and_fa_off_round_trip(serve, mla_model, tmp_path, ctype, extra
     s = serve(mla_model, "-np", "2", "-c", "8192", *flags(d), *kv)
     r = chat(s, convs[1])
     assert reply(r) == ref[1]
-    assert r["timings"]["cache_source"] == "blocks" and r["timings"]["cache_n"] >= 7 * B, r["timings"]
+    assert r["cache_source"] == "blocks" and r["timings"]["cache_n"] >= 7 * B, r["timings"]
     s.stop()
     if ctype == "q8_0":
         # the same conversation in f16: 102 bytes a latent row instead of 192
@@ -192,4 +192,4 @@ def test_without_the_tap_blocks_come_from_a_capture_and_stay_exact(serve, mla_mo
     s = serve(mla_model, "-np", "1", "-c", "8192", *flags(tmp_path, "--no-kv-tap"))
     r = chat(s, other)
     assert reply(r) == ref[1]
-    assert r["timings"]["cache_source"] == "blocks" and r["timings"]["cache_n"] >= 7 * B, r["timings"]
+    assert r["cache_source"] == "blocks" and r["timings"]["cache_n"] >= 7 * B, r["timings"]

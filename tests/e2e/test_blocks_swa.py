@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from harness import THAW, Server, ask, chat, mkmodel, reply, shared_system, text
+from harness import THAW, Server, ask, chat, mkmodel, reply, shared_system, text, timings
 
 B = 32  # small blocks: a window of 64 or 128 tokens spans several
 ARCHS = ["gemma4", "gpt-oss"]
@@ -109,7 +109,7 @@ def test_shared_prefix_restored_after_a_restart_equals_the_reference(serve, swa_
         r = chat(s, convs[i])
         assert reply(r) == ref[i], f"conversation {i}"
         if i == 1:  # a new conversation: the stored prefix's blocks with their window
-            t = r["timings"]
+            t = timings(r)
             assert t["cache_source"] == "blocks", t
             assert t["cache_n"] >= B * 7 and t["cache_n"] % B == 0, t
     assert s.metrics()["thaw_kv_disk_prefix_hits_total"] >= 1
@@ -128,7 +128,7 @@ def test_next_turn_restores_from_the_manifest_after_a_restart(serve, swa_models,
     s = serve(m, "-np", "2", "-c", "8192", *flags(tmp_path))
     r = chat(s, t2)
     assert reply(r) == ref[1]
-    assert r["timings"]["cache_source"] == "disk"
+    assert r["cache_source"] == "disk"
     assert r["timings"]["cache_n"] > 0.8 * r["usage"]["prompt_tokens"]  # all but the new question
 
 
@@ -154,7 +154,7 @@ def test_without_the_tap_blocks_come_from_a_capture_and_stay_exact(serve, swa_mo
     s = serve(m, "-np", "1", "-c", "8192", *flags(tmp_path, "--no-kv-tap"))
     r = chat(s, t2)
     assert reply(r) == ref[1]
-    assert r["timings"]["cache_source"] == "disk", r["timings"]
+    assert r["cache_source"] == "disk", r["timings"]
     assert r["timings"]["cache_n"] > 0.8 * r["usage"]["prompt_tokens"]
     r = chat(s, other)
     assert reply(r) == ref[2], (r["timings"], s.log())
@@ -175,7 +175,7 @@ def test_edited_history_restores_up_to_the_edit(serve, swa_models, tmp_path, arc
     s = serve(m, "-np", "1", "-c", "8192", *flags(tmp_path), *fa)
     r = chat(s, edited)
     assert reply(r) == ref[0]
-    t = r["timings"]
+    t = timings(r)
     assert t["cache_source"] == "blocks" and t["cache_n"] > 0
     sys_tokens = s.post("/tokenize", {"content": shared_system()["content"]}).json()["tokens"]
     assert t["cache_n"] <= len(sys_tokens) + 16  # no further than the edit
@@ -229,7 +229,7 @@ def test_kv_types_and_transposed_v_round_trip(serve, swa_models, tmp_path, arch,
     s = serve(m, "-np", "2", "-c", "8192", *flags(d), *kv)
     r = chat(s, convs[1])
     assert reply(r) == ref[1]
-    assert r["timings"]["cache_source"] == "blocks" and r["timings"]["cache_n"] >= 7 * B
+    assert r["cache_source"] == "blocks" and r["timings"]["cache_n"] >= 7 * B
     s.stop()
     if ctype == "q8_0":
         # the same conversation in f16: q8_0 rows are 34 bytes per 32 values

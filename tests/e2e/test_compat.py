@@ -315,6 +315,15 @@ def test_return_progress_reports_every_prefill_batch(serve, path):
     assert cold[0]["cache"] == 0 and cold[0]["total"] > 128  # three batches at least
     warm = reports()
     assert warm[0]["cache"] > 0 and len(warm) == 2
+    # with timings_per_token each report has timings too (llama-server's):
+    # numbers only, zero before the first batch, never going back
+    timed = [c for c in events(s.post(path, {**body, "timings_per_token": True}, stream=True)) if "prompt_progress" in c]
+    tms = [c["timings"] for c in timed]
+    assert all(isinstance(v, (int, float)) and v >= 0 for t in tms for v in t.values()), tms
+    assert tms[0]["prompt_n"] == 0 and tms[0]["prompt_ms"] == 0 and tms[0]["predicted_n"] == 0
+    assert all(b["prompt_ms"] >= a["prompt_ms"] and b["prompt_n"] > a["prompt_n"] for a, b in zip(tms, tms[1:]))
+    assert tms[-1]["prompt_n"] + tms[-1]["cache_n"] == timed[-1]["prompt_progress"]["total"]
+    assert all(c["cache_source"] == "slot" for c in timed), timed  # beside the timings, the same prompt again
     # without return_progress (or not streamed) nothing changes
     body["return_progress"] = False
     assert not [c for c in events(s.post(path, body, stream=True)) if "prompt_progress" in c]

@@ -257,12 +257,12 @@ def test_q8_0_conversation_restores_exactly_and_types_are_bound_into_the_keys(se
     s = serve(q8model, *flags, *q8)
     got = greedy(s, turn2)
     assert reply(got) == reply(ref2), s.log()
-    assert got["timings"]["cache_source"] in ("disk", "blocks") and got["timings"]["cache_n"] > 0, got["timings"]
+    assert got["cache_source"] in ("disk", "blocks") and got["timings"]["cache_n"] > 0, got["timings"]
     assert s.stop() == 0
     # f16 KV: the q8_0 entries are another context's state and never read
     s = serve(q8model, *flags)
     got = greedy(s, turn2)
-    assert got["timings"]["cache_source"] == "none" and got["timings"]["cache_n"] == 0, got["timings"]
+    assert got["cache_source"] == "none" and got["timings"]["cache_n"] == 0, got["timings"]
 
 
 def test_logit_bias_applies_to_every_request(serve):

@@ -161,7 +161,7 @@ def test_image_conversation_restored_after_restart_equals_the_resident_one(model
     assert "1" in ls_images(d) and set(ls_images(d)) <= {"1", "-"}
     with Server(model, *args, *cache) as s:
         got = ask(s, second(r1), max_tokens=12).json()
-        assert got["timings"]["cache_source"] in ("disk", "blocks"), got["timings"]
+        assert got["cache_source"] in ("disk", "blocks"), got["timings"]
         # the first turn's prompt, its image included, came from disk
         assert got["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"] - 1
         assert got["choices"][0]["message"]["content"] == ref2["choices"][0]["message"]["content"]
@@ -207,9 +207,9 @@ def test_new_conversation_on_the_same_system_and_image_restores_their_blocks(mod
     with Server(model, *args, *cache) as s:
         turn2 = conv(1) + [r1["choices"][0]["message"], {"role": "user", "content": "And then?"}]
         r2 = ask(s, turn2, max_tokens=4).json()
-        assert r2["timings"]["cache_source"] in ("disk", "blocks"), r2["timings"]
+        assert r2["cache_source"] in ("disk", "blocks"), r2["timings"]
         got = ask(s, conv(2), max_tokens=4).json()
-    assert got["timings"]["cache_source"] == "blocks", (got["timings"], shared)
+    assert got["cache_source"] == "blocks", (got["timings"], shared)
     # the shared part (less the generation prompt) in whole blocks, backed off to the image's start at worst
     assert got["usage"]["prompt_tokens_details"]["cached_tokens"] >= shared - 8 - 32 - IMAGE_TOKENS, (got, shared)
     assert got["choices"][0]["message"] == want["choices"][0]["message"]
@@ -252,8 +252,8 @@ def test_hybrid_image_conversation_restored_after_restart_equals_the_resident_on
         s.stop()
     with Server(model, *args, *cache) as s:
         got = ask(s, second(r1), max_tokens=12).json()
-        assert got["timings"]["cache_source"] in ("disk", "blocks"), got["timings"]
-        assert got["timings"]["cache_source"] == "disk", got["timings"]
+        assert got["cache_source"] in ("disk", "blocks"), got["timings"]
+        assert got["cache_source"] == "disk", got["timings"]
         assert got["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"] - 1, got
         assert got["choices"][0]["message"]["content"] == ref2["choices"][0]["message"]["content"]
         other = second(r1)
@@ -289,7 +289,7 @@ def test_hybrid_new_conversation_on_the_same_system_and_image_resumes_past_the_i
     with Server(model, *args, *cache) as s:
         got = ask(s, conv(2), max_tokens=4).json()
         other = ask(s, conv(2, image_seed=6), max_tokens=4).json()
-    assert got["timings"]["cache_source"] == "blocks", got["timings"]
+    assert got["cache_source"] == "blocks", got["timings"]
     cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
     # the system prompt (the branch point) and the whole image after it
     assert cached >= lead - 8 + HYBRID_IMAGE_TOKENS, (cached, lead)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from harness import THAW, WORDS, Server, chat, conversation, drained, idle, kv_flags, mkmodel, reply, text, turn2
+from harness import THAW, WORDS, Server, chat, conversation, drained, idle, kv_flags, mkmodel, reply, text, turn2, timings
 
 def ratio(rs):
     return sum(r["timings"]["cache_n"] for r in rs) / sum(r["usage"]["prompt_tokens"] for r in rs)
@@ -45,7 +45,7 @@ def test_seed_workload_cache_on(serve, tmp_path):
     # writer's queue is served from memory (test_turn_2_right_after_...)
     s, r1, r2 = seed_workload(serve, "llama", kv_flags(tmp_path), drain=True)
     assert ratio(r2.values()) >= 0.98
-    sources = {i: r["timings"]["cache_source"] for i, r in r2.items()}
+    sources = {i: r["cache_source"] for i, r in r2.items()}
     assert list(sources.values()).count("disk") >= 2, sources
     m = s.metrics()
     assert m["thaw_kv_cache_hits_disk_total"] >= 2
@@ -55,7 +55,7 @@ def test_seed_workload_cache_on(serve, tmp_path):
     assert len(glob.glob(str(tmp_path / "*.idx"))) >= 4
     for r in r2.values():
         assert r["timings"]["restore_ms"] >= 0
-        if r["timings"]["cache_source"] == "disk":
+        if r["cache_source"] == "disk":
             assert r["timings"]["restore_ms"] > 0
 
 
@@ -63,7 +63,7 @@ def test_resident_order_needs_no_disk(serve, tmp_path):
     s, _, r2 = seed_workload(serve, "llama", kv_flags(tmp_path), order1=(0, 1), order2=(0, 1), drain=True)
     assert ratio(r2.values()) >= 0.98
     assert s.metrics()["thaw_kv_cache_hits_disk_total"] == 0
-    assert all(r["timings"]["cache_source"] == "slot" for r in r2.values())
+    assert all(r["cache_source"] == "slot" for r in r2.values())
 
 
 def test_turn_2_right_after_its_reply_finds_a_store_still_queued(serve, tmp_path):
@@ -81,7 +81,7 @@ def test_turn_2_right_after_its_reply_finds_a_store_still_queued(serve, tmp_path
         r1 = chat(s, c)
         chat(s, [{"role": "user", "content": f"hi {i}"}], max_tokens=1)  # too short to store
         r2.append(chat(s, turn2(c, r1, i)))
-    assert all(r["timings"]["cache_source"] == "disk" for r in r2), [r["timings"] for r in r2]
+    assert all(r["cache_source"] == "disk" for r in r2), [r["timings"] for r in r2]
     assert ratio(r2) >= 0.95
     s.stop()
 
@@ -150,7 +150,7 @@ def test_a_restart_right_after_each_reply_loses_no_turn(serve, tmp_path):
         conv += [{"role": "assistant", "content": reply(r)},
                  {"role": "user", "content": f"Question {i}: and the {WORDS[i % len(WORDS)]}?"}]
         r = chat(s, conv)
-        t = r["timings"]
+        t = timings(r)
         assert t["cache_source"] == "disk" and t["cache_n"] == int(stored[-1]), (i, t, stored)
     s.stop()
 
@@ -158,7 +158,7 @@ def test_a_restart_right_after_each_reply_loses_no_turn(serve, tmp_path):
 def test_restart_between_turns(serve, tmp_path):
     s, _, r2 = seed_workload(serve, "llama", kv_flags(tmp_path), restart=True)
     assert ratio(r2.values()) >= 0.98
-    assert all(r["timings"]["cache_source"] == "disk" for r in r2.values())
+    assert all(r["cache_source"] == "disk" for r in r2.values())
 
 
 def test_file_modes(serve, tmp_path):
@@ -200,7 +200,7 @@ def check_isolation(serve, tmp_path, model, convs):
         prompt = turn2(convs[i], r1[i], i)
         r2 = chat(s, prompt)
         assert reply(r2) == reply(ref[i][1]), f"conversation {i}"
-        assert r2["timings"]["cache_source"] == "disk"
+        assert r2["cache_source"] == "disk"
         # what was installed is a prefix of this request's own tokens: the
         # reused count never exceeds the prompt and the reply matches the
         # reference, which a foreign prefix would not give
@@ -256,7 +256,7 @@ def test_swa_checkpoints_table(serve, tmp_path):
         if extra is not None:
             s.stop()
             s = serve("gemma3", "-np", "1", *flags)
-        rows[name] = chat(s, turn2(conv, r1, 1))["timings"]
+        rows[name] = timings(chat(s, turn2(conv, r1, 1)))
         s.stop()
     total = rows["off"]["cache_n"] + rows["off"]["prompt_n"]
     assert rows["off"]["cache_n"] > 0.4 * total  # back to turn 1's prompt end, via its checkpoint
@@ -324,7 +324,7 @@ def test_corrupt_entry_is_a_miss_and_removed(serve, tmp_path, ext, damage):
             f.truncate(size // 2)
     s = serve(arch, *flags)
     r2 = chat(s, turn2(conv, r1, 2))
-    assert r2["timings"]["cache_source"] == "none"
+    assert r2["cache_source"] == "none"
     assert reply(r2) == good
     assert not os.path.exists(entries[0]), "the corrupt entry was not removed"
     assert s.chat(conv, max_tokens=2)["choices"]
@@ -341,7 +341,7 @@ def test_ttl_evicts_even_across_restart(serve, tmp_path):
     time.sleep(2.2)
     s = serve("llama", *flags, "--kv-cache-ttl", "1")
     r2 = chat(s, turn2(conv, r1, 0))
-    assert r2["timings"]["cache_source"] == "none"
+    assert r2["cache_source"] == "none"
     assert s.metrics()["thaw_kv_disk_evictions_ttl_total"] >= 1
 
 
@@ -353,7 +353,7 @@ def test_lru_budget_keeps_the_most_recent(serve, tmp_path):
     r1 = [chat(s, c, 4) for c in convs]
     s.stop()
     s = serve("llama", *flags)
-    sources = [chat(s, turn2(c, r, i), 4)["timings"]["cache_source"] for i, (c, r) in reversed(list(enumerate(zip(convs, r1))))]
+    sources = [chat(s, turn2(c, r, i), 4)["cache_source"] for i, (c, r) in reversed(list(enumerate(zip(convs, r1))))]
     # newest first: conversations 3 and 2 were kept; 1, the least recently
     # used, was evicted (at most the template's first tokens come from the slot)
     assert sources[:2] == ["disk", "disk"] and sources[2] != "disk", sources
@@ -375,10 +375,10 @@ def test_other_model_misses(serve, tmp_path, models):
     r1 = chat(s, conv)
     s.stop()
     s = serve(other, *flags)
-    assert chat(s, turn2(conv, r1, 1))["timings"]["cache_source"] == "none"
+    assert chat(s, turn2(conv, r1, 1))["cache_source"] == "none"
     s.stop()
     s = serve("llama", *flags)  # its own entry is still there for it
-    assert chat(s, turn2(conv, r1, 1))["timings"]["cache_source"] == "disk"
+    assert chat(s, turn2(conv, r1, 1))["cache_source"] == "disk"
 
 
 def test_disk_full_keeps_serving(serve, tmp_path):
@@ -418,12 +418,12 @@ def test_ram_tier_keeps_one_turn_per_conversation_when_the_disk_has_the_rest(ser
     rb1 = chat(s, b)
     written(2)
     ra2 = chat(s, turn2(a, ra1, 0))  # a's turn 1 from RAM; its store supersedes it
-    assert ra2["timings"]["cache_source"] == "ram"
+    assert ra2["cache_source"] == "ram"
     written(3)
     rb2 = chat(s, turn2(b, rb1, 1))
-    assert rb2["timings"]["cache_source"] == "ram"
+    assert rb2["cache_source"] == "ram"
     again = chat(s, turn2(a, ra1, 0))  # regenerate a's turn 2: turn 1 now only on disk
-    assert again["timings"]["cache_source"] == "disk"
+    assert again["cache_source"] == "disk"
     assert again["timings"]["cache_n"] >= 0.95 * again["usage"]["prompt_tokens"]
     assert reply(again) == reply(ra2)
     assert s.metrics()["thaw_kv_cache_ram_entries"] == 2  # a's and b's turn 2
@@ -439,7 +439,7 @@ def test_ram_tier_serves_a_conversation_whose_slot_was_reused(serve):
         r1.append(chat(s, c))
         idle(s)  # once the first one's turn is stored whole
     r2 = chat(s, turn2(convs[0], r1[0], 0))
-    assert r2["timings"]["cache_source"] == "ram"
+    assert r2["cache_source"] == "ram"
     assert r2["timings"]["cache_n"] >= 0.95 * r2["usage"]["prompt_tokens"]
     m = s.metrics()
     assert m["thaw_kv_cache_hits_ram_total"] == 1
@@ -492,7 +492,7 @@ def test_a_restore_beside_a_stream_is_assembled_off_the_engine_thread(serve, tmp
     r2 = chat(s, turn2(convs[0], r1, 0))
     m = s.metrics()
     th.join(300)
-    assert r2["timings"]["cache_source"] == "disk"
+    assert r2["cache_source"] == "disk"
     assert r2["timings"]["cache_n"] >= 0.9 * r2["usage"]["prompt_tokens"]
     assert m["thaw_kv_cache_restores_deferred_total"] == 1, "the restore ran on the engine thread"
     assert m["thaw_slots_busy"] >= 1  # the stream was still going

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from harness import THAW, WORDS, chat, conversation, idle, kv_flags, reply
+from harness import THAW, WORDS, chat, conversation, idle, kv_flags, reply, timings
 
 KINDS = {
     "ngram-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3"],
@@ -139,7 +139,7 @@ def test_restored_conversation_drafts_from_its_history(serve, tmp_path):
     s = serve("llama", *flags)
     g, n = forced(s, passage)
     r = s.post("/v1/chat/completions", {"messages": conv2, "max_tokens": n + 4, "temperature": 0, "grammar": g}).json()
-    t = r["timings"]
+    t = timings(r)
     assert reply(r) == passage.strip() or reply(r) == passage
     assert t["cache_source"] == "disk" and t["cache_n"] > 0
     assert t["draft_n"] > 0 and t["draft_n_accepted"] >= n // 2, t

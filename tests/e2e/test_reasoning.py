@@ -172,7 +172,7 @@ def test_a_reply_cut_by_the_budget_is_stored_and_restored(serve, r1, tmp_path):
     for i in (1, 2):
         t = got[i]["timings"]
         assert t["cache_n"] > 0 and t["prompt_n"] <= 24, (i, t)
-    assert got[2]["timings"]["cache_source"] == "disk"
+    assert got[2]["cache_source"] == "disk"
 
 
 def test_budget_with_a_forced_tool_call(serve, r1):

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from harness import chat, conversation, kv_flags, mkmodel, reply, turn2
+from harness import chat, conversation, kv_flags, mkmodel, reply, turn2, timings
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_restart_between_turns_restores_from_disk_with_checkpoints(serve, partia
     s = serve(model, *flags)
     conv2 = turn2(conv, r1, i)
     r2 = chat(s, conv2)
-    t = r2["timings"]
+    t = timings(r2)
     assert t["cache_source"] == "disk", (t, s.log())
     # turn 1's prompt and reply came from disk: only the new user message
     # (and the template's glue around it) is decoded
@@ -71,7 +71,7 @@ def test_restart_between_turns_restores_from_disk_with_checkpoints(serve, partia
 
     # turn 3 from the resident slot of the restored conversation
     r3 = chat(s, turn3(conv2, r2, i))
-    assert r3["timings"]["cache_source"] == "slot"
+    assert r3["cache_source"] == "slot"
     assert r3["timings"]["cache_n"] >= 0.9 * r3["usage"]["prompt_tokens"]
     assert reply(r3) == reply(ref3)
     m = s.metrics()
@@ -118,7 +118,7 @@ def test_recurrent_checkpoints_table(serve, partial_models, tmp_path):
             s.stop()
             s = serve(model, "-np", "1", *flags)
         r2 = chat(s, turn2(conv, r1, 1))
-        rows[name], replies[name] = r2["timings"], (reply(r1), reply(r2))
+        rows[name], replies[name] = timings(r2), (reply(r1), reply(r2))
         s.stop()
     total = rows["off"]["cache_n"] + rows["off"]["prompt_n"]
     # resident (RAM tier, default): the slot rolled back through its checkpoint

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from harness import chat, conversation, kv_flags, mkmodel, reply, turn2
+from harness import chat, conversation, kv_flags, mkmodel, reply, turn2, timings
 
 CONV = conversation(3, 120)
 
@@ -47,7 +47,7 @@ def test_greedy_output_identical_with_and_without_draft(serve, drafts, slots):
 def test_target_as_its_own_draft_accepts_everything(serve, models):
     s = serve("llama", "-np", "1", "-md", models["llama"], "--draft-p-min", "0", "--draft-max", "8")
     r = chat(s, CONV, 64)
-    t = r["timings"]
+    t = timings(r)
     assert t["draft_n"] > 0
     assert t["draft_n_accepted"] >= 0.95 * t["draft_n"]
     m = s.metrics()
@@ -86,7 +86,7 @@ def test_dft_restored_after_restart_and_corruption_costs_only_the_draft(serve, d
     assert glob.glob(str(tmp_path / "*.dft")), "no .dft stored"
     s = serve("llama", *flags)
     r2 = chat(s, turn2(CONV, r1, 3), 24)
-    t = r2["timings"]
+    t = timings(r2)
     assert t["cache_source"] == "disk"
     # both contexts got the reused prefix back
     assert t["draft_restored"] >= t["cache_n"] > 0
@@ -107,7 +107,7 @@ def test_dft_restored_after_restart_and_corruption_costs_only_the_draft(serve, d
         f.write(b"\x00\xff\x00\xff")
     s = serve("llama", *flags)
     r = chat(s, turn2(CONV, r1, 3), 24)
-    assert r["timings"]["cache_source"] == "disk" and r["timings"]["cache_n"] > 0
+    assert r["cache_source"] == "disk" and r["timings"]["cache_n"] > 0
     assert r["timings"]["draft_restored"] == 0
     assert reply(r) == want
     s.stop()
@@ -116,7 +116,7 @@ def test_dft_restored_after_restart_and_corruption_costs_only_the_draft(serve, d
         os.unlink(f)
     s = serve("llama", *flags)
     r = chat(s, turn2(CONV, r1, 3), 24)
-    assert r["timings"]["cache_source"] == "disk" and r["timings"]["draft_restored"] == 0
+    assert r["cache_source"] == "disk" and r["timings"]["draft_restored"] == 0
     assert reply(r) == want
 
 
@@ -128,12 +128,12 @@ def test_entries_without_draft_serve_a_server_with_one_and_back(serve, drafts, t
     s.stop()
     s = serve("llama", *spec_flags)
     r2 = chat(s, turn2(CONV, r1, 3), 24)
-    assert r2["timings"]["cache_source"] == "disk"
+    assert r2["cache_source"] == "disk"
     s.stop()
     conv3 = turn2(CONV, r1, 3) + [{"role": "assistant", "content": reply(r2)},
                                   {"role": "user", "content": "Once more."}]
     s = serve("llama", *plain_flags)
-    assert chat(s, conv3, 8)["timings"]["cache_source"] == "disk"
+    assert chat(s, conv3, 8)["cache_source"] == "disk"
 
 
 def test_hybrid_target_with_a_draft_model(serve, tmp_path):

@@ -39,7 +39,7 @@ import re
 import pytest
 
 from harness import (VULKAN_ENV, assistant, chat, drained, idle, list_devices, mkmodel, placement, reply, system,
-                     text, user)
+                     text, timings, user)
 
 pytestmark = pytest.mark.skipif(not os.environ.get("THAW_TEST_VULKAN"),
                                 reason="the Vulkan pass (THAW_TEST_VULKAN=1; scripts/test.sh runs it)")
@@ -105,7 +105,7 @@ def restored_turn(serve, m, d, conv, *args, env=VULKAN_ENV):
 
 
 def from_disk(r):
-    t = r["timings"]
+    t = timings(r)
     assert t["cache_source"] in ("disk", "blocks"), t
     # all but the new question and its template (~30 tokens)
     assert t["cache_n"] >= r["usage"]["prompt_tokens"] - 40, (t, r["usage"])
@@ -153,7 +153,7 @@ def test_restart_continues_and_shares_a_prefix_as_the_reference(serve, vk_models
     assert reply(r) == refb
     # the stored prefix's blocks, an SWA model's too: the tap took its SWA
     # rows from the device as the graph wrote them
-    t = r["timings"]
+    t = timings(r)
     assert t["cache_source"] == "blocks" and t["cache_n"] >= 3 * B, t
     idle(s)
     r = chat(s, a2, N)
@@ -194,7 +194,7 @@ def test_image_conversation_on_the_device_restored_as_the_reference(serve, tmp_p
     s = on_device(serve, m, *disk(tmp_path / "kv"), *proj)
     r = chat(s, b, N)
     assert reply(r) == refb
-    assert r["timings"]["cache_source"] == "blocks" and r["timings"]["cache_n"] > 64, r["timings"]
+    assert r["cache_source"] == "blocks" and r["timings"]["cache_n"] > 64, r["timings"]
     idle(s)
     r = chat(s, a2, N)
     assert reply(r) == ref2

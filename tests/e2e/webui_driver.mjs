@@ -56,7 +56,7 @@ try {
       chunk({ tool_calls: [{ index: 0, function: { arguments: '"Paris"}' } }] }),
       'data: ' + JSON.stringify({ object: 'chat.completion.chunk', choices: [{ index: 0, delta: {}, finish_reason: 'tool_calls' }],
         timings: { cache_n: 900, prompt_n: 20, prompt_ms: 10, prompt_per_token_ms: 0.5, predicted_n: 30, predicted_ms: 300,
-          cache_source: 'blocks', restore_ms: 12.5 } }) + '\n\n',
+          restore_ms: 12.5 }, cache_source: 'blocks' }) + '\n\n',
       'data: ' + JSON.stringify({ object: 'chat.completion.chunk', choices: [], usage: { prompt_tokens: 920, completion_tokens: 30 } }) + '\n\n',
       'data: [DONE]\n\n',
     ].join('');
