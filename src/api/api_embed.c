@@ -197,8 +197,21 @@ int thaw_api_parse_embed(const char *body, size_t len, bool oai_route, const str
             snprintf(what, sizeof what, "input %zu", i);
         else
             snprintf(what, sizeof what, "input");
+        if (json_is_object(one)) { /* llama-server's JSON prompt: {"prompt_string", "multimodal_data"?} */
+            json_t *media = json_object_get(one, "multimodal_data");
+            if (media && !(json_is_array(media) && json_array_size(media) == 0)) {
+                rc = fail(err, errlen, "%s: multimodal_data: this server embeds text only (images are read by the "
+                          "chat routes)", what);
+                goto out;
+            }
+            one = json_object_get(one, "prompt_string"); /* json_is_string evaluates its argument twice */
+            if (!json_is_string(one)) {
+                rc = fail(err, errlen, "%s as an object needs a string 'prompt_string'", what);
+                goto out;
+            }
+        }
         if (many && !json_is_string(one) && !json_is_array(one)) {
-            rc = fail(err, errlen, "%s must be a string or a list of token ids (and strings)", what);
+            rc = fail(err, errlen, "%s must be a string, a list of token ids (and strings) or a JSON prompt", what);
             goto out;
         }
         if ((rc = tokenize_input(chat, one, what, &out->prompts[i], &out->n_prompt[i], err, errlen)) != 0)

@@ -1409,10 +1409,6 @@ static int check_model(struct thaw_config *cfg)
         fprintf(stderr, "thaw: --embedding computes no tokens for a draft model to guess: drop -md\n");
         return THAW_EINVAL;
     }
-    if (cfg->mmproj_path && cfg->embedding) {
-        fprintf(stderr, "thaw: --embedding takes text only: drop --mmproj\n");
-        return THAW_EINVAL;
-    }
     if (cfg->mmproj_path && cfg->draft_path) {
         fprintf(stderr, "thaw: a draft model (-md) cannot read images yet: drop -md or --mmproj\n");
         return THAW_EINVAL;
@@ -1420,6 +1416,14 @@ static int check_model(struct thaw_config *cfg)
     if (cfg->media_path && !cfg->mmproj_path) {
         fprintf(stderr, "thaw: --media-path serves images: it needs --mmproj\n");
         return THAW_EINVAL;
+    }
+    if (cfg->mmproj_path && cfg->embedding) {
+        /* llama-server starts so (a vision model's command line with
+         * --embedding added); thaw embeds text only, so the projector is
+         * not loaded and an image sent to /embeddings is a 400 */
+        fprintf(stderr, "thaw: --embedding embeds text only: --mmproj %s is not loaded\n", cfg->mmproj_path);
+        cfg->mmproj_path = NULL;
+        cfg->media_path = NULL;
     }
     if (cfg->n_threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);

@@ -187,6 +187,25 @@ def test_pooling_none_gives_a_vector_per_token(servers, emodels):
     assert s.get("/props").json()["pooling"] == "none"
 
 
+def test_json_prompts_and_a_vision_models_command_line(servers, emodels, tmp_path):
+    # llama-server's JSON prompt ({"prompt_string"}) embeds as its text; a
+    # vision model's command line with --embedding starts (the projector is
+    # not loaded: text only, said at start), and an image is a clear 400
+    model = mkmodel(tmp_path / "g3.gguf", "--arch", "gemma3", "--seed", "9", "--mmproj", str(tmp_path / "mm.gguf"))
+    s = servers(model, "--embedding", "--mmproj", str(tmp_path / "mm.gguf"), "-b", "256", "-ub", "256")
+    assert "--embedding embeds text only: --mmproj" in s.log()
+    r = s.post("/embeddings", {"content": [{"prompt_string": TEXTS[0]}, TEXTS[0], {"prompt_string": TEXTS[1],
+                                                                                    "multimodal_data": []}]})
+    assert r.status_code == 200, r.text
+    rows = [d["embedding"] for d in r.json()]
+    assert rows[0] == rows[1] and rows[0] != rows[2]
+    img = base64.b64encode(b"not an image").decode()
+    for content in ([{"prompt_string": "What is this: <__media__>\n", "multimodal_data": [img]}],
+                    {"prompt_string": "What is this:\n", "multimodal_data": [img]}):
+        assert "embeds text only" in error(s.post("/embeddings", {"content": content}), 400)
+    assert s.post("/embeddings", {"content": TEXTS[2]}).status_code == 200  # and it keeps serving
+
+
 def test_a_decoder_model_serves_embeddings(servers, emodels):
     # a llama: KV memory, causal; the slot's cells are emptied after each prompt
     for pooling in ("mean", "last"):
