@@ -27,6 +27,7 @@ struct thaw_http;
  * return (thaw_http_conn_ref) to wake it or ask whether the client is still
  * there; it stays valid (answering "gone") after the client left. */
 struct thaw_http_conn;
+struct thaw_replay;
 
 struct thaw_http_request {
     const char *method;
@@ -37,7 +38,10 @@ struct thaw_http_request {
     const char *x_api_key;     /* x-api-key header (Anthropic's clients) or NULL */
     const char *origin;        /* Origin header or NULL (browsers) */
     const char *cors_request_headers; /* a preflight's Access-Control-Request-Headers, or NULL */
-    const char *conversation_id; /* X-Conversation-Id header or NULL (what a proxy routes on) */
+    const char *conversation_id; /* X-Conversation-Id header or NULL (what a proxy routes on, and a
+                                  * stream's replay is kept under: replay.h) */
+    struct thaw_replay *replay;  /* server.c's: the replay a request opened while it waited for its
+                                  * model (borrowed; the route that streams it takes a reference) */
     struct thaw_http_conn *conn; /* borrowed for the handler's duration */
 };
 

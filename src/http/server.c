@@ -29,9 +29,11 @@
 #include "engine/slots_view.h"
 #include "engine/task.h"
 #include "http/http.h"
+#include "http/replay.h"
 #include "http/stream.h"
 #include "http/webui.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
@@ -64,6 +66,16 @@ static void set_json(struct thaw_http_response *r, int status, char *body)
     r->content_type = "application/json";
     r->body = body;
     r->n_body = body ? strlen(body) : 0;
+}
+
+/* A 200 whose body is an event stream `read` produces from `ud` (freed by `free_fn`). */
+static void set_sse(struct thaw_http_response *r, thaw_http_stream_fn read, void *ud, void (*free_fn)(void *))
+{
+    r->status = 200;
+    r->content_type = "text/event-stream; charset=utf-8";
+    r->stream = read;
+    r->stream_ud = ud;
+    r->stream_free = free_fn;
 }
 
 static void set_error(struct server *srv, struct thaw_http_response *r, int status, const char *msg)
@@ -126,6 +138,25 @@ static void client_wake(void *ud) { thaw_http_wake(ud); }
 static bool client_alive(void *ud) { return thaw_http_conn_alive(ud); }
 static void client_release(void *ud) { thaw_http_conn_unref(ud); }
 static const struct thaw_task_client http_client = {client_wake, client_alive, client_release};
+
+/* A stream kept for replay (X-Conversation-Id, replay.h) reaches its
+ * connection the same way, but lives while its replay is not cancelled:
+ * the reply goes on when the client leaves (a page reload). */
+struct replay_client {
+    struct thaw_http_conn *conn;
+    struct thaw_replay *replay;
+};
+static void replay_wake(void *ud) { thaw_http_wake(((struct replay_client *)ud)->conn); }
+static bool replay_alive(void *ud) { return !thaw_replay_cancelled(((struct replay_client *)ud)->replay); }
+static void replay_release(void *ud)
+{
+    struct replay_client *rc = ud;
+
+    thaw_http_conn_unref(rc->conn);
+    thaw_replay_unref(rc->replay);
+    free(rc);
+}
+static const struct thaw_task_client replay_client = {replay_wake, replay_alive, replay_release};
 
 /* What a server started with --embedding answers on the chat routes, in
  * each API's error shape (llama-server's --embedding is "restricted to
@@ -321,13 +352,52 @@ static ssize_t held_stream_read(void *ud, char *buf, size_t max)
     return thaw_stream_read(((struct held_stream *)ud)->st, buf, max);
 }
 
-static void held_stream_free(void *ud)
+static void held_stream_end(void *ud)
 {
     struct held_stream *hs = ud;
 
     thaw_stream_free(hs->st);
     thaw_models_release(hs->srv->models, hs->mdl);
     free(hs);
+}
+
+/* The connection is done with it: a stream kept for replay whose client
+ * left goes on (its model held) until its reply ends. */
+static void held_stream_free(void *ud)
+{
+    struct held_stream *hs = ud;
+
+    if (!thaw_stream_detach(hs->st, held_stream_end, hs))
+        held_stream_end(hs);
+}
+
+/* The replay a streamed request with X-Conversation-Id fills (the one it
+ * opened while its model loaded, or a new one), its task's client made to
+ * live while the replay does. NULL: none (no id), or out of memory (then
+ * the stream is not kept: it still streams). */
+static struct thaw_replay *replay_for(const struct thaw_http_request *hr, struct thaw_task *t)
+{
+    struct thaw_replay *rp;
+    struct replay_client *rc;
+
+    if (!hr->conversation_id || !*hr->conversation_id)
+        return NULL;
+    if (hr->replay)
+        thaw_replay_ref(rp = hr->replay);
+    else if (!(rp = thaw_replay_open(hr->conversation_id, false)))
+        return NULL;
+    if (!(rc = calloc(1, sizeof *rc))) {
+        thaw_replay_forget(rp);
+        thaw_replay_unref(rp);
+        return NULL;
+    }
+    thaw_replay_loaded(rp);
+    thaw_replay_ref(rp);
+    rc->conn = t->client_ud; /* build_task's reference, now the replay client's */
+    rc->replay = rp;
+    t->client = &replay_client;
+    t->client_ud = rc;
+    return rp;
 }
 
 /* A body with several prompts (codec.h's split): a task per prompt, each
@@ -422,27 +492,33 @@ static void route_chat(struct server *srv, struct thaw_model *mdl, const struct 
         thaw_task_release(t);
         return;
     }
-    if (submit(srv, mdl, t, r, c) != 0)
+    struct thaw_replay *rp = t->req.stream ? replay_for(hr, t) : NULL;
+    if (submit(srv, mdl, t, r, c) != 0) {
+        if (rp) {
+            thaw_replay_forget(rp);
+            thaw_replay_unref(rp);
+        }
         return;
+    }
 
     if (t->req.stream) {
         char id[48];
         make_id(c->id_prefix, id);
         struct held_stream *hs = calloc(1, sizeof *hs);
-        if (!hs || !(hs->st = thaw_stream_new(c, t, id, time(NULL)))) {
+        if (!hs || !(hs->st = thaw_stream_new(c, t, id, time(NULL), rp))) {
             free(hs);
             thaw_task_abandon(t);
+            if (rp) {
+                thaw_replay_forget(rp);
+                thaw_replay_unref(rp);
+            }
             set_codec_error(r, c, 500, "out of memory");
             return;
         }
         hs->srv = srv;
         hs->mdl = mdl;
         thaw_models_hold(srv->models, mdl);
-        r->status = 200;
-        r->content_type = "text/event-stream; charset=utf-8";
-        r->stream = held_stream_read;
-        r->stream_ud = hs;
-        r->stream_free = held_stream_free;
+        set_sse(r, held_stream_read, hs, held_stream_free);
         return;
     }
     /* the connection sleeps until the engine is done (no thread waits) */
@@ -915,11 +991,92 @@ static void route_models_sse(struct server *srv, struct thaw_model *mdl, const s
     st->sub.wake = client_wake;
     st->sub.ud = hr->conn;
     st->cursor = thaw_models_subscribe(srv->models, &st->sub);
-    r->status = 200;
-    r->content_type = "text/event-stream; charset=utf-8";
-    r->stream = models_sse_read;
-    r->stream_ud = st;
-    r->stream_free = models_sse_free;
+    set_sse(r, models_sse_read, st, models_sse_free);
+}
+
+/* ---- resumable streams (replay.h) ---- */
+
+/* GET /v1/stream?conv_id=ID&from=N: the stream kept under ID from byte N
+ * (what the client had received), then live to the reply's end. */
+static void route_stream_get(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                             const uint8_t *ns, struct thaw_http_response *r)
+{
+    const char *id = thaw_http_query(hr->conn, "conv_id"), *from_s = thaw_http_query(hr->conn, "from");
+    struct thaw_replay_reader *rd;
+    unsigned long long from = 0;
+    char *end;
+
+    (void)mdl;
+    (void)ns;
+    if (!id || !*id) {
+        set_error(srv, r, 400, "Missing conversation id: GET /v1/stream?conv_id=ID&from=N");
+        return;
+    }
+    if (from_s && *from_s) {
+        errno = 0;
+        from = strtoull(from_s, &end, 10);
+        if (errno || *end || *from_s == '-') {
+            set_error(srv, r, 400, "Invalid 'from' offset: a byte count of the stream");
+            return;
+        }
+    }
+    int rc = thaw_replay_reader_new(id, (size_t)from, hr->conn, &rd);
+    if (rc == THAW_ENOTFOUND)
+        set_error(srv, r, 404, "Stream not found or expired");
+    else if (rc == THAW_EBUSY)
+        set_error(srv, r, 503, "Its model is loading: retry");
+    else if (rc == THAW_EINVAL)
+        set_error(srv, r, 400, "Stream offset lost, please restart");
+    else if (rc != 0)
+        set_error(srv, r, 500, "out of memory");
+    if (rc != 0)
+        return;
+    set_sse(r, thaw_replay_reader_read, rd, thaw_replay_reader_free);
+}
+
+/* DELETE /v1/stream?conv_id=ID: the user's Stop. The reply is cancelled
+ * (a request still waiting for its model too) and its stream forgotten;
+ * 204 whether there was one or not, as llama-server's. */
+static void route_stream_delete(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                                const uint8_t *ns, struct thaw_http_response *r)
+{
+    const char *id = thaw_http_query(hr->conn, "conv_id");
+
+    (void)mdl;
+    (void)ns;
+    if (!id || !*id) {
+        set_error(srv, r, 400, "Missing conversation id: DELETE /v1/stream?conv_id=ID");
+        return;
+    }
+    (void)thaw_replay_cancel(id);
+    set_json(r, 204, strdup(""));
+}
+
+/* POST /v1/streams/lookup {"conversation_ids": [...]}: the streams kept
+ * under the ids the client names (never any other). */
+static void route_streams_lookup(struct server *srv, struct thaw_model *mdl, const struct thaw_http_request *hr,
+                                 const uint8_t *ns, struct thaw_http_response *r)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(hr->body, hr->n_body, 0, &jerr), *ids = json_object_get(root, "conversation_ids"), *v;
+    const char *names[64];
+    int n = 0;
+    size_t i;
+
+    (void)mdl;
+    (void)ns;
+    if (!json_is_object(root) || (ids && !json_is_array(ids))) {
+        set_error(srv, r, 400, "invalid body: {\"conversation_ids\": [\"id\", ...]}");
+        json_decref(root);
+        return;
+    }
+    json_array_foreach(ids, i, v)
+        if (json_is_string(v) && n < (int)(sizeof names / sizeof names[0]))
+            names[n++] = json_string_value(v);
+    set_json(r, 200, thaw_replay_lookup_json(names, n));
+    json_decref(root);
+    if (!r->body)
+        set_error(srv, r, 500, "out of memory");
 }
 
 /* GET /props with many models and no ?model=: llama-server's router
@@ -1337,6 +1494,9 @@ static const struct route {
     {"/models/load", NULL, "POST", route_models_load, NULL, NULL, false, false, true},
     {"/models/unload", NULL, "POST", route_models_unload, NULL, NULL, false, false, false},
     {"/models/sse", NULL, "GET", route_models_sse, NULL, NULL, false, false, false},
+    {"/v1/stream", NULL, "GET", route_stream_get, NULL, NULL, false, false, false},
+    {"/v1/stream", NULL, "DELETE", route_stream_delete, NULL, NULL, false, false, false},
+    {"/v1/streams/lookup", NULL, "POST", route_streams_lookup, NULL, NULL, false, false, false},
 };
 
 /* The shape a route's errors take: its codec's, else OpenAI's. */
@@ -1481,6 +1641,8 @@ struct model_wait {
     thaw_http_resume_fn resume;  /* the route's own deferral, once it runs */
     void *resume_ud;
     void (*resume_free)(void *);
+    struct thaw_replay *replay;  /* a chat request with X-Conversation-Id: its replay, loading while it
+                                  * waits (GET /v1/stream answers 503; DELETE cancels the wait) */
 };
 
 static void model_wait_free(void *ud)
@@ -1494,6 +1656,10 @@ static void model_wait_free(void *ud)
         thaw_models_release(w->srv->models, w->held);
     if (w->resume_free)
         w->resume_free(w->resume_ud);
+    if (w->replay) {
+        thaw_replay_abort(w->replay); /* no stream took it */
+        thaw_replay_unref(w->replay);
+    }
     thaw_http_conn_unref(w->hr.conn);
     free(w->name);
     free(w);
@@ -1553,14 +1719,21 @@ static bool hold_model(struct model_wait *w, struct thaw_model *mdl)
 static void model_step(struct model_wait *w, struct thaw_http_response *r)
 {
     struct thaw_model *mdl = w->held;
-    bool gone = false;
+    bool gone = false, cancelled = false;
     int rc = 0;
 
     if (mdl) {
         w->held = NULL; /* held: its hold is over */
+        if (w->replay && (cancelled = thaw_replay_cancelled(w->replay))) {
+            thaw_models_release(w->srv->models, mdl);
+            mdl = NULL;
+        }
     } else {
         rc = thaw_models_try(w->srv->models, w->name, w->autoload, &w->watch, &mdl);
-        if (rc == THAW_EPENDING && (gone = !thaw_http_conn_alive(w->hr.conn))) {
+        if (rc == THAW_EPENDING && w->replay && (cancelled = thaw_replay_cancelled(w->replay))) {
+            thaw_models_unwatch(w->srv->models, &w->watch);
+            rc = THAW_ETIMEDOUT;
+        } else if (rc == THAW_EPENDING && (gone = !thaw_http_conn_alive(w->hr.conn))) {
             rc = THAW_ETIMEDOUT; /* its watch ends with it (model_wait_free), ignored by the loader meanwhile */
         } else if (rc == THAW_EPENDING && thaw_now_us() >= w->deadline_us) {
             thaw_models_unwatch(w->srv->models, &w->watch);
@@ -1576,7 +1749,10 @@ static void model_step(struct model_wait *w, struct thaw_http_response *r)
             return;
         }
     }
-    if (gone) {
+    if (cancelled) {
+        set_codec_error(r, errors_of(w->rt), 400,
+                        "the request was cancelled (DELETE /v1/stream) while its model was loading");
+    } else if (gone) {
         set_codec_error(r, errors_of(w->rt), 503, "the client left while its model was loading");
     } else if (rc != 0) {
         model_error(w->rt, w->srv, w->name, rc, r);
@@ -1653,6 +1829,8 @@ static void serve_with_model(struct server *srv, const struct route *rt, const s
     w->watch.alive = client_alive;
     w->watch.ud = hr->conn;
     thaw_http_conn_ref(hr->conn);
+    if (rt->serve == route_chat && hr->conversation_id && *hr->conversation_id)
+        w->hr.replay = w->replay = thaw_replay_open(hr->conversation_id, true);
     model_step(w, r);
 }
 
@@ -2171,6 +2349,7 @@ int thaw_serve(const struct thaw_config *cfg)
     code = 0;
 out_engine:
     thaw_stream_pinger_stop();
+    thaw_replay_shutdown();
     thaw_models_free(srv->models);
     if (code == 0)
         LOG_INF("shut down in %.1f s", (double)(thaw_now_us() - t_stop) / 1e6);

@@ -5,7 +5,8 @@
  * Map:
  *   ---- framing ----    the pending bytes: "event:" / "data:" lines (the codec's put)
  *   ---- the reply ----  the task's news -> the codec's step (api/codec.h) -> framed bytes
- *   ---- pings ----      --sse-ping-interval: one thread wakes silent streams, which send ":"
+ *   ---- the thread ---- one thread: wakes silent streams (--sse-ping-interval), which send ":",
+ *                        and reads on the replies whose client left (replay.h) to their end
  *
  * What the events are and say is the codec's: this file names no API.
  */
@@ -14,7 +15,9 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "http/http.h"
+#include "http/replay.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,6 +34,11 @@ struct thaw_stream {
     struct thaw_reply reply;      /* once the task is done */
     struct thaw_buf pending;      /* framed bytes; those before off_pending went to the socket */
     size_t off_pending;
+    struct thaw_replay *replay;   /* X-Conversation-Id: every framed byte goes there too; NULL: none */
+    void (*on_end)(void *ud);     /* detached (its client left): called once the drainer is done */
+    void *on_end_ud;
+    bool detached;                /* the thread reads it on (under the thread's lock) */
+    struct thaw_stream *ended;    /* the thread's list of detached streams done with */
 
     _Atomic int64_t last_out_us; /* when bytes last went to the socket (the pinger reads it) */
     struct thaw_stream *prev, *next; /* the pinger's list */
@@ -56,6 +64,14 @@ static int frame(void *sink, const char *event, const char *data)
     thaw_buf_puts(b, "data: ");
     thaw_buf_puts(b, data);
     return thaw_buf_puts(b, "\n\n");
+}
+
+/* The bytes framed since `from` into the replay, if any (pings are not:
+ * they say nothing of the reply). */
+static void tee(struct thaw_stream *st, size_t from)
+{
+    if (st->replay && st->pending.len > from)
+        thaw_replay_append(st->replay, st->pending.data + from, st->pending.len - from);
 }
 
 /* ---- the reply ---------------------------------------------------------------------- */
@@ -90,7 +106,9 @@ static int refill(struct thaw_stream *st)
             nw.reply = &st->reply;
         }
     }
+    size_t from = st->pending.len;
     rc = thaw_codec_stream_step(&st->cs, &nw);
+    tee(st, from);
     free(tn.text);
     return rc;
 }
@@ -121,7 +139,8 @@ ssize_t thaw_stream_read(void *ud, char *buf, size_t max)
     return (ssize_t)n;
 }
 
-struct thaw_stream *thaw_stream_new(const struct thaw_codec *codec, struct thaw_task *t, const char *id, long created)
+struct thaw_stream *thaw_stream_new(const struct thaw_codec *codec, struct thaw_task *t, const char *id, long created,
+                                    struct thaw_replay *replay)
 {
     struct thaw_stream *st = calloc(1, sizeof *st);
 
@@ -140,6 +159,7 @@ struct thaw_stream *thaw_stream_new(const struct thaw_codec *codec, struct thaw_
     st->cs.rd = &st->rd;
     st->cs.put = frame;
     st->cs.sink = st;
+    st->replay = replay;
     atomic_store(&st->last_out_us, thaw_now_us());
     pinger_add(st);
     return st;
@@ -150,17 +170,26 @@ void thaw_stream_free(void *ud)
     struct thaw_stream *st = ud;
 
     pinger_remove(st);
+    if (st->replay) {
+        thaw_replay_finish(st->replay);
+        thaw_replay_unref(st->replay);
+    }
     thaw_task_abandon(st->task);
     thaw_buf_free(&st->pending);
     thaw_codec_stream_free(&st->cs);
     free(st);
 }
 
-/* ---- pings -------------------------------------------------------------------------- */
+/* ---- the thread --------------------------------------------------------------------- */
 
-/* Every open stream is on one list; once a second the pinger wakes those
+/* Every open stream is on one list; once a second the thread wakes those
  * that have sent nothing for the interval (a long prefill, a slow queue),
- * and their read sends the comment. Lock order: list, then a task's mu. */
+ * and their read sends the comment. A stream whose client left with a
+ * replay to fill is detached: the thread reads its reply on (every
+ * DRAIN_MS while there is one: its client is gone, so nothing wakes it)
+ * into the replay, to the end or a cancel. Lock order: list, then a
+ * task's mu. */
+#define DRAIN_MS 50
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -182,9 +211,9 @@ static void pinger_add(struct thaw_stream *st)
     pthread_mutex_unlock(&pinger.mu);
 }
 
-static void pinger_remove(struct thaw_stream *st)
+/* Takes st off the list. With pinger.mu held. */
+static void unlist_locked(struct thaw_stream *st)
 {
-    pthread_mutex_lock(&pinger.mu);
     if (st->prev)
         st->prev->next = st->next;
     else
@@ -192,26 +221,112 @@ static void pinger_remove(struct thaw_stream *st)
     if (st->next)
         st->next->prev = st->prev;
     st->prev = st->next = NULL;
+}
+
+/* A detached stream done with: off the list, onto `*ended`. With pinger.mu held. */
+static void end_locked(struct thaw_stream *st, struct thaw_stream **ended)
+{
+    st->detached = false; /* its end frees it: off the list first */
+    unlist_locked(st);
+    st->ended = *ended;
+    *ended = st;
+}
+
+static void pinger_remove(struct thaw_stream *st)
+{
+    pthread_mutex_lock(&pinger.mu);
+    if (st->prev || pinger.head == st) /* else not listed: a detached stream, ended */
+        unlist_locked(st);
     pthread_mutex_unlock(&pinger.mu);
+}
+
+/* A detached stream's news into its replay (the framed bytes go nowhere
+ * else). True when it is done: ended, cancelled, or out of memory. */
+static bool drain(struct thaw_stream *st)
+{
+    for (;;) {
+        thaw_buf_truncate(&st->pending, 0);
+        st->off_pending = 0;
+        if (st->cs.finished || thaw_replay_cancelled(st->replay))
+            return true;
+        int rc = refill(st);
+        if (rc == THAW_CODEC_WAIT)
+            return false;
+        if (rc != 0)
+            return true;
+    }
+}
+
+bool thaw_stream_detach(struct thaw_stream *st, void (*on_end)(void *ud), void *ud)
+{
+    if (!st->replay || st->cs.finished || thaw_replay_cancelled(st->replay))
+        return false;
+    pthread_mutex_lock(&pinger.mu);
+    bool ok = pinger.running && !pinger.stop;
+    if (ok) {
+        st->on_end = on_end;
+        st->on_end_ud = ud;
+        st->detached = true;
+        pthread_cond_signal(&pinger.cv);
+    }
+    pthread_mutex_unlock(&pinger.mu);
+    if (ok)
+        LOG_INF("a stream's client left: its reply goes on into its replay (GET /v1/stream)");
+    return ok;
+}
+
+/* Ends the streams on `ended` (without the list's lock: ending frees). */
+static void end_all(struct thaw_stream *ended)
+{
+    while (ended) {
+        struct thaw_stream *st = ended;
+        ended = st->ended;
+        st->on_end(st->on_end_ud);
+    }
 }
 
 static void *pinger_main(void *ud)
 {
+    bool draining = false;
+
     (void)ud;
     pthread_mutex_lock(&pinger.mu);
     while (!pinger.stop) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 1;
+        if (draining) {
+            until.tv_nsec += DRAIN_MS * 1000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+        } else {
+            until.tv_sec += 1;
+        }
         pthread_cond_timedwait(&pinger.cv, &pinger.mu, &until);
         int64_t now = thaw_now_us();
-        for (struct thaw_stream *st = pinger.head; st && !pinger.stop; st = st->next) {
+        struct thaw_stream *ended = NULL, *next;
+        draining = false;
+        for (struct thaw_stream *st = pinger.head; st && !pinger.stop; st = next) {
             struct thaw_task *t = st->task;
-            if (now - atomic_load(&st->last_out_us) < ping_us() || !t->client || !t->client->wake)
+            next = st->next;
+            if (st->detached) {
+                if (drain(st))
+                    end_locked(st, &ended);
+                else
+                    draining = true;
+                continue;
+            }
+            if (ping_us() <= 0 || now - atomic_load(&st->last_out_us) < ping_us() || !t->client || !t->client->wake)
                 continue;
             pthread_mutex_lock(&t->mu); /* wake's contract: called with the task's mu held */
             t->client->wake(t->client_ud);
             pthread_mutex_unlock(&t->mu);
+        }
+        if (ended) {
+            pthread_mutex_unlock(&pinger.mu);
+            end_all(ended);
+            pthread_mutex_lock(&pinger.mu);
         }
     }
     pthread_mutex_unlock(&pinger.mu);
@@ -220,9 +335,7 @@ static void *pinger_main(void *ud)
 
 int thaw_stream_pinger_start(int interval_s)
 {
-    if (interval_s <= 0)
-        return 0;
-    atomic_store(&pinger.interval_us, (int64_t)interval_s * 1000000);
+    atomic_store(&pinger.interval_us, interval_s > 0 ? (int64_t)interval_s * 1000000 : 0);
     pinger.stop = false;
     if (pthread_create(&pinger.thread, NULL, pinger_main, NULL) != 0) {
         atomic_store(&pinger.interval_us, 0);
@@ -241,6 +354,16 @@ void thaw_stream_pinger_stop(void)
     pthread_cond_signal(&pinger.cv);
     pthread_mutex_unlock(&pinger.mu);
     pthread_join(pinger.thread, NULL);
+    /* the detached streams left end now (their replays finish) */
+    struct thaw_stream *ended = NULL;
+    pthread_mutex_lock(&pinger.mu);
+    for (struct thaw_stream *st = pinger.head, *next; st; st = next) {
+        next = st->next;
+        if (st->detached)
+            end_locked(st, &ended);
+    }
     pinger.running = false;
+    pthread_mutex_unlock(&pinger.mu);
+    end_all(ended);
     atomic_store(&pinger.interval_us, 0);
 }
