@@ -68,6 +68,15 @@ static void free_session(struct thaw_replay *r)
     free(r);
 }
 
+/* The stream's end (the TTL starts); readers end where it stops. With mu held. */
+static void end_locked(struct thaw_replay *r)
+{
+    if (!r->done) {
+        r->done = true;
+        r->completed_s = now_s();
+    }
+}
+
 /* Drops a reference; frees on the last. With mu held. */
 static void unref_locked(struct thaw_replay *r)
 {
@@ -87,10 +96,7 @@ static void unlist_locked(struct thaw_replay *r)
     *p = r->next;
     r->next = NULL;
     r->listed = false;
-    if (!r->done) { /* nobody will read on: readers end */
-        r->done = true;
-        r->completed_s = now_s();
-    }
+    end_locked(r); /* nobody will read on: readers end */
     wake_locked(r);
     unref_locked(r);
 }
@@ -175,12 +181,8 @@ void thaw_replay_append(struct thaw_replay *r, const char *data, size_t n)
             thaw_buf_truncate(&r->bytes, r->bytes.len - drop);
             r->dropped += drop;
         }
-        if (thaw_buf_append(&r->bytes, data, n) != 0) {
-            /* out of memory: what is kept no longer follows on; readers
-             * end where it stops rather than skip bytes */
-            r->done = true;
-            r->completed_s = now_s();
-        }
+        if (thaw_buf_append(&r->bytes, data, n) != 0)
+            end_locked(r); /* out of memory: readers end here rather than skip bytes */
         wake_locked(r);
     }
     pthread_mutex_unlock(&mu);
@@ -196,11 +198,8 @@ void thaw_replay_loaded(struct thaw_replay *r)
 void thaw_replay_finish(struct thaw_replay *r)
 {
     pthread_mutex_lock(&mu);
-    if (!r->done) {
-        r->done = true;
-        r->loading = false;
-        r->completed_s = now_s();
-    }
+    r->loading = false;
+    end_locked(r);
     wake_locked(r);
     pthread_mutex_unlock(&mu);
 }

@@ -371,6 +371,15 @@ static void held_stream_free(void *ud)
         held_stream_end(hs);
 }
 
+/* A replay no stream will fill (its request failed): forgotten, its reference dropped. */
+static void replay_drop(struct thaw_replay *rp)
+{
+    if (rp) {
+        thaw_replay_forget(rp);
+        thaw_replay_unref(rp);
+    }
+}
+
 /* The replay a streamed request with X-Conversation-Id fills (the one it
  * opened while its model loaded, or a new one), its task's client made to
  * live while the replay does. NULL: none (no id), or out of memory (then
@@ -387,8 +396,7 @@ static struct thaw_replay *replay_for(const struct thaw_http_request *hr, struct
     else if (!(rp = thaw_replay_open(hr->conversation_id, false)))
         return NULL;
     if (!(rc = calloc(1, sizeof *rc))) {
-        thaw_replay_forget(rp);
-        thaw_replay_unref(rp);
+        replay_drop(rp);
         return NULL;
     }
     thaw_replay_loaded(rp);
@@ -494,10 +502,7 @@ static void route_chat(struct server *srv, struct thaw_model *mdl, const struct 
     }
     struct thaw_replay *rp = t->req.stream ? replay_for(hr, t) : NULL;
     if (submit(srv, mdl, t, r, c) != 0) {
-        if (rp) {
-            thaw_replay_forget(rp);
-            thaw_replay_unref(rp);
-        }
+        replay_drop(rp);
         return;
     }
 
@@ -508,10 +513,7 @@ static void route_chat(struct server *srv, struct thaw_model *mdl, const struct 
         if (!hs || !(hs->st = thaw_stream_new(c, t, id, time(NULL), rp))) {
             free(hs);
             thaw_task_abandon(t);
-            if (rp) {
-                thaw_replay_forget(rp);
-                thaw_replay_unref(rp);
-            }
+            replay_drop(rp);
             set_codec_error(r, c, 500, "out of memory");
             return;
         }
