@@ -31,7 +31,10 @@ class Server:
         """model: a GGUF path for -m, or None. timeout: seconds to wait for "listening on" (a device's first
         start compiles its pipelines: minutes on lavapipe, cold)."""
         # model None: the args name the models (--models-dir)
-        self.args = [THAW, "serve", *(["-m", model] if model else []), "--port", "0", "-t", "2", *args]
+        # THAW_TEST_SERVE_ARGS: more flags for every server a suite starts (a suite run on the
+        # Vulkan device: GGML_VK_VISIBLE_DEVICES=0 THAW_TEST_SERVE_ARGS="-ngl 99")
+        extra = os.environ.get("THAW_TEST_SERVE_ARGS", "").split()
+        self.args = [THAW, "serve", *(["-m", model] if model else []), "--port", "0", "-t", "2", *args, *extra]
         self.lines = []
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True, env={**os.environ, **(env or {})})
