@@ -51,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -213,7 +214,8 @@ struct mk_opts {
     uint32_t n_expert;    /* gpt-oss: experts per layer; 0 until defaulted */
     uint32_t n_ctx_train;
     uint64_t seed;
-    enum ggml_type wtype; /* of the weight matrices */
+    enum ggml_type wtype; /* of the weight matrices as generated (f16 when quantizing) */
+    int ftype;            /* --type's llama_ftype when quantized (a MK_QUANTS row), -1: none */
     const char *out;
     const char *tmpl_file; /* --chat-template-file, NULL: none */
     const char *tmpl_text; /* its contents, read by thaw_mkmodel_main() */
@@ -349,20 +351,50 @@ static int mk_fn_seed(void *dst, const struct thaw_flag *f, const char *flag, co
     return 0;
 }
 
+/* --type's quantized kinds: the file is generated in f16, then libllama's
+ * own quantizer (llama_model_quantize, what llama-quantize runs) writes it,
+ * so the bytes are laid out as a real quantized model's are, with its
+ * per-tensor choices (output and embeddings, tensors too narrow for a
+ * block). The kinds people run, not every one libllama knows. */
+static const struct {
+    const char *name;
+    int ftype; /* enum llama_ftype */
+} MK_QUANTS[] = {
+    {"q8_0", LLAMA_FTYPE_MOSTLY_Q8_0},     {"q6_k", LLAMA_FTYPE_MOSTLY_Q6_K},
+    {"q5_k_m", LLAMA_FTYPE_MOSTLY_Q5_K_M}, {"q4_k_m", LLAMA_FTYPE_MOSTLY_Q4_K_M},
+    {"q4_0", LLAMA_FTYPE_MOSTLY_Q4_0},     {"bf16", LLAMA_FTYPE_MOSTLY_BF16},
+};
+#define MK_N_QUANTS (sizeof MK_QUANTS / sizeof MK_QUANTS[0])
+
+static const char *mk_type_name(const struct mk_opts *o)
+{
+    for (size_t i = 0; i < MK_N_QUANTS; i++)
+        if (MK_QUANTS[i].ftype == o->ftype)
+            return MK_QUANTS[i].name;
+    return o->wtype == GGML_TYPE_F16 ? "f16" : "f32";
+}
+
 static int mk_fn_type(void *dst, const struct thaw_flag *f, const char *flag, const char *val)
 {
     struct mk_opts *o = dst;
 
     (void)f, (void)flag;
-    if (strcmp(val, "f16") == 0) {
-        o->wtype = GGML_TYPE_F16;
-    } else if (strcmp(val, "f32") == 0) {
+    o->ftype = -1;
+    o->wtype = GGML_TYPE_F16;
+    if (strcmp(val, "f16") == 0)
+        return 0;
+    if (strcmp(val, "f32") == 0) {
         o->wtype = GGML_TYPE_F32;
-    } else {
-        fprintf(stderr, "mkmodel: --type: expected f16 or f32, got '%s'\n", val);
-        return THAW_EINVAL;
+        return 0;
     }
-    return 0;
+    for (size_t i = 0; i < MK_N_QUANTS; i++) {
+        if (strcasecmp(val, MK_QUANTS[i].name) == 0) {
+            o->ftype = MK_QUANTS[i].ftype;
+            return 0;
+        }
+    }
+    fprintf(stderr, "mkmodel: --type: expected f16, f32, q8_0, q6_k, q5_k_m, q4_k_m, q4_0 or bf16, got '%s'\n", val);
+    return THAW_EINVAL;
 }
 
 #define MK_U32(names, arg, field, lo, hi, help)                                                                        \
@@ -475,8 +507,11 @@ static const struct thaw_flag mk_flags[] = {
      NULL},
     MK_FN("--seed", "N", mk_fn_seed, "PRNG seed, decimal or 0x-hex (default 1)"),
     MK_FN("--type", "T", mk_fn_type,
-          "f16 | f32 for the weight matrices; norms are always\n"
-          "f32 (default f16)"),
+          "the weight matrices: f16 | f32, or quantized by\n"
+          "libllama's quantizer (as llama-quantize) from the f16\n"
+          "weights: q8_0 | q6_k | q5_k_m | q4_k_m | q4_0 | bf16;\n"
+          "norms stay f32 (default f16). A --mmproj projector\n"
+          "stays f16 whatever the model's type"),
 };
 
 #define MK_HELP_WIDTH 25 /* "--chat-template-file FILE" */
@@ -531,6 +566,7 @@ static int mk_parse(int argc, char **argv, struct mk_opts *o)
     o->n_ctx_train = 8192;
     o->seed = 1;
     o->wtype = GGML_TYPE_F16;
+    o->ftype = -1;
 
     rc = thaw_flags_parse(&mk_flag_table, o, argc, argv);
     if (rc == 1) {
@@ -1992,6 +2028,61 @@ out_free:
     return rc;
 }
 
+/* libllama's quantizer logs every tensor it writes: keep its warnings and
+ * errors, drop the rest. */
+static void mk_quant_log(enum ggml_log_level level, const char *text, void *user)
+{
+    (void)user;
+    if (level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR)
+        fputs(text, stderr);
+}
+
+/* Writes the model quantized to o->ftype at `path`: the f16 model goes to
+ * <path>.f16.<pid> first (mk_write, atomic on its own), libllama's quantizer
+ * reads it and writes <path>.q.<pid>, which is fsynced and renamed into
+ * place; both temp files are gone whatever happens. *n_bytes = file size. */
+static int mk_write_quantized(const struct mk_model *m, const struct mk_opts *o, const char *path,
+                              uint64_t *n_bytes)
+{
+    char f16[PATH_MAX], tmp[PATH_MAX];
+    llama_model_quantize_params qp = llama_model_quantize_default_params();
+    uint64_t f16_bytes = 0;
+    struct stat st;
+    int fd, rc;
+
+    if (snprintf(f16, sizeof f16, "%s.f16.%ld", path, (long)getpid()) >= (int)sizeof f16 ||
+        snprintf(tmp, sizeof tmp, "%s.q.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return -ENAMETOOLONG;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return -EISDIR;
+    rc = mk_write(m, o, f16, &f16_bytes);
+    if (rc != 0)
+        return rc;
+    qp.ftype = (enum llama_ftype)o->ftype;
+    llama_log_set(mk_quant_log, NULL);
+    if (llama_model_quantize(f16, tmp, &qp) != 0) {
+        fprintf(stderr, "mkmodel: libllama's quantizer failed on %s (see above)\n", f16);
+        rc = THAW_ELLAMA;
+    }
+    llama_log_set(NULL, NULL);
+    unlink(f16);
+    if (rc == 0) {
+        fd = open(tmp, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || fstat(fd, &st) != 0 || fsync(fd) != 0)
+            rc = -errno;
+        if (fd >= 0)
+            close(fd);
+    }
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = -errno;
+    if (rc != 0) {
+        unlink(tmp);
+        return rc;
+    }
+    *n_bytes = (uint64_t)st.st_size;
+    return mk_sync_dir(path);
+}
+
 /* ---- main ----------------------------------------------------------------- */
 
 static double mk_now(void)
@@ -2042,7 +2133,7 @@ int thaw_mkmodel_main(int argc, char **argv)
     if (rc != 0)
         return rc == THAW_EINVAL ? 2 : 1;
 
-    rc = mk_write(&m, &o, o.out, &n_bytes);
+    rc = o.ftype >= 0 ? mk_write_quantized(&m, &o, o.out, &n_bytes) : mk_write(&m, &o, o.out, &n_bytes);
     if (rc != 0) {
         fprintf(stderr, "mkmodel: writing %s: %s\n", o.out, thaw_strerror(rc));
         mk_model_free(&m);
@@ -2090,7 +2181,7 @@ int thaw_mkmodel_main(int argc, char **argv)
             "%s, %.1f MB, seed %" PRIu64 ", %.2f s\n",
             o.out, mk_arch_name(o.arch), o.n_layer, o.n_embd, o.n_head, o.n_head_kv, o.n_ff,
             swa, m.n_vocab, vocab_path, m.tmpl_name,
-            (double)m.n_params / 1e6, o.wtype == GGML_TYPE_F16 ? "f16" : "f32",
+            (double)m.n_params / 1e6, mk_type_name(&o),
             (double)n_bytes / 1e6, o.seed, mk_now() - t0);
     mk_model_free(&m);
     return 0;

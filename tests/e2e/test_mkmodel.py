@@ -256,7 +256,7 @@ BAD_FLAGS = [
     (["--arch", "gemma3", "--swa-window", "9000"], "below --ctx-train"),
     (["--arch", "llama", "--rerank"], "--rerank applies to --arch bert and qwen3 only"),
     (["--arch", "bert", "--kv-heads", "2"], "as many KV heads as heads"),
-    (["--type", "q8_0"], "--type"),
+    (["--type", "q3_k_s"], "--type"),
     (["--seed", "abc"], "--seed"),
     (["--seed", "18446744073709551616"], "--seed"),
     (["--template", "nope"], "--template"),
@@ -306,6 +306,54 @@ def test_existing_output_replaced(tmp_path):
     build(out, "--vocab", SPM)
     assert out.read_bytes()[:4] == b"GGUF"
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+
+
+# ---- quantized weights (--type q8_0 ...) -----------------------------------------
+
+GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
+LLAMA_FTYPE = {"q8_0": 7, "q4_k_m": 15, "q4_0": 2}
+
+
+@pytest.mark.parametrize("qtype", sorted(LLAMA_FTYPE))
+def test_quantized_layout_and_same_bytes(tmp_path, qtype):
+    out, again = tmp_path / "m.gguf", tmp_path / "again.gguf"
+    r = build(out, "--vocab", SPM, "--layers", 2, "--embd", 256, "--ff", 512, "--type", qtype)
+    assert f", {qtype}, " in r.stderr  # the summary names the type written
+    kv, t = tensor_map(out)
+    assert kv["general.file_type"] == LLAMA_FTYPE[qtype]
+    assert t["output_norm.weight"][1] == GGML_F32  # norms stay f32
+    assert t["blk.0.attn_norm.weight"][1] == GGML_F32
+    quantized = {name for name, (_, ty) in t.items() if ty not in (GGML_F32, GGML_F16)}
+    assert {"blk.0.attn_q.weight", "blk.1.ffn_down.weight", "output.weight"} <= quantized
+    if qtype == "q8_0":
+        assert t["blk.1.ffn_up.weight"][1] == GGML_Q8_0
+    # the f16 model and the quantizer's output were temp files: only OUT is left
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+    build(again, "--vocab", SPM, "--layers", 2, "--embd", 256, "--ff", 512, "--type", qtype)
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_quantized_served_with_its_cache(tmp_path):
+    out = tmp_path / "m.gguf"
+    build(out, "--layers", 2, "--embd", 256, "--ff", 512, "--type", "q8_0")
+    cache = tmp_path / "kv"
+    with Server(out, "-np", "1", "--kv-cache-dir", cache, "--kv-cache-min-tokens", "16") as s:
+        first = s.chat(CHAT, max_tokens=12)
+        assert first["usage"]["completion_tokens"] >= 6
+        assert s.stop() == 0
+    with Server(out, "-np", "1", "--kv-cache-dir", cache, "--kv-cache-min-tokens", "16") as s:  # a restart: the prompt from disk
+        r = s.chat(CHAT + [{"role": "assistant", "content": text(first)},
+                           {"role": "user", "content": "And the harbor?"}], max_tokens=12)
+        assert r["usage"]["completion_tokens"] >= 6
+        assert r["cache_source"] == "disk" and r["timings"]["cache_n"] > 0, r
+        assert s.stop() == 0
+
+
+def test_quantize_unwritable_output_leaves_nothing(tmp_path):
+    r = mkmodel("-o", tmp_path / "missing" / "m.gguf", "--vocab", SPM, "--type", "q8_0")
+    assert r.returncode == 1
+    assert "No such file or directory" in r.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---- qwen3, gemma4, lfm2 ------------------------------------------------------
