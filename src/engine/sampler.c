@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "base/sampling.h"
 #include "engine/budget.h"
+#include "engine/grammar_greedy.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -159,61 +160,10 @@ static int build_settings(const struct thaw_sampling *s, const struct llama_voca
     return 0;
 }
 
-struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const struct thaw_sampling *defaults,
-                                       int n_ctx_slot, const struct thaw_task *t)
+/* The server's defaults (--temp, --top-k, --samplers, ...) with the
+ * request's own fields over them. */
+static struct thaw_sampling request_settings(const struct thaw_sampling *defaults, const struct thaw_chat_request *req)
 {
-    const struct thaw_chat_request *req = &t->req;
-    const struct thaw_chat_gen *g = &t->gen;
-    struct llama_sampler *c = llama_sampler_chain_init(llama_sampler_chain_default_params());
-
-    if (!c)
-        return NULL;
-    if (g->grammar) {
-        struct llama_sampler *gr =
-            g->grammar_lazy ? llama_sampler_init_grammar_lazy_patterns(vocab, g->grammar, "root",
-                                                                      (const char **)g->triggers, (size_t)g->n_triggers,
-                                                                      g->trigger_tokens, (size_t)g->n_trigger_tokens)
-                            : llama_sampler_init_grammar(vocab, g->grammar, "root");
-        if (!gr) {
-            llama_sampler_free(c);
-            return NULL;
-        }
-        char err[256];
-        for (int i = 0; i < g->n_prefill; i++)
-            if (thaw_tmpl_sampler_accept(gr, g->prefill[i], err, sizeof err) != 0) {
-                LOG_WRN("the template's grammar does not accept its own generation prompt (%s)", err);
-                llama_sampler_free(gr);
-                llama_sampler_free(c);
-                return NULL;
-            }
-        llama_sampler_chain_add(c, gr);
-    }
-    if (req->n_bias_tok > 0) { /* the request's logit_bias (api.h), beside the server's --logit-bias */
-        llama_logit_bias *lb = malloc((size_t)req->n_bias_tok * sizeof *lb);
-        if (!lb) {
-            llama_sampler_free(c);
-            return NULL;
-        }
-        for (int i = 0; i < req->n_bias_tok; i++)
-            lb[i] = (llama_logit_bias){req->bias_tok[i], req->bias_val[i]};
-        llama_sampler_chain_add(c, llama_sampler_init_logit_bias(llama_vocab_n_tokens(vocab), req->n_bias_tok, lb));
-        free(lb); /* it copies them */
-    }
-    /* the reasoning budget (budget.h): after the grammar and the biases,
-     * so it sees what they forbid and never forces against them; before
-     * the settings' stages, so the pick is the forced token */
-    if (g->think_start && g->reasoning_budget >= 0) {
-        struct thaw_budget_params bp = {g->think_start, (const char *const *)g->think_ends, g->n_think_ends,
-                                        g->think_forced, g->n_think_forced, g->reasoning_budget};
-        struct llama_sampler *b = thaw_budget_new(vocab, &bp);
-        if (!b) {
-            llama_sampler_free(c);
-            return NULL;
-        }
-        thaw_budget_feed(b, g->gen_prompt);
-        llama_sampler_chain_add(c, b);
-    }
-    /* the server's defaults (--temp, --top-k, --samplers, ...), the request's own fields over them */
     struct thaw_sampling sp = *defaults;
     if (!isnan(req->temperature))
         sp.temp = req->temperature;
@@ -249,11 +199,101 @@ struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const st
 #undef OVER
     if (req->ignore_eos >= 0)
         sp.ignore_eos = req->ignore_eos;
-    if (build_settings(&sp, vocab, n_ctx_slot, t->prompt, t->n_prompt, c) != 0) {
-        llama_sampler_free(c);
+    return sp;
+}
+
+/* The request's grammar, compiled, with the template's generation prompt
+ * accepted. NULL (logged when it is the prompt) on failure. */
+static struct llama_sampler *new_grammar(const struct llama_vocab *vocab, const struct thaw_chat_gen *g)
+{
+    struct llama_sampler *gr =
+        g->grammar_lazy ? llama_sampler_init_grammar_lazy_patterns(vocab, g->grammar, "root", (const char **)g->triggers,
+                                                                  (size_t)g->n_triggers, g->trigger_tokens,
+                                                                  (size_t)g->n_trigger_tokens)
+                        : llama_sampler_init_grammar(vocab, g->grammar, "root");
+    char err[256];
+
+    if (!gr)
         return NULL;
+    for (int i = 0; i < g->n_prefill; i++)
+        if (thaw_tmpl_sampler_accept(gr, g->prefill[i], err, sizeof err) != 0) {
+            LOG_WRN("the template's grammar does not accept its own generation prompt (%s)", err);
+            llama_sampler_free(gr);
+            return NULL;
+        }
+    return gr;
+}
+
+struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const struct thaw_sampling *defaults,
+                                       int n_ctx_slot, const struct thaw_task *t)
+{
+    const struct thaw_chat_request *req = &t->req;
+    const struct thaw_chat_gen *g = &t->gen;
+    const struct thaw_sampling sp = request_settings(defaults, req);
+    const bool budget = g->think_start && g->reasoning_budget >= 0;
+    /* a greedy pick under a grammar asks it about the best candidates
+     * first (grammar_greedy.h): the same token, without deciding the whole
+     * vocabulary each time; not when a stage must see what the grammar
+     * forbids (the budget) or the probabilities after it are reported */
+    const bool greedy_grammar = g->grammar && sp.temp <= 0.0f && !budget && !(req->n_probs > 0 && req->post_sampling_probs);
+    struct llama_sampler *c = llama_sampler_chain_init(llama_sampler_chain_default_params());
+    struct llama_sampler *gr = NULL;
+
+    if (!c)
+        return NULL;
+    if (g->grammar) {
+        if (!(gr = new_grammar(vocab, g))) {
+            llama_sampler_free(c);
+            return NULL;
+        }
+        if (!greedy_grammar)
+            llama_sampler_chain_add(c, gr);
     }
+    if (req->n_bias_tok > 0) { /* the request's logit_bias (api.h), beside the server's --logit-bias */
+        llama_logit_bias *lb = malloc((size_t)req->n_bias_tok * sizeof *lb);
+        if (!lb)
+            goto fail;
+        for (int i = 0; i < req->n_bias_tok; i++)
+            lb[i] = (llama_logit_bias){req->bias_tok[i], req->bias_val[i]};
+        llama_sampler_chain_add(c, llama_sampler_init_logit_bias(llama_vocab_n_tokens(vocab), req->n_bias_tok, lb));
+        free(lb); /* it copies them */
+    }
+    if (greedy_grammar) {
+        /* the settings' stages of a greedy pick (build_stages): the
+         * biases, then the grammar, then the pick */
+        struct llama_sampler *gg = thaw_grammar_greedy_new(gr);
+        gr = NULL; /* the stage owns it, also when it could not be made */
+        if (!gg)
+            goto fail;
+        if (add_biases(&sp, c, vocab) != 0) {
+            llama_sampler_free(gg);
+            goto fail;
+        }
+        llama_sampler_chain_add(c, gg);
+        if (add(c, llama_sampler_init_greedy()) != 0)
+            goto fail;
+        return c;
+    }
+    /* the reasoning budget (budget.h): after the grammar and the biases,
+     * so it sees what they forbid and never forces against them; before
+     * the settings' stages, so the pick is the forced token */
+    if (budget) {
+        struct thaw_budget_params bp = {g->think_start, (const char *const *)g->think_ends, g->n_think_ends,
+                                        g->think_forced, g->n_think_forced, g->reasoning_budget};
+        struct llama_sampler *b = thaw_budget_new(vocab, &bp);
+        if (!b)
+            goto fail;
+        thaw_budget_feed(b, g->gen_prompt);
+        llama_sampler_chain_add(c, b);
+    }
+    if (build_settings(&sp, vocab, n_ctx_slot, t->prompt, t->n_prompt, c) != 0)
+        goto fail;
     return c;
+fail:
+    if (greedy_grammar)
+        llama_sampler_free(gr); /* not in the chain yet (NULL once a stage owns it) */
+    llama_sampler_free(c);      /* with gr, when it is in the chain */
+    return NULL;
 }
 
 int thaw_sampler_biases(const struct llama_vocab *vocab, const struct thaw_sampling *defaults,

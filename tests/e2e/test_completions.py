@@ -115,6 +115,27 @@ def test_completion_grammar_and_schema_constrain(serve):
     assert c["choices"][0]["message"]["content"] in ("yes", "no")
 
 
+def test_greedy_grammar_picks_what_the_grammar_first_chain_picks(serve):
+    # a greedy pick asks the grammar about its best candidates first
+    # (engine/grammar_greedy.h); a request for post-sampling probabilities
+    # keeps the grammar-first chain (the probabilities are over every allowed
+    # token): both give the same tokens, on a random model whose best
+    # candidate the grammar seldom allows
+    s = serve("llama")
+    prompt = "Once upon a time " + text(20, 1)
+    toks = tokens_of(s, " the river and the stone")[1:]  # no BOS
+    forced = "root ::= " + " ".join(f"<[{t}]>" for t in toks)
+    cases = [{"grammar": "root ::= [a-z ]{4,60}"},
+             {"json_schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}},
+             {"grammar": forced},
+             {"grammar": forced, "logit_bias": [[t, 30] for t in toks]}]
+    for kw in cases:
+        fast = cmpl(s, prompt, n=40, path="/completion", cache_prompt=False, **kw)
+        ref = cmpl(s, prompt, n=40, path="/completion", cache_prompt=False, n_probs=2, post_sampling_probs=True, **kw)
+        assert fast["content"] == ref["content"], kw
+        assert fast["tokens_predicted"] == ref["tokens_predicted"] >= 4, kw
+
+
 def test_raw_prompt_prefix_comes_from_the_block_store_after_a_restart(serve, tmp_path):
     base = "Shared preamble. " + text(200, 5)
     second = base + " And then the question " + text(20, 6)

@@ -1,0 +1,169 @@
+/* grammar_greedy.c — the grammar asked about the best candidates first
+ * (grammar_greedy.h). */
+#include "engine/grammar_greedy.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+/* the groups asked before the whole vocabulary, best first; a candidate
+ * array no larger than the last is asked whole at once */
+static const size_t GROUPS[] = {1, 64, 1024};
+#define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])
+#define GROUP_MAX 1024
+
+struct gg {
+    struct llama_sampler *grammar;
+    llama_token_data heap[GROUP_MAX];
+};
+
+/* a ranks above b: a higher logit, or the same and a lower id (the first
+ * a scan in id order keeps, as the greedy pick does) */
+static bool above(const llama_token_data *a, const llama_token_data *b)
+{
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+/* heap[0] is the lowest-ranked of the n kept */
+static void sift_down(llama_token_data *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && above(&h[m], &h[l]))
+            m = l;
+        if (r < n && above(&h[m], &h[r]))
+            m = r;
+        if (m == i)
+            return;
+        llama_token_data t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static void sift_up(llama_token_data *h, size_t i)
+{
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!above(&h[p], &h[i]))
+            return;
+        llama_token_data t = h[i];
+        h[i] = h[p];
+        h[p] = t;
+        i = p;
+    }
+}
+
+/* The best m (<= GROUP_MAX) candidates of cur with a finite logit, into
+ * h (in no order). Returns how many: fewer than m when fewer are finite. */
+static size_t best_of(const llama_token_data_array *cur, size_t m, llama_token_data *h)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < cur->size; i++) {
+        const llama_token_data *c = &cur->data[i];
+        if (!isfinite(c->logit))
+            continue;
+        if (n < m) {
+            h[n] = *c;
+            sift_up(h, n++);
+        } else if (above(c, &h[0])) {
+            h[0] = *c;
+            sift_down(h, n, 0);
+        }
+    }
+    return n;
+}
+
+static const char *gg_name(const struct llama_sampler *smpl)
+{
+    (void)smpl;
+    return "thaw-grammar-greedy";
+}
+
+static void gg_accept(struct llama_sampler *smpl, llama_token token)
+{
+    llama_sampler_accept(((struct gg *)smpl->ctx)->grammar, token);
+}
+
+static int by_rank(const void *a, const void *b)
+{
+    return above(a, b) ? -1 : above(b, a) ? 1 : 0;
+}
+
+static void gg_apply(struct llama_sampler *smpl, llama_token_data_array *cur)
+{
+    struct gg *g = smpl->ctx;
+
+    if (cur->size > GROUP_MAX) {
+        /* one pass keeps the best GROUP_MAX, ranked; the groups are its
+         * prefixes, each asking only about the candidates the last did not */
+        size_t n = best_of(cur, GROUP_MAX, g->heap), done = 0;
+
+        qsort(g->heap, n, sizeof g->heap[0], by_rank);
+        for (size_t k = 0; k < N_GROUPS && done < n; k++) {
+            size_t end = GROUPS[k] < n ? GROUPS[k] : n;
+            llama_token_data_array group = {g->heap + done, end - done, -1, false};
+
+            llama_sampler_apply(g->grammar, &group);
+            for (size_t i = done; i < end; i++) {
+                if (isfinite(g->heap[i].logit)) { /* ranked: the first allowed is the pick */
+                    cur->data[0] = g->heap[i];
+                    cur->size = 1;
+                    cur->selected = -1;
+                    cur->sorted = false;
+                    return;
+                }
+            }
+            done = end;
+        }
+    }
+    llama_sampler_apply(g->grammar, cur);
+}
+
+static void gg_reset(struct llama_sampler *smpl)
+{
+    llama_sampler_reset(((struct gg *)smpl->ctx)->grammar);
+}
+
+static struct llama_sampler *gg_clone(const struct llama_sampler *smpl);
+
+static void gg_free(struct llama_sampler *smpl)
+{
+    struct gg *g = smpl->ctx;
+
+    llama_sampler_free(g->grammar);
+    free(g);
+}
+
+static struct llama_sampler_i gg_iface = {
+    .name = gg_name,
+    .accept = gg_accept,
+    .apply = gg_apply,
+    .reset = gg_reset,
+    .clone = gg_clone,
+    .free = gg_free,
+};
+
+struct llama_sampler *thaw_grammar_greedy_new(struct llama_sampler *grammar)
+{
+    struct gg *g;
+    struct llama_sampler *s;
+
+    if (grammar == NULL)
+        return NULL;
+    if ((g = malloc(sizeof *g)) == NULL) {
+        llama_sampler_free(grammar);
+        return NULL;
+    }
+    g->grammar = grammar;
+    if ((s = llama_sampler_init(&gg_iface, g)) == NULL)
+        gg_free(&(struct llama_sampler){.iface = &gg_iface, .ctx = g});
+    return s;
+}
+
+static struct llama_sampler *gg_clone(const struct llama_sampler *smpl)
+{
+    return thaw_grammar_greedy_new(llama_sampler_clone(((const struct gg *)smpl->ctx)->grammar));
+}
