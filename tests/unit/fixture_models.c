@@ -54,6 +54,16 @@ int fixture_llama_open(char *dir)
     return mkdtemp(dir) ? 0 : -1;
 }
 
+struct llama_model *fixture_vocab_model(const char *name)
+{
+    char path[4096];
+    struct llama_model_params mp = llama_model_default_params();
+
+    mp.vocab_only = true;
+    snprintf(path, sizeof path, "%s/.deps/llama.cpp/models/ggml-vocab-%s.gguf", THAW_SOURCE_DIR, name);
+    return llama_model_load_from_file(path, mp);
+}
+
 int fixture_llama_close(const char *dir)
 {
     char *argv[] = {"rm", "-rf", (char *)dir, NULL};

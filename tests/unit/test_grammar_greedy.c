@@ -36,9 +36,7 @@ static int group_setup(void **state)
     (void)state;
     if (fixture_llama_open(g_dir) != 0)
         return -1;
-    struct llama_model_params mp = llama_model_default_params();
-    mp.vocab_only = true;
-    g_model = llama_model_load_from_file(THAW_SOURCE_DIR "/.deps/llama.cpp/models/ggml-vocab-llama-bpe.gguf", mp);
+    g_model = fixture_vocab_model("llama-bpe");
     g_vocab = g_model ? llama_model_get_vocab(g_model) : NULL;
     if (!g_vocab)
         return -1;
