@@ -13,7 +13,7 @@
 #include "base/log.h"
 #include "base/sampling.h"
 #include "engine/budget.h"
-#include "engine/grammar_greedy.h"
+#include "engine/grammar_check.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -231,11 +231,12 @@ struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const st
     const struct thaw_chat_gen *g = &t->gen;
     const struct thaw_sampling sp = request_settings(defaults, req);
     const bool budget = g->think_start && g->reasoning_budget >= 0;
-    /* a greedy pick under a grammar asks it about the best candidates
-     * first (grammar_greedy.h): the same token, without deciding the whole
-     * vocabulary each time; not when a stage must see what the grammar
-     * forbids (the budget) or the probabilities after it are reported */
-    const bool greedy_grammar = g->grammar && sp.temp <= 0.0f && !budget && !(req->n_probs > 0 && req->post_sampling_probs);
+    /* the grammar asked late (grammar_check.h): a greedy pick asks it about
+     * the best candidates first, a sampled one about the token drawn; not
+     * when a stage must see what the grammar forbids (the budget) or the
+     * probabilities after it are reported */
+    const bool late = g->grammar && !budget && !(req->n_probs > 0 && req->post_sampling_probs);
+    const bool greedy_grammar = late && sp.temp <= 0.0f;
     struct llama_sampler *c = llama_sampler_chain_init(llama_sampler_chain_default_params());
     struct llama_sampler *gr = NULL;
 
@@ -246,7 +247,7 @@ struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const st
             llama_sampler_free(c);
             return NULL;
         }
-        if (!greedy_grammar)
+        if (!late)
             llama_sampler_chain_add(c, gr);
     }
     if (req->n_bias_tok > 0) { /* the request's logit_bias (api.h), beside the server's --logit-bias */
@@ -288,9 +289,20 @@ struct llama_sampler *thaw_sampler_new(const struct llama_vocab *vocab, const st
     }
     if (build_settings(&sp, vocab, n_ctx_slot, t->prompt, t->n_prompt, c) != 0)
         goto fail;
+    if (late) { /* a sampled pick: the chain so far draws, the grammar checks */
+        struct llama_sampler *top = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        struct llama_sampler *check = thaw_grammar_check_new(gr, c); /* owns both now */
+        if (!top || !check) {
+            llama_sampler_free(top);
+            llama_sampler_free(check);
+            return NULL;
+        }
+        llama_sampler_chain_add(top, check); /* in a chain: libllama reuses its candidate buffer */
+        return top;
+    }
     return c;
 fail:
-    if (greedy_grammar)
+    if (late)
         llama_sampler_free(gr); /* not in the chain yet (NULL once a stage owns it) */
     llama_sampler_free(c);      /* with gr, when it is in the chain */
     return NULL;

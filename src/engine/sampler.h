@@ -3,8 +3,9 @@
  *
  * A grammar (tool calls, response_format) comes first so every later
  * sampler sees only the tokens it allows; a non-lazy one first accepts the
- * generation prompt the template already wrote. (A greedy pick asks it
- * last instead, about the best candidates first: grammar_greedy.h.) Then
+ * generation prompt the template already wrote. (It is asked late
+ * instead where nothing needs it first: a greedy pick about its best
+ * candidates, a sampled one about the token drawn; grammar_check.h.) Then
  * the stages of the server's sampling settings (sampling.h: --temp,
  * --samplers, ...) with the request's own fields (temperature, top_p, min_p, top_k, seed) over them.
  * Engine thread (libllama samplers are not shared).

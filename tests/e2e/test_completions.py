@@ -117,7 +117,7 @@ def test_completion_grammar_and_schema_constrain(serve):
 
 def test_greedy_grammar_picks_what_the_grammar_first_chain_picks(serve):
     # a greedy pick asks the grammar about its best candidates first
-    # (engine/grammar_greedy.h); a request for post-sampling probabilities
+    # (engine/grammar_check.h); a request for post-sampling probabilities
     # keeps the grammar-first chain (the probabilities are over every allowed
     # token): both give the same tokens, on a random model whose best
     # candidate the grammar seldom allows
@@ -134,6 +134,27 @@ def test_greedy_grammar_picks_what_the_grammar_first_chain_picks(serve):
         ref = cmpl(s, prompt, n=40, path="/completion", cache_prompt=False, n_probs=2, post_sampling_probs=True, **kw)
         assert fast["content"] == ref["content"], kw
         assert fast["tokens_predicted"] == ref["tokens_predicted"] >= 4, kw
+
+
+def test_sampled_grammar_draws_only_what_it_allows_and_repeats_with_its_seed(serve):
+    # a sampled pick checks the token drawn against the grammar and redraws
+    # with the grammar first when it refuses (engine/grammar_check.h)
+    s = serve("llama")
+    prompt = "Once upon a time " + text(20, 1)
+    for kw in ({"grammar": "root ::= [a-z ]{4,60}"},
+               {"json_schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}):
+        runs = [cmpl(s, prompt, n=48, path="/completion", cache_prompt=False, temperature=0.9, seed=7, **kw)
+                for _ in range(2)]
+        assert runs[0]["content"] == runs[1]["content"], kw
+        other = cmpl(s, prompt, n=48, path="/completion", cache_prompt=False, temperature=0.9, seed=8, **kw)
+        c = runs[0]["content"]
+        if "grammar" in kw:
+            assert c and set(c) <= set("abcdefghijklmnopqrstuvwxyz "), c
+        elif runs[0]["stop_type"] == "eos":
+            assert isinstance(json.loads(c)["n"], int)
+        else:
+            assert c.lstrip().startswith("{"), c
+        assert other["tokens_predicted"] >= 4
 
 
 def test_raw_prompt_prefix_comes_from_the_block_store_after_a_restart(serve, tmp_path):

@@ -1,10 +1,17 @@
-/* grammar_greedy.c — the grammar asked about the best candidates first
- * (grammar_greedy.h). */
-#include "engine/grammar_greedy.h"
+/* grammar_check.c — a chain's grammar asked late (grammar_check.h).
+ *
+ * Map:
+ *   ---- a greedy pick ----   the best candidates ranked, asked in groups
+ *   ---- a sampled pick ----  the drawn token checked, a redraw when refused
+ */
+#include "engine/grammar_check.h"
 
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* ---- a greedy pick: the best candidates first -------------------------------------- */
 
 /* the groups asked before the whole vocabulary, best first; a candidate
  * array no larger than the last is asked whole at once */
@@ -166,4 +173,109 @@ struct llama_sampler *thaw_grammar_greedy_new(struct llama_sampler *grammar)
 static struct llama_sampler *gg_clone(const struct llama_sampler *smpl)
 {
     return thaw_grammar_greedy_new(llama_sampler_clone(((const struct gg *)smpl->ctx)->grammar));
+}
+
+/* ---- a sampled pick: the drawn token checked ---------------------------------------- */
+
+struct gc {
+    struct llama_sampler *grammar, *rest;
+    llama_token_data *saved; /* the candidates as they came, for a redraw */
+    size_t cap;
+};
+
+static const char *gc_name(const struct llama_sampler *smpl)
+{
+    (void)smpl;
+    return "thaw-grammar-check";
+}
+
+static void gc_accept(struct llama_sampler *smpl, llama_token token)
+{
+    struct gc *g = smpl->ctx;
+
+    llama_sampler_accept(g->grammar, token);
+    llama_sampler_accept(g->rest, token);
+}
+
+static void gc_apply(struct llama_sampler *smpl, llama_token_data_array *cur)
+{
+    struct gc *g = smpl->ctx;
+    const size_t n = cur->size;
+    const bool sorted = cur->sorted;
+
+    if (n > g->cap) {
+        llama_token_data *p = realloc(g->saved, n * sizeof *p);
+        if (p == NULL) { /* no copy to redraw from: the grammar goes first */
+            llama_sampler_apply(g->grammar, cur);
+            llama_sampler_apply(g->rest, cur);
+            return;
+        }
+        g->saved = p;
+        g->cap = n;
+    }
+    memcpy(g->saved, cur->data, n * sizeof *cur->data);
+    llama_sampler_apply(g->rest, cur);
+    if (cur->selected >= 0 && (size_t)cur->selected < cur->size) {
+        llama_token_data one = cur->data[cur->selected];
+        llama_token_data_array single = {&one, 1, -1, false};
+        llama_sampler_apply(g->grammar, &single);
+        if (isfinite(one.logit))
+            return; /* allowed: the draw stands */
+    }
+    memcpy(cur->data, g->saved, n * sizeof *cur->data);
+    cur->size = n;
+    cur->sorted = sorted;
+    cur->selected = -1;
+    llama_sampler_apply(g->grammar, cur);
+    llama_sampler_apply(g->rest, cur);
+}
+
+static void gc_reset(struct llama_sampler *smpl)
+{
+    struct gc *g = smpl->ctx;
+
+    llama_sampler_reset(g->grammar);
+    llama_sampler_reset(g->rest);
+}
+
+static void gc_free(struct llama_sampler *smpl)
+{
+    struct gc *g = smpl->ctx;
+
+    llama_sampler_free(g->grammar);
+    llama_sampler_free(g->rest);
+    free(g->saved);
+    free(g);
+}
+
+static struct llama_sampler *gc_clone(const struct llama_sampler *smpl);
+
+static struct llama_sampler_i gc_iface = {
+    .name = gc_name,
+    .accept = gc_accept,
+    .apply = gc_apply,
+    .reset = gc_reset,
+    .clone = gc_clone,
+    .free = gc_free,
+};
+
+struct llama_sampler *thaw_grammar_check_new(struct llama_sampler *grammar, struct llama_sampler *rest)
+{
+    struct gc *g;
+
+    if (grammar == NULL || rest == NULL || (g = calloc(1, sizeof *g)) == NULL) {
+        llama_sampler_free(grammar);
+        llama_sampler_free(rest);
+        return NULL;
+    }
+    g->grammar = grammar;
+    g->rest = rest;
+    return llama_sampler_init(&gc_iface, g);
+}
+
+static struct llama_sampler *gc_clone(const struct llama_sampler *smpl)
+{
+    const struct gc *g = smpl->ctx;
+
+    return thaw_grammar_check_new(llama_sampler_clone(g->grammar), llama_sampler_clone(g->rest));
 }
