@@ -99,30 +99,48 @@ static int by_rank(const void *a, const void *b)
     return above(a, b) ? -1 : above(b, a) ? 1 : 0;
 }
 
+/* Asks the grammar about h[from, to) (ranked best first); leaves the first
+ * allowed one as cur's only candidate. Returns whether there was one. */
+static bool ask(struct gg *g, size_t from, size_t to, llama_token_data_array *cur)
+{
+    llama_token_data_array group = {g->heap + from, to - from, -1, false};
+
+    llama_sampler_apply(g->grammar, &group);
+    for (size_t i = from; i < to; i++) {
+        if (isfinite(g->heap[i].logit)) { /* ranked: the first allowed is the pick */
+            cur->data[0] = g->heap[i];
+            cur->size = 1;
+            cur->selected = -1;
+            cur->sorted = false;
+            return true;
+        }
+    }
+    return false;
+}
+
 static void gg_apply(struct llama_sampler *smpl, llama_token_data_array *cur)
 {
     struct gg *g = smpl->ctx;
 
     if (cur->size > GROUP_MAX) {
-        /* one pass keeps the best GROUP_MAX, ranked; the groups are its
-         * prefixes, each asking only about the candidates the last did not */
-        size_t n = best_of(cur, GROUP_MAX, g->heap), done = 0;
+        /* the best alone first: one plain pass, and a real model's usual case */
+        size_t n = best_of(cur, 1, g->heap), done = 1;
 
+        if (n == 0) { /* every candidate at -inf: the whole array decides */
+            llama_sampler_apply(g->grammar, cur);
+            return;
+        }
+        if (ask(g, 0, 1, cur))
+            return;
+        /* then one pass keeps the best GROUP_MAX, ranked; the groups are its
+         * prefixes, each asking only about the candidates the last did not
+         * (the first is the best, refused above) */
+        n = best_of(cur, GROUP_MAX, g->heap);
         qsort(g->heap, n, sizeof g->heap[0], by_rank);
-        for (size_t k = 0; k < N_GROUPS && done < n; k++) {
+        for (size_t k = 1; k < N_GROUPS && done < n; k++) {
             size_t end = GROUPS[k] < n ? GROUPS[k] : n;
-            llama_token_data_array group = {g->heap + done, end - done, -1, false};
-
-            llama_sampler_apply(g->grammar, &group);
-            for (size_t i = done; i < end; i++) {
-                if (isfinite(g->heap[i].logit)) { /* ranked: the first allowed is the pick */
-                    cur->data[0] = g->heap[i];
-                    cur->size = 1;
-                    cur->selected = -1;
-                    cur->sorted = false;
-                    return;
-                }
-            }
+            if (ask(g, done, end, cur))
+                return;
             done = end;
         }
     }
