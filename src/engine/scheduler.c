@@ -233,10 +233,15 @@ struct thaw_sched_admission thaw_sched_admit(const struct thaw_slot_view *slots,
     }
     if (!slots[i].fixup)
         return (struct thaw_sched_admission){THAW_SCHED_START, i};
-    /* what is left of it, at what FIXUP tokens cost so far: a short wait
-     * keeps that conversation's state whole (for the store, or for its next
-     * turn, which then prefills only its new message) */
-    if ((double)slots[i].fix_left * p->fixup_us_per_tok <= 1000.0 * p->fixup_wait_ms)
+    /* Only its store left: wait for that. Else, by default, cut: the tokens
+     * left are the cut conversation's to prefill at its next turn, inside
+     * that turn's batch (cheaper a token than a batch of their own now, and
+     * never paid if it does not return), while waiting puts them all on
+     * this request's first token (seed workload: 2 of 4 turn-2s waited
+     * ~100 ms each at 250). --fixup-wait-ms > 0 waits when what is left
+     * costs at most that, at what FIXUP tokens have cost so far. */
+    if (slots[i].fix_left == 0 ||
+        (p->fixup_wait_ms > 0 && (double)slots[i].fix_left * p->fixup_us_per_tok <= 1000.0 * p->fixup_wait_ms))
         return (struct thaw_sched_admission){THAW_SCHED_WAIT, i};
     return (struct thaw_sched_admission){THAW_SCHED_CUT, i};
 }

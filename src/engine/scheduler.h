@@ -15,8 +15,8 @@
  *     recently used), or cuts short the FIXUP of a slot holding more of its
  *     prompt than cutting costs that slot's conversation (it would prefill
  *     those very tokens anyway), or, with no idle slot, the FIXUP slot the
- *     same choice picks. A FIXUP with less than --fixup-wait-ms left is
- *     waited for instead, at full speed: its state stays whole.
+ *     same choice picks. A FIXUP with only its store left (or, with
+ *     --fixup-wait-ms, less than that left) is waited for instead.
  *   - the FIXUP budget (thaw_sched_fixup_room, thaw_sched_fixup_due):
  *     FIXUP is work nobody waits for, so it must not slow a request that
  *     is. Alone it runs in slices of about THAW_FIXUP_SLICE_US; beside a

@@ -134,8 +134,8 @@ static void test_admit_prefers_idle_unless_a_fixup_holds_more(void **state)
 }
 
 /* With no idle slot a FIXUP is cut short, chosen as an idle one would be,
- * unless what it has left takes no longer than --fixup-wait-ms: then the
- * task waits for it. */
+ * unless only its store is left, or what it has left takes no longer than
+ * --fixup-wait-ms (> 0): then the task waits for it. */
 static void test_admit_without_idle_cuts_or_waits(void **state)
 {
     const llama_token a5[] = {1, 2, 3, 4, 5};
@@ -168,6 +168,21 @@ static void test_admit_without_idle_cuts_or_waits(void **state)
     p.fixup_us_per_tok = 0;
     a = thaw_sched_admit(v, 3, &t, &p);
     assert_int_equal(a.action, THAW_SCHED_WAIT);
+    /* the default, --fixup-wait-ms 0: cut whatever is left, known cost or
+     * not (the cut conversation prefills it in its next turn's batch)... */
+    p.fixup_wait_ms = 0;
+    a = thaw_sched_admit(v, 3, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_CUT);
+    p.fixup_us_per_tok = 1000.0;
+    v[0].fix_left = 1;
+    a = thaw_sched_admit(v, 3, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_CUT);
+    assert_int_equal(a.slot, 0);
+    /* ...but one with only its store left is waited for */
+    v[0].fix_left = 0;
+    a = thaw_sched_admit(v, 3, &t, &p);
+    assert_int_equal(a.action, THAW_SCHED_WAIT);
+    assert_int_equal(a.slot, 0);
     /* nothing open */
     v[0].fixup = v[1].fixup = false;
     a = thaw_sched_admit(v, 3, &t, &p);
