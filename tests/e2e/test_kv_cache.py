@@ -498,3 +498,31 @@ def test_a_restore_beside_a_stream_is_assembled_off_the_engine_thread(serve, tmp
     assert m["thaw_slots_busy"] >= 1  # the stream was still going
     assert reply(r2) == reply(ref[0][1])
     assert len(got) >= 100  # the stream went on to its end
+
+
+def test_the_first_store_readies_a_restore_buffer_of_its_size(serve, tmp_path):
+    # A server started with nothing on disk has no warm restore buffer, so
+    # its first restore from blocks touched fresh pages (most of that
+    # restore's time on a 2-core VM). The first store warms one on a worker,
+    # sized for that conversation's state (once); a restart finds the
+    # conversation on disk and warms one at open instead.
+    # 32 layers of 64: 8 KiB of KV a token, so a conversation's state is a
+    # few MiB (smaller ones come from malloc, blob.c)
+    model = mkmodel(tmp_path / "deep.gguf", "--layers", "32", "--embd", "64", "--heads", "2", "--kv-heads", "2")
+    flags = ["-np", "1", "-c", "8192", "-v", *kv_flags(tmp_path / "cache")]
+    s = serve(model, *flags)
+    a, b = conversation(1, 600), conversation(2, 600)
+    r1 = chat(s, a)
+    chat(s, b)  # takes the only slot: turn 2 of a is restored from its blocks
+    r2 = chat(s, turn2(a, r1, 1))
+    assert r2["cache_source"] == "disk" and r2["timings"]["cache_n"] >= r1["usage"]["prompt_tokens"], r2["timings"]
+    log = s.log()
+    warmed = [float(m) for m in re.findall(r"a ([0-9.]+) MiB restore buffer warmed after the first store", log)]
+    state = [float(m) for m in re.findall(r"([0-9.]+) MiB of state, \d+ blocks read from files", log)]
+    assert len(warmed) == 1, log
+    assert state and warmed[0] >= max(state), (warmed, state)
+    assert s.stop() == 0
+    s = serve(model, *flags)
+    chat(s, turn2(a, r1, 1))
+    log = s.log()
+    assert "restore buffer is ready" in log and "warmed after the first store" not in log, log
