@@ -567,7 +567,7 @@ static void store_early(struct thaw_engine *e)
 /* After a successful decode: record what each slot's KV now holds, sample. */
 static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
 {
-    int n_prompt_tokens = 0;
+    int n_prompt_tokens = 0, n_gen_tokens = 0;
     uint64_t n_tokens_max = atomic_load(&e->metrics->n_tokens_max);
 
     for (int i = 0; i < e->n_slots; i++) {
@@ -575,6 +575,7 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
         if (s->n_in_batch == 0)
             continue;
         if (s->phase == THAW_SLOT_GEN) {
+            n_gen_tokens += s->n_in_batch;
             if (s->n_drafts == 0)
                 s->tokens[s->n_tokens++] = s->next_token;
             /* else: thaw_gen_verify decides how many of the batch's tokens stay */
@@ -597,8 +598,9 @@ static void after_decode(struct thaw_engine *e, int64_t t0, int64_t t1)
     atomic_fetch_add(&e->metrics->prompt_tokens, (uint64_t)n_prompt_tokens);
     if (n_prompt_tokens > 0)
         atomic_fetch_add(&e->metrics->prompt_us, (uint64_t)(t1 - t0));
-    if (n_prompt_tokens >= THAW_PROMPT_CHUNK_MIN / 2) /* what a prompt piece beside streams costs (build_batch) */
-        e->prompt_us_per_tok = thaw_sched_fixup_cost(e->prompt_us_per_tok, t1 - t0, e->batch.n_tokens);
+    /* what a prompt piece beside streams costs (build_batch sizes them) */
+    e->prompt_us_per_tok =
+        thaw_sched_prompt_cost(e->prompt_us_per_tok, t1 - t0, e->batch.n_tokens, n_prompt_tokens, n_gen_tokens);
     if (e->batch_fixup_only)
         e->fixup_us_per_tok = thaw_sched_fixup_cost(e->fixup_us_per_tok, t1 - t0, e->batch.n_tokens);
     finish_fixups(e, false);

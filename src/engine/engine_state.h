@@ -32,7 +32,7 @@ struct thaw_engine {
     uint8_t fingerprint[THAW_KEY_BYTES];
     char settings[256];        /* the context settings that shape the state's bytes */
     double fixup_us_per_tok;   /* decode cost of a FIXUP token alone (moving average), 0 = unknown */
-    double prompt_us_per_tok;  /* decode cost of a token in a batch with prompt tokens (moving average), 0 = unknown */
+    double prompt_us_per_tok;  /* decode cost of a token in a prompt piece beside streams (moving average), 0 = unknown */
     bool batch_fixup_only;     /* the batch in flight holds FIXUP tokens only */
     bool fixup_awaited;        /* a queued request waits for a FIXUP slot to finish (admit): full speed */
     struct thaw_threads *threads; /* the context's CPU threadpools (threads.h); NULL: ggml's per graph */

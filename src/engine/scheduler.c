@@ -285,3 +285,10 @@ double thaw_sched_fixup_cost(double fixup_us_per_tok, int64_t batch_us, int n_to
     double per = (double)batch_us / n_tokens;
     return fixup_us_per_tok > 0 ? 0.7 * fixup_us_per_tok + 0.3 * per : per;
 }
+
+double thaw_sched_prompt_cost(double prompt_us_per_tok, int64_t batch_us, int n_tokens, int n_prompt, int n_gen)
+{
+    if (n_prompt < THAW_PROMPT_CHUNK_MIN / 2 || (n_gen == 0 && prompt_us_per_tok > 0))
+        return prompt_us_per_tok;
+    return thaw_sched_fixup_cost(prompt_us_per_tok, batch_us, n_tokens);
+}

@@ -1,4 +1,5 @@
 /* test_scheduler.c — the bounded queue, slot choice, admission and the FIXUP budget. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -190,6 +191,22 @@ static void test_admit_without_idle_cuts_or_waits(void **state)
     assert_int_equal(a.slot, -1);
 }
 
+/* A prompt piece's cost is learnt from pieces beside streams; a prompt's
+ * batch alone only seeds it. */
+static void test_prompt_cost(void **state)
+{
+    (void)state;
+    /* unknown: any prompt batch seeds it, 700 tokens alone in 1 s */
+    assert_true(fabs(thaw_sched_prompt_cost(0, 1000000, 700, 700, 0) - 1000000.0 / 700) < 1e-6);
+    /* known: a batch alone leaves it */
+    assert_true(thaw_sched_prompt_cost(1400.0, 1000000, 700, 700, 0) == 1400.0);
+    /* a piece beside streams moves it: 36 prompt + 4 streams' tokens in 100 ms */
+    double c = thaw_sched_prompt_cost(1400.0, 100000, 40, 36, 4);
+    assert_true(c > 1400.0 && c < 2500.0);
+    /* too few prompt tokens to tell */
+    assert_true(thaw_sched_prompt_cost(1400.0, 100000, 10, 6, 4) == 1400.0);
+}
+
 static void test_batch_room(void **state)
 {
     (void)state;
@@ -203,7 +220,13 @@ static void test_batch_room(void **state)
     assert_int_equal(thaw_sched_batch_room(4, 2048, 512, 1000.0), (int)(THAW_STREAM_STEP_US / 1000.0));
     /* never under THAW_PROMPT_CHUNK_MIN (nor over a micro-batch) */
     assert_int_equal(thaw_sched_batch_room(4, 2048, 512, 1e6), 4 + THAW_PROMPT_CHUNK_MIN);
-    assert_int_equal(thaw_sched_batch_room(4, 2048, 32, 1e6), 4 + 32);
+    assert_int_equal(thaw_sched_batch_room(4, 2048, 16, 1e6), 4 + 16);
+    /* the policy's numbers: a piece fits in 100 ms (at 2.5 ms a token, 40
+     * tokens with 4 streams' own; 250 ms let steps with a piece make the
+     * p99 gap between a stream's tokens 1.44x llama-server's, bench/vs-
+     * llama-server), and never under 32 prompt tokens */
+    assert_int_equal(thaw_sched_batch_room(4, 2048, 512, 2500.0), 40);
+    assert_int_equal(thaw_sched_batch_room(4, 2048, 512, 1e6), 36);
     /* generation (drafts) filling a micro-batch: a prompt still advances */
     assert_int_equal(thaw_sched_batch_room(500, 2048, 512, 0), 500 + THAW_PROMPT_CHUNK_MIN);
     assert_int_equal(thaw_sched_batch_room(600, 2048, 512, 0), 600 + THAW_PROMPT_CHUNK_MIN);
@@ -247,6 +270,7 @@ int main(void)
         cmocka_unit_test(test_pick_slot),
         cmocka_unit_test(test_admit_prefers_idle_unless_a_fixup_holds_more),
         cmocka_unit_test(test_admit_without_idle_cuts_or_waits),
+        cmocka_unit_test(test_prompt_cost),
         cmocka_unit_test(test_batch_room),
         cmocka_unit_test(test_fixup_budget),
     };
