@@ -26,7 +26,7 @@ void thaw_config_init(struct thaw_config *cfg)
     cfg->host = "127.0.0.1";
     cfg->port = 8080;
     cfg->slot_prompt_similarity = 0.1f;
-    cfg->fixup_wait_ms = 0;
+    cfg->fixup_wait_ms = 250;
     cfg->shutdown_timeout_s = 8;
     cfg->cache_prompt = true;
     cfg->webui = true;

@@ -103,14 +103,14 @@ def test_repeated_prompt_right_after_a_streamed_reply_lands_on_the_warm_slot(ser
 
 def test_a_request_cuts_another_conversations_post_reply_work_short(serve, tmp_path):
     # -np 1, back to back: every request finds the only slot re-decoding the
-    # previous reply (FIXUP). By default (--fixup-wait-ms 0) it does not
-    # wait for that: it cuts the work short, what was done is stored, and that
+    # previous reply (FIXUP). With --fixup-wait-ms 0 it does not wait for
+    # that: it cuts the work short, what was done is stored, and that
     # conversation's next turn prefills the rest from its stored prefix.
     # THAW_TEST_FIXUP_HOLD holds each re-decode until a request needs the
     # slot, as on a model too slow to finish it between two requests: the
     # tiny test model would otherwise finish it before the next request
     # arrives (a race this test lost 1 time in 4 without a hold).
-    s = serve("llama", "-np", "1", "-c", "8192", "--metrics", *kv_flags(tmp_path),
+    s = serve("llama", "-np", "1", "-c", "8192", "--metrics", "--fixup-wait-ms", "0", *kv_flags(tmp_path),
               env={"THAW_TEST_FIXUP_HOLD": "1"})
     convs = [conversation(i, 300) for i in range(6)]
     r1 = [chat(s, c, max_tokens=64) for c in convs]  # long replies: long re-decodes
