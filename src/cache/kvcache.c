@@ -289,7 +289,7 @@ static void warm_fn(void *arg)
  * as warm_restore_buffer would have at a start after it. Once. */
 static void warm_after_store(struct thaw_kvcache *c, const struct thaw_blocks_src *src, int n_tokens)
 {
-    if (c->warm_bytes || c->warm_queued || !c->workers || !src->size || n_tokens <= 0)
+    if (c->warm_bytes || !c->workers || !src->size || n_tokens <= 0) /* warm_bytes: warmed or queued */
         return;
     size_t want = src->size(src->ud, 0, (uint32_t)n_tokens) + src->n_swa + ((size_t)1 << 20);
     if (want > ((size_t)256 << 20))
